@@ -1,0 +1,130 @@
+"""Checkpoint files: safetensors weights with metadata, ``.pt`` training states, strict validation.
+
+Checkpoints are data, not code: ``.pt`` files are read with ``torch.load(weights_only=True)``,
+so a file holding arbitrary pickled objects is refused rather than executed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open, save_file
+from torch import nn
+
+from tiny_llm.io import atomic_path
+
+__all__ = [
+    "check_state_dict",
+    "load_model_weights",
+    "load_train_state",
+    "load_weights",
+    "save_train_state",
+    "save_weights",
+    "state_hash",
+]
+
+TRAIN_STATE_KIND = "tiny_llm.train_state"
+
+
+def save_weights(path: str | Path, state: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
+    """Write weights as safetensors atomically; metadata values are stored as strings."""
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
+    with atomic_path(path) as tmp:
+        save_file(tensors, tmp, metadata={k: str(v) for k, v in metadata.items()})
+
+
+def save_train_state(path: str | Path, state: dict[str, Any]) -> None:
+    """Write a training state (tensors and plain data only) with torch.save, atomically."""
+    with atomic_path(path) as tmp:
+        torch.save({"kind": TRAIN_STATE_KIND, **state}, tmp)
+
+
+def load_train_state(path: str | Path) -> dict[str, Any]:
+    """Read a ``.pt`` training state safely (``weights_only=True``).
+
+    Raises:
+        ValueError: missing, truncated or corrupt file, pickled objects other than plain tensors
+            and containers, or a file that is not a tiny-llm training state.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # UnpicklingError, RuntimeError (zip), EOFError, ...
+        raise ValueError(f"checkpoint {path} cannot be read as plain tensors ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}); it is truncated, corrupt, or holds "
+                         "pickled objects that are not plain tensors, which tiny-llm refuses to unpickle") from None
+    if not isinstance(state, dict) or state.get("kind") != TRAIN_STATE_KIND:
+        raise ValueError(f"checkpoint {path} is not a tiny-llm training state (expected a dict with "
+                         f"kind={TRAIN_STATE_KIND!r})")
+    return state
+
+
+def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Root weights and metadata from ``epoch-NNN.safetensors`` or ``final.pt``.
+
+    Raises:
+        ValueError: unreadable, truncated or corrupt file, or an unsupported extension.
+    """
+    path = Path(path)
+    if path.suffix == ".pt":
+        state = load_train_state(path)
+        return state["model"], {k: str(v) for k, v in state["position"].items()}
+    if path.suffix != ".safetensors":
+        raise ValueError(f"checkpoint {path}: expected a .safetensors or .pt file")
+    if not path.exists():
+        raise ValueError(f"checkpoint {path} does not exist")
+    try:
+        with safe_open(path, framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        return load_file(path), metadata
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ValueError(f"checkpoint {path} is truncated or corrupt ({error}); re-export it or use another "
+                         "checkpoint") from None
+
+
+def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+    """Strict check before loading: same names, same shapes, floating and finite values.
+
+    Raises:
+        ValueError: naming every missing, unexpected, mis-shaped or non-finite tensor.
+    """
+    expected = model.state_dict()
+    problems = []
+    if missing := sorted(set(expected) - set(state)):
+        problems.append(f"missing tensors {missing}")
+    if unexpected := sorted(set(state) - set(expected)):
+        problems.append(f"unexpected tensors {unexpected}")
+    for name in sorted(set(expected) & set(state)):
+        want, got = expected[name], state[name]
+        if tuple(got.shape) != tuple(want.shape):
+            problems.append(f"{name}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+        elif not got.is_floating_point():
+            problems.append(f"{name}: dtype {got.dtype}, expected a floating dtype")
+        elif not torch.isfinite(got).all():
+            problems.append(f"{name}: {int((~torch.isfinite(got)).sum())} non-finite values (NaN/inf)")
+    if problems:
+        raise ValueError(f"{source} does not match the model: " + "; ".join(problems))
+
+
+def load_model_weights(model: nn.Module, path: str | Path) -> dict[str, str]:
+    """Strictly load a checkpoint's root weights into ``model``; returns the file's metadata."""
+    state, metadata = load_weights(path)
+    check_state_dict(model, state, source=str(path))
+    model.load_state_dict(state, strict=True)
+    return metadata
+
+
+def state_hash(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of a parameter state: names, shapes, dtypes and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()

@@ -1,0 +1,345 @@
+"""Frozen run configuration (model shape, token stream, training) read from and written to YAML."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+
+__all__ = [
+    "DataConfig",
+    "ModelConfig",
+    "PackedConfig",
+    "RunConfig",
+    "TrainingConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "config_to_dict",
+    "dump_config",
+    "load_config",
+    "load_config_dict",
+]
+
+
+def _fail(key: str, allowed: str, got: Any) -> typing.NoReturn:
+    raise ValueError(f"{key}: expected {allowed}, got {got!r}")
+
+
+def _require_positive(section: str, obj: Any, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            _fail(f"{section}.{name}", "a positive number", getattr(obj, name))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Shape of the Llama-style decoder (RMSNorm, RoPE, causal attention, SwiGLU)."""
+
+    SECTION: ClassVar[str] = "model"
+
+    vocab_size: int = 256
+    """Number of token ids; 256 for the byte-level tokenizer."""
+    d_model: int = 32
+    """Residual stream width C."""
+    n_layers: int = 2
+    """Number of transformer blocks."""
+    n_heads: int = 4
+    """Attention heads; must divide d_model, and head_dim = d_model / n_heads must be even (RoPE)."""
+    d_ff: int = 64
+    """Hidden width of the SwiGLU feed-forward block."""
+    max_seq_len: int = 64
+    """Longest sequence the model accepts (RoPE tables are built up to this length)."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    tie_embeddings: bool = True
+    """Share the input embedding with the output projection (counted once in D)."""
+
+    def __post_init__(self) -> None:
+        _require_positive(self.SECTION, self, "vocab_size", "d_model", "n_layers", "n_heads", "d_ff",
+                          "max_seq_len", "rope_theta", "norm_eps")
+        if self.d_model % self.n_heads:
+            divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
+            _fail("model.n_heads", f"a divisor of model.d_model={self.d_model} ({divisors})", self.n_heads)
+        if self.head_dim % 2:
+            _fail("model.n_heads", f"a value giving an even head_dim (d_model={self.d_model})", self.n_heads)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Where the token cache lives and how the training stream is cut from it."""
+
+    SECTION: ClassVar[str] = "data"
+
+    cache: str = "cache/demo"
+    """Token cache directory (meta.json + shards), relative to the working directory."""
+    seq_len: int = 64
+    """Sequence length T; a block is seq_len + 1 tokens and neighbouring blocks share one token."""
+    shuffle_group_blocks: int = 64
+    """Blocks per shuffle group; block order is permuted inside each group with the data seed."""
+    seed: int = 1234
+    """Data seed for the shuffle-group permutations (the unseen stream derives its own)."""
+    prepare_train_tokens: int | None = None
+    """Minimum training capacity in tokens when preparing a cache; null = what training plus
+    one unseen analysis epoch need."""
+
+    def __post_init__(self) -> None:
+        _require_positive(self.SECTION, self, "seq_len", "shuffle_group_blocks")
+        if self.seed < 0:
+            _fail("data.seed", "a non-negative integer", self.seed)
+        if self.prepare_train_tokens is not None and self.prepare_train_tokens <= 0:
+            _fail("data.prepare_train_tokens", "null or a positive integer", self.prepare_train_tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackedConfig:
+    """Local SGD: K workers take interleaved batches of one stream and are averaged periodically."""
+
+    SECTION: ClassVar[str] = "training.packed"
+
+    workers: int = 2
+    """Number of local workers K (at least 2)."""
+    sync_every: int = 1
+    """Average all workers after every this many local steps."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 2:
+            _fail("training.packed.workers", "an integer >= 2 (use packed: null for ordinary runs)", self.workers)
+        _require_positive(self.SECTION, self, "sync_every")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    """Optimisation settings; everything here except log_every is scientific (fixed on resume)."""
+
+    SECTION: ClassVar[str] = "training"
+
+    batch_size: int = 16
+    """Sequences per optimizer step (per worker for packed runs)."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward; the last micro-batch of a step holds the remainder."""
+    tokens: int = 65536
+    """Nominal training budget in target tokens (all workers together); rounded down to whole steps."""
+    epochs: int = 4
+    """Number of virtual epochs the budget is divided into (checkpoint interval)."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """Optimizer."""
+    lr: float = 3e-3
+    """Peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of lr (cosine schedule)."""
+    warmup_steps: int = 10
+    """Linear warmup steps."""
+    lr_schedule: Literal["cosine", "constant"] = "cosine"
+    """Learning-rate schedule after warmup."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied to matrices and embeddings only (not norm weights)."""
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+    beta2: float = 0.95
+    """AdamW second-moment decay."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    seed: int = 0
+    """Initialisation seed."""
+    attention_backend: Literal["sdpa", "reference"] = "sdpa"
+    """Attention implementation used for training (analysis always uses reference)."""
+    checkpoint_policy: Literal["final", "interval"] = "final"
+    """final: final.pt only; interval: epoch-NNN.safetensors at every virtual epoch (000 = init) too."""
+    packed: PackedConfig | None = None
+    """Local-SGD settings, or null for an ordinary run."""
+    log_every: int = 10
+    """Progress line every this many steps (not scientific)."""
+
+    def __post_init__(self) -> None:
+        _require_positive(self.SECTION, self, "batch_size", "micro_batch_size", "tokens", "epochs", "lr",
+                          "adam_eps", "log_every")
+        if self.micro_batch_size > self.batch_size:
+            _fail("training.micro_batch_size", f"at most training.batch_size={self.batch_size}",
+                  self.micro_batch_size)
+        for name in ("warmup_steps", "weight_decay", "grad_clip", "momentum", "seed"):
+            if getattr(self, name) < 0:
+                _fail(f"training.{name}", "a non-negative number", getattr(self, name))
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                _fail(f"training.{name}", "a number in [0, 1)", getattr(self, name))
+        if not 0 <= self.min_lr_ratio <= 1:
+            _fail("training.min_lr_ratio", "a number in [0, 1]", self.min_lr_ratio)
+
+    @property
+    def workers(self) -> int:
+        return self.packed.workers if self.packed else 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """A complete run: model, data and training sections, cross-checked."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+
+    def __post_init__(self) -> None:
+        if self.data.seq_len > self.model.max_seq_len:
+            _fail("data.seq_len", f"at most model.max_seq_len={self.model.max_seq_len}", self.data.seq_len)
+        if self.steps_per_epoch < 1:
+            need = self.training.epochs * self.batch_tokens
+            _fail("training.tokens", f"at least epochs x batch_size x seq_len = {need}", self.training.tokens)
+        if self.steps_per_epoch % self.training.workers:
+            _fail("training.tokens", f"a budget giving whole rounds of {self.training.workers} workers per epoch "
+                  f"(stream batches per epoch = {self.steps_per_epoch})", self.training.tokens)
+
+    @property
+    def batch_tokens(self) -> int:
+        """Target tokens of one optimizer batch."""
+        return self.training.batch_size * self.data.seq_len
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Stream batches per virtual epoch (for packed runs: all workers' local batches together)."""
+        return self.training.tokens // (self.training.epochs * self.batch_tokens)
+
+    @property
+    def local_steps_per_epoch(self) -> int:
+        """Optimizer steps each worker takes per virtual epoch."""
+        return self.steps_per_epoch // self.training.workers
+
+    @property
+    def total_batches(self) -> int:
+        """Stream batches consumed by the whole run."""
+        return self.steps_per_epoch * self.training.epochs
+
+
+# --- dict <-> dataclass ---------------------------------------------------------------------
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _describe(a) for a in typing.get_args(tp))
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value in typing.get_args(tp) and isinstance(value, str):
+            return value
+    elif origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        for arm in typing.get_args(tp):
+            if arm is not type(None):
+                return _coerce(value, arm, key)
+    elif dataclasses.is_dataclass(tp):
+        if isinstance(value, dict):
+            return _build(tp, value, key + ".")
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    _fail(key, _describe(tp), value)
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise ValueError(f"unknown key {prefix}{key}; allowed keys: {', '.join(prefix + n for n in names)}")
+    kwargs = {name: _coerce(data[name], hints[name], prefix + name) for name in names if name in data}
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Build a validated RunConfig from nested plain data (defaults fill missing keys).
+
+    Raises:
+        ValueError: unknown keys, wrong types or impossible values, naming the key and what is allowed.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"configuration must be a mapping with sections model, data, training; got {data!r}")
+    return _build(RunConfig, data, "")
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """Plain nested dict of every field (the resolved form)."""
+    return dataclasses.asdict(config)
+
+
+def load_config_dict(path: str | Path) -> dict[str, Any]:
+    """Read a YAML configuration file into plain data (empty file -> empty dict)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"configuration file {path} does not exist") from None
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path} is not valid YAML: {error}") from None
+    return data or {}
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read a run's resolved.yaml (or any run configuration) into frozen dataclasses.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
+        >>> _ = p.write_text("model: {d_model: 16, n_heads: 2}")
+        >>> load_config(p).model.head_dim
+        8
+    """
+    try:
+        return config_from_dict(load_config_dict(path))
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+
+
+def dump_config(config: RunConfig) -> str:
+    """YAML text of the complete configuration, in a stable key order."""
+    return yaml.safe_dump(config_to_dict(config), sort_keys=False)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with ``section.key=value`` overrides applied (values parsed as YAML)."""
+    result = yaml.safe_load(yaml.safe_dump(data))  # deep copy of plain data
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r}: expected section.key=value, e.g. training.lr=0.001")
+        parts = key.split(".")
+        node = result
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ValueError(f"override {item!r}: {part} is not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(text)
+    return result

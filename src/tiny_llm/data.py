@@ -1,0 +1,297 @@
+"""Token cache (meta.json + raw shards) and the token stream: blocks, shuffle groups, batch plans.
+
+Stream semantics (the contract analysis relies on):
+
+* A block is ``seq_len + 1`` tokens; block j of a shard starts at token ``j * seq_len``, so
+  neighbouring blocks share one token (the lookahead) and their target positions are disjoint.
+  Blocks never cross a shard. Blocks are numbered globally, shard after shard.
+* The training stream reads blocks in shuffle groups of ``G = shuffle_group_blocks``: stream
+  position p reads block ``g*G + perm_g[p % G]`` with ``g = p // G`` and ``perm_g`` a permutation
+  derived from (data seed, stream id, g). Batch b is stream positions ``[b*B, (b+1)*B)``.
+* Virtual epoch k (1-based) is stream batches ``[(k-1)*S, k*S)`` with S = steps_per_epoch.
+* The unseen stream starts at the first block after the final shuffle group that training could
+  draw from, is cut into its own groups with its own permutation (stream id 1), and one epoch of S
+  batches is read from it; its final group must lie in the cache in full.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tiny_llm.config import RunConfig
+from tiny_llm.io import fsync_dir, sha256_file
+
+__all__ = [
+    "BatchPlan",
+    "TokenCache",
+    "blocks_for_tokens",
+    "capacity_blocks",
+    "check_capacity",
+    "epoch_plan",
+    "prepare_cache",
+    "stream_batches",
+    "unseen_plan",
+]
+
+CACHE_FORMAT = 1
+TRAIN_STREAM, UNSEEN_STREAM = 0, 1
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser on uint64 arrays: a fixed, version-independent hash."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@functools.lru_cache(maxsize=4096)
+def group_permutation(seed: int, stream: int, group: int, size: int) -> np.ndarray:
+    """The block order inside one shuffle group: argsort of hashed (seed, stream, group, index)."""
+    key = np.array([seed & _MASK64], dtype=np.uint64)
+    for part in (stream, group):
+        key = _splitmix64(key ^ np.uint64(part & _MASK64))
+    with np.errstate(over="ignore"):
+        keys = _splitmix64(key + np.arange(size, dtype=np.uint64))
+    order = np.argsort(keys, kind="stable")
+    order.flags.writeable = False  # shared through the cache
+    return order
+
+
+# --- the cache ---------------------------------------------------------------------------------
+
+class TokenCache:
+    """Read-only view of a prepared cache: shards as memmaps, global block numbering."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        meta_path = self.path / "meta.json"
+        if not meta_path.exists():
+            raise ValueError(f"{self.path} is not a token cache (no meta.json); run `tiny-llm prepare-data` first")
+        self.meta: dict[str, Any] = json.loads(meta_path.read_text())
+        if self.meta.get("format") != CACHE_FORMAT:
+            raise ValueError(f"{meta_path}: unsupported cache format {self.meta.get('format')!r} "
+                             f"(this version reads {CACHE_FORMAT})")
+        self.seq_len: int = self.meta["seq_len"]
+        self.dtype = np.dtype(self.meta["dtype"]).newbyteorder("<")
+        self.shards = [self._open_shard(entry) for entry in self.meta["shards"]]
+        blocks = [(len(s) - 1) // self.seq_len for s in self.shards]
+        self.first_block = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int64)  # per shard
+
+    def _open_shard(self, entry: dict) -> np.ndarray:
+        file = self.path / entry["file"]
+        expected = entry["tokens"] * self.dtype.itemsize
+        if not file.exists() or file.stat().st_size != expected:
+            size = file.stat().st_size if file.exists() else "missing"
+            raise ValueError(f"cache shard {file} is truncated or missing ({size} bytes, expected {expected}); "
+                             "prepare the cache again")
+        return np.memmap(file, dtype=self.dtype, mode="r")
+
+    @property
+    def n_blocks(self) -> int:
+        return int(self.first_block[-1])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    def position(self, block: int) -> tuple[int, int]:
+        """``(shard_index, token_offset)`` of a block's first input token."""
+        if not 0 <= block < self.n_blocks:
+            raise IndexError(f"block {block} outside the cache's {self.n_blocks} blocks")
+        shard = int(np.searchsorted(self.first_block, block, side="right")) - 1
+        return shard, int(block - self.first_block[shard]) * self.seq_len
+
+    def tokens(self, blocks: np.ndarray | list[int]) -> torch.Tensor:
+        """The blocks' tokens as int64, shape (n, seq_len + 1): inputs ``[:, :-1]``, targets ``[:, 1:]``."""
+        rows = []
+        for block in blocks:
+            shard, offset = self.position(int(block))
+            rows.append(np.asarray(self.shards[shard][offset:offset + self.seq_len + 1], dtype=np.int64))
+        return torch.from_numpy(np.stack(rows))
+
+    def check_layout(self, config: RunConfig) -> None:
+        """Refuse a cache prepared for another block layout or vocabulary."""
+        for key, want in (("seq_len", config.data.seq_len), ("shuffle_group_blocks", config.data.shuffle_group_blocks)):
+            if self.meta[key] != want:
+                raise ValueError(f"cache {self.path} was prepared with {key}={self.meta[key]} but data.{key}={want}; "
+                                 "prepare a cache for this configuration (tiny-llm prepare-data --config ...)")
+        if self.vocab_size > config.model.vocab_size:
+            raise ValueError(f"cache {self.path} has vocab_size={self.vocab_size} but model.vocab_size="
+                             f"{config.model.vocab_size}; set model.vocab_size >= {self.vocab_size}")
+
+
+# --- capacity ----------------------------------------------------------------------------------
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def blocks_for_tokens(tokens: int, seq_len: int, shuffle_group_blocks: int) -> int:
+    """Cache blocks that hold ``tokens`` training targets, rounded up to whole shuffle groups."""
+    return _round_up(-(-tokens // seq_len), shuffle_group_blocks)
+
+
+def capacity_blocks(config: RunConfig) -> dict[str, int]:
+    """Blocks that training, and training plus one unseen epoch, need (whole shuffle groups).
+
+    ``train``: every block of every shuffle group training reads from (the final group can reach
+    past the nominal budget). ``unseen``: that plus one batch-aligned epoch and its full final group.
+    """
+    G, B = config.data.shuffle_group_blocks, config.training.batch_size
+    train = _round_up(config.total_batches * B, G)
+    return {"train": train, "unseen": train + _round_up(config.steps_per_epoch * B, G)}
+
+
+def check_capacity(cache: TokenCache, config: RunConfig, need: str = "train") -> None:
+    """Fail before any work when the cache is too short, saying what to prepare.
+
+    Raises:
+        ValueError: with the ``data.prepare_train_tokens`` value that would suffice.
+    """
+    blocks = capacity_blocks(config)[need]
+    if cache.n_blocks < blocks:
+        tokens = capacity_blocks(config)["unseen"] * config.data.seq_len
+        what = "training" if need == "train" else "training plus one unseen epoch"
+        raise ValueError(f"cache {cache.path} holds {cache.n_blocks} blocks but {what} needs {blocks}; "
+                         f"prepare a new cache with data.prepare_train_tokens={tokens} "
+                         f"(tiny-llm prepare-data --prepare-train-tokens {tokens} ...)")
+
+
+# --- batch plans -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The exact blocks of a run of optimizer batches, in order.
+
+    ``blocks[i]`` are the global block ids of batch i (B sequences); ``stream_batches[i]`` is that
+    batch's index in the stream it came from.
+    """
+
+    name: str
+    blocks: np.ndarray  # (n_batches, B) int64
+    stream_batches: np.ndarray  # (n_batches,) int64
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def positions(self, cache: TokenCache, batch: int) -> list[list[int]]:
+        """``[shard, offset]`` of each sequence of batch ``batch``."""
+        return [list(cache.position(int(b))) for b in self.blocks[batch]]
+
+    def worker(self, worker: int, workers: int) -> BatchPlan:
+        """Batches a packed-run worker trained on: stream batch b belongs to worker ``b % workers``."""
+        keep = self.stream_batches % workers == worker
+        return BatchPlan(f"{self.name}/worker-{worker:03d}", self.blocks[keep], self.stream_batches[keep])
+
+
+def stream_batches(config: RunConfig, first: int, count: int, stream: int = TRAIN_STREAM,
+                   start_block: int = 0) -> np.ndarray:
+    """Block ids (count, B) of stream batches ``[first, first + count)``."""
+    G, B, seed = config.data.shuffle_group_blocks, config.training.batch_size, config.data.seed
+    positions = np.arange(first * B, (first + count) * B, dtype=np.int64)
+    groups = positions // G
+    out = np.empty_like(positions)
+    for g in np.unique(groups):
+        sel = groups == g
+        out[sel] = start_block + g * G + group_permutation(seed, stream, int(g), G)[positions[sel] % G]
+    return out.reshape(count, B)
+
+
+def epoch_plan(config: RunConfig, epoch: int) -> BatchPlan:
+    """Virtual epoch ``epoch`` (1-based) of training, in training order; epoch 1 is the seen case."""
+    if not 1 <= epoch <= config.training.epochs:
+        raise ValueError(f"epoch must lie in [1, {config.training.epochs}], got {epoch}")
+    S = config.steps_per_epoch
+    first = (epoch - 1) * S
+    return BatchPlan(f"epoch-{epoch:03d}", stream_batches(config, first, S), np.arange(first, first + S))
+
+
+def unseen_plan(config: RunConfig) -> BatchPlan:
+    """One batch-aligned epoch from the unseen stream after training's final shuffle group."""
+    S = config.steps_per_epoch
+    start = capacity_blocks(config)["train"]
+    return BatchPlan("unseen", stream_batches(config, 0, S, UNSEEN_STREAM, start), np.arange(S))
+
+
+# --- preparation -------------------------------------------------------------------------------
+
+def _cut_shards(segments: list[np.ndarray], seq_len: int, shard_blocks: int, blocks: int | None,
+                G: int) -> list[np.ndarray]:
+    """Cut segments into shards of at most ``shard_blocks`` blocks (+1 lookahead token), stopping at
+    ``blocks`` blocks (None: all whole shuffle groups available)."""
+    available = sum(max(len(s) - 1, 0) // seq_len for s in segments)
+    if blocks is None:
+        blocks = available // G * G
+    if available < blocks or blocks == 0:
+        raise ValueError(f"the source holds {available} blocks of {seq_len + 1} tokens but the cache needs "
+                         f"{max(blocks, G)}; supply more data or lower --prepare-train-tokens")
+    shards, remaining = [], blocks
+    for segment in segments:
+        start = 0
+        while remaining and len(segment) - start > seq_len:
+            n = min(shard_blocks, (len(segment) - start - 1) // seq_len, remaining)
+            shards.append(segment[start:start + n * seq_len + 1])
+            start += n * seq_len  # next shard starts at this shard's lookahead token
+            remaining -= n
+    return shards
+
+
+def prepare_cache(out: str | Path, segments: list[np.ndarray], *, tokenizer: dict, vocab_size: int,
+                  seq_len: int, shuffle_group_blocks: int, data_seed: int, prepare_train_tokens: int | None,
+                  shard_blocks: int, source: dict) -> Path:
+    """Write a cache atomically: shards and meta.json go to a temporary folder renamed onto ``out``.
+
+    Capacity is ``prepare_train_tokens`` rounded up to whole shuffle groups of blocks, each shard
+    carrying its one-token lookahead. An existing cache with identical settings is reused.
+
+    Raises:
+        ValueError: ``out`` exists with other settings, or the source is too short.
+    """
+    out = Path(out)
+    G = shuffle_group_blocks
+    blocks = None if prepare_train_tokens is None else blocks_for_tokens(prepare_train_tokens, seq_len, G)
+    settings = {"vocab_size": vocab_size, "seq_len": seq_len, "shuffle_group_blocks": G, "data_seed": data_seed,
+                "prepare_train_tokens": prepare_train_tokens, "tokenizer": tokenizer, "source": source}
+    if out.exists():
+        meta_path = out / "meta.json"
+        old = json.loads(meta_path.read_text()) if meta_path.exists() else None
+        if old is not None and all(old.get(k) == v for k, v in settings.items()) and old.get("shard_blocks") == shard_blocks:
+            TokenCache(out)  # verifies shard sizes
+            return out
+        raise ValueError(f"{out} already exists with other contents or settings; choose a new cache directory "
+                         "or remove the old one")
+    shards = _cut_shards(segments, seq_len, shard_blocks, blocks, G)
+    dtype = np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        entries = []
+        for i, shard in enumerate(shards):
+            file = tmp / f"shard-{i:05d}.bin"
+            with open(file, "wb") as handle:
+                handle.write(shard.astype(dtype).tobytes())
+                handle.flush()
+                os.fsync(handle.fileno())
+            entries.append({"file": file.name, "tokens": int(len(shard)), "sha256": sha256_file(file)})
+        meta = {"format": CACHE_FORMAT, **settings, "dtype": dtype.name, "shard_blocks": shard_blocks,
+                "blocks": int(sum((len(s) - 1) // seq_len for s in shards)), "shards": entries}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        fsync_dir(tmp)
+        os.rename(tmp, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,77 @@
+"""Atomic file writes: temporary file in the same folder, fsync, rename; hashing helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+__all__ = ["atomic_path", "atomic_write_json", "atomic_write_text", "fsync_dir", "sha256_file"]
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Flush a directory entry (makes a rename inside it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success fsync it and rename it onto ``path``.
+
+    On any exception the temporary file is removed and ``path`` is left untouched, so readers
+    only ever see a complete file or none.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> target = pathlib.Path(tempfile.mkdtemp()) / "x.txt"
+        >>> with atomic_path(target) as tmp:
+        ...     _ = tmp.write_text("done")
+        >>> target.read_text()
+        'done'
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write text atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def atomic_write_json(path: str | Path, data: Any) -> None:
+    """Write JSON (indented, NaN refused) atomically."""
+    atomic_write_text(path, json.dumps(data, indent=1, allow_nan=False) + "\n")
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

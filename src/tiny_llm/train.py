@@ -1,0 +1,294 @@
+"""Training runs: gradient accumulation, AdamW/SGD, warmup + cosine, clipping, local SGD, resume.
+
+Run directory layout (read by analysis):
+
+* ``resolved.yaml``: the complete configuration.
+* ``epoch-NNN.safetensors`` (``checkpoint_policy: interval``): root weights after virtual epoch
+  NNN (000 = initialisation); the average of all workers for packed runs.
+* ``node-NNN/epoch-NNN.safetensors``: worker NNN's weights at the same moments (packed runs).
+* ``final.pt``: root weights, every worker's weights and optimizer state, and the position.
+* ``resume.pt``: the same content at the latest virtual-epoch boundary of an unfinished run.
+* ``train-log.jsonl``: one line per optimizer step.
+
+Packed runs: at local step t (0-based) worker w trains on stream batch ``t * K + w``; so stream
+batch b belongs to worker ``b % K`` (``BatchPlan.worker``). After every ``sync_every`` local steps
+all workers are replaced by their float32 average; optimizer states stay local. Checkpoints are
+taken after that step's averaging.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tiny_llm.checkpoint import load_train_state, save_train_state, save_weights
+from tiny_llm.config import RunConfig, config_to_dict, dump_config, load_config
+from tiny_llm.data import TokenCache, check_capacity, stream_batches
+from tiny_llm.io import atomic_write_text
+from tiny_llm.model import Llama, token_losses
+
+__all__ = ["accumulate_batch_gradient", "average_states", "learning_rate", "train"]
+
+log = logging.getLogger(__name__)
+
+NON_SCIENTIFIC = {"training.log_every", "data.cache"}
+"""Settings that may change between a run and its resumption."""
+
+
+def epoch_file(epoch: int) -> str:
+    return f"epoch-{epoch:03d}.safetensors"
+
+
+def worker_dir(worker: int) -> str:
+    return f"node-{worker:03d}"
+
+
+def learning_rate(step: int, total_steps: int, config: RunConfig) -> float:
+    """Learning rate of 0-based local step ``step``: linear warmup, then cosine to min_lr_ratio * lr."""
+    tc = config.training
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    if tc.lr_schedule == "constant":
+        return tc.lr
+    progress = (step - tc.warmup_steps) / max(1, total_steps - tc.warmup_steps)
+    return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def accumulate_batch_gradient(model: nn.Module, tokens: torch.Tensor, micro_batch_size: int) -> torch.Tensor:
+    """Add the gradient of one optimizer batch's token-mean loss into ``.grad``, micro-batch by micro-batch.
+
+    ``tokens`` is (B, T + 1). Micro-batches are consecutive chunks of ``micro_batch_size``
+    sequences, the last holding the remainder; each contributes ``sum(token losses) / (B*T)``.
+    Analysis replays exactly this accumulation for its sampled gradients. Returns the batch loss.
+    """
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    n_targets = targets.numel()
+    total = torch.zeros((), dtype=torch.float64, device=tokens.device)
+    for start in range(0, len(tokens), micro_batch_size):
+        x, y = inputs[start:start + micro_batch_size], targets[start:start + micro_batch_size]
+        loss = token_losses(model(x), y).sum() / n_targets
+        loss.backward()
+        total += loss.detach().double()
+    return total
+
+
+def _make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.Optimizer:
+    tc = config.training
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if tc.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.adam_eps, foreach=False)
+    return torch.optim.SGD(groups, lr=tc.lr, momentum=tc.momentum, foreach=False)
+
+
+def average_states(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Element-wise float32 mean of worker states (the packed run's root weights)."""
+    return {name: torch.stack([s[name].float() for s in states]).mean(0).to(states[0][name].dtype)
+            for name in states[0]}
+
+
+@dataclass
+class _Worker:
+    model: Llama
+    optimizer: torch.optim.Optimizer
+
+
+def _clone_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone().cpu() for k, v in model.state_dict().items()}
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def _changed_settings(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    a, b = _flat(old), _flat(new)
+    return sorted(k for k in set(a) | set(b) if k not in NON_SCIENTIFIC and a.get(k, "<absent>") != b.get(k, "<absent>"))
+
+
+class _Trainer:
+    """One training run in one run directory; see the module docstring for the layout."""
+
+    def __init__(self, config: RunConfig, run_dir: Path, device: str):
+        self.config, self.run_dir, self.device = config, run_dir, torch.device(device)
+        self.cache = TokenCache(config.data.cache)
+        self.cache.check_layout(config)
+        check_capacity(self.cache, config, "train")
+        self.K = config.training.workers
+        self.total_steps = config.local_steps_per_epoch * config.training.epochs
+        torch.manual_seed(config.training.seed)
+        init = Llama(config.model, attention_backend=config.training.attention_backend).to(self.device)
+        self.workers = []
+        for _ in range(self.K):
+            model = Llama(config.model, attention_backend=config.training.attention_backend).to(self.device)
+            model.load_state_dict(init.state_dict())
+            self.workers.append(_Worker(model, _make_optimizer(model, config)))
+        self.step = 0
+
+    # --- state ---------------------------------------------------------------------------------
+    @property
+    def tokens(self) -> int:
+        return self.step * self.K * self.config.batch_tokens
+
+    @property
+    def epoch(self) -> int:
+        return self.step // self.config.local_steps_per_epoch
+
+    def position(self, complete: bool) -> dict[str, Any]:
+        return {"step": self.step, "tokens": self.tokens, "epoch": self.epoch, "complete": complete}
+
+    def root_state(self) -> dict[str, torch.Tensor]:
+        states = [_clone_state(w.model) for w in self.workers]
+        return states[0] if self.K == 1 else average_states(states)
+
+    def save_state(self, name: str, complete: bool) -> None:
+        save_train_state(self.run_dir / name, {
+            "format": 1, "config": config_to_dict(self.config), "cache_shards": self.cache.meta["shards"],
+            "position": self.position(complete), "model": self.root_state(),
+            "workers": [{"model": _clone_state(w.model), "optimizer": w.optimizer.state_dict()} for w in self.workers],
+        })
+
+    def restore(self, path: Path) -> None:
+        state = load_train_state(path)
+        changed = _changed_settings(state["config"], config_to_dict(self.config))
+        if changed:
+            raise ValueError(f"{path} was trained with other settings ({', '.join(changed)}); resume with the "
+                             "original settings or train into a new run directory")
+        if state["cache_shards"] != self.cache.meta["shards"]:
+            raise ValueError(f"{path} was trained on a different token cache than {self.cache.path}")
+        if len(state["workers"]) != self.K:
+            raise ValueError(f"{path} holds {len(state['workers'])} workers, the configuration {self.K}")
+        for worker, saved in zip(self.workers, state["workers"]):
+            worker.model.load_state_dict(saved["model"], strict=True)
+            worker.optimizer.load_state_dict(saved["optimizer"])
+        self.step = int(state["position"]["step"])
+
+    def write_epoch_checkpoint(self) -> None:
+        if self.config.training.checkpoint_policy != "interval":
+            return
+        meta = {"format": "tiny_llm.weights/1", "step": self.step, "tokens": self.tokens, "epoch": self.epoch}
+        save_weights(self.run_dir / epoch_file(self.epoch), self.root_state(),
+                     {**meta, "kind": "average" if self.K > 1 else "root", "workers": self.K})
+        if self.K > 1:
+            for w, worker in enumerate(self.workers):
+                save_weights(self.run_dir / worker_dir(w) / epoch_file(self.epoch), _clone_state(worker.model),
+                             {**meta, "kind": "worker", "worker": w})
+
+    # --- steps ---------------------------------------------------------------------------------
+    def train_step(self, worker: _Worker, batch: int, lr: float) -> tuple[float, float]:
+        tokens = self.cache.tokens(stream_batches(self.config, batch, 1)[0]).to(self.device)
+        worker.optimizer.zero_grad(set_to_none=True)
+        loss = accumulate_batch_gradient(worker.model, tokens, self.config.training.micro_batch_size)
+        grads = [p.grad for p in worker.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        if self.config.training.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(worker.model.parameters(), self.config.training.grad_clip, norm)
+        for group in worker.optimizer.param_groups:
+            group["lr"] = lr
+        worker.optimizer.step()
+        return float(loss), float(norm)
+
+    def synchronise(self) -> None:
+        average = average_states([_clone_state(w.model) for w in self.workers])
+        for worker in self.workers:
+            worker.model.load_state_dict(average)
+
+    def run(self, stop_after_epoch: int | None, log_file) -> None:
+        tc, spe = self.config.training, self.config.local_steps_per_epoch
+        started, tokens_at_start = time.perf_counter(), self.tokens
+        while self.step < self.total_steps:
+            lr = learning_rate(self.step, self.total_steps, self.config)
+            results = [self.train_step(w, self.step * self.K + i, lr) for i, w in enumerate(self.workers)]
+            self.step += 1
+            if self.K > 1 and self.step % tc.packed.sync_every == 0:
+                self.synchronise()
+            losses, norms = zip(*results)
+            record = {"step": self.step, "epoch": self.step / spe, "tokens": self.tokens, "lr": lr,
+                      "loss": sum(losses) / self.K, "grad_norm": max(norms),
+                      "grad_norm_kind": "max_worker_pre_clip" if self.K > 1 else "pre_clip"}
+            if self.K > 1:
+                record.update(worker_losses=list(losses), worker_grad_norms=list(norms))
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+            if self.step % tc.log_every == 0 or self.step == self.total_steps:
+                rate = (self.tokens - tokens_at_start) / max(time.perf_counter() - started, 1e-9)
+                log.info("epoch %d/%d step %d/%d loss %.4f grad_norm %.3f lr %.2e %.0f tok/s",
+                         -(-self.step // spe), tc.epochs, self.step, self.total_steps, record["loss"],
+                         record["grad_norm"], lr, rate)
+            if self.step % spe == 0:
+                self.write_epoch_checkpoint()
+                if self.step < self.total_steps:
+                    self.save_state("resume.pt", complete=False)
+                if stop_after_epoch is not None and self.epoch >= stop_after_epoch and self.step < self.total_steps:
+                    log.info("stopping after epoch %d as asked; rerun the same command to resume", self.epoch)
+                    return
+
+
+def _check_run_dir(config: RunConfig, run_dir: Path) -> None:
+    """Refuse a run directory made with a different scientific setting (writes nothing)."""
+    resolved = run_dir / "resolved.yaml"
+    if resolved.exists():
+        old = load_config(resolved)
+        changed = _changed_settings(config_to_dict(old), config_to_dict(config))
+        if changed:
+            details = ", ".join(f"{k}: {_flat(config_to_dict(old)).get(k)!r} -> {_flat(config_to_dict(config)).get(k)!r}"
+                                for k in changed)
+            raise ValueError(f"run directory {run_dir} was made with other settings ({details}); "
+                             "use a new run directory or restore the original settings")
+
+
+def _trim_log(path: Path, step: int) -> None:
+    """Keep only the log lines of steps already covered by the state being resumed."""
+    if path.exists():
+        lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+def train(config: RunConfig, run_dir: str | Path, *, device: str = "cpu", stop_after_epoch: int | None = None) -> Path:
+    """Train (or resume, or confirm finished) the run in ``run_dir``; returns the path of final.pt.
+
+    Rerunning with the same settings resumes from ``resume.pt`` bit-identically (CPU), or does
+    nothing when ``final.pt`` exists. ``stop_after_epoch`` ends early at that virtual epoch.
+
+    Raises:
+        ValueError: a changed scientific setting, an unsuitable cache, or unreadable states.
+    """
+    run_dir = Path(run_dir)
+    _check_run_dir(config, run_dir)
+    trainer = _Trainer(config, run_dir, device)  # checks the cache before anything is written
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "resolved.yaml", dump_config(config))
+    final, resume = run_dir / "final.pt", run_dir / "resume.pt"
+    if final.exists():
+        trainer.restore(final)
+        log.info("%s is complete (step %d); nothing to do", run_dir, trainer.step)
+        return final
+    log_path = run_dir / "train-log.jsonl"
+    if resume.exists():
+        trainer.restore(resume)
+        log.info("resuming %s from step %d", run_dir, trainer.step)
+    else:
+        trainer.write_epoch_checkpoint()  # epoch-000: the initialisation
+    _trim_log(log_path, trainer.step)
+    with open(log_path, "a") as log_file:
+        trainer.run(stop_after_epoch, log_file)
+    if trainer.step == trainer.total_steps:
+        trainer.save_state("final.pt", complete=True)
+        resume.unlink(missing_ok=True)
+        log.info("finished %s: %d steps, %d tokens", run_dir, trainer.step, trainer.tokens)
+    return final
