@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -23,7 +24,25 @@ __all__ = [
     "dump_config",
     "load_config",
     "load_config_dict",
+    "parse_yaml",
 ]
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads 1e-3 as a float (YAML 1.2), not as the string PyYAML's 1.1 rules give."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+               |[0-9][0-9_]*[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse YAML safely, with YAML 1.2 floats."""
+    return yaml.load(text, Loader=_Loader)
 
 
 def _fail(key: str, allowed: str, got: Any) -> typing.NoReturn:
@@ -296,7 +315,7 @@ def load_config_dict(path: str | Path) -> dict[str, Any]:
     """Read a YAML configuration file into plain data (empty file -> empty dict)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_text())
     except FileNotFoundError:
         raise ValueError(f"configuration file {path} does not exist") from None
     except yaml.YAMLError as error:
@@ -341,5 +360,5 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(child, dict):
                 raise ValueError(f"override {item!r}: {part} is not a section")
             node = child
-        node[parts[-1]] = yaml.safe_load(text)
+        node[parts[-1]] = parse_yaml(text)
     return result

@@ -33,8 +33,13 @@ def _without_autocast(x: torch.Tensor) -> contextlib.AbstractContextManager:
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
-    """SiLU written as x * sigmoid(x): PyTorch has no forward-mode rule for silu_backward,
-    so F.silu breaks jvp(grad(...)); this form supports double backward and forward-over-reverse."""
+    """SiLU written as x * sigmoid(x).
+
+    ``aten::silu_backward`` has no forward-mode rule; ``F.silu`` only survives forward-over-reverse
+    because autograd swaps in a composite backward under ``create_graph`` and ``torch.func`` keeps
+    a (deprecated) TorchScript decomposition. Built from mul and sigmoid, every op has its own
+    forward-mode and double-backward rules, whatever path (eager, vmap, compile) computes the HVP.
+    """
     return x * torch.sigmoid(x)
 
 

@@ -1,0 +1,60 @@
+"""Shared tiny cases: a ~1.4k-parameter float64 model for dense oracles and a tiny training setup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiny_llm.config import ModelConfig, RunConfig, config_from_dict
+from tiny_llm.corpus import BYTE_TOKENIZER, demo_corpus
+from tiny_llm.data import blocks_for_tokens, capacity_blocks, prepare_cache
+
+TINY_MODEL = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8)
+
+
+@pytest.fixture
+def tiny_model_config() -> ModelConfig:
+    return TINY_MODEL
+
+
+def make_run_config(cache: Path, **training) -> RunConfig:
+    """A fast training setup: byte vocab, width 8, seq_len 8, B=4 with micro-batch 3 (a remainder)."""
+    base = {"batch_size": 4, "micro_batch_size": 3, "tokens": 4 * 8 * 3 * 2, "epochs": 2, "warmup_steps": 1,
+            "checkpoint_policy": "interval", "log_every": 1000}
+    base.update(training)
+    return config_from_dict({
+        "model": {"vocab_size": 256, "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16, "max_seq_len": 8},
+        "data": {"cache": str(cache), "seq_len": 8, "shuffle_group_blocks": 4, "seed": 7},
+        "training": base,
+    })
+
+
+def make_demo_cache(path: Path, config: RunConfig, shard_blocks: int = 5) -> Path:
+    """Prepare a demo cache with exactly the capacity training plus one unseen epoch need."""
+    tokens = capacity_blocks(config)["unseen"] * config.data.seq_len
+    blocks = blocks_for_tokens(tokens, config.data.seq_len, config.data.shuffle_group_blocks)
+    return prepare_cache(path, [demo_corpus(blocks * config.data.seq_len + 1, seed=3)], tokenizer=BYTE_TOKENIZER,
+                         vocab_size=256, seq_len=config.data.seq_len,
+                         shuffle_group_blocks=config.data.shuffle_group_blocks, data_seed=config.data.seed,
+                         prepare_train_tokens=tokens, shard_blocks=shard_blocks, source={"kind": "demo", "seed": 3})
+
+
+@pytest.fixture
+def make_config(tmp_path: Path):
+    """make_config(**training) -> a RunConfig whose (exactly sized) demo cache exists under tmp_path."""
+    def make(**training) -> RunConfig:
+        probe = make_run_config(tmp_path / "cache", **training)
+        cache = tmp_path / f"cache-{capacity_blocks(probe)['unseen']}"
+        config = make_run_config(cache, **training)
+        if not cache.exists():
+            make_demo_cache(cache, config)
+        return config
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield
