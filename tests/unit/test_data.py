@@ -1,0 +1,140 @@
+"""Token cache and stream: blocks, shards, shuffle groups, seen/unseen plans, capacity."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tiny_llm.corpus import BYTE_TOKENIZER
+from tiny_llm.data import (TokenCache, blocks_for_tokens, capacity_blocks, check_capacity, epoch_plan,
+                           group_permutation, prepare_cache, stream_batches, unseen_plan)
+
+from conftest import make_run_config
+
+
+def _prepare(path, segments, *, seq_len=4, G=3, capacity=None, shard_blocks=4, vocab=1000):
+    return prepare_cache(path, segments, tokenizer=BYTE_TOKENIZER, vocab_size=vocab, seq_len=seq_len,
+                         shuffle_group_blocks=G, data_seed=0, prepare_train_tokens=capacity,
+                         shard_blocks=shard_blocks, source={"kind": "test"})
+
+
+def test_blocks_overlap_by_one_token_and_never_cross_shards(tmp_path):
+    segments = [np.arange(0, 30), np.arange(100, 118)]  # 7 blocks + 4 blocks of 5 tokens
+    cache = TokenCache(_prepare(tmp_path / "c", segments, G=1))
+    assert [len(s) for s in cache.shards] == [17, 13, 17]  # 4 + 3 blocks, then 4 blocks, +1 lookahead each
+    assert cache.n_blocks == 11
+    tokens = cache.tokens(np.arange(cache.n_blocks)).numpy()
+    assert tokens.shape == (11, 5)
+    for j in range(cache.n_blocks):
+        shard, offset = cache.position(j)
+        assert offset + 5 <= len(cache.shards[shard])  # the whole block lies inside its shard
+        if j + 1 < cache.n_blocks and cache.position(j + 1)[0] == shard:
+            assert tokens[j, -1] == tokens[j + 1, 0]  # one shared lookahead token
+    assert tokens[6, -1] == 28 and tokens[7, 0] == 100  # a new segment starts a new shard
+    # Inside a segment the targets of consecutive blocks tile it without gaps or overlap.
+    targets = tokens[:7, 1:].ravel()
+    assert np.array_equal(targets, np.arange(1, 29))
+    assert cache.position(7) == (2, 0) and cache.position(3) == (0, 12)
+    with pytest.raises(IndexError):
+        cache.position(11)
+
+
+def test_preparation_rounds_up_to_whole_groups_plus_lookahead(tmp_path):
+    cache = TokenCache(_prepare(tmp_path / "c", [np.arange(200)], capacity=27, shard_blocks=100))
+    # ceil(27 / 4) = 7 blocks -> 9 (three groups of 3), plus the lookahead token.
+    assert cache.n_blocks == 9 == blocks_for_tokens(27, 4, 3)
+    assert cache.meta["shards"][0]["tokens"] == 9 * 4 + 1
+    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
+    assert meta["tokenizer"]["type"] == "byte" and meta["dtype"] == "uint16" and meta["prepare_train_tokens"] == 27
+
+
+def test_preparation_is_atomic_and_reusable(tmp_path):
+    with pytest.raises(ValueError, match="the source holds 2 blocks"):
+        _prepare(tmp_path / "c", [np.arange(10)], capacity=40)
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+    _prepare(tmp_path / "c", [np.arange(50)], capacity=20)
+    before = (tmp_path / "c" / "shard-00000.bin").stat().st_mtime_ns
+    _prepare(tmp_path / "c", [np.arange(50)], capacity=20)  # identical: reused
+    assert (tmp_path / "c" / "shard-00000.bin").stat().st_mtime_ns == before
+    with pytest.raises(ValueError, match="already exists with other contents or settings"):
+        _prepare(tmp_path / "c", [np.arange(50)], capacity=12)
+
+
+def test_truncated_shard_is_refused(tmp_path):
+    path = _prepare(tmp_path / "c", [np.arange(50)], capacity=20)
+    shard = path / "shard-00000.bin"
+    shard.write_bytes(shard.read_bytes()[:-2])
+    with pytest.raises(ValueError, match="truncated or missing"):
+        TokenCache(path)
+
+
+def test_group_permutation_is_deterministic_and_seeded():
+    p = group_permutation(5, 0, 2, 64)
+    assert sorted(p) == list(range(64))
+    assert np.array_equal(p, group_permutation(5, 0, 2, 64))
+    assert not np.array_equal(p, group_permutation(6, 0, 2, 64))
+    assert not np.array_equal(p, group_permutation(5, 1, 2, 64))
+    assert not np.array_equal(p, group_permutation(5, 0, 3, 64))
+    # Golden values: the permutation is part of the data contract and must never drift.
+    assert group_permutation(1234, 0, 0, 8).tolist() == GOLDEN_PERMUTATION
+
+
+GOLDEN_PERMUTATION = [2, 7, 6, 1, 3, 0, 5, 4]
+
+
+def test_stream_reads_each_group_as_a_permutation(tmp_path):
+    config = make_run_config(tmp_path / "cache")  # B=4, G=4, 3 batches per epoch, 2 epochs
+    blocks = stream_batches(config, 0, config.total_batches).ravel()
+    G = config.data.shuffle_group_blocks
+    for g in range(len(blocks) // G):
+        assert sorted(blocks[g * G:(g + 1) * G]) == list(range(g * G, (g + 1) * G))
+    assert not np.array_equal(blocks, np.arange(len(blocks)))
+
+
+def test_epoch_plans_are_consecutive_stretches_of_one_stream(tmp_path):
+    config = make_run_config(tmp_path / "cache")
+    S = config.steps_per_epoch
+    stream = stream_batches(config, 0, config.total_batches)
+    for epoch in (1, 2):
+        plan = epoch_plan(config, epoch)
+        assert np.array_equal(plan.blocks, stream[(epoch - 1) * S:epoch * S])
+        assert plan.stream_batches.tolist() == list(range((epoch - 1) * S, epoch * S))
+    with pytest.raises(ValueError, match=r"epoch must lie in \[1, 2\]"):
+        epoch_plan(config, 3)
+
+
+def test_unseen_starts_after_the_final_group_training_could_draw_from(tmp_path):
+    # 2 epochs x 3 batches x B=5 = 30 positions; G=4 -> training may draw from blocks 0..31.
+    config = make_run_config(tmp_path / "cache", batch_size=5, micro_batch_size=5, tokens=5 * 8 * 3 * 2)
+    need = capacity_blocks(config)
+    assert need == {"train": 32, "unseen": 32 + 16}
+    trained = stream_batches(config, 0, config.total_batches).ravel()
+    assert trained.max() < 32 and len(set(trained)) == 30
+    unseen = unseen_plan(config)
+    assert unseen.blocks.shape == (3, 5)
+    assert unseen.blocks.min() >= 32 and unseen.blocks.max() < 48
+    assert not set(unseen.blocks.ravel()) & set(trained)
+    # The unseen stream is shuffled with its own seed, not the training permutation shifted.
+    shifted = stream_batches(config, 0, 3, start_block=32)
+    assert not np.array_equal(unseen.blocks, shifted)
+
+
+def test_capacity_error_says_what_to_prepare(tmp_path):
+    config = make_run_config(tmp_path / "cache")
+    need = capacity_blocks(config)
+    _prepare(tmp_path / "cache", [np.arange(1000) % 256], seq_len=8, G=4, capacity=need["train"] * 8, vocab=256)
+    cache = TokenCache(tmp_path / "cache")
+    check_capacity(cache, config, "train")
+    with pytest.raises(ValueError) as error:
+        check_capacity(cache, config, "unseen")
+    tokens = need["unseen"] * 8
+    assert f"data.prepare_train_tokens={tokens}" in str(error.value)
+    assert f"holds {need['train']} blocks but training plus one unseen epoch needs {need['unseen']}" in str(error.value)
+
+
+def test_packed_worker_plans_interleave(tmp_path):
+    config = make_run_config(tmp_path / "cache", tokens=4 * 8 * 4 * 2, packed={"workers": 2})
+    plan = epoch_plan(config, 1)
+    w0, w1 = plan.worker(0, 2), plan.worker(1, 2)
+    assert w0.stream_batches.tolist() == [0, 2] and w1.stream_batches.tolist() == [1, 3]
+    assert np.array_equal(w1.blocks, plan.blocks[[1, 3]])

@@ -1,0 +1,152 @@
+"""Training: determinism, resume, checkpoints, packed averaging, logs, accumulation with remainders."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tiny_llm.checkpoint import load_train_state, load_weights
+from tiny_llm.data import TokenCache, epoch_plan
+from tiny_llm.model import Llama, token_losses
+from tiny_llm.train import accumulate_batch_gradient, learning_rate, train
+
+
+def _weights(path):
+    return load_weights(path)[0]
+
+
+def _equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_training_is_deterministic(make_config, tmp_path):
+    config = make_config()
+    train(config, tmp_path / "a")
+    train(config, tmp_path / "b")
+    for name in ("epoch-001.safetensors", "epoch-002.safetensors", "final.pt"):
+        assert _equal(_weights(tmp_path / "a" / name), _weights(tmp_path / "b" / name))
+    assert (tmp_path / "a" / "train-log.jsonl").read_text().count("\n") == config.total_batches
+    assert not _equal(_weights(tmp_path / "a" / "epoch-000.safetensors"), _weights(tmp_path / "a" / "final.pt"))
+
+
+def test_resume_continues_bit_identically(make_config, tmp_path):
+    config = make_config(epochs=3, tokens=4 * 8 * 3 * 3)
+    train(config, tmp_path / "full")
+    train(config, tmp_path / "split", stop_after_epoch=1)
+    assert (tmp_path / "split" / "resume.pt").exists() and not (tmp_path / "split" / "final.pt").exists()
+    train(config, tmp_path / "split")
+    assert not (tmp_path / "split" / "resume.pt").exists()
+    full, split = load_train_state(tmp_path / "full" / "final.pt"), load_train_state(tmp_path / "split" / "final.pt")
+    assert _equal(full["model"], split["model"])
+    assert _equal(full["workers"][0]["optimizer"]["state"][0], split["workers"][0]["optimizer"]["state"][0])
+    logs = [(tmp_path / d / "train-log.jsonl").read_text() for d in ("full", "split")]
+    assert logs[0] == logs[1]
+    train(config, tmp_path / "split")  # finished: a no-op
+    assert (tmp_path / "split" / "train-log.jsonl").read_text() == logs[0]
+
+
+def test_changed_setting_refuses_to_resume(make_config, tmp_path):
+    config = make_config()
+    train(config, tmp_path / "run", stop_after_epoch=1)
+    changed = make_config(lr=1e-4)
+    with pytest.raises(ValueError, match=r"other settings \(training.lr: 0.003 -> 0.0001\)"):
+        train(changed, tmp_path / "run")
+    assert make_config(log_every=5).training.log_every == 5
+    train(make_config(log_every=5), tmp_path / "run")  # not a scientific setting
+    assert (tmp_path / "run" / "final.pt").exists()
+
+
+def test_interval_checkpoints_and_metadata(make_config, tmp_path):
+    config = make_config()
+    train(config, tmp_path / "run")
+    names = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert names == ["epoch-000.safetensors", "epoch-001.safetensors", "epoch-002.safetensors", "final.pt",
+                     "resolved.yaml", "train-log.jsonl"]
+    _, meta = load_weights(tmp_path / "run" / "epoch-001.safetensors")
+    S = config.steps_per_epoch
+    assert meta["step"] == str(S) and meta["tokens"] == str(S * config.batch_tokens) and meta["epoch"] == "1"
+    assert _equal(_weights(tmp_path / "run" / "epoch-002.safetensors"), _weights(tmp_path / "run" / "final.pt"))
+    train(make_config(checkpoint_policy="final"), tmp_path / "final-only")
+    assert sorted(p.name for p in (tmp_path / "final-only").iterdir()) == ["final.pt", "resolved.yaml", "train-log.jsonl"]
+
+
+def test_seen_epoch_is_what_training_read(make_config, tmp_path, monkeypatch):
+    config = make_config()
+    read = []
+    original = TokenCache.tokens
+    monkeypatch.setattr(TokenCache, "tokens", lambda self, blocks: (read.append(list(blocks)), original(self, blocks))[1])
+    train(config, tmp_path / "run")
+    assert np.array_equal(np.array(read[:config.steps_per_epoch]), epoch_plan(config, 1).blocks)
+    assert np.array_equal(np.array(read[config.steps_per_epoch:]), epoch_plan(config, 2).blocks)
+
+
+def test_packed_run_interleaves_and_averages(make_config, tmp_path, monkeypatch):
+    config = make_config(tokens=4 * 8 * 4 * 2, packed={"workers": 2, "sync_every": 3})
+    read = []
+    original = TokenCache.tokens
+    monkeypatch.setattr(TokenCache, "tokens", lambda self, blocks: (read.append(list(blocks)), original(self, blocks))[1])
+    train(config, tmp_path / "run")
+    run = tmp_path / "run"
+    plan = epoch_plan(config, 1)
+    for w in range(2):  # worker w read stream batches w, w + 2, ... in order
+        assert np.array_equal(np.array(read[w:4:2]), plan.worker(w, 2).blocks)
+    for epoch in (1, 2):
+        root = load_file(run / f"epoch-{epoch:03d}.safetensors")
+        workers = [load_file(run / f"node-{w:03d}" / f"epoch-{epoch:03d}.safetensors") for w in range(2)]
+        assert not _equal(workers[0], workers[1])  # epoch ends (step 2, 4) are not sync points (3)
+        for name in root:
+            torch.testing.assert_close(root[name], (workers[0][name] + workers[1][name]) / 2, rtol=1e-5, atol=1e-7)
+    final = load_train_state(run / "final.pt")
+    assert len(final["workers"]) == 2 and _equal(final["workers"][1]["model"], load_file(run / "node-001" / "epoch-002.safetensors"))
+    record = json.loads((run / "train-log.jsonl").read_text().splitlines()[0])
+    assert record["grad_norm_kind"] == "max_worker_pre_clip" and record["grad_norm"] == max(record["worker_grad_norms"])
+
+
+def test_log_records_pre_clipping_norm(make_config, tmp_path):
+    config = make_config(grad_clip=1e-3)
+    train(config, tmp_path / "run")
+    records = [json.loads(line) for line in (tmp_path / "run" / "train-log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, config.total_batches + 1))
+    assert set(records[0]) >= {"step", "tokens", "loss", "grad_norm", "lr", "epoch"}
+    assert records[-1]["tokens"] == config.total_batches * config.batch_tokens
+    # Recompute step 1 from the initial weights: loss and unclipped norm.
+    model = Llama(config.model, attention_backend=config.training.attention_backend)
+    model.load_state_dict(load_file(tmp_path / "run" / "epoch-000.safetensors"))
+    tokens = TokenCache(config.data.cache).tokens(epoch_plan(config, 1).blocks[0])
+    loss = accumulate_batch_gradient(model, tokens, config.training.micro_batch_size)
+    norm = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()
+    assert records[0]["loss"] == pytest.approx(float(loss), rel=1e-6)
+    assert records[0]["grad_norm"] == pytest.approx(float(norm), rel=1e-5) and records[0]["grad_norm"] > 1e-3
+
+
+def test_accumulation_with_remainder_equals_full_batch_gradient(tiny_model_config):
+    model = Llama(tiny_model_config).double()
+    tokens = torch.randint(0, 16, (5, 9))
+    loss = accumulate_batch_gradient(model, tokens, micro_batch_size=2)  # 2 + 2 + 1
+    accumulated = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    full = token_losses(model(tokens[:, :-1]), tokens[:, 1:]).mean()
+    full.backward()
+    assert float(loss) == pytest.approx(float(full), abs=1e-14)
+    for a, p in zip(accumulated, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=0, atol=1e-14)
+
+
+def test_learning_rate_schedule(make_config):
+    config = make_config(warmup_steps=2, lr=1.0, min_lr_ratio=0.1)
+    assert learning_rate(0, 10, config) == 0.5 and learning_rate(1, 10, config) == 1.0
+    assert learning_rate(2, 10, config) == pytest.approx(1.0)
+    assert learning_rate(10, 10, config) == pytest.approx(0.1)
+    assert learning_rate(6, 10, config) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+
+
+def test_cache_too_small_writes_nothing(make_config, tmp_path):
+    small = make_config()
+    big = small.__class__(model=small.model, data=small.data,
+                          training=small.training.__class__(**{**small.training.__dict__, "tokens": 10 * small.training.tokens}))
+    with pytest.raises(ValueError, match="prepare a new cache with data.prepare_train_tokens="):
+        train(big, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
