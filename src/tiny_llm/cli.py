@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
-from tiny_llm.corpus import BYTE_TOKENIZER, DEMO_GENERATOR_VERSION, demo_corpus, read_text_files, read_token_files
-from tiny_llm.data import blocks_for_tokens, capacity_blocks, prepare_cache
+from tiny_llm.corpus import default_capacity, prepare_source_cache
 from tiny_llm.train import train
 
 log = logging.getLogger("tiny_llm")
@@ -27,31 +26,12 @@ def _config(args: argparse.Namespace, fallback: Path | None = None) -> RunConfig
 
 def _prepare_data(args: argparse.Namespace) -> None:
     config = _config(args)
-    dc = config.data
-    capacity = dc.prepare_train_tokens
-    if capacity is None and args.source == "demo":
-        capacity = capacity_blocks(config)["unseen"] * dc.seq_len  # training plus one unseen epoch
-    if args.source == "demo":
-        if args.inputs:
-            raise ValueError("--source demo takes no input files")
-        blocks = blocks_for_tokens(capacity, dc.seq_len, dc.shuffle_group_blocks)
-        segments = [demo_corpus(blocks * dc.seq_len + 1, args.demo_seed)]
-        tokenizer, vocab = BYTE_TOKENIZER, 256
-        source = {"kind": "demo", "seed": args.demo_seed, "generator_version": DEMO_GENERATOR_VERSION}
-    elif args.source == "text":
-        segments, files = read_text_files(args.inputs)
-        tokenizer, vocab, source = BYTE_TOKENIZER, 256, {"kind": "text", "files": files}
-    else:
-        segments, files = read_token_files(args.inputs, args.token_dtype, args.vocab_size)
-        vocab = args.vocab_size
-        tokenizer = {"type": "external", "vocab_size": vocab, "description": args.tokenizer_description}
-        source = {"kind": "tokens", "files": files}
-    if args.source != "demo" and not args.inputs:
-        raise ValueError(f"--source {args.source} needs input files")
-    out = Path(args.out or dc.cache)
-    prepare_cache(out, segments, tokenizer=tokenizer, vocab_size=vocab, seq_len=dc.seq_len,
-                  shuffle_group_blocks=dc.shuffle_group_blocks, data_seed=dc.seed,
-                  prepare_train_tokens=capacity, shard_blocks=max(1, args.shard_tokens // dc.seq_len), source=source)
+    # Demo: what this run plus one unseen epoch need; files: every whole group, unless set.
+    capacity = default_capacity(config) if args.source == "demo" else config.data.prepare_train_tokens
+    out = prepare_source_cache(config.data, args.source, args.inputs, capacity=capacity, out=args.out,
+                               demo_seed=args.demo_seed,
+                               shard_tokens=args.shard_tokens, token_dtype=args.token_dtype,
+                               vocab_size=args.vocab_size, tokenizer_description=args.tokenizer_description)
     log.info("token cache ready: %s", out)
 
 

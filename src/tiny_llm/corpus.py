@@ -7,9 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
+from tiny_llm.config import DataConfig, RunConfig
+from tiny_llm.data import blocks_for_tokens, capacity_blocks, prepare_cache
 from tiny_llm.io import sha256_file
 
-__all__ = ["BYTE_TOKENIZER", "DEMO_GENERATOR_VERSION", "demo_corpus", "read_text_files", "read_token_files"]
+__all__ = ["BYTE_TOKENIZER", "DEMO_GENERATOR_VERSION", "default_capacity", "demo_corpus", "prepare_source_cache", "read_text_files",
+           "read_token_files"]
 
 BYTE_TOKENIZER = {"type": "byte", "vocab_size": 256, "description": "UTF-8 bytes; token id = byte value"}
 DEMO_GENERATOR_VERSION = 1
@@ -51,7 +54,7 @@ def demo_corpus(n_tokens: int, seed: int) -> np.ndarray:
 
     Example:
         >>> bytes(demo_corpus(24, seed=0))
-        b'di finds the red book.\\nd'
+        b'13 + 1 = 14.\\n27 - 12 = 1'
     """
     rng = random.Random(seed)
     makers = [_sentence] * 6 + [_arithmetic] * 3 + [_counting]
@@ -111,3 +114,55 @@ def read_token_files(paths: list[Path], dtype: str, vocab_size: int) -> tuple[li
         segments.append(array.astype(np.int64))
         records.append({"path": str(path), "tokens": int(array.size), "sha256": sha256_file(path)})
     return segments, records
+
+
+def prepare_source_cache(data: DataConfig, source: str, inputs: list[Path] | None = None, *,
+                         capacity: int | None = None, out: str | Path | None = None, demo_seed: int = 0,
+                         shard_tokens: int = 1 << 20, token_dtype: str = "uint16", vocab_size: int = 256,
+                         tokenizer_description: str = "") -> Path:
+    """Prepare the cache ``data`` describes from ``source`` demo | text | tokens.
+
+    Uses the data section's seq_len, shuffle_group_blocks and seed. ``capacity`` (training
+    tokens, rounded up to whole shuffle groups) defaults to ``data.prepare_train_tokens``; the demo
+    source needs one (``default_capacity`` gives what a run plus one unseen epoch need), file
+    sources without one keep every whole shuffle group they hold.
+
+    Raises:
+        ValueError: an unknown source, missing or unreadable inputs, or too little data.
+    """
+    inputs = list(inputs or [])
+    capacity = capacity if capacity is not None else data.prepare_train_tokens
+    if source == "demo":
+        if inputs:
+            raise ValueError("source demo takes no input files")
+        if capacity is None:
+            raise ValueError("source demo needs a capacity: set data.prepare_train_tokens")
+        blocks = blocks_for_tokens(capacity, data.seq_len, data.shuffle_group_blocks)
+        segments = [demo_corpus(blocks * data.seq_len + 1, demo_seed)]
+        tokenizer, vocab = BYTE_TOKENIZER, 256
+        provenance = {"kind": "demo", "seed": demo_seed, "generator_version": DEMO_GENERATOR_VERSION}
+    elif source in ("text", "tokens"):
+        if not inputs:
+            raise ValueError(f"source {source} needs input files")
+        if source == "text":
+            segments, files = read_text_files(inputs)
+            tokenizer, vocab = BYTE_TOKENIZER, 256
+        else:
+            segments, files = read_token_files(inputs, token_dtype, vocab_size)
+            tokenizer = {"type": "external", "vocab_size": vocab_size, "description": tokenizer_description}
+            vocab = vocab_size
+        provenance = {"kind": source, "files": files}
+    else:
+        raise ValueError(f"source: expected one of 'demo', 'text', 'tokens', got {source!r}")
+    return prepare_cache(out or data.cache, segments, tokenizer=tokenizer, vocab_size=vocab, seq_len=data.seq_len,
+                         shuffle_group_blocks=data.shuffle_group_blocks, data_seed=data.seed,
+                         prepare_train_tokens=capacity, shard_blocks=max(1, shard_tokens // data.seq_len),
+                         source=provenance)
+
+
+def default_capacity(config: RunConfig) -> int:
+    """Training tokens a cache needs for this run plus one unseen analysis epoch
+    (``data.prepare_train_tokens`` when set)."""
+    if config.data.prepare_train_tokens is not None:
+        return config.data.prepare_train_tokens
+    return capacity_blocks(config)["unseen"] * config.data.seq_len

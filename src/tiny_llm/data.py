@@ -264,6 +264,8 @@ def prepare_cache(out: str | Path, segments: list[np.ndarray], *, tokenizer: dic
     blocks = None if prepare_train_tokens is None else blocks_for_tokens(prepare_train_tokens, seq_len, G)
     settings = {"vocab_size": vocab_size, "seq_len": seq_len, "shuffle_group_blocks": G, "data_seed": data_seed,
                 "prepare_train_tokens": prepare_train_tokens, "tokenizer": tokenizer, "source": source}
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()  # an empty folder (Snakemake makes output folders before the job runs)
     if out.exists():
         meta_path = out / "meta.json"
         old = json.loads(meta_path.read_text()) if meta_path.exists() else None

@@ -35,7 +35,7 @@ from tiny_llm.data import TokenCache, check_capacity, stream_batches
 from tiny_llm.io import atomic_write_text
 from tiny_llm.model import Llama, token_losses
 
-__all__ = ["accumulate_batch_gradient", "average_states", "learning_rate", "train"]
+__all__ = ["accumulate_batch_gradient", "average_states", "learning_rate", "run_summary", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -292,3 +292,15 @@ def train(config: RunConfig, run_dir: str | Path, *, device: str = "cpu", stop_a
         resume.unlink(missing_ok=True)
         log.info("finished %s: %d steps, %d tokens", run_dir, trainer.step, trainer.tokens)
     return final
+
+
+def run_summary(run_dir: str | Path) -> dict[str, Any]:
+    """What a finished run holds: position, root checkpoints and worker folders (plain data)."""
+    run_dir = Path(run_dir)
+    state = load_train_state(run_dir / "final.pt")
+    if not state["position"].get("complete"):
+        raise ValueError(f"{run_dir / 'final.pt'} is not a finished training state")
+    return {"run": str(run_dir), "final": "final.pt", "position": state["position"],
+            "workers": len(state["workers"]),
+            "checkpoints": sorted(p.name for p in run_dir.glob("epoch-*.safetensors")),
+            "worker_dirs": sorted(p.name for p in run_dir.glob("node-*") if p.is_dir())}

@@ -1,0 +1,27 @@
+# Two commands on a fresh machine: `make demo` (the main job) and `make test` (the test suite).
+# Both create or reuse .venv/ and install everything from envs/requirements.txt and pyproject.toml.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup demo test test-slow clean-demo
+
+$(STAMP): pyproject.toml envs/requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r envs/requirements.txt -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake -c1
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
+
+clean-demo:
+	rm -rf cache/demo runs/demo logs benchmarks/train .snakemake

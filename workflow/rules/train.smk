@@ -1,0 +1,19 @@
+# Training: runs/<name>/ with resolved.yaml, checkpoints, final.pt and train-log.jsonl.
+
+
+rule train_run:
+    input:
+        cache=get_cache_receipt,
+    output:
+        # A receipt, not the checkpoints: Snakemake deletes a job's declared outputs before
+        # rerunning it and after a failure. The run directory itself belongs to tiny-llm, which
+        # resumes interrupted runs and refuses changed settings without touching finished files.
+        receipt="runs/{run}/trained.json",
+    params:
+        run_config=get_run_config_dict,
+    log:
+        "logs/train/{run}.log",
+    benchmark:
+        "benchmarks/train/{run}.tsv"
+    script:
+        "../scripts/train.py"

@@ -1,0 +1,21 @@
+"""Snakemake adapter: prepare one token cache, then write its receipt."""
+
+import logging
+import sys
+from pathlib import Path
+
+sys.stderr = open(snakemake.log[0], "w")
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+
+from tiny_llm.config import DataConfig  # noqa: E402
+from tiny_llm.corpus import prepare_source_cache  # noqa: E402
+from tiny_llm.data import TokenCache  # noqa: E402
+from tiny_llm.io import atomic_write_json  # noqa: E402
+
+spec = snakemake.params.spec
+receipt = Path(snakemake.output.receipt)
+out = prepare_source_cache(DataConfig(**spec["data"]), spec["cache_source"], [Path(p) for p in spec["cache_inputs"]],
+                           capacity=spec["capacity"], out=receipt.with_name(receipt.name.removesuffix(".prepared.json")),
+                           shard_tokens=spec["shard_tokens"])
+cache = TokenCache(out)
+atomic_write_json(receipt, {"cache": str(out), "blocks": cache.n_blocks, "shards": cache.meta["shards"]})

@@ -1,0 +1,16 @@
+"""Snakemake adapter: train (or resume) one run, then write its receipt."""
+
+import logging
+import sys
+from pathlib import Path
+
+sys.stderr = open(snakemake.log[0], "a")
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+
+from tiny_llm.config import config_from_dict  # noqa: E402
+from tiny_llm.io import atomic_write_json  # noqa: E402
+from tiny_llm.train import run_summary, train  # noqa: E402
+
+run_dir = Path(snakemake.output.receipt).parent
+train(config_from_dict(snakemake.params.run_config), run_dir)
+atomic_write_json(snakemake.output.receipt, run_summary(run_dir))
