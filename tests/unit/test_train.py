@@ -150,3 +150,14 @@ def test_cache_too_small_writes_nothing(make_config, tmp_path):
     with pytest.raises(ValueError, match="prepare a new cache with data.prepare_train_tokens="):
         train(big, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_packed_resume_is_bit_identical(make_config, tmp_path):
+    config = make_config(tokens=4 * 8 * 4 * 2, packed={"workers": 2, "sync_every": 3})
+    train(config, tmp_path / "full")
+    train(config, tmp_path / "split", stop_after_epoch=1)
+    train(config, tmp_path / "split")
+    full, split = load_train_state(tmp_path / "full" / "final.pt"), load_train_state(tmp_path / "split" / "final.pt")
+    for a, b in zip(full["workers"], split["workers"]):
+        assert _equal(a["model"], b["model"])
+    assert _equal(full["model"], split["model"])
