@@ -1,12 +1,14 @@
-"""The ``tiny-llm`` command line: prepare-data and train (analysis commands join later)."""
+"""The ``tiny-llm`` command line: prepare-data, train, analyze-state."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
 
+from tiny_llm.analysis import AnalysisSettings, analyze_state
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
 from tiny_llm.corpus import default_capacity, prepare_source_cache
 from tiny_llm.train import train
@@ -43,6 +45,28 @@ def _train(args: argparse.Namespace) -> None:
     print(final)
 
 
+def _samples(text: str) -> int | None:
+    if text == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}")
+    return value
+
+
+def _analyze_state(args: argparse.Namespace) -> None:
+    settings = AnalysisSettings(
+        noise_samples=args.noise_samples, random_samples=args.random_samples, seed=args.seed,
+        hvp_batch_size=args.hvp_batch_size, directions_per_pass=args.directions_per_pass, engine=args.engine,
+        compile_hvp=not args.no_compile_hvp, device=args.device, dtype=args.dtype, tf32=not args.no_tf32,
+        amp=args.amp, consensus=not args.no_consensus)
+    result = analyze_state(args.run, args.checkpoint, args.case, settings, args.output, expect_key=args.expect_key)
+    print(json.dumps(result["statistics"], indent=1))
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tiny-llm", description=__doc__)
     parser.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
@@ -73,6 +97,31 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
     tr.add_argument("--stop-after-epoch", type=int, help="stop at this virtual epoch (resume later)")
     tr.set_defaults(func=_train)
+
+    an = sub.add_parser("analyze-state", help="gradient noise and curvature of one state on one data case",
+                        description="Measure one parameter state (one or more alias checkpoints) on one data "
+                        "case and write one result JSON atomically; progress on stderr.")
+    an.add_argument("--run", required=True, type=Path, help="run directory (holds resolved.yaml)")
+    an.add_argument("--checkpoint", required=True, action="append",
+                    help="root checkpoint, relative to the run directory or absolute (repeat for aliases)")
+    an.add_argument("--case", required=True, choices=["seen", "unseen"],
+                    help="seen: epoch 1 as trained; unseen: one epoch after training's final shuffle group")
+    an.add_argument("--output", required=True, type=Path, help="result JSON to write")
+    an.add_argument("--noise-samples", type=_samples, default=32, help="S_v sampled batches, or 'all' (default 32)")
+    an.add_argument("--random-samples", type=int, default=32, help="S_r Rademacher directions (default 32)")
+    an.add_argument("--seed", type=int, default=42, help="seed of batch draws and directions (default 42)")
+    an.add_argument("--hvp-batch-size", type=int, help="curvature micro-batch (default: training micro-batch)")
+    an.add_argument("--directions-per-pass", type=int, default=8, help="K directions per data pass (default 8)")
+    an.add_argument("--engine", default="auto", choices=["auto", "double_backward", "pearlmutter"],
+                    help="HVP engine (auto: compiled pearlmutter on CUDA, double_backward on CPU)")
+    an.add_argument("--no-compile-hvp", action="store_true", help="no torch.compile (CUDA auto engine: double_backward)")
+    an.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    an.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype (default float32)")
+    an.add_argument("--no-tf32", action="store_true", help="IEEE float32 matmuls on CUDA")
+    an.add_argument("--amp", action="store_true", help="bf16 autocast in the forward (requires float32)")
+    an.add_argument("--no-consensus", action="store_true", help="packed runs: skip consensus errors")
+    an.add_argument("--expect-key", help="refuse unless the checkpoints hash to this state key")
+    an.set_defaults(func=_analyze_state)
     return parser
 
 

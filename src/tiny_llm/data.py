@@ -35,6 +35,7 @@ __all__ = [
     "BatchPlan",
     "TokenCache",
     "blocks_for_tokens",
+    "derive_seed",
     "capacity_blocks",
     "check_capacity",
     "epoch_plan",
@@ -54,6 +55,14 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (SplitMix64 chain): independent streams from one user seed."""
+    key = np.zeros(1, dtype=np.uint64)
+    for part in parts:
+        key = _splitmix64(key ^ np.uint64(part & _MASK64))
+    return int(key[0] >> np.uint64(1))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,19 +63,23 @@ def learning_rate(step: int, total_steps: int, config: RunConfig) -> float:
     return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def accumulate_batch_gradient(model: nn.Module, tokens: torch.Tensor, micro_batch_size: int) -> torch.Tensor:
+def accumulate_batch_gradient(model: nn.Module, tokens: torch.Tensor, micro_batch_size: int,
+                              forward: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Add the gradient of one optimizer batch's token-mean loss into ``.grad``, micro-batch by micro-batch.
 
     ``tokens`` is (B, T + 1). Micro-batches are consecutive chunks of ``micro_batch_size``
     sequences, the last holding the remainder; each contributes ``sum(token losses) / (B*T)``.
-    Analysis replays exactly this accumulation for its sampled gradients. Returns the batch loss.
+    Analysis replays exactly this accumulation for its sampled gradients, passing ``forward``
+    (logits of inputs; default ``model``) to run the forward under its precision policy.
+    Returns the batch loss.
     """
+    forward = forward or model
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     n_targets = targets.numel()
     total = torch.zeros((), dtype=torch.float64, device=tokens.device)
     for start in range(0, len(tokens), micro_batch_size):
         x, y = inputs[start:start + micro_batch_size], targets[start:start + micro_batch_size]
-        loss = token_losses(model(x), y).sum() / n_targets
+        loss = token_losses(forward(x), y).sum() / n_targets
         loss.backward()
         total += loss.detach().double()
     return total

@@ -1,0 +1,339 @@
+"""The analysis worker: one parameter state × one data case → one atomic result JSON.
+
+``analyze_state(run_dir, checkpoints, case, settings, output)`` checks everything before any
+compute (root checkpoints only, identical aliases, strict names/shapes, finite weights, packed
+workers present and consistent with the saved average, cache capacity, precision options), runs
+``noise.measure_case`` and writes the result keys of DESIGN.md atomically. An existing result
+with the same identity is reused; one with another identity is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from tiny_llm.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
+from tiny_llm.config import RunConfig, config_to_dict, load_config
+from tiny_llm.curvature import ENGINES, FlatParameters, Precision, runtime_settings
+from tiny_llm.data import TokenCache, check_capacity, epoch_plan, unseen_plan
+from tiny_llm.io import atomic_write_json
+from tiny_llm.model import Llama
+from tiny_llm.noise import CaseInputs, measure_case
+from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, source_hash
+from tiny_llm.train import average_states
+
+__all__ = ["AnalysisSettings", "CASES", "LoadedState", "analyze_state", "load_state", "resolve_checkpoints"]
+
+log = logging.getLogger(__name__)
+
+CASES = ("seen", "unseen")
+RESULT_SCHEMA = 1
+_ROOT_CHECKPOINT = re.compile(r"^(epoch-\d+\.safetensors|final\.pt)$")
+_WORKER_DIR = re.compile(r"^node-\d+$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalysisSettings:
+    """Numerical and sampling settings of an analysis (all part of a result's identity)."""
+
+    noise_samples: int | None = 32
+    """S_v, sampled effective batches (None = every batch of the epoch; capped by the epoch)."""
+    random_samples: int = 32
+    """S_r, Rademacher directions."""
+    seed: int = 42
+    """Seed of the noise-batch draw and the Rademacher directions (reused across checkpoints)."""
+    hvp_batch_size: int | None = None
+    """Curvature micro-batch size (None = training.micro_batch_size); never changes H."""
+    directions_per_pass: int = 8
+    """K directions share each pass over the data; bounded by memory."""
+    engine: Literal["auto", "double_backward", "pearlmutter"] = "auto"
+    """auto: compiled pearlmutter on CUDA (double_backward with compile_hvp off), double_backward on CPU."""
+    compile_hvp: bool = True
+    """torch.compile the Pearlmutter product on CUDA (CPU analysis stays eager)."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N, or auto (cuda when available)."""
+    dtype: Literal["float32", "float64"] = "float32"
+    """Parameter dtype of the analysis model; float64 for derivative checks."""
+    tf32: bool = True
+    """TF32 matmuls for float32 on CUDA."""
+    amp: bool = False
+    """bf16 autocast in the forward only (float32 parameters; scores, norms, cross-entropy fp32)."""
+    consensus: bool = True
+    """Packed runs: measure each worker's consensus error eᵢ = xᵢ − x̄."""
+
+    def __post_init__(self) -> None:
+        for name in ("random_samples", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected a non-negative integer, got {getattr(self, name)}")
+        for name in ("noise_samples", "hvp_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}: expected a positive integer or all/default, got {value}")
+        if self.directions_per_pass < 1:
+            raise ValueError(f"directions_per_pass: expected a positive integer, got {self.directions_per_pass}")
+        if self.engine not in ("auto", *ENGINES):
+            raise ValueError(f"engine: expected one of auto, {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype: expected float32 or float64, got {self.dtype!r}")
+        if self.amp and self.dtype != "float32":
+            raise ValueError("--amp requires --dtype float32 (bf16 autocast with float32 parameters)")
+
+
+@dataclass
+class LoadedState:
+    """A verified parameter state: root weights, aliases, and packed workers when measured."""
+
+    root: dict[str, torch.Tensor]
+    weights_hash: str
+    aliases: list[dict[str, Any]]
+    workers: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    worker_hashes: list[str] = field(default_factory=list)
+    worker_files: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """weights_hash, or for consensus-enabled packed states a hash of it and the ordered worker hashes."""
+        if not self.workers:
+            return self.weights_hash
+        return canonical_hash({"average": self.weights_hash, "workers": self.worker_hashes})
+
+
+def resolve_checkpoints(run_dir: Path, names: list[str]) -> list[Path]:
+    """Checkpoint paths (relative to the run directory, or absolute), root checkpoints only.
+
+    Raises:
+        ValueError: worker files, files outside the run directory, unknown or missing files.
+    """
+    if not names:
+        raise ValueError("no checkpoint given")
+    run_dir = run_dir.resolve()
+    paths = []
+    for name in names:
+        path = Path(name) if Path(name).is_absolute() else run_dir / name
+        path = path.resolve()
+        if _WORKER_DIR.match(path.parent.name) and path.parent.parent == run_dir:
+            raise ValueError(f"{name} is a worker checkpoint; analyse the root (averaged) checkpoint "
+                             f"{path.name} instead: worker states enter through the consensus analysis")
+        if path.parent != run_dir or not _ROOT_CHECKPOINT.match(path.name):
+            raise ValueError(f"{name}: expected a root checkpoint of {run_dir} (epoch-NNN.safetensors or final.pt)")
+        if not path.exists():
+            raise ValueError(f"checkpoint {path} does not exist")
+        paths.append(path)
+    return paths
+
+
+def _worker_states(path: Path, config: RunConfig) -> tuple[list[dict[str, torch.Tensor]], list[str]]:
+    K = config.training.workers
+    if path.suffix == ".pt":
+        state = load_train_state(path)
+        if len(state["workers"]) != K:
+            raise ValueError(f"{path} holds {len(state['workers'])} worker states, the run has {K}; "
+                             "supply the worker weights or disable consensus analysis (--no-consensus)")
+        return [w["model"] for w in state["workers"]], [f"{path.name}#workers[{w}]" for w in range(K)]
+    files = [path.parent / f"node-{w:03d}" / path.name for w in range(K)]
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise ValueError(f"packed checkpoint {path.name} lacks worker files {missing}; supply the worker "
+                         "weights or disable consensus analysis (--no-consensus)")
+    return [load_weights(f)[0] for f in files], [str(f.relative_to(path.parent)) for f in files]
+
+
+def _check_average(root: dict[str, torch.Tensor], workers: list[dict[str, torch.Tensor]], source: str) -> None:
+    average = average_states(workers)
+    for name, tensor in root.items():
+        if not torch.allclose(tensor.float(), average[name].float(), rtol=1e-5, atol=1e-7):
+            deviation = float((tensor.float() - average[name].float()).abs().max())
+            raise ValueError(f"{source}: saved root weights {name} differ from the workers' float32 average "
+                             f"(max deviation {deviation:.3g} > rtol 1e-5, atol 1e-7); the worker files do not "
+                             "belong to this checkpoint")
+
+
+def load_state(run_dir: Path, paths: list[Path], config: RunConfig, consensus: bool) -> LoadedState:
+    """Load and verify a state and its aliases before any compute (see module docstring)."""
+    model = Llama(config.model, attention_backend="reference")
+    loaded = None
+    for path in paths:
+        root, metadata = load_weights(path)
+        check_state_dict(model, root, source=str(path))
+        alias = {"file": path.name, "step": int(metadata.get("step", -1)), "tokens": int(metadata.get("tokens", -1))}
+        digest = state_hash(root)
+        if loaded is None:
+            loaded = LoadedState(root=root, weights_hash=digest, aliases=[alias])
+        elif digest != loaded.weights_hash:
+            raise ValueError(f"{path.name} and {loaded.aliases[0]['file']} hold different parameter states; "
+                             "aliases of one state must be identical")
+        else:
+            loaded.aliases.append(alias)
+    if consensus and config.training.packed:
+        worker_lists = [_worker_states(path, config) for path in paths]
+        for path, (workers, files) in zip(paths, worker_lists):
+            for state, file in zip(workers, files):
+                check_state_dict(model, state, source=file)
+            _check_average(loaded.root, workers, str(path))
+        hashes = [[state_hash(w) for w in workers] for workers, _ in worker_lists]
+        if any(h != hashes[0] for h in hashes):
+            raise ValueError(f"checkpoints {[p.name for p in paths]} share averaged weights but not worker states; "
+                             "analyse them separately")
+        loaded.workers, loaded.worker_files, loaded.worker_hashes = worker_lists[0][0], worker_lists[0][1], hashes[0]
+    return loaded
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    device: torch.device
+    dtype: torch.dtype
+    engine: str
+    compiled: bool
+    tf32: bool
+    hvp_batch_size: int
+
+
+def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
+    name = settings.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device: expected cpu, cuda or cuda:N, got {settings.device!r}")
+    cuda = device.type == "cuda"
+    engine = settings.engine
+    if engine == "auto":
+        engine = "pearlmutter" if cuda and settings.compile_hvp else "double_backward"
+    compiled = cuda and settings.compile_hvp and engine == "pearlmutter"
+    return _Resolved(device=device, dtype=getattr(torch, settings.dtype), engine=engine, compiled=compiled,
+                     tf32=cuda and settings.dtype == "float32" and settings.tf32,
+                     hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size)
+
+
+def _identity(settings: AnalysisSettings, resolved: _Resolved, config: RunConfig, cache: TokenCache) -> dict:
+    numerical = {**asdict(settings), "device": resolved.device.type, "engine": resolved.engine,
+                 "compiled": resolved.compiled, "tf32": resolved.tf32, "hvp_batch_size": resolved.hvp_batch_size,
+                 "micro_batch_size": config.training.micro_batch_size}
+    execution = {"device_kind": resolved.device.type if resolved.device.type == "cpu"
+                 else f"cuda:{torch.cuda.get_device_name(resolved.device)}"}
+    run = {"config": config_to_dict(config) | {"data": {**config_to_dict(config)["data"], "cache": None}},
+           "cache_shards": [s["sha256"] for s in cache.meta["shards"]]}
+    identity = {"source": source_hash(), "settings": numerical, "execution": execution, "run": canonical_hash(run)}
+    return {**identity, "hash": canonical_hash(identity)}
+
+
+@contextlib.contextmanager
+def _exclusive(output: Path) -> Iterator[None]:
+    lock_path = output.with_name(f".{output.name}.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"another process is writing {output} (lock {lock_path} is held)") from None
+        yield
+
+
+def _reusable(output: Path, identity: dict, key: str, case: str) -> dict | None:
+    if not output.exists():
+        return None
+    try:
+        old = json.loads(output.read_text())
+        same = (old["identity"]["hash"] == identity["hash"] and old["state"]["key"] == key and old["case"] == case)
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"{output} exists but is not a tiny-llm result; remove it or use a new output directory") from None
+    if not same:
+        raise ValueError(f"{output} holds a result with other settings, source or state; use a new output directory")
+    return old
+
+
+def _case_plan(config: RunConfig, cache: TokenCache, case: str):
+    if case not in CASES:
+        raise ValueError(f"case: expected one of {', '.join(CASES)}, got {case!r}")
+    check_capacity(cache, config, "unseen" if case == "unseen" else "train")
+    return epoch_plan(config, 1) if case == "seen" else unseen_plan(config)
+
+
+def analyze_state(run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings,
+                  output: str | Path, expect_key: str | None = None) -> dict[str, Any]:
+    """Measure one state on one case and write the result JSON atomically; returns the result.
+
+    Raises:
+        ValueError: any bad input (see module docstring); nothing is written.
+    """
+    run_dir, output = Path(run_dir), Path(output)
+    config = load_config(run_dir / "resolved.yaml")
+    resolved = _resolve(settings, config)
+    cache = TokenCache(config.data.cache)
+    cache.check_layout(config)
+    plan = _case_plan(config, cache, case)
+    state = load_state(run_dir, resolve_checkpoints(run_dir, checkpoints), config, settings.consensus)
+    if expect_key is not None and state.key != expect_key:
+        raise ValueError(f"checkpoints {checkpoints} hash to state key {state.key}, expected {expect_key}; "
+                         "the files changed since the states were indexed")
+    identity = _identity(settings, resolved, config, cache)
+    with _exclusive(output):
+        if (old := _reusable(output, identity, state.key, case)) is not None:
+            log.info("reusing %s (same identity)", output)
+            return old
+        result = _measure(config, cache, plan, state, case, settings, resolved, identity)
+        atomic_write_json(output, result)
+    return result
+
+
+def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, case: str,
+             settings: AnalysisSettings, resolved: _Resolved, identity: dict) -> dict[str, Any]:
+    started = time.perf_counter()
+    precision = Precision(resolved.device, resolved.dtype, settings.amp)
+    model = Llama(config.model, attention_backend="reference")
+    model.load_state_dict(state.root, strict=True)
+    model.to(device=resolved.device, dtype=resolved.dtype)
+    flat = FlatParameters(model)
+    root_flat = flat.flatten_state(state.root).double()
+    consensus = [(w, flat.flatten_state(worker).double() - root_flat) for w, worker in enumerate(state.workers)]
+    inputs = CaseInputs(cache=cache, plan=plan, micro_batch_size=config.training.micro_batch_size,
+                        hvp_batch_size=resolved.hvp_batch_size, noise_samples=settings.noise_samples,
+                        random_samples=settings.random_samples, seed=settings.seed, engine=resolved.engine,
+                        directions_per_pass=settings.directions_per_pass, compile=resolved.compiled,
+                        workers=config.training.workers, consensus=consensus)
+    label = f"[{state.key[:12]} {case}]"
+    with runtime_settings(resolved.device, resolved.tf32) as runtime:
+        try:
+            measured = measure_case(model, inputs, precision, progress=lambda m: log.info("%s %s", label, m))
+        except torch.OutOfMemoryError:
+            raise ValueError(f"out of memory with --hvp-batch-size {resolved.hvp_batch_size} and "
+                             f"--directions-per-pass {settings.directions_per_pass}; try smaller values "
+                             f"(e.g. {max(1, resolved.hvp_batch_size // 2)} and {max(1, settings.directions_per_pass // 2)}); "
+                             "nothing was written") from None
+    return {
+        "schema": RESULT_SCHEMA,
+        "identity": identity,
+        "state": {"key": state.key, "weights_hash": state.weights_hash, "aliases": state.aliases,
+                  "worker_hashes": state.worker_hashes or None, "worker_files": state.worker_files or None},
+        "case": case,
+        "settings": asdict(settings),
+        "precision": {"device": str(resolved.device), "dtype": settings.dtype, "tf32": resolved.tf32,
+                      "amp": settings.amp, "amp_dtype": "bfloat16" if settings.amp else None,
+                      "engine": resolved.engine, "compiled": resolved.compiled, "attention_backend": "reference",
+                      "reductions": "float64", **runtime},
+        "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started},
+        "counts": measured["counts"],
+        "statistics": measured["statistics"],
+        "noise_samples": measured["noise_samples"],
+        "random_directions": measured["random_directions"],
+        "consensus": measured["consensus"],
+        "data": {"cache": str(cache.path), "tokenizer": cache.meta["tokenizer"], "source": cache.meta["source"],
+                 "shards": [{"file": s["file"], "sha256": s["sha256"]} for s in cache.meta["shards"]],
+                 "plan": plan.name, "stream_batches": [int(plan.stream_batches[0]), int(plan.stream_batches[-1])],
+                 "seq_len": config.data.seq_len},
+        "software": software(),
+        "hardware": hardware(resolved.device),
+        "slurm": slurm_job(),
+    }

@@ -1,0 +1,218 @@
+"""One curvature interface: the full-epoch, token-weighted loss Hessian H as an operator.
+
+``EpochHessian(model, sequences, ...)`` represents H = ∇² L(θ) with
+L(θ) = (1/N) Σ_t ℓ_t(θ), the token-mean cross-entropy over every target token t of an epoch
+(N of them). It never materialises H: a pass over the epoch's curvature micro-batches applies
+it to K directions at once, sharing each micro-batch's forward (and, for double backward, the
+first backward). Engines:
+
+* ``double_backward``: eager reverse-over-reverse; K directions through one batched vjp
+  (``torch.autograd.grad(..., is_grads_batched=True)``).
+* ``pearlmutter``: forward-over-reverse ``jvp(grad(L))`` with ``torch.func``, vmapped over the
+  K directions; compiled with ``torch.compile`` when asked (CUDA), eager otherwise.
+
+The last curvature micro-batch is padded with ignored targets, and a short final group of
+directions is padded with zero directions, so one compiled graph serves every pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch.func import functional_call, grad, jvp, vmap
+
+from tiny_llm.model import IGNORE_INDEX, Llama, token_losses
+
+__all__ = ["ENGINES", "EpochHessian", "FlatParameters", "Precision", "pad_sequences"]
+
+log = logging.getLogger(__name__)
+
+Engine = Literal["double_backward", "pearlmutter"]
+ENGINES: tuple[str, ...] = ("double_backward", "pearlmutter")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Numerical mode of an analysis: parameter dtype, device, bf16 forward autocast."""
+
+    device: torch.device
+    dtype: torch.dtype
+    amp: bool = False
+
+    def forward(self, model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        """Logits with the forward (only) under bf16 autocast when ``amp``."""
+        if not self.amp:
+            return model(inputs)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            return model(inputs)
+
+
+class FlatParameters:
+    """Map between a model's parameters and one flat vector of length D (tied weights once)."""
+
+    def __init__(self, model: torch.nn.Module):
+        named = list(model.named_parameters())  # named_parameters() already skips tied duplicates
+        self.names = [n for n, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.sizes = [p.numel() for _, p in named]
+        self.D = sum(self.sizes)
+
+    def flatten(self, tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return torch.cat([t.reshape(-1) for t in tensors])
+
+    def flatten_state(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.flatten([state[n] for n in self.names])
+
+    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {n: t.view(s) for n, t, s in zip(self.names, flat.split(self.sizes, dim=-1), self.shapes)}
+
+    def blocks(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Split (K, D) into per-parameter (K, n_p) views."""
+        return list(flat.split(self.sizes, dim=-1))
+
+
+def pad_sequences(tokens: torch.Tensor, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Cut (n, T+1) token rows into (inputs, targets) micro-batches of exactly ``batch_size`` rows;
+    the last is padded with rows whose targets are all ignored (zero loss, zero gradient)."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    batches = []
+    for start in range(0, len(tokens), batch_size):
+        x, y = inputs[start:start + batch_size], targets[start:start + batch_size]
+        if len(x) < batch_size:
+            pad = batch_size - len(x)
+            x = torch.cat([x, torch.zeros(pad, x.size(1), dtype=x.dtype, device=x.device)])
+            y = torch.cat([y, torch.full((pad, y.size(1)), IGNORE_INDEX, dtype=y.dtype, device=y.device)])
+        batches.append((x, y))
+    return batches
+
+
+class EpochHessian:
+    """The full-epoch token-mean Hessian at the model's current parameters.
+
+    Args:
+        model: a ``Llama`` with reference attention, in the analysis dtype, on the analysis device.
+        tokens: (n, T+1) int64 token rows of the epoch (every row's T targets count).
+        batch_size: curvature micro-batch size (``--hvp-batch-size``); changes only how the
+            epoch is cut, not H.
+        engine: ``double_backward`` or ``pearlmutter``.
+        precision: dtype / device / AMP policy.
+        directions_per_pass: K, the number of directions sharing one pass over the data.
+        compile: compile the Pearlmutter micro-batch product with ``torch.compile``.
+
+    Example:
+        >>> from tiny_llm.config import ModelConfig
+        >>> model = Llama(ModelConfig(vocab_size=8, d_model=4, n_heads=2, d_ff=8, n_layers=1)).double()
+        >>> H = EpochHessian(model, torch.randint(0, 8, (3, 5)), batch_size=2, engine="double_backward",
+        ...                  precision=Precision(torch.device("cpu"), torch.float64))
+        >>> H.quadratic_forms(torch.zeros(2, H.flat.D, dtype=torch.float64)).tolist()
+        [0.0, 0.0]
+    """
+
+    def __init__(self, model: Llama, tokens: torch.Tensor, *, batch_size: int, engine: Engine,
+                 precision: Precision, directions_per_pass: int = 1, compile: bool = False,
+                 progress: Callable[[str], None] | None = None):
+        if engine not in ENGINES:
+            raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
+        if model.attention_backend != "reference":
+            raise ValueError("curvature needs reference attention (second derivatives); build "
+                             "Llama(config, attention_backend='reference')")
+        if compile and engine != "pearlmutter":
+            raise ValueError("only the pearlmutter engine is compiled; use --no-compile-hvp with double_backward")
+        self.model, self.engine, self.precision = model, engine, precision
+        self.K, self.compile = directions_per_pass, compile
+        self.flat = FlatParameters(model)
+        self.theta = self.flat.flatten([p.detach() for p in model.parameters()])
+        self.batches = pad_sequences(tokens.to(precision.device), batch_size)
+        self.n_targets = int(tokens[:, 1:].numel())
+        self.progress = progress or (lambda message: None)
+        self.passes = 0
+        self._pearlmutter = torch.compile(self._pearlmutter_eager, dynamic=False) if compile else self._pearlmutter_eager
+
+    # --- one micro-batch ---------------------------------------------------------------------
+    def _loss(self, params: dict[str, torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.precision.forward(lambda x: functional_call(self.model, params, (x,)), inputs)
+        return token_losses(logits, targets).sum() / self.n_targets
+
+    def _pearlmutter_eager(self, theta: torch.Tensor, V: torch.Tensor, inputs: torch.Tensor,
+                           targets: torch.Tensor) -> torch.Tensor:
+        def loss(flat: torch.Tensor) -> torch.Tensor:
+            return self._loss(self.flat.unflatten(flat), inputs, targets)
+
+        def product(v: torch.Tensor) -> torch.Tensor:
+            return jvp(grad(loss), (theta,), (v,))[1]
+        return vmap(product)(V)
+
+    def _double_backward(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        params = tuple(self.model.parameters())
+        loss = self._loss(dict(zip(self.flat.names, params)), inputs, targets)
+        gradient = self.flat.flatten(torch.autograd.grad(loss, params, create_graph=True))
+        if len(V) == 1:
+            products = torch.autograd.grad(gradient, params, grad_outputs=V[0])
+            return self.flat.flatten(products).unsqueeze(0)
+        products = torch.autograd.grad(gradient, params, grad_outputs=V, is_grads_batched=True)
+        return torch.cat([p.reshape(len(V), -1) for p in products], dim=1)
+
+    def batch_products(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """H_b V for one curvature micro-batch (its share of the epoch loss), V of shape (K, D)."""
+        if self.engine == "pearlmutter":
+            return self._pearlmutter(self.theta, V, inputs, targets)
+        return self._double_backward(V, inputs, targets)
+
+    # --- passes over the epoch ---------------------------------------------------------------
+    def _check(self, V: torch.Tensor) -> torch.Tensor:
+        if V.dim() != 2 or V.size(1) != self.flat.D:
+            raise ValueError(f"directions must have shape (K, {self.flat.D}), got {tuple(V.shape)}")
+        return V.to(device=self.precision.device, dtype=self.precision.dtype)
+
+    def _passes(self, V: torch.Tensor) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+        """Per pass of K directions and per micro-batch b, yield (first row, real rows, the chunk
+        (zero-padded to K when compiled), H_b chunk)."""
+        for start in range(0, len(V), self.K):
+            chunk = V[start:start + self.K]
+            real = len(chunk)
+            if self.compile and real < self.K:  # keep one graph: pad with zero directions
+                chunk = torch.cat([chunk, chunk.new_zeros(self.K - real, chunk.size(1))])
+            started = time.perf_counter()
+            for inputs, targets in self.batches:
+                yield start, real, chunk, self.batch_products(chunk, inputs, targets)
+            self.passes += 1
+            self.progress(f"HVP pass over {len(self.batches)} micro-batches for directions "
+                          f"{start + 1}-{start + real} of {len(V)} took {time.perf_counter() - started:.2f} s")
+
+    def quadratic_forms(self, V: torch.Tensor) -> torch.Tensor:
+        """dᵀ H d for each row d of V (K', D), summed over micro-batches in float64."""
+        V = self._check(V)
+        out = torch.zeros(len(V), dtype=torch.float64, device=self.precision.device)
+        for start, real, chunk, HV in self._passes(V):
+            out[start:start + real] += (chunk[:real].double() * HV[:real].double()).sum(dim=1)
+        return out
+
+    def hvp(self, V: torch.Tensor) -> torch.Tensor:
+        """H V for the rows of V (K', D), accumulated over micro-batches in float64."""
+        V = self._check(V)
+        out = torch.zeros(V.shape, dtype=torch.float64, device=self.precision.device)
+        for start, real, _, HV in self._passes(V):
+            out[start:start + real] += HV[:real].double()
+        return out
+
+
+@contextlib.contextmanager
+def runtime_settings(device: torch.device, tf32: bool) -> Iterator[dict[str, str]]:
+    """Set the fp32 matmul precision for the analysis and restore the previous setting afterwards.
+
+    Yields the settings actually in force (recorded in results).
+    """
+    matmul = torch.backends.cuda.matmul
+    previous = matmul.fp32_precision
+    try:
+        if device.type == "cuda":
+            matmul.fp32_precision = "tf32" if tf32 else "ieee"
+        yield {"cuda_matmul_fp32_precision": matmul.fp32_precision}
+    finally:
+        matmul.fp32_precision = previous

@@ -1,0 +1,233 @@
+"""Gradient-noise and curvature statistics of one parameter state on one data case.
+
+Definitions (seed reference, DESIGN.md): the epoch loss L is the token-mean cross-entropy over
+every target token of the case's epoch; H = ∇²L, ḡ = ∇L. An effective batch i (one optimizer
+batch, accumulated over training's micro-batches) gives gᵢ, and vᵢ = gᵢ − ḡ. sᵢ are Rademacher
+directions; D counts unique trainable parameters.
+
+    noise_curvature      = Σ vᵢᵀHvᵢ / S_v
+    normalized_alignment = Σ vᵢᵀHvᵢ / Σ‖vᵢ‖²            (null when Σ‖vᵢ‖² = 0)
+    mean_noise_norm      = mean ‖vᵢ‖,  mean_grad_norm = mean ‖gᵢ‖,  full_grad_norm = ‖ḡ‖
+    random_curvature     = Σ sᵢᵀHsᵢ / (D·S_r)            (→ tr(H)/D)
+    grad_curvature       = ḡᵀHḡ
+    b_simple             = B·c·mean‖vᵢ‖² / ‖ḡ‖²         (null when ‖ḡ‖ = 0)
+    b_noise              = B·c·mean(vᵢᵀHvᵢ) / ḡᵀHḡ        (null when ḡᵀHḡ ≤ 0)
+
+B_simple and B_noise are McCandlish et al. (2018) with B the effective batch size in sequences
+and c = (M − 1)/(M − B) the finite-population correction for batches of B drawn without
+replacement from the epoch's M = n·B sequences (E‖vᵢ‖² = tr(Σ)/B · (M − B)/(M − 1)); both are
+null when the epoch is a single batch. All reductions are float64.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tiny_llm.curvature import EpochHessian, FlatParameters, Precision
+from tiny_llm.data import BatchPlan, TokenCache, derive_seed, group_permutation
+from tiny_llm.model import Llama
+from tiny_llm.train import accumulate_batch_gradient
+
+__all__ = ["CaseInputs", "batch_gradient", "mean_gradient", "measure_case", "noise_batch_indices",
+           "rademacher", "summarise"]
+
+log = logging.getLogger(__name__)
+
+NOISE_SAMPLE_STREAM, RADEMACHER_STREAM = 2, 3
+
+
+def noise_batch_indices(n_batches: int, samples: int | None, seed: int) -> list[int]:
+    """S_v batch indices drawn uniformly without replacement (all when ``samples`` is None or
+    exceeds the epoch); a fixed function of the seed, so reused across checkpoints and cases."""
+    order = group_permutation(seed, NOISE_SAMPLE_STREAM, 0, n_batches)
+    count = n_batches if samples is None else min(samples, n_batches)
+    return [int(i) for i in order[:count]]
+
+
+def rademacher(D: int, seed: int, index: int) -> torch.Tensor:
+    """Direction ``index``: D independent ±1 signs (float64, CPU), independent of batching."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, RADEMACHER_STREAM, index))
+    return torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1
+
+
+def batch_gradient(model: Llama, flat: FlatParameters, tokens: torch.Tensor, micro_batch_size: int,
+                   precision: Precision) -> torch.Tensor:
+    """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches; float64 (D,)."""
+    model.zero_grad(set_to_none=True)
+    accumulate_batch_gradient(model, tokens.to(precision.device), micro_batch_size,
+                              forward=lambda x: precision.forward(model, x))
+    g = flat.flatten([p.grad for p in model.parameters()]).double()
+    model.zero_grad(set_to_none=True)
+    return g
+
+
+def mean_gradient(model: Llama, flat: FlatParameters, batches: list[torch.Tensor], micro_batch_size: int,
+                  precision: Precision) -> torch.Tensor:
+    """ḡ = Σ_b (N_b / N) g_b over every batch of the epoch, accumulated in float64."""
+    n_total = sum(int(b[:, 1:].numel()) for b in batches)
+    g = torch.zeros(flat.D, dtype=torch.float64, device=precision.device)
+    for tokens in batches:
+        g += batch_gradient(model, flat, tokens, micro_batch_size, precision) * (tokens[:, 1:].numel() / n_total)
+    return g
+
+
+@dataclass
+class CaseInputs:
+    """What one (state, case) measurement needs besides the model."""
+
+    cache: TokenCache
+    plan: BatchPlan
+    micro_batch_size: int
+    hvp_batch_size: int
+    noise_samples: int | None
+    random_samples: int
+    seed: int
+    engine: str
+    directions_per_pass: int
+    compile: bool
+    workers: int = 1
+    consensus: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    """(worker index, eᵢ = xᵢ − x̄ as float64 (D,)) for packed runs with consensus on."""
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return None if denominator == 0 else numerator / denominator
+
+
+def summarise(noise: list[dict], random: list[dict], g_bar_norm: float, grad_curvature: float, D: int,
+              B: int, M: int) -> dict[str, float | None]:
+    """The statistics block of a result from per-direction records (see module docstring)."""
+    S_v, S_r = len(noise), len(random)
+    vhv = math.fsum(r["noise_curvature"] for r in noise)
+    vv = math.fsum(r["noise_norm"] ** 2 for r in noise)
+    correction = (M - 1) / (M - B) if M > B else None
+    mean_vv = vv / S_v if S_v else None
+    mean_vhv = vhv / S_v if S_v else None
+    return {
+        "noise_curvature": mean_vhv,
+        "normalized_alignment": _ratio(vhv, vv),
+        "mean_noise_norm": math.fsum(r["noise_norm"] for r in noise) / S_v if S_v else None,
+        "mean_grad_norm": math.fsum(r["grad_norm"] for r in noise) / S_v if S_v else None,
+        "full_grad_norm": g_bar_norm,
+        "random_curvature": math.fsum(r["curvature"] for r in random) / (D * S_r) if S_r else None,
+        "grad_curvature": grad_curvature,
+        "b_simple": None if correction is None or mean_vv is None else _ratio(B * correction * mean_vv, g_bar_norm**2),
+        "b_noise": (None if correction is None or mean_vhv is None or grad_curvature <= 0
+                    else B * correction * mean_vhv / grad_curvature),
+    }
+
+
+def _consensus_block(records: list[dict]) -> dict[str, Any]:
+    q = math.fsum(r["curvature"] for r in records)
+    ee = math.fsum(r["squared_norm"] for r in records)
+    return {"workers": records, "aggregate": {
+        "mean_curvature": q / len(records), "normalized_alignment": _ratio(q, ee),
+        "mean_norm": math.fsum(r["norm"] for r in records) / len(records)}}
+
+
+class _DirectionRunner:
+    """Feeds directions to the operator K at a time; zero directions skip the pass (curvature 0)."""
+
+    def __init__(self, operator: EpochHessian, precision: Precision):
+        self.operator, self.precision = operator, precision
+        self.pending: list[tuple[torch.Tensor, dict, str, float]] = []
+
+    def add(self, vector: torch.Tensor, record: dict, key: str, started: float) -> None:
+        """Queue a float64 direction; ``record[key]`` receives dᵀHd of the direction as used."""
+        used = vector.to(self.precision.dtype)
+        record["_norm2"] = float(used.double().pow(2).sum())
+        if record["_norm2"] == 0.0:
+            record[key], record["hvp_seconds"] = 0.0, 0.0
+            record["total_seconds"] = time.perf_counter() - started
+            return
+        self.pending.append((used, record, key, started))
+        if len(self.pending) == self.operator.K:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        started = time.perf_counter()
+        forms = self.operator.quadratic_forms(torch.stack([p[0] for p in self.pending]))
+        share = (time.perf_counter() - started) / len(self.pending)
+        for (_, record, key, begun), q in zip(self.pending, forms.tolist()):
+            record[key], record["hvp_seconds"] = q, share
+            record["total_seconds"] = time.perf_counter() - begun
+        self.pending = []
+
+
+def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
+                 progress: Callable[[str], None] = log.info) -> dict[str, Any]:
+    """Every statistic of one (state, case): records, statistics, counts, timing (plain data)."""
+    t0 = time.perf_counter()
+    flat, plan, cache = FlatParameters(model), inputs.plan, inputs.cache
+    batches = [cache.tokens(blocks) for blocks in plan.blocks]
+    B, n = len(plan.blocks[0]), len(plan)
+    g_bar = mean_gradient(model, flat, batches, inputs.micro_batch_size, precision)
+    t_mean = time.perf_counter() - t0
+    progress(f"mean gradient over {n} batches: {t_mean:.2f} s")
+
+    operator = EpochHessian(model, torch.cat(batches), batch_size=inputs.hvp_batch_size, engine=inputs.engine,
+                            precision=precision, directions_per_pass=inputs.directions_per_pass,
+                            compile=inputs.compile, progress=progress)
+    runner = _DirectionRunner(operator, precision)
+    noise, random, consensus = [], [], []
+    sample_seconds = 0.0
+    for i in noise_batch_indices(n, inputs.noise_samples, inputs.seed):
+        started = time.perf_counter()
+        g = batch_gradient(model, flat, batches[i], inputs.micro_batch_size, precision)
+        sample_seconds += time.perf_counter() - started
+        record = {"batch_index": i, "stream_batch": int(plan.stream_batches[i]), "positions": plan.positions(cache, i),
+                  "grad_norm": float(g.norm())}
+        if inputs.workers > 1:
+            record["worker"] = int(plan.stream_batches[i]) % inputs.workers
+        noise.append(record)
+        runner.add(g - g_bar, record, "noise_curvature", started)
+    for index in range(inputs.random_samples):
+        record = {"index": index}
+        random.append(record)
+        runner.add(rademacher(flat.D, inputs.seed, index).to(precision.device), record, "curvature", time.perf_counter())
+    grad_record: dict[str, Any] = {}
+    runner.add(g_bar, grad_record, "curvature", time.perf_counter())
+    for worker, e in inputs.consensus:
+        record = {"worker": worker}
+        consensus.append(record)
+        runner.add(e.to(precision.device), record, "curvature", time.perf_counter())
+    runner.flush()
+
+    for record in noise:
+        record["noise_squared_norm"] = record.pop("_norm2")
+        record["noise_norm"] = math.sqrt(record["noise_squared_norm"])
+    for record in random:
+        record.pop("_norm2")
+    for record in consensus:
+        record["squared_norm"] = record.pop("_norm2")
+        record["norm"] = math.sqrt(record["squared_norm"])
+        record["normalized_alignment"] = _ratio(record["curvature"], record["squared_norm"])
+    grad_record.pop("_norm2")
+    g_bar_norm = float(g_bar.norm())
+    M = n * B
+    statistics = summarise(noise, random, g_bar_norm, grad_record["curvature"], flat.D, B, M)
+    return {
+        "statistics": statistics,
+        "noise_samples": noise,
+        "random_directions": [{"index": r["index"], "curvature": r["curvature"], "hvp_seconds": r["hvp_seconds"]}
+                              for r in random],
+        "consensus": _consensus_block(consensus) if consensus else None,
+        "counts": {"parameters_D": flat.D, "epoch_batches": n, "epoch_sequences": M,
+                   "epoch_tokens": operator.n_targets, "noise_samples": len(noise),
+                   "random_samples": len(random), "effective_batch_size": B,
+                   "micro_batch_size": inputs.micro_batch_size, "hvp_batch_size": inputs.hvp_batch_size,
+                   "hvp_batches": len(operator.batches), "directions_per_pass": inputs.directions_per_pass,
+                   "hvp_passes": operator.passes, "finite_epoch_correction": (M - 1) / (M - B) if M > B else None},
+        "timing": {"mean_gradient_seconds": t_mean, "sample_gradient_seconds": sample_seconds,
+                   "hvp_seconds": sum(r["hvp_seconds"] for r in noise + random + consensus) + grad_record["hvp_seconds"],
+                   "total_seconds": time.perf_counter() - t0},
+    }

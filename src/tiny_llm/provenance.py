@@ -1,0 +1,71 @@
+"""What produced a result: source version, software, hardware, Slurm job, canonical hashing."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import socket
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["canonical_hash", "hardware", "slurm_job", "software", "source_hash"]
+
+
+def canonical_hash(data: Any) -> str:
+    """SHA-256 of canonical JSON (sorted keys, no whitespace)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@functools.cache
+def source_hash() -> str:
+    """SHA-256 over the tiny_llm package's Python sources (path and bytes, in path order).
+
+    Any edit of the analysis code changes it, installed or editable, with or without git.
+    """
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def software() -> dict[str, Any]:
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            **{name: _version(name) for name in ("numpy", "safetensors", "snakemake", "tiny-llm-curvature")},
+            "tiny_llm_source": source_hash()}
+
+
+def hardware(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {"hostname": socket.gethostname(), "machine": platform.machine(),
+                            "processor": platform.processor() or None, "cpu_count": os.cpu_count(),
+                            "torch_threads": torch.get_num_threads(), "device": str(device)}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, gpu_capability=f"{props.major}.{props.minor}",
+                    gpu_memory_bytes=props.total_memory, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return info
+
+
+def slurm_job() -> dict[str, Any] | None:
+    """The Slurm job this process runs in (id, node, attempt), or None outside Slurm."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return None
+    return {"job_id": os.environ["SLURM_JOB_ID"], "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
+            "node": os.environ.get("SLURMD_NODENAME"), "partition": os.environ.get("SLURM_JOB_PARTITION"),
+            "account": os.environ.get("SLURM_JOB_ACCOUNT"),
+            "attempt": int(os.environ.get("SLURM_RESTART_COUNT", "0")) + 1}
