@@ -54,6 +54,23 @@ def make_config(tmp_path: Path):
     return make
 
 
+def make_oracle_run(path: Path, **training) -> RunConfig:
+    """A cache of random ids < 16 and a config for the 1.4k-parameter TINY_MODEL: seq_len 6, B=3 with
+    micro-batch 2 (a remainder), 3 batches per epoch, 2 epochs, shuffle groups of 4."""
+    base = {"batch_size": 3, "micro_batch_size": 2, "tokens": 3 * 6 * 3 * 2, "epochs": 2, "warmup_steps": 1,
+            "checkpoint_policy": "interval", "lr": 0.05, "attention_backend": "reference"}
+    base.update(training)
+    config = config_from_dict({"model": TINY_MODEL.__dict__, "training": base,
+                               "data": {"cache": str(path / "cache"), "seq_len": 6, "shuffle_group_blocks": 4, "seed": 3}})
+    if not (path / "cache").exists():
+        ids = torch.randint(0, 16, (capacity_blocks(config)["unseen"] * 6 + 1,), generator=torch.Generator().manual_seed(5))
+        prepare_cache(path / "cache", [ids.numpy()], tokenizer={"type": "external", "vocab_size": 16},
+                      vocab_size=16, seq_len=6, shuffle_group_blocks=4, data_seed=3,
+                      prepare_train_tokens=capacity_blocks(config)["unseen"] * 6, shard_blocks=7,
+                      source={"kind": "test"})
+    return config
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)

@@ -135,9 +135,10 @@ def _consensus_block(records: list[dict]) -> dict[str, Any]:
 class _DirectionRunner:
     """Feeds directions to the operator K at a time; zero directions skip the pass (curvature 0)."""
 
-    def __init__(self, operator: EpochHessian, precision: Precision):
-        self.operator, self.precision = operator, precision
+    def __init__(self, operator: EpochHessian, precision: Precision, total: int, progress: Callable[[str], None]):
+        self.operator, self.precision, self.total, self.progress = operator, precision, total, progress
         self.pending: list[tuple[torch.Tensor, dict, str, float]] = []
+        self.done, self.started = 0, time.perf_counter()
 
     def add(self, vector: torch.Tensor, record: dict, key: str, started: float) -> None:
         """Queue a float64 direction; ``record[key]`` receives dᵀHd of the direction as used."""
@@ -146,6 +147,7 @@ class _DirectionRunner:
         if record["_norm2"] == 0.0:
             record[key], record["hvp_seconds"] = 0.0, 0.0
             record["total_seconds"] = time.perf_counter() - started
+            self.done += 1
             return
         self.pending.append((used, record, key, started))
         if len(self.pending) == self.operator.K:
@@ -160,6 +162,12 @@ class _DirectionRunner:
         for (_, record, key, begun), q in zip(self.pending, forms.tolist()):
             record[key], record["hvp_seconds"] = q, share
             record["total_seconds"] = time.perf_counter() - begun
+        self.done += len(self.pending)
+        elapsed = time.perf_counter() - self.started
+        eta = elapsed / self.done * (self.total - self.done)
+        self.progress(f"directions {self.done}/{self.total} ({len(self.pending)} per pass over "
+                      f"{len(self.operator.batches)} micro-batches, {share * len(self.pending):.2f} s); "
+                      f"elapsed {elapsed:.1f} s, ETA {eta:.1f} s")
         self.pending = []
 
 
@@ -176,11 +184,13 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
 
     operator = EpochHessian(model, torch.cat(batches), batch_size=inputs.hvp_batch_size, engine=inputs.engine,
                             precision=precision, directions_per_pass=inputs.directions_per_pass,
-                            compile=inputs.compile, progress=progress)
-    runner = _DirectionRunner(operator, precision)
+                            compile=inputs.compile)
+    selected = noise_batch_indices(n, inputs.noise_samples, inputs.seed)
+    total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
+    runner = _DirectionRunner(operator, precision, total, progress)
     noise, random, consensus = [], [], []
     sample_seconds = 0.0
-    for i in noise_batch_indices(n, inputs.noise_samples, inputs.seed):
+    for i in selected:
         started = time.perf_counter()
         g = batch_gradient(model, flat, batches[i], inputs.micro_batch_size, precision)
         sample_seconds += time.perf_counter() - started

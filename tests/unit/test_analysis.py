@@ -1,0 +1,237 @@
+"""The analysis worker end to end on tiny trained runs: result contract, packed consensus, reuse,
+and every bad input refused before anything is written."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch.func import functional_call, hessian
+
+from tiny_llm.analysis import AnalysisSettings, analyze_state
+from tiny_llm.cli import main
+from tiny_llm.curvature import FlatParameters
+from tiny_llm.data import TokenCache, epoch_plan
+from tiny_llm.model import Llama, token_losses
+from tiny_llm.train import train
+
+from conftest import make_oracle_run
+
+FAST = AnalysisSettings(noise_samples=2, random_samples=3, device="cpu", dtype="float64", directions_per_pass=3)
+
+
+def _record_reads(monkeypatch):
+    read = []
+    original = TokenCache.tokens
+    monkeypatch.setattr(TokenCache, "tokens", lambda self, blocks: (read.append(list(blocks)), original(self, blocks))[1])
+    return read
+
+
+@pytest.fixture(scope="module")
+def ordinary(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ordinary")
+    config = make_oracle_run(path)
+    with pytest.MonkeyPatch.context() as mp:
+        read = _record_reads(mp)
+        train(config, path / "run")
+    return config, path, read
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    path = tmp_path_factory.mktemp("packed")
+    config = make_oracle_run(path, tokens=3 * 6 * 4 * 2, packed={"workers": 2, "sync_every": 3})
+    with pytest.MonkeyPatch.context() as mp:
+        read = _record_reads(mp)
+        train(config, path / "run")
+    return config, path, read
+
+
+def _dense_hessian(config, state, plan):
+    model = Llama(config.model, attention_backend="reference").double()
+    model.load_state_dict(state)
+    flat = FlatParameters(model)
+    tokens = torch.cat([TokenCache(config.data.cache).tokens(b) for b in plan.blocks])
+
+    def loss(x):
+        return token_losses(functional_call(model, flat.unflatten(x), (tokens[:, :-1],)), tokens[:, 1:]).mean()
+    theta = flat.flatten([p.detach() for p in model.parameters()])
+    return hessian(loss)(theta), flat
+
+
+def test_result_contract_and_seen_batches(ordinary):
+    config, path, read = ordinary
+    out = path / "results" / "seen.json"
+    result = analyze_state(path / "run", ["epoch-002.safetensors", "final.pt"], "seen", FAST, out)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert set(result) >= {"schema", "identity", "state", "case", "settings", "precision", "timing", "counts",
+                           "statistics", "noise_samples", "random_directions", "consensus"}
+    assert [a["file"] for a in result["state"]["aliases"]] == ["epoch-002.safetensors", "final.pt"]
+    assert result["state"]["aliases"][0]["step"] == config.total_batches and result["consensus"] is None
+    assert set(result["statistics"]) == {"noise_curvature", "normalized_alignment", "mean_noise_norm", "mean_grad_norm",
+                                         "full_grad_norm", "random_curvature", "grad_curvature", "b_simple", "b_noise"}
+    assert result["precision"]["dtype"] == "float64" and result["precision"]["engine"] == "double_backward"
+    # Seen = exactly the batches training read in epoch 1.
+    cache = TokenCache(config.data.cache)
+    for record in result["noise_samples"]:
+        blocks = read[record["batch_index"]]
+        assert record["positions"] == [list(cache.position(b)) for b in blocks]
+    # One statistic against the dense Hessian of the trained state.
+    H, flat = _dense_hessian(config, load_file(path / "run" / "epoch-002.safetensors"), epoch_plan(config, 1))
+    from tiny_llm.noise import rademacher
+    s = [rademacher(flat.D, 42, i) for i in range(3)]
+    assert result["statistics"]["random_curvature"] == pytest.approx(float(sum(x @ H @ x for x in s)) / (3 * flat.D), rel=1e-9)
+
+
+def test_rerun_reuses_and_changed_settings_are_refused(ordinary, monkeypatch):
+    config, path, _ = ordinary
+    out = path / "results" / "reuse.json"
+    first = analyze_state(path / "run", ["epoch-001.safetensors"], "unseen", FAST, out)
+    monkeypatch.setattr("tiny_llm.analysis._measure", lambda *a, **k: pytest.fail("recomputed"))
+    assert analyze_state(path / "run", ["epoch-001.safetensors"], "unseen", FAST, out) == first
+    before = out.read_bytes()
+    with pytest.raises(ValueError, match="holds a result with other settings, source or state; use a new output"):
+        analyze_state(path / "run", ["epoch-001.safetensors"], "unseen", AnalysisSettings(**{**FAST.__dict__, "seed": 1}), out)
+    with pytest.raises(ValueError, match="other settings, source or state"):
+        analyze_state(path / "run", ["epoch-000.safetensors"], "unseen", FAST, out)
+    assert out.read_bytes() == before
+
+
+def test_packed_consensus_against_dense_oracle(packed):
+    config, path, read = packed
+    result = analyze_state(path / "run", ["epoch-001.safetensors"], "seen",
+                           AnalysisSettings(**{**FAST.__dict__, "noise_samples": None}), path / "out.json")
+    root = load_file(path / "run" / "epoch-001.safetensors")
+    H, flat = _dense_hessian(config, root, epoch_plan(config, 1))
+    x_bar = flat.flatten_state(root).double()
+    records = result["consensus"]["workers"]
+    q = []
+    for w, record in enumerate(records):
+        e = flat.flatten_state(load_file(path / "run" / f"node-{w:03d}" / "epoch-001.safetensors")).double() - x_bar
+        q.append(float(e @ H @ e))
+        assert record["worker"] == w and record["curvature"] == pytest.approx(q[-1], rel=1e-9, abs=1e-12)
+        assert record["squared_norm"] == pytest.approx(float(e @ e), rel=1e-12) and record["squared_norm"] > 0
+    assert result["consensus"]["aggregate"]["mean_curvature"] == pytest.approx(sum(q) / 2, rel=1e-9, abs=1e-12)
+    assert result["state"]["key"] != result["state"]["weights_hash"] and len(result["state"]["worker_hashes"]) == 2
+    # Every batch of epoch 1, each attributed to the worker that trained on it.
+    assert sorted(r["batch_index"] for r in result["noise_samples"]) == list(range(4))
+    cache = TokenCache(config.data.cache)
+    for record in result["noise_samples"]:
+        assert record["worker"] == record["stream_batch"] % 2
+        assert record["positions"] == [list(cache.position(b)) for b in read[record["stream_batch"]]]
+    without = analyze_state(path / "run", ["epoch-001.safetensors"], "seen",
+                            AnalysisSettings(**{**FAST.__dict__, "consensus": False}), path / "plain.json")
+    assert without["consensus"] is None and without["state"]["key"] == without["state"]["weights_hash"]
+
+
+def test_initial_packed_state_has_zero_consensus(packed):
+    config, path, _ = packed
+    result = analyze_state(path / "run", ["epoch-000.safetensors"], "seen", FAST, path / "zero.json")
+    assert [w["curvature"] for w in result["consensus"]["workers"]] == [0.0, 0.0]
+    assert result["consensus"]["aggregate"]["normalized_alignment"] is None
+
+
+def _refused(path, run, checkpoints, message, settings=FAST, case="seen"):
+    out = path / "refused" / "result.json"
+    with pytest.raises(ValueError, match=message):
+        analyze_state(run, checkpoints, case, settings, out)
+    assert not out.exists()
+
+
+def test_bad_checkpoints_are_refused(ordinary, tmp_path):
+    config, path, _ = ordinary
+    run = tmp_path / "run"
+    shutil.copytree(path / "run", run)
+    _refused(tmp_path, run, ["epoch-007.safetensors"], "does not exist")
+    _refused(tmp_path, run, ["resolved.yaml"], "expected a root checkpoint")
+    _refused(tmp_path, run, [str(path / "run" / "final.pt")], "expected a root checkpoint of")
+    (run / "epoch-005.safetensors").write_bytes((run / "epoch-001.safetensors").read_bytes()[:-50])
+    _refused(tmp_path, run, ["epoch-005.safetensors"], "is truncated or corrupt")
+    state = load_file(run / "epoch-001.safetensors")
+    save_file({**state, "norm.weight": torch.full_like(state["norm.weight"], float("nan"))}, run / "epoch-006.safetensors")
+    _refused(tmp_path, run, ["epoch-006.safetensors"], "norm.weight: 8 non-finite values")
+    save_file({k: v for k, v in state.items() if k != "norm.weight"} | {"norm.bias": torch.zeros(8)}, run / "epoch-008.safetensors")
+    _refused(tmp_path, run, ["epoch-008.safetensors"], r"missing tensors \['norm.weight'\]; unexpected tensors \['norm.bias'\]")
+    save_file({**state, "tok_embeddings.weight": torch.zeros(17, 8)}, run / "epoch-009.safetensors")
+    _refused(tmp_path, run, ["epoch-009.safetensors"], r"tok_embeddings.weight: shape \(17, 8\), expected \(16, 8\)")
+    _refused(tmp_path, run, ["epoch-001.safetensors", "epoch-002.safetensors"], "hold different parameter states")
+    with pytest.raises(ValueError, match="--amp requires --dtype float32"):
+        AnalysisSettings(amp=True, dtype="float64")
+
+
+def test_packed_worker_problems_are_refused(packed, tmp_path):
+    config, path, _ = packed
+    run = tmp_path / "run"
+    shutil.copytree(path / "run", run)
+    _refused(tmp_path, run, ["node-001/epoch-001.safetensors"], "is a worker checkpoint; analyse the root")
+    (run / "node-001" / "epoch-002.safetensors").unlink()
+    _refused(tmp_path, run, ["epoch-002.safetensors"], r"lacks worker files .*node-001/epoch-002.safetensors.*--no-consensus")
+    shutil.copy(run / "node-000" / "epoch-000.safetensors", run / "node-001" / "epoch-001.safetensors")
+    _refused(tmp_path, run, ["epoch-001.safetensors"], "differ from the workers' float32 average")
+    out = tmp_path / "ok.json"
+    analyze_state(run, ["epoch-002.safetensors"], "seen", AnalysisSettings(**{**FAST.__dict__, "consensus": False}), out)
+    assert out.exists()
+
+
+def test_cache_too_small_for_unseen(ordinary, tmp_path):
+    config, path, _ = ordinary
+    run = tmp_path / "run"
+    shutil.copytree(path / "run", run)
+    small = tmp_path / "small"
+    shutil.copytree(path / "cache", small)
+    meta = json.loads((small / "meta.json").read_text())
+    shard = meta["shards"][-1]
+    meta["shards"] = meta["shards"][:-1]  # drop the last shard: training still fits, unseen does not
+    (small / "meta.json").write_text(json.dumps(meta))
+    (run / "resolved.yaml").write_text((run / "resolved.yaml").read_text().replace(str(path / "cache"), str(small)))
+    _refused(tmp_path, run, ["epoch-001.safetensors"], r"prepare a new cache with data.prepare_train_tokens=\d+", case="unseen")
+    assert not (small / shard["file"]).read_bytes() == b""  # the shard is still there, just not listed
+
+
+def test_lock_prevents_a_second_writer(ordinary, tmp_path):
+    import fcntl
+    config, path, _ = ordinary
+    out = tmp_path / "locked.json"
+    with open(tmp_path / ".locked.json.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        with pytest.raises(ValueError, match="another process is writing"):
+            analyze_state(path / "run", ["epoch-001.safetensors"], "seen", FAST, out)
+    assert not out.exists()
+
+
+def test_cli_options(ordinary, tmp_path, capsys):
+    config, path, _ = ordinary
+    out = tmp_path / "cli.json"
+    args = ["--quiet", "analyze-state", "--run", str(path / "run"), "--checkpoint", "epoch-001.safetensors",
+            "--case", "unseen", "--output", str(out), "--device", "cpu", "--dtype", "float64", "--noise-samples", "all",
+            "--random-samples", "2", "--engine", "pearlmutter", "--hvp-batch-size", "5"]
+    assert main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["counts"]["noise_samples"] == config.steps_per_epoch and result["counts"]["hvp_batch_size"] == 5
+    assert result["precision"]["engine"] == "pearlmutter" and result["case"] == "unseen"
+    with pytest.raises(SystemExit) as error:
+        main(args + ["--colour", "blue"])
+    assert error.value.code == 2 and "unrecognized arguments: --colour" in capsys.readouterr().err
+    assert main(["analyze-state", "--run", str(path / "run"), "--checkpoint", "epoch-001.safetensors", "--case", "seen",
+                 "--output", str(tmp_path / "amp.json"), "--amp", "--dtype", "float64"]) == 2
+    assert "--amp requires --dtype float32" in capsys.readouterr().err and not (tmp_path / "amp.json").exists()
+    with pytest.raises(SystemExit):
+        main(args[:-2] + ["--noise-samples", "0"])
+
+
+def test_sampled_gradient_replays_training_accumulation(ordinary):
+    """Step 1 of training (float32, reference attention, micro-batches 2 + 1) logged the loss and the
+    pre-clipping norm of exactly the gradient analysis computes for seen batch 0 at epoch-000."""
+    from tiny_llm.curvature import Precision
+    from tiny_llm.noise import batch_gradient
+    config, path, _ = ordinary
+    assert config.training.batch_size % config.training.micro_batch_size  # a remainder micro-batch
+    model = Llama(config.model, attention_backend="reference")
+    model.load_state_dict(load_file(path / "run" / "epoch-000.safetensors"))
+    tokens = TokenCache(config.data.cache).tokens(epoch_plan(config, 1).blocks[0])
+    g = batch_gradient(model, FlatParameters(model), tokens, config.training.micro_batch_size,
+                       Precision(torch.device("cpu"), torch.float32))
+    first = json.loads((path / "run" / "train-log.jsonl").read_text().splitlines()[0])
+    assert first["grad_norm"] == pytest.approx(float(g.norm()), rel=1e-6)

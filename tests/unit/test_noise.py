@@ -1,0 +1,158 @@
+"""Noise statistics against a brute-force oracle: explicit Hessian, explicitly enumerated batches."""
+
+import math
+
+import pytest
+import torch
+from torch.func import functional_call, grad, hessian
+
+from tiny_llm.curvature import EpochHessian, FlatParameters, Precision
+from tiny_llm.data import TokenCache, epoch_plan, unseen_plan
+from tiny_llm.model import Llama, token_losses
+from tiny_llm.noise import CaseInputs, measure_case, noise_batch_indices, rademacher, summarise
+
+from conftest import make_oracle_run
+
+CPU64 = Precision(torch.device("cpu"), torch.float64)
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    path = tmp_path_factory.mktemp("oracle")
+    config = make_oracle_run(path, tokens=3 * 6 * 5 * 2)  # 5 batches per epoch
+    cache = TokenCache(config.data.cache)
+    torch.manual_seed(1)
+    model = Llama(config.model, attention_backend="reference").double()
+    flat = FlatParameters(model)
+    theta = flat.flatten([p.detach() for p in model.parameters()])
+    plan = epoch_plan(config, 1)
+    batches = [cache.tokens(b) for b in plan.blocks]
+
+    def loss(x, rows):
+        logits = functional_call(model, flat.unflatten(x), (rows[:, :-1],))
+        return token_losses(logits, rows[:, 1:]).mean()
+    everything = torch.cat(batches)
+    H = hessian(lambda x: loss(x, everything))(theta)
+    g_bar = grad(lambda x: loss(x, everything))(theta)
+    g = [grad(lambda x, b=b: loss(x, b))(theta) for b in batches]
+    return config, cache, model, plan, H, g_bar, g
+
+
+def _inputs(config, cache, plan, **kw):
+    base = dict(cache=cache, plan=plan, micro_batch_size=config.training.micro_batch_size, hvp_batch_size=4,
+                noise_samples=None, random_samples=6, seed=11, engine="double_backward", directions_per_pass=4,
+                compile=False)
+    return CaseInputs(**{**base, **kw})
+
+
+def _close(value, expected):
+    assert value == (None if expected is None else pytest.approx(expected, rel=1e-9, abs=1e-10))
+
+
+def test_statistics_equal_the_dense_oracle(oracle):
+    config, cache, model, plan, H, g_bar, g = oracle
+    e = [torch.randn(H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * 1e-2,
+         torch.zeros(H.shape[0], dtype=torch.float64)]
+    result = measure_case(model, _inputs(config, cache, plan, noise_samples=3, consensus=list(enumerate(e))), CPU64)
+    chosen = noise_batch_indices(len(plan), 3, 11)
+    assert [r["batch_index"] for r in result["noise_samples"]] == chosen and len(set(chosen)) == 3
+    v = [g[i] - g_bar for i in chosen]
+    s = [rademacher(H.shape[0], 11, i) for i in range(6)]
+    vHv, vv = [x @ H @ x for x in v], [x @ x for x in v]
+    for record, i, q, n2 in zip(result["noise_samples"], chosen, vHv, vv):
+        _close(record["grad_norm"], float(g[i].norm()))
+        _close(record["noise_norm"], math.sqrt(n2))
+        _close(record["noise_curvature"], float(q))
+        assert record["positions"] == plan.positions(cache, i)
+    for record, x in zip(result["random_directions"], s):
+        _close(record["curvature"], float(x @ H @ x))
+    D, B, M = H.shape[0], 3, 15
+    c = (M - 1) / (M - B)
+    gHg = float(g_bar @ H @ g_bar)
+    expected = {
+        "noise_curvature": float(sum(vHv)) / 3, "normalized_alignment": float(sum(vHv) / sum(vv)),
+        "mean_noise_norm": sum(math.sqrt(x) for x in vv) / 3, "mean_grad_norm": sum(float(g[i].norm()) for i in chosen) / 3,
+        "full_grad_norm": float(g_bar.norm()), "random_curvature": float(sum(x @ H @ x for x in s)) / (D * 6),
+        "grad_curvature": gHg, "b_simple": B * c * float(sum(vv)) / 3 / float(g_bar @ g_bar),
+        "b_noise": B * c * float(sum(vHv)) / 3 / gHg if gHg > 0 else None,  # null when ḡᵀHḡ ≤ 0
+    }
+    assert set(result["statistics"]) == set(expected)
+    for key, value in expected.items():
+        _close(result["statistics"][key], value)
+    workers = result["consensus"]["workers"]
+    _close(workers[0]["curvature"], float(e[0] @ H @ e[0]))
+    _close(workers[0]["squared_norm"], float(e[0] @ e[0]))
+    _close(workers[0]["normalized_alignment"], float(e[0] @ H @ e[0] / (e[0] @ e[0])))
+    assert workers[1] | {"total_seconds": 0} == {"worker": 1, "curvature": 0.0, "hvp_seconds": 0.0, "total_seconds": 0,
+                                                   "squared_norm": 0.0, "norm": 0.0, "normalized_alignment": None}
+    aggregate = result["consensus"]["aggregate"]
+    _close(aggregate["mean_curvature"], float(e[0] @ H @ e[0]) / 2)
+    _close(aggregate["normalized_alignment"], float(e[0] @ H @ e[0] / (e[0] @ e[0])))
+    _close(aggregate["mean_norm"], float(e[0].norm()) / 2)
+    counts = result["counts"]
+    assert (counts["parameters_D"], counts["epoch_batches"], counts["epoch_tokens"], counts["noise_samples"]) == (D, 5, 90, 3)
+    assert counts["hvp_passes"] == math.ceil((3 + 6 + 1 + 1) / 4)  # the zero consensus direction skips its pass
+
+
+def test_engines_and_batching_give_the_same_statistics(oracle):
+    config, cache, model, plan, *_ = oracle
+    runs = [measure_case(model, _inputs(config, cache, plan, engine=engine, directions_per_pass=K, hvp_batch_size=h), CPU64)
+            for engine, K, h in [("double_backward", 1, 3), ("double_backward", 5, 15), ("pearlmutter", 1, 2),
+                                 ("pearlmutter", 4, 4)]]
+    for other in runs[1:]:
+        for key, value in runs[0]["statistics"].items():
+            _close(other["statistics"][key], value)
+
+
+def test_all_noise_samples_and_cap(oracle):
+    config, cache, model, plan, *_ = oracle
+    capped = measure_case(model, _inputs(config, cache, plan, noise_samples=99, random_samples=0), CPU64)
+    assert sorted(r["batch_index"] for r in capped["noise_samples"]) == list(range(5))
+    assert capped["statistics"]["random_curvature"] is None
+    assert noise_batch_indices(5, 2, 11) == noise_batch_indices(5, 2, 11) != noise_batch_indices(5, 2, 12)
+
+
+def test_zero_noise_gives_null_alignment(oracle):
+    config, cache, model, plan, *_ = oracle
+    one_batch = plan.__class__("one", plan.blocks[:1], plan.stream_batches[:1])
+    result = measure_case(model, _inputs(config, cache, one_batch, random_samples=1), CPU64)
+    stats = result["statistics"]
+    assert result["noise_samples"][0]["noise_norm"] == 0.0
+    assert stats["normalized_alignment"] is None and stats["b_simple"] is None and stats["b_noise"] is None
+    assert stats["noise_curvature"] == 0.0
+
+
+def test_random_curvature_converges_to_trace_over_D(oracle):
+    """Hutchinson: E[sᵀHs] = tr(H), Var = 2(‖H‖_F² − Σ H_ii²). With S_r = 600 the estimate of
+    tr(H)/D lies within 4 standard errors (a fixed seed, so the check is deterministic)."""
+    config, cache, model, plan, H, *_ = oracle
+    D = H.shape[0]
+    op = EpochHessian(model, torch.cat([cache.tokens(b) for b in plan.blocks]), batch_size=15,
+                      engine="double_backward", precision=CPU64, directions_per_pass=100)
+    forms = op.quadratic_forms(torch.stack([rademacher(D, 11, i) for i in range(600)]))
+    sd = math.sqrt(2 * (float((H**2).sum()) - float((H.diagonal()**2).sum())))
+    target = float(H.trace()) / D
+    for S_r in (50, 600):
+        error = abs(float(forms[:S_r].mean()) / D - target)
+        assert error < 4 * sd / math.sqrt(S_r) / D
+    assert abs(float(forms.mean()) / D - target) < abs(float(forms[:5].mean()) / D - target) + 1e-12
+
+
+def test_unseen_plan_is_used_for_unseen(oracle):
+    config, cache, model, *_ = oracle
+    plan = unseen_plan(config)
+    result = measure_case(model, _inputs(config, cache, plan, noise_samples=1, random_samples=0), CPU64)
+    i = result["noise_samples"][0]["batch_index"]
+    assert result["noise_samples"][0]["positions"] == plan.positions(cache, i)
+
+
+def test_batch_size_formulas_and_nulls():
+    noise = [{"noise_curvature": 2.0, "noise_norm": 1.0, "grad_norm": 3.0},
+             {"noise_curvature": 4.0, "noise_norm": 3.0, "grad_norm": 5.0}]
+    stats = summarise(noise, [{"curvature": 8.0}], g_bar_norm=2.0, grad_curvature=0.5, D=4, B=4, M=16)
+    c = 15 / 12
+    assert stats["b_simple"] == pytest.approx(4 * c * 5.0 / 4.0)
+    assert stats["b_noise"] == pytest.approx(4 * c * 3.0 / 0.5)
+    assert stats["normalized_alignment"] == pytest.approx(6 / 10) and stats["random_curvature"] == 2.0
+    flat = summarise(noise, [], g_bar_norm=0.0, grad_curvature=-1.0, D=4, B=4, M=16)
+    assert flat["b_simple"] is None and flat["b_noise"] is None and flat["random_curvature"] is None
