@@ -146,6 +146,8 @@ class EpochHessian:
 
         def product(v: torch.Tensor) -> torch.Tensor:
             return jvp(grad(loss), (theta,), (v,))[1]
+        if len(V) == 1:  # vmap over a single direction only adds overhead
+            return product(V[0]).unsqueeze(0)
         return vmap(product)(V)
 
     def _double_backward(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -67,3 +67,17 @@ def test_operator_refuses_bad_use(problem):
                      precision=CPU64)
     with pytest.raises(ValueError, match=r"directions must have shape \(K, "):
         EpochHessian(model, tokens, batch_size=2, engine="double_backward", precision=CPU64).hvp(torch.zeros(3))
+
+
+@pytest.mark.slow
+def test_compiled_pearlmutter_equals_eager_with_one_graph(problem):
+    """torch.compile of vmap(jvp(grad)) (the CUDA default), here on CPU: same products, and padded
+    micro-batches and zero-padded direction chunks keep it to one graph (~70 s of compilation)."""
+    model, tokens, H = problem
+    V = torch.randn(5, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    compiled = EpochHessian(model, tokens, batch_size=3, engine="pearlmutter", precision=CPU64,
+                            directions_per_pass=2, compile=True)
+    torch.testing.assert_close(compiled.hvp(V), V @ H, rtol=0, atol=1e-10)
+    torch._dynamo.utils.counters.clear()
+    compiled.hvp(V)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # no recompilation
