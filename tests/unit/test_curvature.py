@@ -77,7 +77,9 @@ def test_compiled_pearlmutter_equals_eager_with_one_graph(problem):
     V = torch.randn(5, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     compiled = EpochHessian(model, tokens, batch_size=3, engine="pearlmutter", precision=CPU64,
                             directions_per_pass=2, compile=True)
+    torch._dynamo.utils.counters.clear()
     torch.testing.assert_close(compiled.hvp(V), V @ H, rtol=0, atol=1e-10)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it really compiled
     torch._dynamo.utils.counters.clear()
     compiled.hvp(V)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # no recompilation
