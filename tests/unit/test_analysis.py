@@ -4,7 +4,6 @@ and every bad input refused before anything is written."""
 import json
 import shutil
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -235,3 +234,29 @@ def test_sampled_gradient_replays_training_accumulation(ordinary):
                        Precision(torch.device("cpu"), torch.float32))
     first = json.loads((path / "run" / "train-log.jsonl").read_text().splitlines()[0])
     assert first["grad_norm"] == pytest.approx(float(g.norm()), rel=1e-6)
+
+
+def test_cuda_request_without_gpu_is_a_clear_error(ordinary, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    config, path, _ = ordinary
+    _refused(tmp_path, path / "run", ["epoch-001.safetensors"], "no CUDA device is available here; use --device cpu",
+             settings=AnalysisSettings(device="cuda"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("amp", [False, True])
+def test_cuda_float32_agrees_with_cpu_float64(ordinary, tmp_path, amp):
+    """The cluster path (compiled Pearlmutter, TF32, optionally bf16 autocast) against the CPU
+    float64 reference, and the matmul precision restored afterwards."""
+    config, path, _ = ordinary
+    before = torch.backends.cuda.matmul.fp32_precision
+    reference = analyze_state(path / "run", ["epoch-002.safetensors"], "seen", FAST, tmp_path / "cpu.json")
+    gpu = analyze_state(path / "run", ["epoch-002.safetensors"], "seen",
+                        AnalysisSettings(**{**FAST.__dict__, "device": "cuda", "dtype": "float32", "amp": amp}),
+                        tmp_path / f"gpu-{amp}.json")
+    assert gpu["precision"]["compiled"] and gpu["precision"]["engine"] == "pearlmutter"
+    assert torch.backends.cuda.matmul.fp32_precision == before
+    tolerance = 0.1 if amp else 1e-2
+    for key in ("random_curvature", "grad_curvature", "full_grad_norm", "mean_grad_norm"):
+        assert gpu["statistics"][key] == pytest.approx(reference["statistics"][key], rel=tolerance, abs=1e-6)
