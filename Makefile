@@ -24,4 +24,4 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
 clean-demo:
-	rm -rf cache/demo runs/demo logs benchmarks/train .snakemake
+	rm -rf cache/demo cache/demo.prepared.json runs/demo results/demo results/benchmarks logs .snakemake

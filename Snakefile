@@ -1,4 +1,5 @@
-# tiny-llm curvature: prepare token caches, train runs (analysis stages follow in later rules).
+# tiny-llm curvature: token caches -> training runs -> unique states -> per-(state, case) results
+# -> manifest.json + summary.csv -> figures. Stages live in workflow/rules/<stage>.smk.
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -10,8 +11,13 @@ configfile: "config/config.yaml"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/index.smk"
+include: "workflow/rules/analyze.smk"
+include: "workflow/rules/collect.smk"
+include: "workflow/rules/plot.smk"
 
 
 rule all:
     input:
         get_all_targets(),
+    default_target: True

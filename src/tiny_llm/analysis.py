@@ -32,7 +32,8 @@ from tiny_llm.noise import CaseInputs, measure_case
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, source_hash
 from tiny_llm.train import average_states
 
-__all__ = ["AnalysisSettings", "CASES", "LoadedState", "analyze_state", "load_state", "resolve_checkpoints"]
+__all__ = ["AnalysisSettings", "CASES", "LoadedState", "analyze_state", "check_output_binding", "load_state",
+           "output_binding", "resolve_checkpoints", "settings_from_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -337,3 +338,47 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
         "hardware": hardware(resolved.device),
         "slurm": slurm_job(),
     }
+
+
+def settings_from_dict(data: dict[str, Any]) -> AnalysisSettings:
+    """AnalysisSettings from plain config data (``noise_samples: all`` means every batch).
+
+    Raises:
+        ValueError: unknown keys or impossible values, naming them.
+    """
+    names = set(AnalysisSettings.__dataclass_fields__)
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown analysis settings {unknown}; allowed: {sorted(names)}")
+    values = dict(data)
+    if values.get("noise_samples") == "all":
+        values["noise_samples"] = None
+    return AnalysisSettings(**values)
+
+
+def output_binding(settings: AnalysisSettings, run: str) -> dict[str, Any]:
+    """What an output directory is bound to: the run, the settings and the tiny_llm source."""
+    return {"run": str(run), "settings": asdict(settings), "source": source_hash()}
+
+
+def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write: bool = False) -> None:
+    """Refuse an output directory made with another run, other settings or other source code.
+
+    With ``write``, record the binding (identity.json) when the directory has none yet.
+
+    Raises:
+        ValueError: naming what changed and saying to use a new output directory.
+    """
+    path = Path(output_dir) / "identity.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        changed = [f"run: {old['run']} -> {binding['run']}"] if old["run"] != binding["run"] else []
+        changed += [f"settings.{k}: {old['settings'].get(k)!r} -> {v!r}" for k, v in binding["settings"].items()
+                    if old["settings"].get(k) != v]
+        if old["source"] != binding["source"]:
+            changed.append("the tiny_llm source code changed")
+        if changed:
+            raise ValueError(f"{output_dir} holds results made with other settings ({'; '.join(changed)}); "
+                             "use a new output directory (a new analysis name) or restore the settings")
+    elif write:
+        atomic_write_json(path, binding)

@@ -1,4 +1,4 @@
-"""The ``tiny-llm`` command line: prepare-data, train, analyze-state."""
+"""The ``tiny-llm`` command line: prepare-data, train, analyze-state, plot-analysis."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tiny_llm.analysis import AnalysisSettings, analyze_state
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
+from tiny_llm.plots import plot_analysis
 from tiny_llm.corpus import default_capacity, prepare_source_cache
 from tiny_llm.train import train
 
@@ -67,6 +68,11 @@ def _analyze_state(args: argparse.Namespace) -> None:
     print(json.dumps(result["statistics"], indent=1))
 
 
+def _plot_analysis(args: argparse.Namespace) -> None:
+    for path in plot_analysis(args.output, training_norms=args.training_norms):
+        print(path)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tiny-llm", description=__doc__)
     parser.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
@@ -122,6 +128,11 @@ def _parser() -> argparse.ArgumentParser:
     an.add_argument("--no-consensus", action="store_true", help="packed runs: skip consensus errors")
     an.add_argument("--expect-key", help="refuse unless the checkpoints hash to this state key")
     an.set_defaults(func=_analyze_state)
+
+    pl = sub.add_parser("plot-analysis", help="redraw an analysis's figures from its saved results")
+    pl.add_argument("--output", required=True, type=Path, help="analysis directory (holds summary.csv)")
+    pl.add_argument("--training-norms", action="store_true", help="add the logged pre-clipping training norms")
+    pl.set_defaults(func=_plot_analysis)
     return parser
 
 

@@ -23,16 +23,21 @@ def canonical_hash(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+NUMERICAL_MODULES = ("analysis", "checkpoint", "config", "curvature", "data", "model", "noise", "train")
+"""The modules whose code decides a result's numbers (plotting, collection and the CLI do not)."""
+
+
 @functools.cache
 def source_hash() -> str:
-    """SHA-256 over the tiny_llm package's Python sources (path and bytes, in path order).
+    """SHA-256 over the sources of the numerical modules of tiny_llm (name and bytes, in order).
 
-    Any edit of the analysis code changes it, installed or editable, with or without git.
+    Any edit of the code that computes results changes it, installed or editable, with or
+    without git; edits of plotting, collection or the command line do not.
     """
     root = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for name in NUMERICAL_MODULES:
+        digest.update(name.encode() + b"\0" + (root / f"{name}.py").read_bytes() + b"\0")
     return digest.hexdigest()
 
 

@@ -1,22 +1,34 @@
 # Configuration checks and named input functions shared by every rule.
+import json
 from pathlib import Path
 
 from snakemake.utils import validate
 
-from tiny_llm.config import apply_overrides, config_from_dict, config_to_dict, load_config_dict
+from tiny_llm.analysis import check_output_binding, output_binding, settings_from_dict
+from tiny_llm.config import (
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    load_config_dict,
+)
 from tiny_llm.corpus import default_capacity
 
 
 validate(config, schema="../schemas/config.schema.yaml")
 
+TRAIN_RUNS = config.get("train_runs") or {}
+ANALYSES = config.get("analyses") or {}
+PLOTS = config.get("plots") or {}
+FIGURES = ["normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"]
+
 
 def _load_run_config(name):
-    entry = config["train_runs"][name]
-    overrides = [f"{key}={value}" for key, value in entry["set"].items()]
+    entry = TRAIN_RUNS[name]
+    overrides = [f"{key}={value}" for key, value in entry.get("set", {}).items()]
     return config_from_dict(apply_overrides(load_config_dict(entry["config"]), overrides))
 
 
-RUN_CONFIGS = {name: _load_run_config(name) for name in config["train_runs"]}
+RUN_CONFIGS = {name: _load_run_config(name) for name in TRAIN_RUNS}
 CACHE_OF_RUN = {}
 for _name, _run in RUN_CONFIGS.items():
     _cache = Path(_run.data.cache)
@@ -29,20 +41,35 @@ RUN_OF_CACHE = {}
 for _name, _cache in CACHE_OF_RUN.items():
     RUN_OF_CACHE.setdefault(_cache, _name)
 
+# Each analysis: its settings, and its output directory checked against them before any work.
+ANALYSIS_SETTINGS = {}
+for _name, _entry in ANALYSES.items():
+    ANALYSIS_SETTINGS[_name] = settings_from_dict(_entry.get("settings", {}))
+    check_output_binding(
+        f"results/{_name}", output_binding(ANALYSIS_SETTINGS[_name], _entry["run"])
+    )
+
 
 wildcard_constraints:
     run="|".join(RUN_CONFIGS) or "NONE",
     cache="|".join(RUN_OF_CACHE) or "NONE",
+    analysis="|".join(ANALYSES) or "NONE",
+    key="[0-9a-f]{64}",
+    case="seen|unseen",
 
 
 def get_all_targets():
-    return [f"runs/{name}/trained.json" for name in RUN_CONFIGS]
+    targets = [f"runs/{name}/trained.json" for name in RUN_CONFIGS]
+    for name in ANALYSES:
+        targets += [f"results/{name}/figures/{figure}.pdf" for figure in FIGURES]
+    return targets
+
+
+# --- data and training -------------------------------------------------------------------
 
 
 def get_cache_receipt(wildcards):
     return f"cache/{CACHE_OF_RUN[wildcards.run]}.prepared.json"
-
-
 
 
 def get_run_config_dict(wildcards):
@@ -52,12 +79,87 @@ def get_run_config_dict(wildcards):
 def get_cache_spec(wildcards):
     """Everything that determines a cache's contents (a change reruns prepare_data)."""
     name = RUN_OF_CACHE[wildcards.cache]
-    entry = config["train_runs"][name]
-    spec = {key: entry[key] for key in ("cache_source", "cache_inputs", "shard_tokens")}
-    spec["data"] = config_to_dict(RUN_CONFIGS[name].data)
-    spec["capacity"] = default_capacity(RUN_CONFIGS[name]) if entry["cache_source"] == "demo" else None
-    return spec
+    entry = TRAIN_RUNS[name]
+    source = entry.get("cache_source", "demo")
+    return {
+        "cache_source": source,
+        "cache_inputs": entry.get("cache_inputs", []),
+        "shard_tokens": entry.get("shard_tokens", 1 << 20),
+        "data": config_to_dict(RUN_CONFIGS[name].data),
+        "capacity": default_capacity(RUN_CONFIGS[name]) if source == "demo" else None,
+    }
 
 
 def get_cache_inputs(wildcards):
-    return config["train_runs"][RUN_OF_CACHE[wildcards.cache]]["cache_inputs"]
+    return TRAIN_RUNS[RUN_OF_CACHE[wildcards.cache]].get("cache_inputs", [])
+
+
+# --- analysis ----------------------------------------------------------------------------
+
+
+def get_run_ready(wildcards):
+    """The trained run's receipt when the workflow trains it, else its resolved.yaml."""
+    run = Path(ANALYSES[wildcards.analysis]["run"])
+    if run.parent == Path("runs") and run.name in RUN_CONFIGS:
+        return f"runs/{run.name}/trained.json"
+    return str(run / "resolved.yaml")
+
+
+def get_analysis_run(wildcards):
+    return ANALYSES[wildcards.analysis]["run"]
+
+
+def get_analysis_selection(wildcards):
+    return ANALYSES[wildcards.analysis].get("checkpoints", "all")
+
+
+def get_analysis_settings(wildcards):
+    return ANALYSES[wildcards.analysis].get("settings", {})
+
+
+def get_analysis_binding(wildcards):
+    return output_binding(
+        ANALYSIS_SETTINGS[wildcards.analysis], ANALYSES[wildcards.analysis]["run"]
+    )
+
+
+def get_cases(analysis):
+    return ANALYSES[analysis].get("cases", ["seen", "unseen"])
+
+
+def _states(analysis):
+    """states.json of an analysis (after its index checkpoint has run)."""
+    path = checkpoints.index_states.get(analysis=analysis).output.states
+    return json.loads(Path(path).read_text())
+
+
+def _state(wildcards):
+    for state in _states(wildcards.analysis)["states"]:
+        if state["key"] == wildcards.key:
+            return state
+    raise ValueError(f"state {wildcards.key} is not in the index of {wildcards.analysis}")
+
+
+def get_state_checkpoint(wildcards):
+    """The state's first alias: the file the worker measures (the others are identical)."""
+    return _state(wildcards)["aliases"][0]["path"]
+
+
+def get_state_results(wildcards):
+    return [
+        f"results/{wildcards.analysis}/states/{wildcards.key}/{case}.json"
+        for case in get_cases(wildcards.analysis)
+    ]
+
+
+def get_state_receipts(wildcards):
+    return [
+        f"results/{wildcards.analysis}/states/{state['key']}/done.json"
+        for state in _states(wildcards.analysis)["states"]
+    ]
+
+
+def get_training_log(wildcards):
+    if not PLOTS.get("training_norms", False):
+        return []
+    return [str(Path(ANALYSES[wildcards.analysis]["run"]) / "train-log.jsonl")]

@@ -14,6 +14,6 @@ rule train_run:
     log:
         "logs/train/{run}.log",
     benchmark:
-        "benchmarks/train/{run}.tsv"
+        "results/benchmarks/train_run/{run}.tsv"
     script:
         "../scripts/train.py"

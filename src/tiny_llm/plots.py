@@ -1,0 +1,143 @@
+"""Figures from saved results only (summary.csv + manifest.json, optionally the training log).
+
+Every figure plots against training tokens, seen solid and unseen dashed on shared axes, one
+point per unique parameter state (aliases are drawn once); packed runs add the aggregate
+consensus curve. Each figure is written as PDF and PNG, sized for a paper column.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+__all__ = ["FIGURES", "plot_analysis"]
+
+log = logging.getLogger(__name__)
+
+FIGURES = ["normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"]
+STYLE = {"seen": "-", "unseen": "--"}
+COLUMN = (3.5, 2.6)  # inches: one column of a two-column paper
+_RC = {"font.size": 8, "axes.labelsize": 8, "legend.fontsize": 6.5, "xtick.labelsize": 7, "ytick.labelsize": 7,
+       "lines.linewidth": 1.2, "lines.markersize": 3, "axes.grid": True, "grid.alpha": 0.3,
+       "savefig.bbox": "tight", "savefig.dpi": 200}
+
+
+def _states(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per (state, case): the earliest alias."""
+    return summary.sort_values(["tokens", "file"]).drop_duplicates(["state_key", "case"]).sort_values("tokens")
+
+
+def _curves(ax, table: pd.DataFrame, column: str, label: str, color: str, log: bool = False) -> int:
+    """Draw ``column`` for each case; returns how many non-positive values a log axis omitted."""
+    omitted = 0
+    for case, rows in table.groupby("case", sort=False):
+        y = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
+        x = rows["tokens"].to_numpy(dtype=float)
+        keep = np.isfinite(y) & (y > 0 if log else True)
+        omitted += int((np.isfinite(y) & ~keep).sum())
+        if keep.any():
+            ax.plot(x[keep], y[keep], STYLE.get(case, ":"), marker="o", color=color, label=f"{label} ({case})")
+    return omitted
+
+
+def _finish(fig, ax, out_dir: Path, name: str, ylabel: str, legend: bool = True) -> list[Path]:
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel(ylabel)
+    if legend:
+        ax.legend(loc="best", frameon=False)
+    paths = [out_dir / f"{name}.{ext}" for ext in ("pdf", "png")]
+    for path in paths:
+        fig.savefig(path)
+    plt.close(fig)
+    return paths
+
+
+def _annotate_omitted(ax, omitted: int) -> None:
+    if omitted:
+        ax.text(0.02, 0.96, f"{omitted} non-positive value{'s' * (omitted > 1)} omitted",
+                transform=ax.transAxes, fontsize=6, color="0.3", va="top")
+
+
+def _normalized_alignment(table, consensus, out_dir) -> list[Path]:
+    fig, (linear, logarithmic) = plt.subplots(2, 1, sharex=True, figsize=(COLUMN[0], 1.6 * COLUMN[1]))
+    omitted = 0
+    for ax, log in ((linear, False), (logarithmic, True)):
+        omitted = _curves(ax, table, "normalized_alignment", "noise  Σvᵀ Hv / Σ‖v‖²", "C0", log)
+        if consensus:
+            omitted += _curves(ax, table, "consensus_normalized_alignment", "consensus  Σeᵀ He / Σ‖e‖²", "C3", log)
+    linear.axhline(0, color="0.5", lw=0.6)
+    linear.set_ylabel("normalized alignment")
+    logarithmic.set_yscale("log")
+    _annotate_omitted(logarithmic, omitted)
+    linear.legend(loc="best", frameon=False)
+    return _finish(fig, logarithmic, out_dir, "normalized_alignment", "normalized alignment (log)", legend=False)
+
+
+def _noise_alignment(table, consensus, out_dir) -> list[Path]:
+    fig, ax = plt.subplots(figsize=COLUMN)
+    _curves(ax, table, "noise_curvature", "noise  mean vᵀHv", "C0")
+    if consensus:
+        _curves(ax, table, "consensus_mean_curvature", "consensus  mean eᵀHe", "C3")
+    ax.axhline(0, color="0.5", lw=0.6)
+    return _finish(fig, ax, out_dir, "noise_alignment", "curvature along noise (loss units)")
+
+
+def _training_norms(ax, run_dir: Path, packed: bool) -> None:
+    log_path = run_dir / "train-log.jsonl"
+    records = [json.loads(line) for line in log_path.read_text().splitlines() if line]
+    label = "max worker pre-clipping norm (training)" if packed else "pre-clipping norm (training)"
+    ax.plot([r["tokens"] for r in records], [r["grad_norm"] for r in records], color="0.6", lw=0.6, label=label)
+
+
+def _gradient_norms(table, consensus, out_dir, run_dir: Path | None, packed: bool) -> list[Path]:
+    fig, ax = plt.subplots(figsize=COLUMN)
+    if run_dir is not None:
+        _training_norms(ax, run_dir, packed)
+    _curves(ax, table, "mean_grad_norm", "mean ‖gᵢ‖", "C0")
+    _curves(ax, table, "mean_noise_norm", "mean ‖vᵢ‖", "C1")
+    _curves(ax, table, "full_grad_norm", "‖ḡ‖ (full epoch)", "C2")
+    if consensus:
+        _curves(ax, table, "consensus_mean_norm", "consensus mean ‖eᵢ‖", "C3")
+    ax.set_yscale("log")
+    return _finish(fig, ax, out_dir, "gradient_norms", "gradient norm")
+
+
+def _batch_sizes(table, out_dir) -> list[Path]:
+    fig, ax = plt.subplots(figsize=COLUMN)
+    omitted = _curves(ax, table, "b_simple", "B_simple", "C4", log=True)
+    omitted += _curves(ax, table, "b_noise", "B_noise (critical)", "C5", log=True)
+    ax.set_yscale("log")
+    _annotate_omitted(ax, omitted)
+    return _finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)")
+
+
+def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
+                  training_norms: bool = False) -> list[Path]:
+    """Draw every figure of an analysis directory (summary.csv + manifest.json); returns the files.
+
+    Raises:
+        ValueError: the analysis has no collected results yet.
+    """
+    analysis_dir = Path(analysis_dir)
+    out_dir = Path(out_dir) if out_dir else analysis_dir / "figures"
+    if not (analysis_dir / "summary.csv").exists():
+        raise ValueError(f"{analysis_dir} has no summary.csv; run the workflow (or collect) first")
+    manifest = json.loads((analysis_dir / "manifest.json").read_text())
+    table = _states(pd.read_csv(analysis_dir / "summary.csv"))
+    consensus = bool(manifest.get("consensus"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(manifest["run"]) if training_norms else None
+    with plt.rc_context(_RC):
+        paths = (_normalized_alignment(table, consensus, out_dir) + _noise_alignment(table, consensus, out_dir)
+                 + _gradient_norms(table, consensus, out_dir, run_dir, manifest["packed"])
+                 + _batch_sizes(table, out_dir))
+    log.info("figures written to %s", out_dir)
+    return paths

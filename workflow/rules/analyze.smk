@@ -1,0 +1,34 @@
+# Analysis: one job per (parameter state, data case); both cases of a state form one group job.
+
+
+rule analyze_state:
+    input:
+        checkpoint=get_state_checkpoint,
+    output:
+        result="results/{analysis}/states/{key}/{case}.json",
+    params:
+        run=get_analysis_run,
+        settings=get_analysis_settings,
+    group:
+        "analysis"
+    log:
+        "logs/analyze_state/{analysis}/{key}/{case}.log",
+    benchmark:
+        "results/benchmarks/analyze_state/{analysis}/{key}/{case}.tsv"
+    script:
+        "../scripts/analyze_state.py"
+
+
+# Joins the cases of one state: it makes them one connected group component, so a cluster job
+# runs both cases of a state (and --group-components analysis=N runs N states per job).
+rule finish_state:
+    input:
+        get_state_results,
+    output:
+        receipt="results/{analysis}/states/{key}/done.json",
+    group:
+        "analysis"
+    log:
+        "logs/finish_state/{analysis}/{key}.log",
+    script:
+        "../scripts/finish_state.py"

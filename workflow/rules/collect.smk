@@ -1,0 +1,19 @@
+# Collection: validate every result, then write manifest.json and summary.csv.
+
+
+rule collect:
+    input:
+        states="results/{analysis}/states.json",
+        receipts=get_state_receipts,
+    output:
+        manifest=report(
+            "results/{analysis}/manifest.json", category="Collected results"
+        ),
+        summary=report("results/{analysis}/summary.csv", category="Collected results"),
+    params:
+        cases=lookup(dpath="{analysis}/cases", within=ANALYSES, default=["seen", "unseen"]),
+    log:
+        "logs/collect/{analysis}.log",
+    localrule: True
+    script:
+        "../scripts/collect.py"

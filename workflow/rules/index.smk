@@ -1,0 +1,18 @@
+# Index: hash the selected checkpoints into unique parameter states (results/<analysis>/states.json).
+
+
+checkpoint index_states:
+    input:
+        get_run_ready,
+    output:
+        states="results/{analysis}/states.json",
+    params:
+        run=get_analysis_run,
+        selection=get_analysis_selection,
+        settings=get_analysis_settings,
+        binding=get_analysis_binding,
+    log:
+        "logs/index_states/{analysis}.log",
+    localrule: True
+    script:
+        "../scripts/index_states.py"

@@ -1,0 +1,21 @@
+# Figures: drawn from summary.csv and manifest.json only (plus the training log when asked).
+
+
+rule plot:
+    input:
+        manifest="results/{analysis}/manifest.json",
+        summary="results/{analysis}/summary.csv",
+        training_log=get_training_log,
+    output:
+        pdf=report(
+            expand("results/{{analysis}}/figures/{figure}.pdf", figure=FIGURES),
+            category="Figures",
+        ),
+        png=expand("results/{{analysis}}/figures/{figure}.png", figure=FIGURES),
+    params:
+        training_norms=lookup(dpath="training_norms", within=PLOTS, default=False),
+    log:
+        "logs/plot/{analysis}.log",
+    localrule: True
+    script:
+        "../scripts/plot.py"

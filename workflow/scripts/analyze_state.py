@@ -1,0 +1,13 @@
+"""Snakemake adapter: measure one parameter state on one data case (tiny-llm analyze-state)."""
+
+import logging
+import sys
+
+sys.stderr = open(snakemake.log[0], "w")
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+
+from tiny_llm.analysis import analyze_state, settings_from_dict  # noqa: E402
+
+analyze_state(snakemake.params.run, [snakemake.input.checkpoint], snakemake.wildcards.case,
+              settings_from_dict(snakemake.params.settings), snakemake.output.result,
+              expect_key=snakemake.wildcards.key)
