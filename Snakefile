@@ -18,6 +18,6 @@ include: "workflow/rules/plot.smk"
 
 
 rule all:
-    input:
-        get_all_targets(),
     default_target: True
+    input:
+        get_all_targets,

@@ -1,13 +1,18 @@
-"""The Snakemake workflow on a tiny configuration: prepare a cache, train, reuse, refuse changes."""
+"""The real Snakemake workflow on a tiny configuration in a temporary directory: an ordinary and a
+packed run trained, indexed, analysed, collected and plotted; reuse, refusal and partial reruns."""
 
+import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tiny_llm.analysis import analyze_state, settings_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
@@ -17,19 +22,32 @@ TINY_RUN = {
     "data": {"cache": "cache/tiny", "seq_len": 16, "shuffle_group_blocks": 4},
     "training": {"batch_size": 4, "micro_batch_size": 3, "tokens": 512, "epochs": 2, "checkpoint_policy": "interval"},
 }
+SETTINGS = {"noise_samples": 2, "random_samples": 2, "device": "cpu", "dtype": "float64", "directions_per_pass": 4}
 
 
 def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
     return subprocess.run([str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-                           "--configfile", str(workdir / "config.yaml"), "-c1", *args],
+                           "--configfile", str(workdir / "config.yaml"), "-c2", *args],
                           capture_output=True, text=True, env=env, cwd=REPO)
 
 
-def _write_config(workdir: Path, **overrides) -> None:
+def _write_config(workdir: Path, lr: float = 0.003, seed: int = 42) -> None:
     (workdir / "run.yaml").write_text(yaml.safe_dump(TINY_RUN))
-    entry = {"config": str(workdir / "run.yaml"), "set": overrides, "shard_tokens": 64}
-    (workdir / "config.yaml").write_text(yaml.safe_dump({"train_runs": {"tiny": entry}}))
+    runs = {"tiny": {"config": str(workdir / "run.yaml"), "set": {"training.lr": lr}, "shard_tokens": 64},
+            "packed": {"config": str(workdir / "run.yaml"),
+                       "set": {"data.cache": "cache/packed", "training.tokens": 1024,
+                               "training.packed": {"workers": 2, "sync_every": 3}}, "shard_tokens": 64}}
+    analyses = {"tiny": {"run": "runs/tiny", "settings": {**SETTINGS, "seed": seed}},
+                "packed": {"run": "runs/packed", "checkpoints": ["epoch-001.safetensors", "final.pt"],
+                           "cases": ["seen"], "settings": SETTINGS}}
+    config = {"train_runs": runs, "analyses": analyses, "plots": {"training_norms": True}}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def _summary(workdir: Path, analysis: str) -> list[dict]:
+    with open(workdir / "results" / analysis / "summary.csv") as handle:
+        return list(csv.DictReader(handle))
 
 
 @pytest.fixture(scope="module")
@@ -37,38 +55,108 @@ def workdir(tmp_path_factory):
     path = tmp_path_factory.mktemp("workflow")
     _write_config(path)
     done = _snakemake(path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-4000:]
     return path
 
 
-def test_workflow_prepares_and_trains(workdir):
-    assert (workdir / "cache/tiny/meta.json").exists()
+def test_end_to_end_outputs(workdir):
     run = workdir / "runs/tiny"
     assert sorted(p.name for p in run.glob("epoch-*.safetensors")) == ["epoch-000.safetensors", "epoch-001.safetensors",
                                                                      "epoch-002.safetensors"]
-    assert (run / "final.pt").exists() and (workdir / "logs/train/tiny.log").read_text().count("finished") == 1
-    receipt = json.loads((run / "trained.json").read_text())
-    assert receipt["position"]["step"] == 8 and receipt["checkpoints"][-1] == "epoch-002.safetensors"
+    assert json.loads((run / "trained.json").read_text())["position"]["step"] == 8
+    results = workdir / "results/tiny"
+    states = json.loads((results / "states.json").read_text())["states"]
+    assert [[a["file"] for a in s["aliases"]] for s in states] == [["epoch-000.safetensors"], ["epoch-001.safetensors"],
+                                                                   ["epoch-002.safetensors", "final.pt"]]
+    for figure in ("normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"):
+        assert (results / "figures" / f"{figure}.pdf").stat().st_size > 1000
+        assert (results / "figures" / f"{figure}.png").stat().st_size > 1000
+    manifest = json.loads((results / "manifest.json").read_text())
+    assert manifest["cases"] == ["seen", "unseen"] and len(manifest["states"]) == 3
+    assert manifest["precision"]["dtype"] == "float64" and manifest["batch_sizes"]["seen"]["micro_batch_size"] == 3
 
 
-def test_rerun_has_nothing_to_do(workdir):
+def test_aliases_are_measured_once_and_listed_by_name(workdir):
+    rows = _summary(workdir, "tiny")
+    assert [(r["file"], r["case"]) for r in rows][-4:] == [("epoch-002.safetensors", "seen"),
+                                                           ("epoch-002.safetensors", "unseen"),
+                                                           ("final.pt", "seen"), ("final.pt", "unseen")]
+    assert rows[-1]["state_key"] == rows[-3]["state_key"] and rows[-1]["noise_curvature"] == rows[-3]["noise_curvature"]
+    assert len(list((workdir / "results/tiny/states").glob("*/seen.json"))) == 3
+    assert rows[0]["consensus_mean_curvature"] == ""  # blank for an ordinary run
+
+
+def test_summary_matches_the_worker(workdir, tmp_path):
+    rows = [r for r in _summary(workdir, "tiny") if r["file"] == "epoch-001.safetensors" and r["case"] == "unseen"]
+    saved = json.loads((workdir / "results/tiny/states" / rows[0]["state_key"] / "unseen.json").read_text())
+    for key, value in saved["statistics"].items():
+        assert rows[0][key] == ("" if value is None else repr(value))
+    os.chdir(workdir)  # the run's resolved.yaml names its cache relative to the workflow directory
+    try:
+        direct = analyze_state("runs/tiny", ["epoch-001.safetensors"], "unseen", settings_from_dict(SETTINGS),
+                               tmp_path / "direct.json")
+    finally:
+        os.chdir(REPO)
+    assert direct["statistics"] == saved["statistics"]
+
+
+def test_packed_consensus_columns(workdir):
+    rows = _summary(workdir, "packed")
+    assert [r["file"] for r in rows] == ["epoch-001.safetensors", "final.pt"] and {r["case"] for r in rows} == {"seen"}
+    assert all(float(r["consensus_mean_norm"]) > 0 for r in rows)
+    manifest = json.loads((workdir / "results/packed/manifest.json").read_text())
+    assert manifest["consensus"] and manifest["states"][0]["worker_hashes"] and manifest["workers"] == 2
+
+
+def test_rerun_is_a_no_op(workdir):
     dry = _snakemake(workdir, "-n")
     assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr
 
 
-def test_changed_setting_does_not_destroy_a_finished_run(workdir):
-    before = (workdir / "runs/tiny/final.pt").read_bytes()
-    _write_config(workdir, **{"training.lr": 0.001})
+def test_changed_settings_stop_before_any_work(workdir):
+    before = (workdir / "results/tiny/summary.csv").read_bytes()
+    _write_config(workdir, seed=7)
     try:
         changed = _snakemake(workdir)
     finally:
         _write_config(workdir)
     assert changed.returncode != 0
-    assert "other settings (training.lr: 0.003 -> 0.001)" in changed.stdout + changed.stderr
-    assert (workdir / "runs/tiny/final.pt").read_bytes() == before
-    restored = _snakemake(workdir)  # the original settings: the receipt is rewritten, nothing retrained
-    assert restored.returncode == 0, restored.stderr[-2000:]
-    assert (workdir / "runs/tiny/final.pt").read_bytes() == before
+    assert "results/tiny holds results made with other settings (settings.seed: 42 -> 7)" in changed.stderr
+    assert "use a new output directory" in changed.stderr
+    assert (workdir / "results/tiny/summary.csv").read_bytes() == before
+    _write_config(workdir, lr=0.001)
+    try:
+        retrain = _snakemake(workdir)
+    finally:
+        _write_config(workdir)
+    assert retrain.returncode != 0 and "other settings (training.lr: 0.003 -> 0.001)" in retrain.stdout + retrain.stderr
+    assert (workdir / "runs/tiny/final.pt").exists()
+    assert _snakemake(workdir).returncode == 0  # restored settings: only receipts are rewritten
+
+
+def test_deleted_result_is_recomputed_alone(workdir):
+    results = workdir / "results/tiny/states"
+    target = next(results.glob("*/unseen.json"))
+    others = {p: p.stat().st_mtime_ns for p in results.glob("*/*.json") if p != target}
+    target.unlink()
+    dry = _snakemake(workdir, "-n")
+    plan = dry.stdout + dry.stderr
+    assert re.search(r"^analyze_state +1$", plan, re.M) and re.search(r"^finish_state +1$", plan, re.M), plan[-2000:]
+    assert _snakemake(workdir).returncode == 0 and target.exists()
+    assert all(p.stat().st_mtime_ns == t for p, t in others.items() if p.name != "done.json")
+
+
+def test_plot_target_redraws_without_recomputing(workdir):
+    results = workdir / "results/tiny"
+    figure = results / "figures/noise_alignment.png"
+    figure.unlink()
+    saved = {p: p.stat().st_mtime_ns for p in [results / "summary.csv", results / "manifest.json",
+                                               *results.glob("states/*/*.json")]}
+    redraw = _snakemake(workdir, "results/tiny/figures/noise_alignment.png")
+    assert redraw.returncode == 0 and figure.exists()
+    log = redraw.stdout + redraw.stderr
+    assert re.search(r"^plot +1$", log, re.M) and "analyze_state" not in log and "rule collect" not in log
+    assert all(p.stat().st_mtime_ns == t for p, t in saved.items())
 
 
 def test_unknown_config_key_is_rejected(tmp_path):

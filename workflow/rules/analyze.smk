@@ -6,15 +6,17 @@ rule analyze_state:
         checkpoint=get_state_checkpoint,
     output:
         result="results/{analysis}/states/{key}/{case}.json",
-    params:
-        run=get_analysis_run,
-        settings=get_analysis_settings,
-    group:
-        "analysis"
     log:
         "logs/analyze_state/{analysis}/{key}/{case}.log",
     benchmark:
         "results/benchmarks/analyze_state/{analysis}/{key}/{case}.tsv"
+    group:
+        "analysis"
+    conda:
+        "../../envs/tiny-llm.yaml"
+    params:
+        run=get_analysis_run,
+        settings=get_analysis_settings,
     script:
         "../scripts/analyze_state.py"
 
@@ -26,9 +28,11 @@ rule finish_state:
         get_state_results,
     output:
         receipt="results/{analysis}/states/{key}/done.json",
-    group:
-        "analysis"
     log:
         "logs/finish_state/{analysis}/{key}.log",
+    group:
+        "analysis"
+    conda:
+        "../../envs/tiny-llm.yaml"
     script:
         "../scripts/finish_state.py"

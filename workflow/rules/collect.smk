@@ -10,10 +10,14 @@ rule collect:
             "results/{analysis}/manifest.json", category="Collected results"
         ),
         summary=report("results/{analysis}/summary.csv", category="Collected results"),
-    params:
-        cases=lookup(dpath="{analysis}/cases", within=ANALYSES, default=["seen", "unseen"]),
     log:
         "logs/collect/{analysis}.log",
     localrule: True
+    conda:
+        "../../envs/tiny-llm.yaml"
+    params:
+        cases=lookup(
+            dpath="{analysis}/cases", within=ANALYSES, default=["seen", "unseen"]
+        ),
     script:
         "../scripts/collect.py"

@@ -13,7 +13,6 @@ from tiny_llm.config import (
 )
 from tiny_llm.corpus import default_capacity
 
-
 validate(config, schema="../schemas/config.schema.yaml")
 
 TRAIN_RUNS = config.get("train_runs") or {}
@@ -25,7 +24,9 @@ FIGURES = ["normalized_alignment", "noise_alignment", "gradient_norms", "batch_s
 def _load_run_config(name):
     entry = TRAIN_RUNS[name]
     overrides = [f"{key}={value}" for key, value in entry.get("set", {}).items()]
-    return config_from_dict(apply_overrides(load_config_dict(entry["config"]), overrides))
+    return config_from_dict(
+        apply_overrides(load_config_dict(entry["config"]), overrides)
+    )
 
 
 RUN_CONFIGS = {name: _load_run_config(name) for name in TRAIN_RUNS}
@@ -58,10 +59,28 @@ wildcard_constraints:
     case="seen|unseen",
 
 
-def get_all_targets():
+def get_all_targets(wildcards):
+    """Every run and figure, and every (state, case) result of an existing index.
+
+    Naming the results makes a deleted result count as missing (Snakemake does not rerun a
+    deleted intermediate file whose consumers are up to date), so a rerun recomputes exactly
+    what was lost. The index is read directly when present (before the first run the figures
+    pull in every result through collect), which keeps the first dry run's plan complete.
+    """
     targets = [f"runs/{name}/trained.json" for name in RUN_CONFIGS]
     for name in ANALYSES:
-        targets += [f"results/{name}/figures/{figure}.pdf" for figure in FIGURES]
+        targets += [
+            f"results/{name}/figures/{figure}.{ext}"
+            for figure in FIGURES
+            for ext in ("pdf", "png")
+        ]
+        index = Path(f"results/{name}/states.json")
+        if index.exists():
+            targets += [
+                f"results/{name}/states/{state['key']}/{case}.json"
+                for state in json.loads(index.read_text())["states"]
+                for case in get_cases(name)
+            ]
     return targets
 
 
@@ -137,7 +156,9 @@ def _state(wildcards):
     for state in _states(wildcards.analysis)["states"]:
         if state["key"] == wildcards.key:
             return state
-    raise ValueError(f"state {wildcards.key} is not in the index of {wildcards.analysis}")
+    raise ValueError(
+        f"state {wildcards.key} is not in the index of {wildcards.analysis}"
+    )
 
 
 def get_state_checkpoint(wildcards):
@@ -160,6 +181,7 @@ def get_state_receipts(wildcards):
 
 
 def get_training_log(wildcards):
+    """With training norms, the run must be finished (its train-log.jsonl is read by the plot)."""
     if not PLOTS.get("training_norms", False):
         return []
-    return [str(Path(ANALYSES[wildcards.analysis]["run"]) / "train-log.jsonl")]
+    return [get_run_ready(wildcards)]

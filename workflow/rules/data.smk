@@ -8,9 +8,11 @@ rule prepare_data:
         # A receipt beside the cache (see train.smk): an existing cache is never deleted by a
         # rerun; tiny-llm reuses it when identical and refuses other settings.
         receipt="cache/{cache}.prepared.json",
-    params:
-        spec=get_cache_spec,
     log:
         "logs/prepare_data/{cache}.log",
+    conda:
+        "../../envs/tiny-llm.yaml"
+    params:
+        spec=get_cache_spec,
     script:
         "../scripts/prepare_data.py"

@@ -6,13 +6,15 @@ checkpoint index_states:
         get_run_ready,
     output:
         states="results/{analysis}/states.json",
+    log:
+        "logs/index_states/{analysis}.log",
+    localrule: True
+    conda:
+        "../../envs/tiny-llm.yaml"
     params:
         run=get_analysis_run,
         selection=get_analysis_selection,
         settings=get_analysis_settings,
         binding=get_analysis_binding,
-    log:
-        "logs/index_states/{analysis}.log",
-    localrule: True
     script:
         "../scripts/index_states.py"

@@ -12,10 +12,12 @@ rule plot:
             category="Figures",
         ),
         png=expand("results/{{analysis}}/figures/{figure}.png", figure=FIGURES),
-    params:
-        training_norms=lookup(dpath="training_norms", within=PLOTS, default=False),
     log:
         "logs/plot/{analysis}.log",
     localrule: True
+    conda:
+        "../../envs/tiny-llm.yaml"
+    params:
+        training_norms=lookup(dpath="training_norms", within=PLOTS, default=False),
     script:
         "../scripts/plot.py"

@@ -9,11 +9,13 @@ rule train_run:
         # rerunning it and after a failure. The run directory itself belongs to tiny-llm, which
         # resumes interrupted runs and refuses changed settings without touching finished files.
         receipt="runs/{run}/trained.json",
-    params:
-        run_config=get_run_config_dict,
     log:
         "logs/train/{run}.log",
     benchmark:
         "results/benchmarks/train_run/{run}.tsv"
+    conda:
+        "../../envs/tiny-llm.yaml"
+    params:
+        run_config=get_run_config_dict,
     script:
         "../scripts/train.py"
