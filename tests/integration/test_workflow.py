@@ -163,3 +163,11 @@ def test_unknown_config_key_is_rejected(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"train_runs": {}, "colour": "blue"}))
     result = _snakemake(tmp_path, "-n")
     assert result.returncode != 0 and "colour" in result.stdout + result.stderr
+
+
+def test_report_bundles_figures_summary_and_manifest(workdir):
+    result = _snakemake(workdir, "--report", str(workdir / "report.html"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    html = (workdir / "report.html").read_text(errors="replace")
+    for name in ("summary.csv", "manifest.json", "normalized_alignment.pdf", "batch_sizes.pdf"):
+        assert name in html

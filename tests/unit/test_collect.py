@@ -1,0 +1,84 @@
+"""Collection: validation before publishing, summary rows per alias and case, blank nulls."""
+
+import copy
+import csv
+import json
+
+import pytest
+
+from tiny_llm.collect import SUMMARY_COLUMNS, collect, validate_result
+
+KEY_A, KEY_B = "a" * 64, "b" * 64
+
+
+def _result(key, case, identity="id", alignment=0.5):
+    noise = [{"noise_curvature": 0.5, "noise_norm": 1.0, "grad_norm": 2.0}]
+    return {"schema": 1, "identity": {"hash": identity}, "state": {"key": key, "worker_files": None}, "case": case,
+            "statistics": {"noise_curvature": 0.5, "normalized_alignment": alignment, "mean_noise_norm": 1.0,
+                           "mean_grad_norm": 2.0, "full_grad_norm": 1.5, "random_curvature": 0.25,
+                           "grad_curvature": -1.0, "b_simple": 4 * 1.0 * (15 / 12) / 2.25, "b_noise": None},
+            "noise_samples": noise, "random_directions": [{"curvature": 1.0}],
+            "counts": {"parameters_D": 4, "effective_batch_size": 4, "epoch_sequences": 16, "micro_batch_size": 2,
+                       "hvp_batch_size": 2, "directions_per_pass": 1, "epoch_batches": 4, "epoch_tokens": 64},
+            "settings": {}, "precision": {}, "software": {}, "hardware": {"host": "x"}, "slurm": None,
+            "data": {"plan": case}, "consensus": None}
+
+
+def _tree(tmp_path, results):
+    states = {"run": "runs/x", "packed": False, "workers": 1, "consensus": False,
+              "states": [{"key": KEY_A, "weights_hash": KEY_A, "worker_hashes": None,
+                          "aliases": [{"file": "epoch-001.safetensors", "step": 1, "tokens": 10}]},
+                         {"key": KEY_B, "weights_hash": KEY_B, "worker_hashes": None,
+                          "aliases": [{"file": "epoch-002.safetensors", "step": 2, "tokens": 20},
+                                      {"file": "final.pt", "step": 2, "tokens": 20}]}]}
+    for result in results:
+        path = tmp_path / "states" / result["state"]["key"] / f"{result['case']}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result))
+    return states
+
+
+def test_summary_has_a_row_per_alias_and_case(tmp_path):
+    states = _tree(tmp_path, [_result(k, c) for k in (KEY_A, KEY_B) for c in ("seen", "unseen")])
+    manifest = collect(tmp_path, states, ["seen", "unseen"], "demo")
+    with open(tmp_path / "summary.csv") as handle:
+        reader = csv.DictReader(handle)
+        rows = list(reader)
+    assert reader.fieldnames == SUMMARY_COLUMNS
+    assert [(r["file"], r["case"]) for r in rows] == [
+        ("epoch-001.safetensors", "seen"), ("epoch-001.safetensors", "unseen"), ("epoch-002.safetensors", "seen"),
+        ("epoch-002.safetensors", "unseen"), ("final.pt", "seen"), ("final.pt", "unseen")]
+    assert rows[0]["b_noise"] == "" and rows[0]["consensus_mean_norm"] == "" and rows[0]["noise_curvature"] == "0.5"
+    assert manifest["states"][1]["results"]["unseen"] == f"states/{KEY_B}/unseen.json"
+    assert len(manifest["hardware"]) == 1
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r.pop(-1), "unseen.json is missing"),
+    (lambda r: r[3]["identity"].update(hash="other"), "was computed with another identity"),
+    (lambda r: r[1]["statistics"].update(normalized_alignment=0.7), "normalized_alignment = 0.7 disagrees"),
+    (lambda r: r[2]["statistics"].pop("b_simple"), r"statistics \['b_simple'\] are missing"),
+])
+def test_nothing_is_published_from_bad_results(tmp_path, mutate, message):
+    results = [_result(k, c) for k in (KEY_A, KEY_B) for c in ("seen", "unseen")]
+    mutate(results)
+    states = _tree(tmp_path, results)
+    with pytest.raises(ValueError, match=message):
+        collect(tmp_path, states, ["seen", "unseen"], "demo")
+    assert not (tmp_path / "summary.csv").exists() and not (tmp_path / "manifest.json").exists()
+
+
+def test_consensus_is_required_and_checked():
+    result = _result(KEY_A, "seen")
+    with pytest.raises(ValueError, match="consensus results for workers 0..1 are missing"):
+        validate_result(result, KEY_A, "seen", 2, "r.json")
+    result["consensus"] = {"workers": [{"worker": 0, "curvature": 1.0, "squared_norm": 2.0},
+                                       {"worker": 1, "curvature": 3.0, "squared_norm": 2.0}],
+                           "aggregate": {"mean_curvature": 2.0, "normalized_alignment": 1.0, "mean_norm": 1.4}}
+    validate_result(result, KEY_A, "seen", 2, "r.json")
+    bad = copy.deepcopy(result)
+    bad["consensus"]["aggregate"]["mean_curvature"] = 2.5
+    with pytest.raises(ValueError, match="consensus aggregates disagree"):
+        validate_result(bad, KEY_A, "seen", 2, "r.json")
+    with pytest.raises(ValueError, match="expected bbbbbbbbbbbb / seen"):
+        validate_result(result, KEY_B, "seen", 2, "r.json")
