@@ -62,8 +62,8 @@ def _finish(fig, ax, out_dir: Path, name: str, ylabel: str, legend: bool = True)
 
 def _annotate_omitted(ax, omitted: int) -> None:
     if omitted:
-        ax.text(0.02, 0.96, f"{omitted} non-positive value{'s' * (omitted > 1)} omitted",
-                transform=ax.transAxes, fontsize=6, color="0.3", va="top")
+        ax.set_title(f"log scale: {omitted} non-positive value{'s' * (omitted > 1)} omitted",
+                     loc="left", fontsize=6, color="0.3")
 
 
 def _normalized_alignment(table, consensus, out_dir) -> list[Path]:
@@ -71,6 +71,7 @@ def _normalized_alignment(table, consensus, out_dir) -> list[Path]:
     omitted = 0
     for ax, log in ((linear, False), (logarithmic, True)):
         omitted = _curves(ax, table, "normalized_alignment", "noise  Σvᵀ Hv / Σ‖v‖²", "C0", log)
+        omitted += _curves(ax, table, "random_curvature", "random  tr(H)/D", "0.55", log)
         if consensus:
             omitted += _curves(ax, table, "consensus_normalized_alignment", "consensus  Σeᵀ He / Σ‖e‖²", "C3", log)
     linear.axhline(0, color="0.5", lw=0.6)
