@@ -18,6 +18,7 @@ include: "workflow/rules/index.smk"
 include: "workflow/rules/analyze.smk"
 include: "workflow/rules/collect.smk"
 include: "workflow/rules/plot.smk"
+include: "workflow/rules/calibrate.smk"
 
 
 rule all:

@@ -14,6 +14,8 @@ rule analyze_state:
         "analysis"
     conda:
         "../../envs/tiny-llm.yaml"
+    resources:
+        runtime=get_analyze_runtime,
     params:
         run=get_analysis_run,
         settings=get_analysis_settings,
@@ -34,5 +36,7 @@ rule finish_state:
         "analysis"
     conda:
         "../../envs/tiny-llm.yaml"
+    resources:
+        runtime=get_finish_runtime,
     script:
         "../scripts/finish_state.py"

@@ -1,15 +1,19 @@
 # Configuration checks and named input functions shared by every rule.
 import json
+import math
 from pathlib import Path
 
 from snakemake.utils import validate
 
 from tiny_llm.analysis import check_output_binding, output_binding, settings_from_dict
+from tiny_llm import timing
 from tiny_llm.config import (
     apply_overrides,
     config_from_dict,
     config_to_dict,
+    load_config,
     load_config_dict,
+    parse_yaml,
 )
 from tiny_llm.corpus import default_capacity
 
@@ -18,6 +22,18 @@ validate(config, schema="../schemas/config.schema.yaml")
 TRAIN_RUNS = config.get("train_runs") or {}
 ANALYSES = config.get("analyses") or {}
 PLOTS = config.get("plots") or {}
+
+
+def _typed(value):
+    """Profile `config:` values arrive as strings ('True', '64'): read them as YAML scalars."""
+    if isinstance(value, dict):
+        return {key: _typed(item) for key, item in value.items()}
+    return parse_yaml(value) if isinstance(value, str) else value
+
+
+# Settings a profile imposes on every analysis (profiles/naiss: CUDA, float32, TF32, compiled HVPs).
+SETTINGS_OVERRIDE = _typed(config.get("settings_override") or {})
+CLUSTER = _typed(config.get("cluster") or {})
 FIGURES = ["normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"]
 
 
@@ -45,7 +61,9 @@ for _name, _cache in CACHE_OF_RUN.items():
 # Each analysis: its settings, and its output directory checked against them before any work.
 ANALYSIS_SETTINGS = {}
 for _name, _entry in ANALYSES.items():
-    ANALYSIS_SETTINGS[_name] = settings_from_dict(_entry.get("settings", {}))
+    ANALYSIS_SETTINGS[_name] = settings_from_dict(
+        {**_entry.get("settings", {}), **SETTINGS_OVERRIDE}
+    )
     check_output_binding(
         f"results/{_name}", output_binding(ANALYSIS_SETTINGS[_name], _entry["run"])
     )
@@ -133,7 +151,7 @@ def get_analysis_selection(wildcards):
 
 
 def get_analysis_settings(wildcards):
-    return ANALYSES[wildcards.analysis].get("settings", {})
+    return {**ANALYSES[wildcards.analysis].get("settings", {}), **SETTINGS_OVERRIDE}
 
 
 def get_analysis_binding(wildcards):
@@ -185,3 +203,59 @@ def get_training_log(wildcards):
     if not PLOTS.get("training_norms", False):
         return []
     return [get_run_ready(wildcards)]
+
+
+# --- cluster walltime --------------------------------------------------------------------
+
+
+def _analysis_run_config(analysis):
+    path = Path(ANALYSES[analysis]["run"])
+    if path.parent == Path("runs") and path.name in RUN_CONFIGS:
+        return RUN_CONFIGS[path.name]
+    return load_config(path / "resolved.yaml")
+
+
+def _case_work_seconds(analysis):
+    """Estimated work of one (state, case) job from the timing profiles, or None (no estimate)."""
+    if CLUSTER.get("walltime", "none") != "estimate":
+        return None
+    run_config = _analysis_run_config(analysis)
+    settings = ANALYSIS_SETTINGS[analysis]
+    key = timing.timing_key(run_config, settings, device_kind="")
+    seconds = timing.lookup(
+        timing.load_profiles(CLUSTER.get("timing_profiles", [])),
+        key,
+        CLUSTER.get("gpu_kind"),
+    )
+    if seconds is None:
+        raise ValueError(
+            f"no timing profile covers analysis {analysis} ({key}); run "
+            "`snakemake --profile <profile> calibrate` on the target node first, or set "
+            "cluster.walltime_hours to request an explicit walltime"
+        )
+    workers = run_config.training.workers if settings.consensus else 0
+    return timing.estimate_seconds(
+        run_config, settings, seconds, workers=workers if workers > 1 else 0
+    )
+
+
+def get_analyze_runtime(wildcards):
+    """Minutes for one (state, case): 2 x estimated work; the group's rounding and the 30-minute
+    margin are carried by finish_state (see get_finish_runtime)."""
+    if CLUSTER.get("walltime_hours"):
+        return 0
+    work = _case_work_seconds(wildcards.analysis)
+    return 60 if work is None else math.ceil(2 * work / 60)
+
+
+def get_finish_runtime(wildcards):
+    """Completes the group of one state to 2 x work + 30 min, rounded up to the hour (<= 72 h):
+    a group job's runtime is the sum of its jobs' runtimes (they run one after another).
+    """
+    if CLUSTER.get("walltime_hours"):
+        return int(CLUSTER["walltime_hours"] * 60)
+    work = _case_work_seconds(wildcards.analysis)
+    if work is None:
+        return 5
+    cases = len(get_cases(wildcards.analysis))
+    return timing.job_minutes(cases * work) - cases * math.ceil(2 * work / 60)

@@ -17,5 +17,6 @@ rule train_run:
         "../../envs/tiny-llm.yaml"
     params:
         run_config=get_run_config_dict,
+        device=config.get("train_device", "cpu"),
     script:
         "../scripts/train.py"

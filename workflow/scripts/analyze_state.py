@@ -7,7 +7,9 @@ sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
 
 from tiny_llm.analysis import analyze_state, settings_from_dict  # noqa: E402
+from tiny_llm.runtime import node_local_compile_cache  # noqa: E402
 
-analyze_state(snakemake.params.run, [snakemake.input.checkpoint], snakemake.wildcards.case,
-              settings_from_dict(snakemake.params.settings), snakemake.output.result,
-              expect_key=snakemake.wildcards.key)
+with node_local_compile_cache():
+    analyze_state(snakemake.params.run, [snakemake.input.checkpoint], snakemake.wildcards.case,
+                  settings_from_dict(snakemake.params.settings), snakemake.output.result,
+                  expect_key=snakemake.wildcards.key)

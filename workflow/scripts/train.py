@@ -12,5 +12,5 @@ from tiny_llm.io import atomic_write_json  # noqa: E402
 from tiny_llm.train import run_summary, train  # noqa: E402
 
 run_dir = Path(snakemake.output.receipt).parent
-train(config_from_dict(snakemake.params.run_config), run_dir)
+train(config_from_dict(snakemake.params.run_config), run_dir, device=snakemake.params.device)
 atomic_write_json(snakemake.output.receipt, run_summary(run_dir))

@@ -1,0 +1,140 @@
+"""Walltime for cluster jobs: measured per-micro-batch timings, scaled to the actual work.
+
+A timing profile entry is keyed by everything that changes the cost of one micro-batch
+(architecture, context length, batch and micro-batch, HVP batch, directions per pass, precision,
+engine and device kind) and holds measured seconds: one gradient micro-batch (forward +
+backward), one pass of K directions over one curvature micro-batch, and a fixed start-up (model
+load, compilation). A job's walltime is 2 × estimated work + 30 minutes, rounded up to the hour,
+and at most 72 hours. Entries come only from ``calibrate`` runs on the target node.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from tiny_llm.analysis import AnalysisSettings, _resolve
+from tiny_llm.config import RunConfig
+from tiny_llm.curvature import EpochHessian, FlatParameters, Precision
+from tiny_llm.io import atomic_write_json
+from tiny_llm.model import Llama
+from tiny_llm.noise import batch_gradient
+
+__all__ = ["MAX_HOURS", "calibrate", "estimate_seconds", "job_minutes", "load_profiles", "lookup", "timing_key",
+           "write_profile"]
+
+MAX_HOURS = 72
+"""The partition's walltime limit."""
+
+
+def timing_key(config: RunConfig, settings: AnalysisSettings, device_kind: str) -> dict[str, Any]:
+    """The setup a timing entry is valid for."""
+    m = config.model
+    return {"d_model": m.d_model, "n_layers": m.n_layers, "n_heads": m.n_heads, "d_ff": m.d_ff,
+            "vocab_size": m.vocab_size, "seq_len": config.data.seq_len, "batch_size": config.training.batch_size,
+            "micro_batch_size": config.training.micro_batch_size,
+            "hvp_batch_size": settings.hvp_batch_size or config.training.micro_batch_size,
+            "directions_per_pass": settings.directions_per_pass, "dtype": settings.dtype, "amp": settings.amp,
+            "tf32": settings.tf32, "engine": settings.engine, "compile_hvp": settings.compile_hvp,
+            "device_kind": device_kind}
+
+
+def load_profiles(paths: list[str | Path]) -> list[dict[str, Any]]:
+    """Timing entries from YAML/JSON files (missing files are skipped)."""
+    entries = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            entries += load_profiles(sorted(path.glob("*.json")))
+        elif path.exists():
+            data = yaml.safe_load(path.read_text()) or {}
+            entries += data.get("entries", []) if isinstance(data, dict) else []
+    return entries
+
+
+def lookup(entries: list[dict[str, Any]], key: dict[str, Any], gpu_kind: str | None = None) -> dict[str, float] | None:
+    """The seconds of the last entry measured for this setup (device kind containing ``gpu_kind``
+    when given: the login node that plans jobs cannot see the compute nodes' GPU)."""
+    def same(entry: dict[str, Any]) -> bool:
+        other = entry["key"]
+        fields_match = all(other.get(k) == v for k, v in key.items() if k != "device_kind")
+        return fields_match and (gpu_kind is None or gpu_kind in str(other.get("device_kind")))
+    matches = [e for e in entries if same(e)]
+    return matches[-1]["seconds"] if matches else None
+
+
+def estimate_seconds(config: RunConfig, settings: AnalysisSettings, seconds: dict[str, float],
+                     workers: int = 0) -> float:
+    """Estimated work of one (state, case) job, from the actual full-epoch counts and samples."""
+    B, mb = config.training.batch_size, config.training.micro_batch_size
+    n_batches = config.steps_per_epoch
+    micro_per_batch = math.ceil(B / mb)
+    S_v = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
+    gradient_micro = (n_batches + S_v) * micro_per_batch  # ḡ over the epoch, then each sampled gᵢ
+    hvp_batch = settings.hvp_batch_size or mb
+    hvp_micro = math.ceil(n_batches * B / hvp_batch)
+    directions = S_v + settings.random_samples + 1 + workers
+    passes = math.ceil(directions / settings.directions_per_pass)
+    return (seconds["startup"] + gradient_micro * seconds["gradient_microbatch"]
+            + passes * hvp_micro * seconds["hvp_microbatch_pass"])
+
+
+def job_minutes(work_seconds: float) -> int:
+    """Walltime in minutes: 2 × work + 30 min, rounded up to the hour.
+
+    Raises:
+        ValueError: above the 72-hour partition limit.
+    """
+    hours = math.ceil((2 * work_seconds + 1800) / 3600)
+    if hours > MAX_HOURS:
+        raise ValueError(f"estimated walltime {hours} h exceeds the partition limit of {MAX_HOURS} h; "
+                         "analyse fewer samples per job or split the checkpoints over several analyses")
+    return hours * 60
+
+
+def _timed(fn, device: torch.device, repeats: int) -> float:
+    fn()  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / repeats
+
+
+def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -> dict[str, Any]:
+    """Measure the per-micro-batch costs of this setup on this machine (random weights and tokens
+    of the right shapes); returns a timing entry ``{"key", "seconds", "measured"}``."""
+    resolved = _resolve(settings, config)
+    precision = Precision(resolved.device, resolved.dtype, settings.amp)
+    started = time.perf_counter()
+    model = Llama(config.model, attention_backend="reference").to(resolved.device, resolved.dtype)
+    B, T, mb, hvp = (config.training.batch_size, config.data.seq_len, config.training.micro_batch_size,
+                     resolved.hvp_batch_size)
+    tokens = torch.randint(0, config.model.vocab_size, (max(B, hvp), T + 1), generator=torch.Generator().manual_seed(0))
+    flat = FlatParameters(model)
+    operator = EpochHessian(model, tokens[:hvp], batch_size=hvp, engine=resolved.engine, precision=precision,
+                            directions_per_pass=settings.directions_per_pass, compile=resolved.compiled)
+    V = torch.randn(settings.directions_per_pass, flat.D, device=resolved.device, dtype=resolved.dtype)
+    operator.quadratic_forms(V)  # compilation happens here and counts as start-up
+    startup = time.perf_counter() - started
+    hvp = _timed(lambda: operator.quadratic_forms(V), resolved.device, repeats)
+    micro = math.ceil(B / mb)
+    gradient = _timed(lambda: batch_gradient(model, flat, tokens[:B], mb, precision), resolved.device, repeats) / micro
+    device_kind = "cpu" if resolved.device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(resolved.device)}"
+    return {"key": timing_key(config, settings, device_kind),
+            "seconds": {"startup": startup, "gradient_microbatch": gradient, "hvp_microbatch_pass": hvp},
+            "measured": {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "repeats": repeats,
+                         "host": socket.gethostname()}}
+
+
+def write_profile(path: str | Path, entry: dict[str, Any]) -> None:
+    """Write one calibration entry as a timing profile file (JSON)."""
+    atomic_write_json(path, {"entries": [entry]})

@@ -1,0 +1,98 @@
+"""The NAISS profile without a cluster: lint, and a dry run that shows GH200 resources and the
+walltime computed from a timing profile (2 x work + 30 min, rounded up to the hour)."""
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tiny_llm.analysis import settings_from_dict
+from tiny_llm.config import config_from_dict
+from tiny_llm.timing import estimate_seconds, job_minutes
+
+REPO = Path(__file__).resolve().parents[2]
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+RUN = {"model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
+       "data": {"cache": "cache/tiny", "seq_len": 16, "shuffle_group_blocks": 4},
+       "training": {"batch_size": 4, "micro_batch_size": 3, "tokens": 512, "epochs": 2, "checkpoint_policy": "interval"}}
+SETTINGS = {"noise_samples": 2, "random_samples": 2, "directions_per_pass": 4}
+GPU = {"device": "cuda", "dtype": "float32", "tf32": True, "compile_hvp": True, "engine": "auto"}
+SECONDS = {"startup": 120.0, "gradient_microbatch": 0.5, "hvp_microbatch_pass": 40.0}
+
+
+def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
+    return subprocess.run([str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+                           "--configfile", str(workdir / "config.yaml"), *args],
+                          capture_output=True, text=True, env=env, cwd=workdir)
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory):
+    """A trained tiny run and the index of a GPU analysis, made locally (no Slurm)."""
+    path = tmp_path_factory.mktemp("naiss")
+    (path / "run.yaml").write_text(yaml.safe_dump(RUN))
+    key = {"d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16, "vocab_size": 256, "seq_len": 16, "batch_size": 4,
+           "micro_batch_size": 3, "hvp_batch_size": 3, "directions_per_pass": 4, "dtype": "float32", "amp": False,
+           "tf32": True, "engine": "auto", "compile_hvp": True, "device_kind": "cuda:NVIDIA GH200 480GB"}
+    (path / "timing.json").write_text(json.dumps({"entries": [{"key": key, "seconds": SECONDS}]}))
+    config = {"train_runs": {"tiny": {"config": str(path / "run.yaml"), "shard_tokens": 64}},
+              "analyses": {"gpu": {"run": "runs/tiny", "settings": SETTINGS}},
+              "cluster": {"timing_profiles": [str(path / "timing.json")]}}
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    local = _snakemake(path, "-c2", "--config", f"settings_override={json.dumps(GPU)}", "--",
+                       "results/gpu/states.json")
+    assert local.returncode == 0, local.stderr[-3000:]
+    return path
+
+
+def test_dry_run_shows_gh200_resources_and_walltime(indexed):
+    # The run was trained here on the CPU; the profile's train_device (cuda) must not plan a retrain.
+    plan = _snakemake(indexed, "--profile", str(REPO / "profiles/naiss"), "-n", "--rerun-triggers", "mtime")
+    text = plan.stdout + plan.stderr
+    assert plan.returncode == 0, text[-3000:]
+    run_config = config_from_dict(RUN)
+    settings = settings_from_dict({**SETTINGS, **GPU})
+    work = estimate_seconds(run_config, settings, SECONDS)
+    analyze = math.ceil(2 * work / 60)
+    finish = job_minutes(2 * work) - 2 * analyze
+    assert job_minutes(2 * work) == 60 * math.ceil((4 * work + 1800) / 3600)
+    blocks = re.findall(r"rule (\w+):.*?resources: ([^\n]*)", text, re.S)
+    analyze_blocks = [r for rule, r in blocks if rule == "analyze_state"]
+    assert len(analyze_blocks) == 6  # 3 states x 2 cases
+    for resources in analyze_blocks:
+        assert "gpu=1" in resources and f"runtime={analyze}" in resources
+        assert "slurm_account=naiss2026-3-205-gpu" in resources and "slurm_partition=gpu" in resources
+        assert "cpus_per_task=72" in resources
+    finish_blocks = [r for rule, r in blocks if rule == "finish_state"]
+    assert finish_blocks and all(f"runtime={finish}" in r for r in finish_blocks)
+
+
+def test_uncovered_setup_requires_an_explicit_walltime(indexed):
+    config = yaml.safe_load((indexed / "config.yaml").read_text())
+    config["analyses"]["gpu"]["settings"]["hvp_batch_size"] = 2  # a setup no timing entry covers
+    (indexed / "other.yaml").write_text(yaml.safe_dump(config))
+    (indexed / "results/gpu/identity.json").unlink()  # let the changed settings through to planning
+    args = ["--profile", str(REPO / "profiles/naiss"), "-n", "--rerun-triggers", "mtime",
+            "--configfile", str(indexed / "other.yaml")]
+    plan = _snakemake(indexed, *args)
+    text = plan.stdout + plan.stderr
+    assert plan.returncode != 0
+    assert "no timing profile covers analysis gpu" in text and "calibrate" in text and "walltime_hours" in text
+    config["cluster"]["walltime_hours"] = 5
+    (indexed / "other.yaml").write_text(yaml.safe_dump(config))
+    plan = _snakemake(indexed, *args)
+    text = plan.stdout + plan.stderr
+    assert plan.returncode == 0, text[-2000:]
+    assert "runtime=300" in text  # the explicit walltime, carried by finish_state
+
+
+def test_lint_with_the_naiss_profile(indexed):
+    lint = _snakemake(indexed, "--profile", str(REPO / "profiles/naiss"), "--lint")
+    assert lint.returncode == 0 and "Congratulations" in lint.stdout + lint.stderr, (lint.stdout + lint.stderr)[-3000:]
