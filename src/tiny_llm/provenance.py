@@ -67,10 +67,15 @@ def hardware(device: torch.device) -> dict[str, Any]:
 
 
 def slurm_job() -> dict[str, Any] | None:
-    """The Slurm job this process runs in (id, node, attempt), or None outside Slurm."""
+    """The Slurm job this process runs in (id, node, GPUs, attempt), or None outside Slurm.
+
+    ``attempt`` is the workflow's attempt (Snakemake resubmissions, via ``TINY_LLM_ATTEMPT``);
+    ``restarts`` counts Slurm's own requeues of this job.
+    """
     if "SLURM_JOB_ID" not in os.environ:
         return None
     return {"job_id": os.environ["SLURM_JOB_ID"], "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
             "node": os.environ.get("SLURMD_NODENAME"), "partition": os.environ.get("SLURM_JOB_PARTITION"),
-            "account": os.environ.get("SLURM_JOB_ACCOUNT"),
-            "attempt": int(os.environ.get("SLURM_RESTART_COUNT", "0")) + 1}
+            "account": os.environ.get("SLURM_JOB_ACCOUNT"), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "attempt": int(os.environ.get("TINY_LLM_ATTEMPT", "1")),
+            "restarts": int(os.environ.get("SLURM_RESTART_COUNT", "0"))}

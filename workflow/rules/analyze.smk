@@ -16,6 +16,7 @@ rule analyze_state:
         "../../envs/tiny-llm.yaml"
     resources:
         runtime=get_analyze_runtime,
+        attempt=get_attempt,
     params:
         run=get_analysis_run,
         settings=get_analysis_settings,

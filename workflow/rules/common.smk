@@ -259,3 +259,8 @@ def get_finish_runtime(wildcards):
         return 5
     cases = len(get_cases(wildcards.analysis))
     return timing.job_minutes(cases * work) - cases * math.ceil(2 * work / 60)
+
+
+def get_attempt(wildcards, attempt):
+    """Snakemake's attempt number (1 + retries so far), recorded in each result."""
+    return attempt

@@ -1,6 +1,7 @@
 """Snakemake adapter: measure one parameter state on one data case (tiny-llm analyze-state)."""
 
 import logging
+import os
 import sys
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -9,6 +10,7 @@ logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %
 from tiny_llm.analysis import analyze_state, settings_from_dict  # noqa: E402
 from tiny_llm.runtime import node_local_compile_cache  # noqa: E402
 
+os.environ["TINY_LLM_ATTEMPT"] = str(snakemake.resources.attempt)  # recorded in the result
 with node_local_compile_cache():
     analyze_state(snakemake.params.run, [snakemake.input.checkpoint], snakemake.wildcards.case,
                   settings_from_dict(snakemake.params.settings), snakemake.output.result,
