@@ -137,3 +137,29 @@ def test_cancelled_job_loses_nothing(cluster, tmp_path):
     assert all(p.stat().st_mtime_ns == t for p, t in finished.items() if p.name != "done.json")
     assert len(list(results.glob("*/seen.json"))) == len(list(results.glob("*/unseen.json"))) == 3
     assert (workdir / "results/tiny/summary.csv").exists()
+
+
+def test_accounting_outage_is_survived(cluster, tmp_path):
+    """Stop slurmdbd for 30 s while jobs run: with polling throttled like profiles/naiss (there one
+    check per 20 s x 30 attempts; here 0.1/s x 10 attempts, ~100 s of tolerance) the plugin rides
+    it out instead of forgetting its jobs (plugin issue #207), and the run completes."""
+    workdir = _workdir(tmp_path / "outage", SETTINGS)
+    env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
+    args = ["--profile", str(REPO / "profiles/test-slurm"), "--max-status-checks-per-second", "0.1",
+            "--slurm-status-attempts", "10"]
+    process = subprocess.Popen(_command(workdir, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env, cwd=workdir)
+    deadline = time.time() + 300
+    while not any("analysis" in line for line in _queued()) and time.time() < deadline and process.poll() is None:
+        time.sleep(0.5)
+    pid = int(Path("/run/slurmdbd.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+    time.sleep(30)
+    assert subprocess.run(["sacct", "-n", "-X"], capture_output=True).returncode != 0  # accounting is down
+    subprocess.run(["/usr/sbin/slurmdbd"], check=True)
+    time.sleep(1)
+    with open("/run/local-slurm/pids", "a") as pids:  # so stop-local-slurm.sh stops the new one
+        pids.write(f"slurmdbd {Path('/run/slurmdbd.pid').read_text().strip()}\n")
+    output = process.communicate(timeout=900)[0]
+    assert process.returncode == 0, output[-4000:]
+    assert len(list((workdir / "results/tiny/states").glob("*/unseen.json"))) == 3

@@ -1,0 +1,46 @@
+"""Walltime: measured timings scaled to the actual work; 2 x work + 30 min, whole hours, <= 72 h."""
+
+import math
+
+import pytest
+
+from tiny_llm.analysis import AnalysisSettings
+from tiny_llm.timing import calibrate, estimate_seconds, job_minutes, load_profiles, lookup, timing_key, write_profile
+
+from conftest import make_oracle_run
+
+SECONDS = {"startup": 100.0, "gradient_microbatch": 1.0, "hvp_microbatch_pass": 10.0}
+
+
+def test_estimate_scales_with_epoch_and_samples(tmp_path):
+    config = make_oracle_run(tmp_path, tokens=3 * 6 * 5 * 2)  # 5 batches of B=3, micro-batch 2
+    settings = AnalysisSettings(noise_samples=4, random_samples=7, directions_per_pass=4, hvp_batch_size=5)
+    # gradients: (5 epoch batches + 4 samples) x 2 micro-batches; HVP: ceil(12 / 4) passes x ceil(15 / 5) batches
+    assert estimate_seconds(config, settings, SECONDS) == 100 + 9 * 2 * 1.0 + 3 * 3 * 10.0
+    more = AnalysisSettings(noise_samples=None, random_samples=7, directions_per_pass=4, hvp_batch_size=5)
+    assert estimate_seconds(config, more, SECONDS, workers=4) == 100 + 10 * 2 + math.ceil(17 / 4) * 3 * 10
+
+
+def test_walltime_rounding_and_limit():
+    assert job_minutes(0) == 60 and job_minutes(900) == 60 and job_minutes(901) == 120
+    assert job_minutes(3600 * 35) == 71 * 60
+    with pytest.raises(ValueError, match="exceeds the partition limit of 72 h"):
+        job_minutes(3600 * 36)
+
+
+def test_lookup_matches_the_setup_and_gpu_kind(tmp_path):
+    config = make_oracle_run(tmp_path)
+    settings = AnalysisSettings(device="cpu")
+    key = timing_key(config, settings, "cuda:NVIDIA GH200 480GB")
+    write_profile(tmp_path / "timing" / "a.json", {"key": key, "seconds": SECONDS})
+    entries = load_profiles([tmp_path / "timing", tmp_path / "missing.yaml"])
+    assert lookup(entries, {**key, "device_kind": ""}, "GH200") == SECONDS
+    assert lookup(entries, {**key, "device_kind": ""}, "H100") is None
+    assert lookup(entries, {**key, "directions_per_pass": 16}) is None
+
+
+def test_calibrate_measures_this_machine(tmp_path):
+    config = make_oracle_run(tmp_path)
+    entry = calibrate(config, AnalysisSettings(device="cpu", dtype="float64", directions_per_pass=2), repeats=1)
+    assert entry["key"]["device_kind"] == "cpu" and entry["key"]["hvp_batch_size"] == 2
+    assert all(v > 0 for v in entry["seconds"].values())
