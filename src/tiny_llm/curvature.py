@@ -33,8 +33,11 @@ __all__ = ["ENGINES", "EpochHessian", "FlatParameters", "Precision", "pad_sequen
 
 log = logging.getLogger(__name__)
 
-Engine = Literal["double_backward", "pearlmutter"]
-ENGINES: tuple[str, ...] = ("double_backward", "pearlmutter")
+Engine = Literal["double_backward", "pearlmutter", "finite_difference"]
+ENGINES: tuple[str, ...] = ("double_backward", "pearlmutter", "finite_difference")
+FD_SCALE = {torch.float64: 1e-6, torch.float32: 3e-4}
+"""Default relative step of the finite-difference engine per dtype: ε = scale · max(1, ‖θ‖) / ‖v‖
+(chosen from the measured truncation / round-off trade-off, benchmarks/README.md)."""
 
 
 @dataclass(frozen=True)
@@ -116,12 +119,12 @@ class EpochHessian:
 
     def __init__(self, model: Llama, tokens: torch.Tensor, *, batch_size: int, engine: Engine,
                  precision: Precision, directions_per_pass: int = 1, compile: bool = False,
-                 progress: Callable[[str], None] | None = None):
+                 progress: Callable[[str], None] | None = None, fd_scale: float | None = None):
         if engine not in ENGINES:
             raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
-        if model.attention_backend != "reference":
+        if model.attention_backend != "reference" and engine != "finite_difference":
             raise ValueError("curvature needs reference attention (second derivatives); build "
-                             "Llama(config, attention_backend='reference')")
+                             "Llama(config, attention_backend='reference'), or use the finite_difference engine")
         if compile and engine != "pearlmutter":
             raise ValueError("only the pearlmutter engine is compiled; use --no-compile-hvp with double_backward")
         self.model, self.engine, self.precision = model, engine, precision
@@ -132,6 +135,7 @@ class EpochHessian:
         self.n_targets = int(tokens[:, 1:].numel())
         self.progress = progress or (lambda message: None)
         self.passes = 0
+        self.fd_scale = fd_scale if fd_scale is not None else FD_SCALE.get(precision.dtype, 3e-3)
         self._pearlmutter = torch.compile(self._pearlmutter_eager, dynamic=False) if compile else self._pearlmutter_eager
 
     # --- one micro-batch ---------------------------------------------------------------------
@@ -160,10 +164,29 @@ class EpochHessian:
         products = torch.autograd.grad(gradient, params, grad_outputs=V, is_grads_batched=True)
         return torch.cat([p.reshape(len(V), -1) for p in products], dim=1)
 
+    def _finite_difference(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Central differences of gradients, (∇L(θ + εv) − ∇L(θ − εv)) / 2ε, with
+        ε = fd_scale · max(1, ‖θ‖) / ‖v‖: first derivatives only, so fused attention works."""
+        def loss(flat: torch.Tensor) -> torch.Tensor:
+            return self._loss(self.flat.unflatten(flat), inputs, targets)
+        gradient = grad(loss)
+        scale = self.fd_scale * max(1.0, float(self.theta.norm()))
+        rows = []
+        for v in V:
+            norm = float(v.norm())
+            if norm == 0:
+                rows.append(torch.zeros_like(v))
+                continue
+            eps = scale / norm
+            rows.append((gradient(self.theta + eps * v) - gradient(self.theta - eps * v)) / (2 * eps))
+        return torch.stack(rows)
+
     def batch_products(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """H_b V for one curvature micro-batch (its share of the epoch loss), V of shape (K, D)."""
         if self.engine == "pearlmutter":
             return self._pearlmutter(self.theta, V, inputs, targets)
+        if self.engine == "finite_difference":
+            return self._finite_difference(V, inputs, targets)
         return self._double_backward(V, inputs, targets)
 
     # --- passes over the epoch ---------------------------------------------------------------

@@ -1,0 +1,182 @@
+"""Hessian spectra and solves on the one curvature operator (``EpochHessian.hvp``).
+
+Every method here takes ``matvec``: a function mapping directions (K, D) to H·directions (K, D)
+in float64, so Lanczos, stochastic Lanczos quadrature, conjugate gradients and the block-diagonal
+comparison all run on the same full-epoch, token-weighted operator and engines as the noise
+statistics (never a private second implementation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from tiny_llm.curvature import FlatParameters
+
+__all__ = ["LanczosResult", "block_diagonal_error", "conjugate_gradient", "lanczos", "layer_blocks",
+           "slq", "slq_density", "tensor_blocks", "top_eigenpairs"]
+
+MatVec = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class LanczosResult:
+    """Tridiagonal coefficients and the (possibly low-precision) orthonormal basis Q (m, D)."""
+
+    alpha: torch.Tensor  # (m,) float64
+    beta: torch.Tensor  # (m - 1,) float64
+    basis: torch.Tensor  # (m, D) in the basis dtype
+
+    def tridiagonal(self) -> torch.Tensor:
+        T = torch.diag(self.alpha)
+        if len(self.beta):
+            T += torch.diag(self.beta, 1) + torch.diag(self.beta, -1)
+        return T
+
+
+def lanczos(matvec: MatVec, start: torch.Tensor, steps: int, *, basis_dtype: torch.dtype = torch.float64,
+            reduction_dtype: torch.dtype = torch.float64, breakdown: float = 1e-12) -> LanczosResult:
+    """``steps`` Lanczos iterations from ``start`` with full reorthogonalisation.
+
+    The basis is stored in ``basis_dtype`` (bf16 saves memory: Ghorbani et al.'s and the
+    foundation-model study's finding that bf16 Lanczos vectors suffice); projections and norms
+    run in ``reduction_dtype``. Stops early at an invariant subspace (β below ``breakdown``·‖H‖).
+    """
+    q = (start / start.norm()).to(reduction_dtype)
+    basis, alphas, betas = [], [], []
+    scale = 0.0
+    for _ in range(steps):
+        stored = q.to(basis_dtype)
+        basis.append(stored)
+        w = matvec(stored.to(torch.float64).unsqueeze(0))[0].to(reduction_dtype)
+        alpha = torch.dot(stored.to(reduction_dtype), w)
+        alphas.append(float(alpha))
+        for _ in range(2):  # twice is enough (Kahan–Parlett)
+            for b in basis:
+                b = b.to(reduction_dtype)
+                w = w - torch.dot(b, w) * b
+        beta = float(w.norm())
+        scale = max(scale, abs(alphas[-1]), beta)
+        if len(basis) == steps or beta <= breakdown * max(scale, 1e-300):
+            break
+        betas.append(beta)
+        q = w / beta
+    return LanczosResult(torch.tensor(alphas, dtype=torch.float64), torch.tensor(betas, dtype=torch.float64),
+                         torch.stack(basis))
+
+
+def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0, which: str = "LA",
+                   basis_dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu"):
+    """The k largest-algebraic (``LA``) or largest-magnitude (``LM``) eigenpairs from Lanczos.
+
+    Returns ``(eigenvalues (k,), eigenvectors (k, D), residuals (k,))`` with honest residual
+    norms ‖Hu − λu‖ from one more application of H (so a user can tell converged from not).
+    """
+    if which not in ("LA", "LM"):
+        raise ValueError(f"which: expected 'LA' or 'LM', got {which!r}")
+    start = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(device)
+    result = lanczos(matvec, start, steps, basis_dtype=basis_dtype)
+    theta, S = torch.linalg.eigh(result.tridiagonal())
+    order = torch.argsort(theta if which == "LA" else theta.abs(), descending=True)[:k]
+    values = theta[order]
+    vectors = S[:, order].T.to(device) @ result.basis.to(torch.float64)  # (k, D)
+    vectors = vectors / vectors.norm(dim=1, keepdim=True)
+    residuals = (matvec(vectors) - values.to(device)[:, None] * vectors).norm(dim=1)
+    return values, vectors, residuals
+
+
+def slq(matvec: MatVec, D: int, n_vectors: int, steps: int, *, seed: int = 0,
+        basis_dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Stochastic Lanczos quadrature (Ghorbani et al. 2019; Papyan): for each of ``n_vectors``
+    Rademacher starts, the Ritz values θ and weights τ² (squared first components of T's
+    eigenvectors). Σ_v Σ_i τ²θ^p / n_v estimates tr(H^p)/D."""
+    nodes = []
+    for index in range(n_vectors):
+        generator = torch.Generator().manual_seed(seed * 100_003 + index)
+        start = (torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1).to(device)
+        result = lanczos(matvec, start, steps, basis_dtype=basis_dtype)
+        theta, S = torch.linalg.eigh(result.tridiagonal())
+        nodes.append((theta, S[0] ** 2))
+    return nodes
+
+
+def slq_density(nodes: list[tuple[torch.Tensor, torch.Tensor]], grid: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Spectral density on ``grid``: Gaussians of width ``sigma`` at the Ritz values, weighted by
+    τ² and averaged over starting vectors (integrates to 1)."""
+    density = torch.zeros_like(grid, dtype=torch.float64)
+    for theta, weights in nodes:
+        z = (grid[:, None] - theta[None, :]) / sigma
+        density += (weights[None, :] * torch.exp(-0.5 * z**2)).sum(1) / (sigma * math.sqrt(2 * math.pi))
+    return density / len(nodes)
+
+
+def conjugate_gradient(matvec: MatVec, b: torch.Tensor, damping: float = 0.0, *, rtol: float = 1e-8,
+                       max_iterations: int = 1000) -> tuple[torch.Tensor, int, float]:
+    """Solve (H + λI)x = b by conjugate gradients (H + λI must be positive definite on the
+    Krylov space); stops when ‖b − (H + λI)x‖ ≤ rtol·‖b‖. Returns (x, iterations, relative residual)."""
+    b = b.to(torch.float64)
+    x = torch.zeros_like(b)
+    r = b.clone()
+    p = r.clone()
+    rr = float(r @ r)
+    norm_b = math.sqrt(float(b @ b)) or 1.0
+    for iteration in range(1, max_iterations + 1):
+        Ap = matvec(p.unsqueeze(0))[0] + damping * p
+        curvature = float(p @ Ap)
+        if curvature <= 0:
+            raise ValueError(f"H + {damping}·I is not positive definite along a CG direction "
+                             f"(pᵀ(H + λI)p = {curvature:.3g}); increase the damping")
+        step = rr / curvature
+        x += step * p
+        r -= step * Ap
+        rr_new = float(r @ r)
+        if math.sqrt(rr_new) <= rtol * norm_b:
+            return x, iteration, math.sqrt(rr_new) / norm_b
+        p = r + (rr_new / rr) * p
+        rr = rr_new
+    return x, max_iterations, math.sqrt(rr) / norm_b
+
+
+def tensor_blocks(flat: FlatParameters) -> list[tuple[str, slice]]:
+    """One block per parameter tensor."""
+    blocks, start = [], 0
+    for name, size in zip(flat.names, flat.sizes):
+        blocks.append((name, slice(start, start + size)))
+        start += size
+    return blocks
+
+
+def layer_blocks(flat: FlatParameters) -> list[tuple[str, list[slice]]]:
+    """One block per transformer layer (``layers.N.*``); embeddings, final norm and output are one
+    block each."""
+    groups: dict[str, list[slice]] = {}
+    for name, block in tensor_blocks(flat):
+        parts = name.split(".")
+        key = ".".join(parts[:2]) if parts[0] == "layers" else parts[0]
+        groups.setdefault(key, []).append(block)
+    return list(groups.items())
+
+
+def block_diagonal_error(matvec: MatVec, V: torch.Tensor, blocks: list[tuple[str, slice | list[slice]]]) -> dict:
+    """How wrong the block-diagonal approximation H_bd is along directions V (K, D).
+
+    H_bd v concatenates, for each block b, the block's own HVP restricted to it: (H (P_b v))|_b,
+    computed with the exact operator. Returns per-direction ‖Hv − H_bd v‖/‖Hv‖ and cos(Hv, H_bd v).
+    """
+    V = V.to(torch.float64)
+    masks = []
+    for _, block in blocks:
+        mask = torch.zeros(V.shape[1], dtype=torch.bool, device=V.device)
+        for piece in block if isinstance(block, list) else [block]:
+            mask[piece] = True
+        masks.append(mask)
+    full = matvec(V)
+    approx = torch.zeros_like(full)
+    for mask in masks:
+        approx[:, mask] += matvec(V * mask)[:, mask]
+    error = (full - approx).norm(dim=1) / full.norm(dim=1)
+    cosine = (full * approx).sum(1) / (full.norm(dim=1) * approx.norm(dim=1))
+    return {"relative_error": error, "cosine": cosine}
