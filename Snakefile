@@ -19,6 +19,7 @@ include: "workflow/rules/analyze.smk"
 include: "workflow/rules/collect.smk"
 include: "workflow/rules/plot.smk"
 include: "workflow/rules/calibrate.smk"
+include: "workflow/rules/spectrum.smk"
 
 
 rule all:

@@ -57,7 +57,7 @@ class AnalysisSettings:
     """Curvature micro-batch size (None = training.micro_batch_size); never changes H."""
     directions_per_pass: int = 8
     """K directions share each pass over the data; bounded by memory."""
-    engine: Literal["auto", "double_backward", "pearlmutter"] = "auto"
+    engine: Literal["auto", "double_backward", "pearlmutter", "finite_difference"] = "auto"
     """auto: compiled pearlmutter on CUDA (double_backward with compile_hvp off), double_backward on CPU."""
     compile_hvp: bool = True
     """torch.compile the Pearlmutter product on CUDA (CPU analysis stays eager)."""
@@ -356,9 +356,10 @@ def settings_from_dict(data: dict[str, Any]) -> AnalysisSettings:
     return AnalysisSettings(**values)
 
 
-def output_binding(settings: AnalysisSettings, run: str) -> dict[str, Any]:
-    """What an output directory is bound to: the run, the settings and the tiny_llm source."""
-    return {"run": str(run), "settings": asdict(settings), "source": source_hash()}
+def output_binding(settings: AnalysisSettings, run: str, spectrum: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What an output directory is bound to: the run, the settings (spectral ones too) and the
+    tiny_llm source."""
+    return {"run": str(run), "settings": asdict(settings), "spectrum": spectrum or {}, "source": source_hash()}
 
 
 def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write: bool = False) -> None:
@@ -375,6 +376,8 @@ def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write:
         changed = [f"run: {old['run']} -> {binding['run']}"] if old["run"] != binding["run"] else []
         changed += [f"settings.{k}: {old['settings'].get(k)!r} -> {v!r}" for k, v in binding["settings"].items()
                     if old["settings"].get(k) != v]
+        changed += [f"spectrum.{k}: {old.get('spectrum', {}).get(k)!r} -> {v!r}"
+                    for k, v in binding["spectrum"].items() if old.get("spectrum", {}).get(k) != v]
         if old["source"] != binding["source"]:
             changed.append("the tiny_llm source code changed")
         if changed:

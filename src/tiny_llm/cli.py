@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     an.add_argument("--seed", type=int, default=42, help="seed of batch draws and directions (default 42)")
     an.add_argument("--hvp-batch-size", type=int, help="curvature micro-batch (default: training micro-batch)")
     an.add_argument("--directions-per-pass", type=int, default=8, help="K directions per data pass (default 8)")
-    an.add_argument("--engine", default="auto", choices=["auto", "double_backward", "pearlmutter"],
+    an.add_argument("--engine", default="auto", choices=["auto", "double_backward", "pearlmutter", "finite_difference"],
                     help="HVP engine (auto: compiled pearlmutter on CUDA, double_backward on CPU)")
     an.add_argument("--no-compile-hvp", action="store_true", help="no torch.compile (CUDA auto engine: double_backward)")
     an.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")

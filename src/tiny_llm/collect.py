@@ -17,7 +17,7 @@ from typing import Any
 from tiny_llm.io import atomic_write_json, atomic_write_text
 from tiny_llm.noise import summarise
 
-__all__ = ["CONSENSUS_COLUMNS", "STATISTICS", "SUMMARY_COLUMNS", "collect", "validate_result"]
+__all__ = ["CONSENSUS_COLUMNS", "STATISTICS", "SUMMARY_COLUMNS", "collect", "collect_spectrum", "validate_result"]
 
 STATISTICS = ["noise_curvature", "normalized_alignment", "mean_noise_norm", "mean_grad_norm", "full_grad_norm",
               "random_curvature", "grad_curvature", "b_simple", "b_noise"]
@@ -124,3 +124,50 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
     atomic_write_text(analysis_dir / "summary.csv", buffer.getvalue())
     atomic_write_json(analysis_dir / "manifest.json", manifest)
     return manifest
+
+
+def _spectrum_row(result: dict[str, Any]) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for which, key in (("la", "top_eigenvalues"), ("lm", "top_magnitude_eigenvalues")):
+        for pair in result[key]:
+            row[f"{which}_eigenvalue_{pair['index'] + 1}"] = pair["eigenvalue"]
+            row[f"{which}_residual_{pair['index'] + 1}"] = pair["residual"]
+    row["trace_over_D"] = result["slq"]["trace_over_D"]
+    row["second_moment_over_D"] = result["slq"]["second_moment_over_D"]
+    row["gradient_top1_alignment"] = result["alignment"]["gradient_top"][0]
+    noise = result["alignment"]["noise_top_mean"]
+    row["noise_top1_alignment"] = _cell(noise[0] if noise else None)
+    row.update(cg_damping=result["cg"]["damping"], cg_iterations=result["cg"]["iterations"],
+               cg_relative_residual=result["cg"]["relative_residual"], g_inverse_g=result["cg"]["g_inverse_g"])
+    for kind, block in result["block_diagonal"].items():
+        row[f"block_{kind}_relative_error"] = block["mean_relative_error"]
+        row[f"block_{kind}_cosine"] = block["mean_cosine"]
+    return row
+
+
+def collect_spectrum(analysis_dir: str | Path, states: dict[str, Any], cases: list[str]) -> list[dict[str, Any]]:
+    """Write spectrum.csv (one row per checkpoint file × case) from spectra/<key>/<case>.json."""
+    analysis_dir = Path(analysis_dir)
+    rows, identity = [], None
+    for state in states["states"]:
+        for case in cases:
+            path = analysis_dir / "spectra" / state["key"] / f"{case}.json"
+            if not path.exists():
+                raise ValueError(f"spectrum result {path} is missing; rerun the workflow to compute it")
+            result = json.loads(path.read_text())
+            if result["state"]["key"] != state["key"] or result["case"] != case:
+                raise ValueError(f"{path} holds another state or case")
+            if identity is not None and result["identity"]["hash"] != identity:
+                raise ValueError(f"{path} was computed with another identity than the other spectra")
+            identity = result["identity"]["hash"]
+            values = _spectrum_row(result)
+            for alias in state["aliases"]:
+                rows.append({"file": alias["file"], "state_key": state["key"], "case": case, "step": alias["step"],
+                             "tokens": alias["tokens"], **values})
+    rows.sort(key=lambda r: (r["tokens"], r["file"], cases.index(r["case"])))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(analysis_dir / "spectrum.csv", buffer.getvalue())
+    return rows

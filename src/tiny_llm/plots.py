@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-__all__ = ["FIGURES", "plot_analysis"]
+__all__ = ["FIGURES", "SPECTRUM_FIGURES", "plot_analysis", "plot_spectrum"]
 
 log = logging.getLogger(__name__)
 
@@ -142,3 +142,59 @@ def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
                  + _batch_sizes(table, out_dir))
     log.info("figures written to %s", out_dir)
     return paths
+
+
+SPECTRUM_FIGURES = ["top_eigenvalues", "slq_density", "block_diagonal_error"]
+
+
+def _top_eigenvalues(table, out_dir) -> list[Path]:
+    fig, ax = plt.subplots(figsize=COLUMN)
+    columns = sorted(c for c in table.columns if c.startswith("la_eigenvalue_"))
+    for i, column in enumerate(columns):
+        _curves(ax, table, column, f"λ{i + 1}", f"C{i}")
+    return _finish(fig, ax, out_dir, "top_eigenvalues", "top Hessian eigenvalues")
+
+
+def _slq_density(spectra: list[tuple[int, str, dict]], out_dir, sigma_fraction: float = 0.01) -> list[Path]:
+    fig, ax = plt.subplots(figsize=COLUMN)
+    everything = [t for _, _, r in spectra for nodes in r["slq"]["nodes"] for t in nodes]
+    low, high = min(everything), max(everything)
+    sigma = sigma_fraction * (high - low or 1.0)
+    grid = np.linspace(low - 5 * sigma, high + 5 * sigma, 2000)
+    cmap = plt.get_cmap("viridis")
+    tokens = sorted({t for t, _, _ in spectra})
+    for t, case, result in spectra:
+        density = np.zeros_like(grid)
+        for nodes, weights in zip(result["slq"]["nodes"], result["slq"]["weights"]):
+            z = (grid[:, None] - np.array(nodes)[None, :]) / sigma
+            density += (np.array(weights)[None, :] * np.exp(-0.5 * z**2)).sum(1) / (sigma * np.sqrt(2 * np.pi))
+        density /= len(result["slq"]["nodes"])
+        color = cmap(tokens.index(t) / max(1, len(tokens) - 1))
+        ax.plot(grid, np.maximum(density, 1e-12), STYLE.get(case, ":"), color=color, lw=0.9, label=f"{t} tokens ({case})")
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=1e-6)
+    ax.set_title(f"SLQ density, Gaussian width σ = {sigma:.3g}", loc="left", fontsize=6, color="0.3")
+    fig_paths = _finish(fig, ax, out_dir, "slq_density", "spectral density")
+    return fig_paths
+
+
+def _block_error(table, out_dir) -> list[Path]:
+    fig, ax = plt.subplots(figsize=COLUMN)
+    _curves(ax, table, "block_tensor_relative_error", "per tensor", "C0")
+    _curves(ax, table, "block_layer_relative_error", "per layer", "C1")
+    return _finish(fig, ax, out_dir, "block_diagonal_error", "‖Hv − H_bd v‖ / ‖Hv‖")
+
+
+def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Spectral figures from spectrum.csv and the saved SLQ nodes (spectra/<key>/<case>.json)."""
+    analysis_dir = Path(analysis_dir)
+    out_dir = Path(out_dir) if out_dir else analysis_dir / "figures"
+    if not (analysis_dir / "spectrum.csv").exists():
+        raise ValueError(f"{analysis_dir} has no spectrum.csv; run the workflow with spectrum enabled first")
+    table = _states(pd.read_csv(analysis_dir / "spectrum.csv"))
+    spectra = [(int(row.tokens), row.case,
+                json.loads((analysis_dir / "spectra" / row.state_key / f"{row.case}.json").read_text()))
+               for row in table.itertuples()]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with plt.rc_context(_RC):
+        return _top_eigenvalues(table, out_dir) + _slq_density(spectra, out_dir) + _block_error(table, out_dir)

@@ -68,24 +68,29 @@ def lanczos(matvec: MatVec, start: torch.Tensor, steps: int, *, basis_dtype: tor
                          torch.stack(basis))
 
 
-def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0, which: str = "LA",
+def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0, which: str | tuple[str, ...] = "LA",
                    basis_dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu"):
     """The k largest-algebraic (``LA``) or largest-magnitude (``LM``) eigenpairs from Lanczos.
 
     Returns ``(eigenvalues (k,), eigenvectors (k, D), residuals (k,))`` with honest residual
     norms ‖Hu − λu‖ from one more application of H (so a user can tell converged from not).
+    With ``which=("LA", "LM")`` one Lanczos run serves both, and a dict of such triples is returned.
     """
-    if which not in ("LA", "LM"):
+    kinds = (which,) if isinstance(which, str) else tuple(which)
+    if any(kind not in ("LA", "LM") for kind in kinds):
         raise ValueError(f"which: expected 'LA' or 'LM', got {which!r}")
     start = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(device)
     result = lanczos(matvec, start, steps, basis_dtype=basis_dtype)
     theta, S = torch.linalg.eigh(result.tridiagonal())
-    order = torch.argsort(theta if which == "LA" else theta.abs(), descending=True)[:k]
-    values = theta[order]
-    vectors = S[:, order].T.to(device) @ result.basis.to(torch.float64)  # (k, D)
-    vectors = vectors / vectors.norm(dim=1, keepdim=True)
-    residuals = (matvec(vectors) - values.to(device)[:, None] * vectors).norm(dim=1)
-    return values, vectors, residuals
+    pairs = {}
+    for kind in kinds:
+        order = torch.argsort(theta if kind == "LA" else theta.abs(), descending=True)[:k]
+        values = theta[order]
+        vectors = S[:, order].T.to(device) @ result.basis.to(torch.float64)  # (k, D)
+        vectors = vectors / vectors.norm(dim=1, keepdim=True)
+        residuals = (matvec(vectors) - values.to(device)[:, None] * vectors).norm(dim=1)
+        pairs[kind] = (values, vectors, residuals)
+    return pairs[which] if isinstance(which, str) else pairs
 
 
 def slq(matvec: MatVec, D: int, n_vectors: int, steps: int, *, seed: int = 0,

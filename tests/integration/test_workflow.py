@@ -38,7 +38,9 @@ def _write_config(workdir: Path, lr: float = 0.003, seed: int = 42) -> None:
             "packed": {"config": str(workdir / "run.yaml"),
                        "set": {"data.cache": "cache/packed", "training.tokens": 1024,
                                "training.packed": {"workers": 2, "sync_every": 3}}, "shard_tokens": 64}}
-    analyses = {"tiny": {"run": "runs/tiny", "settings": {**SETTINGS, "seed": seed}},
+    spectrum = {"enabled": True, "top_k": 2, "lanczos_steps": 6, "slq_vectors": 1, "slq_steps": 5, "block_samples": 1,
+                "cg_max_iterations": 5}
+    analyses = {"tiny": {"run": "runs/tiny", "settings": {**SETTINGS, "seed": seed}, "spectrum": spectrum},
                 "packed": {"run": "runs/packed", "checkpoints": ["epoch-001.safetensors", "final.pt"],
                            "cases": ["seen"], "settings": SETTINGS}}
     config = {"train_runs": runs, "analyses": analyses, "plots": {"training_norms": True}}
@@ -74,6 +76,22 @@ def test_end_to_end_outputs(workdir):
     manifest = json.loads((results / "manifest.json").read_text())
     assert manifest["cases"] == ["seen", "unseen"] and len(manifest["states"]) == 3
     assert manifest["precision"]["dtype"] == "float64" and manifest["batch_sizes"]["seen"]["micro_batch_size"] == 3
+
+
+def test_spectra_are_collected_and_plotted(workdir):
+    results = workdir / "results/tiny"
+    with open(results / "spectrum.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["file"], r["case"]) for r in rows][:2] == [("epoch-000.safetensors", "seen"),
+                                                          ("epoch-000.safetensors", "unseen")]
+    assert len(rows) == 8 and float(rows[-1]["la_eigenvalue_1"]) >= float(rows[-1]["la_eigenvalue_2"])
+    assert all(0 <= float(r["block_tensor_relative_error"]) for r in rows)
+    for figure in ("top_eigenvalues", "slq_density", "block_diagonal_error"):
+        assert (results / "figures" / f"{figure}.png").stat().st_size > 1000
+    seen = next((results / "spectra").glob("*/seen.json"))
+    states = json.loads((seen.parent.parent.parent / "states" / seen.parent.name / "seen.json").read_text())["slurm"]
+    assert states is None  # local run
+    assert not (results / "figures" / "top_eigenvalues.pdf").stat().st_size == 0
 
 
 def test_aliases_are_measured_once_and_listed_by_name(workdir):
@@ -142,6 +160,7 @@ def test_deleted_result_is_recomputed_alone(workdir):
     dry = _snakemake(workdir, "-n")
     plan = dry.stdout + dry.stderr
     assert re.search(r"^analyze_state +1$", plan, re.M) and re.search(r"^finish_state +1$", plan, re.M), plan[-2000:]
+    assert "analyze_spectrum" not in plan  # the state's spectra are kept
     assert _snakemake(workdir).returncode == 0 and target.exists()
     assert all(p.stat().st_mtime_ns == t for p, t in others.items() if p.name != "done.json")
 

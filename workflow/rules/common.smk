@@ -35,6 +35,7 @@ def _typed(value):
 SETTINGS_OVERRIDE = _typed(config.get("settings_override") or {})
 CLUSTER = _typed(config.get("cluster") or {})
 FIGURES = ["normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"]
+SPECTRUM_FIGURES = ["top_eigenvalues", "slq_density", "block_diagonal_error"]
 
 
 def _load_run_config(name):
@@ -65,7 +66,10 @@ for _name, _entry in ANALYSES.items():
         {**_entry.get("settings", {}), **SETTINGS_OVERRIDE}
     )
     check_output_binding(
-        f"results/{_name}", output_binding(ANALYSIS_SETTINGS[_name], _entry["run"])
+        f"results/{_name}",
+        output_binding(
+            ANALYSIS_SETTINGS[_name], _entry["run"], _entry.get("spectrum", {})
+        ),
     )
 
 
@@ -92,6 +96,12 @@ def get_all_targets(wildcards):
             for figure in FIGURES
             for ext in ("pdf", "png")
         ]
+        if spectrum_enabled(name):
+            targets += [
+                f"results/{name}/figures/{figure}.{ext}"
+                for figure in SPECTRUM_FIGURES
+                for ext in ("pdf", "png")
+            ]
         index = Path(f"results/{name}/states.json")
         if index.exists():
             targets += [
@@ -155,8 +165,9 @@ def get_analysis_settings(wildcards):
 
 
 def get_analysis_binding(wildcards):
+    entry = ANALYSES[wildcards.analysis]
     return output_binding(
-        ANALYSIS_SETTINGS[wildcards.analysis], ANALYSES[wildcards.analysis]["run"]
+        ANALYSIS_SETTINGS[wildcards.analysis], entry["run"], entry.get("spectrum", {})
     )
 
 
@@ -184,9 +195,20 @@ def get_state_checkpoint(wildcards):
     return _state(wildcards)["aliases"][0]["path"]
 
 
+def spectrum_enabled(analysis):
+    return bool(ANALYSES[analysis].get("spectrum", {}).get("enabled", False))
+
+
+def get_spectrum_settings(wildcards):
+    return ANALYSES[wildcards.analysis].get("spectrum", {})
+
+
 def get_state_results(wildcards):
+    """Every result of one state: noise statistics, and spectra when enabled (one group job)."""
+    kinds = ["states"] + (["spectra"] if spectrum_enabled(wildcards.analysis) else [])
     return [
-        f"results/{wildcards.analysis}/states/{wildcards.key}/{case}.json"
+        f"results/{wildcards.analysis}/{kind}/{wildcards.key}/{case}.json"
+        for kind in kinds
         for case in get_cases(wildcards.analysis)
     ]
 

@@ -1,0 +1,171 @@
+"""The spectrum worker: Lanczos top eigenpairs, SLQ density, gradient/noise alignment with the top
+eigenvectors, a damped CG solve and block-diagonal errors for one (state, case) → one JSON.
+
+It reuses the noise worker's checks, identity, lock and atomic write, and the same full-epoch
+operator (``EpochHessian``) with the analysis settings' engine, dtype and device.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from tiny_llm.analysis import (AnalysisSettings, _case_plan, _exclusive, _identity, _resolve, _reusable,
+                               load_state, resolve_checkpoints)
+from tiny_llm.config import load_config
+from tiny_llm.curvature import EpochHessian, FlatParameters, Precision, runtime_settings
+from tiny_llm.data import TokenCache
+from tiny_llm.io import atomic_write_json
+from tiny_llm.model import Llama
+from tiny_llm.noise import batch_gradient, mean_gradient, noise_batch_indices, rademacher
+from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
+from tiny_llm.spectrum import (block_diagonal_error, conjugate_gradient, layer_blocks, slq, tensor_blocks,
+                               top_eigenpairs)
+
+__all__ = ["SpectrumSettings", "analyze_spectrum", "spectrum_settings_from_dict"]
+
+log = logging.getLogger(__name__)
+
+_BASIS = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpectrumSettings:
+    """Spectral settings (part of a spectrum result's identity)."""
+
+    top_k: int = 3
+    """Eigenpairs reported (largest algebraic, and largest magnitude)."""
+    lanczos_steps: int = 20
+    """Lanczos iterations for the top eigenpairs (full reorthogonalisation)."""
+    lanczos_basis: Literal["float64", "float32", "bfloat16"] = "float64"
+    """Storage dtype of the Lanczos vectors (reductions stay float64, or float32 for bf16)."""
+    slq_vectors: int = 2
+    """SLQ starting vectors n_v."""
+    slq_steps: int = 10
+    """SLQ Lanczos steps m per vector."""
+    block_samples: int = 2
+    """Rademacher directions for the block-diagonal error."""
+    cg_damping: float | None = None
+    """λ of the solve (H + λI)x = ḡ; null = the largest eigenvalue magnitude found (keeps H + λI ⪰ 0)."""
+    cg_rtol: float = 1e-6
+    """Relative residual at which CG stops."""
+    cg_max_iterations: int = 50
+    """CG iteration cap (the residual reached is reported)."""
+
+    def __post_init__(self) -> None:
+        for name in ("top_k", "lanczos_steps", "slq_vectors", "slq_steps", "block_samples", "cg_max_iterations"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"spectrum.{name}: expected a positive integer, got {getattr(self, name)}")
+        if self.lanczos_steps < self.top_k:
+            raise ValueError(f"spectrum.lanczos_steps: expected at least top_k={self.top_k}, got {self.lanczos_steps}")
+        if self.lanczos_basis not in _BASIS:
+            raise ValueError(f"spectrum.lanczos_basis: expected one of {', '.join(_BASIS)}, got {self.lanczos_basis!r}")
+
+
+def spectrum_settings_from_dict(data: dict[str, Any]) -> SpectrumSettings:
+    """SpectrumSettings from config data, refusing unknown keys."""
+    unknown = sorted(set(data) - set(SpectrumSettings.__dataclass_fields__) - {"enabled"})
+    if unknown:
+        raise ValueError(f"unknown spectrum settings {unknown}; allowed: {sorted(SpectrumSettings.__dataclass_fields__)}")
+    return SpectrumSettings(**{k: v for k, v in data.items() if k != "enabled"})
+
+
+def _pairs(values: torch.Tensor, residuals: torch.Tensor) -> list[dict[str, float]]:
+    return [{"index": i, "eigenvalue": float(v), "residual": float(r)} for i, (v, r) in enumerate(zip(values, residuals))]
+
+
+def _cosines(vectors: torch.Tensor, u: torch.Tensor) -> list[float]:
+    return ((vectors @ u.T) / (vectors.norm(dim=1, keepdim=True) * u.norm(dim=1)[None, :])).abs().tolist()
+
+
+def measure_spectrum(model: Llama, tokens_by_batch: list[torch.Tensor], settings: AnalysisSettings,
+                     spectrum: SpectrumSettings, precision: Precision, hvp_batch_size: int, engine: str,
+                     compile: bool, micro_batch_size: int) -> dict[str, Any]:
+    """Every spectral quantity of one (state, case) as plain data."""
+    started = time.perf_counter()
+    flat = FlatParameters(model)
+    operator = EpochHessian(model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, engine=engine,
+                            precision=precision, directions_per_pass=settings.directions_per_pass, compile=compile)
+    basis = _BASIS[spectrum.lanczos_basis]
+    device = precision.device
+    pairs = top_eigenpairs(operator.hvp, flat.D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed,
+                           which=("LA", "LM"), basis_dtype=basis, device=device)
+    values, vectors, residuals = pairs["LA"]
+    mag_values, _, mag_residuals = pairs["LM"]
+    t_lanczos = time.perf_counter() - started
+    nodes = slq(operator.hvp, flat.D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed,
+                basis_dtype=basis, device=device)
+    moments = {f"m{p}": sum(float((w * t**p).sum()) for t, w in nodes) / len(nodes) for p in (1, 2)}
+    g_bar = mean_gradient(model, flat, tokens_by_batch, micro_batch_size, precision)
+    noise = [batch_gradient(model, flat, tokens_by_batch[i], micro_batch_size, precision) - g_bar
+             for i in noise_batch_indices(len(tokens_by_batch), settings.noise_samples, settings.seed)]
+    damping = spectrum.cg_damping if spectrum.cg_damping is not None else float(mag_values.abs().max())
+    x, iterations, residual = conjugate_gradient(operator.hvp, g_bar, damping, rtol=spectrum.cg_rtol,
+                                                 max_iterations=spectrum.cg_max_iterations)
+    V = torch.stack([rademacher(flat.D, settings.seed + 1, i) for i in range(spectrum.block_samples)]).to(device)
+    blocks = {kind: block_diagonal_error(operator.hvp, V, make(flat))
+              for kind, make in (("tensor", tensor_blocks), ("layer", layer_blocks))}
+    noise_cos = _cosines(torch.stack(noise), vectors) if noise and float(torch.stack(noise).norm()) > 0 else None
+    return {
+        "top_eigenvalues": _pairs(values, residuals),
+        "top_magnitude_eigenvalues": _pairs(mag_values, mag_residuals),
+        "slq": {"nodes": [t.tolist() for t, _ in nodes], "weights": [w.tolist() for _, w in nodes],
+                "trace_over_D": moments["m1"], "second_moment_over_D": moments["m2"]},
+        "alignment": {"gradient_top": _cosines(g_bar.unsqueeze(0), vectors)[0],
+                      "noise_top_mean": ([sum(c[j] for c in noise_cos) / len(noise_cos) for j in range(len(values))]
+                                         if noise_cos else None)},
+        "cg": {"damping": damping, "iterations": iterations, "relative_residual": residual,
+               "g_inverse_g": float(g_bar @ x)},
+        "block_diagonal": {kind: {"relative_error": r["relative_error"].tolist(), "cosine": r["cosine"].tolist(),
+                                  "mean_relative_error": float(r["relative_error"].mean()),
+                                  "mean_cosine": float(r["cosine"].mean()), "blocks": len(make(flat))}
+                           for (kind, r), make in zip(blocks.items(), (tensor_blocks, layer_blocks))},
+        "counts": {"parameters_D": flat.D, "hvp_batches": len(operator.batches), "noise_samples": len(noise)},
+        "timing": {"lanczos_seconds": t_lanczos, "total_seconds": time.perf_counter() - started},
+    }
+
+
+def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings,
+                     spectrum: SpectrumSettings, output: str | Path, expect_key: str | None = None) -> dict[str, Any]:
+    """Measure one state's spectrum on one case and write the JSON atomically (reused when identical).
+
+    Raises:
+        ValueError: bad inputs (as the noise worker), before anything is computed or written.
+    """
+    run_dir, output = Path(run_dir), Path(output)
+    config = load_config(run_dir / "resolved.yaml")
+    resolved = _resolve(settings, config)
+    cache = TokenCache(config.data.cache)
+    cache.check_layout(config)
+    plan = _case_plan(config, cache, case)
+    state = load_state(run_dir, resolve_checkpoints(run_dir, checkpoints), config, settings.consensus)
+    if expect_key is not None and state.key != expect_key:
+        raise ValueError(f"checkpoints {checkpoints} hash to state key {state.key}, expected {expect_key}; "
+                         "the files changed since the states were indexed")
+    identity = {k: v for k, v in _identity(settings, resolved, config, cache).items() if k != "hash"}
+    identity["spectrum"] = asdict(spectrum)
+    identity["hash"] = canonical_hash(identity)
+    with _exclusive(output):
+        if (old := _reusable(output, identity, state.key, case)) is not None:
+            return old
+        precision = Precision(resolved.device, resolved.dtype, settings.amp)
+        model = Llama(config.model, attention_backend="reference")
+        model.load_state_dict(state.root, strict=True)
+        model.to(device=resolved.device, dtype=resolved.dtype)
+        batches = [cache.tokens(blocks) for blocks in plan.blocks]
+        with runtime_settings(resolved.device, resolved.tf32) as runtime:
+            measured = measure_spectrum(model, batches, settings, spectrum, precision, resolved.hvp_batch_size,
+                                        resolved.engine, resolved.compiled, config.training.micro_batch_size)
+        result = {"schema": 1, "kind": "spectrum", "identity": identity,
+                  "state": {"key": state.key, "weights_hash": state.weights_hash, "aliases": state.aliases},
+                  "case": case, "settings": asdict(settings), "spectrum_settings": asdict(spectrum),
+                  "precision": {"device": str(resolved.device), "dtype": settings.dtype, "engine": resolved.engine,
+                                "lanczos_basis": spectrum.lanczos_basis, **runtime},
+                  **measured, "software": software(), "hardware": hardware(resolved.device), "slurm": slurm_job()}
+        atomic_write_json(output, result)
+    return result

@@ -1,0 +1,63 @@
+"""The spectrum worker on a tiny trained run: top eigenvalue and CG against the dense Hessian,
+reuse of identical results, refusal of changed spectral settings."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tiny_llm.analysis import AnalysisSettings
+from tiny_llm.data import epoch_plan
+from tiny_llm.spectrum_analysis import SpectrumSettings, analyze_spectrum, spectrum_settings_from_dict
+from tiny_llm.train import train
+
+from conftest import make_oracle_run
+from unit.test_analysis import _dense_hessian
+
+SETTINGS = AnalysisSettings(noise_samples=2, device="cpu", dtype="float64", directions_per_pass=4)
+SPECTRUM = SpectrumSettings(top_k=2, lanczos_steps=60, slq_vectors=2, slq_steps=8, block_samples=1,
+                            cg_rtol=1e-9, cg_max_iterations=400)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("spectrum")
+    config = make_oracle_run(path)
+    train(config, path / "run")
+    return config, path
+
+
+def test_spectrum_result_against_dense_oracle(run):
+    config, path = run
+    result = analyze_spectrum(path / "run", ["epoch-002.safetensors"], "seen", SETTINGS, SPECTRUM, path / "s.json")
+    H, flat = _dense_hessian(config, load_file(path / "run" / "epoch-002.safetensors"), epoch_plan(config, 1))
+    eig = torch.linalg.eigvalsh(H)
+    assert result["top_eigenvalues"][0]["eigenvalue"] == pytest.approx(float(eig[-1]), rel=1e-8)
+    assert result["top_eigenvalues"][0]["residual"] < 1e-6
+    top_magnitude = float(eig[eig.abs().argmax()])
+    assert result["top_magnitude_eigenvalues"][0]["eigenvalue"] == pytest.approx(top_magnitude, rel=1e-8)
+    assert result["cg"]["damping"] == pytest.approx(abs(top_magnitude), rel=1e-8)
+    assert result["cg"]["relative_residual"] <= 1e-9
+    assert set(result["block_diagonal"]) == {"tensor", "layer"}
+    assert json.loads((path / "s.json").read_text())["kind"] == "spectrum"
+
+
+def test_reuse_and_refusal(run, monkeypatch):
+    config, path = run
+    out = path / "reuse.json"
+    small = SpectrumSettings(top_k=1, lanczos_steps=4, slq_vectors=1, slq_steps=3, block_samples=1, cg_max_iterations=3)
+    first = analyze_spectrum(path / "run", ["epoch-001.safetensors"], "unseen", SETTINGS, small, out)
+    monkeypatch.setattr("tiny_llm.spectrum_analysis.measure_spectrum", lambda *a, **k: pytest.fail("recomputed"))
+    assert analyze_spectrum(path / "run", ["epoch-001.safetensors"], "unseen", SETTINGS, small, out) == first
+    with pytest.raises(ValueError, match="use a new output directory"):
+        analyze_spectrum(path / "run", ["epoch-001.safetensors"], "unseen", SETTINGS,
+                         SpectrumSettings(**{**small.__dict__, "lanczos_steps": 5}), out)
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="spectrum.lanczos_steps: expected at least top_k=3"):
+        SpectrumSettings(top_k=3, lanczos_steps=2)
+    with pytest.raises(ValueError, match="unknown spectrum settings"):
+        spectrum_settings_from_dict({"enabled": True, "lanczos": 3})
+    assert spectrum_settings_from_dict({"enabled": True, "top_k": 2}).top_k == 2

@@ -1,0 +1,65 @@
+# Spectra (analyses.<name>.spectrum.enabled): Lanczos, SLQ, CG and block-diagonal errors per
+# (state, case), in the same group job as the noise statistics; spectrum.csv; spectral figures.
+
+
+rule analyze_spectrum:
+    input:
+        checkpoint=get_state_checkpoint,
+    output:
+        result="results/{analysis}/spectra/{key}/{case}.json",
+    log:
+        "logs/analyze_spectrum/{analysis}/{key}/{case}.log",
+    benchmark:
+        "results/benchmarks/analyze_spectrum/{analysis}/{key}/{case}.tsv"
+    group:
+        "analysis"
+    conda:
+        "../../envs/tiny-llm.yaml"
+    resources:
+        runtime=get_analyze_runtime,
+        attempt=get_attempt,
+    params:
+        run=get_analysis_run,
+        settings=get_analysis_settings,
+        spectrum=get_spectrum_settings,
+    script:
+        "../scripts/analyze_spectrum.py"
+
+
+rule collect_spectrum:
+    input:
+        states="results/{analysis}/states.json",
+        receipts=get_state_receipts,
+    output:
+        spectrum=report("results/{analysis}/spectrum.csv", category="Collected results"),
+    log:
+        "logs/collect_spectrum/{analysis}.log",
+    localrule: True
+    conda:
+        "../../envs/tiny-llm.yaml"
+    params:
+        cases=lookup(
+            dpath="{analysis}/cases", within=ANALYSES, default=["seen", "unseen"]
+        ),
+    script:
+        "../scripts/collect_spectrum.py"
+
+
+rule plot_spectrum:
+    input:
+        spectrum="results/{analysis}/spectrum.csv",
+    output:
+        pdf=report(
+            expand(
+                "results/{{analysis}}/figures/{figure}.pdf", figure=SPECTRUM_FIGURES
+            ),
+            category="Figures",
+        ),
+        png=expand("results/{{analysis}}/figures/{figure}.png", figure=SPECTRUM_FIGURES),
+    log:
+        "logs/plot_spectrum/{analysis}.log",
+    localrule: True
+    conda:
+        "../../envs/tiny-llm.yaml"
+    script:
+        "../scripts/plot_spectrum.py"

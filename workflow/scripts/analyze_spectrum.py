@@ -1,0 +1,18 @@
+"""Snakemake adapter: the spectrum of one parameter state on one data case."""
+
+import logging
+import os
+import sys
+
+sys.stderr = open(snakemake.log[0], "w")
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+
+from tiny_llm.analysis import settings_from_dict  # noqa: E402
+from tiny_llm.runtime import node_local_compile_cache  # noqa: E402
+from tiny_llm.spectrum_analysis import analyze_spectrum, spectrum_settings_from_dict  # noqa: E402
+
+os.environ["TINY_LLM_ATTEMPT"] = str(snakemake.resources.attempt)
+with node_local_compile_cache():
+    analyze_spectrum(snakemake.params.run, [snakemake.input.checkpoint], snakemake.wildcards.case,
+                     settings_from_dict(snakemake.params.settings), spectrum_settings_from_dict(snakemake.params.spectrum),
+                     snakemake.output.result, expect_key=snakemake.wildcards.key)
