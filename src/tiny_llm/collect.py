@@ -137,8 +137,9 @@ def _spectrum_row(result: dict[str, Any]) -> dict[str, Any]:
     row["gradient_top1_alignment"] = result["alignment"]["gradient_top"][0]
     noise = result["alignment"]["noise_top_mean"]
     row["noise_top1_alignment"] = _cell(noise[0] if noise else None)
-    row.update(cg_damping=result["cg"]["damping"], cg_iterations=result["cg"]["iterations"],
-               cg_relative_residual=result["cg"]["relative_residual"], g_inverse_g=result["cg"]["g_inverse_g"])
+    cg = result["cg"]
+    row.update(cg_damping=cg["damping"], cg_status=cg["status"], cg_iterations=_cell(cg["iterations"]),
+               cg_relative_residual=_cell(cg["relative_residual"]), g_inverse_g=_cell(cg["g_inverse_g"]))
     for kind, block in result["block_diagonal"].items():
         row[f"block_{kind}_relative_error"] = block["mean_relative_error"]
         row[f"block_{kind}_cosine"] = block["mean_cosine"]

@@ -155,7 +155,8 @@ def _top_eigenvalues(table, out_dir) -> list[Path]:
     return _finish(fig, ax, out_dir, "top_eigenvalues", "top Hessian eigenvalues")
 
 
-def _slq_density(spectra: list[tuple[int, str, dict]], out_dir, sigma_fraction: float = 0.01) -> list[Path]:
+def _slq_density(spectra: list[tuple[int, str, dict]], out_dir, name: str = "slq_density",
+                 sigma_fraction: float = 0.01) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
     everything = [t for _, _, r in spectra for nodes in r["slq"]["nodes"] for t in nodes]
     low, high = min(everything), max(everything)
@@ -174,8 +175,7 @@ def _slq_density(spectra: list[tuple[int, str, dict]], out_dir, sigma_fraction: 
     ax.set_yscale("log")
     ax.set_ylim(bottom=1e-6)
     ax.set_title(f"SLQ density, Gaussian width σ = {sigma:.3g}", loc="left", fontsize=6, color="0.3")
-    fig_paths = _finish(fig, ax, out_dir, "slq_density", "spectral density")
-    return fig_paths
+    return _finish(fig, ax, out_dir, name, "spectral density")
 
 
 def _block_error(table, out_dir) -> list[Path]:
@@ -196,5 +196,11 @@ def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None) -
                 json.loads((analysis_dir / "spectra" / row.state_key / f"{row.case}.json").read_text()))
                for row in table.itertuples()]
     out_dir.mkdir(parents=True, exist_ok=True)
+    per_state = out_dir / "slq_states"
+    per_state.mkdir(exist_ok=True)
     with plt.rc_context(_RC):
-        return _top_eigenvalues(table, out_dir) + _slq_density(spectra, out_dir) + _block_error(table, out_dir)
+        paths = _top_eigenvalues(table, out_dir) + _slq_density(spectra, out_dir) + _block_error(table, out_dir)
+        for key in table["state_key"].unique():  # one density figure per state (both cases)
+            mine = [entry for entry, row in zip(spectra, table.itertuples()) if row.state_key == key]
+            paths += _slq_density(mine, per_state, name=f"{mine[0][0]:012d}-tokens-{key[:12]}")
+    return paths

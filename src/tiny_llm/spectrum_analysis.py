@@ -51,7 +51,7 @@ class SpectrumSettings:
     block_samples: int = 2
     """Rademacher directions for the block-diagonal error."""
     cg_damping: float | None = None
-    """λ of the solve (H + λI)x = ḡ; null = the largest eigenvalue magnitude found (keeps H + λI ⪰ 0)."""
+    """λ of the solve (H + λI)x = ḡ; null = twice the largest eigenvalue magnitude found."""
     cg_rtol: float = 1e-6
     """Relative residual at which CG stops."""
     cg_max_iterations: int = 50
@@ -104,9 +104,16 @@ def measure_spectrum(model: Llama, tokens_by_batch: list[torch.Tensor], settings
     g_bar = mean_gradient(model, flat, tokens_by_batch, micro_batch_size, precision)
     noise = [batch_gradient(model, flat, tokens_by_batch[i], micro_batch_size, precision) - g_bar
              for i in noise_batch_indices(len(tokens_by_batch), settings.noise_samples, settings.seed)]
-    damping = spectrum.cg_damping if spectrum.cg_damping is not None else float(mag_values.abs().max())
-    x, iterations, residual = conjugate_gradient(operator.hvp, g_bar, damping, rtol=spectrum.cg_rtol,
-                                                 max_iterations=spectrum.cg_max_iterations)
+    # Default λ: twice the largest |Ritz value| (a few Lanczos steps can underestimate |λ_min|).
+    damping = spectrum.cg_damping if spectrum.cg_damping is not None else 2 * float(mag_values.abs().max())
+    try:
+        x, iterations, residual = conjugate_gradient(operator.hvp, g_bar, damping, rtol=spectrum.cg_rtol,
+                                                     max_iterations=spectrum.cg_max_iterations)
+        cg = {"damping": damping, "status": "ok" if residual <= spectrum.cg_rtol else "max_iterations",
+              "iterations": iterations, "relative_residual": residual, "g_inverse_g": float(g_bar @ x)}
+    except ValueError as error:  # H + λI indefinite along a CG direction: report, do not guess
+        cg = {"damping": damping, "status": "indefinite", "message": str(error), "iterations": None,
+              "relative_residual": None, "g_inverse_g": None}
     V = torch.stack([rademacher(flat.D, settings.seed + 1, i) for i in range(spectrum.block_samples)]).to(device)
     blocks = {kind: block_diagonal_error(operator.hvp, V, make(flat))
               for kind, make in (("tensor", tensor_blocks), ("layer", layer_blocks))}
@@ -119,8 +126,7 @@ def measure_spectrum(model: Llama, tokens_by_batch: list[torch.Tensor], settings
         "alignment": {"gradient_top": _cosines(g_bar.unsqueeze(0), vectors)[0],
                       "noise_top_mean": ([sum(c[j] for c in noise_cos) / len(noise_cos) for j in range(len(values))]
                                          if noise_cos else None)},
-        "cg": {"damping": damping, "iterations": iterations, "relative_residual": residual,
-               "g_inverse_g": float(g_bar @ x)},
+        "cg": cg,
         "block_diagonal": {kind: {"relative_error": r["relative_error"].tolist(), "cosine": r["cosine"].tolist(),
                                   "mean_relative_error": float(r["relative_error"].mean()),
                                   "mean_cosine": float(r["cosine"].mean()), "blocks": len(make(flat))}

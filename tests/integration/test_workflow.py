@@ -88,6 +88,7 @@ def test_spectra_are_collected_and_plotted(workdir):
     assert all(0 <= float(r["block_tensor_relative_error"]) for r in rows)
     for figure in ("top_eigenvalues", "slq_density", "block_diagonal_error"):
         assert (results / "figures" / f"{figure}.png").stat().st_size > 1000
+    assert len(list((results / "figures/slq_states").glob("*.png"))) == 3  # one per state
     seen = next((results / "spectra").glob("*/seen.json"))
     states = json.loads((seen.parent.parent.parent / "states" / seen.parent.name / "seen.json").read_text())["slurm"]
     assert states is None  # local run

@@ -37,8 +37,8 @@ def test_spectrum_result_against_dense_oracle(run):
     assert result["top_eigenvalues"][0]["residual"] < 1e-6
     top_magnitude = float(eig[eig.abs().argmax()])
     assert result["top_magnitude_eigenvalues"][0]["eigenvalue"] == pytest.approx(top_magnitude, rel=1e-8)
-    assert result["cg"]["damping"] == pytest.approx(abs(top_magnitude), rel=1e-8)
-    assert result["cg"]["relative_residual"] <= 1e-9
+    assert result["cg"]["damping"] == pytest.approx(2 * abs(top_magnitude), rel=1e-8)
+    assert result["cg"]["relative_residual"] <= 1e-9 and result["cg"]["status"] == "ok"
     assert set(result["block_diagonal"]) == {"tensor", "layer"}
     assert json.loads((path / "s.json").read_text())["kind"] == "spectrum"
 
@@ -53,6 +53,14 @@ def test_reuse_and_refusal(run, monkeypatch):
     with pytest.raises(ValueError, match="use a new output directory"):
         analyze_spectrum(path / "run", ["epoch-001.safetensors"], "unseen", SETTINGS,
                          SpectrumSettings(**{**small.__dict__, "lanczos_steps": 5}), out)
+
+
+def test_indefinite_cg_is_reported_not_fatal(run):
+    config, path = run
+    negative = SpectrumSettings(top_k=1, lanczos_steps=4, slq_vectors=1, slq_steps=3, block_samples=1,
+                                cg_damping=-1e6, cg_max_iterations=3)
+    result = analyze_spectrum(path / "run", ["epoch-001.safetensors"], "seen", SETTINGS, negative, path / "neg.json")
+    assert result["cg"]["status"] == "indefinite" and result["cg"]["g_inverse_g"] is None
 
 
 def test_settings_are_checked():
