@@ -262,14 +262,14 @@ def _case_plan(config: RunConfig, cache: TokenCache, case: str):
     return epoch_plan(config, 1) if case == "seen" else unseen_plan(config)
 
 
-def analyze_state(run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings,
-                  output: str | Path, expect_key: str | None = None) -> dict[str, Any]:
-    """Measure one state on one case and write the result JSON atomically; returns the result.
+def prepare_inputs(run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings,
+                   expect_key: str | None = None):
+    """Everything a worker checks before computing: configuration, resolved precision, cache and
+    its capacity, the case's batch plan, and the verified state (matching ``expect_key``).
 
-    Raises:
-        ValueError: any bad input (see module docstring); nothing is written.
+    Returns ``(config, resolved, cache, plan, state)``.
     """
-    run_dir, output = Path(run_dir), Path(output)
+    run_dir = Path(run_dir)
     config = load_config(run_dir / "resolved.yaml")
     resolved = _resolve(settings, config)
     cache = TokenCache(config.data.cache)
@@ -279,6 +279,18 @@ def analyze_state(run_dir: str | Path, checkpoints: list[str], case: str, settin
     if expect_key is not None and state.key != expect_key:
         raise ValueError(f"checkpoints {checkpoints} hash to state key {state.key}, expected {expect_key}; "
                          "the files changed since the states were indexed")
+    return config, resolved, cache, plan, state
+
+
+def analyze_state(run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings,
+                  output: str | Path, expect_key: str | None = None) -> dict[str, Any]:
+    """Measure one state on one case and write the result JSON atomically; returns the result.
+
+    Raises:
+        ValueError: any bad input (see module docstring); nothing is written.
+    """
+    output = Path(output)
+    config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
     identity = _identity(settings, resolved, config, cache)
     with _exclusive(output):
         if (old := _reusable(output, identity, state.key, case)) is not None:

@@ -69,6 +69,14 @@ def _cell(value: Any) -> Any:
     return "" if value is None else value
 
 
+def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
 def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], name: str) -> dict[str, Any]:
     """Validate ``states/<key>/<case>.json`` for every state and case, then write manifest.json and
     summary.csv atomically into ``analysis_dir``. Returns the manifest."""
@@ -99,10 +107,7 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
                              "tokens": alias["tokens"], **{k: _cell(result["statistics"][k]) for k in STATISTICS},
                              **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS}})
     rows.sort(key=lambda r: (r["tokens"], r["file"], cases.index(r["case"])))
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=SUMMARY_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
+    csv_text = _csv(rows, SUMMARY_COLUMNS)
 
     first = next(iter(results.values()))
     manifest = {
@@ -121,7 +126,7 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
                     "worker_files": results[state["key"], cases[0]]["state"].get("worker_files")}
                    for state in states["states"]],
     }
-    atomic_write_text(analysis_dir / "summary.csv", buffer.getvalue())
+    atomic_write_text(analysis_dir / "summary.csv", csv_text)
     atomic_write_json(analysis_dir / "manifest.json", manifest)
     return manifest
 
@@ -166,9 +171,5 @@ def collect_spectrum(analysis_dir: str | Path, states: dict[str, Any], cases: li
                 rows.append({"file": alias["file"], "state_key": state["key"], "case": case, "step": alias["step"],
                              "tokens": alias["tokens"], **values})
     rows.sort(key=lambda r: (r["tokens"], r["file"], cases.index(r["case"])))
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_text(analysis_dir / "spectrum.csv", buffer.getvalue())
+    atomic_write_text(analysis_dir / "spectrum.csv", _csv(rows, list(rows[0])))
     return rows

@@ -15,11 +15,8 @@ from typing import Any, Literal
 
 import torch
 
-from tiny_llm.analysis import (AnalysisSettings, _case_plan, _exclusive, _identity, _resolve, _reusable,
-                               load_state, resolve_checkpoints)
-from tiny_llm.config import load_config
+from tiny_llm.analysis import AnalysisSettings, _exclusive, _identity, _reusable, prepare_inputs
 from tiny_llm.curvature import EpochHessian, FlatParameters, Precision, runtime_settings
-from tiny_llm.data import TokenCache
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model import Llama
 from tiny_llm.noise import batch_gradient, mean_gradient, noise_batch_indices, rademacher
@@ -143,16 +140,8 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
     Raises:
         ValueError: bad inputs (as the noise worker), before anything is computed or written.
     """
-    run_dir, output = Path(run_dir), Path(output)
-    config = load_config(run_dir / "resolved.yaml")
-    resolved = _resolve(settings, config)
-    cache = TokenCache(config.data.cache)
-    cache.check_layout(config)
-    plan = _case_plan(config, cache, case)
-    state = load_state(run_dir, resolve_checkpoints(run_dir, checkpoints), config, settings.consensus)
-    if expect_key is not None and state.key != expect_key:
-        raise ValueError(f"checkpoints {checkpoints} hash to state key {state.key}, expected {expect_key}; "
-                         "the files changed since the states were indexed")
+    output = Path(output)
+    config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
     identity = {k: v for k, v in _identity(settings, resolved, config, cache).items() if k != "hash"}
     identity["spectrum"] = asdict(spectrum)
     identity["hash"] = canonical_hash(identity)

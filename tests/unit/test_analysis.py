@@ -132,7 +132,7 @@ def test_initial_packed_state_has_zero_consensus(packed):
     assert result["consensus"]["aggregate"]["normalized_alignment"] is None
 
 
-def _refused(path, run, checkpoints, message, settings=FAST, case="seen"):
+def _assert_refused(path, run, checkpoints, message, settings=FAST, case="seen"):
     out = path / "refused" / "result.json"
     with pytest.raises(ValueError, match=message):
         analyze_state(run, checkpoints, case, settings, out)
@@ -143,19 +143,19 @@ def test_bad_checkpoints_are_refused(ordinary, tmp_path):
     config, path, _ = ordinary
     run = tmp_path / "run"
     shutil.copytree(path / "run", run)
-    _refused(tmp_path, run, ["epoch-007.safetensors"], "does not exist")
-    _refused(tmp_path, run, ["resolved.yaml"], "expected a root checkpoint")
-    _refused(tmp_path, run, [str(path / "run" / "final.pt")], "expected a root checkpoint of")
+    _assert_refused(tmp_path, run, ["epoch-007.safetensors"], "does not exist")
+    _assert_refused(tmp_path, run, ["resolved.yaml"], "expected a root checkpoint")
+    _assert_refused(tmp_path, run, [str(path / "run" / "final.pt")], "expected a root checkpoint of")
     (run / "epoch-005.safetensors").write_bytes((run / "epoch-001.safetensors").read_bytes()[:-50])
-    _refused(tmp_path, run, ["epoch-005.safetensors"], "is truncated or corrupt")
+    _assert_refused(tmp_path, run, ["epoch-005.safetensors"], "is truncated or corrupt")
     state = load_file(run / "epoch-001.safetensors")
     save_file({**state, "norm.weight": torch.full_like(state["norm.weight"], float("nan"))}, run / "epoch-006.safetensors")
-    _refused(tmp_path, run, ["epoch-006.safetensors"], "norm.weight: 8 non-finite values")
+    _assert_refused(tmp_path, run, ["epoch-006.safetensors"], "norm.weight: 8 non-finite values")
     save_file({k: v for k, v in state.items() if k != "norm.weight"} | {"norm.bias": torch.zeros(8)}, run / "epoch-008.safetensors")
-    _refused(tmp_path, run, ["epoch-008.safetensors"], r"missing tensors \['norm.weight'\]; unexpected tensors \['norm.bias'\]")
+    _assert_refused(tmp_path, run, ["epoch-008.safetensors"], r"missing tensors \['norm.weight'\]; unexpected tensors \['norm.bias'\]")
     save_file({**state, "tok_embeddings.weight": torch.zeros(17, 8)}, run / "epoch-009.safetensors")
-    _refused(tmp_path, run, ["epoch-009.safetensors"], r"tok_embeddings.weight: shape \(17, 8\), expected \(16, 8\)")
-    _refused(tmp_path, run, ["epoch-001.safetensors", "epoch-002.safetensors"], "hold different parameter states")
+    _assert_refused(tmp_path, run, ["epoch-009.safetensors"], r"tok_embeddings.weight: shape \(17, 8\), expected \(16, 8\)")
+    _assert_refused(tmp_path, run, ["epoch-001.safetensors", "epoch-002.safetensors"], "hold different parameter states")
     with pytest.raises(ValueError, match="--amp requires --dtype float32"):
         AnalysisSettings(amp=True, dtype="float64")
 
@@ -164,11 +164,11 @@ def test_packed_worker_problems_are_refused(packed, tmp_path):
     config, path, _ = packed
     run = tmp_path / "run"
     shutil.copytree(path / "run", run)
-    _refused(tmp_path, run, ["node-001/epoch-001.safetensors"], "is a worker checkpoint; analyse the root")
+    _assert_refused(tmp_path, run, ["node-001/epoch-001.safetensors"], "is a worker checkpoint; analyse the root")
     (run / "node-001" / "epoch-002.safetensors").unlink()
-    _refused(tmp_path, run, ["epoch-002.safetensors"], r"lacks worker files .*node-001/epoch-002.safetensors.*--no-consensus")
+    _assert_refused(tmp_path, run, ["epoch-002.safetensors"], r"lacks worker files .*node-001/epoch-002.safetensors.*--no-consensus")
     shutil.copy(run / "node-000" / "epoch-000.safetensors", run / "node-001" / "epoch-001.safetensors")
-    _refused(tmp_path, run, ["epoch-001.safetensors"], "differ from the workers' float32 average")
+    _assert_refused(tmp_path, run, ["epoch-001.safetensors"], "differ from the workers' float32 average")
     out = tmp_path / "ok.json"
     analyze_state(run, ["epoch-002.safetensors"], "seen", AnalysisSettings(**{**FAST.__dict__, "consensus": False}), out)
     assert out.exists()
@@ -185,7 +185,7 @@ def test_cache_too_small_for_unseen(ordinary, tmp_path):
     meta["shards"] = meta["shards"][:-1]  # drop the last shard: training still fits, unseen does not
     (small / "meta.json").write_text(json.dumps(meta))
     (run / "resolved.yaml").write_text((run / "resolved.yaml").read_text().replace(str(path / "cache"), str(small)))
-    _refused(tmp_path, run, ["epoch-001.safetensors"], r"prepare a new cache with data.prepare_train_tokens=\d+", case="unseen")
+    _assert_refused(tmp_path, run, ["epoch-001.safetensors"], r"prepare a new cache with data.prepare_train_tokens=\d+", case="unseen")
     assert not (small / shard["file"]).read_bytes() == b""  # the shard is still there, just not listed
 
 
@@ -240,7 +240,7 @@ def test_cuda_request_without_gpu_is_a_clear_error(ordinary, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     config, path, _ = ordinary
-    _refused(tmp_path, path / "run", ["epoch-001.safetensors"], "no CUDA device is available here; use --device cpu",
+    _assert_refused(tmp_path, path / "run", ["epoch-001.safetensors"], "no CUDA device is available here; use --device cpu",
              settings=AnalysisSettings(device="cuda"))
 
 

@@ -45,7 +45,7 @@ def _inputs(config, cache, plan, **kw):
     return CaseInputs(**{**base, **kw})
 
 
-def _close(value, expected):
+def _assert_close(value, expected):
     assert value == (None if expected is None else pytest.approx(expected, rel=1e-9, abs=1e-10))
 
 
@@ -60,12 +60,12 @@ def test_statistics_equal_the_dense_oracle(oracle):
     s = [rademacher(H.shape[0], 11, i) for i in range(6)]
     vHv, vv = [x @ H @ x for x in v], [x @ x for x in v]
     for record, i, q, n2 in zip(result["noise_samples"], chosen, vHv, vv):
-        _close(record["grad_norm"], float(g[i].norm()))
-        _close(record["noise_norm"], math.sqrt(n2))
-        _close(record["noise_curvature"], float(q))
+        _assert_close(record["grad_norm"], float(g[i].norm()))
+        _assert_close(record["noise_norm"], math.sqrt(n2))
+        _assert_close(record["noise_curvature"], float(q))
         assert record["positions"] == plan.positions(cache, i)
     for record, x in zip(result["random_directions"], s):
-        _close(record["curvature"], float(x @ H @ x))
+        _assert_close(record["curvature"], float(x @ H @ x))
     D, B, M = H.shape[0], 3, 15
     c = (M - 1) / (M - B)
     gHg = float(g_bar @ H @ g_bar)
@@ -78,17 +78,17 @@ def test_statistics_equal_the_dense_oracle(oracle):
     }
     assert set(result["statistics"]) == set(expected)
     for key, value in expected.items():
-        _close(result["statistics"][key], value)
+        _assert_close(result["statistics"][key], value)
     workers = result["consensus"]["workers"]
-    _close(workers[0]["curvature"], float(e[0] @ H @ e[0]))
-    _close(workers[0]["squared_norm"], float(e[0] @ e[0]))
-    _close(workers[0]["normalized_alignment"], float(e[0] @ H @ e[0] / (e[0] @ e[0])))
+    _assert_close(workers[0]["curvature"], float(e[0] @ H @ e[0]))
+    _assert_close(workers[0]["squared_norm"], float(e[0] @ e[0]))
+    _assert_close(workers[0]["normalized_alignment"], float(e[0] @ H @ e[0] / (e[0] @ e[0])))
     assert workers[1] | {"total_seconds": 0} == {"worker": 1, "curvature": 0.0, "hvp_seconds": 0.0, "total_seconds": 0,
                                                    "squared_norm": 0.0, "norm": 0.0, "normalized_alignment": None}
     aggregate = result["consensus"]["aggregate"]
-    _close(aggregate["mean_curvature"], float(e[0] @ H @ e[0]) / 2)
-    _close(aggregate["normalized_alignment"], float(e[0] @ H @ e[0] / (e[0] @ e[0])))
-    _close(aggregate["mean_norm"], float(e[0].norm()) / 2)
+    _assert_close(aggregate["mean_curvature"], float(e[0] @ H @ e[0]) / 2)
+    _assert_close(aggregate["normalized_alignment"], float(e[0] @ H @ e[0] / (e[0] @ e[0])))
+    _assert_close(aggregate["mean_norm"], float(e[0].norm()) / 2)
     counts = result["counts"]
     assert (counts["parameters_D"], counts["epoch_batches"], counts["epoch_tokens"], counts["noise_samples"]) == (D, 5, 90, 3)
     assert counts["hvp_passes"] == math.ceil((3 + 6 + 1 + 1) / 4)  # the zero consensus direction skips its pass
@@ -101,7 +101,7 @@ def test_engines_and_batching_give_the_same_statistics(oracle):
                                  ("pearlmutter", 4, 4)]]
     for other in runs[1:]:
         for key, value in runs[0]["statistics"].items():
-            _close(other["statistics"][key], value)
+            _assert_close(other["statistics"][key], value)
 
 
 def test_all_noise_samples_and_cap(oracle):
