@@ -1,4 +1,4 @@
-"""The ``tiny-llm`` command line: prepare-data, train, analyze-state, plot-analysis."""
+"""The ``tiny-llm`` command line: prepare-data, train, analyze-state, analyze-spectrum, plot-analysis."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from tiny_llm.analysis import AnalysisSettings, analyze_state
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
 from tiny_llm.plots import plot_analysis
+from tiny_llm.spectrum_analysis import SpectrumSettings, analyze_spectrum
 from tiny_llm.corpus import default_capacity, prepare_source_cache
 from tiny_llm.train import train
 
@@ -59,18 +60,56 @@ def _samples(text: str) -> int | None:
 
 
 def _analyze_state(args: argparse.Namespace) -> None:
-    settings = AnalysisSettings(
-        noise_samples=args.noise_samples, random_samples=args.random_samples, seed=args.seed,
-        hvp_batch_size=args.hvp_batch_size, directions_per_pass=args.directions_per_pass, engine=args.engine,
-        compile_hvp=not args.no_compile_hvp, device=args.device, dtype=args.dtype, tf32=not args.no_tf32,
-        amp=args.amp, consensus=not args.no_consensus)
-    result = analyze_state(args.run, args.checkpoint, args.case, settings, args.output, expect_key=args.expect_key)
+    result = analyze_state(args.run, args.checkpoint, args.case, _analysis_settings(args), args.output,
+                           expect_key=args.expect_key)
     print(json.dumps(result["statistics"], indent=1))
 
 
 def _plot_analysis(args: argparse.Namespace) -> None:
     for path in plot_analysis(args.output, training_norms=args.training_norms):
         print(path)
+
+
+def _add_state_arguments(an: argparse.ArgumentParser) -> None:
+    """Inputs and numerical settings shared by the analysis workers."""
+    an.add_argument("--run", required=True, type=Path, help="run directory (holds resolved.yaml)")
+    an.add_argument("--checkpoint", required=True, action="append",
+                    help="root checkpoint, relative to the run directory or absolute (repeat for aliases)")
+    an.add_argument("--case", required=True, choices=["seen", "unseen"],
+                    help="seen: epoch 1 as trained; unseen: one epoch after training's final shuffle group")
+    an.add_argument("--output", required=True, type=Path, help="result JSON to write")
+    an.add_argument("--noise-samples", type=_samples, default=32, help="S_v sampled batches, or 'all' (default 32)")
+    an.add_argument("--random-samples", type=int, default=32, help="S_r Rademacher directions (default 32)")
+    an.add_argument("--seed", type=int, default=42, help="seed of batch draws and directions (default 42)")
+    an.add_argument("--hvp-batch-size", type=int, help="curvature micro-batch (default: training micro-batch)")
+    an.add_argument("--directions-per-pass", type=int, default=8, help="K directions per data pass (default 8)")
+    an.add_argument("--engine", default="auto", choices=["auto", "double_backward", "pearlmutter", "finite_difference"],
+                    help="HVP engine (auto: compiled pearlmutter on CUDA, double_backward on CPU)")
+    an.add_argument("--no-compile-hvp", action="store_true", help="no torch.compile (CUDA auto engine: double_backward)")
+    an.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    an.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype (default float32)")
+    an.add_argument("--no-tf32", action="store_true", help="IEEE float32 matmuls on CUDA")
+    an.add_argument("--amp", action="store_true", help="bf16 autocast in the forward (requires float32)")
+    an.add_argument("--no-consensus", action="store_true", help="packed runs: skip consensus errors")
+    an.add_argument("--expect-key", help="refuse unless the checkpoints hash to this state key")
+
+
+def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
+    return AnalysisSettings(
+        noise_samples=args.noise_samples, random_samples=args.random_samples, seed=args.seed,
+        hvp_batch_size=args.hvp_batch_size, directions_per_pass=args.directions_per_pass, engine=args.engine,
+        compile_hvp=not args.no_compile_hvp, device=args.device, dtype=args.dtype, tf32=not args.no_tf32,
+        amp=args.amp, consensus=not args.no_consensus)
+
+
+def _analyze_spectrum(args: argparse.Namespace) -> None:
+    spectrum = SpectrumSettings(top_k=args.top_k, lanczos_steps=args.lanczos_steps, lanczos_basis=args.lanczos_basis,
+                                slq_vectors=args.slq_vectors, slq_steps=args.slq_steps,
+                                block_samples=args.block_samples, cg_damping=args.cg_damping, cg_rtol=args.cg_rtol,
+                                cg_max_iterations=args.cg_max_iterations)
+    result = analyze_spectrum(args.run, args.checkpoint, args.case, _analysis_settings(args), spectrum, args.output,
+                              expect_key=args.expect_key)
+    print(json.dumps({"top_eigenvalues": result["top_eigenvalues"], "cg": result["cg"]}, indent=1))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,27 +146,27 @@ def _parser() -> argparse.ArgumentParser:
     an = sub.add_parser("analyze-state", help="gradient noise and curvature of one state on one data case",
                         description="Measure one parameter state (one or more alias checkpoints) on one data "
                         "case and write one result JSON atomically; progress on stderr.")
-    an.add_argument("--run", required=True, type=Path, help="run directory (holds resolved.yaml)")
-    an.add_argument("--checkpoint", required=True, action="append",
-                    help="root checkpoint, relative to the run directory or absolute (repeat for aliases)")
-    an.add_argument("--case", required=True, choices=["seen", "unseen"],
-                    help="seen: epoch 1 as trained; unseen: one epoch after training's final shuffle group")
-    an.add_argument("--output", required=True, type=Path, help="result JSON to write")
-    an.add_argument("--noise-samples", type=_samples, default=32, help="S_v sampled batches, or 'all' (default 32)")
-    an.add_argument("--random-samples", type=int, default=32, help="S_r Rademacher directions (default 32)")
-    an.add_argument("--seed", type=int, default=42, help="seed of batch draws and directions (default 42)")
-    an.add_argument("--hvp-batch-size", type=int, help="curvature micro-batch (default: training micro-batch)")
-    an.add_argument("--directions-per-pass", type=int, default=8, help="K directions per data pass (default 8)")
-    an.add_argument("--engine", default="auto", choices=["auto", "double_backward", "pearlmutter", "finite_difference"],
-                    help="HVP engine (auto: compiled pearlmutter on CUDA, double_backward on CPU)")
-    an.add_argument("--no-compile-hvp", action="store_true", help="no torch.compile (CUDA auto engine: double_backward)")
-    an.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    an.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype (default float32)")
-    an.add_argument("--no-tf32", action="store_true", help="IEEE float32 matmuls on CUDA")
-    an.add_argument("--amp", action="store_true", help="bf16 autocast in the forward (requires float32)")
-    an.add_argument("--no-consensus", action="store_true", help="packed runs: skip consensus errors")
-    an.add_argument("--expect-key", help="refuse unless the checkpoints hash to this state key")
+    _add_state_arguments(an)
     an.set_defaults(func=_analyze_state)
+
+    sp = sub.add_parser("analyze-spectrum", help="Hessian spectrum of one state on one data case",
+                        description="Lanczos top eigenpairs with residuals, SLQ density nodes, gradient/noise "
+                        "alignment with the top eigenvectors, a damped CG solve and block-diagonal errors; "
+                        "one result JSON, written atomically.")
+    _add_state_arguments(sp)
+    defaults = SpectrumSettings()
+    sp.add_argument("--top-k", type=int, default=defaults.top_k, help="eigenpairs reported")
+    sp.add_argument("--lanczos-steps", type=int, default=defaults.lanczos_steps, help="Lanczos iterations")
+    sp.add_argument("--lanczos-basis", default=defaults.lanczos_basis, choices=["float64", "float32", "bfloat16"],
+                    help="storage dtype of the Lanczos vectors")
+    sp.add_argument("--slq-vectors", type=int, default=defaults.slq_vectors, help="SLQ starting vectors")
+    sp.add_argument("--slq-steps", type=int, default=defaults.slq_steps, help="SLQ Lanczos steps per vector")
+    sp.add_argument("--block-samples", type=int, default=defaults.block_samples,
+                    help="directions for the block-diagonal error")
+    sp.add_argument("--cg-damping", type=float, help="λ of (H + λI)x = ḡ (default: 2 x largest |eigenvalue|)")
+    sp.add_argument("--cg-rtol", type=float, default=defaults.cg_rtol, help="CG relative residual target")
+    sp.add_argument("--cg-max-iterations", type=int, default=defaults.cg_max_iterations, help="CG iteration cap")
+    sp.set_defaults(func=_analyze_spectrum)
 
     pl = sub.add_parser("plot-analysis", help="redraw an analysis's figures from its saved results")
     pl.add_argument("--output", required=True, type=Path, help="analysis directory (holds summary.csv)")

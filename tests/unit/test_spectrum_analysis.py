@@ -69,3 +69,17 @@ def test_settings_are_checked():
     with pytest.raises(ValueError, match="unknown spectrum settings"):
         spectrum_settings_from_dict({"enabled": True, "lanczos": 3})
     assert spectrum_settings_from_dict({"enabled": True, "top_k": 2}).top_k == 2
+
+
+def test_cli_entry_point(run, capsys):
+    from tiny_llm.cli import main
+    config, path = run
+    out = path / "cli-spectrum.json"
+    code = main(["--quiet", "analyze-spectrum", "--run", str(path / "run"), "--checkpoint", "epoch-002.safetensors",
+                 "--case", "seen", "--output", str(out), "--device", "cpu", "--dtype", "float64", "--top-k", "1",
+                 "--lanczos-steps", "5", "--slq-vectors", "1", "--slq-steps", "3", "--block-samples", "1",
+                 "--cg-max-iterations", "3", "--noise-samples", "1"])
+    assert code == 0 and json.loads(out.read_text())["spectrum_settings"]["lanczos_steps"] == 5
+    assert main(["analyze-spectrum", "--run", str(path / "run"), "--checkpoint", "epoch-002.safetensors",
+                 "--case", "seen", "--output", str(path / "bad.json"), "--top-k", "4", "--lanczos-steps", "2"]) == 2
+    assert "expected at least top_k=4" in capsys.readouterr().err and not (path / "bad.json").exists()
