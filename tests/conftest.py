@@ -6,10 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.func import functional_call, hessian
 
 from tiny_llm.config import ModelConfig, RunConfig, config_from_dict
+from tiny_llm.curvature import FlatParameters
 from tiny_llm.corpus import BYTE_TOKENIZER, demo_corpus
 from tiny_llm.data import blocks_for_tokens, capacity_blocks, prepare_cache
+from tiny_llm.model import Llama, token_losses
 
 TINY_MODEL = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8)
 
@@ -17,6 +20,27 @@ TINY_MODEL = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=1
 @pytest.fixture
 def tiny_model_config() -> ModelConfig:
     return TINY_MODEL
+
+
+def dense_epoch_hessian(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
+    """The dense oracle: the explicit (D, D) Hessian of the token-mean loss over ``tokens`` (n, T+1)
+    at the model's parameters, in FlatParameters order (``torch.func.hessian``)."""
+    flat = FlatParameters(model)
+    theta = flat.flatten([p.detach() for p in model.parameters()])
+
+    def loss(x):
+        logits = functional_call(model, flat.unflatten(x), (tokens[:, :-1],))
+        return token_losses(logits, tokens[:, 1:]).mean()
+    return hessian(loss)(theta)
+
+
+@pytest.fixture(scope="session")
+def dense_problem():
+    """The float64 TINY_MODEL, 7 epoch rows (uneven for every batch size) and its explicit Hessian."""
+    torch.manual_seed(0)
+    model = Llama(TINY_MODEL, attention_backend="reference").double()
+    tokens = torch.randint(0, 16, (7, 7), generator=torch.Generator().manual_seed(2))
+    return model, tokens, dense_epoch_hessian(model, tokens)
 
 
 def make_run_config(cache: Path, **training) -> RunConfig:

@@ -65,6 +65,20 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
             raise ValueError(f"{source}: consensus aggregates disagree with the worker records")
 
 
+def _read_results(folder: Path, states: dict[str, Any], cases: list[str]):
+    """Yield (state, case, path, result) for every state and case of ``folder/<key>/<case>.json``.
+
+    Raises:
+        ValueError: a missing result, naming it.
+    """
+    for state in states["states"]:
+        for case in cases:
+            path = folder / state["key"] / f"{case}.json"
+            if not path.exists():
+                raise ValueError(f"result {path} is missing; rerun the workflow to compute it")
+            yield state, case, path, json.loads(path.read_text())
+
+
 def _cell(value: Any) -> Any:
     return "" if value is None else value
 
@@ -83,19 +97,14 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
     analysis_dir = Path(analysis_dir)
     workers = states["workers"] if states["consensus"] else None
     results, identity = {}, None
-    for state in states["states"]:
-        for case in cases:
-            path = analysis_dir / "states" / state["key"] / f"{case}.json"
-            if not path.exists():
-                raise ValueError(f"result {path} is missing; rerun the workflow to compute it")
-            result = json.loads(path.read_text())
-            validate_result(result, state["key"], case, workers, str(path))
-            if identity is None:
-                identity = result["identity"]
-            elif result["identity"]["hash"] != identity["hash"]:
-                raise ValueError(f"{path} was computed with another identity (settings, source or device kind) "
-                                 "than the other results; use one output directory per setting")
-            results[state["key"], case] = result
+    for state, case, path, result in _read_results(analysis_dir / "states", states, cases):
+        validate_result(result, state["key"], case, workers, str(path))
+        if identity is None:
+            identity = result["identity"]
+        elif result["identity"]["hash"] != identity["hash"]:
+            raise ValueError(f"{path} was computed with another identity (settings, source or device kind) "
+                             "than the other results; use one output directory per setting")
+        results[state["key"], case] = result
 
     rows = []
     for state in states["states"]:
@@ -155,21 +164,16 @@ def collect_spectrum(analysis_dir: str | Path, states: dict[str, Any], cases: li
     """Write spectrum.csv (one row per checkpoint file × case) from spectra/<key>/<case>.json."""
     analysis_dir = Path(analysis_dir)
     rows, identity = [], None
-    for state in states["states"]:
-        for case in cases:
-            path = analysis_dir / "spectra" / state["key"] / f"{case}.json"
-            if not path.exists():
-                raise ValueError(f"spectrum result {path} is missing; rerun the workflow to compute it")
-            result = json.loads(path.read_text())
-            if result["state"]["key"] != state["key"] or result["case"] != case:
-                raise ValueError(f"{path} holds another state or case")
-            if identity is not None and result["identity"]["hash"] != identity:
-                raise ValueError(f"{path} was computed with another identity than the other spectra")
-            identity = result["identity"]["hash"]
-            values = _spectrum_row(result)
-            for alias in state["aliases"]:
-                rows.append({"file": alias["file"], "state_key": state["key"], "case": case, "step": alias["step"],
-                             "tokens": alias["tokens"], **values})
+    for state, case, path, result in _read_results(analysis_dir / "spectra", states, cases):
+        if result["state"]["key"] != state["key"] or result["case"] != case:
+            raise ValueError(f"{path} holds another state or case")
+        if identity is not None and result["identity"]["hash"] != identity:
+            raise ValueError(f"{path} was computed with another identity than the other spectra")
+        identity = result["identity"]["hash"]
+        values = _spectrum_row(result)
+        for alias in state["aliases"]:
+            rows.append({"file": alias["file"], "state_key": state["key"], "case": case, "step": alias["step"],
+                         "tokens": alias["tokens"], **values})
     rows.sort(key=lambda r: (r["tokens"], r["file"], cases.index(r["case"])))
     atomic_write_text(analysis_dir / "spectrum.csv", _csv(rows, list(rows[0])))
     return rows

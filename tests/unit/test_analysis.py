@@ -7,16 +7,15 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from torch.func import functional_call, hessian
 
 from tiny_llm.analysis import AnalysisSettings, analyze_state
 from tiny_llm.cli import main
 from tiny_llm.curvature import FlatParameters
 from tiny_llm.data import TokenCache, epoch_plan
-from tiny_llm.model import Llama, token_losses
+from tiny_llm.model import Llama
 from tiny_llm.train import train
 
-from conftest import make_oracle_run
+from conftest import dense_epoch_hessian, make_oracle_run
 
 FAST = AnalysisSettings(noise_samples=2, random_samples=3, device="cpu", dtype="float64", directions_per_pass=3)
 
@@ -51,13 +50,8 @@ def packed(tmp_path_factory):
 def _dense_hessian(config, state, plan):
     model = Llama(config.model, attention_backend="reference").double()
     model.load_state_dict(state)
-    flat = FlatParameters(model)
     tokens = torch.cat([TokenCache(config.data.cache).tokens(b) for b in plan.blocks])
-
-    def loss(x):
-        return token_losses(functional_call(model, flat.unflatten(x), (tokens[:, :-1],)), tokens[:, 1:]).mean()
-    theta = flat.flatten([p.detach() for p in model.parameters()])
-    return hessian(loss)(theta), flat
+    return dense_epoch_hessian(model, tokens), FlatParameters(model)
 
 
 def test_result_contract_and_seen_batches(ordinary):

@@ -2,35 +2,18 @@
 
 import pytest
 import torch
-from torch.func import functional_call, hessian
 
-from tiny_llm.curvature import EpochHessian, FlatParameters, Precision, pad_sequences
-from tiny_llm.model import IGNORE_INDEX, Llama, token_losses
+from tiny_llm.curvature import EpochHessian, Precision, pad_sequences
+from tiny_llm.model import IGNORE_INDEX, Llama
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
-
-
-@pytest.fixture(scope="module")
-def problem():
-    """Model, epoch tokens (7 rows: uneven for every batch size) and the explicit epoch Hessian."""
-    from conftest import TINY_MODEL
-    torch.manual_seed(0)
-    model = Llama(TINY_MODEL, attention_backend="reference").double()
-    tokens = torch.randint(0, 16, (7, 7), generator=torch.Generator().manual_seed(2))
-    flat = FlatParameters(model)
-    theta = flat.flatten([p.detach() for p in model.parameters()])
-
-    def loss(x):
-        logits = functional_call(model, flat.unflatten(x), (tokens[:, :-1],))
-        return token_losses(logits, tokens[:, 1:]).mean()
-    return model, tokens, hessian(loss)(theta)
 
 
 @pytest.mark.parametrize("engine", ["double_backward", "pearlmutter"])
 @pytest.mark.parametrize("K", [1, 3])
 @pytest.mark.parametrize("batch_size", [1, 3, 7, 10])
-def test_hvp_equals_dense_hessian(problem, engine, K, batch_size):
-    model, tokens, H = problem
+def test_hvp_equals_dense_hessian(dense_problem, engine, K, batch_size):
+    model, tokens, H = dense_problem
     V = torch.randn(5, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(K))
     op = EpochHessian(model, tokens, batch_size=batch_size, engine=engine, precision=CPU64, directions_per_pass=K)
     torch.testing.assert_close(op.hvp(V), V @ H, rtol=0, atol=1e-10)
@@ -46,8 +29,8 @@ def test_padding_rows_are_ignored():
     assert (batches[1][1][1] == IGNORE_INDEX).all() and (batches[1][1][0] == tokens[2, 1:]).all()
 
 
-def test_amp_forward_is_close_to_float32(problem):
-    model, tokens, H = problem
+def test_amp_forward_is_close_to_float32(dense_problem):
+    model, tokens, H = dense_problem
     model32 = Llama(model.config, attention_backend="reference")
     model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
     V = torch.randn(2, H.shape[0], generator=torch.Generator().manual_seed(9))
@@ -58,8 +41,8 @@ def test_amp_forward_is_close_to_float32(problem):
         torch.testing.assert_close(amp.quadratic_forms(V), exact, rtol=0.1, atol=1e-3)
 
 
-def test_operator_refuses_bad_use(problem):
-    model, tokens, H = problem
+def test_operator_refuses_bad_use(dense_problem):
+    model, tokens, H = dense_problem
     with pytest.raises(ValueError, match="engine: expected one of double_backward, pearlmutter"):
         EpochHessian(model, tokens, batch_size=2, engine="finite", precision=CPU64)
     with pytest.raises(ValueError, match="needs reference attention"):
@@ -70,10 +53,10 @@ def test_operator_refuses_bad_use(problem):
 
 
 @pytest.mark.slow
-def test_compiled_pearlmutter_equals_eager_with_one_graph(problem):
+def test_compiled_pearlmutter_equals_eager_with_one_graph(dense_problem):
     """torch.compile of vmap(jvp(grad)) (the CUDA default), here on CPU: same products, and padded
     micro-batches and zero-padded direction chunks keep it to one graph (~70 s of compilation)."""
-    model, tokens, H = problem
+    model, tokens, H = dense_problem
     V = torch.randn(5, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     compiled = EpochHessian(model, tokens, batch_size=3, engine="pearlmutter", precision=CPU64,
                             directions_per_pass=2, compile=True)

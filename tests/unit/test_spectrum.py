@@ -4,10 +4,9 @@ import math
 
 import pytest
 import torch
-from torch.func import functional_call, hessian
 
 from tiny_llm.curvature import EpochHessian, FlatParameters, Precision
-from tiny_llm.model import Llama, token_losses
+from tiny_llm.model import Llama
 from tiny_llm.spectrum import (block_diagonal_error, conjugate_gradient, lanczos, layer_blocks, slq, slq_density,
                                tensor_blocks, top_eigenpairs)
 
@@ -17,18 +16,10 @@ CPU64 = Precision(torch.device("cpu"), torch.float64)
 
 
 @pytest.fixture(scope="module")
-def problem():
-    torch.manual_seed(0)
-    model = Llama(TINY_MODEL, attention_backend="reference").double()
-    tokens = torch.randint(0, 16, (7, 7), generator=torch.Generator().manual_seed(2))
-    flat = FlatParameters(model)
-    theta = flat.flatten([p.detach() for p in model.parameters()])
-
-    def loss(x):
-        return token_losses(functional_call(model, flat.unflatten(x), (tokens[:, :-1],)), tokens[:, 1:]).mean()
-    H = hessian(loss)(theta)
+def problem(dense_problem):
+    model, tokens, H = dense_problem
     op = EpochHessian(model, tokens, batch_size=4, engine="double_backward", precision=CPU64, directions_per_pass=8)
-    return model, tokens, flat, H, op
+    return model, tokens, FlatParameters(model), H, op
 
 
 @pytest.mark.parametrize("which", ["LA", "LM"])
