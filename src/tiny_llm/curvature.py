@@ -2,17 +2,31 @@
 
 ``EpochHessian(model, sequences, ...)`` represents H = ∇² L(θ) with
 L(θ) = (1/N) Σ_t ℓ_t(θ), the token-mean cross-entropy over every target token t of an epoch
-(N of them). It never materialises H: a pass over the epoch's curvature micro-batches applies
-it to K directions at once, sharing each micro-batch's forward (and, for double backward, the
-first backward). Engines:
+(N of them). It never materialises H: a pass over the epoch's curvature micro-batches serves K
+directions at once. Two kinds of engine:
+
+Quadratic forms vᵀHv only (``quadratic_forms``), without Hessian-vector products. vᵀHv is the
+second derivative d²/dt² L(θ + t v) at t = 0, so it needs neither the vector Hv nor a second
+backward pass; the second-order rule of every layer lives beside it in ``tiny_llm.model``.
+
+* ``taylor``: one forward pass under ``no_grad`` carrying each activation's jet (z0, z1, z2) =
+  (z, dz/dt, d²z/dt²), the primal shared by the K directions, to the loss's second derivative.
+* ``adjoint``: one ordinary forward and reverse pass give the adjoint λ = ∂L/∂y of every layer
+  output y (no parameter gradients), shared by the K directions; a first-order tangent pass then
+  computes each layer's own second-order term Q (its z2 with zero second-order input) and adds
+  ⟨λ, Q⟩, since that term reaches the loss linearly. Per linear layer and direction: three matmuls
+  (x1Wᵀ, x0Vᵀ, x1Vᵀ), the cost of a gradient, with the forward and reverse pass paid once for all K.
+
+Hessian-vector products Hv (``hvp``, and ``quadratic_forms`` as vᵀ(Hv)), for spectra:
 
 * ``double_backward``: eager reverse-over-reverse; K directions through one batched vjp
   (``torch.autograd.grad(..., is_grads_batched=True)``).
 * ``pearlmutter``: forward-over-reverse ``jvp(grad(L))`` with ``torch.func``, vmapped over the
   K directions; compiled with ``torch.compile`` when asked (CUDA), eager otherwise.
+* ``finite_difference``: central differences of gradients (first derivatives only).
 
 The last curvature micro-batch is padded with ignored targets, and a short final group of
-directions is padded with zero directions, so one compiled graph serves every pass.
+directions is padded with zero directions when compiled, so one compiled graph serves every pass.
 """
 
 from __future__ import annotations
@@ -27,14 +41,19 @@ from typing import Literal
 import torch
 from torch.func import functional_call, grad, jvp, vmap
 
-from tiny_llm.model import IGNORE_INDEX, Llama, token_losses
+from tiny_llm.jets import JetPass
+from tiny_llm.model import IGNORE_INDEX, Llama, check_jet_rules, token_losses
 
-__all__ = ["ENGINES", "EpochHessian", "FlatParameters", "Precision", "pad_sequences"]
+__all__ = ["ENGINES", "EpochHessian", "FORM_ENGINES", "HVP_ENGINES", "FlatParameters", "Precision", "pad_sequences"]
 
 log = logging.getLogger(__name__)
 
-Engine = Literal["double_backward", "pearlmutter", "finite_difference"]
-ENGINES: tuple[str, ...] = ("double_backward", "pearlmutter", "finite_difference")
+Engine = Literal["taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference"]
+FORM_ENGINES: tuple[str, ...] = ("taylor", "adjoint")
+"""Engines that compute quadratic forms vᵀHv directly (no Hv)."""
+HVP_ENGINES: tuple[str, ...] = ("double_backward", "pearlmutter", "finite_difference")
+"""Engines that compute Hessian-vector products Hv (spectra need one)."""
+ENGINES: tuple[str, ...] = FORM_ENGINES + HVP_ENGINES
 FD_SCALE = {torch.float64: 1e-6, torch.float32: 3e-4}
 """Default relative step of the finite-difference engine per dtype: ε = scale · max(1, ‖θ‖) / ‖v‖
 (chosen from the measured truncation / round-off trade-off, benchmarks/README.md)."""
@@ -48,11 +67,15 @@ class Precision:
     dtype: torch.dtype
     amp: bool = False
 
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast when ``amp``, else nothing."""
+        if not self.amp:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
     def forward(self, model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         """Logits with the forward (only) under bf16 autocast when ``amp``."""
-        if not self.amp:
-            return model(inputs)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+        with self.autocast():
             return model(inputs)
 
 
@@ -103,7 +126,8 @@ class EpochHessian:
         tokens: (n, T+1) int64 token rows of the epoch (every row's T targets count).
         batch_size: curvature micro-batch size (``--hvp-batch-size``); changes only how the
             epoch is cut, not H.
-        engine: ``double_backward`` or ``pearlmutter``.
+        engine: ``taylor`` or ``adjoint`` (quadratic forms only), ``double_backward``,
+            ``pearlmutter`` or ``finite_difference`` (Hessian-vector products).
         precision: dtype / device / AMP policy.
         directions_per_pass: K, the number of directions sharing one pass over the data.
         compile: compile the Pearlmutter micro-batch product with ``torch.compile``.
@@ -126,7 +150,9 @@ class EpochHessian:
             raise ValueError("curvature needs reference attention (second derivatives); build "
                              "Llama(config, attention_backend='reference'), or use the finite_difference engine")
         if compile and engine != "pearlmutter":
-            raise ValueError("only the pearlmutter engine is compiled; use --no-compile-hvp with double_backward")
+            raise ValueError("only the pearlmutter engine is compiled; use --no-compile-hvp with the other engines")
+        if engine in FORM_ENGINES:
+            check_jet_rules(model)
         self.model, self.engine, self.precision = model, engine, precision
         self.K, self.compile = directions_per_pass, compile
         self.flat = FlatParameters(model)
@@ -136,6 +162,7 @@ class EpochHessian:
         self.progress = progress or (lambda message: None)
         self.passes = 0
         self.fd_scale = fd_scale if fd_scale is not None else FD_SCALE.get(precision.dtype, 3e-3)
+        self._detached = {n: p.detach() for n, p in model.named_parameters()}
         self._pearlmutter = torch.compile(self._pearlmutter_eager, dynamic=False) if compile else self._pearlmutter_eager
 
     # --- one micro-batch ---------------------------------------------------------------------
@@ -181,8 +208,36 @@ class EpochHessian:
             rows.append((gradient(self.theta + eps * v) - gradient(self.theta - eps * v)) / (2 * eps))
         return torch.stack(rows)
 
+    def _directions(self, V: torch.Tensor) -> dict[torch.Tensor, torch.Tensor]:
+        """Each parameter → its rows of V, shape (K, *parameter.shape) (views, no copies)."""
+        return {p: block.view(len(V), *p.shape) for p, block in zip(self.model.parameters(), self.flat.blocks(V))}
+
+    def _adjoints(self, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
+        """λ = ∂L_b/∂y for the output y of every node of the jet rules: a primal jet pass (zero
+        directions) under autograd, then one reverse pass to those outputs (no parameter gradients)."""
+        jets = JetPass({p: p.new_zeros(0, *p.shape) for p in self.model.parameters()}, record=True)
+        with torch.enable_grad(), self.precision.autocast():
+            h = self.model.jet(inputs, jets)
+            loss = token_losses(self.model.logits(h.z0), targets).sum() / self.n_targets
+        keys = list(jets.recorded)
+        unique = list({id(t): t for t in jets.recorded.values()}.values())
+        grads = dict(zip(map(id, unique), torch.autograd.grad(loss, unique, materialize_grads=True)))
+        return {key: grads[id(jets.recorded[key])] for key in keys}
+
+    def batch_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """vᵀH_b v for one curvature micro-batch (its share of the epoch loss), V (K, D) → (K,) float64."""
+        if self.engine not in FORM_ENGINES:
+            return (V.double() * self.batch_products(V, inputs, targets).double()).sum(dim=1)
+        jets = JetPass(self._directions(V), self._adjoints(inputs, targets) if self.engine == "adjoint" else None)
+        with torch.no_grad(), self.precision.autocast():
+            forms = self.model.loss_jet(self.model.jet(inputs, jets), targets, jets).double() / self.n_targets
+        return forms if jets.absorbed is None else forms + jets.absorbed.double()
+
     def batch_products(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """H_b V for one curvature micro-batch (its share of the epoch loss), V of shape (K, D)."""
+        if self.engine in FORM_ENGINES:
+            raise ValueError(f"the {self.engine} engine computes quadratic forms vᵀHv only; Hessian-vector products "
+                             f"(spectra) need one of {', '.join(HVP_ENGINES)}")
         if self.engine == "pearlmutter":
             return self._pearlmutter(self.theta, V, inputs, targets)
         if self.engine == "finite_difference":
@@ -195,9 +250,9 @@ class EpochHessian:
             raise ValueError(f"directions must have shape (K, {self.flat.D}), got {tuple(V.shape)}")
         return V.to(device=self.precision.device, dtype=self.precision.dtype)
 
-    def _passes(self, V: torch.Tensor) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
-        """Per pass of K directions and per micro-batch b, yield (first row, real rows, the chunk
-        (zero-padded to K when compiled), H_b chunk)."""
+    def _passes(self, V: torch.Tensor, per_batch) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """Per pass of K directions (zero-padded to K when compiled) and per micro-batch b, yield
+        (first row, real rows, ``per_batch(chunk, inputs, targets)``)."""
         for start in range(0, len(V), self.K):
             chunk = V[start:start + self.K]
             real = len(chunk)
@@ -205,24 +260,24 @@ class EpochHessian:
                 chunk = torch.cat([chunk, chunk.new_zeros(self.K - real, chunk.size(1))])
             started = time.perf_counter()
             for inputs, targets in self.batches:
-                yield start, real, chunk, self.batch_products(chunk, inputs, targets)
+                yield start, real, per_batch(chunk, inputs, targets)
             self.passes += 1
-            self.progress(f"HVP pass over {len(self.batches)} micro-batches for directions "
+            self.progress(f"{self.engine} pass over {len(self.batches)} micro-batches for directions "
                           f"{start + 1}-{start + real} of {len(V)} took {time.perf_counter() - started:.2f} s")
 
     def quadratic_forms(self, V: torch.Tensor) -> torch.Tensor:
         """dᵀ H d for each row d of V (K', D), summed over micro-batches in float64."""
         V = self._check(V)
         out = torch.zeros(len(V), dtype=torch.float64, device=self.precision.device)
-        for start, real, chunk, HV in self._passes(V):
-            out[start:start + real] += (chunk[:real].double() * HV[:real].double()).sum(dim=1)
+        for start, real, forms in self._passes(V, self.batch_forms):
+            out[start:start + real] += forms[:real]
         return out
 
     def hvp(self, V: torch.Tensor) -> torch.Tensor:
         """H V for the rows of V (K', D), accumulated over micro-batches in float64."""
         V = self._check(V)
         out = torch.zeros(V.shape, dtype=torch.float64, device=self.precision.device)
-        for start, real, _, HV in self._passes(V):
+        for start, real, HV in self._passes(V, self.batch_products):
             out[start:start + real] += HV[:real].double()
         return out
 

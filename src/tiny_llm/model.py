@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tiny_llm.config import ModelConfig
+from tiny_llm.jets import Jet, JetPass, add_terms, per_direction, per_direction_dot, shared_matmul
 
-__all__ = ["IGNORE_INDEX", "Llama", "count_parameters", "token_losses"]
+__all__ = ["IGNORE_INDEX", "Llama", "check_jet_rules", "count_parameters", "token_losses"]
 
 IGNORE_INDEX = -100
 """Target id of padded positions: they contribute zero loss and no gradient."""
@@ -41,6 +42,32 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     forward-mode and double-backward rules, whatever path (eager, vmap, compile) computes the HVP.
     """
     return x * torch.sigmoid(x)
+
+
+def linear_jet(x: Jet, linear: nn.Linear, jets: JetPass) -> Jet:
+    """y = x Wᵀ with W(t) = W + tV: y1 = x1Wᵀ + x0Vᵀ, y2 = x2Wᵀ + 2x1Vᵀ (own term 2x1Vᵀ,
+    contracted as 2⟨λV, x1⟩ in the adjoint mode)."""
+    W, V = linear.weight, jets.direction(linear.weight)  # (out, in), (K, out, in)
+    y0, y1 = F.linear(x.z0, W), F.linear(x.z1, W) + per_direction(x.z0, V)
+    lam = jets.adjoint(linear, x)
+    if lam is not None:
+        jets.absorb(2 * per_direction_dot(per_direction(lam, V.transpose(1, 2)), x.z1))
+        return Jet(y0, y1)
+    y2 = 2 * torch.bmm(x.z1.reshape(V.size(0), x.z0.numel() // V.size(2), V.size(2)), V.transpose(1, 2)).view(y1.shape)
+    return jets.emit(linear, Jet(y0, y1, y2 if x.z2 is None else y2 + F.linear(x.z2, W)))
+
+
+def embedding_jet(idx: torch.Tensor, embedding: nn.Embedding, jets: JetPass) -> Jet:
+    """Lookup E[idx] with E(t) = E + tU: linear in E, so e1 = U[idx] and e2 = 0."""
+    return Jet(embedding(idx), jets.direction(embedding.weight)[:, idx])
+
+
+def silu_jet(a: Jet) -> Jet:
+    """silu(a) = a·σ(a): y1 = s′a1, y2 = s′a2 + s″a1² with s′ = σ(1 + a(1−σ)), s″ = σ(1−σ)(2 + a(1−2σ))."""
+    sigma = torch.sigmoid(a.z0)
+    d1 = sigma * (1 + a.z0 * (1 - sigma))
+    d2 = sigma * (1 - sigma) * (2 + a.z0 * (1 - 2 * sigma))
+    return Jet(silu(a.z0), d1 * a.z1, add_terms(d2 * a.z1.square(), None if a.z2 is None else d1 * a.z2))
 
 
 def rope_tables(T: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,6 +99,24 @@ class RMSNorm(nn.Module):
             normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return normed.to(x.dtype) * self.weight
 
+    def jet(self, x: Jet, jets: JetPass) -> Jet:
+        """n = x·r·w with r = m^(−½), m = mean(x²) + ε: m1 = 2⟨x0, x1⟩/C, m2 = 2(⟨x1, x1⟩ + ⟨x0, x2⟩)/C,
+        r1 = −½m^(−3/2)m1, r2 = −½m^(−3/2)m2 + ¾m^(−5/2)m1², then the product rule with w(t) = w + t·w_v."""
+        with _without_autocast(x.z0):
+            xf = x.map(_upcast)
+            m0 = xf.z0.pow(2).mean(-1, keepdim=True) + self.eps
+            m1 = 2 * (xf.z0 * xf.z1).mean(-1, keepdim=True)
+            m2 = 2 * xf.z1.pow(2).mean(-1, keepdim=True)
+            if xf.z2 is not None:
+                m2 = m2 + 2 * (xf.z0 * xf.z2).mean(-1, keepdim=True)
+            r0 = torch.rsqrt(m0)
+            r1 = -0.5 * r0.pow(3) * m1
+            r2 = -0.5 * r0.pow(3) * m2 + 0.75 * r0.pow(5) * m1.square()
+            normed = jets.product(xf, Jet(r0, r1, r2)).map(lambda z: z.to(x.z0.dtype))
+        w_v = jets.direction(self.weight)  # (K, C), broadcast over the leading axes of x
+        w_v = w_v.view(w_v.size(0), *([1] * (x.z0.dim() - 1)), w_v.size(-1))
+        return jets.emit(self, jets.product(normed, Jet(self.weight, w_v)))
+
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Explicit causal softmax(q kᵀ / √hs) v; twice differentiable, scores in at least float32."""
@@ -81,6 +126,44 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
         future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
         probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
     return probs.to(v.dtype) @ v
+
+
+def reference_attention_jet(q: Jet, k: Jet, v: Jet, jets: JetPass, key: nn.Module) -> Jet:
+    """The jet of ``reference_attention``: scores s = (q/√hs) kᵀ and probs × values by the product
+    rule, the softmax's own rule; each is a node of the adjoint mode (keys (key, "scores"|"probs"|"values"))."""
+    T, hs = q.z0.size(-2), q.z0.size(-1)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.z0.device).triu(1)
+    with _without_autocast(q.z0):
+        q, k = q.map(lambda z: _upcast(z) / math.sqrt(hs)), k.map(_upcast)
+        lam_s, lam_o = jets.adjoint((key, "scores"), q, k, v), jets.adjoint((key, "values"), q, k, v)
+        if lam_s is not None and lam_o is not None:
+            return _attention_adjoint_jet(q, k, v, future, lam_s, lam_o, jets)
+        scores = jets.product(q, k.map(lambda z: z.transpose(-2, -1)), torch.matmul, key=(key, "scores"))
+        scores = Jet(scores.z0.masked_fill(future, float("-inf")), scores.z1, scores.z2)  # p0 = 0 there
+        probs = jets.softmax(scores, key=(key, "probs"))
+    return jets.product(probs.map(lambda z: z.to(v.z0.dtype)), v, torch.matmul, key=(key, "values"))
+
+
+def _attention_adjoint_jet(q: Jet, k: Jet, v: Jet, future: torch.Tensor, lam_s: torch.Tensor,
+                           lam_o: torch.Tensor, jets: JetPass) -> Jet:
+    """The adjoint mode of ``reference_attention_jet`` (q already scaled, no input z2), fused so that
+    each direction writes only two (T, T) tensors, c = s1 − ⟨p0, s1⟩ and p1 = p0 c.
+
+    Own terms absorbed: 2⟨λ_s, q1k1ᵀ⟩ (scores), ⟨λ_s, c²⟩ (softmax: its ⟨λ_p, ·⟩ equals this, λ_s
+    being the softmax's backward of λ_p) and 2⟨λ_o, p1v1⟩ (probs × values).
+    """
+    p0 = torch.softmax((q.z0 @ k.z0.transpose(-2, -1)).masked_fill(future, float("-inf")), dim=-1)
+    v0, v1 = _upcast(v.z0), _upcast(v.z1)
+    # ⟨p0, s1⟩ row by row, from s1 = q1k0ᵀ + q0k1ᵀ without forming s1: q1·(p0k0) + q0·(p0k1).
+    m = (q.z1 * (p0 @ k.z0)).sum(-1, keepdim=True) + (q.z0 * shared_matmul(p0, k.z1)).sum(-1, keepdim=True)
+    left = torch.cat([q.z1, q.z0.expand_as(q.z1), -m], dim=-1)  # (K, B, nh, T, 2hs + 1)
+    right = torch.cat([k.z0.expand_as(k.z1), k.z1, torch.ones_like(m)], dim=-1)
+    c = left @ right.transpose(-2, -1)  # (K, B, nh, T, T)
+    p1 = p0 * c
+    jets.absorb(2 * per_direction_dot(shared_matmul(lam_s, k.z1), q.z1)
+                + c.square().flatten(1) @ lam_s.flatten().to(c.dtype)
+                + 2 * per_direction_dot(p1.transpose(-2, -1) @ lam_o.to(p1.dtype), v1))
+    return Jet(p0 @ v0, p1 @ v0 + shared_matmul(p0, v1)).map(lambda z: z.to(v.z0.dtype))
 
 
 class Attention(nn.Module):
@@ -106,6 +189,20 @@ class Attention(nn.Module):
             y = reference_attention(q, k, v)
         return self.wo(y.transpose(1, 2).reshape(B, T, C))
 
+    def jet(self, x: Jet, cos: torch.Tensor, sin: torch.Tensor, jets: JetPass) -> Jet:
+        """Linear projections, RoPE (linear: every coefficient), the attention core's jet, output projection."""
+        B, T, C = x.z0.shape
+
+        def heads(z: torch.Tensor) -> torch.Tensor:  # (..., B, T, C) -> (..., B, nh, T, hs)
+            return z.view(*z.shape[:-1], self.n_heads, self.head_dim).transpose(-3, -2)
+
+        def merge(z: torch.Tensor) -> torch.Tensor:  # (..., B, nh, T, hs) -> (..., B, T, C)
+            return z.transpose(-3, -2).reshape(*z.shape[:-4], B, T, C)
+        q, k, v = (linear_jet(x, w, jets).map(heads) for w in (self.wq, self.wk, self.wv))
+        q, k = (z.map(lambda t: apply_rope(t, cos, sin)) for z in (q, k))
+        y = reference_attention_jet(q, k, v, jets, key=self).map(merge)
+        return linear_jet(y, self.wo, jets)
+
 
 class FeedForward(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x)."""
@@ -118,6 +215,10 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(silu(self.w1(x)) * self.w3(x))
+
+    def jet(self, x: Jet, jets: JetPass) -> Jet:
+        gate = jets.product(silu_jet(linear_jet(x, self.w1, jets)), linear_jet(x, self.w3, jets), key=(self, "gate"))
+        return linear_jet(gate, self.w2, jets)
 
 
 class TransformerBlock(nn.Module):
@@ -133,6 +234,10 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.feed_forward(self.ffn_norm(x))
+
+    def jet(self, x: Jet, cos: torch.Tensor, sin: torch.Tensor, jets: JetPass) -> Jet:
+        x = x + self.attention.jet(self.attention_norm.jet(x, jets), cos, sin, jets)
+        return x + self.feed_forward.jet(self.ffn_norm.jet(x, jets), jets)
 
 
 class Llama(nn.Module):
@@ -179,9 +284,74 @@ class Llama(nn.Module):
         x = self.tok_embeddings(idx)  # (B, T, C)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        x = self.norm(x)
-        weight = self.tok_embeddings.weight if self.output is None else self.output.weight
-        return F.linear(x, weight)  # (B, T, vocab)
+        return self.logits(self.norm(x))
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The output projection (V, C): the embedding when tied."""
+        return self.tok_embeddings.weight if self.output is None else self.output.weight
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, vocab) of the final normalised hidden state h (B, T, C)."""
+        return F.linear(h, self.head_weight)
+
+    def jet(self, idx: torch.Tensor, jets: JetPass) -> Jet:
+        """The jet of the final normalised hidden state (B, T, C) along the directions of ``jets``."""
+        if self.attention_backend != "reference":
+            raise ValueError("jets need reference attention; build Llama(config, attention_backend='reference')")
+        cos, sin = rope_tables(idx.size(1), self.config.head_dim, self.config.rope_theta, idx.device)
+        x = embedding_jet(idx, self.tok_embeddings, jets)
+        if jets.recorded is not None and not x.z0.requires_grad:  # the record pass needs a graph
+            x = Jet(x.z0.detach().requires_grad_(), x.z1)
+        for layer in self.layers:
+            x = layer.jet(x, cos, sin, jets)
+        return self.norm.jet(x, jets)
+
+    def loss_jet(self, h: Jet, targets: torch.Tensor, jets: JetPass) -> torch.Tensor:
+        """d²/dt² of Σ_t ℓ_t (summed cross-entropy of the non-ignored targets), shape (K,).
+
+        With logits z = hEᵀ (E(t) = E + tU), p = softmax(z0) and r = p − e_y:
+        ℓ2 = ⟨r, z2⟩ + ⟨p, z1²⟩ − ⟨p, z1⟩², where ⟨r, z2⟩ = ⟨rE, h2⟩ + 2⟨rU, h1⟩, so z2 is never formed.
+        """
+        weight = self.head_weight  # (V, C)
+        U = jets.direction(weight)  # (K, V, C)
+        K, V, C = U.shape
+        z0 = self.logits(h.z0)  # (B, T, V)
+        # z1 = h1Eᵀ + h0Uᵀ as one batched matmul per direction: [h1 | h0] [E | U]ᵀ, (K, B·T, V).
+        z1 = (torch.cat([h.z1, h.z0.expand_as(h.z1)], dim=-1).reshape(K, -1, 2 * C)
+              @ torch.cat([weight.expand_as(U), U], dim=-1).transpose(1, 2))
+        with _without_autocast(z0):
+            keep = (targets != IGNORE_INDEX).reshape(-1, 1)  # (B·T, 1)
+            p = torch.softmax(_upcast(z0).reshape(-1, V), dim=-1) * keep  # ignored rows: 0
+            E, Ut = weight.to(p.dtype), U.transpose(1, 2).to(p.dtype)
+            h0, h1 = _upcast(h.z0).reshape(-1, C), _upcast(h.z1).reshape(K, -1, C)
+            p_z1 = (h1 * (p @ E)).sum(-1) + (h0 * per_direction(p, Ut)).sum(-1)  # ⟨p, z1⟩ per row, (K, B·T)
+            curvature = _upcast(z1).square().flatten(1) @ p.flatten() - p_z1.square().sum(1)
+            r = p - F.one_hot(targets.reshape(-1).clamp(min=0), V).to(p.dtype) * keep  # (B·T, V)
+            first = 2 * per_direction_dot(per_direction(r, Ut), h1)  # 2⟨rU, h1⟩
+            if h.z2 is not None:
+                first = first + per_direction_dot(_upcast(h.z2).reshape(K, -1, C), r @ E)  # rE: shared
+        return first + curvature
+
+
+_JET_LAYERS = (Llama, TransformerBlock, Attention, FeedForward, RMSNorm, nn.Linear, nn.Embedding, nn.ModuleList)
+"""Layer types with a second-order rule (a ``jet`` method or function above)."""
+
+
+def check_jet_rules(model: nn.Module) -> None:
+    """Refuse a model that has a layer without a second-order rule, before any work.
+
+    Raises:
+        ValueError: naming the layer, its type and what to do.
+    """
+    for name, module in model.named_modules():
+        if type(module) not in _JET_LAYERS or (isinstance(module, nn.Linear) and module.bias is not None):
+            kind = "Linear with bias" if isinstance(module, nn.Linear) else type(module).__name__
+            raise ValueError(f"layer {name or '<model>'} ({kind}) has no second-order rule, so the taylor and adjoint "
+                             "engines cannot differentiate it; add its jet rule beside the layer in tiny_llm/model.py "
+                             "or use engine double_backward or pearlmutter")
+    if getattr(model, "attention_backend", "reference") != "reference":
+        raise ValueError("jets need reference attention; build Llama(config, attention_backend='reference')")
 
 
 def token_losses(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:

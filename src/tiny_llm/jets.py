@@ -1,0 +1,159 @@
+"""Second-order jets: the machinery the quadratic-form engines (taylor, adjoint) share.
+
+Along a direction v of the parameters, every activation is a function of one scalar t,
+z(θ + t v) = z0 + t·z1 + ½t²·z2 + O(t³), and the loss's z2 is the quadratic form vᵀHv. The
+rule of each layer kind (in ``tiny_llm.model``, beside the layer) maps input jets to output
+jets. Generic bilinear products and the softmax are here.
+
+Modes of a pass (``JetPass``):
+
+* Taylor: z2 is carried to the loss.
+* record: a primal-only pass (zero directions) under autograd that keeps the output of every
+  named node, so that one reverse pass gives each node's adjoint λ = ∂L/∂y.
+* adjoint: with those λ, a node hands on z2 = 0 and adds ⟨λ, Q⟩ instead, Q being the node's own
+  second-order term; Q reaches the loss linearly, through λ, so the sum is exact. Where a node's
+  inputs carry no z2, ⟨λ, Q⟩ is contracted without forming Q (bilinear nodes: ⟨λ, a1∘b1⟩).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Jet", "JetPass", "add_terms", "per_direction", "per_direction_dot", "shared_matmul"]
+
+
+@dataclass(frozen=True)
+class Jet:
+    """An activation along K parameter directions.
+
+    ``z0`` (...) is the primal, shared by the K directions; ``z1`` and ``z2`` (K, ...) are the
+    first and second derivatives in t at t = 0, one row per direction. ``z2 = None`` means zero
+    (before any second-order term has entered, or after the adjoint mode absorbed it).
+    """
+
+    z0: torch.Tensor
+    z1: torch.Tensor
+    z2: torch.Tensor | None = None
+
+    def map(self, f: Callable[[torch.Tensor], torch.Tensor]) -> Jet:
+        """Apply a linear map (reshape, transpose, scaling, RoPE) to every coefficient."""
+        return Jet(f(self.z0), f(self.z1), None if self.z2 is None else f(self.z2))
+
+    def __add__(self, other: Jet) -> Jet:
+        return Jet(self.z0 + other.z0, self.z1 + other.z1, add_terms(self.z2, other.z2))
+
+
+def add_terms(*terms: torch.Tensor | None) -> torch.Tensor | None:
+    """Sum of the terms that are not None (None when all are)."""
+    present = [t for t in terms if t is not None]
+    return None if not present else present[0] if len(present) == 1 else sum(present[1:], present[0])
+
+
+def per_direction(x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """x Vₖᵀ for every direction k as one matmul: x (..., n) shared, V (K, m, n) → (K, ..., m)."""
+    K, m, n = V.shape
+    M = x.numel() // n
+    out = x.reshape(M, n) @ V.reshape(K * m, n).T  # (M, K·m)
+    return out.view(M, K, m).transpose(0, 1).view(K, *x.shape[:-1], m)
+
+
+def shared_matmul(A: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """A Xₖ for every direction k as one matmul that reads A once: A (..., m, r) shared,
+    X (K, ..., r, n) → (K, ..., m, n)."""
+    K, n = X.size(0), X.size(-1)
+    wide = X.movedim(0, -2).reshape(*X.shape[1:-1], K * n)  # (..., r, K·n)
+    return (A @ wide).unflatten(-1, (K, n)).movedim(-2, 0)
+
+
+def per_direction_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """⟨aₖ, bₖ⟩ over all axes but the first (broadcasting), in at least float32: (K,)."""
+    wide = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    product = a.to(wide) * b.to(wide)
+    return product.flatten(1).sum(1)
+
+
+class JetPass:
+    """The directions of a pass and its mode (see the module docstring).
+
+    Args:
+        directions: each parameter (by identity) → its K directions, shape (K, *parameter.shape).
+        adjoints: adjoint mode: node key → λ, the adjoint of the node's output.
+        record: record mode: keep each node's primal output in ``recorded``.
+    """
+
+    def __init__(self, directions: dict[torch.Tensor, torch.Tensor],
+                 adjoints: dict[Hashable, torch.Tensor] | None = None, record: bool = False):
+        self.directions, self.adjoints = directions, adjoints
+        self.recorded: dict[Hashable, torch.Tensor] | None = {} if record else None
+        self.absorbed: torch.Tensor | None = None
+        """Σ ⟨λ, Q⟩ over the nodes absorbed so far, (K,)."""
+        self._cache: dict[Hashable, torch.Tensor] = {}
+
+    def direction(self, parameter: torch.Tensor) -> torch.Tensor:
+        return self.directions[parameter]
+
+    def adjoint(self, key: Hashable, *inputs: Jet) -> torch.Tensor | None:
+        """λ of node ``key`` when this pass absorbs there and no input carries z2 (the node's
+        z2 is then its own second-order term, which the caller contracts with λ directly)."""
+        if self.adjoints is None or any(j.z2 is not None for j in inputs):
+            return None
+        return self.adjoints.get(key)
+
+    def absorb(self, forms: torch.Tensor) -> None:
+        forms = forms.to(torch.promote_types(forms.dtype, torch.float32))
+        self.absorbed = forms if self.absorbed is None else self.absorbed + forms
+
+    def emit(self, key: Hashable, out: Jet) -> Jet:
+        """The jet node ``key`` hands on: recorded, or with its z2 absorbed (adjoint mode)."""
+        if self.recorded is not None:
+            self.recorded[key] = out.z0
+            return out
+        lam = None if self.adjoints is None or out.z2 is None else self.adjoints.get(key)
+        if lam is None:
+            return out
+        self.absorb(per_direction_dot(out.z2, lam))
+        return Jet(out.z0, out.z1)
+
+    def product(self, a: Jet, b: Jet, op: Callable = torch.mul, key: Hashable | None = None) -> Jet:
+        """z = a∘b for a bilinear ∘ (``torch.mul`` or ``torch.matmul``, broadcasting over K):
+        z1 = a1∘b0 + a0∘b1, z2 = a2∘b0 + 2a1∘b1 + a0∘b2."""
+        z0, z1 = op(a.z0, b.z0), op(a.z1, b.z0) + op(a.z0, b.z1)
+        lam = self.adjoint(key, a, b)
+        if lam is not None:  # Q = 2a1∘b1: ⟨λ, a1∘b1⟩ without forming a1∘b1
+            if op is torch.mul:
+                self.absorb(2 * per_direction_dot(a.z1 * b.z1, lam))
+            elif a.z1[0].numel() <= b.z1[0].numel():  # ⟨λ, a1 b1⟩ = ⟨λ b1ᵀ, a1⟩
+                self.absorb(2 * per_direction_dot(lam @ b.z1.transpose(-2, -1), a.z1))
+            else:  # = ⟨a1ᵀ λ, b1⟩
+                self.absorb(2 * per_direction_dot(a.z1.transpose(-2, -1) @ lam, b.z1))
+            return Jet(z0, z1)
+        z2 = add_terms(2 * op(a.z1, b.z1), None if a.z2 is None else op(a.z2, b.z0),
+                       None if b.z2 is None else op(a.z0, b.z2))
+        out = Jet(z0, z1, z2)
+        return out if key is None else self.emit(key, out)
+
+    def softmax(self, s: Jet, key: Hashable | None = None) -> Jet:
+        """p = softmax(s) along the last axis, ⟨·,·⟩ that axis's inner product, c = s1 − ⟨p0, s1⟩:
+        p1 = p0 c, p2 = p1 c + p0 (s2 − ⟨p1, s1⟩ − ⟨p0, s2⟩). Masked entries: s0 = −∞ gives p0 = 0,
+        so finite s1 and s2 there do not matter.
+
+        The own second-order term (s2 = 0) has ⟨λ, p1 c − p0⟨p1, s1⟩⟩ = ⟨p0 (λ − ⟨λ, p0⟩), c²⟩,
+        since ⟨p1, s1⟩ = ⟨p0, c²⟩: the shared weight is the softmax's backward of λ.
+        """
+        p0 = torch.softmax(s.z0, dim=-1)
+        c = s.z1 - (p0 * s.z1).sum(-1, keepdim=True)
+        p1 = p0 * c
+        lam = self.adjoint(key, s)
+        if lam is not None:
+            if key not in self._cache:
+                self._cache[key] = p0 * (lam - (lam * p0).sum(-1, keepdim=True))
+            self.absorb(per_direction_dot(c * self._cache[key], c))
+            return Jet(p0, p1)
+        inner = -(p1 * s.z1).sum(-1, keepdim=True)
+        if s.z2 is not None:
+            inner = inner + s.z2 - (p0 * s.z2).sum(-1, keepdim=True)
+        out = Jet(p0, p1, p1 * c + p0 * inner)
+        return out if key is None else self.emit(key, out)
