@@ -162,7 +162,7 @@ class EpochHessian:
         self.progress = progress or (lambda message: None)
         self.passes = 0
         self.fd_scale = fd_scale if fd_scale is not None else FD_SCALE.get(precision.dtype, 3e-3)
-        self._detached = {n: p.detach() for n, p in model.named_parameters()}
+        self._workspace: dict[str, torch.Tensor] = {}
         self._pearlmutter = torch.compile(self._pearlmutter_eager, dynamic=False) if compile else self._pearlmutter_eager
 
     # --- one micro-batch ---------------------------------------------------------------------
@@ -228,7 +228,8 @@ class EpochHessian:
         """vᵀH_b v for one curvature micro-batch (its share of the epoch loss), V (K, D) → (K,) float64."""
         if self.engine not in FORM_ENGINES:
             return (V.double() * self.batch_products(V, inputs, targets).double()).sum(dim=1)
-        jets = JetPass(self._directions(V), self._adjoints(inputs, targets) if self.engine == "adjoint" else None)
+        jets = JetPass(self._directions(V), self._adjoints(inputs, targets) if self.engine == "adjoint" else None,
+                       workspace=self._workspace)
         with torch.no_grad(), self.precision.autocast():
             forms = self.model.loss_jet(self.model.jet(inputs, jets), targets, jets).double() / self.n_targets
         return forms if jets.absorbed is None else forms + jets.absorbed.double()

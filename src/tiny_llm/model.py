@@ -62,11 +62,15 @@ def embedding_jet(idx: torch.Tensor, embedding: nn.Embedding, jets: JetPass) -> 
     return Jet(embedding(idx), jets.direction(embedding.weight)[:, idx])
 
 
+def silu_derivatives(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """s′ = σ(1 + a(1−σ)) and s″ = σ(1−σ)(2 + a(1−2σ)) of silu(a) = a·σ(a)."""
+    sigma = torch.sigmoid(a)
+    return sigma * (1 + a * (1 - sigma)), sigma * (1 - sigma) * (2 + a * (1 - 2 * sigma))
+
+
 def silu_jet(a: Jet) -> Jet:
-    """silu(a) = a·σ(a): y1 = s′a1, y2 = s′a2 + s″a1² with s′ = σ(1 + a(1−σ)), s″ = σ(1−σ)(2 + a(1−2σ))."""
-    sigma = torch.sigmoid(a.z0)
-    d1 = sigma * (1 + a.z0 * (1 - sigma))
-    d2 = sigma * (1 - sigma) * (2 + a.z0 * (1 - 2 * sigma))
+    """silu(a): y1 = s′a1, y2 = s′a2 + s″a1²."""
+    d1, d2 = silu_derivatives(a.z0)
     return Jet(silu(a.z0), d1 * a.z1, add_terms(d2 * a.z1.square(), None if a.z2 is None else d1 * a.z2))
 
 
@@ -152,16 +156,17 @@ def _attention_adjoint_jet(q: Jet, k: Jet, v: Jet, future: torch.Tensor, lam_s: 
     Own terms absorbed: 2⟨λ_s, q1k1ᵀ⟩ (scores), ⟨λ_s, c²⟩ (softmax: its ⟨λ_p, ·⟩ equals this, λ_s
     being the softmax's backward of λ_p) and 2⟨λ_o, p1v1⟩ (probs × values).
     """
+    T = q.z0.size(-2)
     p0 = torch.softmax((q.z0 @ k.z0.transpose(-2, -1)).masked_fill(future, float("-inf")), dim=-1)
     v0, v1 = _upcast(v.z0), _upcast(v.z1)
     # ⟨p0, s1⟩ row by row, from s1 = q1k0ᵀ + q0k1ᵀ without forming s1: q1·(p0k0) + q0·(p0k1).
     m = (q.z1 * (p0 @ k.z0)).sum(-1, keepdim=True) + (q.z0 * shared_matmul(p0, k.z1)).sum(-1, keepdim=True)
     left = torch.cat([q.z1, q.z0.expand_as(q.z1), -m], dim=-1)  # (K, B, nh, T, 2hs + 1)
     right = torch.cat([k.z0.expand_as(k.z1), k.z1, torch.ones_like(m)], dim=-1)
-    c = left @ right.transpose(-2, -1)  # (K, B, nh, T, T)
-    p1 = p0 * c
+    c = torch.matmul(left, right.transpose(-2, -1), out=jets.buffer("attention c", (*left.shape[:-1], T), left))
+    p1 = torch.mul(p0, c, out=jets.buffer("attention p1", c.shape, c))  # (K, B, nh, T, T)
     jets.absorb(2 * per_direction_dot(shared_matmul(lam_s, k.z1), q.z1)
-                + c.square().flatten(1) @ lam_s.flatten().to(c.dtype)
+                + c.mul_(c).flatten(1) @ lam_s.flatten().to(c.dtype)  # c² in place: c is not used again
                 + 2 * per_direction_dot(p1.transpose(-2, -1) @ lam_o.to(p1.dtype), v1))
     return Jet(p0 @ v0, p1 @ v0 + shared_matmul(p0, v1)).map(lambda z: z.to(v.z0.dtype))
 
@@ -217,7 +222,18 @@ class FeedForward(nn.Module):
         return self.w2(silu(self.w1(x)) * self.w3(x))
 
     def jet(self, x: Jet, jets: JetPass) -> Jet:
-        gate = jets.product(silu_jet(linear_jet(x, self.w1, jets)), linear_jet(x, self.w3, jets), key=(self, "gate"))
+        """Gate g = silu(a)·b with a = w1x, b = w3x (product and silu rules), then w2. In the adjoint
+        mode the gate's own term s″a1²b0 + 2s′a1b1 is contracted with its λ without forming it."""
+        a, b = linear_jet(x, self.w1, jets), linear_jet(x, self.w3, jets)
+        lam = jets.adjoint((self, "gate"), a, b)
+        if lam is None:
+            gate = jets.product(silu_jet(a), b, key=(self, "gate"))
+        else:
+            d1, d2 = silu_derivatives(a.z0)
+            weight = lam * d1
+            t = torch.mul(a.z1, lam * d2 * b.z0).addcmul_(b.z1, weight, value=2)
+            jets.absorb(per_direction_dot(t, a.z1))  # ⟨λ, s″a1²b0 + 2s′a1b1⟩
+            gate = Jet(silu(a.z0) * b.z0, torch.mul(a.z1, d1 * b.z0).addcmul_(b.z1, silu(a.z0)))
         return linear_jet(gate, self.w2, jets)
 
 
@@ -318,15 +334,17 @@ class Llama(nn.Module):
         K, V, C = U.shape
         z0 = self.logits(h.z0)  # (B, T, V)
         # z1 = h1Eᵀ + h0Uᵀ as one batched matmul per direction: [h1 | h0] [E | U]ᵀ, (K, B·T, V).
-        z1 = (torch.cat([h.z1, h.z0.expand_as(h.z1)], dim=-1).reshape(K, -1, 2 * C)
-              @ torch.cat([weight.expand_as(U), U], dim=-1).transpose(1, 2))
+        left = torch.cat([h.z1, h.z0.expand_as(h.z1)], dim=-1).reshape(K, -1, 2 * C)
+        right = torch.cat([weight.expand_as(U), U], dim=-1).transpose(1, 2)
+        z1 = torch.bmm(left, right, out=jets.buffer("logits z1", (K, left.size(1), V), left))
         with _without_autocast(z0):
             keep = (targets != IGNORE_INDEX).reshape(-1, 1)  # (B·T, 1)
             p = torch.softmax(_upcast(z0).reshape(-1, V), dim=-1) * keep  # ignored rows: 0
             E, Ut = weight.to(p.dtype), U.transpose(1, 2).to(p.dtype)
             h0, h1 = _upcast(h.z0).reshape(-1, C), _upcast(h.z1).reshape(K, -1, C)
             p_z1 = (h1 * (p @ E)).sum(-1) + (h0 * per_direction(p, Ut)).sum(-1)  # ⟨p, z1⟩ per row, (K, B·T)
-            curvature = _upcast(z1).square().flatten(1) @ p.flatten() - p_z1.square().sum(1)
+            z1 = _upcast(z1)
+            curvature = z1.mul_(z1).flatten(1) @ p.flatten() - p_z1.square().sum(1)  # z1² in place
             r = p - F.one_hot(targets.reshape(-1).clamp(min=0), V).to(p.dtype) * keep  # (B·T, V)
             first = 2 * per_direction_dot(per_direction(r, Ut), h1)  # 2⟨rU, h1⟩
             if h.z2 is not None:
