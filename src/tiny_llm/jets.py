@@ -151,7 +151,8 @@ class JetPass:
             else:  # = ⟨a1ᵀ λ, b1⟩
                 self.absorb(2 * per_direction_dot(a.z1.transpose(-2, -1) @ lam, b.z1))
             return Jet(z0, z1)
-        z2 = add_terms(2 * op(a.z1, b.z1), None if a.z2 is None else op(a.z2, b.z0),
+        twice = op(2 * a.z1, b.z1) if a.z1.numel() <= b.z1.numel() else op(a.z1, 2 * b.z1)
+        z2 = add_terms(twice, None if a.z2 is None else op(a.z2, b.z0),
                        None if b.z2 is None else op(a.z0, b.z2))
         out = Jet(z0, z1, z2)
         return out if key is None else self.emit(key, out)
@@ -173,8 +174,9 @@ class JetPass:
                 self._cache[key] = p0 * (lam - (lam * p0).sum(-1, keepdim=True))
             self.absorb(per_direction_dot(c * self._cache[key], c))
             return Jet(p0, p1)
-        inner = -(p1 * s.z1).sum(-1, keepdim=True)
+        p1c = p1 * c
+        inner = -p1c.sum(-1, keepdim=True)  # −⟨p1, s1⟩ = −⟨p0, c²⟩
         if s.z2 is not None:
             inner = inner + s.z2 - (p0 * s.z2).sum(-1, keepdim=True)
-        out = Jet(p0, p1, p1 * c + p0 * inner)
+        out = Jet(p0, p1, p1c.add_(p0 * inner))
         return out if key is None else self.emit(key, out)
