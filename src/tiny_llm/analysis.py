@@ -24,7 +24,7 @@ import torch
 
 from tiny_llm.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
 from tiny_llm.config import RunConfig, config_to_dict, load_config
-from tiny_llm.curvature import ENGINES, FlatParameters, Precision, runtime_settings
+from tiny_llm.curvature import ENGINES, HVP_ENGINES, FlatParameters, Precision, runtime_settings
 from tiny_llm.data import TokenCache, check_capacity, epoch_plan, unseen_plan
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model import Llama
@@ -57,8 +57,11 @@ class AnalysisSettings:
     """Curvature micro-batch size (None = training.micro_batch_size); never changes H."""
     directions_per_pass: int = 8
     """K directions share each pass over the data; bounded by memory."""
-    engine: Literal["auto", "double_backward", "pearlmutter", "finite_difference"] = "auto"
-    """auto: compiled pearlmutter on CUDA (double_backward with compile_hvp off), double_backward on CPU."""
+    engine: Literal["auto", "taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference"] = "auto"
+    """Engine of every quadratic form vᵀHv: taylor or adjoint (second derivatives along v, no Hv),
+    or an HVP engine. auto: adjoint for K > 1 directions per pass, taylor for K = 1 (the fastest
+    exact engines measured). Spectra need Hv: they use this engine when it is an HVP engine, else
+    pearlmutter (compiled) on CUDA and double_backward on CPU."""
     compile_hvp: bool = True
     """torch.compile the Pearlmutter product on CUDA (CPU analysis stays eager)."""
     device: str = "auto"
@@ -194,9 +197,13 @@ class _Resolved:
     device: torch.device
     dtype: torch.dtype
     engine: str
+    """Engine of the quadratic forms."""
     compiled: bool
     tf32: bool
     hvp_batch_size: int
+    hvp_engine: str
+    """Engine of Hessian-vector products (spectra)."""
+    hvp_compiled: bool
 
 
 def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
@@ -211,16 +218,18 @@ def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
     cuda = device.type == "cuda"
     engine = settings.engine
     if engine == "auto":
-        engine = "pearlmutter" if cuda and settings.compile_hvp else "double_backward"
-    compiled = cuda and settings.compile_hvp and engine == "pearlmutter"
-    return _Resolved(device=device, dtype=getattr(torch, settings.dtype), engine=engine, compiled=compiled,
+        engine = "adjoint" if settings.directions_per_pass > 1 else "taylor"
+    hvp_engine = engine if engine in HVP_ENGINES else "pearlmutter" if cuda and settings.compile_hvp else "double_backward"
+    return _Resolved(device=device, dtype=getattr(torch, settings.dtype), engine=engine,
+                     compiled=cuda and settings.compile_hvp and engine == "pearlmutter",
                      tf32=cuda and settings.dtype == "float32" and settings.tf32,
-                     hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size)
+                     hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
+                     hvp_engine=hvp_engine, hvp_compiled=cuda and settings.compile_hvp and hvp_engine == "pearlmutter")
 
 
 def _identity(settings: AnalysisSettings, resolved: _Resolved, config: RunConfig, cache: TokenCache) -> dict:
     numerical = {**asdict(settings), "device": resolved.device.type, "engine": resolved.engine,
-                 "compiled": resolved.compiled, "tf32": resolved.tf32, "hvp_batch_size": resolved.hvp_batch_size,
+                 "compiled": resolved.compiled, "hvp_engine": resolved.hvp_engine, "hvp_compiled": resolved.hvp_compiled, "tf32": resolved.tf32, "hvp_batch_size": resolved.hvp_batch_size,
                  "micro_batch_size": config.training.micro_batch_size}
     execution = {"device_kind": resolved.device.type if resolved.device.type == "cpu"
                  else f"cuda:{torch.cuda.get_device_name(resolved.device)}"}
@@ -334,7 +343,8 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
         "settings": asdict(settings),
         "precision": {"device": str(resolved.device), "dtype": settings.dtype, "tf32": resolved.tf32,
                       "amp": settings.amp, "amp_dtype": "bfloat16" if settings.amp else None,
-                      "engine": resolved.engine, "compiled": resolved.compiled, "attention_backend": "reference",
+                      "engine": resolved.engine, "quadratic_form_engine": resolved.engine,
+                      "compiled": resolved.compiled, "attention_backend": "reference",
                       "reductions": "float64", **runtime},
         "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started},
         "counts": measured["counts"],

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tiny_llm.analysis import AnalysisSettings, analyze_state
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
+from tiny_llm.curvature import ENGINES
 from tiny_llm.plots import plot_analysis
 from tiny_llm.spectrum_analysis import SpectrumSettings, analyze_spectrum
 from tiny_llm.corpus import default_capacity, prepare_source_cache
@@ -83,9 +84,11 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
     an.add_argument("--seed", type=int, default=42, help="seed of batch draws and directions (default 42)")
     an.add_argument("--hvp-batch-size", type=int, help="curvature micro-batch (default: training micro-batch)")
     an.add_argument("--directions-per-pass", type=int, default=8, help="K directions per data pass (default 8)")
-    an.add_argument("--engine", default="auto", choices=["auto", "double_backward", "pearlmutter", "finite_difference"],
-                    help="HVP engine (auto: compiled pearlmutter on CUDA, double_backward on CPU)")
-    an.add_argument("--no-compile-hvp", action="store_true", help="no torch.compile (CUDA auto engine: double_backward)")
+    an.add_argument("--engine", default="auto", choices=["auto", *ENGINES],
+                    help="engine of the quadratic forms vᵀHv: taylor, adjoint (no Hessian-vector products) or an HVP "
+                         "engine (auto: adjoint, or taylor with --directions-per-pass 1); spectra use an HVP engine")
+    an.add_argument("--no-compile-hvp", action="store_true",
+                    help="no torch.compile of Pearlmutter HVPs on CUDA (spectra then use double_backward)")
     an.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     an.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype (default float32)")
     an.add_argument("--no-tf32", action="store_true", help="IEEE float32 matmuls on CUDA")

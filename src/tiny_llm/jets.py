@@ -104,13 +104,16 @@ class JetPass:
     def direction(self, parameter: torch.Tensor) -> torch.Tensor:
         return self.directions[parameter]
 
-    def buffer(self, name: str, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
+    def buffer(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor | None:
         """A reusable scratch tensor for the largest per-direction intermediates (``out=`` targets).
 
         On CPU a fresh tensor of many megabytes is new memory from the OS each time, and touching
         it first costs more than the arithmetic (8 ms against 0.13 ms for one 8 MB product,
-        measured); the buffer is reused by every layer and pass of the same shape.
+        measured); the buffer is reused by every layer and pass of the same shape. None (a fresh
+        tensor) while autograd records, which ``out=`` does not support.
         """
+        if torch.is_grad_enabled():
+            return None
         buffer = self.workspace.get(name)
         if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype or buffer.device != like.device:
             buffer = self.workspace[name] = torch.empty(shape, dtype=like.dtype, device=like.device)

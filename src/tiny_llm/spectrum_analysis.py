@@ -155,11 +155,11 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
         batches = [cache.tokens(blocks) for blocks in plan.blocks]
         with runtime_settings(resolved.device, resolved.tf32) as runtime:
             measured = measure_spectrum(model, batches, settings, spectrum, precision, resolved.hvp_batch_size,
-                                        resolved.engine, resolved.compiled, config.training.micro_batch_size)
+                                        resolved.hvp_engine, resolved.hvp_compiled, config.training.micro_batch_size)
         result = {"schema": 1, "kind": "spectrum", "identity": identity,
                   "state": {"key": state.key, "weights_hash": state.weights_hash, "aliases": state.aliases},
                   "case": case, "settings": asdict(settings), "spectrum_settings": asdict(spectrum),
-                  "precision": {"device": str(resolved.device), "dtype": settings.dtype, "engine": resolved.engine,
+                  "precision": {"device": str(resolved.device), "dtype": settings.dtype, "engine": resolved.hvp_engine,
                                 "lanczos_basis": spectrum.lanczos_basis, **runtime},
                   **measured, "software": software(), "hardware": hardware(resolved.device), "slurm": slurm_job()}
         atomic_write_json(output, result)

@@ -65,7 +65,7 @@ def test_result_contract_and_seen_batches(ordinary):
     assert result["state"]["aliases"][0]["step"] == config.total_batches and result["consensus"] is None
     assert set(result["statistics"]) == {"noise_curvature", "normalized_alignment", "mean_noise_norm", "mean_grad_norm",
                                          "full_grad_norm", "random_curvature", "grad_curvature", "b_simple", "b_noise"}
-    assert result["precision"]["dtype"] == "float64" and result["precision"]["engine"] == "double_backward"
+    assert result["precision"]["dtype"] == "float64" and result["precision"]["quadratic_form_engine"] == "adjoint"
     # Seen = exactly the batches training read in epoch 1.
     cache = TokenCache(config.data.cache)
     for record in result["noise_samples"]:
@@ -249,7 +249,7 @@ def test_cuda_float32_agrees_with_cpu_float64(ordinary, tmp_path, amp):
     gpu = analyze_state(path / "run", ["epoch-002.safetensors"], "seen",
                         AnalysisSettings(**{**FAST.__dict__, "device": "cuda", "dtype": "float32", "amp": amp}),
                         tmp_path / f"gpu-{amp}.json")
-    assert gpu["precision"]["compiled"] and gpu["precision"]["engine"] == "pearlmutter"
+    assert gpu["precision"]["quadratic_form_engine"] == "adjoint"
     assert torch.backends.cuda.matmul.fp32_precision == before
     tolerance = 0.1 if amp else 1e-2
     for key in ("random_curvature", "grad_curvature", "full_grad_norm", "mean_grad_norm"):

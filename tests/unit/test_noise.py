@@ -98,7 +98,8 @@ def test_engines_and_batching_give_the_same_statistics(oracle):
     config, cache, model, plan, *_ = oracle
     runs = [measure_case(model, _inputs(config, cache, plan, engine=engine, directions_per_pass=K, hvp_batch_size=h), CPU64)
             for engine, K, h in [("double_backward", 1, 3), ("double_backward", 5, 15), ("pearlmutter", 1, 2),
-                                 ("pearlmutter", 4, 4)]]
+                                 ("pearlmutter", 4, 4), ("taylor", 1, 3), ("taylor", 6, 7), ("adjoint", 1, 2),
+                                 ("adjoint", 16, 4)]]
     for other in runs[1:]:
         for key, value in runs[0]["statistics"].items():
             _assert_close(other["statistics"][key], value)

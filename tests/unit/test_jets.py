@@ -1,0 +1,191 @@
+"""Second-order jets: every layer's rule against torch.func (jvp of jvp along the same path), the
+adjoint-mode contractions against Taylor mode, and the refusal of layers without a rule."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, jvp
+
+from tiny_llm.config import ModelConfig
+from tiny_llm.curvature import EpochHessian, Precision
+from tiny_llm.jets import Jet, JetPass, per_direction, per_direction_dot, shared_matmul
+from tiny_llm.model import (Llama, check_jet_rules, embedding_jet, linear_jet, reference_attention,
+                            reference_attention_jet, rope_tables, silu, silu_jet, token_losses)
+
+CPU64 = Precision(torch.device("cpu"), torch.float64)
+K = 3
+MODEL = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8)
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape, seed):
+    return torch.randn(*shape, dtype=torch.float64, generator=_gen(seed))
+
+
+def _reference_jet(f, x0, x1, x2):
+    """(y1, y2) of t ↦ f(t, x0 + t·x1 + ½t²·x2) at t = 0, by forward mode twice (torch.func)."""
+    def path(t):
+        return f(t, x0 + t * x1 + 0.5 * t * t * x2)
+
+    def first(t):
+        return jvp(path, (t,), (torch.ones((), dtype=torch.float64),))[1]
+    zero = torch.zeros((), dtype=torch.float64)
+    return first(zero), jvp(first, (zero,), (torch.ones((), dtype=torch.float64),))[1]
+
+
+def _check_module_jet(module, jet_of, x0, *, second_order_input=True, seed=0):
+    """Module rule vs torch.func for K directions of its parameters and input."""
+    module = module.double()
+    names = [n for n, _ in module.named_parameters()]
+    dirs = {n: _randn(K, *p.shape, seed=seed + i) for i, (n, p) in enumerate(module.named_parameters())}
+    x1 = _randn(K, *x0.shape, seed=seed + 50)
+    x2 = _randn(K, *x0.shape, seed=seed + 60) if second_order_input else torch.zeros(K, *x0.shape, dtype=torch.float64)
+    jets = JetPass({p: dirs[n] for n, p in module.named_parameters()})
+    out = jet_of(module, Jet(x0, x1, x2 if second_order_input else None), jets)
+    for k in range(K):
+        def f(t, x):
+            params = {n: p + t * dirs[n][k] for n, p in zip(names, module.parameters())}
+            return functional_call(module, params, (x,))
+        y1, y2 = _reference_jet(f, x0, x1[k], x2[k])
+        torch.testing.assert_close(out.z0, functional_call(module, dict(module.named_parameters()), (x0,)),
+                                   rtol=0, atol=1e-13)
+        torch.testing.assert_close(out.z1[k], y1, rtol=0, atol=1e-11)
+        torch.testing.assert_close(out.z2[k], y2, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("second_order_input", [True, False])
+def test_linear_rule(second_order_input):
+    x0 = _randn(2, 5, 4, seed=1)
+    _check_module_jet(nn.Linear(4, 6, bias=False), lambda m, x, j: linear_jet(x, m, j), x0,
+                      second_order_input=second_order_input)
+
+
+@pytest.mark.parametrize("second_order_input", [True, False])
+def test_rmsnorm_rule(second_order_input):
+    model = Llama(MODEL)
+    x0 = _randn(2, 5, 8, seed=2)
+    _check_module_jet(model.layers[0].attention_norm, lambda m, x, j: m.jet(x, j), x0,
+                      second_order_input=second_order_input)
+
+
+def test_attention_rule():
+    model = Llama(MODEL)
+    cos, sin = rope_tables(5, MODEL.head_dim, MODEL.rope_theta, torch.device("cpu"))
+    attention = model.layers[0].attention.double()
+    x0 = _randn(2, 5, 8, seed=3)
+
+    class WithRope(nn.Module):  # the module's forward takes the RoPE tables as extra arguments
+        def __init__(self):
+            super().__init__()
+            self.inner = attention
+
+        def forward(self, x):
+            return self.inner(x, cos, sin)
+    _check_module_jet(WithRope(), lambda m, x, j: attention.jet(x, cos, sin, j), x0)
+
+
+def test_feed_forward_and_block_rules():
+    model = Llama(MODEL)
+    x0 = _randn(2, 5, 8, seed=4)
+    _check_module_jet(model.layers[0].feed_forward, lambda m, x, j: m.jet(x, j), x0)
+    cos, sin = rope_tables(5, MODEL.head_dim, MODEL.rope_theta, torch.device("cpu"))
+    block = model.layers[1].double()
+
+    class WithRope(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = block
+
+        def forward(self, x):
+            return self.inner(x, cos, sin)
+    _check_module_jet(WithRope(), lambda m, x, j: block.jet(x, cos, sin, j), x0, seed=7)
+
+
+def test_attention_core_silu_and_embedding_rules():
+    q0, k0, v0 = (_randn(2, 2, 5, 4, seed=s) for s in (10, 11, 12))
+    q1, k1, v1, q2, k2, v2 = (_randn(K, 2, 2, 5, 4, seed=s) for s in range(13, 19))
+    out = reference_attention_jet(Jet(q0, q1, q2), Jet(k0, k1, k2), Jet(v0, v1, v2), JetPass({}), key=None)
+    for k in range(K):
+        def f(t, _):
+            path = [a + t * b + 0.5 * t * t * c for a, b, c in ((q0, q1[k], q2[k]), (k0, k1[k], k2[k]), (v0, v1[k], v2[k]))]
+            return reference_attention(*path)
+        y1, y2 = _reference_jet(f, q0, q1[k], q2[k])
+        torch.testing.assert_close(out.z1[k], y1, rtol=0, atol=1e-12)
+        torch.testing.assert_close(out.z2[k], y2, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out.z0, reference_attention(q0, k0, v0), rtol=0, atol=1e-14)
+
+    a0, a1, a2 = _randn(6, seed=20), _randn(K, 6, seed=21), _randn(K, 6, seed=22)
+    out = silu_jet(Jet(a0, a1, a2))
+    for k in range(K):
+        y1, y2 = _reference_jet(lambda t, x: silu(x), a0, a1[k], a2[k])
+        torch.testing.assert_close((out.z1[k], out.z2[k]), (y1, y2), rtol=0, atol=1e-14)
+
+    embedding = nn.Embedding(7, 3).double()
+    U = _randn(K, 7, 3, seed=23)
+    idx = torch.tensor([[1, 6, 1]])
+    out = embedding_jet(idx, embedding, JetPass({embedding.weight: U}))
+    assert out.z2 is None and torch.equal(out.z1, U[:, idx]) and torch.equal(out.z0, embedding.weight[idx])
+
+
+def test_matmul_helpers():
+    x, V = _randn(2, 3, 4, seed=30), _randn(K, 5, 4, seed=31)
+    torch.testing.assert_close(per_direction(x, V), torch.stack([x @ v.T for v in V]), rtol=0, atol=1e-14)
+    A, X = _randn(2, 3, 4, seed=32), _randn(K, 2, 4, 6, seed=33)
+    torch.testing.assert_close(shared_matmul(A, X), torch.stack([A @ x for x in X]), rtol=0, atol=1e-14)
+    a, b, s = _randn(K, 2, 3, seed=34), _randn(K, 2, 3, seed=35), _randn(2, 3, seed=36)
+    torch.testing.assert_close(per_direction_dot(a, b), (a * b).sum((1, 2)), rtol=0, atol=1e-14)
+    torch.testing.assert_close(per_direction_dot(a, s), (a * s).sum((1, 2)), rtol=0, atol=1e-14)
+    with pytest.raises(ValueError, match="do not pair"):
+        per_direction_dot(a, _randn(4, seed=37))
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_whole_model_jet_is_the_second_directional_derivative(tie):
+    """Llama.jet + loss_jet in Taylor mode = d²/dt² of the summed loss along θ + t v (torch.func),
+    with ignored targets, tied and untied output head."""
+    config = ModelConfig(**{**MODEL.__dict__, "tie_embeddings": tie})
+    torch.manual_seed(0)
+    model = Llama(config).double()
+    inputs = torch.randint(0, 16, (3, 6), generator=_gen(40))
+    targets = torch.randint(0, 16, (3, 6), generator=_gen(41))
+    targets[1, 2:4] = -100
+    jets = JetPass({p: _randn(K, *p.shape, seed=i) for i, p in enumerate(model.parameters())})
+    taylor = model.loss_jet(model.jet(inputs, jets), targets, jets)
+    names = [n for n, _ in model.named_parameters()]
+    for k in range(K):
+        def f(t, _):
+            params = {n: p + t * jets.directions[p][k] for n, p in zip(names, model.parameters())}
+            return token_losses(functional_call(model, params, (inputs,)), targets).sum()
+        _, second = _reference_jet(f, torch.zeros(()), torch.zeros(()), torch.zeros(()))
+        assert float(taylor[k]) == pytest.approx(float(second), rel=1e-11, abs=1e-11)
+
+
+def test_every_layer_type_has_a_rule_and_others_are_refused():
+    model = Llama(MODEL, attention_backend="reference").double()
+    check_jet_rules(model)  # every layer type of the model, tied or not
+    check_jet_rules(Llama(ModelConfig(**{**MODEL.__dict__, "tie_embeddings": False})))
+    tokens = torch.randint(0, 16, (3, 5), generator=_gen(50))
+    model.layers[0].dropout = nn.Dropout(0.0)  # a layer the rules do not know
+    for engine in ("taylor", "adjoint"):
+        with pytest.raises(ValueError, match=r"layer layers.0.dropout \(Dropout\) has no second-order rule"):
+            EpochHessian(model, tokens, batch_size=2, engine=engine, precision=CPU64)
+    EpochHessian(model, tokens, batch_size=2, engine="double_backward", precision=CPU64)  # HVP engines need no rules
+    del model.layers[0].dropout
+    model.layers[0].feed_forward.w2 = nn.Linear(16, 8, bias=True).double()
+    with pytest.raises(ValueError, match=r"feed_forward.w2 \(Linear with bias\)"):
+        EpochHessian(model, tokens, batch_size=2, engine="taylor", precision=CPU64)
+    with pytest.raises(ValueError, match="need reference attention"):
+        check_jet_rules(Llama(MODEL, attention_backend="sdpa"))
+
+
+def test_hvp_of_a_quadratic_form_engine_is_refused():
+    model = Llama(MODEL).double()
+    op = EpochHessian(model, torch.randint(0, 16, (3, 5)), batch_size=2, engine="adjoint", precision=CPU64)
+    with pytest.raises(ValueError, match="computes quadratic forms vᵀHv only"):
+        op.hvp(torch.zeros(1, op.flat.D, dtype=torch.float64))
+    assert math.isfinite(float(op.quadratic_forms(torch.ones(1, op.flat.D, dtype=torch.float64))[0]))
