@@ -1,12 +1,16 @@
-"""HVP cost relative to a gradient on the demo model (run on demand, not a test).
+"""Cost of a quadratic form vᵀHv per direction, relative to one gradient pass (run on demand, not a test).
 
-    .venv/bin/python benchmarks/hvp_cost.py [--device cpu|cuda] [--dtype float32|float64] [--compile]
+    .venv/bin/python benchmarks/hvp_cost.py [--device cpu|cuda] [--dtype float32|float64] [--amp]
+                                            [--compile] [--models demo,0.8M] [--ks 1,4,16] [--trials 5]
 
-Measures, in one process so the ratios share the machine's state: the time of one full-epoch
-gradient pass (forward + backward over the curvature micro-batches), the time of one full-epoch
-HVP pass per direction for each engine and K directions per pass, and (in fresh subprocesses)
-the peak memory of a gradient pass and of HVP passes. Targets (issue 3): one direction
-≤ 2.0× gradient; batched ≤ 1.5× gradient per direction.
+For each model (the demo run's shape, D = 28,832; and d_model 128, 4 layers, seq 128,
+D = 824,448) one process times, trial after trial, a full-epoch gradient pass (forward + backward
+over the curvature micro-batches) immediately followed by one full-epoch pass of each engine with
+K directions, so that every ratio pairs two measurements taken under the same machine load; the
+table reports the median of the per-trial ratios (time per direction ÷ gradient pass). Peak
+memory of one pass is measured in a fresh process per engine (CUDA: allocator peak; CPU: growth
+of resident memory). Targets: one direction ≤ 1.5× a gradient; K = 16 ≤ 0.75× per direction on
+the demo model and ≤ 1.0× on the 0.8M model; peak memory ≤ 2× the gradient pass's.
 """
 
 from __future__ import annotations
@@ -23,22 +27,32 @@ from pathlib import Path
 
 import torch
 
-from tiny_llm.config import load_config
+from tiny_llm.config import ModelConfig, load_config
 from tiny_llm.curvature import EpochHessian, Precision, pad_sequences
 from tiny_llm.model import Llama, count_parameters, token_losses
 
 REPO = Path(__file__).resolve().parents[1]
+ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter")
+TARGET_K16 = {"demo": 0.75, "0.8M": 1.0}
 
 
-def _setup(args):
-    config = load_config(REPO / "config/runs/demo.yaml")
+def _model_setup(name: str) -> tuple[ModelConfig, int, int, int]:
+    """(model shape, epoch sequences, tokens per sequence, curvature micro-batch)."""
+    if name == "demo":
+        config = load_config(REPO / "config/runs/demo.yaml")
+        return config.model, config.steps_per_epoch * config.training.batch_size, config.data.seq_len, 8
+    if name == "0.8M":
+        return ModelConfig(vocab_size=256, d_model=128, n_layers=4, n_heads=4, d_ff=344, max_seq_len=128), 32, 128, 8
+    raise ValueError(f"--models: expected demo or 0.8M, got {name!r}")
+
+
+def _setup(args, name: str):
+    shape, n_sequences, seq_len, hvp_batch = _model_setup(name)
     torch.manual_seed(0)
     precision = Precision(torch.device(args.device), getattr(torch, args.dtype), amp=args.amp)
-    model = Llama(config.model, attention_backend="reference").to(precision.device, precision.dtype)
-    n_sequences = config.steps_per_epoch * config.training.batch_size
-    tokens = torch.randint(0, config.model.vocab_size, (n_sequences, config.data.seq_len + 1),
-                           generator=torch.Generator().manual_seed(1))
-    return config, precision, model, tokens
+    model = Llama(shape, attention_backend="reference").to(precision.device, precision.dtype)
+    tokens = torch.randint(0, shape.vocab_size, (n_sequences, seq_len + 1), generator=torch.Generator().manual_seed(1))
+    return precision, model, tokens, hvp_batch
 
 
 def _sync(device: torch.device) -> None:
@@ -53,49 +67,78 @@ def _gradient_pass(model, batches, n_targets, precision) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def _timed(fn, device, repeats=3) -> float:
-    fn()  # warm-up (and compilation)
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _seconds(fn, device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
 
 
-def _peak_memory_mb(args, what: str) -> float:
+def _operator(args, model, tokens, hvp_batch, precision, engine, K) -> EpochHessian:
+    return EpochHessian(model, tokens, batch_size=hvp_batch, engine=engine, precision=precision,
+                        directions_per_pass=K, compile=args.compile and engine == "pearlmutter")
+
+
+def _paired_ratios(args, name: str) -> dict:
+    precision, model, tokens, hvp_batch = _setup(args, name)
+    batches = [(x.to(precision.device), y.to(precision.device)) for x, y in pad_sequences(tokens, hvp_batch)]
+    n_targets = tokens[:, 1:].numel()
+    gradient = lambda: _gradient_pass(model, batches, n_targets, precision)  # noqa: E731
+    ks = [int(k) for k in args.ks.split(",")]
+    cases = {}
+    for engine in ENGINES:
+        for K in ks:
+            op = _operator(args, model, tokens, hvp_batch, precision, engine, K)
+            V = torch.randn(K, op.flat.D, device=precision.device, dtype=precision.dtype)
+            cases[(engine, K)] = (op, V)
+            op.quadratic_forms(V)  # warm-up (and compilation)
+    gradient()
+    ratios = {key: [] for key in cases}
+    gradient_seconds = []
+    for trial in range(args.trials):
+        for (engine, K), (op, V) in cases.items():
+            g = _seconds(gradient, precision.device)
+            q = _seconds(lambda: op.quadratic_forms(V), precision.device)
+            gradient_seconds.append(g)
+            ratios[(engine, K)].append(q / K / g)
+        print(f"  {name}: trial {trial + 1}/{args.trials} done", file=sys.stderr, flush=True)
+    rows = [{"engine": e, "K": K, "per_direction_over_gradient": statistics.median(r),
+             "range": [min(r), max(r)]} for (e, K), r in ratios.items()]
+    memory = {"gradient": _peak_memory_mb(args, name, "gradient")}
+    for engine in ENGINES:
+        for K in (1, max(ks)):
+            memory[f"{engine} K={K}"] = _peak_memory_mb(args, name, f"{engine}:{K}")
+    return {"parameters_D": count_parameters(model), "epoch_sequences": len(tokens), "seq_len": tokens.size(1) - 1,
+            "hvp_batch_size": hvp_batch, "gradient_seconds_median": statistics.median(gradient_seconds),
+            "rows": rows, "peak_memory_mb": memory}
+
+
+def _peak_memory_mb(args, name: str, what: str) -> float:
     """Peak memory of one pass, measured in a fresh process (CUDA: allocator peak; CPU: RSS growth)."""
-    command = [sys.executable, __file__, "--device", args.device, "--dtype", args.dtype, "--memory-of", what]
-    if args.compile:
-        command.append("--compile")
+    command = [sys.executable, __file__, "--device", args.device, "--dtype", args.dtype, "--memory-of", f"{name}:{what}"]
+    command += ["--amp"] * args.amp + ["--compile"] * args.compile
     return float(subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip())
 
 
 def _memory_of(args) -> None:
-    config, precision, model, tokens = _setup(args)
-    hvp_batch = config.training.micro_batch_size
+    name, what = args.memory_of.split(":", 1)
+    precision, model, tokens, hvp_batch = _setup(args, name)
     batches = [(x.to(precision.device), y.to(precision.device)) for x, y in pad_sequences(tokens, hvp_batch)]
-    n_targets = tokens[:, 1:].numel()
-    what = args.memory_of.split(":")
-    kind = what[0]
+    if what != "gradient":
+        engine, K = what.split(":")
+        op = _operator(args, model, tokens, hvp_batch, precision, engine, int(K))
+        V = torch.randn(int(K), op.flat.D, device=precision.device, dtype=precision.dtype)
     if precision.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(precision.device)
         base = torch.cuda.memory_allocated(precision.device)
     else:
         sampler = _RssSampler()
-    if kind == "gradient":
-        _gradient_pass(model, batches, n_targets, precision)
+    if what == "gradient":
+        _gradient_pass(model, batches, tokens[:, 1:].numel(), precision)
     else:
-        engine, K = what[1], int(what[2])
-        op = EpochHessian(model, tokens, batch_size=hvp_batch, engine=engine, precision=precision,
-                          directions_per_pass=K, compile=args.compile and engine == "pearlmutter")
-        op.quadratic_forms(torch.randn(K, op.flat.D, device=precision.device, dtype=precision.dtype))
-    if precision.device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(precision.device) - base
-    else:
-        peak = sampler.stop()
+        op.quadratic_forms(V)
+    peak = torch.cuda.max_memory_allocated(precision.device) - base if precision.device.type == "cuda" else sampler.stop()
     print(peak / 2**20)
 
 
@@ -124,49 +167,49 @@ class _RssSampler:
         return max(self.peak, self._rss()) - self.base
 
 
+def _print_report(report: dict) -> None:
+    print(f"{report['device']} {report['dtype']}{' amp' if report['amp'] else ''}"
+          f"{' compiled pearlmutter' if report['compile'] else ''}, torch {report['torch']}, "
+          f"{report['threads']} threads, {report['trials']} paired trials")
+    for name, model in report["models"].items():
+        print(f"\n{name}: D = {model['parameters_D']:,}, epoch {model['epoch_sequences']} sequences x "
+              f"{model['seq_len']} tokens, curvature micro-batch {model['hvp_batch_size']}, "
+              f"gradient pass {model['gradient_seconds_median'] * 1e3:.0f} ms (median)")
+        print("| engine | K | per direction ÷ gradient (median) | range |\n| --- | ---: | ---: | --- |")
+        for r in model["rows"]:
+            print(f"| {r['engine']} | {r['K']} | {r['per_direction_over_gradient']:.2f} | "
+                  f"{r['range'][0]:.2f}–{r['range'][1]:.2f} |")
+        memory = model["peak_memory_mb"]
+        print("peak memory of one pass (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
+        best_one = min(r["per_direction_over_gradient"] for r in model["rows"] if r["K"] == 1)
+        k16 = [r["per_direction_over_gradient"] for r in model["rows"] if r["K"] == 16 and r["engine"] == "adjoint"]
+        print(f"targets: one direction {best_one:.2f} (≤ 1.5)"
+              + (f"; adjoint K=16 {k16[0]:.2f} (≤ {TARGET_K16[name]})" if k16 else "")
+              + "; memory ÷ gradient: " + ", ".join(f"{k} {v / memory['gradient']:.1f}"
+                                                  for k, v in memory.items() if k != "gradient"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    parser.add_argument("--amp", action="store_true")
-    parser.add_argument("--compile", action="store_true", help="compile the pearlmutter engine")
-    parser.add_argument("--ks", default="1,4,8,16")
+    parser.add_argument("--amp", action="store_true", help="bf16 autocast in the forward")
+    parser.add_argument("--compile", action="store_true", help="compile the pearlmutter engine (CUDA)")
+    parser.add_argument("--models", default="demo,0.8M", help="comma-separated: demo, 0.8M (default both)")
+    parser.add_argument("--ks", default="1,4,16", help="directions per pass to measure (default 1,4,16)")
+    parser.add_argument("--trials", type=int, default=5, help="paired trials per engine and K (default 5)")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/out/hvp_cost.json")
     args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device is available here")
     if args.memory_of:
         return _memory_of(args)
-
-    config, precision, model, tokens = _setup(args)
-    hvp_batch = config.training.micro_batch_size
-    batches = [(x.to(precision.device), y.to(precision.device)) for x, y in pad_sequences(tokens, hvp_batch)]
-    n_targets = tokens[:, 1:].numel()
-    gradient = _timed(lambda: _gradient_pass(model, batches, n_targets, precision), precision.device)
-    rows = []
-    for engine in ("double_backward", "pearlmutter"):
-        for K in [int(k) for k in args.ks.split(",")]:
-            op = EpochHessian(model, tokens, batch_size=hvp_batch, engine=engine, precision=precision,
-                              directions_per_pass=K, compile=args.compile and engine == "pearlmutter")
-            V = torch.randn(K, op.flat.D, device=precision.device, dtype=precision.dtype)
-            seconds = _timed(lambda: op.quadratic_forms(V), precision.device)
-            rows.append({"engine": engine, "K": K, "pass_seconds": seconds, "per_direction_seconds": seconds / K,
-                         "per_direction_over_gradient": seconds / K / gradient})
-    memory = {"gradient_mb": _peak_memory_mb(args, "gradient")}
-    for engine in ("double_backward", "pearlmutter"):
-        for K in (1, 8):
-            memory[f"{engine}_K{K}_mb"] = _peak_memory_mb(args, f"hvp:{engine}:{K}")
-    report = {"device": str(precision.device), "dtype": args.dtype, "amp": args.amp, "compile": args.compile,
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "parameters_D": count_parameters(model),
-              "epoch_sequences": len(tokens), "hvp_batch_size": hvp_batch, "gradient_seconds": gradient,
-              "hvp": rows, "peak_memory": memory}
-    print(f"D = {report['parameters_D']}, epoch = {len(tokens)} sequences x {config.data.seq_len} tokens, "
-          f"{args.device} {args.dtype}{' amp' if args.amp else ''}{' compiled' if args.compile else ''}")
-    print(f"gradient pass: {gradient * 1e3:.1f} ms")
-    print(f"{'engine':<16} {'K':>3} {'pass ms':>9} {'per dir ms':>11} {'÷ gradient':>11}")
-    for r in rows:
-        print(f"{r['engine']:<16} {r['K']:>3} {r['pass_seconds'] * 1e3:>9.1f} {r['per_direction_seconds'] * 1e3:>11.1f} "
-              f"{r['per_direction_over_gradient']:>11.2f}")
-    print("peak memory (MB): " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in memory.items()))
+    report = {"device": args.device, "dtype": args.dtype, "amp": args.amp, "compile": args.compile,
+              "torch": torch.__version__, "threads": torch.get_num_threads(), "trials": args.trials,
+              "at": time.strftime("%Y-%m-%d"), "models": {name: _paired_ratios(args, name)
+                                                          for name in args.models.split(",")}}
+    _print_report(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
 

@@ -52,12 +52,19 @@ def add_terms(*terms: torch.Tensor | None) -> torch.Tensor | None:
     return None if not present else present[0] if len(present) == 1 else sum(present[1:], present[0])
 
 
-def per_direction(x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-    """x Vₖᵀ for every direction k as one matmul: x (..., n) shared, V (K, m, n) → (K, ..., m)."""
+def per_direction(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x Vₖᵀ for every direction k: x (..., n) shared, V (K, m, n) → (K, ..., m), contiguous.
+
+    With ``out`` (K, ..., m), adds to it in place instead (one batched GEMM with β = 1: no
+    temporary and no separate addition).
+    """
     K, m, n = V.shape
     M = x.numel() // n
-    out = x.reshape(M, n) @ V.reshape(K * m, n).T  # (M, K·m)
-    return out.view(M, K, m).transpose(0, 1).view(K, *x.shape[:-1], m)
+    shared = x.reshape(1, M, n).expand(K, M, n).to(V.dtype if out is None else out.dtype)
+    if out is None:
+        return torch.bmm(shared, V.transpose(1, 2)).view(K, *x.shape[:-1], m)
+    out.view(K, M, m).baddbmm_(shared, V.transpose(1, 2).to(out.dtype))
+    return out
 
 
 def shared_matmul(A: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
@@ -70,7 +77,7 @@ def shared_matmul(A: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
 
 def per_direction_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """⟨aₖ, bₖ⟩ over all axes but the first, in at least float32: a (K, ...) and b either (K, ...)
-    of the same shape or shared (...) → (K,). Written as matrix products, so no temporary of a's size."""
+    of the same shape or shared (...) → (K,), without a temporary of a's size."""
     wide = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
     a, b = a.to(wide), b.to(wide)
     K = a.size(0)
@@ -78,7 +85,7 @@ def per_direction_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a.reshape(K, -1) @ b.reshape(-1)
     if b.shape != a.shape:
         raise ValueError(f"per_direction_dot: shapes {tuple(a.shape)} and {tuple(b.shape)} do not pair")
-    return torch.bmm(a.reshape(K, 1, -1), b.reshape(K, -1, 1)).view(K)
+    return torch.linalg.vecdot(a.reshape(K, -1), b.reshape(K, -1))
 
 
 class JetPass:

@@ -48,10 +48,10 @@ def linear_jet(x: Jet, linear: nn.Linear, jets: JetPass) -> Jet:
     """y = x Wᵀ with W(t) = W + tV: y1 = x1Wᵀ + x0Vᵀ, y2 = x2Wᵀ + 2x1Vᵀ (own term 2x1Vᵀ,
     contracted as 2⟨λV, x1⟩ in the adjoint mode)."""
     W, V = linear.weight, jets.direction(linear.weight)  # (out, in), (K, out, in)
-    y0, y1 = F.linear(x.z0, W), F.linear(x.z1, W) + per_direction(x.z0, V)
+    y0, y1 = F.linear(x.z0, W), per_direction(x.z0, V, out=F.linear(x.z1, W))
     lam = jets.adjoint(linear, x)
     if lam is not None:
-        jets.absorb(2 * per_direction_dot(per_direction(lam, V.transpose(1, 2)), x.z1))
+        jets.absorb(2 * per_direction_dot(per_direction(lam, V.transpose(1, 2)), x.z1))  # 2⟨λV, x1⟩
         return Jet(y0, y1)
     y2 = 2 * torch.bmm(x.z1.reshape(V.size(0), x.z0.numel() // V.size(2), V.size(2)), V.transpose(1, 2)).view(y1.shape)
     return jets.emit(linear, Jet(y0, y1, y2 if x.z2 is None else y2 + F.linear(x.z2, W)))
