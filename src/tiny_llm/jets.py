@@ -77,13 +77,14 @@ def shared_matmul(A: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
 
 def per_direction_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """⟨aₖ, bₖ⟩ over all axes but the first, in at least float32: a (K, ...) and b either (K, ...)
-    of the same shape or shared (...) → (K,), without a temporary of a's size."""
+    with the same elements in the same order (any view) or shared (...) → (K,), without a
+    temporary of a's size."""
     wide = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
     a, b = a.to(wide), b.to(wide)
     K = a.size(0)
-    if b.shape == a.shape[1:]:
+    if b.numel() * K == a.numel() and b.numel() != a.numel():
         return a.reshape(K, -1) @ b.reshape(-1)
-    if b.shape != a.shape:
+    if b.numel() != a.numel():
         raise ValueError(f"per_direction_dot: shapes {tuple(a.shape)} and {tuple(b.shape)} do not pair")
     return torch.linalg.vecdot(a.reshape(K, -1), b.reshape(K, -1))
 

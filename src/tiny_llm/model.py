@@ -51,7 +51,10 @@ def linear_jet(x: Jet, linear: nn.Linear, jets: JetPass) -> Jet:
     y0, y1 = F.linear(x.z0, W), per_direction(x.z0, V, out=F.linear(x.z1, W))
     lam = jets.adjoint(linear, x)
     if lam is not None:
-        jets.absorb(2 * per_direction_dot(per_direction(lam, V.transpose(1, 2)), x.z1))  # 2⟨λV, x1⟩
+        K, m, n = V.shape
+        lam_v = torch.bmm(lam.reshape(1, -1, m).expand(K, -1, m).to(V.dtype), V,
+                          out=jets.buffer("linear λV", (K, lam.numel() // m, n), V))
+        jets.absorb(2 * per_direction_dot(lam_v, x.z1))  # 2⟨λV, x1⟩
         return Jet(y0, y1)
     y2 = 2 * torch.bmm(x.z1.reshape(V.size(0), x.z0.numel() // V.size(2), V.size(2)), V.transpose(1, 2)).view(y1.shape)
     return jets.emit(linear, Jet(y0, y1, y2 if x.z2 is None else y2 + F.linear(x.z2, W)))
@@ -231,7 +234,7 @@ class FeedForward(nn.Module):
         else:
             d1, d2 = silu_derivatives(a.z0)
             weight = lam * d1
-            t = torch.mul(a.z1, lam * d2 * b.z0).addcmul_(b.z1, weight, value=2)
+            t = torch.mul(a.z1, lam * d2 * b.z0, out=jets.buffer("gate t", a.z1.shape, a.z1)).addcmul_(b.z1, weight, value=2)
             jets.absorb(per_direction_dot(t, a.z1))  # ⟨λ, s″a1²b0 + 2s′a1b1⟩
             gate = Jet(silu(a.z0) * b.z0, torch.mul(a.z1, d1 * b.z0).addcmul_(b.z1, silu(a.z0)))
         return linear_jet(gate, self.w2, jets)
