@@ -228,6 +228,14 @@ class EpochHessian:
         """vᵀH_b v for one curvature micro-batch (its share of the epoch loss), V (K, D) → (K,) float64."""
         if self.engine not in FORM_ENGINES:
             return (V.double() * self.batch_products(V, inputs, targets).double()).sum(dim=1)
+        if self.engine == "taylor" and len(V) > 1 and len(inputs) > 1:
+            # Taylor mode holds every coefficient of a layer for K directions at once: taking the
+            # sequences in groups of B/K keeps that near one primal forward of the micro-batch.
+            rows = max(1, len(inputs) // len(V))
+            return sum(self._jet_forms(V, inputs[i:i + rows], targets[i:i + rows]) for i in range(0, len(inputs), rows))
+        return self._jet_forms(V, inputs, targets)
+
+    def _jet_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         jets = JetPass(self._directions(V), self._adjoints(inputs, targets) if self.engine == "adjoint" else None,
                        workspace=self._workspace)
         with torch.no_grad(), self.precision.autocast():
