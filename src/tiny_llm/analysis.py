@@ -33,7 +33,7 @@ from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, s
 from tiny_llm.train import average_states
 
 __all__ = ["AnalysisSettings", "CASES", "LoadedState", "analyze_state", "check_output_binding", "load_state",
-           "output_binding", "resolve_checkpoints", "settings_from_dict"]
+           "output_binding", "quadratic_form_engine", "resolve_checkpoints", "settings_from_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class AnalysisSettings:
     """Seed of the noise-batch draw and the Rademacher directions (reused across checkpoints)."""
     hvp_batch_size: int | None = None
     """Curvature micro-batch size (None = training.micro_batch_size); never changes H."""
-    directions_per_pass: int = 8
+    directions_per_pass: int = 16
     """K directions share each pass over the data; bounded by memory."""
     engine: Literal["auto", "taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference"] = "auto"
     """Engine of every quadratic form vᵀHv: taylor or adjoint (second derivatives along v, no Hv),
@@ -206,6 +206,14 @@ class _Resolved:
     hvp_compiled: bool
 
 
+def quadratic_form_engine(settings: AnalysisSettings) -> str:
+    """The engine of the quadratic forms: ``settings.engine``, with auto as adjoint (K > 1 directions
+    per pass) or taylor (K = 1), the fastest exact engines measured (benchmarks/README.md)."""
+    if settings.engine != "auto":
+        return settings.engine
+    return "adjoint" if settings.directions_per_pass > 1 else "taylor"
+
+
 def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
     name = settings.device
     if name == "auto":
@@ -216,9 +224,7 @@ def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"--device: expected cpu, cuda or cuda:N, got {settings.device!r}")
     cuda = device.type == "cuda"
-    engine = settings.engine
-    if engine == "auto":
-        engine = "adjoint" if settings.directions_per_pass > 1 else "taylor"
+    engine = quadratic_form_engine(settings)
     hvp_engine = engine if engine in HVP_ENGINES else "pearlmutter" if cuda and settings.compile_hvp else "double_backward"
     return _Resolved(device=device, dtype=getattr(torch, settings.dtype), engine=engine,
                      compiled=cuda and settings.compile_hvp and engine == "pearlmutter",

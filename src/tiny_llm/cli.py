@@ -83,7 +83,7 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
     an.add_argument("--random-samples", type=int, default=32, help="S_r Rademacher directions (default 32)")
     an.add_argument("--seed", type=int, default=42, help="seed of batch draws and directions (default 42)")
     an.add_argument("--hvp-batch-size", type=int, help="curvature micro-batch (default: training micro-batch)")
-    an.add_argument("--directions-per-pass", type=int, default=8, help="K directions per data pass (default 8)")
+    an.add_argument("--directions-per-pass", type=int, default=16, help="K directions per data pass (default 16)")
     an.add_argument("--engine", default="auto", choices=["auto", *ENGINES],
                     help="engine of the quadratic forms vᵀHv: taylor, adjoint (no Hessian-vector products) or an HVP "
                          "engine (auto: adjoint, or taylor with --directions-per-pass 1); spectra use an HVP engine")

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import yaml
 
-from tiny_llm.analysis import AnalysisSettings, _resolve
+from tiny_llm.analysis import AnalysisSettings, _resolve, quadratic_form_engine
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature import EpochHessian, FlatParameters, Precision
 from tiny_llm.io import atomic_write_json
@@ -41,7 +41,7 @@ def timing_key(config: RunConfig, settings: AnalysisSettings, device_kind: str) 
             "micro_batch_size": config.training.micro_batch_size,
             "hvp_batch_size": settings.hvp_batch_size or config.training.micro_batch_size,
             "directions_per_pass": settings.directions_per_pass, "dtype": settings.dtype, "amp": settings.amp,
-            "tf32": settings.tf32, "engine": settings.engine, "compile_hvp": settings.compile_hvp,
+            "tf32": settings.tf32, "engine": quadratic_form_engine(settings), "compile_hvp": settings.compile_hvp,
             "device_kind": device_kind}
 
 

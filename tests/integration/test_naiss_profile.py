@@ -40,7 +40,7 @@ def indexed(tmp_path_factory):
     (path / "run.yaml").write_text(yaml.safe_dump(RUN))
     key = {"d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16, "vocab_size": 256, "seq_len": 16, "batch_size": 4,
            "micro_batch_size": 3, "hvp_batch_size": 3, "directions_per_pass": 4, "dtype": "float32", "amp": False,
-           "tf32": True, "engine": "auto", "compile_hvp": True, "device_kind": "cuda:NVIDIA GH200 480GB"}
+           "tf32": True, "engine": "adjoint", "compile_hvp": True, "device_kind": "cuda:NVIDIA GH200 480GB"}
     (path / "timing.json").write_text(json.dumps({"entries": [{"key": key, "seconds": SECONDS}]}))
     config = {"train_runs": {"tiny": {"config": str(path / "run.yaml"), "shard_tokens": 64}},
               "analyses": {"gpu": {"run": "runs/tiny", "settings": SETTINGS}},

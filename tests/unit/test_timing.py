@@ -36,7 +36,7 @@ def test_lookup_matches_the_setup_and_gpu_kind(tmp_path):
     entries = load_profiles([tmp_path / "timing", tmp_path / "missing.yaml"])
     assert lookup(entries, {**key, "device_kind": ""}, "GH200") == SECONDS
     assert lookup(entries, {**key, "device_kind": ""}, "H100") is None
-    assert lookup(entries, {**key, "directions_per_pass": 16}) is None
+    assert lookup(entries, {**key, "directions_per_pass": 4}) is None
 
 
 def test_calibrate_measures_this_machine(tmp_path):
