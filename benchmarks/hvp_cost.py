@@ -87,7 +87,8 @@ def _paired_ratios(args, name: str) -> dict:
     gradient = lambda: _gradient_pass(model, batches, n_targets, precision)  # noqa: E731
     ks = [int(k) for k in args.ks.split(",")]
     cases = {}
-    for engine in ENGINES:
+    engines = args.engines.split(",")
+    for engine in engines:
         for K in ks:
             op = _operator(args, model, tokens, hvp_batch, precision, engine, K)
             V = torch.randn(K, op.flat.D, device=precision.device, dtype=precision.dtype)
@@ -106,8 +107,8 @@ def _paired_ratios(args, name: str) -> dict:
     rows = [{"engine": e, "K": K, "per_direction_over_gradient": statistics.median(r),
              "range": [min(r), max(r)]} for (e, K), r in ratios.items()]
     memory = {"gradient": _peak_memory_mb(args, name, "gradient")}
-    for engine in ENGINES:
-        for K in (1, max(ks)):
+    for engine in engines:
+        for K in sorted({min(ks), max(ks)}):
             memory[f"{engine} K={K}"] = _peak_memory_mb(args, name, f"{engine}:{K}")
     return {"parameters_D": count_parameters(model), "epoch_sequences": len(tokens), "seq_len": tokens.size(1) - 1,
             "hvp_batch_size": hvp_batch, "gradient_seconds_median": statistics.median(gradient_seconds),
@@ -198,6 +199,7 @@ def main() -> None:
     parser.add_argument("--models", default="demo,0.8M", help="comma-separated: demo, 0.8M (default both)")
     parser.add_argument("--ks", default="1,4,16", help="directions per pass to measure (default 1,4,16)")
     parser.add_argument("--trials", type=int, default=5, help="paired trials per engine and K (default 5)")
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated (default {','.join(ENGINES)})")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/out/hvp_cost.json")
     args = parser.parse_args()

@@ -3,7 +3,7 @@
 ``analyze_state(run_dir, checkpoints, case, settings, output)`` checks everything before any
 compute (root checkpoints only, identical aliases, strict names/shapes, finite weights, packed
 workers present and consistent with the saved average, cache capacity, precision options), runs
-``noise.measure_case`` and writes the result keys of DESIGN.md atomically. An existing result
+``noise.measure_case`` and writes the result (keys listed in the README) atomically. An existing result
 with the same identity is reused; one with another identity is refused.
 """
 

@@ -228,16 +228,25 @@ class EpochHessian:
         """vᵀH_b v for one curvature micro-batch (its share of the epoch loss), V (K, D) → (K,) float64."""
         if self.engine not in FORM_ENGINES:
             return (V.double() * self.batch_products(V, inputs, targets).double()).sum(dim=1)
-        if self.engine == "taylor" and len(V) > 1 and len(inputs) > 1:
-            # Taylor mode holds every coefficient of a layer for K directions at once: taking the
-            # sequences in groups of B/K keeps that near one primal forward of the micro-batch.
-            rows = max(1, len(inputs) // len(V))
-            return sum(self._jet_forms(V, inputs[i:i + rows], targets[i:i + rows]) for i in range(0, len(inputs), rows))
-        return self._jet_forms(V, inputs, targets)
+        adjoints = self._adjoints(inputs, targets) if self.engine == "adjoint" else None
+        rows = self._group_rows(len(V), len(inputs))
+        forms = torch.zeros(len(V), dtype=torch.float64, device=self.precision.device)
+        for start in range(0, len(inputs), rows):
+            group = None if adjoints is None else {key: lam[start:start + rows] for key, lam in adjoints.items()}
+            forms += self._jet_forms(V, inputs[start:start + rows], targets[start:start + rows], group)
+        return forms
 
-    def _jet_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        jets = JetPass(self._directions(V), self._adjoints(inputs, targets) if self.engine == "adjoint" else None,
-                       workspace=self._workspace)
+    def _group_rows(self, K: int, B: int) -> int:
+        """Sequences per jet pass. Taylor mode holds every coefficient of a layer for K directions
+        at once: groups of B/K sequences keep that near one primal forward of the micro-batch. The
+        adjoint engine takes the whole micro-batch: cut finer, its passes slow down on small models
+        (0.50 → 0.74 of a gradient per direction on the demo model); its memory is recorded in
+        benchmarks/README.md and shrinks with K or the curvature micro-batch."""
+        return max(1, B // K) if self.engine == "taylor" else B
+
+    def _jet_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
+                   adjoints: dict | None) -> torch.Tensor:
+        jets = JetPass(self._directions(V), adjoints, workspace=self._workspace)
         with torch.no_grad(), self.precision.autocast():
             forms = self.model.loss_jet(self.model.jet(inputs, jets), targets, jets).double() / self.n_targets
         return forms if jets.absorbed is None else forms + jets.absorbed.double()

@@ -11,8 +11,9 @@ Modes of a pass (``JetPass``):
 * record: a primal-only pass (zero directions) under autograd that keeps the output of every
   named node, so that one reverse pass gives each node's adjoint λ = ∂L/∂y.
 * adjoint: with those λ, a node hands on z2 = 0 and adds ⟨λ, Q⟩ instead, Q being the node's own
-  second-order term; Q reaches the loss linearly, through λ, so the sum is exact. Where a node's
-  inputs carry no z2, ⟨λ, Q⟩ is contracted without forming Q (bilinear nodes: ⟨λ, a1∘b1⟩).
+  second-order term; Q reaches the loss linearly, through λ, so the sum is exact. Generic nodes
+  form Q and contract it (``emit``); the rules of the costly layers (linear, attention core,
+  SwiGLU gate) contract ⟨λ, Q⟩ without forming Q where their inputs carry no z2 (``adjoint``).
 """
 
 from __future__ import annotations
@@ -107,7 +108,6 @@ class JetPass:
         self.recorded: dict[Hashable, torch.Tensor] | None = {} if record else None
         self.absorbed: torch.Tensor | None = None
         """Σ ⟨λ, Q⟩ over the nodes absorbed so far, (K,)."""
-        self._cache: dict[Hashable, torch.Tensor] = {}
 
     def direction(self, parameter: torch.Tensor) -> torch.Tensor:
         return self.directions[parameter]
@@ -153,15 +153,6 @@ class JetPass:
         """z = a∘b for a bilinear ∘ (``torch.mul`` or ``torch.matmul``, broadcasting over K):
         z1 = a1∘b0 + a0∘b1, z2 = a2∘b0 + 2a1∘b1 + a0∘b2."""
         z0, z1 = op(a.z0, b.z0), op(a.z1, b.z0) + op(a.z0, b.z1)
-        lam = self.adjoint(key, a, b)
-        if lam is not None:  # Q = 2a1∘b1: ⟨λ, a1∘b1⟩ without forming a1∘b1
-            if op is torch.mul:
-                self.absorb(2 * per_direction_dot(a.z1 * b.z1, lam))
-            elif a.z1[0].numel() <= b.z1[0].numel():  # ⟨λ, a1 b1⟩ = ⟨λ b1ᵀ, a1⟩
-                self.absorb(2 * per_direction_dot(lam @ b.z1.transpose(-2, -1), a.z1))
-            else:  # = ⟨a1ᵀ λ, b1⟩
-                self.absorb(2 * per_direction_dot(a.z1.transpose(-2, -1) @ lam, b.z1))
-            return Jet(z0, z1)
         twice = op(2 * a.z1, b.z1) if a.z1.numel() <= b.z1.numel() else op(a.z1, 2 * b.z1)
         z2 = add_terms(twice, None if a.z2 is None else op(a.z2, b.z0),
                        None if b.z2 is None else op(a.z0, b.z2))
@@ -172,19 +163,10 @@ class JetPass:
         """p = softmax(s) along the last axis, ⟨·,·⟩ that axis's inner product, c = s1 − ⟨p0, s1⟩:
         p1 = p0 c, p2 = p1 c + p0 (s2 − ⟨p1, s1⟩ − ⟨p0, s2⟩). Masked entries: s0 = −∞ gives p0 = 0,
         so finite s1 and s2 there do not matter.
-
-        The own second-order term (s2 = 0) has ⟨λ, p1 c − p0⟨p1, s1⟩⟩ = ⟨p0 (λ − ⟨λ, p0⟩), c²⟩,
-        since ⟨p1, s1⟩ = ⟨p0, c²⟩: the shared weight is the softmax's backward of λ.
         """
         p0 = torch.softmax(s.z0, dim=-1)
         c = s.z1 - (p0 * s.z1).sum(-1, keepdim=True)
         p1 = p0 * c
-        lam = self.adjoint(key, s)
-        if lam is not None:
-            if key not in self._cache:
-                self._cache[key] = p0 * (lam - (lam * p0).sum(-1, keepdim=True))
-            self.absorb(per_direction_dot(c * self._cache[key], c))
-            return Jet(p0, p1)
         p1c = p1 * c
         inner = -p1c.sum(-1, keepdim=True)  # −⟨p1, s1⟩ = −⟨p0, c²⟩
         if s.z2 is not None:

@@ -1,6 +1,6 @@
 """Gradient-noise and curvature statistics of one parameter state on one data case.
 
-Definitions (seed reference, DESIGN.md): the epoch loss L is the token-mean cross-entropy over
+Definitions: the epoch loss L is the token-mean cross-entropy over
 every target token of the case's epoch; H = ∇²L, ḡ = ∇L. An effective batch i (one optimizer
 batch, accumulated over training's micro-batches) gives gᵢ, and vᵢ = gᵢ − ḡ. sᵢ are Rademacher
 directions; D counts unique trainable parameters.
