@@ -225,17 +225,20 @@ def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
         raise ValueError(f"--device: expected cpu, cuda or cuda:N, got {settings.device!r}")
     cuda = device.type == "cuda"
     engine = quadratic_form_engine(settings)
-    hvp_engine = engine if engine in HVP_ENGINES else "pearlmutter" if cuda and settings.compile_hvp else "double_backward"
+    hvp_engine = engine if engine in HVP_ENGINES else ("pearlmutter" if cuda and settings.compile_hvp
+                                                        else "double_backward")
     return _Resolved(device=device, dtype=getattr(torch, settings.dtype), engine=engine,
                      compiled=cuda and settings.compile_hvp and engine == "pearlmutter",
                      tf32=cuda and settings.dtype == "float32" and settings.tf32,
                      hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
-                     hvp_engine=hvp_engine, hvp_compiled=cuda and settings.compile_hvp and hvp_engine == "pearlmutter")
+                     hvp_engine=hvp_engine,
+                     hvp_compiled=cuda and settings.compile_hvp and hvp_engine == "pearlmutter")
 
 
 def _identity(settings: AnalysisSettings, resolved: _Resolved, config: RunConfig, cache: TokenCache) -> dict:
     numerical = {**asdict(settings), "device": resolved.device.type, "engine": resolved.engine,
-                 "compiled": resolved.compiled, "hvp_engine": resolved.hvp_engine, "hvp_compiled": resolved.hvp_compiled, "tf32": resolved.tf32, "hvp_batch_size": resolved.hvp_batch_size,
+                 "compiled": resolved.compiled, "hvp_engine": resolved.hvp_engine,
+                 "hvp_compiled": resolved.hvp_compiled, "tf32": resolved.tf32, "hvp_batch_size": resolved.hvp_batch_size,
                  "micro_batch_size": config.training.micro_batch_size}
     execution = {"device_kind": resolved.device.type if resolved.device.type == "cpu"
                  else f"cuda:{torch.cuda.get_device_name(resolved.device)}"}

@@ -159,7 +159,7 @@ class JetPass:
         out = Jet(z0, z1, z2)
         return out if key is None else self.emit(key, out)
 
-    def softmax(self, s: Jet, key: Hashable | None = None) -> Jet:
+    def softmax(self, s: Jet) -> Jet:
         """p = softmax(s) along the last axis, ⟨·,·⟩ that axis's inner product, c = s1 − ⟨p0, s1⟩:
         p1 = p0 c, p2 = p1 c + p0 (s2 − ⟨p1, s1⟩ − ⟨p0, s2⟩). Masked entries: s0 = −∞ gives p0 = 0,
         so finite s1 and s2 there do not matter.
@@ -171,5 +171,4 @@ class JetPass:
         inner = -p1c.sum(-1, keepdim=True)  # −⟨p1, s1⟩ = −⟨p0, c²⟩
         if s.z2 is not None:
             inner = inner + s.z2 - (p0 * s.z2).sum(-1, keepdim=True)
-        out = Jet(p0, p1, p1c.add_(p0 * inner))
-        return out if key is None else self.emit(key, out)
+        return Jet(p0, p1, p1c.add_(p0 * inner))

@@ -50,13 +50,13 @@ def linear_jet(x: Jet, linear: nn.Linear, jets: JetPass) -> Jet:
     W, V = linear.weight, jets.direction(linear.weight)  # (out, in), (K, out, in)
     y0, y1 = F.linear(x.z0, W), per_direction(x.z0, V, out=F.linear(x.z1, W))
     lam = jets.adjoint(linear, x)
+    K, m, n = V.shape
     if lam is not None:
-        K, m, n = V.shape
         lam_v = torch.bmm(lam.reshape(1, -1, m).expand(K, -1, m).to(V.dtype), V,
                           out=jets.buffer("linear λV", (K, lam.numel() // m, n), V))
         jets.absorb(2 * per_direction_dot(lam_v, x.z1))  # 2⟨λV, x1⟩
         return Jet(y0, y1)
-    y2 = 2 * torch.bmm(x.z1.reshape(V.size(0), x.z0.numel() // V.size(2), V.size(2)), V.transpose(1, 2)).view(y1.shape)
+    y2 = 2 * torch.bmm(x.z1.reshape(K, x.z0.numel() // n, n), V.transpose(1, 2)).view(y1.shape)
     return jets.emit(linear, Jet(y0, y1, y2 if x.z2 is None else y2 + F.linear(x.z2, W)))
 
 
@@ -137,7 +137,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
 
 def reference_attention_jet(q: Jet, k: Jet, v: Jet, jets: JetPass, key: nn.Module) -> Jet:
     """The jet of ``reference_attention``: scores s = (q/√hs) kᵀ and probs × values by the product
-    rule, the softmax's own rule; each is a node of the adjoint mode (keys (key, "scores"|"probs"|"values"))."""
+    rule, the softmax by its own; scores and values are the adjoint mode's nodes (keys (key, "scores"),
+    (key, "values")), absorbed together by ``_attention_adjoint_jet``."""
     T, hs = q.z0.size(-2), q.z0.size(-1)
     future = torch.ones(T, T, dtype=torch.bool, device=q.z0.device).triu(1)
     with _without_autocast(q.z0):
@@ -147,7 +148,7 @@ def reference_attention_jet(q: Jet, k: Jet, v: Jet, jets: JetPass, key: nn.Modul
             return _attention_adjoint_jet(q, k, v, future, lam_s, lam_o, jets)
         scores = jets.product(q, k.map(lambda z: z.transpose(-2, -1)), torch.matmul, key=(key, "scores"))
         scores = Jet(scores.z0.masked_fill(future, float("-inf")), scores.z1, scores.z2)  # p0 = 0 there
-        probs = jets.softmax(scores, key=(key, "probs"))
+        probs = jets.softmax(scores)
     return jets.product(probs.map(lambda z: z.to(v.z0.dtype)), v, torch.matmul, key=(key, "values"))
 
 
@@ -233,9 +234,8 @@ class FeedForward(nn.Module):
             gate = jets.product(silu_jet(a), b, key=(self, "gate"))
         else:
             d1, d2 = silu_derivatives(a.z0)
-            weight = lam * d1
-            t = torch.mul(a.z1, lam * d2 * b.z0, out=jets.buffer("gate t", a.z1.shape, a.z1)).addcmul_(b.z1, weight, value=2)
-            jets.absorb(per_direction_dot(t, a.z1))  # ⟨λ, s″a1²b0 + 2s′a1b1⟩
+            t = torch.mul(a.z1, lam * d2 * b.z0, out=jets.buffer("gate t", a.z1.shape, a.z1))
+            jets.absorb(per_direction_dot(t.addcmul_(b.z1, lam * d1, value=2), a.z1))  # ⟨λ, s″a1²b0 + 2s′a1b1⟩
             gate = Jet(silu(a.z0) * b.z0, torch.mul(a.z1, d1 * b.z0).addcmul_(b.z1, silu(a.z0)))
         return linear_jet(gate, self.w2, jets)
 
@@ -330,7 +330,7 @@ class Llama(nn.Module):
         """d²/dt² of Σ_t ℓ_t (summed cross-entropy of the non-ignored targets), shape (K,).
 
         With logits z = hEᵀ (E(t) = E + tU), p = softmax(z0) and r = p − e_y:
-        ℓ2 = ⟨r, z2⟩ + ⟨p, z1²⟩ − ⟨p, z1⟩², where ⟨r, z2⟩ = ⟨rE, h2⟩ + 2⟨rU, h1⟩, so z2 is never formed.
+        ℓ2 = ⟨r, z2⟩ + ⟨p, z1²⟩ − ⟨p, z1⟩², where ⟨r, z2⟩ = ⟨rE, h2⟩ + 2⟨rU, h1⟩: z2 is never formed.
         """
         weight = self.head_weight  # (V, C)
         U = jets.direction(weight)  # (K, V, C)
@@ -345,7 +345,7 @@ class Llama(nn.Module):
             p = torch.softmax(_upcast(z0).reshape(-1, V), dim=-1) * keep  # ignored rows: 0
             E, Ut = weight.to(p.dtype), U.transpose(1, 2).to(p.dtype)
             h0, h1 = _upcast(h.z0).reshape(-1, C), _upcast(h.z1).reshape(K, -1, C)
-            p_z1 = (h1 * (p @ E)).sum(-1) + (h0 * per_direction(p, Ut)).sum(-1)  # ⟨p, z1⟩ per row, (K, B·T)
+            p_z1 = (h1 * (p @ E)).sum(-1) + (h0 * per_direction(p, Ut)).sum(-1)  # ⟨p, z1⟩ by row, (K, B·T)
             z1 = _upcast(z1)
             curvature = z1.mul_(z1).flatten(1) @ p.flatten() - p_z1.square().sum(1)  # z1² in place
             r = p - F.one_hot(targets.reshape(-1).clamp(min=0), V).to(p.dtype) * keep  # (B·T, V)
