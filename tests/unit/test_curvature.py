@@ -130,3 +130,25 @@ def test_compiled_pearlmutter_equals_eager_with_one_graph(dense_problem):
     torch._dynamo.utils.counters.clear()
     compiled.hvp(V)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # no recompilation
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("engine", ["taylor", "adjoint"])
+@pytest.mark.parametrize("amp", [False, True])
+def test_quadratic_form_engines_on_cuda(dense_problem, engine, amp):
+    """The jets on the GPU (float32 with TF32 off, and bf16 autocast) against the float64 oracle."""
+    model, tokens, H = dense_problem
+    cuda = Llama(model.config, attention_backend="reference").cuda()
+    cuda.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    V = torch.randn(4, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    exact = ((V @ H) * V).sum(1)
+    previous = torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    try:
+        op = EpochHessian(cuda, tokens, batch_size=3, engine=engine, directions_per_pass=4,
+                          precision=Precision(torch.device("cuda"), torch.float32, amp=amp))
+        forms = op.quadratic_forms(V.float()).cpu()
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = previous
+    bound = (1e-2 if amp else 1e-5) * float(exact.pow(2).mean().sqrt())
+    assert float((forms - exact).abs().max()) < bound
