@@ -10,12 +10,10 @@ with the same identity is reused; one with another identity is refused.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import re
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,10 +24,11 @@ from tiny_llm.checkpoint import check_state_dict, load_train_state, load_weights
 from tiny_llm.config import RunConfig, config_to_dict, load_config
 from tiny_llm.curvature import ENGINES, HVP_ENGINES, FlatParameters, Precision, runtime_settings
 from tiny_llm.data import TokenCache, check_capacity, epoch_plan, unseen_plan
-from tiny_llm.io import atomic_write_json
+from tiny_llm.io import atomic_write_json, exclusive
 from tiny_llm.model import Llama
 from tiny_llm.noise import CaseInputs, measure_case
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, source_hash
+from tiny_llm.runtime import resolve_device
 from tiny_llm.train import average_states
 
 __all__ = ["AnalysisSettings", "CASES", "LoadedState", "analyze_state", "check_output_binding", "load_state",
@@ -215,14 +214,7 @@ def quadratic_form_engine(settings: AnalysisSettings) -> str:
 
 
 def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
-    name = settings.device
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here; use --device cpu")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device: expected cpu, cuda or cuda:N, got {settings.device!r}")
+    device = resolve_device(settings.device)
     cuda = device.type == "cuda"
     engine = quadratic_form_engine(settings)
     hvp_engine = engine if engine in HVP_ENGINES else ("pearlmutter" if cuda and settings.compile_hvp
@@ -248,16 +240,8 @@ def _identity(settings: AnalysisSettings, resolved: _Resolved, config: RunConfig
     return {**identity, "hash": canonical_hash(identity)}
 
 
-@contextlib.contextmanager
-def _exclusive(output: Path) -> Iterator[None]:
-    lock_path = output.with_name(f".{output.name}.lock")
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ValueError(f"another process is writing {output} (lock {lock_path} is held)") from None
-        yield
+def _exclusive(output: Path) -> contextlib.AbstractContextManager:
+    return exclusive(output.with_name(f".{output.name}.lock"), f"writing {output}")
 
 
 def _reusable(output: Path, identity: dict, key: str, case: str) -> dict | None:

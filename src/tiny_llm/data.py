@@ -16,6 +16,7 @@ Stream semantics (the contract analysis relies on):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 from tiny_llm.config import RunConfig
-from tiny_llm.io import fsync_dir, sha256_file
+from tiny_llm.io import atomic_write_json, fsync_dir, sha256_file
 
 __all__ = [
     "BatchPlan",
@@ -45,6 +46,9 @@ __all__ = [
 ]
 
 CACHE_FORMAT = 1
+VERIFIED_RECORD = ".verified.json"
+"""Per-shard verification record kept in a cache (see ``TokenCache.verify``)."""
+_META_KEYS = ("format", "seq_len", "dtype", "shards", "vocab_size", "shuffle_group_blocks", "tokenizer", "source")
 TRAIN_STREAM, UNSEEN_STREAM = 0, 1
 _MASK64 = (1 << 64) - 1
 
@@ -88,10 +92,18 @@ class TokenCache:
         meta_path = self.path / "meta.json"
         if not meta_path.exists():
             raise ValueError(f"{self.path} is not a token cache (no meta.json); run `tiny-llm prepare-data` first")
-        self.meta: dict[str, Any] = json.loads(meta_path.read_text())
-        if self.meta.get("format") != CACHE_FORMAT:
-            raise ValueError(f"{meta_path}: unsupported cache format {self.meta.get('format')!r} "
-                             f"(this version reads {CACHE_FORMAT})")
+        try:
+            self.meta: dict[str, Any] = json.loads(meta_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{meta_path} is not valid JSON ({error}); prepare the cache again") from None
+        if not isinstance(self.meta, dict) or self.meta.get("format") != CACHE_FORMAT:
+            found = self.meta.get("format") if isinstance(self.meta, dict) else None
+            raise ValueError(f"{meta_path}: unsupported cache format {found!r} (this version reads {CACHE_FORMAT})")
+        missing = [key for key in _META_KEYS if key not in self.meta]
+        missing += [f"shards[{i}].{key}" for i, entry in enumerate(self.meta.get("shards") or [])
+                    for key in ("file", "tokens", "sha256") if not isinstance(entry, dict) or key not in entry]
+        if missing:
+            raise ValueError(f"{meta_path} lacks {', '.join(missing)}; prepare the cache again")
         self.seq_len: int = self.meta["seq_len"]
         self.dtype = np.dtype(self.meta["dtype"]).newbyteorder("<")
         self.shards = [self._open_shard(entry) for entry in self.meta["shards"]]
@@ -130,8 +142,46 @@ class TokenCache:
             rows.append(np.asarray(self.shards[shard][offset:offset + self.seq_len + 1], dtype=np.int64))
         return torch.from_numpy(np.stack(rows))
 
+    def verify(self, vocab_size: int) -> None:
+        """Refuse shards whose bytes differ from the sha256 that meta.json records, and token ids
+        ≥ ``vocab_size`` (a cache made outside ``prepare-data``; on CUDA an out-of-range id would
+        kill the job without a message).
+
+        Each shard is hashed once per version: the result (size, modification time, hash, largest
+        id) is kept in ``.verified.json`` in the cache, and a shard whose size or modification time
+        changed is hashed again. A read-only cache is verified on every use.
+        """
+        record_path = self.path / VERIFIED_RECORD
+        try:
+            record = json.loads(record_path.read_text())
+            record = record if isinstance(record, dict) else {}
+        except (OSError, ValueError):
+            record = {}
+        changed = False
+        for entry, shard in zip(self.meta["shards"], self.shards):
+            file = self.path / entry["file"]
+            stat = file.stat()
+            stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": entry["sha256"]}
+            known = record.get(entry["file"])
+            if not isinstance(known, dict) or {k: known.get(k) for k in stamp} != stamp or "max_token" not in known:
+                digest = sha256_file(file)
+                if digest != entry["sha256"]:
+                    raise ValueError(f"cache shard {file} changed after preparation (sha256 {digest[:16]}…, "
+                                     f"{self.path / 'meta.json'} records {entry['sha256'][:16]}…); prepare the "
+                                     "cache again")
+                known = record[entry["file"]] = {**stamp, "max_token": int(shard.max()) if len(shard) else -1}
+                changed = True
+            if known["max_token"] >= vocab_size:
+                raise ValueError(f"cache shard {file} holds token id {known['max_token']}, beyond model.vocab_size="
+                                 f"{vocab_size}; set model.vocab_size > {known['max_token']} or prepare the cache "
+                                 "with a tokenizer of this vocabulary")
+        if changed:
+            with contextlib.suppress(OSError):  # a read-only cache is verified again next time
+                atomic_write_json(record_path, record)
+
     def check_layout(self, config: RunConfig) -> None:
-        """Refuse a cache prepared for another block layout or vocabulary."""
+        """Refuse a cache prepared for another block layout or vocabulary, or whose shards changed
+        after preparation (``verify``)."""
         for key, want in (("seq_len", config.data.seq_len), ("shuffle_group_blocks", config.data.shuffle_group_blocks)):
             if self.meta[key] != want:
                 raise ValueError(f"cache {self.path} was prepared with {key}={self.meta[key]} but data.{key}={want}; "
@@ -139,6 +189,7 @@ class TokenCache:
         if self.vocab_size > config.model.vocab_size:
             raise ValueError(f"cache {self.path} has vocab_size={self.vocab_size} but model.vocab_size="
                              f"{config.model.vocab_size}; set model.vocab_size >= {self.vocab_size}")
+        self.verify(config.model.vocab_size)
 
 
 # --- capacity ----------------------------------------------------------------------------------

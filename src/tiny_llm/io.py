@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -14,7 +15,7 @@ from typing import Any
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
-__all__ = ["atomic_path", "atomic_write_json", "atomic_write_text", "fsync_dir", "sha256_file"]
+__all__ = ["atomic_path", "atomic_write_json", "atomic_write_text", "exclusive", "fsync_dir", "sha256_file"]
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -75,3 +76,34 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def exclusive(lock: str | Path, what: str) -> Iterator[None]:
+    """Hold ``lock`` (a file holding the holder's process id) for the duration, or refuse.
+
+    The lock is an advisory ``flock``, released by the kernel when its holder dies, so a killed
+    writer never blocks the next one; the file is removed when the holder finishes. A refused
+    caller writes nothing.
+
+    Raises:
+        ValueError: another live process holds the lock, naming its process id and what to do.
+    """
+    lock = Path(lock)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise ValueError(f"another process (pid {holder}) is {what} (lock {lock} is held); wait for it to "
+                             f"finish, or stop it (kill {holder}) if it is a leftover of an interrupted run") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)

@@ -1,4 +1,4 @@
-"""Node-local hygiene for cluster jobs: a private, disposable torch.compile cache."""
+"""The runtime of a job: the device it asked for, and a private, disposable torch.compile cache."""
 
 from __future__ import annotations
 
@@ -10,7 +10,34 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["compile_cache_base", "node_local_compile_cache"]
+__all__ = ["compile_cache_base", "node_local_compile_cache", "resolve_device"]
+
+def resolve_device(name: str) -> "torch.device":
+    """``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available) as a torch device.
+
+    Raises:
+        ValueError: an unknown device, or CUDA asked for where none is available.
+
+    Example:
+        >>> resolve_device("cpu")
+        device(type='cpu')
+    """
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device: expected cpu, cuda, cuda:N or auto, got {name!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device: expected cpu, cuda, cuda:N or auto, got {name!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA device is available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA devices")
+    return device
+
 
 _CACHE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)

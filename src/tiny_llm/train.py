@@ -33,14 +33,17 @@ from torch import nn
 from tiny_llm.checkpoint import load_train_state, save_train_state, save_weights
 from tiny_llm.config import RunConfig, config_to_dict, dump_config, load_config
 from tiny_llm.data import TokenCache, check_capacity, stream_batches
-from tiny_llm.io import atomic_write_text
+from tiny_llm.io import atomic_write_text, exclusive
 from tiny_llm.model import Llama, token_losses
+from tiny_llm.runtime import resolve_device
 
 __all__ = ["accumulate_batch_gradient", "average_states", "learning_rate", "run_summary", "train"]
 
 log = logging.getLogger(__name__)
 
 NON_SCIENTIFIC = {"training.log_every", "data.cache"}
+TRAIN_LOCK = ".train.lock"
+"""Held by the trainer of a run directory (holds its process id; removed when training ends)."""
 """Settings that may change between a run and its resumption."""
 
 
@@ -130,7 +133,7 @@ class _Trainer:
     """One training run in one run directory; see the module docstring for the layout."""
 
     def __init__(self, config: RunConfig, run_dir: Path, device: str):
-        self.config, self.run_dir, self.device = config, run_dir, torch.device(device)
+        self.config, self.run_dir, self.device = config, run_dir, resolve_device(device)
         self.cache = TokenCache(config.data.cache)
         self.cache.check_layout(config)
         check_capacity(self.cache, config, "train")
@@ -257,11 +260,29 @@ def _check_run_dir(config: RunConfig, run_dir: Path) -> None:
                              "use a new run directory or restore the original settings")
 
 
-def _trim_log(path: Path, step: int) -> None:
-    """Keep only the log lines of steps already covered by the state being resumed."""
-    if path.exists():
-        lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        atomic_write_text(path, "".join(line + "\n" for line in lines))
+def _kept_log(path: Path, step: int) -> str | None:
+    """The log lines of steps already covered by the state being resumed (None: no log yet).
+
+    A last line cut short by a kill is dropped (its step is redone); any other unreadable line is
+    refused, naming the file and line.
+    """
+    if not path.exists():
+        return None
+    lines = path.read_text().splitlines()
+    kept = []
+    for number, line in enumerate(lines, 1):
+        if not line:
+            continue
+        try:
+            entry_step = json.loads(line)["step"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            if number == len(lines):
+                break
+            raise ValueError(f"{path} line {number} is not a training log entry; restore the file or train into "
+                             "a new run directory") from None
+        if entry_step <= step:
+            kept.append(line)
+    return "".join(line + "\n" for line in kept)
 
 
 def train(config: RunConfig, run_dir: str | Path, *, device: str = "cpu", stop_after_epoch: int | None = None) -> Path:
@@ -274,22 +295,32 @@ def train(config: RunConfig, run_dir: str | Path, *, device: str = "cpu", stop_a
         ValueError: a changed scientific setting, an unsuitable cache, or unreadable states.
     """
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"run directory {run_dir} is a file; choose another path")
     _check_run_dir(config, run_dir)
     trainer = _Trainer(config, run_dir, device)  # checks the cache before anything is written
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "resolved.yaml", dump_config(config))
-    final, resume = run_dir / "final.pt", run_dir / "resume.pt"
+    with exclusive(run_dir / TRAIN_LOCK, f"training {run_dir}"):
+        return _train_locked(trainer, config, run_dir, stop_after_epoch)
+
+
+def _train_locked(trainer: _Trainer, config: RunConfig, run_dir: Path, stop_after_epoch: int | None) -> Path:
+    """Train while holding the run directory's lock; every state and the log are read (and
+    refused when unreadable) before anything is written."""
+    final, resume, log_path = run_dir / "final.pt", run_dir / "resume.pt", run_dir / "train-log.jsonl"
     if final.exists():
         trainer.restore(final)
         log.info("%s is complete (step %d); nothing to do", run_dir, trainer.step)
         return final
-    log_path = run_dir / "train-log.jsonl"
     if resume.exists():
         trainer.restore(resume)
         log.info("resuming %s from step %d", run_dir, trainer.step)
-    else:
+    kept_log = _kept_log(log_path, trainer.step)
+    atomic_write_text(run_dir / "resolved.yaml", dump_config(config))
+    if not resume.exists():
         trainer.write_epoch_checkpoint()  # epoch-000: the initialisation
-    _trim_log(log_path, trainer.step)
+    if kept_log is not None:
+        atomic_write_text(log_path, kept_log)
     with open(log_path, "a") as log_file:
         trainer.run(stop_after_epoch, log_file)
     if trainer.step == trainer.total_steps:

@@ -189,9 +189,11 @@ def test_lock_prevents_a_second_writer(ordinary, tmp_path):
     out = tmp_path / "locked.json"
     with open(tmp_path / ".locked.json.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        with pytest.raises(ValueError, match="another process is writing"):
+        with pytest.raises(ValueError, match=r"another process \(pid unknown\) is writing .*wait for it to finish"):
             analyze_state(path / "run", ["epoch-001.safetensors"], "seen", FAST, out)
     assert not out.exists()
+    analyze_state(path / "run", ["epoch-001.safetensors"], "seen", FAST, out)  # lock released: it runs
+    assert out.exists() and not (tmp_path / ".locked.json.lock").exists()  # and leaves no lock file behind
 
 
 def test_cli_options(ordinary, tmp_path, capsys):

@@ -5,11 +5,13 @@ import json
 import numpy as np
 import pytest
 
+from tiny_llm.config import config_from_dict, config_to_dict
 from tiny_llm.corpus import BYTE_TOKENIZER
+from tiny_llm.io import sha256_file
 from tiny_llm.data import (TokenCache, blocks_for_tokens, capacity_blocks, check_capacity, epoch_plan,
                            group_permutation, prepare_cache, stream_batches, unseen_plan)
 
-from conftest import make_run_config
+from conftest import make_oracle_run, make_run_config
 
 
 def _prepare(path, segments, *, seq_len=4, G=3, capacity=None, shard_blocks=4, vocab=1000):
@@ -138,3 +140,48 @@ def test_packed_worker_plans_interleave(tmp_path):
     w0, w1 = plan.worker(0, 2), plan.worker(1, 2)
     assert w0.stream_batches.tolist() == [0, 2] and w1.stream_batches.tolist() == [1, 3]
     assert np.array_equal(w1.blocks, plan.blocks[[1, 3]])
+
+
+def _oracle_cache(tmp_path):
+    config = make_oracle_run(tmp_path)
+    return config, TokenCache(config.data.cache)
+
+
+def test_changed_shard_bytes_are_refused_and_verification_is_recorded(tmp_path, monkeypatch):
+    import tiny_llm.data as data
+    config, cache = _oracle_cache(tmp_path)
+    hashed = []
+    monkeypatch.setattr(data, "sha256_file", lambda path: (hashed.append(path), sha256_file(path))[1])
+    cache.check_layout(config)
+    assert len(hashed) == len(cache.meta["shards"])  # every shard hashed once ...
+    TokenCache(config.data.cache).check_layout(config)
+    assert len(hashed) == len(cache.meta["shards"])  # ... and not again while unchanged
+    shard = cache.path / cache.meta["shards"][1]["file"]
+    raw = bytearray(shard.read_bytes())
+    raw[10] ^= 1  # same length, other bytes
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"shard-00001.bin changed after preparation .*prepare the cache again"):
+        TokenCache(config.data.cache).check_layout(config)
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
+    config, cache = _oracle_cache(tmp_path)
+    small = config_from_dict({**config_to_dict(config), "model": {**config_to_dict(config)["model"], "vocab_size": 16}})
+    cache.check_layout(small)
+    ids = np.full(cache.meta["shards"][0]["tokens"], 20, dtype=cache.dtype)  # made outside prepare-data
+    shard = cache.path / cache.meta["shards"][0]["file"]
+    shard.write_bytes(ids.tobytes())
+    meta = json.loads((cache.path / "meta.json").read_text())
+    meta["shards"][0]["sha256"] = sha256_file(shard)
+    (cache.path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="holds token id 20, beyond model.vocab_size=16"):
+        TokenCache(config.data.cache).check_layout(small)
+
+
+@pytest.mark.parametrize("text, message", [("{not json", r"meta.json is not valid JSON \("),
+                                           ('{"format": 1}', r"meta.json lacks seq_len, dtype, shards")])
+def test_damaged_meta_json_names_the_file(tmp_path, text, message):
+    config, cache = _oracle_cache(tmp_path)
+    (cache.path / "meta.json").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        TokenCache(cache.path)

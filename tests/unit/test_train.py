@@ -161,3 +161,50 @@ def test_packed_resume_is_bit_identical(make_config, tmp_path):
     for a, b in zip(full["workers"], split["workers"]):
         assert _equal(a["model"], b["model"])
     assert _equal(full["model"], split["model"])
+
+
+def test_second_trainer_on_a_run_directory_is_refused(make_config, tmp_path):
+    from tiny_llm.io import exclusive
+    config, run = make_config(), tmp_path / "run"
+    run.mkdir()
+    with exclusive(run / ".train.lock", "training"):  # as a live trainer holds it
+        with pytest.raises(ValueError, match=rf"another process \(pid {__import__('os').getpid()}\) is training"):
+            train(config, run)
+        assert sorted(p.name for p in run.iterdir()) == [".train.lock"]  # the refused one wrote nothing
+    train(config, run)  # released: it trains, and a finished run keeps no lock file
+    assert (run / "final.pt").exists() and not (run / ".train.lock").exists()
+
+
+def test_log_cut_short_by_a_kill_is_repaired_and_a_corrupt_one_refused(make_config, tmp_path):
+    config = make_config(epochs=3, tokens=4 * 8 * 3 * 3)
+    train(config, tmp_path / "full")
+    run = tmp_path / "split"
+    train(config, run, stop_after_epoch=1)
+    log = run / "train-log.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines) + '\n{"step": 99, "lo')  # the kill landed inside a write
+    train(config, run)
+    assert _equal(_weights(run / "final.pt"), _weights(tmp_path / "full" / "final.pt"))
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == list(range(1, config.total_batches + 1))
+
+    bad = tmp_path / "bad"
+    train(config, bad, stop_after_epoch=1)
+    text = (bad / "train-log.jsonl").read_text().splitlines()
+    (bad / "train-log.jsonl").write_text("\n".join(["garbage", *text[1:]]) + "\n")
+    before = {p.name: p.read_bytes() for p in bad.iterdir()}
+    with pytest.raises(ValueError, match=r"train-log.jsonl line 1 is not a training log entry"):
+        train(config, bad)
+    assert {p.name: p.read_bytes() for p in bad.iterdir()} == before  # nothing rewritten, resolved.yaml included
+
+
+def test_device_and_run_directory_errors(make_config, tmp_path):
+    config = make_config()
+    with pytest.raises(ValueError, match="--device: expected cpu, cuda, cuda:N or auto, got 'tpu'"):
+        train(config, tmp_path / "a", device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device is available here; use --device cpu"):
+            train(config, tmp_path / "b", device="cuda")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file; choose another path"):
+        train(config, tmp_path / "file")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
