@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -118,6 +119,8 @@ def _analyze_spectrum(args: argparse.Namespace) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tiny-llm", description=__doc__)
     parser.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, show the Python traceback (for bug reports; also TINY_LLM_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add_config(p: argparse.ArgumentParser) -> None:
@@ -185,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
         args.func(args)
-    except ValueError as error:
+    except (ValueError, OSError) as error:  # bad input or an unwritable path: one line, exit status 2
+        if args.debug or os.environ.get("TINY_LLM_DEBUG") == "1":
+            raise
         print(f"tiny-llm {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -319,7 +319,7 @@ def load_config_dict(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ValueError(f"configuration file {path} does not exist") from None
     except yaml.YAMLError as error:
-        raise ValueError(f"{path} is not valid YAML: {error}") from None
+        raise ValueError(f"{path} is not valid YAML: {' '.join(str(error).split())}") from None
     return data or {}
 
 

@@ -15,7 +15,8 @@ from typing import Any
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
-__all__ = ["atomic_path", "atomic_write_json", "atomic_write_text", "exclusive", "fsync_dir", "sha256_file"]
+__all__ = ["atomic_path", "atomic_write_json", "atomic_write_text", "check_writable_file", "exclusive", "fsync_dir",
+           "sha256_file"]
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -107,3 +108,22 @@ def exclusive(lock: str | Path, what: str) -> Iterator[None]:
             lock.unlink(missing_ok=True)
     finally:
         os.close(fd)
+
+
+def check_writable_file(path: str | Path, what: str = "output") -> None:
+    """Refuse, before any work, a file path that cannot be written: a directory, a path under a
+    file, or a folder without write permission.
+
+    Raises:
+        ValueError: naming the path and what to do.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a directory; give a file path")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"{what} {path}: {folder} is a file, not a folder; choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {path}: folder {folder} is not writable; choose another path or fix its permissions")

@@ -17,7 +17,7 @@ import torch
 
 from tiny_llm.analysis import AnalysisSettings, _exclusive, _identity, _reusable, prepare_inputs
 from tiny_llm.curvature import EpochHessian, FlatParameters, Precision, runtime_settings
-from tiny_llm.io import atomic_write_json
+from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.model import Llama
 from tiny_llm.noise import batch_gradient, mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
@@ -141,6 +141,7 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
         ValueError: bad inputs (as the noise worker), before anything is computed or written.
     """
     output = Path(output)
+    check_writable_file(output)
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
     identity = {k: v for k, v in _identity(settings, resolved, config, cache).items() if k != "hash"}
     identity["spectrum"] = asdict(spectrum)

@@ -100,3 +100,29 @@ def test_text_and_token_sources(tmp_path, monkeypatch):
     assert meta["tokenizer"]["type"] == "external" and meta["vocab_size"] == 300
     assert main(["prepare-data", *TINY, "--out", "cache/bad", "--source", "tokens", "ids.npy", "--vocab-size", "256"]) == 2
     assert not (tmp_path / "cache/bad").exists()
+
+
+def test_errors_are_one_line_and_debug_shows_the_traceback(trained_run, tmp_path, capsys, monkeypatch):
+    """Unwritable outputs and bad devices: one line on stderr, exit status 2, nothing written;
+    --debug (or TINY_LLM_DEBUG=1) re-raises for a bug report."""
+    run = str(trained_run)
+    state = ["analyze-state", "--run", run, "--checkpoint", "epoch-001.safetensors", "--case", "seen",
+             "--device", "cpu", "--dtype", "float64", "--noise-samples", "1", "--random-samples", "1"]
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir.json").mkdir()
+    cases = [([*state, "--output", str(tmp_path / "afile" / "out.json")], "afile is a file, not a folder"),
+             ([*state, "--output", str(tmp_path / "adir.json")], "adir.json is a directory; give a file path"),
+             (["train", *TINY, "--run-dir", str(tmp_path / "afile")], "is a file; choose another path"),
+             (["train", *TINY, "--run-dir", str(tmp_path / "new"), "--device", "bogus"], "--device: expected cpu")]
+    for argv, message in cases:
+        capsys.readouterr()
+        assert main(["--quiet", *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name not in ("runs", "cache")) == ["adir.json", "afile"]
+    assert list((tmp_path / "adir.json").iterdir()) == []
+    with pytest.raises(ValueError, match="--device: expected cpu"):
+        main(["--quiet", "--debug", *cases[3][0]])
+    monkeypatch.setenv("TINY_LLM_DEBUG", "1")
+    with pytest.raises(ValueError, match="--device: expected cpu"):
+        main(["--quiet", *cases[3][0]])
