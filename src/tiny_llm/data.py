@@ -338,6 +338,9 @@ def prepare_cache(out: str | Path, segments: list[np.ndarray], *, tokenizer: dic
     dtype = np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700: a shared cache must be readable by the group
     try:
         entries = []
         for i, shard in enumerate(shards):

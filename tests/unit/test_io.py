@@ -28,3 +28,20 @@ def test_nan_is_refused_and_permissions_are_normal(tmp_path):
     os.umask(umask)
     assert (tmp_path / "y.json").stat().st_mode & 0o777 == 0o666 & ~umask
     assert len(sha256_file(tmp_path / "y.json")) == 64
+
+
+def test_checkpoints_and_caches_get_the_users_umask(tmp_path):
+    """Files and folders the project writes are as readable as the user's umask allows, whatever
+    mode the writing library chose (safetensors, mkdtemp)."""
+    import torch
+
+    from tiny_llm.checkpoint import save_weights
+    from conftest import make_oracle_run
+    umask = os.umask(0)
+    os.umask(umask)
+    save_weights(tmp_path / "w.safetensors", {"x": torch.zeros(2)}, {"step": 0})
+    assert (tmp_path / "w.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    cache = tmp_path / "run" / "cache"
+    make_oracle_run(tmp_path / "run")
+    assert cache.stat().st_mode & 0o777 == 0o777 & ~umask
+    assert all(f.stat().st_mode & 0o777 == 0o666 & ~umask for f in cache.iterdir() if not f.name.startswith("."))
