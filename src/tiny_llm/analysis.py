@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 CASES = ("seen", "unseen")
 RESULT_SCHEMA = 1
-_ROOT_CHECKPOINT = re.compile(r"^(epoch-\d+\.safetensors|final\.pt)$")
+ROOT_CHECKPOINT = re.compile(r"^(epoch-\d+\.safetensors|final\.pt)$")
 _WORKER_DIR = re.compile(r"^node-\d+$")
 
 
@@ -127,7 +127,7 @@ def resolve_checkpoints(run_dir: Path, names: list[str]) -> list[Path]:
         if _WORKER_DIR.match(path.parent.name) and path.parent.parent == run_dir:
             raise ValueError(f"{name} is a worker checkpoint; analyse the root (averaged) checkpoint "
                              f"{path.name} instead: worker states enter through the consensus analysis")
-        if path.parent != run_dir or not _ROOT_CHECKPOINT.match(path.name):
+        if path.parent != run_dir or not ROOT_CHECKPOINT.match(path.name):
             raise ValueError(f"{name}: expected a root checkpoint of {run_dir} (epoch-NNN.safetensors or final.pt)")
         if not path.exists():
             raise ValueError(f"checkpoint {path} does not exist")
@@ -388,7 +388,12 @@ def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write:
     """
     path = Path(output_dir) / "identity.json"
     if path.exists():
-        old = json.loads(path.read_text())
+        try:
+            old = json.loads(path.read_text())
+            old["run"], old["settings"], old["source"]  # noqa: B018 - the keys every binding has
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{path} is damaged (not the binding of an output directory); restore it, or remove "
+                             f"{output_dir} (its results) or use a new analysis name") from None
         changed = [f"run: {old['run']} -> {binding['run']}"] if old["run"] != binding["run"] else []
         changed += [f"settings.{k}: {old['settings'].get(k)!r} -> {v!r}" for k, v in binding["settings"].items()
                     if old["settings"].get(k) != v]

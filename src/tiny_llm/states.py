@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.analysis import load_state, resolve_checkpoints
+from tiny_llm.analysis import ROOT_CHECKPOINT, load_state, resolve_checkpoints
 from tiny_llm.config import load_config
 
-__all__ = ["index_states", "select_checkpoints"]
+__all__ = ["check_selection", "index_states", "select_checkpoints"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,28 @@ def select_checkpoints(run_dir: str | Path, selection: str | list[str]) -> list[
     return resolve_checkpoints(run_dir, names)
 
 
+def check_selection(key: str, run_dir: str | Path, selection: str | list[str], trained_here: bool) -> None:
+    """Check a configured checkpoint selection before any work (the workflow's start-up): worker
+    files, files that are not root checkpoints, and, for a run that already exists (not trained by
+    this workflow), files that are missing.
+
+    Raises:
+        ValueError: naming the config ``key``, the file and the fix.
+    """
+    if selection == "all" or not isinstance(selection, list):
+        return
+    run_dir = Path(run_dir)
+    for name in selection:
+        path = Path(str(name))
+        if re.fullmatch(r"node-\d+", path.parent.name):
+            raise ValueError(f"{key}: {name} is a worker checkpoint; list the root (averaged) checkpoint "
+                             f"{path.name} instead: worker states enter through the consensus analysis")
+        if not ROOT_CHECKPOINT.match(path.name):
+            raise ValueError(f"{key}: {name} is not a root checkpoint (epoch-NNN.safetensors or final.pt)")
+        if not trained_here and not (path if path.is_absolute() else run_dir / path).exists():
+            raise ValueError(f"{key}: {name} does not exist in {run_dir}; list existing checkpoints or use all")
+
+
 def index_states(run_dir: str | Path, selection: str | list[str], consensus: bool) -> dict[str, Any]:
     """Unique parameter states of the selected checkpoints, with every alias and its position.
 
@@ -58,7 +80,7 @@ def index_states(run_dir: str | Path, selection: str | list[str], consensus: boo
         state = load_state(run_dir, [path], config, consensus)
         entry = by_key.setdefault(state.key, {"key": state.key, "weights_hash": state.weights_hash,
                                               "worker_hashes": state.worker_hashes or None, "aliases": []})
-        entry["aliases"].append(state.aliases[0] | {"path": str(path)})
+        entry["aliases"].append(state.aliases[0])  # file names relative to the run: a moved project still works
         log.info("%s -> state %s", path.name, state.key[:12])
     states = sorted(by_key.values(), key=lambda s: (min(a["tokens"] for a in s["aliases"]), s["aliases"][0]["file"]))
     return {"format": STATES_FORMAT, "run": str(run_dir), "packed": config.training.packed is not None,

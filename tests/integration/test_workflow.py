@@ -191,3 +191,59 @@ def test_report_bundles_figures_summary_and_manifest(workdir):
     html = (workdir / "report.html").read_text(errors="replace")
     for name in ("summary.csv", "manifest.json", "normalized_alignment.pdf", "batch_sizes.pdf"):
         assert name in html
+
+
+def test_lost_collected_files_are_restored(workdir):
+    """A crash during collect leaves manifest.json and summary.csv missing or half replaced: both are
+    targets, so a plain rerun collects again (from the saved results, nothing recomputed)."""
+    results = workdir / "results/tiny"
+    before = (results / "summary.csv").read_text()
+    saved = {p: p.stat().st_mtime_ns for p in results.glob("states/*/*.json")}
+    (results / "summary.csv").unlink()
+    (results / "manifest.json").unlink()
+    dry = _snakemake(workdir, "-n")
+    assert re.search(r"^collect +1$", dry.stdout + dry.stderr, re.M), (dry.stdout + dry.stderr)[-2000:]
+    assert _snakemake(workdir).returncode == 0
+    assert (results / "summary.csv").read_text() == before and (results / "manifest.json").exists()
+    assert all(p.stat().st_mtime_ns == t for p, t in saved.items() if p.name != "done.json")
+
+
+def test_a_moved_project_recomputes_a_deleted_result(workdir, tmp_path):
+    import shutil
+    moved = tmp_path / "moved"
+    shutil.copytree(workdir, moved, symlinks=True)
+    _write_config(moved)  # the configuration names its own folder's run.yaml
+    target = next((moved / "results/tiny/states").glob("*/seen.json"))
+    expected = json.loads(target.read_text())["statistics"]
+    target.unlink()
+    done = _snakemake(moved)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(target.read_text())["statistics"] == expected
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"checkpoints": ["node-000/epoch-001.safetensors"]},
+     "analyses.packed.checkpoints: node-000/epoch-001.safetensors is a worker checkpoint; list the root"),
+    ({"checkpoints": ["epoch-001.pt"]}, "analyses.packed.checkpoints: epoch-001.pt is not a root checkpoint"),
+    ({"run": "elsewhere/run", "checkpoints": ["epoch-001.safetensors"]},
+     "analyses.packed.checkpoints: epoch-001.safetensors does not exist in elsewhere/run"),
+])
+def test_bad_checkpoint_lists_stop_with_the_config_key(tmp_path, change, message):
+    _write_config(tmp_path)
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    config["analyses"]["packed"].update(change)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = _snakemake(tmp_path, "-n")
+    assert result.returncode != 0 and message in result.stdout + result.stderr, (result.stdout + result.stderr)[-2000:]
+    assert not (tmp_path / "results").exists()
+
+
+def test_damaged_binding_is_named(workdir, tmp_path):
+    import shutil
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, symlinks=True)
+    _write_config(copy)
+    (copy / "results/tiny/identity.json").write_text("{half")
+    result = _snakemake(copy, "-n")
+    assert result.returncode != 0
+    assert "results/tiny/identity.json is damaged" in result.stdout + result.stderr

@@ -16,6 +16,7 @@ from tiny_llm.config import (
     parse_yaml,
 )
 from tiny_llm.corpus import default_capacity
+from tiny_llm.states import check_selection
 
 validate(config, schema="../schemas/config.schema.yaml")
 
@@ -65,6 +66,13 @@ for _name, _entry in ANALYSES.items():
     ANALYSIS_SETTINGS[_name] = settings_from_dict(
         {**_entry.get("settings", {}), **SETTINGS_OVERRIDE}
     )
+    check_selection(
+        f"analyses.{_name}.checkpoints",
+        _entry["run"],
+        _entry.get("checkpoints", "all"),
+        trained_here=Path(_entry["run"]).parent == Path("runs")
+        and Path(_entry["run"]).name in RUN_CONFIGS,
+    )
     check_output_binding(
         f"results/{_name}",
         output_binding(
@@ -91,6 +99,9 @@ def get_all_targets(wildcards):
     """
     targets = [f"runs/{name}/trained.json" for name in RUN_CONFIGS]
     for name in ANALYSES:
+        # The collected files too: a crash during collect (or their deletion) reruns collect.
+        targets += [f"results/{name}/manifest.json", f"results/{name}/summary.csv"]
+        targets += [f"results/{name}/spectrum.csv"] if spectrum_enabled(name) else []
         targets += [
             f"results/{name}/figures/{figure}.{ext}"
             for figure in FIGURES
@@ -191,8 +202,10 @@ def _state(wildcards):
 
 
 def get_state_checkpoint(wildcards):
-    """The state's first alias: the file the worker measures (the others are identical)."""
-    return _state(wildcards)["aliases"][0]["path"]
+    """The state's first alias: the file the worker measures (the others are identical). The index
+    holds names relative to the run, so a moved or copied project still finds them."""
+    run = Path(ANALYSES[wildcards.analysis]["run"])
+    return str(run / _state(wildcards)["aliases"][0]["file"])
 
 
 def spectrum_enabled(analysis):

@@ -3,6 +3,7 @@
 import logging
 import os
 import sys
+from pathlib import Path
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
@@ -13,6 +14,6 @@ from tiny_llm.spectrum_analysis import analyze_spectrum, spectrum_settings_from_
 
 os.environ["TINY_LLM_ATTEMPT"] = str(snakemake.resources.attempt)
 with node_local_compile_cache():
-    analyze_spectrum(snakemake.params.run, [snakemake.input.checkpoint], snakemake.wildcards.case,
+    analyze_spectrum(snakemake.params.run, [Path(snakemake.input.checkpoint).name], snakemake.wildcards.case,
                      settings_from_dict(snakemake.params.settings), spectrum_settings_from_dict(snakemake.params.spectrum),
                      snakemake.output.result, expect_key=snakemake.wildcards.key)

@@ -3,6 +3,7 @@
 import logging
 import os
 import sys
+from pathlib import Path
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
@@ -12,6 +13,6 @@ from tiny_llm.runtime import node_local_compile_cache  # noqa: E402
 
 os.environ["TINY_LLM_ATTEMPT"] = str(snakemake.resources.attempt)  # recorded in the result
 with node_local_compile_cache():
-    analyze_state(snakemake.params.run, [snakemake.input.checkpoint], snakemake.wildcards.case,
+    analyze_state(snakemake.params.run, [Path(snakemake.input.checkpoint).name], snakemake.wildcards.case,
                   settings_from_dict(snakemake.params.settings), snakemake.output.result,
                   expect_key=snakemake.wildcards.key)
