@@ -24,7 +24,7 @@ from tiny_llm.checkpoint import check_state_dict, load_train_state, load_weights
 from tiny_llm.config import RunConfig, config_to_dict, load_config
 from tiny_llm.curvature import ENGINES, HVP_ENGINES, FlatParameters, Precision, runtime_settings
 from tiny_llm.data import TokenCache, check_capacity, epoch_plan, unseen_plan
-from tiny_llm.io import atomic_write_json, check_writable_file, exclusive
+from tiny_llm.io import atomic_write_json, check_writable_file, exclusive, remove_leftovers
 from tiny_llm.model import Llama
 from tiny_llm.noise import CaseInputs, measure_case
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, source_hash
@@ -296,6 +296,7 @@ def analyze_state(run_dir: str | Path, checkpoints: list[str], case: str, settin
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
     identity = _identity(settings, resolved, config, cache)
     with _exclusive(output):
+        remove_leftovers(output.parent, output.name)  # temporary files of a killed write
         if (old := _reusable(output, identity, state.key, case)) is not None:
             log.info("reusing %s (same identity)", output)
             return old

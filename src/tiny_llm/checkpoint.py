@@ -7,12 +7,15 @@ so a file holding arbitrary pickled objects is refused rather than executed.
 from __future__ import annotations
 
 import hashlib
+import json
+import pickle
+import types
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors.torch import load_file, safe_open, save
 from torch import nn
 
 from tiny_llm.io import atomic_path
@@ -31,16 +34,41 @@ TRAIN_STATE_KIND = "tiny_llm.train_state"
 
 
 def save_weights(path: str | Path, state: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
-    """Write weights as safetensors atomically; metadata values are stored as strings."""
+    """Write weights as safetensors atomically; metadata values are stored as strings.
+
+    Equal weights and metadata give equal bytes: the JSON header (whose key order safetensors
+    leaves to a hash map) is written with sorted keys, padded to 8 bytes as the format asks.
+    """
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
+    raw = save(tensors, metadata={k: str(v) for k, v in metadata.items()})
+    size = int.from_bytes(raw[:8], "little")
+    header = json.dumps(json.loads(raw[8:8 + size]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
     with atomic_path(path) as tmp:
-        save_file(tensors, tmp, metadata={k: str(v) for k, v in metadata.items()})
+        tmp.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + size:])
+
+
+class _CanonicalPickler(pickle.Pickler):
+    """A pickler without a memo: the bytes depend on the values only, not on which objects happen to
+    be shared (a resumed process shares differently from an uninterrupted one)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fast = True
+
+
+_CANONICAL_PICKLE = types.ModuleType("tiny_llm_canonical_pickle")
+_CANONICAL_PICKLE.Pickler = _CanonicalPickler
 
 
 def save_train_state(path: str | Path, state: dict[str, Any]) -> None:
-    """Write a training state (tensors and plain data only) with torch.save, atomically."""
-    with atomic_path(path) as tmp:
-        torch.save({"kind": TRAIN_STATE_KIND, **state}, tmp)
+    """Write a training state (tensors and plain data only) with torch.save, atomically.
+
+    Equal states give equal bytes: saved through a file handle (the archive's inner names do not
+    depend on the temporary file's name) and pickled without a memo.
+    """
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        torch.save({"kind": TRAIN_STATE_KIND, **state}, handle, pickle_module=_CANONICAL_PICKLE)
 
 
 def load_train_state(path: str | Path) -> dict[str, Any]:

@@ -16,7 +16,7 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 __all__ = ["atomic_path", "atomic_write_json", "atomic_write_text", "check_writable_file", "exclusive", "fsync_dir",
-           "sha256_file"]
+           "remove_leftovers", "sha256_file"]
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -128,3 +128,12 @@ def check_writable_file(path: str | Path, what: str = "output") -> None:
         raise ValueError(f"{what} {path}: {folder} is a file, not a folder; choose another path")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {path}: folder {folder} is not writable; choose another path or fix its permissions")
+
+
+def remove_leftovers(folder: str | Path, name: str = "*") -> list[Path]:
+    """Remove the temporary files that a killed ``atomic_path`` left in ``folder`` (``.<name>.*.tmp``);
+    call it while holding the folder's lock. Returns what was removed."""
+    removed = sorted(Path(folder).glob(f".{name}.*.tmp")) if Path(folder).is_dir() else []
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed

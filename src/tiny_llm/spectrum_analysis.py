@@ -17,7 +17,7 @@ import torch
 
 from tiny_llm.analysis import AnalysisSettings, _exclusive, _identity, _reusable, prepare_inputs
 from tiny_llm.curvature import EpochHessian, FlatParameters, Precision, runtime_settings
-from tiny_llm.io import atomic_write_json, check_writable_file
+from tiny_llm.io import atomic_write_json, check_writable_file, remove_leftovers
 from tiny_llm.model import Llama
 from tiny_llm.noise import batch_gradient, mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
@@ -147,6 +147,7 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
     identity["spectrum"] = asdict(spectrum)
     identity["hash"] = canonical_hash(identity)
     with _exclusive(output):
+        remove_leftovers(output.parent, output.name)  # temporary files of a killed write
         if (old := _reusable(output, identity, state.key, case)) is not None:
             return old
         precision = Precision(resolved.device, resolved.dtype, settings.amp)

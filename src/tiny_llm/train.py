@@ -33,7 +33,7 @@ from torch import nn
 from tiny_llm.checkpoint import load_train_state, save_train_state, save_weights
 from tiny_llm.config import RunConfig, config_to_dict, dump_config, load_config
 from tiny_llm.data import TokenCache, check_capacity, stream_batches
-from tiny_llm.io import atomic_write_text, exclusive
+from tiny_llm.io import atomic_write_text, exclusive, remove_leftovers
 from tiny_llm.model import Llama, token_losses
 from tiny_llm.runtime import resolve_device
 
@@ -308,8 +308,13 @@ def _train_locked(trainer: _Trainer, config: RunConfig, run_dir: Path, stop_afte
     """Train while holding the run directory's lock; every state and the log are read (and
     refused when unreadable) before anything is written."""
     final, resume, log_path = run_dir / "final.pt", run_dir / "resume.pt", run_dir / "train-log.jsonl"
+    for folder in [run_dir, *sorted(run_dir.glob("node-*"))]:
+        for path in remove_leftovers(folder):  # temporary files of a killed write
+            log.info("removed %s, left by an interrupted write", path)
     if final.exists():
         trainer.restore(final)
+        if resume.exists():  # killed after final.pt was written: the run is complete
+            resume.unlink()
         log.info("%s is complete (step %d); nothing to do", run_dir, trainer.step)
         return final
     if resume.exists():

@@ -208,3 +208,58 @@ def test_device_and_run_directory_errors(make_config, tmp_path):
     with pytest.raises(ValueError, match="is a file; choose another path"):
         train(config, tmp_path / "file")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_identical_runs_give_identical_bytes(make_config, tmp_path):
+    config = make_config()
+    train(config, tmp_path / "a")
+    train(config, tmp_path / "b")
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for name in names:
+        if name != "train-log.jsonl":  # the log records wall-clock times
+            assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_killed_training_resumes_to_the_files_of_an_uninterrupted_run(make_config, tmp_path):
+    """SIGKILL at random moments (a subprocess per attempt), then resume: the finished run has exactly
+    the files, and the bytes, of an uninterrupted one (temporary files and resume.pt cleaned)."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from tiny_llm.config import config_to_dict
+    config = make_config(epochs=24, tokens=4 * 8 * 3 * 24)  # 72 steps of ~10 ms
+    train(config, tmp_path / "reference")
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config_to_dict(config)))
+    killed = tmp_path / "killed"
+    command = [sys.executable, "-m", "tiny_llm.cli", "--quiet", "train", "--config", str(tmp_path / "run.yaml"),
+               "--run-dir", str(killed)]
+    log = killed / "train-log.jsonl"
+    rng, kills = random.Random(3), 0
+    def stamp():
+        return log.stat().st_mtime_ns if log.exists() else None
+    for _ in range(6):
+        start = stamp()
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while process.poll() is None and stamp() == start:
+            time.sleep(0.002)  # wait until this attempt touches the log (after Python's start-up) ...
+        time.sleep(rng.uniform(0, 0.12))  # ... then kill it anywhere: mid-step, mid-write, after final.pt
+        kills += process.poll() is None
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert kills >= 3  # most attempts were killed while training
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    reference = tmp_path / "reference"
+    assert sorted(os.listdir(killed)) == sorted(os.listdir(reference))
+    for name in os.listdir(reference):
+        if name != "train-log.jsonl":
+            assert (killed / name).read_bytes() == (reference / name).read_bytes(), name
+    steps = [json.loads(line)["step"] for line in (killed / "train-log.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, config.total_batches + 1))

@@ -12,6 +12,8 @@ from tiny_llm.io import atomic_write_json  # noqa: E402
 from tiny_llm.states import index_states  # noqa: E402
 
 output = Path(snakemake.output.states)
-check_output_binding(output.parent, snakemake.params.binding, write=True)
+check_output_binding(output.parent, snakemake.params.binding)
 settings = settings_from_dict(snakemake.params.settings)
-atomic_write_json(output, index_states(snakemake.params.run, snakemake.params.selection, settings.consensus))
+states = index_states(snakemake.params.run, snakemake.params.selection, settings.consensus)  # may refuse
+check_output_binding(output.parent, snakemake.params.binding, write=True)  # bind only what was indexed
+atomic_write_json(output, states)
