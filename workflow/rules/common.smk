@@ -18,6 +18,14 @@ from tiny_llm.config import (
 from tiny_llm.corpus import default_capacity
 from tiny_llm.states import check_selection
 
+_SCHEMA = parse_yaml(
+    (Path(workflow.basedir) / "workflow/schemas/config.schema.yaml").read_text()
+)
+_unknown = sorted(set(config) - set(_SCHEMA["properties"]))
+if _unknown:  # one line, rather than the validator's dump of the whole schema
+    raise ValueError(
+        f"unknown configuration keys {_unknown}; allowed: {sorted(_SCHEMA['properties'])}"
+    )
 validate(config, schema="../schemas/config.schema.yaml")
 
 TRAIN_RUNS = config.get("train_runs") or {}
