@@ -247,3 +247,31 @@ def test_damaged_binding_is_named(workdir, tmp_path):
     result = _snakemake(copy, "-n")
     assert result.returncode != 0
     assert "results/tiny/identity.json is damaged" in result.stdout + result.stderr
+
+
+def test_killed_collect_is_repaired_by_a_rerun(workdir):
+    """SIGKILL of the whole workflow while collect runs (Snakemake has already removed the old
+    manifest.json and summary.csv): a plain rerun restores both, with the same contents."""
+    import signal
+    import time
+    results = workdir / "results/tiny"
+    before = (results / "summary.csv").read_text()
+    next(results.glob("states/*/unseen.json")).unlink()  # so that collect runs again
+    collect_log = workdir / "logs/collect/tiny.log"
+    collect_log.unlink(missing_ok=True)
+    env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
+    process = subprocess.Popen([str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+                                "--configfile", str(workdir / "config.yaml"), "-c2"], cwd=REPO, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while not collect_log.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert collect_log.exists(), "collect never started"
+    assert _snakemake(workdir, "--unlock").returncode == 0  # a SIGKILLed Snakemake leaves its lock (README)
+    rerun = _snakemake(workdir)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert (results / "summary.csv").read_text() == before and (results / "manifest.json").exists()
+    dry = _snakemake(workdir, "-n")
+    assert "Nothing to be done" in dry.stdout + dry.stderr
