@@ -225,8 +225,9 @@ def check_capacity(cache: TokenCache, config: RunConfig, need: str = "train") ->
         tokens = capacity_blocks(config)["unseen"] * config.data.seq_len
         what = "training" if need == "train" else "training plus one unseen epoch"
         raise ValueError(f"cache {cache.path} holds {cache.n_blocks} blocks but {what} needs {blocks}; "
-                         f"prepare a new cache with data.prepare_train_tokens={tokens} "
-                         f"(tiny-llm prepare-data --prepare-train-tokens {tokens} ...)")
+                         f"prepare a new cache with data.prepare_train_tokens={tokens} (tiny-llm prepare-data "
+                         f"--config RUN.yaml --set data.prepare_train_tokens={tokens} --out NEW_CACHE --source "
+                         "text|tokens FILES...), or, if the corpus is too small for that, lower training.tokens")
 
 
 # --- batch plans -------------------------------------------------------------------------------
@@ -296,7 +297,8 @@ def _cut_shards(segments: list[np.ndarray], seq_len: int, shard_blocks: int, blo
         blocks = available // G * G
     if available < blocks or blocks == 0:
         raise ValueError(f"the source holds {available} blocks of {seq_len + 1} tokens but the cache needs "
-                         f"{max(blocks, G)}; supply more data or lower --prepare-train-tokens")
+                         f"{max(blocks, G)}; supply more data, or lower data.prepare_train_tokens (--set "
+                         "data.prepare_train_tokens=N) and with it training.tokens")
     shards, remaining = [], blocks
     for segment in segments:
         start = 0

@@ -132,6 +132,21 @@ def test_capacity_error_says_what_to_prepare(tmp_path):
     tokens = need["unseen"] * 8
     assert f"data.prepare_train_tokens={tokens}" in str(error.value)
     assert f"holds {need['train']} blocks but training plus one unseen epoch needs {need['unseen']}" in str(error.value)
+    assert "lower training.tokens" in str(error.value)
+    # The suggested command works as written (with the user's files filled in).
+    import re
+
+    import yaml
+
+    from tiny_llm.cli import main
+    from tiny_llm.config import config_to_dict
+    suggested = re.search(r"\(tiny-llm (prepare-data .*?)\)", str(error.value)).group(1).split()
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config_to_dict(config)))
+    np.save(tmp_path / "ids.npy", (np.arange(5 * tokens) % 256).astype(np.uint16))
+    fill = {"RUN.yaml": str(tmp_path / "run.yaml"), "NEW_CACHE": str(tmp_path / "bigger"), "text|tokens": "tokens",
+            "FILES...": str(tmp_path / "ids.npy")}
+    assert main(["--quiet", *[fill.get(word, word) for word in suggested]]) == 0
+    check_capacity(TokenCache(tmp_path / "bigger"), config, "unseen")
 
 
 def test_packed_worker_plans_interleave(tmp_path):
