@@ -116,8 +116,19 @@ def _analyze_spectrum(args: argparse.Namespace) -> None:
     print(json.dumps({"top_eigenvalues": result["top_eigenvalues"], "cg": result["cg"]}, indent=1))
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, unless its help already says it or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if "default" in (action.help or "") or action.default in (None, False, [], "", argparse.SUPPRESS):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tiny-llm", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tiny-llm", formatter_class=_HelpFormatter,
+                                     description="Token caches, training runs, and the gradient-noise and curvature "
+                                     "analysis of their checkpoints.")
     parser.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
     parser.add_argument("--debug", action="store_true",
                         help="on an error, show the Python traceback (for bug reports; also TINY_LLM_DEBUG=1)")
@@ -128,7 +139,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a configuration key, e.g. training.lr=0.001 (repeatable)")
 
-    prep = sub.add_parser("prepare-data", help="build a token cache (meta.json + shards)")
+    prep = sub.add_parser("prepare-data", formatter_class=_HelpFormatter, help="build a token cache (meta.json + shards)",
+                          description="Tokenize a corpus (the built-in demo text, UTF-8 files or token arrays) into "
+                          "a token cache: shards of uint16/uint32 ids and meta.json with their sha256, written "
+                          "atomically; an existing cache with the same settings is reused.")
     add_config(prep)
     prep.add_argument("--out", help="cache directory (default: data.cache of the configuration)")
     prep.add_argument("--source", choices=["demo", "text", "tokens"], default="demo",
@@ -142,20 +156,23 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--tokenizer-description", default="", help="recorded in meta.json for --source tokens")
     prep.set_defaults(func=_prepare_data)
 
-    tr = sub.add_parser("train", help="train a run (rerun the same command to resume)")
+    tr = sub.add_parser("train", formatter_class=_HelpFormatter, help="train a run (rerun the same command to resume)",
+                        description="Train a run into its run directory (resolved.yaml, epoch-NNN.safetensors, "
+                        "final.pt, train-log.jsonl); the same command resumes an interrupted run, and does "
+                        "nothing for a finished one.")
     add_config(tr)
     tr.add_argument("--run-dir", required=True, help="run directory, e.g. runs/demo")
     tr.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
     tr.add_argument("--stop-after-epoch", type=int, help="stop at this virtual epoch (resume later)")
     tr.set_defaults(func=_train)
 
-    an = sub.add_parser("analyze-state", help="gradient noise and curvature of one state on one data case",
+    an = sub.add_parser("analyze-state", formatter_class=_HelpFormatter, help="gradient noise and curvature of one state on one data case",
                         description="Measure one parameter state (one or more alias checkpoints) on one data "
                         "case and write one result JSON atomically; progress on stderr.")
     _add_state_arguments(an)
     an.set_defaults(func=_analyze_state)
 
-    sp = sub.add_parser("analyze-spectrum", help="Hessian spectrum of one state on one data case",
+    sp = sub.add_parser("analyze-spectrum", formatter_class=_HelpFormatter, help="Hessian spectrum of one state on one data case",
                         description="Lanczos top eigenpairs with residuals, SLQ density nodes, gradient/noise "
                         "alignment with the top eigenvectors, a damped CG solve and block-diagonal errors; "
                         "one result JSON, written atomically.")
@@ -174,7 +191,10 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--cg-max-iterations", type=int, default=defaults.cg_max_iterations, help="CG iteration cap")
     sp.set_defaults(func=_analyze_spectrum)
 
-    pl = sub.add_parser("plot-analysis", help="redraw an analysis's figures from its saved results")
+    pl = sub.add_parser("plot-analysis", formatter_class=_HelpFormatter,
+                        help="redraw an analysis's figures from its saved results",
+                        description="Redraw the figures of an analysis directory from its summary.csv and "
+                        "manifest.json, without computing anything.")
     pl.add_argument("--output", required=True, type=Path, help="analysis directory (holds summary.csv)")
     pl.add_argument("--training-norms", action="store_true", help="add the logged pre-clipping training norms")
     pl.set_defaults(func=_plot_analysis)

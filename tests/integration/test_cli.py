@@ -126,3 +126,16 @@ def test_errors_are_one_line_and_debug_shows_the_traceback(trained_run, tmp_path
     monkeypatch.setenv("TINY_LLM_DEBUG", "1")
     with pytest.raises(ValueError, match="--device: expected cpu"):
         main(["--quiet", *cases[3][0]])
+
+
+def test_help_describes_every_subcommand_and_shows_defaults(capsys):
+    for command in ("prepare-data", "train", "analyze-state", "analyze-spectrum", "plot-analysis"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        description = text.split("\n\n")[1]
+        assert not description.startswith(("positional", "options")) and "``" not in text, command
+    with pytest.raises(SystemExit):
+        main(["analyze-spectrum", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "eigenpairs reported (default: 3)" in text and "Lanczos iterations (default: 20)" in text
