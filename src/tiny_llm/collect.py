@@ -22,7 +22,9 @@ __all__ = ["CONSENSUS_COLUMNS", "STATISTICS", "SUMMARY_COLUMNS", "collect", "col
 STATISTICS = ["noise_curvature", "normalized_alignment", "mean_noise_norm", "mean_grad_norm", "full_grad_norm",
               "random_curvature", "grad_curvature", "b_simple", "b_noise"]
 CONSENSUS_COLUMNS = ["consensus_mean_curvature", "consensus_normalized_alignment", "consensus_mean_norm"]
-SUMMARY_COLUMNS = ["file", "state_key", "case", "step", "tokens", *STATISTICS, *CONSENSUS_COLUMNS]
+SUMMARY_COLUMNS = ["file", "state_key", "case", "step", "tokens", "loss", *STATISTICS, *CONSENSUS_COLUMNS]
+"""One row per checkpoint file × case; ``loss`` is the epoch loss of the state on the case (blank in
+results made before it was recorded)."""
 
 
 def _agree(a: float | None, b: float | None) -> bool:
@@ -113,7 +115,8 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
                 result = results[state["key"], case]
                 aggregate = (result.get("consensus") or {}).get("aggregate") or {}
                 rows.append({"file": alias["file"], "state_key": state["key"], "case": case, "step": alias["step"],
-                             "tokens": alias["tokens"], **{k: _cell(result["statistics"][k]) for k in STATISTICS},
+                             "tokens": alias["tokens"], "loss": _cell(result["statistics"].get("loss")),
+                             **{k: _cell(result["statistics"][k]) for k in STATISTICS},
                              **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS}})
     rows.sort(key=lambda r: (r["tokens"], r["file"], cases.index(r["case"])))
     csv_text = _csv(rows, SUMMARY_COLUMNS)

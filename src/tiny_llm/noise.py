@@ -1,7 +1,7 @@
 """Gradient-noise and curvature statistics of one parameter state on one data case.
 
 Definitions: the epoch loss L is the token-mean cross-entropy over
-every target token of the case's epoch; H = ∇²L, ḡ = ∇L. An effective batch i (one optimizer
+every target token of the case's epoch (reported as ``loss``); H = ∇²L, ḡ = ∇L. An effective batch i (one optimizer
 batch, accumulated over training's micro-batches) gives gᵢ, and vᵢ = gᵢ − ḡ. sᵢ are Rademacher
 directions; D counts unique trainable parameters.
 
@@ -35,8 +35,8 @@ from tiny_llm.data import BatchPlan, TokenCache, derive_seed, group_permutation
 from tiny_llm.model import Llama
 from tiny_llm.train import accumulate_batch_gradient
 
-__all__ = ["CaseInputs", "batch_gradient", "mean_gradient", "measure_case", "noise_batch_indices",
-           "rademacher", "summarise"]
+__all__ = ["CaseInputs", "batch_gradient", "batch_gradient_and_loss", "mean_gradient", "mean_gradient_and_loss",
+           "measure_case", "noise_batch_indices", "rademacher", "summarise"]
 
 log = logging.getLogger(__name__)
 
@@ -57,25 +57,42 @@ def rademacher(D: int, seed: int, index: int) -> torch.Tensor:
     return torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1
 
 
+def batch_gradient_and_loss(model: Llama, flat: FlatParameters, tokens: torch.Tensor, micro_batch_size: int,
+                            precision: Precision) -> tuple[torch.Tensor, float]:
+    """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches, as float64 (D,),
+    and the batch's token-mean loss (summed over micro-batches in float64)."""
+    model.zero_grad(set_to_none=True)
+    loss = accumulate_batch_gradient(model, tokens.to(precision.device), micro_batch_size,
+                                     forward=lambda x: precision.forward(model, x))
+    g = flat.flatten([p.grad for p in model.parameters()]).double()
+    model.zero_grad(set_to_none=True)
+    return g, float(loss)
+
+
 def batch_gradient(model: Llama, flat: FlatParameters, tokens: torch.Tensor, micro_batch_size: int,
                    precision: Precision) -> torch.Tensor:
     """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches; float64 (D,)."""
-    model.zero_grad(set_to_none=True)
-    accumulate_batch_gradient(model, tokens.to(precision.device), micro_batch_size,
-                              forward=lambda x: precision.forward(model, x))
-    g = flat.flatten([p.grad for p in model.parameters()]).double()
-    model.zero_grad(set_to_none=True)
-    return g
+    return batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision)[0]
+
+
+def mean_gradient_and_loss(model: Llama, flat: FlatParameters, batches: list[torch.Tensor], micro_batch_size: int,
+                           precision: Precision) -> tuple[torch.Tensor, float]:
+    """ḡ = Σ_b (N_b / N) g_b over every batch of the epoch, accumulated in float64, and the epoch
+    loss L = Σ_b (N_b / N) L_b, the token-mean cross-entropy over every target of the epoch."""
+    n_total = sum(int(b[:, 1:].numel()) for b in batches)
+    g = torch.zeros(flat.D, dtype=torch.float64, device=precision.device)
+    loss = 0.0
+    for tokens in batches:
+        g_b, loss_b = batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision)
+        g += g_b * (tokens[:, 1:].numel() / n_total)
+        loss += loss_b * (tokens[:, 1:].numel() / n_total)
+    return g, loss
 
 
 def mean_gradient(model: Llama, flat: FlatParameters, batches: list[torch.Tensor], micro_batch_size: int,
                   precision: Precision) -> torch.Tensor:
     """ḡ = Σ_b (N_b / N) g_b over every batch of the epoch, accumulated in float64."""
-    n_total = sum(int(b[:, 1:].numel()) for b in batches)
-    g = torch.zeros(flat.D, dtype=torch.float64, device=precision.device)
-    for tokens in batches:
-        g += batch_gradient(model, flat, tokens, micro_batch_size, precision) * (tokens[:, 1:].numel() / n_total)
-    return g
+    return mean_gradient_and_loss(model, flat, batches, micro_batch_size, precision)[0]
 
 
 @dataclass
@@ -178,9 +195,9 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     flat, plan, cache = FlatParameters(model), inputs.plan, inputs.cache
     batches = [cache.tokens(blocks) for blocks in plan.blocks]
     B, n = len(plan.blocks[0]), len(plan)
-    g_bar = mean_gradient(model, flat, batches, inputs.micro_batch_size, precision)
+    g_bar, epoch_loss = mean_gradient_and_loss(model, flat, batches, inputs.micro_batch_size, precision)
     t_mean = time.perf_counter() - t0
-    progress(f"mean gradient over {n} batches: {t_mean:.2f} s")
+    progress(f"mean gradient over {n} batches: {t_mean:.2f} s (epoch loss {epoch_loss:.4f})")
 
     operator = EpochHessian(model, torch.cat(batches), batch_size=inputs.hvp_batch_size, engine=inputs.engine,
                             precision=precision, directions_per_pass=inputs.directions_per_pass,
@@ -192,10 +209,10 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     sample_seconds = 0.0
     for i in selected:
         started = time.perf_counter()
-        g = batch_gradient(model, flat, batches[i], inputs.micro_batch_size, precision)
+        g, batch_loss = batch_gradient_and_loss(model, flat, batches[i], inputs.micro_batch_size, precision)
         sample_seconds += time.perf_counter() - started
         record = {"batch_index": i, "stream_batch": int(plan.stream_batches[i]), "positions": plan.positions(cache, i),
-                  "grad_norm": float(g.norm())}
+                  "grad_norm": float(g.norm()), "loss": batch_loss}
         if inputs.workers > 1:
             record["worker"] = int(plan.stream_batches[i]) % inputs.workers
         noise.append(record)
@@ -224,7 +241,7 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     grad_record.pop("_norm2")
     g_bar_norm = float(g_bar.norm())
     M = n * B
-    statistics = summarise(noise, random, g_bar_norm, grad_record["curvature"], flat.D, B, M)
+    statistics = {"loss": epoch_loss, **summarise(noise, random, g_bar_norm, grad_record["curvature"], flat.D, B, M)}
     return {
         "statistics": statistics,
         "noise_samples": noise,

@@ -22,7 +22,7 @@ __all__ = ["FIGURES", "SPECTRUM_FIGURES", "plot_analysis", "plot_spectrum"]
 
 log = logging.getLogger(__name__)
 
-FIGURES = ["normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"]
+FIGURES = ["loss", "normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"]
 STYLE = {"seen": "-", "unseen": "--"}
 COLUMN = (3.5, 2.6)  # inches: one column of a two-column paper
 _RC = {"font.size": 8, "axes.labelsize": 8, "legend.fontsize": 6.5, "xtick.labelsize": 7, "ytick.labelsize": 7,
@@ -111,6 +111,14 @@ def _gradient_norms(table, consensus, out_dir, run_dir: Path | None, packed: boo
     return _finish(fig, ax, out_dir, "gradient_norms", "gradient norm")
 
 
+def _loss(table, out_dir) -> list[Path]:
+    """The epoch loss of every state on seen and unseen data: fit, and the generalisation gap."""
+    fig, ax = plt.subplots(figsize=COLUMN)
+    if "loss" in table:
+        _curves(ax, table, "loss", "epoch loss", "C0")
+    return _finish(fig, ax, out_dir, "loss", "token-mean cross-entropy (nats)")
+
+
 def _batch_sizes(table, out_dir) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
     omitted = _curves(ax, table, "b_simple", "B_simple", "C4", log=True)
@@ -137,7 +145,8 @@ def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
     out_dir.mkdir(parents=True, exist_ok=True)
     run_dir = Path(manifest["run"]) if training_norms else None
     with plt.rc_context(_RC):
-        paths = (_normalized_alignment(table, consensus, out_dir) + _noise_alignment(table, consensus, out_dir)
+        paths = (_loss(table, out_dir) + _normalized_alignment(table, consensus, out_dir)
+                 + _noise_alignment(table, consensus, out_dir)
                  + _gradient_norms(table, consensus, out_dir, run_dir, manifest["packed"])
                  + _batch_sizes(table, out_dir))
     log.info("figures written to %s", out_dir)

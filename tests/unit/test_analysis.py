@@ -63,8 +63,9 @@ def test_result_contract_and_seen_batches(ordinary):
                            "statistics", "noise_samples", "random_directions", "consensus"}
     assert [a["file"] for a in result["state"]["aliases"]] == ["epoch-002.safetensors", "final.pt"]
     assert result["state"]["aliases"][0]["step"] == config.total_batches and result["consensus"] is None
-    assert set(result["statistics"]) == {"noise_curvature", "normalized_alignment", "mean_noise_norm", "mean_grad_norm",
-                                         "full_grad_norm", "random_curvature", "grad_curvature", "b_simple", "b_noise"}
+    assert set(result["statistics"]) == {"loss", "noise_curvature", "normalized_alignment", "mean_noise_norm",
+                                         "mean_grad_norm", "full_grad_norm", "random_curvature", "grad_curvature",
+                                         "b_simple", "b_noise"}
     assert result["precision"]["dtype"] == "float64" and result["precision"]["quadratic_form_engine"] == "adjoint"
     # Seen = exactly the batches training read in epoch 1.
     cache = TokenCache(config.data.cache)

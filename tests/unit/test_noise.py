@@ -59,7 +59,12 @@ def test_statistics_equal_the_dense_oracle(oracle):
     v = [g[i] - g_bar for i in chosen]
     s = [rademacher(H.shape[0], 11, i) for i in range(6)]
     vHv, vv = [x @ H @ x for x in v], [x @ x for x in v]
+    def direct_loss(rows):  # token-mean cross-entropy, straight from the model
+        with torch.no_grad():
+            return float(token_losses(model(rows[:, :-1]), rows[:, 1:]).mean())
+    batches = [cache.tokens(b) for b in plan.blocks]
     for record, i, q, n2 in zip(result["noise_samples"], chosen, vHv, vv):
+        _assert_close(record["loss"], direct_loss(batches[i]))
         _assert_close(record["grad_norm"], float(g[i].norm()))
         _assert_close(record["noise_norm"], math.sqrt(n2))
         _assert_close(record["noise_curvature"], float(q))
@@ -75,6 +80,7 @@ def test_statistics_equal_the_dense_oracle(oracle):
         "full_grad_norm": float(g_bar.norm()), "random_curvature": float(sum(x @ H @ x for x in s)) / (D * 6),
         "grad_curvature": gHg, "b_simple": B * c * float(sum(vv)) / 3 / float(g_bar @ g_bar),
         "b_noise": B * c * float(sum(vHv)) / 3 / gHg if gHg > 0 else None,  # null when ḡᵀHḡ ≤ 0
+        "loss": direct_loss(torch.cat(batches)),  # the epoch loss of the case
     }
     assert set(result["statistics"]) == set(expected)
     for key, value in expected.items():

@@ -16,6 +16,7 @@ from tiny_llm.config import (
     parse_yaml,
 )
 from tiny_llm.corpus import default_capacity
+from tiny_llm.plots import FIGURES, SPECTRUM_FIGURES
 from tiny_llm.states import check_selection
 
 _SCHEMA = parse_yaml(
@@ -43,8 +44,6 @@ def _typed(value):
 # Settings a profile imposes on every analysis (profiles/naiss: CUDA, float32, TF32, compiled HVPs).
 SETTINGS_OVERRIDE = _typed(config.get("settings_override") or {})
 CLUSTER = _typed(config.get("cluster") or {})
-FIGURES = ["normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"]
-SPECTRUM_FIGURES = ["top_eigenvalues", "slq_density", "block_diagonal_error"]
 
 
 def _load_run_config(name):
