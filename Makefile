@@ -9,6 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 
 $(STAMP): pyproject.toml envs/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "Installing torch, snakemake and the rest into $(VENV) (1-3 minutes, once)..."
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r envs/requirements.txt -e '.[test]'
 	touch $(STAMP)
 
