@@ -88,7 +88,7 @@ def _noise_alignment(table, consensus, out_dir) -> list[Path]:
     if consensus:
         _curves(ax, table, "consensus_mean_curvature", "consensus  mean eᵀHe", "C3")
     ax.axhline(0, color="0.5", lw=0.6)
-    return _finish(fig, ax, out_dir, "noise_alignment", "curvature along noise (loss units)")
+    return _finish(fig, ax, out_dir, "noise_alignment", "mean vᵀHv along noise (nats)")
 
 
 def _training_norms(ax, run_dir: Path, packed: bool) -> None:
