@@ -41,8 +41,8 @@ def lanczos(matvec: MatVec, start: torch.Tensor, steps: int, *, basis_dtype: tor
             reduction_dtype: torch.dtype = torch.float64, breakdown: float = 1e-12) -> LanczosResult:
     """``steps`` Lanczos iterations from ``start`` with full reorthogonalisation.
 
-    The basis is stored in ``basis_dtype`` (bf16 saves memory: Ghorbani et al.'s and the
-    foundation-model study's finding that bf16 Lanczos vectors suffice); projections and norms
+    The basis is stored in ``basis_dtype`` (bf16 saves memory; bf16 Lanczos vectors are known to
+    suffice for Hessian spectra at foundation-model scale); projections and norms
     run in ``reduction_dtype``. Stops early at an invariant subspace (β below ``breakdown``·‖H‖).
     """
     q = (start / start.norm()).to(reduction_dtype)
