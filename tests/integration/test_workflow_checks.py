@@ -34,3 +34,35 @@ def test_default_config_plans_the_demo(tmp_path):
     for rule in ("prepare_data", "train_run", "index_states", "collect", "plot", "all"):
         assert re.search(rf"^{rule} +1$", plan, re.M), f"{rule} missing from the plan"
     assert "checkpoint jobs" in plan  # analysis jobs appear once the index checkpoint has run
+
+
+def test_own_corpus_example_sizes_and_plans(tmp_path):
+    """config/runs/text-example.yaml needs the corpus size it states, and the commented text-example
+    entries of config/config.yaml, uncommented, plan a text cache, training and its analysis."""
+    import yaml
+
+    from tiny_llm.config import load_config
+    from tiny_llm.data import capacity_blocks
+    example = load_config(REPO / "config/runs/text-example.yaml")
+    needed = capacity_blocks(example)["unseen"] * example.data.seq_len + 1
+    assert 327_680 <= needed <= 330_000 and example.training.checkpoint_policy == "interval"
+    text = (REPO / "config/config.yaml").read_text()
+    lines = [line.replace("# ", "", 1) if line.startswith(("  # text-example:", "  #   ")) else line
+             for line in text.splitlines()]
+    config = yaml.safe_load("\n".join(lines))
+    assert config["train_runs"]["text-example"]["cache_source"] == "text" and "text-example" in config["analyses"]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/my-corpus.txt").write_text("a small corpus of my own. " * 13_000)  # 338 KB
+    (tmp_path / "config").symlink_to(REPO / "config")
+    (tmp_path / "own.yaml").write_text(yaml.safe_dump(config))
+    result = _run(str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                  "--configfile", str(tmp_path / "own.yaml"), "-n", "runs/text-example/trained.json")
+    plan = result.stdout + result.stderr
+    assert result.returncode == 0, plan[-3000:]
+    assert re.search(r"^prepare_data +1$", plan, re.M) and re.search(r"^train_run +1$", plan, re.M)
+    # The stated size suffices: a 338 KB corpus covers training and the unseen epoch.
+    from tiny_llm.cli import main
+    from tiny_llm.data import TokenCache, check_capacity
+    assert main(["--quiet", "prepare-data", "--config", str(REPO / "config/runs/text-example.yaml"), "--source",
+                 "text", str(tmp_path / "data/my-corpus.txt"), "--out", str(tmp_path / "cache/own")]) == 0
+    check_capacity(TokenCache(tmp_path / "cache/own"), example, "unseen")
