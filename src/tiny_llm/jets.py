@@ -53,17 +53,18 @@ def add_terms(*terms: torch.Tensor | None) -> torch.Tensor | None:
     return None if not present else present[0] if len(present) == 1 else sum(present[1:], present[0])
 
 
-def per_direction(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def per_direction(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor | None = None,
+                  buffer: torch.Tensor | None = None) -> torch.Tensor:
     """x Vₖᵀ for every direction k: x (..., n) shared, V (K, m, n) → (K, ..., m), contiguous.
 
     With ``out`` (K, ..., m), adds to it in place instead (one batched GEMM with β = 1: no
-    temporary and no separate addition).
+    temporary and no separate addition); with ``buffer``, writes the product into it.
     """
     K, m, n = V.shape
     M = x.numel() // n
     shared = x.reshape(1, M, n).expand(K, M, n).to(V.dtype if out is None else out.dtype)
     if out is None:
-        return torch.bmm(shared, V.transpose(1, 2)).view(K, *x.shape[:-1], m)
+        return torch.bmm(shared, V.transpose(1, 2), out=buffer).view(K, *x.shape[:-1], m)
     out.view(K, M, m).baddbmm_(shared, V.transpose(1, 2).to(out.dtype))
     return out
 
@@ -78,8 +79,7 @@ def shared_matmul(A: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
 
 def per_direction_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """⟨aₖ, bₖ⟩ over all axes but the first, in at least float32: a (K, ...) and b either (K, ...)
-    with the same elements in the same order (any view) or shared (...) → (K,), without a
-    temporary of a's size."""
+    with the same elements in the same order (any view) or shared (...) → (K,)."""
     wide = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
     a, b = a.to(wide), b.to(wide)
     K = a.size(0)

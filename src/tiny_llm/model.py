@@ -52,8 +52,7 @@ def linear_jet(x: Jet, linear: nn.Linear, jets: JetPass) -> Jet:
     lam = jets.adjoint(linear, x)
     K, m, n = V.shape
     if lam is not None:
-        lam_v = torch.bmm(lam.reshape(1, -1, m).expand(K, -1, m).to(V.dtype), V,
-                          out=jets.buffer("linear λV", (K, lam.numel() // m, n), V))
+        lam_v = per_direction(lam, V.transpose(1, 2), buffer=jets.buffer("linear λV", (K, lam.numel() // m, n), V))
         jets.absorb(2 * per_direction_dot(lam_v, x.z1))  # 2⟨λV, x1⟩
         return Jet(y0, y1)
     y2 = 2 * torch.bmm(x.z1.reshape(K, x.z0.numel() // n, n), V.transpose(1, 2)).view(y1.shape)
