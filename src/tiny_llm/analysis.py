@@ -344,6 +344,7 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
         "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started},
         "counts": measured["counts"],
         "statistics": measured["statistics"],
+        "standard_errors": measured["standard_errors"],
         "noise_samples": measured["noise_samples"],
         "random_directions": measured["random_directions"],
         "consensus": measured["consensus"],

@@ -108,7 +108,7 @@ def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
 
 def _analyze_spectrum(args: argparse.Namespace) -> None:
     spectrum = SpectrumSettings(top_k=args.top_k, lanczos_steps=args.lanczos_steps, lanczos_basis=args.lanczos_basis,
-                                slq_vectors=args.slq_vectors, slq_steps=args.slq_steps,
+                                lanczos_reduction=args.lanczos_reduction, slq_vectors=args.slq_vectors, slq_steps=args.slq_steps,
                                 block_samples=args.block_samples, cg_damping=args.cg_damping, cg_rtol=args.cg_rtol,
                                 cg_max_iterations=args.cg_max_iterations)
     result = analyze_spectrum(args.run, args.checkpoint, args.case, _analysis_settings(args), spectrum, args.output,
@@ -182,6 +182,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--lanczos-steps", type=int, default=defaults.lanczos_steps, help="Lanczos iterations")
     sp.add_argument("--lanczos-basis", default=defaults.lanczos_basis, choices=["float64", "float32", "bfloat16"],
                     help="storage dtype of the Lanczos vectors")
+    sp.add_argument("--lanczos-reduction", default=defaults.lanczos_reduction, choices=["float64", "float32"],
+                    help="dtype of the Lanczos dot products, norms and reorthogonalisation")
     sp.add_argument("--slq-vectors", type=int, default=defaults.slq_vectors, help="SLQ starting vectors")
     sp.add_argument("--slq-steps", type=int, default=defaults.slq_steps, help="SLQ Lanczos steps per vector")
     sp.add_argument("--block-samples", type=int, default=defaults.block_samples,

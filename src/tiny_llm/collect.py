@@ -15,16 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.io import atomic_write_json, atomic_write_text
-from tiny_llm.noise import summarise
+from tiny_llm.noise import STANDARD_ERRORS, standard_errors, summarise
 
-__all__ = ["CONSENSUS_COLUMNS", "STATISTICS", "SUMMARY_COLUMNS", "collect", "collect_spectrum", "validate_result"]
+__all__ = ["CONSENSUS_COLUMNS", "ERROR_COLUMNS", "STATISTICS", "SUMMARY_COLUMNS", "collect", "collect_spectrum", "validate_result"]
 
 STATISTICS = ["noise_curvature", "normalized_alignment", "mean_noise_norm", "mean_grad_norm", "full_grad_norm",
               "random_curvature", "grad_curvature", "b_simple", "b_noise"]
 CONSENSUS_COLUMNS = ["consensus_mean_curvature", "consensus_normalized_alignment", "consensus_mean_norm"]
-SUMMARY_COLUMNS = ["file", "state_key", "case", "step", "tokens", "loss", *STATISTICS, *CONSENSUS_COLUMNS]
-"""One row per checkpoint file × case; ``loss`` is the epoch loss of the state on the case (blank in
-results made before it was recorded)."""
+ERROR_COLUMNS = [f"{name}_se" for name in STANDARD_ERRORS]
+SUMMARY_COLUMNS = ["file", "state_key", "case", "step", "tokens", "loss", *STATISTICS, *ERROR_COLUMNS,
+                   *CONSENSUS_COLUMNS]
+"""One row per checkpoint file × case; ``loss`` is the epoch loss of the state on the case and
+``<statistic>_se`` the standard error of a sampled statistic (blank when null)."""
 
 
 def _agree(a: float | None, b: float | None) -> bool:
@@ -48,13 +50,17 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
     if missing:
         raise ValueError(f"{source}: statistics {missing} are missing")
     counts = result["counts"]
-    recomputed = summarise(result["noise_samples"], result["random_directions"],
-                           result["statistics"]["full_grad_norm"], result["statistics"]["grad_curvature"],
-                           counts["parameters_D"], counts["effective_batch_size"], counts["epoch_sequences"])
-    for name, value in recomputed.items():
-        if not _agree(value, result["statistics"][name]):
-            raise ValueError(f"{source}: {name} = {result['statistics'][name]!r} disagrees with its per-sample "
-                             f"records ({value!r})")
+    arguments = (result["noise_samples"], result["random_directions"], result["statistics"]["full_grad_norm"],
+                 result["statistics"]["grad_curvature"], counts["parameters_D"], counts["effective_batch_size"],
+                 counts["epoch_sequences"])
+    if "standard_errors" not in result:
+        raise ValueError(f"{source}: has no standard errors (made by an older version); rerun the workflow "
+                         "in a new output directory")
+    for block, recomputed in (("statistics", summarise(*arguments)), ("standard_errors", standard_errors(*arguments))):
+        for name, value in recomputed.items():
+            if name not in result[block] or not _agree(value, result[block][name]):
+                raise ValueError(f"{source}: {name} = {result[block].get(name)!r} disagrees with its per-sample "
+                                 f"records ({value!r})")
     if workers is not None:
         consensus = result.get("consensus")
         if not consensus or [w["worker"] for w in consensus["workers"]] != list(range(workers)):
@@ -117,6 +123,7 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
                 rows.append({"file": alias["file"], "state_key": state["key"], "case": case, "step": alias["step"],
                              "tokens": alias["tokens"], "loss": _cell(result["statistics"].get("loss")),
                              **{k: _cell(result["statistics"][k]) for k in STATISTICS},
+                             **{k: _cell(result["standard_errors"][k]) for k in ERROR_COLUMNS},
                              **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS}})
     rows.sort(key=lambda r: (r["tokens"], r["file"], cases.index(r["case"])))
     csv_text = _csv(rows, SUMMARY_COLUMNS)

@@ -17,6 +17,18 @@ B_simple and B_noise are McCandlish et al. (2018) with B the effective batch siz
 and c = (M − 1)/(M − B) the finite-population correction for batches of B drawn without
 replacement from the epoch's M = n·B sequences (E‖vᵢ‖² = tr(Σ)/B · (M − B)/(M − 1)); both are
 null when the epoch is a single batch. All reductions are float64.
+
+Standard errors (``standard_errors``, key ``<statistic>_se``) say how far a statistic estimated
+from samples can be from its exact value for this state and case. loss, full_grad_norm and
+grad_curvature are computed over the whole epoch and have none. The S_v noise batches are drawn
+without replacement from the epoch's n batches, so their means carry the finite-population factor:
+
+    se(mean of xᵢ)       = sqrt((1 − S_v/n) · s²/S_v)     (s²: sample variance, ddof 1; 0 when S_v = n)
+    se(random_curvature) = sqrt(s²/S_r) / D                (Rademacher directions: no finite population)
+    se(Σaᵢ/Σbᵢ)          = sqrt((1 − S_v/n) · Σ(aᵢ − R bᵢ)²/(S_v − 1) / S_v) / mean bᵢ   (delta method)
+    se(b_simple)         = B·c·se(mean ‖vᵢ‖²) / ‖ḡ‖²,   se(b_noise) = B·c·se(mean vᵢᵀHvᵢ) / ḡᵀHḡ
+
+(ḡ and ḡᵀHḡ are exact). A standard error is null when its statistic is, or with a single sample.
 """
 
 from __future__ import annotations
@@ -35,8 +47,9 @@ from tiny_llm.data import BatchPlan, TokenCache, derive_seed, group_permutation
 from tiny_llm.model import Llama
 from tiny_llm.train import accumulate_batch_gradient
 
-__all__ = ["CaseInputs", "batch_gradient", "batch_gradient_and_loss", "mean_gradient", "mean_gradient_and_loss",
-           "measure_case", "noise_batch_indices", "rademacher", "summarise"]
+__all__ = ["CaseInputs", "STANDARD_ERRORS", "batch_gradient", "batch_gradient_and_loss", "mean_gradient",
+           "mean_gradient_and_loss", "measure_case", "noise_batch_indices", "rademacher", "standard_errors",
+           "summarise"]
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +154,54 @@ def summarise(noise: list[dict], random: list[dict], g_bar_norm: float, grad_cur
     }
 
 
+STANDARD_ERRORS = ["noise_curvature", "normalized_alignment", "mean_noise_norm", "mean_grad_norm",
+                   "random_curvature", "b_simple", "b_noise"]
+"""The statistics that are means over sampled directions; each has ``<name>_se``."""
+
+
+def _mean_se(values: list[float], population: int | None) -> float | None:
+    """Standard error of the mean of ``values``; ``population`` (the size sampled from without
+    replacement) adds the finite-population factor, None means an infinite population."""
+    S = len(values)
+    if S < 2:
+        return None
+    mean = math.fsum(values) / S
+    variance = math.fsum((x - mean) ** 2 for x in values) / (S - 1)
+    factor = 1.0 if population is None else max(0.0, 1.0 - S / population)
+    return math.sqrt(factor * variance / S)
+
+
+def _ratio_se(a: list[float], b: list[float], population: int) -> float | None:
+    """Delta-method standard error of Σa/Σb for pairs sampled without replacement."""
+    S, total_b = len(a), math.fsum(b)
+    if S < 2 or total_b == 0:
+        return None
+    R = math.fsum(a) / total_b
+    residual = math.fsum((x - R * y) ** 2 for x, y in zip(a, b)) / (S - 1)
+    return math.sqrt(max(0.0, 1.0 - S / population) * residual / S) / (total_b / S)
+
+
+def standard_errors(noise: list[dict], random: list[dict], g_bar_norm: float, grad_curvature: float, D: int,
+                    B: int, M: int) -> dict[str, float | None]:
+    """``<statistic>_se`` for every statistic in STANDARD_ERRORS (see module docstring), from the
+    same per-direction records and arguments as :func:`summarise`."""
+    n = M // B
+    vhv = [r["noise_curvature"] for r in noise]
+    vv = [r["noise_norm"] ** 2 for r in noise]
+    se_vv, se_vhv = _mean_se(vv, n), _mean_se(vhv, n)
+    se_random = _mean_se([r["curvature"] for r in random], None)
+    scale = B * (M - 1) / (M - B) if M > B else None
+    return {
+        "noise_curvature_se": se_vhv,
+        "normalized_alignment_se": _ratio_se(vhv, vv, n),
+        "mean_noise_norm_se": _mean_se([r["noise_norm"] for r in noise], n),
+        "mean_grad_norm_se": _mean_se([r["grad_norm"] for r in noise], n),
+        "random_curvature_se": None if se_random is None else se_random / D,
+        "b_simple_se": None if scale is None or se_vv is None or g_bar_norm == 0 else scale * se_vv / g_bar_norm**2,
+        "b_noise_se": None if scale is None or se_vhv is None or grad_curvature <= 0 else scale * se_vhv / grad_curvature,
+    }
+
+
 def _consensus_block(records: list[dict]) -> dict[str, Any]:
     q = math.fsum(r["curvature"] for r in records)
     ee = math.fsum(r["squared_norm"] for r in records)
@@ -241,9 +302,10 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     grad_record.pop("_norm2")
     g_bar_norm = float(g_bar.norm())
     M = n * B
-    statistics = {"loss": epoch_loss, **summarise(noise, random, g_bar_norm, grad_record["curvature"], flat.D, B, M)}
+    arguments = (noise, random, g_bar_norm, grad_record["curvature"], flat.D, B, M)
     return {
-        "statistics": statistics,
+        "statistics": {"loss": epoch_loss, **summarise(*arguments)},
+        "standard_errors": standard_errors(*arguments),
         "noise_samples": noise,
         "random_directions": [{"index": r["index"], "curvature": r["curvature"], "hvp_seconds": r["hvp_seconds"]}
                               for r in random],

@@ -1,14 +1,17 @@
 """Figures from saved results only (summary.csv + manifest.json, optionally the training log).
 
 Every figure plots against training tokens, seen solid and unseen dashed on shared axes, one
-point per unique parameter state (aliases are drawn once); packed runs add the aggregate
-consensus curve. Each figure is written as PDF and PNG, sized for a paper column.
+point per unique parameter state (aliases are drawn once), with ±1 standard-error bars on sampled
+statistics; packed runs add the aggregate consensus curve. Each figure carries the analysis name
+and its key settings, notes whatever it could not draw (nulls, values off a log axis, clipped
+error bars) and keeps its legend below the axes. Written as PDF and PNG, sized for a paper column.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -17,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 __all__ = ["FIGURES", "SPECTRUM_FIGURES", "plot_analysis", "plot_spectrum"]
 
@@ -35,24 +39,99 @@ def _states(summary: pd.DataFrame) -> pd.DataFrame:
     return summary.sort_values(["tokens", "file"]).drop_duplicates(["state_key", "case"]).sort_values("tokens")
 
 
-def _curves(ax, table: pd.DataFrame, column: str, label: str, color: str, log: bool = False) -> int:
-    """Draw ``column`` for each case; returns how many non-positive values a log axis omitted."""
+class Notes:
+    """What a figure could not draw as given: values a log axis omits, nulls, clipped error bars.
+    Every figure prints its notes under its title, so nothing disappears silently."""
+
+    NULL, OFF_LOG, CUT = "null, omitted", "≤ 0, off the log axis", "error bar cut at a tenth of the value"
+
+    def __init__(self) -> None:
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def add(self, kind: str, label: str, count: int) -> None:
+        if count:
+            labels = self.counts.setdefault(kind, {})
+            labels[label] = labels.get(label, 0) + count
+
+    def text(self) -> str:
+        parts = [f"{kind}: " + ", ".join(f"{label} ×{n}" for label, n in labels.items())
+                 for kind, labels in self.counts.items()]
+        return textwrap.fill("; ".join(parts), width=80)
+
+
+def _curves(ax, table: pd.DataFrame, column: str, label: str, color: str, log: bool = False,
+            notes: Notes | None = None) -> int:
+    """Draw ``column`` per case, with ±1 standard-error bars when ``<column>_se`` is in the table.
+
+    Nulls and (on a log axis) non-positive values are omitted; on a log axis an error bar reaching
+    zero or below is cut at a tenth of its value. Each is counted in ``notes``. Returns how many
+    values were omitted.
+    """
+    notes = notes if notes is not None else Notes()
     omitted = 0
     for case, rows in table.groupby("case", sort=False):
         y = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
         x = rows["tokens"].to_numpy(dtype=float)
         keep = np.isfinite(y) & (y > 0 if log else True)
+        short = f"{label.split('  ')[0]} ({case})"
+        notes.add(Notes.NULL, short, int((~np.isfinite(y)).sum()))
+        notes.add(Notes.OFF_LOG, short, int((np.isfinite(y) & ~keep).sum()))
         omitted += int((np.isfinite(y) & ~keep).sum())
-        if keep.any():
-            ax.plot(x[keep], y[keep], STYLE.get(case, ":"), marker="o", color=color, label=f"{label} ({case})")
+        if not keep.any():
+            continue
+        style = dict(linestyle=STYLE.get(case, ":"), marker="o", color=color, label=f"{label} ({case})")
+        se_column = f"{column}_se"
+        se = (pd.to_numeric(rows[se_column], errors="coerce").to_numpy(dtype=float)[keep]
+              if se_column in rows else np.full(int(keep.sum()), np.nan))
+        if np.isfinite(se).any():
+            se = np.nan_to_num(se)
+            lower = se.copy()
+            if log:
+                clipped = y[keep] - se <= 0
+                lower[clipped] = 0.9 * y[keep][clipped]
+                notes.add(Notes.CUT, short, int((clipped & (se > 0)).sum()))
+            ax.errorbar(x[keep], y[keep], yerr=[lower, se], capsize=1.5, elinewidth=0.6, **style)
+        else:
+            ax.plot(x[keep], y[keep], **style)
     return omitted
 
 
-def _finish(fig, ax, out_dir: Path, name: str, ylabel: str, legend: bool = True) -> list[Path]:
-    ax.set_xlabel("training tokens")
+def _log_axis(ax) -> None:
+    """A log y axis with at least three labelled ticks, however narrow the range."""
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    if high / low < 1e3:  # under three decades: label 1, 2 and 5 of each decade (more under one)
+        subs = (1.0, 2.0, 5.0) if high / low > 10 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _stamp(context: dict) -> str:
+    """The analysis name and the settings a reader needs to tell two analyses' figures apart."""
+    settings = context.get("settings") or {}
+    if not settings:
+        return context.get("analysis") or ""
+    dtype = settings.get("dtype", "?") + (" + bf16 autocast" if settings.get("amp") else "")
+    S_v = settings.get("noise_samples")
+    epoch = min((b.get("epoch_batches", 0) for b in (context.get("batch_sizes") or {}).values()), default=0)
+    if S_v is None or (epoch and S_v >= epoch):  # every batch: the noise statistics are exact
+        S_v = f"all {epoch} (exact)" if epoch else "all"
+    return f"{context.get('analysis', '')} · {dtype} · S_v = {S_v} · S_r = {settings.get('random_samples')}"
+
+
+def _finish(fig, ax, out_dir: Path, name: str, ylabel: str, context: dict, note: str = "", legend_ax=None,
+            xlabel: str = "training tokens") -> list[Path]:
+    """Label, title (analysis and settings, then the note), a legend below the axes, PDF and PNG."""
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    if legend:
-        ax.legend(loc="best", frameon=False)
+    top = fig.axes[0]
+    title = "\n".join(line for line in (_stamp(context), note) if line)
+    if title:
+        top.set_title(title, loc="left", fontsize=6, color="0.3")
+    handles, labels = (legend_ax or ax).get_legend_handles_labels()
+    if handles:  # below the plot: a legend never covers data
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False)
     paths = [out_dir / f"{name}.{ext}" for ext in ("pdf", "png")]
     for path in paths:
         fig.savefig(path)
@@ -60,35 +139,30 @@ def _finish(fig, ax, out_dir: Path, name: str, ylabel: str, legend: bool = True)
     return paths
 
 
-def _annotate_omitted(ax, omitted: int) -> None:
-    if omitted:
-        ax.set_title(f"log scale: {omitted} non-positive value{'s' * (omitted > 1)} omitted",
-                     loc="left", fontsize=6, color="0.3")
-
-
-def _normalized_alignment(table, consensus, out_dir) -> list[Path]:
+def _normalized_alignment(table, context, out_dir) -> list[Path]:
     fig, (linear, logarithmic) = plt.subplots(2, 1, sharex=True, figsize=(COLUMN[0], 1.6 * COLUMN[1]))
-    omitted = 0
+    notes = Notes()
     for ax, log in ((linear, False), (logarithmic, True)):
-        omitted = _curves(ax, table, "normalized_alignment", "noise  Σvᵀ Hv / Σ‖v‖²", "C0", log)
-        omitted += _curves(ax, table, "random_curvature", "random  tr(H)/D", "0.55", log)
-        if consensus:
-            omitted += _curves(ax, table, "consensus_normalized_alignment", "consensus  Σeᵀ He / Σ‖e‖²", "C3", log)
+        _curves(ax, table, "normalized_alignment", "noise  Σvᵀ Hv / Σ‖v‖²", "C0", log, notes if log else None)
+        _curves(ax, table, "random_curvature", "random  tr(H)/D", "0.55", log, notes if log else None)
+        if context["consensus"]:
+            _curves(ax, table, "consensus_normalized_alignment", "consensus  Σeᵀ He / Σ‖e‖²", "C3", log,
+                    notes if log else None)
     linear.axhline(0, color="0.5", lw=0.6)
     linear.set_ylabel("normalized alignment")
-    logarithmic.set_yscale("log")
-    _annotate_omitted(logarithmic, omitted)
-    linear.legend(loc="best", frameon=False)
-    return _finish(fig, logarithmic, out_dir, "normalized_alignment", "normalized alignment (log)", legend=False)
+    _log_axis(logarithmic)
+    return _finish(fig, logarithmic, out_dir, "normalized_alignment", "normalized alignment (log)", context, notes.text(),
+                   legend_ax=linear)
 
 
-def _noise_alignment(table, consensus, out_dir) -> list[Path]:
+def _noise_alignment(table, context, out_dir) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
-    _curves(ax, table, "noise_curvature", "noise  mean vᵀHv", "C0")
-    if consensus:
-        _curves(ax, table, "consensus_mean_curvature", "consensus  mean eᵀHe", "C3")
+    notes = Notes()
+    _curves(ax, table, "noise_curvature", "noise  mean vᵀHv", "C0", notes=notes)
+    if context["consensus"]:
+        _curves(ax, table, "consensus_mean_curvature", "consensus  mean eᵀHe", "C3", notes=notes)
     ax.axhline(0, color="0.5", lw=0.6)
-    return _finish(fig, ax, out_dir, "noise_alignment", "mean vᵀHv along noise (nats)")
+    return _finish(fig, ax, out_dir, "noise_alignment", "mean vᵀHv along noise (nats)", context, notes.text())
 
 
 def _training_norms(ax, run_dir: Path, packed: bool) -> None:
@@ -98,34 +172,48 @@ def _training_norms(ax, run_dir: Path, packed: bool) -> None:
     ax.plot([r["tokens"] for r in records], [r["grad_norm"] for r in records], color="0.6", lw=0.6, label=label)
 
 
-def _gradient_norms(table, consensus, out_dir, run_dir: Path | None, packed: bool) -> list[Path]:
+def _gradient_norms(table, context, out_dir, run_dir: Path | None) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
+    notes = Notes()
     if run_dir is not None:
-        _training_norms(ax, run_dir, packed)
-    _curves(ax, table, "mean_grad_norm", "mean ‖gᵢ‖", "C0")
-    _curves(ax, table, "mean_noise_norm", "mean ‖vᵢ‖", "C1")
-    _curves(ax, table, "full_grad_norm", "‖ḡ‖ (full epoch)", "C2")
-    if consensus:
-        _curves(ax, table, "consensus_mean_norm", "consensus mean ‖eᵢ‖", "C3")
-    ax.set_yscale("log")
-    return _finish(fig, ax, out_dir, "gradient_norms", "gradient norm")
+        _training_norms(ax, run_dir, context["packed"])
+    _curves(ax, table, "mean_grad_norm", "mean ‖gᵢ‖", "C0", log=True, notes=notes)
+    _curves(ax, table, "mean_noise_norm", "mean ‖vᵢ‖", "C1", log=True, notes=notes)
+    _curves(ax, table, "full_grad_norm", "‖ḡ‖ (full epoch)", "C2", log=True, notes=notes)
+    if context["consensus"]:
+        _curves(ax, table, "consensus_mean_norm", "consensus mean ‖eᵢ‖", "C3", log=True, notes=notes)
+    _log_axis(ax)
+    return _finish(fig, ax, out_dir, "gradient_norms", "gradient norm", context, notes.text())
 
 
-def _loss(table, out_dir) -> list[Path]:
+def _loss(table, context, out_dir) -> list[Path]:
     """The epoch loss of every state on seen and unseen data: fit, and the generalisation gap."""
     fig, ax = plt.subplots(figsize=COLUMN)
+    notes = Notes()
     if "loss" in table:
-        _curves(ax, table, "loss", "epoch loss", "C0")
-    return _finish(fig, ax, out_dir, "loss", "token-mean cross-entropy (nats)")
+        _curves(ax, table, "loss", "epoch loss", "C0", notes=notes)
+    return _finish(fig, ax, out_dir, "loss", "token-mean cross-entropy (nats)", context, notes.text())
 
 
-def _batch_sizes(table, out_dir) -> list[Path]:
+def _batch_sizes(table, context, out_dir) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
-    omitted = _curves(ax, table, "b_simple", "B_simple", "C4", log=True)
-    omitted += _curves(ax, table, "b_noise", "B_noise (critical)", "C5", log=True)
-    ax.set_yscale("log")
-    _annotate_omitted(ax, omitted)
-    return _finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)")
+    notes = Notes()
+    _curves(ax, table, "b_simple", "B_simple", "C4", log=True, notes=notes)
+    _curves(ax, table, "b_noise", "B_noise (critical)", "C5", log=True, notes=notes)
+    trained = {b["effective_batch_size"] for b in (context.get("batch_sizes") or {}).values()}
+    for B in sorted(trained):
+        ax.axhline(B, color="0.4", lw=0.8, ls=":", label=f"training batch B = {B}")
+    _log_axis(ax)
+    return _finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)", context, notes.text())
+
+
+def _context(analysis_dir: Path) -> dict:
+    """What the figures need from manifest.json (empty when an analysis has none yet)."""
+    path = analysis_dir / "manifest.json"
+    manifest = json.loads(path.read_text()) if path.exists() else {}
+    return {"analysis": manifest.get("analysis", analysis_dir.name), "settings": manifest.get("settings"),
+            "batch_sizes": manifest.get("batch_sizes"), "consensus": bool(manifest.get("consensus")),
+            "packed": bool(manifest.get("packed")), "run": manifest.get("run")}
 
 
 def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
@@ -139,16 +227,14 @@ def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
     out_dir = Path(out_dir) if out_dir else analysis_dir / "figures"
     if not (analysis_dir / "summary.csv").exists():
         raise ValueError(f"{analysis_dir} has no summary.csv; run the workflow (or collect) first")
-    manifest = json.loads((analysis_dir / "manifest.json").read_text())
     table = _states(pd.read_csv(analysis_dir / "summary.csv"))
-    consensus = bool(manifest.get("consensus"))
+    context = _context(analysis_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(manifest["run"]) if training_norms else None
+    run_dir = Path(context["run"]) if training_norms else None
     with plt.rc_context(_RC):
-        paths = (_loss(table, out_dir) + _normalized_alignment(table, consensus, out_dir)
-                 + _noise_alignment(table, consensus, out_dir)
-                 + _gradient_norms(table, consensus, out_dir, run_dir, manifest["packed"])
-                 + _batch_sizes(table, out_dir))
+        paths = (_loss(table, context, out_dir) + _normalized_alignment(table, context, out_dir)
+                 + _noise_alignment(table, context, out_dir) + _gradient_norms(table, context, out_dir, run_dir)
+                 + _batch_sizes(table, context, out_dir))
     log.info("figures written to %s", out_dir)
     return paths
 
@@ -156,15 +242,16 @@ def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
 SPECTRUM_FIGURES = ["top_eigenvalues", "slq_density", "block_diagonal_error"]
 
 
-def _top_eigenvalues(table, out_dir) -> list[Path]:
+def _top_eigenvalues(table, context, out_dir) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
+    notes = Notes()
     columns = sorted(c for c in table.columns if c.startswith("la_eigenvalue_"))
     for i, column in enumerate(columns):
-        _curves(ax, table, column, f"λ{i + 1}", f"C{i}")
-    return _finish(fig, ax, out_dir, "top_eigenvalues", "top Hessian eigenvalues")
+        _curves(ax, table, column, f"λ{i + 1}", f"C{i}", notes=notes)
+    return _finish(fig, ax, out_dir, "top_eigenvalues", "top Hessian eigenvalues", context, notes.text())
 
 
-def _slq_density(spectra: list[tuple[int, str, dict]], out_dir, name: str = "slq_density",
+def _slq_density(spectra: list[tuple[int, str, dict]], context, out_dir, name: str = "slq_density",
                  sigma_fraction: float = 0.01) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
     everything = [t for _, _, r in spectra for nodes in r["slq"]["nodes"] for t in nodes]
@@ -183,15 +270,16 @@ def _slq_density(spectra: list[tuple[int, str, dict]], out_dir, name: str = "slq
         ax.plot(grid, np.maximum(density, 1e-12), STYLE.get(case, ":"), color=color, lw=0.9, label=f"{t} tokens ({case})")
     ax.set_yscale("log")
     ax.set_ylim(bottom=1e-6)
-    ax.set_title(f"SLQ density, Gaussian width σ = {sigma:.3g}", loc="left", fontsize=6, color="0.3")
-    return _finish(fig, ax, out_dir, name, "spectral density")
+    return _finish(fig, ax, out_dir, name, "spectral density", context,
+                   f"SLQ density, Gaussian width σ = {sigma:.3g}", xlabel="Hessian eigenvalue")
 
 
-def _block_error(table, out_dir) -> list[Path]:
+def _block_error(table, context, out_dir) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
-    _curves(ax, table, "block_tensor_relative_error", "per tensor", "C0")
-    _curves(ax, table, "block_layer_relative_error", "per layer", "C1")
-    return _finish(fig, ax, out_dir, "block_diagonal_error", "‖Hv − H_bd v‖ / ‖Hv‖")
+    notes = Notes()
+    _curves(ax, table, "block_tensor_relative_error", "per tensor", "C0", notes=notes)
+    _curves(ax, table, "block_layer_relative_error", "per layer", "C1", notes=notes)
+    return _finish(fig, ax, out_dir, "block_diagonal_error", "‖Hv − H_bd v‖ / ‖Hv‖", context, notes.text())
 
 
 def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
@@ -204,12 +292,14 @@ def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None) -
     spectra = [(int(row.tokens), row.case,
                 json.loads((analysis_dir / "spectra" / row.state_key / f"{row.case}.json").read_text()))
                for row in table.itertuples()]
+    context = _context(analysis_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     per_state = out_dir / "slq_states"
     per_state.mkdir(exist_ok=True)
     with plt.rc_context(_RC):
-        paths = _top_eigenvalues(table, out_dir) + _slq_density(spectra, out_dir) + _block_error(table, out_dir)
+        paths = (_top_eigenvalues(table, context, out_dir) + _slq_density(spectra, context, out_dir)
+                 + _block_error(table, context, out_dir))
         for key in table["state_key"].unique():  # one density figure per state (both cases)
             mine = [entry for entry, row in zip(spectra, table.itertuples()) if row.state_key == key]
-            paths += _slq_density(mine, per_state, name=f"{mine[0][0]:012d}-tokens-{key[:12]}")
+            paths += _slq_density(mine, context, per_state, name=f"{mine[0][0]:012d}-tokens-{key[:12]}")
     return paths

@@ -69,7 +69,8 @@ def lanczos(matvec: MatVec, start: torch.Tensor, steps: int, *, basis_dtype: tor
 
 
 def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0, which: str | tuple[str, ...] = "LA",
-                   basis_dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu"):
+                   basis_dtype: torch.dtype = torch.float64, reduction_dtype: torch.dtype = torch.float64,
+                   device: str | torch.device = "cpu"):
     """The k largest-algebraic (``LA``) or largest-magnitude (``LM``) eigenpairs from Lanczos.
 
     Returns ``(eigenvalues (k,), eigenvectors (k, D), residuals (k,))`` with honest residual
@@ -80,7 +81,7 @@ def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0,
     if any(kind not in ("LA", "LM") for kind in kinds):
         raise ValueError(f"which: expected 'LA' or 'LM', got {which!r}")
     start = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(device)
-    result = lanczos(matvec, start, steps, basis_dtype=basis_dtype)
+    result = lanczos(matvec, start, steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype)
     theta, S = torch.linalg.eigh(result.tridiagonal())
     pairs = {}
     for kind in kinds:
@@ -94,7 +95,8 @@ def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0,
 
 
 def slq(matvec: MatVec, D: int, n_vectors: int, steps: int, *, seed: int = 0,
-        basis_dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+        basis_dtype: torch.dtype = torch.float64, reduction_dtype: torch.dtype = torch.float64,
+        device: str | torch.device = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Stochastic Lanczos quadrature (Ghorbani et al. 2019; Papyan): for each of ``n_vectors``
     Rademacher starts, the Ritz values θ and weights τ² (squared first components of T's
     eigenvectors). Σ_v Σ_i τ²θ^p / n_v estimates tr(H^p)/D."""
@@ -102,7 +104,7 @@ def slq(matvec: MatVec, D: int, n_vectors: int, steps: int, *, seed: int = 0,
     for index in range(n_vectors):
         generator = torch.Generator().manual_seed(seed * 100_003 + index)
         start = (torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1).to(device)
-        result = lanczos(matvec, start, steps, basis_dtype=basis_dtype)
+        result = lanczos(matvec, start, steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype)
         theta, S = torch.linalg.eigh(result.tridiagonal())
         nodes.append((theta, S[0] ** 2))
     return nodes

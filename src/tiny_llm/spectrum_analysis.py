@@ -40,7 +40,10 @@ class SpectrumSettings:
     lanczos_steps: int = 20
     """Lanczos iterations for the top eigenpairs (full reorthogonalisation)."""
     lanczos_basis: Literal["float64", "float32", "bfloat16"] = "float64"
-    """Storage dtype of the Lanczos vectors (reductions stay float64, or float32 for bf16)."""
+    """Storage dtype of the Lanczos vectors."""
+    lanczos_reduction: Literal["float64", "float32"] = "float64"
+    """Dtype of the Lanczos dot products, norms and reorthogonalisation (float32 with a bfloat16
+    basis: low-precision storage with float32 reductions)."""
     slq_vectors: int = 2
     """SLQ starting vectors n_v."""
     slq_steps: int = 10
@@ -62,6 +65,8 @@ class SpectrumSettings:
             raise ValueError(f"spectrum.lanczos_steps: expected at least top_k={self.top_k}, got {self.lanczos_steps}")
         if self.lanczos_basis not in _BASIS:
             raise ValueError(f"spectrum.lanczos_basis: expected one of {', '.join(_BASIS)}, got {self.lanczos_basis!r}")
+        if self.lanczos_reduction not in ("float64", "float32"):
+            raise ValueError(f"spectrum.lanczos_reduction: expected float64 or float32, got {self.lanczos_reduction!r}")
 
 
 def spectrum_settings_from_dict(data: dict[str, Any]) -> SpectrumSettings:
@@ -88,15 +93,15 @@ def measure_spectrum(model: Llama, tokens_by_batch: list[torch.Tensor], settings
     flat = FlatParameters(model)
     operator = EpochHessian(model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, engine=engine,
                             precision=precision, directions_per_pass=settings.directions_per_pass, compile=compile)
-    basis = _BASIS[spectrum.lanczos_basis]
+    basis, reduction = _BASIS[spectrum.lanczos_basis], _BASIS[spectrum.lanczos_reduction]
     device = precision.device
     pairs = top_eigenpairs(operator.hvp, flat.D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed,
-                           which=("LA", "LM"), basis_dtype=basis, device=device)
+                           which=("LA", "LM"), basis_dtype=basis, reduction_dtype=reduction, device=device)
     values, vectors, residuals = pairs["LA"]
     mag_values, _, mag_residuals = pairs["LM"]
     t_lanczos = time.perf_counter() - started
     nodes = slq(operator.hvp, flat.D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed,
-                basis_dtype=basis, device=device)
+                basis_dtype=basis, reduction_dtype=reduction, device=device)
     moments = {f"m{p}": sum(float((w * t**p).sum()) for t, w in nodes) / len(nodes) for p in (1, 2)}
     g_bar = mean_gradient(model, flat, tokens_by_batch, micro_batch_size, precision)
     noise = [batch_gradient(model, flat, tokens_by_batch[i], micro_batch_size, precision) - g_bar
@@ -162,7 +167,8 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
                   "state": {"key": state.key, "weights_hash": state.weights_hash, "aliases": state.aliases},
                   "case": case, "settings": asdict(settings), "spectrum_settings": asdict(spectrum),
                   "precision": {"device": str(resolved.device), "dtype": settings.dtype, "engine": resolved.hvp_engine,
-                                "lanczos_basis": spectrum.lanczos_basis, **runtime},
+                                "lanczos_basis": spectrum.lanczos_basis,
+                                "lanczos_reduction": spectrum.lanczos_reduction, **runtime},
                   **measured, "software": software(), "hardware": hardware(resolved.device), "slurm": slurm_job()}
         atomic_write_json(output, result)
     return result

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tiny_llm.collect import SUMMARY_COLUMNS, collect, validate_result
+from tiny_llm.noise import STANDARD_ERRORS
 
 KEY_A, KEY_B = "a" * 64, "b" * 64
 
@@ -17,6 +18,7 @@ def _result(key, case, identity="id", alignment=0.5):
             "statistics": {"noise_curvature": 0.5, "normalized_alignment": alignment, "mean_noise_norm": 1.0,
                            "mean_grad_norm": 2.0, "full_grad_norm": 1.5, "random_curvature": 0.25,
                            "grad_curvature": -1.0, "b_simple": 4 * 1.0 * (15 / 12) / 2.25, "b_noise": None},
+            "standard_errors": {f"{k}_se": None for k in STANDARD_ERRORS},
             "noise_samples": noise, "random_directions": [{"curvature": 1.0}],
             "counts": {"parameters_D": 4, "effective_batch_size": 4, "epoch_sequences": 16, "micro_batch_size": 2,
                        "hvp_batch_size": 2, "directions_per_pass": 1, "epoch_batches": 4, "epoch_tokens": 64},
@@ -58,6 +60,8 @@ def test_summary_has_a_row_per_alias_and_case(tmp_path):
     (lambda r: r[3]["identity"].update(hash="other"), "was computed with another identity"),
     (lambda r: r[1]["statistics"].update(normalized_alignment=0.7), "normalized_alignment = 0.7 disagrees"),
     (lambda r: r[2]["statistics"].pop("b_simple"), r"statistics \['b_simple'\] are missing"),
+    (lambda r: r[0]["standard_errors"].update(random_curvature_se=0.1), "random_curvature_se = 0.1 disagrees"),
+    (lambda r: r[0].pop("standard_errors"), "has no standard errors"),
 ])
 def test_nothing_is_published_from_bad_results(tmp_path, mutate, message):
     results = [_result(k, c) for k in (KEY_A, KEY_B) for c in ("seen", "unseen")]

@@ -9,7 +9,8 @@ from torch.func import functional_call, grad, hessian
 from tiny_llm.curvature import EpochHessian, FlatParameters, Precision
 from tiny_llm.data import TokenCache, epoch_plan, unseen_plan
 from tiny_llm.model import Llama, token_losses
-from tiny_llm.noise import CaseInputs, measure_case, noise_batch_indices, rademacher, summarise
+from tiny_llm.noise import (STANDARD_ERRORS, CaseInputs, measure_case, noise_batch_indices, rademacher,
+                            standard_errors, summarise)
 
 from conftest import make_oracle_run
 
@@ -85,6 +86,24 @@ def test_statistics_equal_the_dense_oracle(oracle):
     assert set(result["statistics"]) == set(expected)
     for key, value in expected.items():
         _assert_close(result["statistics"][key], value)
+    # Standard errors, written out independently: sample std (ddof 1), finite population of 5 batches.
+    fpc = 1 - 3 / 5
+    def se(values, factor=fpc):
+        return math.sqrt(factor * float(torch.tensor(values, dtype=torch.float64).var()) / len(values))
+    R = float(sum(vHv) / sum(vv))
+    expected_se = {
+        "noise_curvature_se": se([float(q) for q in vHv]),
+        "mean_noise_norm_se": se([math.sqrt(x) for x in vv]),
+        "mean_grad_norm_se": se([float(g[i].norm()) for i in chosen]),
+        "random_curvature_se": se([float(x @ H @ x) for x in s], 1.0) / D,
+        "b_simple_se": B * c * se([float(x) for x in vv]) / float(g_bar @ g_bar),
+        "b_noise_se": B * c * se([float(q) for q in vHv]) / gHg if gHg > 0 else None,
+        "normalized_alignment_se": math.sqrt(fpc * sum(float(q - R * x) ** 2 for q, x in zip(vHv, vv)) / 2 / 3)
+                                   / (float(sum(vv)) / 3),
+    }
+    assert set(result["standard_errors"]) == {f"{k}_se" for k in STANDARD_ERRORS} == set(expected_se)
+    for key, value in expected_se.items():
+        _assert_close(result["standard_errors"][key], value)
     workers = result["consensus"]["workers"]
     _assert_close(workers[0]["curvature"], float(e[0] @ H @ e[0]))
     _assert_close(workers[0]["squared_norm"], float(e[0] @ e[0]))
@@ -143,6 +162,37 @@ def test_random_curvature_converges_to_trace_over_D(oracle):
         error = abs(float(forms[:S_r].mean()) / D - target)
         assert error < 4 * sd / math.sqrt(S_r) / D
     assert abs(float(forms.mean()) / D - target) < abs(float(forms[:5].mean()) / D - target) + 1e-12
+
+
+def test_standard_errors_match_the_sampling_distribution(oracle):
+    """The noise standard errors are exact for drawing S_v of the epoch's n batches without
+    replacement: averaged over every possible draw, se² equals the variance of the estimate over
+    those draws (and with S_v = n there is nothing left to sample). The random-direction standard
+    error matches the Hutchinson standard deviation, 2(‖H‖_F² − Σ H_ii²), within 10 % at S_r = 400."""
+    import itertools
+    config, cache, model, plan, H, g_bar, g = oracle
+    D, B, n = H.shape[0], 3, len(plan)
+    records = [{"noise_curvature": float((g[i] - g_bar) @ H @ (g[i] - g_bar)), "noise_norm": float((g[i] - g_bar).norm()),
+                "grad_norm": float(g[i].norm())} for i in range(n)]
+    gHg = float(g_bar @ H @ g_bar)
+    for S in (2, 3, 4):
+        draws = [[records[i] for i in chosen] for chosen in itertools.combinations(range(n), S)]
+        for name in ("noise_curvature", "mean_noise_norm", "mean_grad_norm", "b_simple"):
+            estimates = [summarise(d, [], float(g_bar.norm()), gHg, D, B, n * B)[name] for d in draws]
+            variance = float(torch.tensor(estimates, dtype=torch.float64).var(unbiased=False))
+            mean_se2 = sum(standard_errors(d, [], float(g_bar.norm()), gHg, D, B, n * B)[f"{name}_se"] ** 2
+                           for d in draws) / len(draws)
+            assert mean_se2 == pytest.approx(variance, rel=1e-9)
+    everything = standard_errors(records, [], float(g_bar.norm()), gHg, D, B, n * B)
+    assert everything["noise_curvature_se"] == everything["normalized_alignment_se"] == 0.0
+    op = EpochHessian(model, torch.cat([cache.tokens(b) for b in plan.blocks]), batch_size=15,
+                      engine="double_backward", precision=CPU64, directions_per_pass=100)
+    forms = op.quadratic_forms(torch.stack([rademacher(D, 5, i) for i in range(400)]))
+    random = [{"curvature": float(q)} for q in forms]
+    sd = math.sqrt(2 * (float((H**2).sum()) - float((H.diagonal()**2).sum())))
+    se = standard_errors(records[:1], random, float(g_bar.norm()), gHg, D, B, n * B)
+    assert se["random_curvature_se"] == pytest.approx(sd / math.sqrt(400) / D, rel=0.1)
+    assert se["noise_curvature_se"] is None  # one noise sample: no spread to estimate
 
 
 def test_unseen_plan_is_used_for_unseen(oracle):

@@ -3,10 +3,12 @@
 import json
 
 import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
 
+from tiny_llm import plots
 from tiny_llm.collect import SUMMARY_COLUMNS
-from tiny_llm.plots import FIGURES, _curves, _states, plot_analysis
+from tiny_llm.plots import FIGURES, Notes, _curves, _states, plot_analysis
 
 
 def _write(tmp_path, consensus=False):
@@ -15,17 +17,18 @@ def _write(tmp_path, consensus=False):
                                         ("epoch-002.safetensors", 20), ("final.pt", 20)]):
         for case in ("seen", "unseen"):
             value = {"normalized_alignment": [-0.5, 1.0, 2.0, 2.0][i], "b_noise": ["", 3.0, 4.0, 4.0][i]}
-            row = {c: 1.0 + i for c in SUMMARY_COLUMNS}
+            row = {c: 0.05 if c.endswith("_se") else 1.0 + i for c in SUMMARY_COLUMNS}
             row.update(file=file, state_key=f"k{min(i, 2)}", case=case, step=i, tokens=tokens, **value)
             if not consensus:
                 row.update({c: "" for c in SUMMARY_COLUMNS if c.startswith("consensus")})
             rows.append(row)
-    import pandas as pd
     pd.DataFrame(rows, columns=SUMMARY_COLUMNS).to_csv(tmp_path / "summary.csv", index=False)
     (tmp_path / "train-log.jsonl").write_text("".join(json.dumps({"tokens": t, "grad_norm": 1.0 / (t + 1)}) + "\n"
                                                       for t in range(0, 21, 5)))
-    (tmp_path / "manifest.json").write_text(json.dumps({"consensus": consensus, "packed": consensus,
-                                                        "run": str(tmp_path)}))
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "analysis": "my-analysis", "consensus": consensus, "packed": consensus, "run": str(tmp_path),
+        "settings": {"dtype": "float32", "amp": True, "noise_samples": None, "random_samples": 7},
+        "batch_sizes": {case: {"effective_batch_size": 16, "epoch_batches": 8} for case in ("seen", "unseen")}}))
 
 
 @pytest.mark.parametrize("consensus", [False, True])
@@ -38,13 +41,56 @@ def test_every_figure_is_written(tmp_path, consensus):
 
 def test_aliases_are_drawn_once_and_log_axes_omit_non_positive(tmp_path):
     _write(tmp_path)
-    import pandas as pd
     table = _states(pd.read_csv(tmp_path / "summary.csv"))
     assert len(table) == 6 and list(table["tokens"].unique()) == [0, 10, 20]
     fig, ax = plt.subplots()
-    assert _curves(ax, table, "normalized_alignment", "x", "C0", log=True) == 2  # epoch-000 seen and unseen
-    assert [len(line.get_xdata()) for line in ax.get_lines()] == [2, 2]
+    notes = Notes()
+    assert _curves(ax, table, "normalized_alignment", "x", "C0", log=True, notes=notes) == 2  # epoch-000 both cases
+    assert [len(c.lines[0].get_xdata()) for c in ax.containers] == [2, 2]  # error bars: the _se column is there
+    assert notes.text() == "≤ 0, off the log axis: x (seen) ×1, x (unseen) ×1"
+    _curves(ax, table, "b_noise", "B", "C1", log=True, notes=notes)
+    assert " ".join(notes.text().split()).endswith("; null, omitted: B (seen) ×1, B (unseen) ×1")
     plt.close(fig)
+
+
+def test_error_bars_come_from_the_standard_errors_and_are_cut_on_log_axes(tmp_path):
+    table = pd.DataFrame({"tokens": [0, 10], "case": ["seen", "seen"], "v": [1.0, 2.0], "v_se": [0.25, 3.0]})
+    fig, ax = plt.subplots()
+    notes = Notes()
+    _curves(ax, table, "v", "v", "C0", log=True, notes=notes)
+    bars = ax.containers[0].lines[2][0].get_segments()
+    assert [tuple(segment[:, 1]) for segment in bars] == [(0.75, 1.25), pytest.approx((0.2, 5.0))]
+    assert notes.text() == "error bar cut at a tenth of the value: v (seen) ×1"
+    plt.close(fig)
+
+
+def test_figures_explain_themselves(tmp_path, monkeypatch):
+    """Title with analysis and settings, the training batch on batch_sizes, legends outside the
+    axes, and at least three labelled ticks on a log axis that spans less than a decade."""
+    _write(tmp_path)
+    figures = {}
+    original = plots._finish
+
+    def spy(fig, ax, out_dir, name, *args, **kwargs):
+        paths = original(fig, ax, out_dir, name, *args, **kwargs)
+        figures[name] = fig
+        return paths
+    monkeypatch.setattr(plots, "_finish", spy)
+    plot_analysis(tmp_path)
+    for name, fig in figures.items():
+        title = fig.axes[0].get_title(loc="left")
+        assert title.startswith("my-analysis · float32 + bf16 autocast · S_v = all 8 (exact) · S_r = 7"), name
+        fig.canvas.draw()
+        legend = fig.legends[0].get_window_extent()
+        assert all(legend.y1 <= ax.get_window_extent().y0 for ax in fig.axes), name  # below every axes
+    batch = figures["batch_sizes"].axes[0]
+    assert any(line.get_label() == "training batch B = 16" and set(line.get_ydata()) == {16}
+               for line in batch.get_lines())
+    assert "null, omitted: B_noise (critical) (seen) ×1" in " ".join(batch.get_title(loc="left").split())
+    norms = figures["gradient_norms"].axes[0]
+    low, high = norms.get_ylim()
+    labelled = [t for t in norms.yaxis.get_majorticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
+    assert high / low < 10 and len(labelled) >= 3
 
 
 def test_missing_summary_is_explained(tmp_path):

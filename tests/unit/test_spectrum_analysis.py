@@ -83,3 +83,23 @@ def test_cli_entry_point(run, capsys):
     assert main(["analyze-spectrum", "--run", str(path / "run"), "--checkpoint", "epoch-002.safetensors",
                  "--case", "seen", "--output", str(path / "bad.json"), "--top-k", "4", "--lanczos-steps", "2"]) == 2
     assert "expected at least top_k=4" in capsys.readouterr().err and not (path / "bad.json").exists()
+
+
+def test_lanczos_storage_and_reduction_dtypes_are_the_configured_ones(run, monkeypatch):
+    """bf16 storage with float32 reductions: every Lanczos run of the worker (top pairs and SLQ)
+    gets both dtypes as configured, and the result records them."""
+    import tiny_llm.spectrum as spectrum
+    config, path = run
+    seen, real = [], spectrum.lanczos
+
+    def spy(matvec, start, steps, **kwargs):
+        seen.append((kwargs["basis_dtype"], kwargs["reduction_dtype"]))
+        return real(matvec, start, steps, **kwargs)
+    monkeypatch.setattr(spectrum, "lanczos", spy)
+    settings = SpectrumSettings(top_k=1, lanczos_steps=6, slq_vectors=2, slq_steps=4, block_samples=1,
+                                cg_max_iterations=3, lanczos_basis="bfloat16", lanczos_reduction="float32")
+    result = analyze_spectrum(path / "run", ["epoch-002.safetensors"], "seen", SETTINGS, settings, path / "bf16.json")
+    assert seen == [(torch.bfloat16, torch.float32)] * 3  # top pairs, then two SLQ vectors
+    assert (result["precision"]["lanczos_basis"], result["precision"]["lanczos_reduction"]) == ("bfloat16", "float32")
+    with pytest.raises(ValueError, match="lanczos_reduction: expected float64 or float32"):
+        SpectrumSettings(lanczos_reduction="bfloat16")

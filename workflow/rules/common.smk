@@ -47,11 +47,14 @@ CLUSTER = _typed(config.get("cluster") or {})
 
 
 def _load_run_config(name):
+    """A run the workflow trains is meant for analysis: unless its configuration says otherwise,
+    it writes interval checkpoints (one state per virtual epoch, not just the final one)."""
     entry = TRAIN_RUNS[name]
+    data = load_config_dict(entry["config"])
     overrides = [f"{key}={value}" for key, value in entry.get("set", {}).items()]
-    return config_from_dict(
-        apply_overrides(load_config_dict(entry["config"]), overrides)
-    )
+    if "checkpoint_policy" not in (data.get("training") or {}):
+        overrides.insert(0, "training.checkpoint_policy=interval")
+    return config_from_dict(apply_overrides(data, overrides))
 
 
 RUN_CONFIGS = {name: _load_run_config(name) for name in TRAIN_RUNS}
