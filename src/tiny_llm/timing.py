@@ -25,9 +25,10 @@ from tiny_llm.curvature import EpochHessian, FlatParameters, Precision
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model import Llama
 from tiny_llm.noise import batch_gradient
+from tiny_llm.plan import case_work
 
-__all__ = ["MAX_HOURS", "calibrate", "estimate_seconds", "job_minutes", "load_profiles", "lookup", "timing_key",
-           "write_profile"]
+__all__ = ["MAX_HOURS", "calibrate", "estimate_seconds", "job_minutes", "load_profiles", "lookup", "lookup_entry",
+           "timing_key", "write_profile"]
 
 MAX_HOURS = 72
 """The partition's walltime limit."""
@@ -57,31 +58,28 @@ def load_profiles(paths: list[str | Path]) -> list[dict[str, Any]]:
     return entries
 
 
-def lookup(entries: list[dict[str, Any]], key: dict[str, Any], gpu_kind: str | None = None) -> dict[str, float] | None:
-    """The seconds of the last entry measured for this setup (device kind containing ``gpu_kind``
-    when given: the login node that plans jobs cannot see the compute nodes' GPU)."""
+def lookup_entry(entries: list[dict[str, Any]], key: dict[str, Any],
+                 gpu_kind: str | None = None) -> dict[str, Any] | None:
+    """The last entry measured for this setup (device kind containing ``gpu_kind`` when given:
+    the login node that plans jobs cannot see the compute nodes' GPU)."""
     def same(entry: dict[str, Any]) -> bool:
         other = entry["key"]
         fields_match = all(other.get(k) == v for k, v in key.items() if k != "device_kind")
         return fields_match and (gpu_kind is None or gpu_kind in str(other.get("device_kind")))
     matches = [e for e in entries if same(e)]
-    return matches[-1]["seconds"] if matches else None
+    return matches[-1] if matches else None
+
+
+def lookup(entries: list[dict[str, Any]], key: dict[str, Any], gpu_kind: str | None = None) -> dict[str, float] | None:
+    """The seconds of :func:`lookup_entry`'s entry, or None."""
+    entry = lookup_entry(entries, key, gpu_kind)
+    return entry["seconds"] if entry else None
 
 
 def estimate_seconds(config: RunConfig, settings: AnalysisSettings, seconds: dict[str, float],
                      workers: int = 0) -> float:
     """Estimated work of one (state, case) job, from the actual full-epoch counts and samples."""
-    B, mb = config.training.batch_size, config.training.micro_batch_size
-    n_batches = config.steps_per_epoch
-    micro_per_batch = math.ceil(B / mb)
-    S_v = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
-    gradient_micro = (n_batches + S_v) * micro_per_batch  # ḡ over the epoch, then each sampled gᵢ
-    hvp_batch = settings.hvp_batch_size or mb
-    hvp_micro = math.ceil(n_batches * B / hvp_batch)
-    directions = S_v + settings.random_samples + 1 + workers
-    passes = math.ceil(directions / settings.directions_per_pass)
-    return (seconds["startup"] + gradient_micro * seconds["gradient_microbatch"]
-            + passes * hvp_micro * seconds["hvp_microbatch_pass"])
+    return case_work(config, settings, workers).seconds(seconds)
 
 
 def job_minutes(work_seconds: float) -> int:

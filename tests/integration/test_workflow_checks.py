@@ -70,3 +70,25 @@ def test_own_corpus_example_sizes_and_plans(tmp_path):
     assert main(["--quiet", "prepare-data", "--config", str(REPO / "config/runs/text-example.yaml"), "--source",
                  "text", str(tmp_path / "data/my-corpus.txt"), "--out", str(tmp_path / "cache/own")]) == 0
     check_capacity(TokenCache(tmp_path / "cache/own"), example, "unseen")
+
+
+def test_workflow_runs_default_to_interval_checkpoints_and_print_their_cost(tmp_path):
+    """A run the workflow trains writes a state per virtual epoch unless its configuration says
+    otherwise; the dry run prints the analysis's cost line before any job."""
+    import yaml
+    demo = yaml.safe_load((REPO / "config/runs/demo.yaml").read_text())
+    del demo["training"]["checkpoint_policy"]
+    (tmp_path / "config/runs").mkdir(parents=True)
+    (tmp_path / "config/runs/mine.yaml").write_text(yaml.safe_dump({**demo, "data": {**demo["data"], "cache": "cache/mine"}}))
+    (tmp_path / "config/config.yaml").write_text(yaml.safe_dump({
+        "train_runs": {"mine": {"config": "config/runs/mine.yaml", "cache_source": "demo"},
+                       "last": {"config": "config/runs/mine.yaml", "set": {"training.checkpoint_policy": "final"},
+                                "cache_source": "demo"}},
+        "analyses": {"mine": {"run": "runs/mine", "settings": {"device": "cpu", "noise_samples": 3}},
+                     "last": {"run": "runs/last", "settings": {"device": "cpu"}}}}))
+    result = _run(str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "analysis mine: ≤ 5 states (interval checkpoints: initialisation + 4 epochs) × 2 cases = 10 jobs" in out
+    assert "analysis last: ≤ 1 states (final checkpoint only" in out
+    assert "each: 22 gradient micro-batches, 36 quadratic forms in 3 passes × 16 curvature micro-batches" in out

@@ -1,12 +1,13 @@
 # Configuration checks and named input functions shared by every rule.
 import json
 import math
+import sys
 from pathlib import Path
 
 from snakemake.utils import validate
 
 from tiny_llm.analysis import check_output_binding, output_binding, settings_from_dict
-from tiny_llm import timing
+from tiny_llm import plan, timing
 from tiny_llm.config import (
     apply_overrides,
     config_from_dict,
@@ -309,3 +310,41 @@ def get_finish_runtime(wildcards):
 def get_attempt(wildcards, attempt):
     """Snakemake's attempt number (1 + retries so far), recorded in each result."""
     return attempt
+
+
+# --- cost before a run -------------------------------------------------------------------
+
+
+def _cost_line(analysis):
+    """What an unfinished analysis will cost: jobs, the work of each, and the estimated time."""
+    entry = ANALYSES[analysis]
+    settings = ANALYSIS_SETTINGS[analysis]
+    try:
+        run_config = _analysis_run_config(analysis)
+    except ValueError:  # an existing run without resolved.yaml: refused later, with its reason
+        return None
+    states = plan.expected_states(
+        run_config,
+        entry["run"],
+        entry.get("checkpoints", "all"),
+        analysis_dir=f"results/{analysis}",
+    )
+    workers = run_config.training.workers if settings.consensus else 0
+    work = plan.case_work(run_config, settings, workers)
+    device = settings.device
+    kind = "cpu" if device == "cpu" else CLUSTER.get("gpu_kind") or "cuda"
+    entries = timing.load_profiles(
+        CLUSTER.get("timing_profiles", ["config/timing.yaml", "results/timing"])
+    )
+    measured = timing.lookup_entry(
+        entries, timing.timing_key(run_config, settings, device_kind=""), kind
+    )
+    return plan.cost_line(analysis, states, get_cases(analysis), work, device, measured)
+
+
+if workflow.is_main_process:
+    for _name in ANALYSES:
+        if not Path(f"results/{_name}/summary.csv").exists():
+            _line = _cost_line(_name)
+            if _line:
+                print(_line, file=sys.stderr)

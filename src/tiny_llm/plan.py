@@ -1,0 +1,111 @@
+"""What an analysis will cost before it runs: states × cases × passes × micro-batches, and time.
+
+The counts come from the run configuration and the analysis settings alone, so they are known
+before training has written a checkpoint. The time is the same estimate the cluster walltime
+uses (measured per-micro-batch seconds of a timing entry, scaled to these counts); without a
+timing entry for the setup only the counts are given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tiny_llm.analysis import AnalysisSettings
+from tiny_llm.config import RunConfig
+
+__all__ = ["CaseWork", "case_work", "cost_line", "expected_states", "format_seconds"]
+
+
+@dataclass(frozen=True)
+class CaseWork:
+    """The work of one (state, case) job."""
+
+    noise_samples: int
+    """S_v actually drawn (capped by the epoch)."""
+    gradient_microbatches: int
+    """Forward + backward micro-batches: ḡ over the epoch, then each sampled gᵢ."""
+    directions: int
+    """Quadratic forms: S_v noise, S_r random, ḡ, and one per worker with consensus."""
+    passes: int
+    """Passes over the epoch, K directions each."""
+    hvp_microbatches: int
+    """Curvature micro-batches per pass."""
+
+    def seconds(self, timing: dict[str, float]) -> float:
+        """Estimated seconds from a timing entry's per-micro-batch costs."""
+        return (timing["startup"] + self.gradient_microbatches * timing["gradient_microbatch"]
+                + self.passes * self.hvp_microbatches * timing["hvp_microbatch_pass"])
+
+
+def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -> CaseWork:
+    """Counts of one (state, case) job of this run and these settings (``workers`` > 1 adds the
+    consensus directions of a packed run)."""
+    B, mb = config.training.batch_size, config.training.micro_batch_size
+    n_batches = config.steps_per_epoch
+    S_v = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
+    directions = S_v + settings.random_samples + 1 + (workers if workers > 1 else 0)
+    return CaseWork(noise_samples=S_v, gradient_microbatches=(n_batches + S_v) * math.ceil(B / mb),
+                    directions=directions, passes=math.ceil(directions / settings.directions_per_pass),
+                    hvp_microbatches=math.ceil(n_batches * B / (settings.hvp_batch_size or mb)))
+
+
+_ROOT = re.compile(r"epoch-\d{3}\.safetensors|final\.pt")
+
+
+def expected_states(config: RunConfig | None, run_dir: str | Path, selection: str | list[str],
+                    analysis_dir: str | Path | None = None) -> tuple[int, str]:
+    """At most how many unique states an analysis measures, and where the number comes from.
+
+    The analysis's index (states.json), once written, is exact. Before it, a listed selection
+    counts its files; ``all`` counts the checkpoints of a finished run, or those the run
+    configuration will write (interval: the initialisation and one per virtual epoch, final.pt an
+    alias of the last; final: one). Identical checkpoints can only make the number smaller.
+    """
+    index = Path(analysis_dir) / "states.json" if analysis_dir is not None else None
+    if index is not None and index.exists():
+        return len(json.loads(index.read_text())["states"]), "indexed"
+    if isinstance(selection, list):
+        return len(selection), "listed checkpoints"
+    run_dir = Path(run_dir)
+    existing = sorted(p.name for p in run_dir.glob("*") if _ROOT.fullmatch(p.name)) if run_dir.is_dir() else []
+    if config is None or (existing and (run_dir / "final.pt").exists()):
+        epochs = [name for name in existing if name.startswith("epoch-")]
+        return max(1, len(epochs) or len(existing)), "checkpoints in the run"
+    if config.training.checkpoint_policy == "interval":
+        return config.training.epochs + 1, f"interval checkpoints: initialisation + {config.training.epochs} epochs"
+    return 1, "final checkpoint only (training.checkpoint_policy: final)"
+
+
+def format_seconds(seconds: float) -> str:
+    """Seconds as a short human duration (s, min or h)."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def cost_line(name: str, states: tuple[int, str], cases: list[str], work: CaseWork, device: str,
+              timing: dict[str, Any] | None) -> str:
+    """One line for the console before a run: jobs, the work of each, and the estimated time.
+
+    ``timing`` is a timing entry (``{"seconds": ..., "measured": ...}``) or None.
+    """
+    count, source = states
+    jobs = count * len(cases)
+    line = (f"analysis {name}: ≤ {count} states ({source}) × {len(cases)} cases = {jobs} jobs; each: "
+            f"{work.gradient_microbatches} gradient micro-batches, {work.directions} quadratic forms in "
+            f"{work.passes} passes × {work.hvp_microbatches} curvature micro-batches")
+    if timing is None:
+        return line + (f"; time: no timing entry for this setup on {device} "
+                       "(`snakemake calibrate` measures one)")
+    each = work.seconds(timing["seconds"])
+    measured = timing.get("measured", {})
+    return line + (f"; about {format_seconds(each)} per job, {format_seconds(jobs * each)} in all on {device} "
+                   f"(timings of {measured.get('host', '?')}, {measured.get('at', '?')[:10]})")
+

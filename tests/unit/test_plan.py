@@ -1,0 +1,75 @@
+"""The cost line before a run: its counts equal what a measurement actually does, its states what
+training writes, and its time the timing estimate."""
+
+import json
+
+import pytest
+
+from tiny_llm.analysis import AnalysisSettings, analyze_state
+from tiny_llm.plan import case_work, cost_line, expected_states, format_seconds
+from tiny_llm.states import index_states
+from tiny_llm.timing import estimate_seconds
+from tiny_llm.train import train
+
+from conftest import make_oracle_run
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan")
+    config = make_oracle_run(path, epochs=3, tokens=3 * 6 * 3 * 3)
+    return config, path
+
+
+@pytest.mark.parametrize("samples, K, hvp", [(2, 4, None), (None, 3, 2), (99, 16, 1)])
+def test_counts_equal_those_of_a_measurement(run, samples, K, hvp):
+    config, path = run
+    if not (path / "run" / "final.pt").exists():
+        train(config, path / "run")
+    settings = AnalysisSettings(noise_samples=samples, random_samples=5, directions_per_pass=K, hvp_batch_size=hvp,
+                                device="cpu", dtype="float64")
+    result = analyze_state(path / "run", ["epoch-001.safetensors"], "seen", settings,
+                           path / f"r-{samples}-{K}-{hvp}.json")
+    work, counts = case_work(config, settings), result["counts"]
+    assert work.noise_samples == counts["noise_samples"]
+    assert work.directions == counts["noise_samples"] + counts["random_samples"] + 1
+    assert work.hvp_microbatches == counts["hvp_batches"]
+    assert work.passes == counts["hvp_passes"]  # no zero directions here: every direction takes its pass
+    micro = -(-config.training.batch_size // config.training.micro_batch_size)
+    assert work.gradient_microbatches == (counts["epoch_batches"] + counts["noise_samples"]) * micro
+
+
+def test_expected_states_before_and_after_training(run, tmp_path):
+    config, path = run
+    assert expected_states(config, tmp_path / "not-yet", "all") == (
+        4, "interval checkpoints: initialisation + 3 epochs")
+    final_only = config.__class__(**{**config.__dict__, "training": config.training.__class__(
+        **{**config.training.__dict__, "checkpoint_policy": "final"})})
+    assert expected_states(final_only, tmp_path / "not-yet", "all")[0] == 1
+    assert expected_states(config, tmp_path, ["epoch-001.safetensors", "final.pt"]) == (2, "listed checkpoints")
+    if not (path / "run" / "final.pt").exists():
+        train(config, path / "run")
+    indexed = index_states(path / "run", "all", consensus=False)
+    assert expected_states(None, path / "run", "all") == (len(indexed["states"]), "checkpoints in the run")
+    (tmp_path / "states.json").write_text(json.dumps({"states": indexed["states"][:2]}))
+    assert expected_states(config, path / "run", "all", analysis_dir=tmp_path) == (2, "indexed")
+
+
+def test_cost_line_says_jobs_work_and_time(run):
+    config, _ = run
+    settings = AnalysisSettings(noise_samples=2, random_samples=5, directions_per_pass=4, device="cpu")
+    work = case_work(config, settings)
+    seconds = {"startup": 1.0, "gradient_microbatch": 0.5, "hvp_microbatch_pass": 2.0}
+    each = estimate_seconds(config, settings, seconds)
+    assert each == work.seconds(seconds) == 1.0 + work.gradient_microbatches * 0.5 + work.passes * work.hvp_microbatches * 2
+    line = cost_line("a", (4, "interval"), ["seen", "unseen"], work, "cpu",
+                     {"seconds": seconds, "measured": {"host": "h", "at": "2026-01-02T03:04:05"}})
+    assert line.startswith("analysis a: ≤ 4 states (interval) × 2 cases = 8 jobs; each: ")
+    assert f"{work.directions} quadratic forms in {work.passes} passes × {work.hvp_microbatches} curvature" in line
+    assert f"about {each:.0f} s per job, {8 * each / 60:.0f} min in all on cpu (timings of h, 2026-01-02)" in line
+    assert "no timing entry for this setup on cpu" in cost_line("a", (4, "x"), ["seen"], work, "cpu", None)
+
+
+def test_durations_read_as_seconds_minutes_or_hours():
+    assert [format_seconds(s) for s in (5, 119, 120, 7199, 7200, 36_000)] == [
+        "5 s", "119 s", "2 min", "120 min", "2.0 h", "10.0 h"]
