@@ -162,7 +162,7 @@ def _noise_alignment(table, context, out_dir) -> list[Path]:
     if context["consensus"]:
         _curves(ax, table, "consensus_mean_curvature", "consensus  mean eᵀHe", "C3", notes=notes)
     ax.axhline(0, color="0.5", lw=0.6)
-    return _finish(fig, ax, out_dir, "noise_alignment", "mean vᵀHv along noise (nats)", context, notes.text())
+    return _finish(fig, ax, out_dir, "noise_alignment", "mean vᵀHv along noise (nats³)", context, notes.text())
 
 
 def _training_norms(ax, run_dir: Path, packed: bool) -> None:

@@ -244,6 +244,19 @@ def get_state_receipts(wildcards):
     ]
 
 
+def figure_reports(figures):
+    """Named PDF outputs, each a report entry with its caption (workflow/report/figures/)."""
+    return {
+        figure: report(
+            f"results/{{analysis}}/figures/{figure}.pdf",
+            caption=f"../report/figures/{figure}.rst",
+            category="Figures",
+            subcategory="{analysis}",
+        )
+        for figure in figures
+    }
+
+
 def get_training_log(wildcards):
     """With training norms, the run must be finished (its train-log.jsonl is read by the plot)."""
     if not PLOTS.get("training_norms", False):

@@ -7,10 +7,8 @@ rule plot:
         summary="results/{analysis}/summary.csv",
         training_log=get_training_log,
     output:
-        pdf=report(
-            expand("results/{{analysis}}/figures/{figure}.pdf", figure=FIGURES),
-            category="Figures",
-        ),
+        # One report entry per figure, captioned from docs/reading-results.md.
+        **figure_reports(FIGURES),
         png=expand("results/{{analysis}}/figures/{figure}.png", figure=FIGURES),
     log:
         "logs/plot/{analysis}.log",

@@ -49,12 +49,7 @@ rule plot_spectrum:
     input:
         spectrum="results/{analysis}/spectrum.csv",
     output:
-        pdf=report(
-            expand(
-                "results/{{analysis}}/figures/{figure}.pdf", figure=SPECTRUM_FIGURES
-            ),
-            category="Figures",
-        ),
+        **figure_reports(SPECTRUM_FIGURES),
         png=expand("results/{{analysis}}/figures/{figure}.png", figure=SPECTRUM_FIGURES),
     log:
         "logs/plot_spectrum/{analysis}.log",

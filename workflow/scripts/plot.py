@@ -9,5 +9,5 @@ logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %
 
 from tiny_llm.plots import plot_analysis  # noqa: E402
 
-plot_analysis(Path(snakemake.input.summary).parent, Path(snakemake.output.pdf[0]).parent,
+plot_analysis(Path(snakemake.input.summary).parent, Path(snakemake.output.png[0]).parent,
               training_norms=snakemake.params.training_norms)

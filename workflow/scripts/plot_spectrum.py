@@ -7,4 +7,4 @@ sys.stderr = open(snakemake.log[0], "w")
 
 from tiny_llm.plots import plot_spectrum  # noqa: E402
 
-plot_spectrum(Path(snakemake.input.spectrum).parent, Path(snakemake.output.pdf[0]).parent)
+plot_spectrum(Path(snakemake.input.spectrum).parent, Path(snakemake.output.png[0]).parent)

@@ -1,0 +1,141 @@
+"""The documentation says what the code does: every documented default equals the code's, the
+report captions are the reading guide's, and the docs stand on their own."""
+
+import argparse
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tiny_llm.analysis import AnalysisSettings
+from tiny_llm.cli import _parser as build_parser
+from tiny_llm.plots import FIGURES, SPECTRUM_FIGURES
+from tiny_llm.spectrum_analysis import SpectrumSettings
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+GUIDE = (REPO / "docs/reading-results.md").read_text()
+SCHEMA = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+ANALYSIS = SCHEMA["properties"]["analyses"]["additionalProperties"]["properties"]
+
+
+def _value(text: str):
+    """A documented default as data: `all` and null are None (all samples / unset), the rest YAML."""
+    text = text.strip().strip("`")
+    if text in ("all", "null"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return yaml.safe_load(text)
+
+
+def _table_defaults() -> dict[str, object]:
+    """{key: default} from the README's table of configuration keys (multi-key rows expanded)."""
+    section = README.split("### Configuration keys", 1)[1].split("\n\n", 2)[1]
+    rows = {}
+    for line in section.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        key, default = cells[0].strip("`"), cells[1]
+        if default in ("", "(required)"):
+            continue
+        group = re.fullmatch(r"(.*)\.\{(.*)\}", key)
+        if group:
+            names = [n.strip() for n in group.group(2).split(",")]
+            values = [v.strip() for v in default.split(",")]
+            assert len(names) == len(values), line
+            rows.update({f"{group.group(1)}.{n}": _value(v) for n, v in zip(names, values)})
+        else:
+            rows[key] = _value(default)
+    return rows
+
+
+def _schema_default(key: str):
+    parts = key.split(".")
+    if parts[0] == "analyses":
+        node = ANALYSIS
+        if parts[2] in ("settings", "spectrum"):
+            node = ANALYSIS[parts[2]]["properties"]
+        value = node[parts[-1]]["default"]
+    elif parts[0] == "train_runs":
+        value = SCHEMA["properties"]["train_runs"]["additionalProperties"]["properties"][parts[-1]]["default"]
+    else:
+        node = SCHEMA["properties"][parts[0]]
+        value = node["properties"][parts[1]]["default"] if len(parts) > 1 else node["default"]
+    return None if value == "all" else value
+
+
+def test_the_readme_table_of_keys_states_the_schema_defaults():
+    rows = _table_defaults()
+    assert len(rows) > 30
+    for key, documented in rows.items():
+        assert documented == _schema_default(key), key
+
+
+@pytest.mark.parametrize("name, cls", [("settings", AnalysisSettings), ("spectrum", SpectrumSettings)])
+def test_schema_defaults_are_the_code_defaults(name, cls):
+    schema = ANALYSIS[name]["properties"]
+    fields = {f.name: f.default for f in dataclasses.fields(cls)}
+    assert set(schema) - {"enabled"} == set(fields)
+    for key, default in fields.items():
+        assert (None if schema[key]["default"] == "all" else schema[key]["default"]) == default, key
+
+
+def test_config_comments_state_the_spectrum_defaults():
+    """config/config.yaml shows the default of each spectral setting in brackets."""
+    text = (REPO / "config/config.yaml").read_text()
+    defaults = {f.name: f.default for f in dataclasses.fields(SpectrumSettings)}
+    found = 0
+    for key, bracket in re.findall(r"^\s+(\w+): .*\[([^\]]+)\]\s*$", text, re.M):
+        if key in defaults:
+            assert _value(bracket) == defaults[key], key
+            found += 1
+    assert found >= 8
+
+
+def test_cli_defaults_are_the_code_defaults_and_every_subcommand_is_described():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    settings = {f.name: f.default for f in dataclasses.fields(AnalysisSettings)}
+    spectrum = {f.name: f.default for f in dataclasses.fields(SpectrumSettings)}
+    for name, sub in subparsers.choices.items():
+        assert sub.description, f"tiny-llm {name} has no description"
+        for action in sub._actions if name.startswith("analyze") else []:
+            dest = action.dest
+            if dest in settings and action.default is not None and not isinstance(action.default, bool):
+                assert action.default == settings[dest], (name, dest)
+            if dest in spectrum and action.default is not None:
+                assert action.default == spectrum[dest], (name, dest)
+
+
+def test_readme_option_defaults_of_analyze_state_match_the_code():
+    settings = AnalysisSettings()
+    for option, default in re.findall(r"`--([a-z-]+) (\d+)[|`]", README):
+        field = option.replace("-", "_")
+        if hasattr(settings, field):
+            assert int(default) == getattr(settings, field), option
+
+
+def test_report_captions_are_the_reading_guides_figure_texts():
+    """Each figure's report caption is the first paragraph of its section in docs/reading-results.md."""
+    for figure in FIGURES + SPECTRUM_FIGURES:
+        match = re.search(rf"^### `{figure}`\n\n(.+?)\n\n", GUIDE, re.M | re.S)
+        assert match, f"docs/reading-results.md has no section for {figure}"
+        caption = (REPO / "workflow/report/figures" / f"{figure}.rst").read_text()
+        assert " ".join(caption.split()) == " ".join(match.group(1).split()), (
+            f"workflow/report/figures/{figure}.rst differs from its paragraph in docs/reading-results.md; copy it")
+
+
+def test_docs_stand_on_their_own():
+    """No reference to documents a user of the repository does not have."""
+    texts = {path: path.read_text() for path in [REPO / "README.md", REPO / "benchmarks/README.md",
+                                                  *REPO.glob("docs/*.md"), *REPO.glob("src/tiny_llm/*.py")]}
+    for path, text in texts.items():
+        for phrase in ("DESIGN.md", "seed reference", "reference document", "the issue", "STYLE.md"):
+            assert phrase not in text, f"{path.relative_to(REPO)} mentions {phrase!r}"
