@@ -49,7 +49,8 @@ CLUSTER = _typed(config.get("cluster") or {})
 
 def _load_run_config(name):
     """A run the workflow trains is meant for analysis: unless its configuration says otherwise,
-    it writes interval checkpoints (one state per virtual epoch, not just the final one)."""
+    it writes interval checkpoints (one state per virtual epoch, not just the final one).
+    """
     entry = TRAIN_RUNS[name]
     data = load_config_dict(entry["config"])
     overrides = [f"{key}={value}" for key, value in entry.get("set", {}).items()]
@@ -334,7 +335,9 @@ def _cost_line(analysis):
     settings = ANALYSIS_SETTINGS[analysis]
     try:
         run_config = _analysis_run_config(analysis)
-    except ValueError:  # an existing run without resolved.yaml: refused later, with its reason
+    except (
+        ValueError
+    ):  # an existing run without resolved.yaml: refused later, with its reason
         return None
     states = plan.expected_states(
         run_config,
