@@ -73,6 +73,19 @@ class AnalysisSettings:
     """bf16 autocast in the forward only (float32 parameters; scores, norms, cross-entropy fp32)."""
     consensus: bool = True
     """Packed runs: measure each worker's consensus error eᵢ = xᵢ − x̄."""
+    audit: bool | Literal["auto"] = "auto"
+    """Precision audit: re-measure a seeded subset of the quadratic forms in float64 and record
+    their relative errors (true / false). auto: on unless the analysis runs in float64 without
+    autocast."""
+    audit_directions: int = 2
+    """Audited noise directions and random directions (each; ḡᵀHḡ is always audited)."""
+    audit_batches: int = 2
+    """Curvature micro-batches (seeded) over which the audit compares production and float64."""
+
+    @property
+    def audited(self) -> bool:
+        """Whether the precision audit runs."""
+        return self.audit is True or (self.audit == "auto" and (self.dtype != "float64" or self.amp))
 
     def __post_init__(self) -> None:
         for name in ("random_samples", "seed"):
@@ -88,6 +101,11 @@ class AnalysisSettings:
             raise ValueError(f"engine: expected one of auto, {', '.join(ENGINES)}, got {self.engine!r}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype: expected float32 or float64, got {self.dtype!r}")
+        if not (self.audit == "auto" or isinstance(self.audit, bool)):
+            raise ValueError(f"audit: expected auto, true or false, got {self.audit!r}")
+        for name in ("audit_directions", "audit_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
         if self.amp and self.dtype != "float32":
             raise ValueError("--amp requires --dtype float32 (bf16 autocast with float32 parameters)")
 
@@ -319,7 +337,8 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
                         hvp_batch_size=resolved.hvp_batch_size, noise_samples=settings.noise_samples,
                         random_samples=settings.random_samples, seed=settings.seed, engine=resolved.engine,
                         directions_per_pass=settings.directions_per_pass, compile=resolved.compiled,
-                        workers=config.training.workers, consensus=consensus)
+                        workers=config.training.workers, consensus=consensus,
+                        audit=(settings.audit_directions, settings.audit_batches) if settings.audited else None)
     label = f"[{state.key[:12]} {case}]"
     with runtime_settings(resolved.device, resolved.tf32) as runtime:
         try:
@@ -345,6 +364,7 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
         "counts": measured["counts"],
         "statistics": measured["statistics"],
         "standard_errors": measured["standard_errors"],
+        "audit": measured["audit"],
         "noise_samples": measured["noise_samples"],
         "random_directions": measured["random_directions"],
         "consensus": measured["consensus"],

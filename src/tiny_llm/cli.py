@@ -95,6 +95,12 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
     an.add_argument("--no-tf32", action="store_true", help="IEEE float32 matmuls on CUDA")
     an.add_argument("--amp", action="store_true", help="bf16 autocast in the forward (requires float32)")
     an.add_argument("--no-consensus", action="store_true", help="packed runs: skip consensus errors")
+    an.add_argument("--audit", choices=["auto", "on", "off"], default="auto",
+                    help="precision audit in float64 (auto: unless the analysis runs in float64 without --amp)")
+    an.add_argument("--audit-directions", type=int, default=AnalysisSettings.audit_directions,
+                    help="audited noise and random directions (each; ḡ is always audited)")
+    an.add_argument("--audit-batches", type=int, default=AnalysisSettings.audit_batches,
+                    help="curvature micro-batches the audit measures")
     an.add_argument("--expect-key", help="refuse unless the checkpoints hash to this state key")
 
 
@@ -103,7 +109,9 @@ def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
         noise_samples=args.noise_samples, random_samples=args.random_samples, seed=args.seed,
         hvp_batch_size=args.hvp_batch_size, directions_per_pass=args.directions_per_pass, engine=args.engine,
         compile_hvp=not args.no_compile_hvp, device=args.device, dtype=args.dtype, tf32=not args.no_tf32,
-        amp=args.amp, consensus=not args.no_consensus)
+        amp=args.amp, consensus=not args.no_consensus,
+        audit={"auto": "auto", "on": True, "off": False}[args.audit], audit_directions=args.audit_directions,
+        audit_batches=args.audit_batches)
 
 
 def _analyze_spectrum(args: argparse.Namespace) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -17,16 +18,22 @@ from typing import Any
 from tiny_llm.io import atomic_write_json, atomic_write_text
 from tiny_llm.noise import STANDARD_ERRORS, standard_errors, summarise
 
-__all__ = ["CONSENSUS_COLUMNS", "ERROR_COLUMNS", "STATISTICS", "SUMMARY_COLUMNS", "collect", "collect_spectrum", "validate_result"]
+log = logging.getLogger(__name__)
+
+__all__ = ["AUDIT_THRESHOLD", "CONSENSUS_COLUMNS", "ERROR_COLUMNS", "STATISTICS", "SUMMARY_COLUMNS", "collect", "collect_spectrum", "validate_result"]
 
 STATISTICS = ["noise_curvature", "normalized_alignment", "mean_noise_norm", "mean_grad_norm", "full_grad_norm",
               "random_curvature", "grad_curvature", "b_simple", "b_noise"]
 CONSENSUS_COLUMNS = ["consensus_mean_curvature", "consensus_normalized_alignment", "consensus_mean_norm"]
 ERROR_COLUMNS = [f"{name}_se" for name in STANDARD_ERRORS]
 SUMMARY_COLUMNS = ["file", "state_key", "case", "step", "tokens", "loss", *STATISTICS, *ERROR_COLUMNS,
-                   *CONSENSUS_COLUMNS]
-"""One row per checkpoint file × case; ``loss`` is the epoch loss of the state on the case and
-``<statistic>_se`` the standard error of a sampled statistic (blank when null)."""
+                   "audit_max_relative_error", *CONSENSUS_COLUMNS]
+"""One row per checkpoint file × case; ``loss`` is the epoch loss of the state on the case,
+``<statistic>_se`` the standard error of a sampled statistic and ``audit_max_relative_error`` the
+largest relative error of the precision audit's quadratic forms (blank when null or not audited)."""
+
+AUDIT_THRESHOLD = 1e-2
+"""Default largest audited relative error collection accepts without a warning."""
 
 
 def _agree(a: float | None, b: float | None) -> bool:
@@ -61,6 +68,10 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
             if name not in result[block] or not _agree(value, result[block][name]):
                 raise ValueError(f"{source}: {name} = {result[block].get(name)!r} disagrees with its per-sample "
                                  f"records ({value!r})")
+    audit = result.get("audit")
+    if audit is not None and not _agree(audit["max_relative_error"],
+                                        max(d["relative_error"] for d in audit["directions"])):
+        raise ValueError(f"{source}: the audit's max_relative_error disagrees with its directions")
     if workers is not None:
         consensus = result.get("consensus")
         if not consensus or [w["worker"] for w in consensus["workers"]] != list(range(workers)):
@@ -99,9 +110,11 @@ def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return buffer.getvalue()
 
 
-def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], name: str) -> dict[str, Any]:
+def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], name: str,
+            audit_threshold: float = AUDIT_THRESHOLD) -> dict[str, Any]:
     """Validate ``states/<key>/<case>.json`` for every state and case, then write manifest.json and
-    summary.csv atomically into ``analysis_dir``. Returns the manifest."""
+    summary.csv atomically into ``analysis_dir``. Returns the manifest, whose ``audit`` block lists
+    the rows whose audited relative error exceeds ``audit_threshold`` (also logged as a warning)."""
     analysis_dir = Path(analysis_dir)
     workers = states["workers"] if states["consensus"] else None
     results, identity = {}, None
@@ -124,15 +137,26 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
                              "tokens": alias["tokens"], "loss": _cell(result["statistics"].get("loss")),
                              **{k: _cell(result["statistics"][k]) for k in STATISTICS},
                              **{k: _cell(result["standard_errors"][k]) for k in ERROR_COLUMNS},
+                             "audit_max_relative_error": _cell((result.get("audit") or {}).get("max_relative_error")),
                              **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS}})
     rows.sort(key=lambda r: (r["tokens"], r["file"], cases.index(r["case"])))
     csv_text = _csv(rows, SUMMARY_COLUMNS)
 
     first = next(iter(results.values()))
+    audited = [r for r in rows if r["audit_max_relative_error"] != ""]
+    exceeded = [{"file": r["file"], "case": r["case"], "relative_error": r["audit_max_relative_error"]}
+                for r in audited if r["audit_max_relative_error"] > audit_threshold]
+    if exceeded:
+        worst = max(exceeded, key=lambda r: r["relative_error"])
+        log.warning("analysis %s: %d of %d audited rows exceed the audit threshold %g (worst %.3g at %s %s); "
+                    "see 'Precision audit' in docs/reading-results.md before using these numbers", name, len(exceeded),
+                    len(audited), audit_threshold, worst["relative_error"], worst["file"], worst["case"])
     manifest = {
         "format": 1, "analysis": name, "run": states["run"], "cases": cases,
         "packed": states["packed"], "workers": states["workers"], "consensus": states["consensus"],
         "identity": identity, "settings": first["settings"], "precision": first["precision"],
+        "audit": {"threshold": audit_threshold, "audited_rows": len(audited), "exceeded": exceeded,
+                  "max_relative_error": max((r["audit_max_relative_error"] for r in audited), default=None)},
         "software": first["software"],
         "hardware": list({json.dumps(r["hardware"], sort_keys=True): r["hardware"] for r in results.values()}.values()),
         "slurm_jobs": [r["slurm"] | {"state": k[:12], "case": c} for (k, c), r in results.items() if r.get("slurm")],

@@ -29,10 +29,18 @@ without replacement from the epoch's n batches, so their means carry the finite-
     se(b_simple)         = B·c·se(mean ‖vᵢ‖²) / ‖ḡ‖²,   se(b_noise) = B·c·se(mean vᵢᵀHvᵢ) / ḡᵀHḡ
 
 (ḡ and ḡᵀHḡ are exact). A standard error is null when its statistic is, or with a single sample.
+
+Precision audit (``audit``, when enabled): a seeded subset of the directions (``a`` noise, ``a``
+random, and ḡ), exactly as used, is measured again on a seeded sample of the curvature
+micro-batches twice: in the production precision (dtype, TF32, autocast as configured) and in
+float64 (adjoint engine, exact). Each direction records both values and its relative error
+|q − q₆₄| / |q₆₄|; the statistics built from quadratic forms record the relative error the
+audited forms imply, Σ(q − q₆₄) / Σq₆₄ over the forms each depends on (b_noise: noise against ḡ).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -47,13 +55,13 @@ from tiny_llm.data import BatchPlan, TokenCache, derive_seed, group_permutation
 from tiny_llm.model import Llama
 from tiny_llm.train import accumulate_batch_gradient
 
-__all__ = ["CaseInputs", "STANDARD_ERRORS", "batch_gradient", "batch_gradient_and_loss", "mean_gradient",
+__all__ = ["CaseInputs", "STANDARD_ERRORS", "batch_gradient", "precision_audit", "batch_gradient_and_loss", "mean_gradient",
            "mean_gradient_and_loss", "measure_case", "noise_batch_indices", "rademacher", "standard_errors",
            "summarise"]
 
 log = logging.getLogger(__name__)
 
-NOISE_SAMPLE_STREAM, RADEMACHER_STREAM = 2, 3
+NOISE_SAMPLE_STREAM, RADEMACHER_STREAM, AUDIT_STREAM = 2, 3, 4
 
 
 def noise_batch_indices(n_batches: int, samples: int | None, seed: int) -> list[int]:
@@ -125,6 +133,8 @@ class CaseInputs:
     workers: int = 1
     consensus: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     """(worker index, eᵢ = xᵢ − x̄ as float64 (D,)) for packed runs with consensus on."""
+    audit: tuple[int, int] | None = None
+    """(directions of each kind, curvature micro-batches) of the precision audit, or None."""
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -249,6 +259,47 @@ class _DirectionRunner:
         self.pending = []
 
 
+def _audit_choice(count: int, take: int, seed: int, stream_index: int) -> list[int]:
+    """``take`` of ``count`` positions, seeded (a fixed function of the seed, as the noise draw)."""
+    return sorted(int(i) for i in group_permutation(seed, AUDIT_STREAM, stream_index, count)[:take]) if count else []
+
+
+def precision_audit(model: Llama, tokens: torch.Tensor, directions: list[tuple[dict, torch.Tensor, float]],
+                    inputs: CaseInputs, precision: Precision) -> dict[str, Any]:
+    """Re-measure ``directions`` ((label, vector as used, production value)) on a seeded sample of
+    the curvature micro-batches, in the production precision and in float64 (module docstring)."""
+    started = time.perf_counter()
+    h = inputs.hvp_batch_size
+    micro = _audit_choice(math.ceil(tokens.shape[0] / h), inputs.audit[1], inputs.seed, 2)
+    rows = torch.cat([tokens[j * h:(j + 1) * h] for j in micro])
+    V = torch.stack([vector for _, vector, _ in directions])
+    production = EpochHessian(model, rows, batch_size=h, engine=inputs.engine, precision=precision,
+                              directions_per_pass=len(V), compile=False).quadratic_forms(V).tolist()
+    reference_model = copy.deepcopy(model).to(torch.float64)
+    reference = EpochHessian(reference_model, rows, batch_size=h, engine="adjoint",
+                             precision=Precision(precision.device, torch.float64), directions_per_pass=len(V),
+                             compile=False).quadratic_forms(V.to(torch.float64)).tolist()
+    records = []
+    for (label, _, _), q, exact in zip(directions, production, reference):
+        error = abs(q - exact) / abs(exact) if exact != 0 else (0.0 if q == 0 else math.inf)
+        records.append({**label, "production": q, "float64": exact, "relative_error": error})
+
+    def implied(kinds: tuple[str, ...]) -> float | None:
+        chosen = [r for r in records if r["kind"] in kinds]
+        total = math.fsum(r["float64"] for r in chosen)
+        return None if not chosen or total == 0 else math.fsum(r["production"] - r["float64"] for r in chosen) / total
+
+    noise, random, grad = implied(("noise",)), implied(("random",)), implied(("gradient",))
+    b_noise = None if noise is None or grad is None or grad == -1 else (1 + noise) / (1 + grad) - 1
+    statistics = {"noise_curvature": noise, "normalized_alignment": noise, "random_curvature": random,
+                  "grad_curvature": grad, "b_noise": b_noise}
+    return {"reference": "float64, adjoint engine", "micro_batches": micro,
+            "tokens_audited": int(rows[:, 1:].numel()), "directions": records,
+            "statistics_relative_error": {k: None if v is None else abs(v) for k, v in statistics.items()},
+            "max_relative_error": max(r["relative_error"] for r in records),
+            "seconds": time.perf_counter() - started}
+
+
 def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
                  progress: Callable[[str], None] = log.info) -> dict[str, Any]:
     """Every statistic of one (state, case): records, statistics, counts, timing (plain data)."""
@@ -260,15 +311,20 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     t_mean = time.perf_counter() - t0
     progress(f"mean gradient over {n} batches: {t_mean:.2f} s (epoch loss {epoch_loss:.4f})")
 
-    operator = EpochHessian(model, torch.cat(batches), batch_size=inputs.hvp_batch_size, engine=inputs.engine,
+    epoch_tokens = torch.cat(batches)
+    operator = EpochHessian(model, epoch_tokens, batch_size=inputs.hvp_batch_size, engine=inputs.engine,
                             precision=precision, directions_per_pass=inputs.directions_per_pass,
                             compile=inputs.compile)
     selected = noise_batch_indices(n, inputs.noise_samples, inputs.seed)
     total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
     runner = _DirectionRunner(operator, precision, total, progress)
     noise, random, consensus = [], [], []
+    audit_directions = inputs.audit[0] if inputs.audit else 0
+    audited_noise = set(_audit_choice(len(selected), audit_directions, inputs.seed, 0))
+    audited_random = set(_audit_choice(inputs.random_samples, audit_directions, inputs.seed, 1))
+    kept: list[tuple[dict, dict, str, torch.Tensor]] = []  # (label, record, key, direction as used)
     sample_seconds = 0.0
-    for i in selected:
+    for position, i in enumerate(selected):
         started = time.perf_counter()
         g, batch_loss = batch_gradient_and_loss(model, flat, batches[i], inputs.micro_batch_size, precision)
         sample_seconds += time.perf_counter() - started
@@ -277,12 +333,20 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
         if inputs.workers > 1:
             record["worker"] = int(plan.stream_batches[i]) % inputs.workers
         noise.append(record)
+        if position in audited_noise:
+            kept.append(({"kind": "noise", "batch_index": i}, record, "noise_curvature",
+                         (g - g_bar).to(precision.dtype)))
         runner.add(g - g_bar, record, "noise_curvature", started)
     for index in range(inputs.random_samples):
         record = {"index": index}
         random.append(record)
-        runner.add(rademacher(flat.D, inputs.seed, index).to(precision.device), record, "curvature", time.perf_counter())
+        direction = rademacher(flat.D, inputs.seed, index).to(precision.device)
+        if index in audited_random:
+            kept.append(({"kind": "random", "index": index}, record, "curvature", direction.to(precision.dtype)))
+        runner.add(direction, record, "curvature", time.perf_counter())
     grad_record: dict[str, Any] = {}
+    if inputs.audit:
+        kept.append(({"kind": "gradient"}, grad_record, "curvature", g_bar.to(precision.dtype)))
     runner.add(g_bar, grad_record, "curvature", time.perf_counter())
     for worker, e in inputs.consensus:
         record = {"worker": worker}
@@ -300,12 +364,20 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
         record["norm"] = math.sqrt(record["squared_norm"])
         record["normalized_alignment"] = _ratio(record["curvature"], record["squared_norm"])
     grad_record.pop("_norm2")
+    audit = None
+    if inputs.audit:
+        progress(f"precision audit: {len(kept)} directions on {inputs.audit[1]} curvature micro-batches in float64")
+        audit = precision_audit(model, epoch_tokens, [(label, vector, record[key])
+                                                         for label, record, key, vector in kept], inputs, precision)
+        progress(f"precision audit: largest relative error {audit['max_relative_error']:.2e} "
+                 f"({audit['seconds']:.2f} s)")
     g_bar_norm = float(g_bar.norm())
     M = n * B
     arguments = (noise, random, g_bar_norm, grad_record["curvature"], flat.D, B, M)
     return {
         "statistics": {"loss": epoch_loss, **summarise(*arguments)},
         "standard_errors": standard_errors(*arguments),
+        "audit": audit,
         "noise_samples": noise,
         "random_directions": [{"index": r["index"], "curvature": r["curvature"], "hvp_seconds": r["hvp_seconds"]}
                               for r in random],
@@ -318,5 +390,6 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
                    "hvp_passes": operator.passes, "finite_epoch_correction": (M - 1) / (M - B) if M > B else None},
         "timing": {"mean_gradient_seconds": t_mean, "sample_gradient_seconds": sample_seconds,
                    "hvp_seconds": sum(r["hvp_seconds"] for r in noise + random + consensus) + grad_record["hvp_seconds"],
+                   "audit_seconds": audit["seconds"] if audit else 0.0,
                    "total_seconds": time.perf_counter() - t0},
     }

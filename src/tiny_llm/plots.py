@@ -26,7 +26,7 @@ __all__ = ["FIGURES", "SPECTRUM_FIGURES", "plot_analysis", "plot_spectrum"]
 
 log = logging.getLogger(__name__)
 
-FIGURES = ["loss", "normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"]
+FIGURES = ["loss", "normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes", "precision_audit"]
 STYLE = {"seen": "-", "unseen": "--"}
 COLUMN = (3.5, 2.6)  # inches: one column of a two-column paper
 _RC = {"font.size": 8, "axes.labelsize": 8, "legend.fontsize": 6.5, "xtick.labelsize": 7, "ytick.labelsize": 7,
@@ -207,13 +207,41 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     return _finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)", context, notes.text())
 
 
+def _precision_mode(settings: dict) -> str:
+    dtype = settings.get("dtype", "?")
+    extras = [name for name, on in (("TF32", dtype == "float32" and settings.get("tf32")
+                                     and str(settings.get("device", "")).startswith(("cuda", "auto"))),
+                                    ("bf16 autocast", settings.get("amp"))) if on]
+    return " + ".join([dtype, *extras])
+
+
+def _precision_audit(table, context, out_dir) -> list[Path]:
+    """The largest audited relative error of each state against float64, with the threshold."""
+    fig, ax = plt.subplots(figsize=COLUMN)
+    notes = Notes()
+    audited = "audit_max_relative_error" in table and pd.to_numeric(
+        table["audit_max_relative_error"], errors="coerce").notna().any()
+    if audited:
+        mode = _precision_mode(context.get("settings") or {})
+        _curves(ax, table, "audit_max_relative_error", f"{mode} vs float64", "C0", log=True, notes=notes)
+        threshold = (context.get("audit") or {}).get("threshold")
+        if threshold:
+            ax.axhline(threshold, color="C3", lw=0.8, ls=":", label=f"warning threshold {threshold:g}")
+        _log_axis(ax)
+    else:
+        ax.text(0.5, 0.5, "no precision audit\n(float64 analysis, or audit off)", ha="center", va="center",
+                transform=ax.transAxes, color="0.4")
+    return _finish(fig, ax, out_dir, "precision_audit", "largest relative error of audited vᵀHv", context,
+                   notes.text())
+
+
 def _context(analysis_dir: Path) -> dict:
     """What the figures need from manifest.json (empty when an analysis has none yet)."""
     path = analysis_dir / "manifest.json"
     manifest = json.loads(path.read_text()) if path.exists() else {}
     return {"analysis": manifest.get("analysis", analysis_dir.name), "settings": manifest.get("settings"),
             "batch_sizes": manifest.get("batch_sizes"), "consensus": bool(manifest.get("consensus")),
-            "packed": bool(manifest.get("packed")), "run": manifest.get("run")}
+            "packed": bool(manifest.get("packed")), "run": manifest.get("run"), "audit": manifest.get("audit")}
 
 
 def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
@@ -234,7 +262,7 @@ def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
     with plt.rc_context(_RC):
         paths = (_loss(table, context, out_dir) + _normalized_alignment(table, context, out_dir)
                  + _noise_alignment(table, context, out_dir) + _gradient_norms(table, context, out_dir, run_dir)
-                 + _batch_sizes(table, context, out_dir))
+                 + _batch_sizes(table, context, out_dir) + _precision_audit(table, context, out_dir))
     log.info("figures written to %s", out_dir)
     return paths
 

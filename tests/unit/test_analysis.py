@@ -257,3 +257,14 @@ def test_cuda_float32_agrees_with_cpu_float64(ordinary, tmp_path, amp):
     tolerance = 0.1 if amp else 1e-2
     for key in ("random_curvature", "grad_curvature", "full_grad_norm", "mean_grad_norm"):
         assert gpu["statistics"][key] == pytest.approx(reference["statistics"][key], rel=tolerance, abs=1e-6)
+
+
+def test_the_audit_is_on_by_default_unless_float64():
+    assert AnalysisSettings(dtype="float32").audited and AnalysisSettings(dtype="float32", amp=True).audited
+    assert not AnalysisSettings(dtype="float64").audited
+    assert AnalysisSettings(dtype="float64", audit=True).audited and not AnalysisSettings(audit=False).audited
+    for bad in ("on", 1, "yes"):
+        with pytest.raises(ValueError, match="audit: expected auto, true or false"):
+            AnalysisSettings(audit=bad)
+    with pytest.raises(ValueError, match="audit_batches: expected a positive integer"):
+        AnalysisSettings(audit_batches=0)

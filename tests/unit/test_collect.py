@@ -86,3 +86,22 @@ def test_consensus_is_required_and_checked():
         validate_result(bad, KEY_A, "seen", 2, "r.json")
     with pytest.raises(ValueError, match="expected bbbbbbbbbbbb / seen"):
         validate_result(result, KEY_B, "seen", 2, "r.json")
+
+
+def test_audit_column_and_threshold_warning(tmp_path, caplog):
+    results = [_result(k, c) for k in (KEY_A, KEY_B) for c in ("seen", "unseen")]
+    for result, error in zip(results, [1e-5, 2e-2, None, 3e-3]):
+        result["audit"] = None if error is None else {
+            "max_relative_error": error, "directions": [{"relative_error": error}, {"relative_error": error / 2}]}
+    states = _tree(tmp_path, results)
+    with caplog.at_level("WARNING"):
+        manifest = collect(tmp_path, states, ["seen", "unseen"], "demo", audit_threshold=0.01)
+    rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert [r["audit_max_relative_error"] for r in rows[:4]] == ["1e-05", "0.02", "", "0.003"]
+    assert manifest["audit"] == {"threshold": 0.01, "audited_rows": 4, "max_relative_error": 0.02,
+                                 "exceeded": [{"file": "epoch-001.safetensors", "case": "unseen", "relative_error": 0.02}]}
+    assert "1 of 4 audited rows exceed the audit threshold 0.01 (worst 0.02 at epoch-001.safetensors unseen)" in caplog.text
+    results[0]["audit"]["max_relative_error"] = 0.5
+    states = _tree(tmp_path, results)
+    with pytest.raises(ValueError, match="max_relative_error disagrees with its directions"):
+        collect(tmp_path, states, ["seen", "unseen"], "demo")

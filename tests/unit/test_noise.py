@@ -213,3 +213,58 @@ def test_batch_size_formulas_and_nulls():
     assert stats["normalized_alignment"] == pytest.approx(6 / 10) and stats["random_curvature"] == 2.0
     flat = summarise(noise, [], g_bar_norm=0.0, grad_curvature=-1.0, D=4, B=4, M=16)
     assert flat["b_simple"] is None and flat["b_noise"] is None and flat["random_curvature"] is None
+
+
+def _subset_hessian(model, rows):
+    flat = FlatParameters(model)
+    theta = flat.flatten([p.detach() for p in model.parameters()])
+
+    def loss(x):
+        logits = functional_call(model, flat.unflatten(x), (rows[:, :-1],))
+        return token_losses(logits, rows[:, 1:]).mean()
+    return hessian(loss)(theta)
+
+
+def test_precision_audit_against_the_dense_oracle(oracle):
+    """The audit's float64 values are the dense Hessian's forms on the audited micro-batches; its
+    production values are a separate run in the analysis's precision on the same rows."""
+    import copy
+    config, cache, model, plan, H, g_bar, g = oracle
+    h = 4
+    tokens = torch.cat([cache.tokens(b) for b in plan.blocks])
+    # float64: the audit finds no error, and its directions are the dense oracle's
+    result = measure_case(model, _inputs(config, cache, plan, noise_samples=3, hvp_batch_size=h, audit=(2, 2)), CPU64)
+    audit = result["audit"]
+    assert [d["kind"] for d in audit["directions"]] == ["noise", "noise", "random", "random", "gradient"]
+    assert len(audit["micro_batches"]) == 2 and len(set(audit["micro_batches"])) == 2
+    rows = torch.cat([tokens[j * h:(j + 1) * h] for j in audit["micro_batches"]])
+    H_sub = _subset_hessian(model, rows)
+    assert audit["tokens_audited"] == rows[:, 1:].numel()
+    for d in audit["directions"]:
+        v = {"noise": lambda: g[d.get("batch_index", 0)] - g_bar, "random": lambda: rademacher(H.shape[0], 11, d.get("index", 0)),
+             "gradient": lambda: g_bar}[d["kind"]]()
+        _assert_close(d["float64"], float(v @ H_sub @ v))
+        assert d["relative_error"] < 1e-10
+    assert {d["batch_index"] for d in audit["directions"] if d["kind"] == "noise"} <= {
+        r["batch_index"] for r in result["noise_samples"]}
+    # float32: production values equal a separate float32 run on the audited rows
+    model32 = copy.deepcopy(model).float()
+    cpu32 = Precision(torch.device("cpu"), torch.float32)
+    result = measure_case(model32, _inputs(config, cache, plan, noise_samples=3, hvp_batch_size=h, audit=(2, 2)), cpu32)
+    audit = result["audit"]
+    randoms = [d for d in audit["directions"] if d["kind"] == "random"]
+    V = torch.stack([rademacher(H.shape[0], 11, d["index"]) for d in randoms])
+    separate = EpochHessian(model32, rows, batch_size=h, engine="double_backward", precision=cpu32,
+                            directions_per_pass=2).quadratic_forms(V.float())
+    H32_sub = _subset_hessian(copy.deepcopy(model32).double(), rows)
+    for d, q, v in zip(randoms, separate.tolist(), V):
+        assert d["production"] == pytest.approx(q, rel=1e-4)  # another engine in float32: rounding apart
+        _assert_close(d["float64"], float(v @ H32_sub @ v))  # ±1 directions are exact in float32
+        assert d["relative_error"] == pytest.approx(abs(d["production"] - d["float64"]) / abs(d["float64"]))
+        assert 0 < d["relative_error"] < 1e-4
+    assert audit["max_relative_error"] == max(d["relative_error"] for d in audit["directions"])
+    errors = audit["statistics_relative_error"]
+    expected = abs(sum(d["production"] - d["float64"] for d in randoms) / sum(d["float64"] for d in randoms))
+    assert errors["random_curvature"] == pytest.approx(expected)
+    assert result["timing"]["audit_seconds"] == audit["seconds"] > 0
+    assert measure_case(model32, _inputs(config, cache, plan, noise_samples=3), cpu32)["audit"] is None

@@ -19,5 +19,8 @@ rule collect:
         cases=lookup(
             dpath="{analysis}/cases", within=ANALYSES, default=["seen", "unseen"]
         ),
+        audit_threshold=lookup(
+            dpath="{analysis}/audit_threshold", within=ANALYSES, default=0.01
+        ),
     script:
         "../scripts/collect.py"
