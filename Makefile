@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-slow clean-demo
+.PHONY: setup demo test test-slow gpu-check clean-demo
 
 $(STAMP): pyproject.toml envs/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
+
+# On a machine with a CUDA GPU: CUDA tests, GPU benchmarks, precision study and walltime
+# calibration in one go (about 8 minutes); report in benchmarks/out/gpu-check/report.md.
+gpu-check: $(STAMP)
+	PYTHON=$(BIN)/python benchmarks/gpu_check.sh
 
 clean-demo:
 	rm -rf cache/demo cache/demo.prepared.json runs/demo results/demo results/benchmarks logs .snakemake

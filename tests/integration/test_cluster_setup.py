@@ -1,0 +1,54 @@
+"""The cluster set-up names files that exist and pins one torch; the GPU check fails fast and
+clearly where there is no GPU (as in CI)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+
+
+def _cluster_section() -> str:
+    return README.split("## Cluster", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_file_the_cluster_setup_names_exists():
+    named = set(re.findall(r"(?<![\w/.-])((?:envs|profiles|config|benchmarks|workflow)/[\w./+-]*[\w])", _cluster_section()))
+    assert "envs/cluster-aarch64.txt" in named and "envs/tiny-llm.yaml" in named
+    missing = sorted(path for path in named if not (REPO / path).exists()
+                     and not path.startswith("benchmarks/out/"))  # outputs the set-up makes
+    assert not missing, f"the README's cluster section names files that do not exist: {missing}"
+    requirements = (REPO / "envs/cluster-aarch64.txt").read_text()
+    for line in re.findall(r"^-r (\S+)$", requirements, re.M):
+        assert (REPO / "envs" / line).exists(), line
+    assert "http" not in requirements.replace("https://", "") and "<" not in requirements  # no placeholders
+
+
+def test_one_torch_everywhere():
+    pins = {path.name: re.findall(r"torch==([\d.]+)", path.read_text())
+            for path in (REPO / "envs").iterdir() if path.suffix in (".txt", ".yaml")}
+    versions = {v for found in pins.values() for v in found}
+    assert len(versions) == 1, pins
+    assert torch.__version__.split("+")[0] in versions
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no GPU")
+def test_gpu_check_fails_fast_and_clearly_without_cuda():
+    env = {**os.environ, "PYTHON": sys.executable}
+    result = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    assert "gpu-check: no CUDA device is visible" in result.stderr and "GPU node" in result.stderr
+
+
+def test_benchmark_scripts_document_their_options():
+    for script in ("hvp_cost.py", "precision.py", "spectrum_cost.py"):
+        result = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], cwd=REPO, capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 0 and "--device" in result.stdout, script + result.stderr
