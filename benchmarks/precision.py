@@ -7,7 +7,7 @@ short run is trained on the built-in demo corpus into benchmarks/out/precision/<
 when present) with interval checkpoints. At its initial, middle and final checkpoint the seen case
 is measured end to end (S_v noise batches, S_r Rademacher directions, the same seed) in float64
 and in each mode: float32 (IEEE), float32 + TF32 (CUDA only), bf16 autocast. Each statistic's
-relative error |x − x₆₄| / |x₆₄| is reported. The largest Hessian eigenvalue from Lanczos is
+relative error |x − x₆₄| / |x₆₄| is reported. The largest Hessian eigenvalue from Lanczos (12 steps) is
 compared too: float64 operator and basis against the mode's operator with a float64 basis and
 with a bf16 basis and float32 reductions. Writes benchmarks/out/precision-<device>.{json,md}.
 """
@@ -76,7 +76,8 @@ def _modes(device: torch.device) -> dict[str, tuple[Precision, bool]]:
     return modes
 
 
-def _measure(config, run: Path, checkpoint: str, precision: Precision, tf32: bool, samples: int) -> dict:
+def _measure(config, run: Path, checkpoint: str, precision: Precision, tf32: bool, samples: int,
+             lanczos_steps: int) -> dict:
     cache = TokenCache(config.data.cache)
     inputs = CaseInputs(cache=cache, plan=epoch_plan(config, 1), micro_batch_size=config.training.micro_batch_size,
                         hvp_batch_size=8, noise_samples=samples, random_samples=samples, seed=42, engine="adjoint",
@@ -90,7 +91,7 @@ def _measure(config, run: Path, checkpoint: str, precision: Precision, tf32: boo
         for basis, reduction in ((torch.float64, torch.float64), (torch.bfloat16, torch.float32)):
             operator = EpochHessian(model, tokens, batch_size=8, engine="double_backward", precision=precision,
                                     directions_per_pass=1)
-            top = top_eigenpairs(operator.hvp, operator.flat.D, 1, 20, seed=42, basis_dtype=basis,
+            top = top_eigenpairs(operator.hvp, operator.flat.D, 1, lanczos_steps, seed=42, basis_dtype=basis,
                                  reduction_dtype=reduction, device=precision.device)
             values[str(basis).removeprefix("torch.")] = float(top[0][0])
     return {**result["statistics"], "lambda_max": values["float64"], "lambda_max_bf16_basis": values["bfloat16"],
@@ -102,6 +103,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--models", default="demo,0.8M")
     parser.add_argument("--samples", type=int, default=8, help="S_v and S_r per measurement")
+    parser.add_argument("--lanczos-steps", type=int, default=12, help="Lanczos steps for the largest eigenvalue")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -112,9 +114,11 @@ def main() -> None:
         epochs = config.training.epochs
         for checkpoint in (f"epoch-000.safetensors", f"epoch-{epochs // 2:03d}.safetensors",
                            f"epoch-{epochs:03d}.safetensors"):
-            reference = _measure(config, run, checkpoint, Precision(device, torch.float64), False, args.samples)
+            reference = _measure(config, run, checkpoint, Precision(device, torch.float64), False, args.samples,
+                                 args.lanczos_steps)
+            print(f"{name} {checkpoint} float64 reference: {reference['seconds']:.0f} s", flush=True)
             for mode, (precision, tf32) in _modes(device).items():
-                measured = _measure(config, run, checkpoint, precision, tf32, args.samples)
+                measured = _measure(config, run, checkpoint, precision, tf32, args.samples, args.lanczos_steps)
                 errors = {}
                 for key in STATISTICS + ["lambda_max"]:
                     exact, value = reference.get(key), measured.get(key)

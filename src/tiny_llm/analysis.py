@@ -424,7 +424,10 @@ def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write:
         if old["source"] != binding["source"]:
             changed.append("the tiny_llm source code changed")
         if changed:
-            raise ValueError(f"{output_dir} holds results made with other settings ({'; '.join(changed)}); "
-                             "use a new output directory (a new analysis name) or restore the settings")
+            fix = "use a new output directory (a new analysis name) or restore the settings"
+            if changed == ["the tiny_llm source code changed"]:
+                fix = (f"use a new analysis name, or remove {output_dir} to recompute it with this code "
+                       "(or go back to the code that made it)")
+            raise ValueError(f"{output_dir} holds results made with other settings ({'; '.join(changed)}); {fix}")
     elif write:
         atomic_write_json(path, binding)

@@ -268,3 +268,14 @@ def test_the_audit_is_on_by_default_unless_float64():
             AnalysisSettings(audit=bad)
     with pytest.raises(ValueError, match="audit_batches: expected a positive integer"):
         AnalysisSettings(audit_batches=0)
+
+
+def test_output_binding_names_what_changed_and_the_way_out(tmp_path):
+    from tiny_llm.analysis import check_output_binding, output_binding
+    binding = output_binding(AnalysisSettings(), "runs/demo")
+    check_output_binding(tmp_path, binding, write=True)
+    check_output_binding(tmp_path, binding)  # the same binding: accepted
+    with pytest.raises(ValueError, match=r"settings.seed: 42 -> 7\); use a new output directory"):
+        check_output_binding(tmp_path, output_binding(AnalysisSettings(seed=7), "runs/demo"))
+    with pytest.raises(ValueError, match=rf"source code changed\); use a new analysis name, or remove {tmp_path}"):
+        check_output_binding(tmp_path, {**binding, "source": "other"})
