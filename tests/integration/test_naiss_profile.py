@@ -96,3 +96,22 @@ def test_uncovered_setup_requires_an_explicit_walltime(indexed):
 def test_lint_with_the_naiss_profile(indexed):
     lint = _snakemake(indexed, "--profile", str(REPO / "profiles/naiss"), "--lint")
     assert lint.returncode == 0 and "Congratulations" in lint.stdout + lint.stderr, (lint.stdout + lint.stderr)[-3000:]
+
+
+def test_the_profile_runs_its_own_configuration_beside_a_finished_demo(tmp_path):
+    """From a fresh clone with results of a local demo: the naiss profile plans the campaign of
+    config/naiss.yaml (the 20M run and its analysis) and neither plans nor rebinds the demo."""
+    (tmp_path / "config").symlink_to(REPO / "config")
+    (tmp_path / "results/demo").mkdir(parents=True)
+    (tmp_path / "results/demo/identity.json").write_text(json.dumps(
+        {"run": "runs/demo", "settings": {"device": "cpu"}, "spectrum": {}, "source": "local"}))
+    env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
+    plan = subprocess.run([str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                           "--profile", str(REPO / "profiles/naiss"), "-n"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path)
+    text = plan.stdout + plan.stderr
+    assert plan.returncode == 0, text[-3000:]
+    assert "Config file config/config.yaml is replaced" in text
+    assert re.search(r"^train_run +1$", text, re.M) and "runs/20m/trained.json" in text
+    assert "analysis 20m-gh200: ≤ 11 states (interval checkpoints: initialisation + 10 epochs) × 2 cases" in text
+    assert "demo" not in text.replace("cache_source: demo", "")
