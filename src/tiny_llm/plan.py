@@ -91,21 +91,40 @@ def format_seconds(seconds: float) -> str:
 
 
 def cost_line(name: str, states: tuple[int, str], cases: list[str], work: CaseWork, device: str,
-              timing: dict[str, Any] | None) -> str:
+              timing: dict[str, Any] | None, cluster: dict[str, Any] | None = None) -> str:
     """One line for the console before a run: jobs, the work of each, and the estimated time.
 
-    ``timing`` is a timing entry (``{"seconds": ..., "measured": ...}``) or None.
+    ``timing`` is a timing entry (``{"seconds": ..., "measured": ...}``) or None. With ``cluster``
+    (the workflow's cluster settings) under a walltime rule, the line adds what Slurm will be
+    asked for: one job per state holding both cases, its walltime, and the GPU-hours requested.
     """
+    from tiny_llm.timing import job_minutes
+
     count, source = states
     jobs = count * len(cases)
-    line = (f"analysis {name}: ≤ {count} states ({source}) × {len(cases)} cases = {jobs} jobs; each: "
+    line = (f"analysis {name}: ≤ {count} states ({source}) × {len(cases)} cases = {jobs} (state, case) jobs; each: "
             f"{work.gradient_microbatches} gradient micro-batches, {work.directions} quadratic forms in "
             f"{work.passes} passes × {work.hvp_microbatches} curvature micro-batches")
-    if timing is None:
-        return line + (f"; time: no timing entry for this setup on {device} "
-                       "(`snakemake calibrate` measures one)")
-    each = work.seconds(timing["seconds"])
-    measured = timing.get("measured", {})
-    return line + (f"; about {format_seconds(each)} per job, {format_seconds(jobs * each)} in all on {device} "
-                   f"(timings of {measured.get('host', '?')}, {measured.get('at', '?')[:10]})")
-
+    each = None if timing is None else work.seconds(timing["seconds"])
+    if each is None:
+        line += f"; time: no timing entry for this setup on {device}"
+    else:
+        measured = timing.get("measured", {})
+        line += (f"; about {format_seconds(each)} per job, {format_seconds(jobs * each)} in all on {device} "
+                 f"(timings of {measured.get('host', '?')}, {measured.get('at', '?')[:10]})")
+    cluster = cluster or {}
+    if cluster.get("walltime_hours"):
+        hours = float(cluster["walltime_hours"])
+        line += (f"; Slurm: ≤ {count} jobs × {hours:g} h (cluster.walltime_hours) = "
+                 f"{count * hours:g} GPU-hours requested")
+    elif cluster.get("walltime") == "estimate":
+        if each is None:
+            line += ("; Slurm walltime: needs a timing entry for this setup (run `snakemake --profile <profile> "
+                     "calibrate` on the target node first) or cluster.walltime_hours")
+        else:
+            hours = job_minutes(len(cases) * each) / 60
+            line += (f"; Slurm: ≤ {count} jobs × {hours:g} h walltime (2 × work + 30 min) = "
+                     f"{count * hours:g} GPU-hours requested")
+    elif each is None:
+        line += " (`snakemake calibrate` measures one)"
+    return line

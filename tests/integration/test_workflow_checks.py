@@ -89,6 +89,6 @@ def test_workflow_runs_default_to_interval_checkpoints_and_print_their_cost(tmp_
     result = _run(str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
-    assert "analysis mine: ≤ 5 states (interval checkpoints: initialisation + 4 epochs) × 2 cases = 10 jobs" in out
+    assert "analysis mine: ≤ 5 states (interval checkpoints: initialisation + 4 epochs) × 2 cases = 10 (state, case) jobs" in out
     assert "analysis last: ≤ 1 states (final checkpoint only" in out
     assert "each: 22 gradient micro-batches, 36 quadratic forms in 3 passes × 16 curvature micro-batches" in out

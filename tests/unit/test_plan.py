@@ -8,7 +8,7 @@ import pytest
 from tiny_llm.analysis import AnalysisSettings, analyze_state
 from tiny_llm.plan import case_work, cost_line, expected_states, format_seconds
 from tiny_llm.states import index_states
-from tiny_llm.timing import estimate_seconds
+from tiny_llm.timing import estimate_seconds, job_minutes
 from tiny_llm.train import train
 
 from conftest import make_oracle_run
@@ -64,10 +64,20 @@ def test_cost_line_says_jobs_work_and_time(run):
     assert each == work.seconds(seconds) == 1.0 + work.gradient_microbatches * 0.5 + work.passes * work.hvp_microbatches * 2
     line = cost_line("a", (4, "interval"), ["seen", "unseen"], work, "cpu",
                      {"seconds": seconds, "measured": {"host": "h", "at": "2026-01-02T03:04:05"}})
-    assert line.startswith("analysis a: ≤ 4 states (interval) × 2 cases = 8 jobs; each: ")
+    assert line.startswith("analysis a: ≤ 4 states (interval) × 2 cases = 8 (state, case) jobs; each: ")
     assert f"{work.directions} quadratic forms in {work.passes} passes × {work.hvp_microbatches} curvature" in line
     assert f"about {each:.0f} s per job, {8 * each / 60:.0f} min in all on cpu (timings of h, 2026-01-02)" in line
-    assert "no timing entry for this setup on cpu" in cost_line("a", (4, "x"), ["seen"], work, "cpu", None)
+    assert "no timing entry for this setup on cpu (`snakemake calibrate`" in cost_line("a", (4, "x"), ["seen"], work,
+                                                                                     "cpu", None)
+    entry = {"seconds": seconds, "measured": {}}
+    slurm = cost_line("a", (4, "x"), ["seen", "unseen"], work, "cuda", entry, {"walltime": "estimate"})
+    hours = job_minutes(2 * each) / 60
+    assert slurm.endswith(f"; Slurm: ≤ 4 jobs × {hours:g} h walltime (2 × work + 30 min) = {4 * hours:g} GPU-hours "
+                          "requested")
+    assert cost_line("a", (3, "x"), ["seen"], work, "cuda", None, {"walltime_hours": 5}).endswith(
+        "; Slurm: ≤ 3 jobs × 5 h (cluster.walltime_hours) = 15 GPU-hours requested")
+    assert "needs a timing entry for this setup (run `snakemake --profile <profile> calibrate`" in cost_line(
+        "a", (3, "x"), ["seen"], work, "cuda", None, {"walltime": "estimate"})
 
 
 def test_durations_read_as_seconds_minutes_or_hours():

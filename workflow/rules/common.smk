@@ -355,7 +355,9 @@ def _cost_line(analysis):
     measured = timing.lookup_entry(
         entries, timing.timing_key(run_config, settings, device_kind=""), kind
     )
-    return plan.cost_line(analysis, states, get_cases(analysis), work, device, measured)
+    return plan.cost_line(
+        analysis, states, get_cases(analysis), work, device, measured, CLUSTER
+    )
 
 
 if workflow.is_main_process:
