@@ -204,7 +204,10 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     for B in sorted(trained):
         ax.axhline(B, color="0.4", lw=0.8, ls=":", label=f"training batch B = {B}")
     _log_axis(ax)
-    return _finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)", context, notes.text())
+    note = notes.text()
+    if Notes.NULL in notes.counts:
+        note += " (B_noise is null where ḡᵀHḡ ≤ 0)"
+    return _finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)", context, note)
 
 
 def _precision_mode(settings: dict) -> str:

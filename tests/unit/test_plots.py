@@ -86,7 +86,8 @@ def test_figures_explain_themselves(tmp_path, monkeypatch):
     batch = figures["batch_sizes"].axes[0]
     assert any(line.get_label() == "training batch B = 16" and set(line.get_ydata()) == {16}
                for line in batch.get_lines())
-    assert "null, omitted: B_noise (critical) (seen) ×1" in " ".join(batch.get_title(loc="left").split())
+    title = " ".join(batch.get_title(loc="left").split())
+    assert "null, omitted: B_noise (critical) (seen) ×1" in title and title.endswith("(B_noise is null where ḡᵀHḡ ≤ 0)")
     norms = figures["gradient_norms"].axes[0]
     low, high = norms.get_ylim()
     labelled = [t for t in norms.yaxis.get_majorticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
