@@ -149,10 +149,10 @@ def _normalized_alignment(table, context, out_dir) -> list[Path]:
             _curves(ax, table, "consensus_normalized_alignment", "consensus  Σeᵀ He / Σ‖e‖²", "C3", log,
                     notes if log else None)
     linear.axhline(0, color="0.5", lw=0.6)
-    linear.set_ylabel("normalized alignment")
+    linear.set_ylabel("normalized alignment (nats)")
     _log_axis(logarithmic)
-    return _finish(fig, logarithmic, out_dir, "normalized_alignment", "normalized alignment (log)", context, notes.text(),
-                   legend_ax=linear)
+    return _finish(fig, logarithmic, out_dir, "normalized_alignment", "normalized alignment (nats, log)", context,
+                   notes.text(), legend_ax=linear)
 
 
 def _noise_alignment(table, context, out_dir) -> list[Path]:
@@ -183,7 +183,7 @@ def _gradient_norms(table, context, out_dir, run_dir: Path | None) -> list[Path]
     if context["consensus"]:
         _curves(ax, table, "consensus_mean_norm", "consensus mean ‖eᵢ‖", "C3", log=True, notes=notes)
     _log_axis(ax)
-    return _finish(fig, ax, out_dir, "gradient_norms", "gradient norm", context, notes.text())
+    return _finish(fig, ax, out_dir, "gradient_norms", "gradient norm (nats)", context, notes.text())
 
 
 def _loss(table, context, out_dir) -> list[Path]:
