@@ -119,8 +119,8 @@ def cost_line(name: str, states: tuple[int, str], cases: list[str], work: CaseWo
                  f"{count * hours:g} GPU-hours requested")
     elif cluster.get("walltime") == "estimate":
         if each is None:
-            line += ("; Slurm walltime: needs a timing entry for this setup (run `snakemake --profile <profile> "
-                     "calibrate` on the target node first) or cluster.walltime_hours")
+            line += (f"; Slurm walltime: from the calibration job, which runs first on the target node "
+                     f"(results/timing/{name}.json; or set cluster.walltime_hours)")
         else:
             hours = job_minutes(len(cases) * each) / 60
             line += (f"; Slurm: ≤ {count} jobs × {hours:g} h walltime (2 × work + 30 min) = "

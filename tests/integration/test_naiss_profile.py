@@ -67,14 +67,17 @@ def test_dry_run_shows_gh200_resources_and_walltime(indexed):
     analyze_blocks = [r for rule, r in blocks if rule == "analyze_state"]
     assert len(analyze_blocks) == 6  # 3 states x 2 cases
     for resources in analyze_blocks:
-        assert "gpu=1" in resources and f"runtime={analyze}" in resources
+        assert "gpu=1" in resources and "gpu_model=gh200" in resources and f"runtime={analyze}" in resources
         assert "slurm_account=naiss2026-3-205-gpu" in resources and "slurm_partition=gpu" in resources
         assert "cpus_per_task=72" in resources
     finish_blocks = [r for rule, r in blocks if rule == "finish_state"]
     assert finish_blocks and all(f"runtime={finish}" in r for r in finish_blocks)
 
 
-def test_uncovered_setup_requires_an_explicit_walltime(indexed):
+def test_uncovered_setup_is_calibrated_first(indexed):
+    """No timing entry covers the setup: the calibration job is planned at once (it needs no trained
+    run), the analysis jobs' walltimes wait for it, and none is 0; an explicit walltime replaces
+    the calibration and is split over the state's group job."""
     config = yaml.safe_load((indexed / "config.yaml").read_text())
     config["analyses"]["gpu"]["settings"]["hvp_batch_size"] = 2  # a setup no timing entry covers
     (indexed / "other.yaml").write_text(yaml.safe_dump(config))
@@ -83,14 +86,23 @@ def test_uncovered_setup_requires_an_explicit_walltime(indexed):
             "--configfile", str(indexed / "other.yaml")]
     plan = _snakemake(indexed, *args)
     text = plan.stdout + plan.stderr
-    assert plan.returncode != 0
-    assert "no timing profile covers analysis gpu" in text and "calibrate" in text and "walltime_hours" in text
+    assert plan.returncode == 0, text[-3000:]
+    assert re.search(r"^calibrate_timing +1$", text, re.M)
+    calibration = re.search(r"rule calibrate_timing:.*?resources: ([^\n]*)", text, re.S).group(1)
+    assert "gpu_model=gh200" in calibration and "runtime=60" in calibration
+    assert "Slurm walltime: from the calibration job, which runs first" in text
+    # The index waits for the calibration; the analysis jobs come after it, with measured walltimes.
+    assert re.search(r"^index_states +1$", text, re.M) and not re.search(r"^analyze_state", text, re.M)
     config["cluster"]["walltime_hours"] = 5
     (indexed / "other.yaml").write_text(yaml.safe_dump(config))
     plan = _snakemake(indexed, *args)
     text = plan.stdout + plan.stderr
     assert plan.returncode == 0, text[-2000:]
-    assert "runtime=300" in text  # the explicit walltime, carried by finish_state
+    assert not re.search(r"^calibrate_timing", text, re.M)
+    analyze = re.findall(r"rule analyze_state:.*?resources: [^\n]*runtime=(\d+)", text, re.S)
+    finish = re.findall(r"rule finish_state:.*?resources: [^\n]*runtime=(\d+)", text, re.S)
+    assert set(analyze) == {"149"} and set(finish) == {"2"}  # 2 x 149 + 2 = 300 minutes per state job
+    assert "Slurm: ≤ 3 jobs × 5 h (cluster.walltime_hours) = 15 GPU-hours requested" in text
 
 
 def test_lint_with_the_naiss_profile(indexed):
@@ -115,3 +127,25 @@ def test_the_profile_runs_its_own_configuration_beside_a_finished_demo(tmp_path)
     assert re.search(r"^train_run +1$", text, re.M) and "runs/20m/trained.json" in text
     assert "analysis 20m-gh200: ≤ 11 states (interval checkpoints: initialisation + 10 epochs) × 2 cases" in text
     assert "demo" not in text.replace("cache_source: demo", "")
+
+
+def test_a_campaign_without_timings_calibrates_then_runs_with_measured_walltimes(tmp_path):
+    """Locally (no Slurm), with walltimes estimated and no timing entry: the calibration job runs
+    first (without waiting for training), the index waits for it, and every analysis job gets the
+    walltime its measured timings give; the workflow completes."""
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
+    config = {"train_runs": {"tiny": {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64}},
+              "analyses": {"cpu": {"run": "runs/tiny", "settings": {**SETTINGS, "device": "cpu", "dtype": "float64"}}},
+              "cluster": {"walltime": "estimate", "timing_profiles": ["results/timing"]}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    run = _snakemake(tmp_path, "-c2", "--printshellcmds")
+    text = run.stdout + run.stderr
+    assert run.returncode == 0, text[-3000:]
+    entry = json.loads((tmp_path / "results/timing/cpu.json").read_text())["entries"][0]
+    work = estimate_seconds(config_from_dict(RUN), settings_from_dict(config["analyses"]["cpu"]["settings"]),
+                            entry["seconds"])
+    runtimes = re.findall(r"rule analyze_state:.*?resources: [^\n]*runtime=(\d+)", text, re.S)
+    assert len(runtimes) == 6 and set(runtimes) == {str(math.ceil(2 * work / 60))}
+    order = [m.group(1) for m in re.finditer(r"^(?:local)?(?:rule|checkpoint) (\w+):", text, re.M)]
+    assert order.index("calibrate_timing") < order.index("index_states") < order.index("analyze_state")
+    assert (tmp_path / "results/cpu/summary.csv").exists()

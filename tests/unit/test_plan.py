@@ -76,8 +76,8 @@ def test_cost_line_says_jobs_work_and_time(run):
                           "requested")
     assert cost_line("a", (3, "x"), ["seen"], work, "cuda", None, {"walltime_hours": 5}).endswith(
         "; Slurm: ≤ 3 jobs × 5 h (cluster.walltime_hours) = 15 GPU-hours requested")
-    assert "needs a timing entry for this setup (run `snakemake --profile <profile> calibrate`" in cost_line(
-        "a", (3, "x"), ["seen"], work, "cuda", None, {"walltime": "estimate"})
+    assert "Slurm walltime: from the calibration job, which runs first on the target node (results/timing/a.json" in (
+        cost_line("a", (3, "x"), ["seen"], work, "cuda", None, {"walltime": "estimate"}))
 
 
 def test_durations_read_as_seconds_minutes_or_hours():

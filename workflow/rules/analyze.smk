@@ -4,6 +4,7 @@
 rule analyze_state:
     input:
         checkpoint=get_state_checkpoint,
+        timing=get_calibration,
     output:
         result="results/{analysis}/states/{key}/{case}.json",
     log:
@@ -28,7 +29,8 @@ rule analyze_state:
 # runs both cases of a state (and --group-components analysis=N runs N states per job).
 rule finish_state:
     input:
-        get_state_results,
+        results=get_state_results,
+        timing=get_calibration,
     output:
         receipt="results/{analysis}/states/{key}/done.json",
     log:

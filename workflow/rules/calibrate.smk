@@ -3,7 +3,7 @@
 
 rule calibrate_timing:
     input:
-        get_run_ready,
+        get_calibration_inputs,
     output:
         profile="results/timing/{analysis}.json",
     log:
@@ -11,7 +11,7 @@ rule calibrate_timing:
     conda:
         "../../envs/tiny-llm.yaml"
     params:
-        run=get_analysis_run,
+        run_config=get_analysis_run_config,
         settings=get_analysis_settings,
     script:
         "../scripts/calibrate_timing.py"

@@ -114,6 +114,9 @@ def get_all_targets(wildcards):
         # The collected files too: a crash during collect (or their deletion) reruns collect.
         targets += [f"results/{name}/manifest.json", f"results/{name}/summary.csv"]
         targets += [f"results/{name}/spectrum.csv"] if spectrum_enabled(name) else []
+        # A walltime waiting for a calibration: the short calibration job starts at once.
+        if calibration_pending(name):
+            targets.append(f"results/timing/{name}.json")
         targets += [
             f"results/{name}/figures/{figure}.{ext}"
             for figure in FIGURES
@@ -126,7 +129,7 @@ def get_all_targets(wildcards):
                 for ext in ("pdf", "png")
             ]
         index = Path(f"results/{name}/states.json")
-        if index.exists():
+        if index.exists() and not calibration_pending(name):
             targets += [
                 f"results/{name}/states/{state['key']}/{case}.json"
                 for state in json.loads(index.read_text())["states"]
@@ -173,6 +176,18 @@ def get_run_ready(wildcards):
     if run.parent == Path("runs") and run.name in RUN_CONFIGS:
         return f"runs/{run.name}/trained.json"
     return str(run / "resolved.yaml")
+
+
+def get_calibration_inputs(wildcards):
+    """Calibration needs only the run's shapes: a run trained here is not waited for."""
+    run = Path(ANALYSES[wildcards.analysis]["run"])
+    if run.parent == Path("runs") and run.name in RUN_CONFIGS:
+        return []
+    return [str(run / "resolved.yaml")]
+
+
+def get_analysis_run_config(wildcards):
+    return config_to_dict(_analysis_run_config(wildcards.analysis))
 
 
 def get_analysis_run(wildcards):
@@ -299,11 +314,49 @@ def _case_work_seconds(analysis):
     )
 
 
+_CALIBRATION_PENDING = {}
+
+
+def calibration_pending(analysis):
+    """Whether the walltime estimate of an analysis waits for its calibration job: walltimes are
+    estimated and no timing entry (committed, or measured by an earlier calibration of any
+    analysis with the same setup) covers it yet."""
+    if analysis not in _CALIBRATION_PENDING:
+        pending = False
+        if CLUSTER.get("walltime") == "estimate" and not CLUSTER.get("walltime_hours"):
+            key = timing.timing_key(
+                _analysis_run_config(analysis),
+                ANALYSIS_SETTINGS[analysis],
+                device_kind="",
+            )
+            entries = timing.load_profiles(CLUSTER.get("timing_profiles", []))
+            pending = timing.lookup(entries, key, CLUSTER.get("gpu_kind")) is None
+        _CALIBRATION_PENDING[analysis] = pending
+    return _CALIBRATION_PENDING[analysis]
+
+
+def get_calibration(wildcards):
+    """The calibration an analysis job's walltime waits for (none when a timing entry exists)."""
+    if calibration_pending(wildcards.analysis):
+        return [f"results/timing/{wildcards.analysis}.json"]
+    return []
+
+
+def _explicit_minutes(analysis):
+    """cluster.walltime_hours as minutes per state job, split over its group's jobs: each case
+    gets an equal share, finish_state the rest (at least one minute; none is ever 0)."""
+    total = int(CLUSTER["walltime_hours"] * 60)
+    cases = len(get_cases(analysis))
+    share = max(1, (total - 1) // cases)
+    return share, max(1, total - cases * share)
+
+
 def get_analyze_runtime(wildcards):
     """Minutes for one (state, case): 2 x estimated work; the group's rounding and the 30-minute
-    margin are carried by finish_state (see get_finish_runtime)."""
+    margin are carried by finish_state (see get_finish_runtime). Analysis jobs exist only after
+    the index, which waits for a pending calibration, so its timings are there."""
     if CLUSTER.get("walltime_hours"):
-        return 0
+        return _explicit_minutes(wildcards.analysis)[0]
     work = _case_work_seconds(wildcards.analysis)
     return 60 if work is None else math.ceil(2 * work / 60)
 
@@ -313,7 +366,7 @@ def get_finish_runtime(wildcards):
     a group job's runtime is the sum of its jobs' runtimes (they run one after another).
     """
     if CLUSTER.get("walltime_hours"):
-        return int(CLUSTER["walltime_hours"] * 60)
+        return _explicit_minutes(wildcards.analysis)[1]
     work = _case_work_seconds(wildcards.analysis)
     if work is None:
         return 5

@@ -3,7 +3,9 @@
 
 checkpoint index_states:
     input:
-        get_run_ready,
+        run=get_run_ready,
+        # A pending walltime calibration: the analysis jobs are created after the index, with it.
+        timing=get_calibration,
     output:
         states="results/{analysis}/states.json",
     log:

@@ -8,11 +8,11 @@ sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
 
 from tiny_llm.analysis import settings_from_dict  # noqa: E402
-from tiny_llm.config import load_config  # noqa: E402
+from tiny_llm.config import config_from_dict  # noqa: E402
 from tiny_llm.runtime import node_local_compile_cache  # noqa: E402
 from tiny_llm.timing import calibrate, write_profile  # noqa: E402
 
 with node_local_compile_cache():
-    entry = calibrate(load_config(Path(snakemake.params.run) / "resolved.yaml"),
+    entry = calibrate(config_from_dict(snakemake.params.run_config),
                       settings_from_dict(snakemake.params.settings))
 write_profile(snakemake.output.profile, entry)

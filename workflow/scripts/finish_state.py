@@ -7,8 +7,8 @@ sys.stderr = open(snakemake.log[0], "w")
 
 from tiny_llm.io import atomic_write_json  # noqa: E402
 
-results = [json.loads(open(path).read()) for path in snakemake.input]
-for path, result in zip(snakemake.input, results):
+results = [json.loads(open(path).read()) for path in snakemake.input.results]
+for path, result in zip(snakemake.input.results, results):
     if result["state"]["key"] != snakemake.wildcards.key:
         raise ValueError(f"{path} holds state {result['state']['key']}, expected {snakemake.wildcards.key}")
 atomic_write_json(snakemake.output.receipt, {"key": snakemake.wildcards.key, "cases": [r["case"] for r in results],
