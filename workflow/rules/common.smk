@@ -18,7 +18,12 @@ from tiny_llm.config import (
 )
 from tiny_llm.corpus import default_capacity
 from tiny_llm.plots import FIGURES, SPECTRUM_FIGURES
+from tiny_llm.slurm_states import normalise_plugin_states
 from tiny_llm.states import check_selection
+
+# The controller reads Slurm states through the executor plugin: see tiny_llm.slurm_states.
+if workflow.is_main_process:
+    normalise_plugin_states()
 
 _SCHEMA = parse_yaml(
     (Path(workflow.basedir) / "workflow/schemas/config.schema.yaml").read_text()
