@@ -72,6 +72,10 @@ def test_dry_run_shows_gh200_resources_and_walltime(indexed):
         assert "cpus_per_task=72" in resources
     finish_blocks = [r for rule, r in blocks if rule == "finish_state"]
     assert finish_blocks and all(f"runtime={finish}" in r for r in finish_blocks)
+    # torch's CPU threads per job (a dry run caps threads at --cores, 1 by default)
+    plan = _snakemake(indexed, "--profile", str(REPO / "profiles/naiss"), "-n", "--rerun-triggers", "mtime",
+                      "--cores", "100")
+    assert re.findall(r"rule analyze_state:.*?threads: (\d+)", plan.stdout + plan.stderr, re.S) == ["72"] * 6
 
 
 def test_uncovered_setup_is_calibrated_first(indexed):

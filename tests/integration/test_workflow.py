@@ -56,7 +56,7 @@ def _summary(workdir: Path, analysis: str) -> list[dict]:
 def workdir(tmp_path_factory):
     path = tmp_path_factory.mktemp("workflow")
     _write_config(path)
-    done = _snakemake(path)
+    done = _snakemake(path, "--set-threads", "analyze_state=2")
     assert done.returncode == 0, done.stderr[-4000:]
     return path
 
@@ -76,6 +76,10 @@ def test_end_to_end_outputs(workdir):
     manifest = json.loads((results / "manifest.json").read_text())
     assert manifest["cases"] == ["seen", "unseen"] and len(manifest["states"]) == 3
     assert manifest["precision"]["dtype"] == "float64" and manifest["batch_sizes"]["seen"]["micro_batch_size"] == 3
+    # torch uses the rule's threads: 2 as set for analyze_state, 1 (the rule's default) for spectra
+    assert {h["torch_threads"] for h in manifest["hardware"]} == {2}
+    spectrum = json.loads(next((results / "spectra").glob("*/seen.json")).read_text())
+    assert spectrum["hardware"]["torch_threads"] == 1
 
 
 def test_spectra_are_collected_and_plotted(workdir):

@@ -15,6 +15,8 @@ rule analyze_state:
         "analysis"
     conda:
         "../../envs/tiny-llm.yaml"
+    # CPU threads torch uses (1: many small local jobs side by side; the cluster profile sets more).
+    threads: 1
     resources:
         runtime=get_analyze_runtime,
         attempt=get_attempt,

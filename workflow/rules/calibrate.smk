@@ -10,6 +10,7 @@ rule calibrate_timing:
         "logs/calibrate_timing/{analysis}.log",
     conda:
         "../../envs/tiny-llm.yaml"
+    threads: 1
     params:
         run_config=get_analysis_run_config,
         settings=get_analysis_settings,

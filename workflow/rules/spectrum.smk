@@ -15,6 +15,7 @@ rule analyze_spectrum:
         "analysis"
     conda:
         "../../envs/tiny-llm.yaml"
+    threads: 1
     resources:
         runtime=get_analyze_runtime,
         attempt=get_attempt,

@@ -15,6 +15,7 @@ rule train_run:
         "results/benchmarks/train_run/{run}.tsv"
     conda:
         "../../envs/tiny-llm.yaml"
+    threads: 1
     params:
         run_config=get_run_config_dict,
         device=config.get("train_device", "cpu"),

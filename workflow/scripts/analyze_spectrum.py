@@ -8,6 +8,10 @@ from pathlib import Path
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
 
+import torch  # noqa: E402
+
+torch.set_num_threads(snakemake.threads)  # the rule's threads, not every core of a shared node
+
 from tiny_llm.analysis import settings_from_dict  # noqa: E402
 from tiny_llm.runtime import node_local_compile_cache  # noqa: E402
 from tiny_llm.spectrum_analysis import analyze_spectrum, spectrum_settings_from_dict  # noqa: E402

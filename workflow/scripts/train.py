@@ -7,6 +7,10 @@ from pathlib import Path
 sys.stderr = open(snakemake.log[0], "a")
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
 
+import torch  # noqa: E402
+
+torch.set_num_threads(snakemake.threads)  # the rule's threads, not every core of a shared node
+
 from tiny_llm.config import config_from_dict  # noqa: E402
 from tiny_llm.io import atomic_write_json  # noqa: E402
 from tiny_llm.train import run_summary, train  # noqa: E402
