@@ -55,9 +55,9 @@ from tiny_llm.data import BatchPlan, TokenCache, derive_seed, group_permutation
 from tiny_llm.model import Llama
 from tiny_llm.train import accumulate_batch_gradient
 
-__all__ = ["CaseInputs", "STANDARD_ERRORS", "batch_gradient", "precision_audit", "batch_gradient_and_loss", "mean_gradient",
-           "mean_gradient_and_loss", "measure_case", "noise_batch_indices", "rademacher", "standard_errors",
-           "summarise"]
+__all__ = ["CaseInputs", "STANDARD_ERRORS", "batch_gradient", "batch_gradient_and_loss", "mean_gradient",
+           "mean_gradient_and_loss", "measure_case", "noise_batch_indices", "precision_audit", "rademacher",
+           "standard_errors", "summarise"]
 
 log = logging.getLogger(__name__)
 
@@ -264,15 +264,15 @@ def _audit_choice(count: int, take: int, seed: int, stream_index: int) -> list[i
     return sorted(int(i) for i in group_permutation(seed, AUDIT_STREAM, stream_index, count)[:take]) if count else []
 
 
-def precision_audit(model: Llama, tokens: torch.Tensor, directions: list[tuple[dict, torch.Tensor, float]],
+def precision_audit(model: Llama, tokens: torch.Tensor, directions: list[tuple[dict, torch.Tensor]],
                     inputs: CaseInputs, precision: Precision) -> dict[str, Any]:
-    """Re-measure ``directions`` ((label, vector as used, production value)) on a seeded sample of
-    the curvature micro-batches, in the production precision and in float64 (module docstring)."""
+    """Measure ``directions`` ((label, vector as used)) on a seeded sample of the epoch's curvature
+    micro-batches, in the production precision and in float64 (module docstring)."""
     started = time.perf_counter()
     h = inputs.hvp_batch_size
     micro = _audit_choice(math.ceil(tokens.shape[0] / h), inputs.audit[1], inputs.seed, 2)
     rows = torch.cat([tokens[j * h:(j + 1) * h] for j in micro])
-    V = torch.stack([vector for _, vector, _ in directions])
+    V = torch.stack([vector for _, vector in directions])
     production = EpochHessian(model, rows, batch_size=h, engine=inputs.engine, precision=precision,
                               directions_per_pass=len(V), compile=False).quadratic_forms(V).tolist()
     reference_model = copy.deepcopy(model).to(torch.float64)
@@ -280,8 +280,8 @@ def precision_audit(model: Llama, tokens: torch.Tensor, directions: list[tuple[d
                              precision=Precision(precision.device, torch.float64), directions_per_pass=len(V),
                              compile=False).quadratic_forms(V.to(torch.float64)).tolist()
     records = []
-    for (label, _, _), q, exact in zip(directions, production, reference):
-        error = abs(q - exact) / abs(exact) if exact != 0 else (0.0 if q == 0 else math.inf)
+    for (label, _), q, exact in zip(directions, production, reference):
+        error = abs(q - exact) / max(abs(exact), torch.finfo(torch.float64).tiny)  # finite, also for q₆₄ = 0
         records.append({**label, "production": q, "float64": exact, "relative_error": error})
 
     def implied(kinds: tuple[str, ...]) -> float | None:
@@ -322,7 +322,7 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     audit_directions = inputs.audit[0] if inputs.audit else 0
     audited_noise = set(_audit_choice(len(selected), audit_directions, inputs.seed, 0))
     audited_random = set(_audit_choice(inputs.random_samples, audit_directions, inputs.seed, 1))
-    kept: list[tuple[dict, dict, str, torch.Tensor]] = []  # (label, record, key, direction as used)
+    kept: list[tuple[dict, torch.Tensor]] = []  # (label, direction as used) of the audited directions
     sample_seconds = 0.0
     for position, i in enumerate(selected):
         started = time.perf_counter()
@@ -334,19 +334,18 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
             record["worker"] = int(plan.stream_batches[i]) % inputs.workers
         noise.append(record)
         if position in audited_noise:
-            kept.append(({"kind": "noise", "batch_index": i}, record, "noise_curvature",
-                         (g - g_bar).to(precision.dtype)))
+            kept.append(({"kind": "noise", "batch_index": i}, (g - g_bar).to(precision.dtype)))
         runner.add(g - g_bar, record, "noise_curvature", started)
     for index in range(inputs.random_samples):
         record = {"index": index}
         random.append(record)
         direction = rademacher(flat.D, inputs.seed, index).to(precision.device)
         if index in audited_random:
-            kept.append(({"kind": "random", "index": index}, record, "curvature", direction.to(precision.dtype)))
+            kept.append(({"kind": "random", "index": index}, direction.to(precision.dtype)))
         runner.add(direction, record, "curvature", time.perf_counter())
     grad_record: dict[str, Any] = {}
     if inputs.audit:
-        kept.append(({"kind": "gradient"}, grad_record, "curvature", g_bar.to(precision.dtype)))
+        kept.append(({"kind": "gradient"}, g_bar.to(precision.dtype)))
     runner.add(g_bar, grad_record, "curvature", time.perf_counter())
     for worker, e in inputs.consensus:
         record = {"worker": worker}
@@ -367,8 +366,7 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     audit = None
     if inputs.audit:
         progress(f"precision audit: {len(kept)} directions on {inputs.audit[1]} curvature micro-batches in float64")
-        audit = precision_audit(model, epoch_tokens, [(label, vector, record[key])
-                                                         for label, record, key, vector in kept], inputs, precision)
+        audit = precision_audit(model, epoch_tokens, kept, inputs, precision)
         progress(f"precision audit: largest relative error {audit['max_relative_error']:.2e} "
                  f"({audit['seconds']:.2f} s)")
     g_bar_norm = float(g_bar.norm())
