@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from tiny_llm.campaign import append_event, job_records
 from tiny_llm.io import atomic_write_json, atomic_write_text
 from tiny_llm.noise import STANDARD_ERRORS, standard_errors, summarise
 
@@ -171,6 +172,8 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
     }
     atomic_write_text(analysis_dir / "summary.csv", csv_text)
     atomic_write_json(analysis_dir / "manifest.json", manifest)
+    append_event(analysis_dir, {"event": "collected", "source": identity.get("source"),
+                                "jobs": job_records(name, results), "audit_exceeded": len(exceeded)})
     return manifest
 
 

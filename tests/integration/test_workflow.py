@@ -80,6 +80,11 @@ def test_end_to_end_outputs(workdir):
     assert {h["torch_threads"] for h in manifest["hardware"]} == {2}
     spectrum = json.loads(next((results / "spectra").glob("*/seen.json")).read_text())
     assert spectrum["hardware"]["torch_threads"] == 1
+    # The campaign record: this run's start, then its collection with every (state, case) job
+    events = json.loads((results / "campaign.json").read_text())["events"]
+    assert [e["event"] for e in events] == ["start", "collected"]
+    assert events[0]["cost"].startswith("analysis tiny: ≤ 3 states") and events[0]["source"] == events[1]["source"]
+    assert len(events[1]["jobs"]) == 6 and all(j["slurm_job_id"] is None for j in events[1]["jobs"])
 
 
 def test_spectra_are_collected_and_plotted(workdir):

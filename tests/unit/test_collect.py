@@ -52,6 +52,8 @@ def test_summary_has_a_row_per_alias_and_case(tmp_path):
         ("epoch-002.safetensors", "unseen"), ("final.pt", "seen"), ("final.pt", "unseen")]
     assert rows[0]["b_noise"] == "" and rows[0]["consensus_mean_norm"] == "" and rows[0]["noise_curvature"] == "0.5"
     assert manifest["states"][1]["results"]["unseen"] == f"states/{KEY_B}/unseen.json"
+    events = json.loads((tmp_path / "campaign.json").read_text())["events"]
+    assert events[-1]["event"] == "collected" and len(events[-1]["jobs"]) == 4
     assert len(manifest["hardware"]) == 1
 
 

@@ -2,12 +2,13 @@
 import json
 import math
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from snakemake.utils import validate
 
 from tiny_llm.analysis import check_output_binding, output_binding, settings_from_dict
-from tiny_llm import plan, timing
+from tiny_llm import campaign, plan, timing
 from tiny_llm.config import (
     apply_overrides,
     config_from_dict,
@@ -18,6 +19,7 @@ from tiny_llm.config import (
 )
 from tiny_llm.corpus import default_capacity
 from tiny_llm.plots import FIGURES, SPECTRUM_FIGURES
+from tiny_llm.provenance import source_hash
 from tiny_llm.slurm_states import normalise_plugin_states
 from tiny_llm.states import check_selection
 
@@ -416,6 +418,46 @@ def _cost_line(analysis):
     return plan.cost_line(
         analysis, states, get_cases(analysis), work, device, measured, CLUSTER
     )
+
+
+def _walltime_rule():
+    if CLUSTER.get("walltime_hours"):
+        return f"cluster.walltime_hours: {CLUSTER['walltime_hours']} per state job"
+    if CLUSTER.get("walltime") == "estimate":
+        return "2 x estimated work + 30 min per state job, rounded up to the hour"
+    return "none (local run, or the profile's default)"
+
+
+onstart:
+    # The campaign record: one start event per analysis and controller run (not in dry runs).
+    for _name in ANALYSES:
+        _settings = ANALYSIS_SETTINGS[_name]
+        try:
+            _entry = timing.lookup_entry(
+                timing.load_profiles(
+                    CLUSTER.get(
+                        "timing_profiles", ["config/timing.yaml", "results/timing"]
+                    )
+                ),
+                timing.timing_key(
+                    _analysis_run_config(_name), _settings, device_kind=""
+                ),
+                CLUSTER.get("gpu_kind"),
+            )
+        except ValueError:
+            _entry = None
+        campaign.append_event(
+            f"results/{_name}",
+            {
+                "event": "start",
+                "command": sys.argv,
+                "source": source_hash(),
+                "cost": _cost_line(_name),
+                "walltime": _walltime_rule(),
+                "timing_entry": _entry,
+                "settings": asdict(_settings),
+            },
+        )
 
 
 if workflow.is_main_process:
