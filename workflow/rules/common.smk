@@ -177,20 +177,25 @@ def get_cache_inputs(wildcards):
 # --- analysis ----------------------------------------------------------------------------
 
 
+def _trained_here(analysis):
+    """The train_runs name of an analysis's run when this workflow trains it, else None."""
+    run = Path(ANALYSES[analysis]["run"])
+    return run.name if run.parent == Path("runs") and run.name in RUN_CONFIGS else None
+
+
 def get_run_ready(wildcards):
     """The trained run's receipt when the workflow trains it, else its resolved.yaml."""
-    run = Path(ANALYSES[wildcards.analysis]["run"])
-    if run.parent == Path("runs") and run.name in RUN_CONFIGS:
-        return f"runs/{run.name}/trained.json"
-    return str(run / "resolved.yaml")
+    name = _trained_here(wildcards.analysis)
+    if name:
+        return f"runs/{name}/trained.json"
+    return str(Path(ANALYSES[wildcards.analysis]["run"]) / "resolved.yaml")
 
 
 def get_calibration_inputs(wildcards):
     """Calibration needs only the run's shapes: a run trained here is not waited for."""
-    run = Path(ANALYSES[wildcards.analysis]["run"])
-    if run.parent == Path("runs") and run.name in RUN_CONFIGS:
+    if _trained_here(wildcards.analysis):
         return []
-    return [str(run / "resolved.yaml")]
+    return [str(Path(ANALYSES[wildcards.analysis]["run"]) / "resolved.yaml")]
 
 
 def get_analysis_run_config(wildcards):
@@ -291,10 +296,21 @@ def get_training_log(wildcards):
 
 
 def _analysis_run_config(analysis):
-    path = Path(ANALYSES[analysis]["run"])
-    if path.parent == Path("runs") and path.name in RUN_CONFIGS:
-        return RUN_CONFIGS[path.name]
-    return load_config(path / "resolved.yaml")
+    name = _trained_here(analysis)
+    if name:
+        return RUN_CONFIGS[name]
+    return load_config(Path(ANALYSES[analysis]["run"]) / "resolved.yaml")
+
+
+def _timing_entry(analysis, device_kind):
+    """The timing entry measured for an analysis's setup on a device whose kind contains
+    ``device_kind`` (any when None), from cluster.timing_profiles; None when there is none.
+    """
+    key = timing.timing_key(
+        _analysis_run_config(analysis), ANALYSIS_SETTINGS[analysis], device_kind=""
+    )
+    entries = timing.load_profiles(CLUSTER["timing_profiles"])
+    return timing.lookup_entry(entries, key, device_kind)
 
 
 def _case_work_seconds(analysis):
@@ -303,13 +319,9 @@ def _case_work_seconds(analysis):
         return None
     run_config = _analysis_run_config(analysis)
     settings = ANALYSIS_SETTINGS[analysis]
-    key = timing.timing_key(run_config, settings, device_kind="")
-    seconds = timing.lookup(
-        timing.load_profiles(CLUSTER.get("timing_profiles", [])),
-        key,
-        CLUSTER.get("gpu_kind"),
-    )
-    if seconds is None:
+    entry = _timing_entry(analysis, CLUSTER.get("gpu_kind"))
+    if entry is None:
+        key = timing.timing_key(run_config, settings, device_kind="")
         raise ValueError(
             f"no timing profile covers analysis {analysis} ({key}); run "
             "`snakemake --profile <profile> calibrate` on the target node first, or set "
@@ -317,7 +329,7 @@ def _case_work_seconds(analysis):
         )
     workers = run_config.training.workers if settings.consensus else 0
     return timing.estimate_seconds(
-        run_config, settings, seconds, workers=workers if workers > 1 else 0
+        run_config, settings, entry["seconds"], workers=workers if workers > 1 else 0
     )
 
 
@@ -331,13 +343,7 @@ def calibration_pending(analysis):
     if analysis not in _CALIBRATION_PENDING:
         pending = False
         if CLUSTER.get("walltime") == "estimate" and not CLUSTER.get("walltime_hours"):
-            key = timing.timing_key(
-                _analysis_run_config(analysis),
-                ANALYSIS_SETTINGS[analysis],
-                device_kind="",
-            )
-            entries = timing.load_profiles(CLUSTER.get("timing_profiles", []))
-            pending = timing.lookup(entries, key, CLUSTER.get("gpu_kind")) is None
+            pending = _timing_entry(analysis, CLUSTER.get("gpu_kind")) is None
         _CALIBRATION_PENDING[analysis] = pending
     return _CALIBRATION_PENDING[analysis]
 
@@ -409,12 +415,7 @@ def _cost_line(analysis):
     work = plan.case_work(run_config, settings, workers)
     device = settings.device
     kind = "cpu" if device == "cpu" else CLUSTER.get("gpu_kind") or "cuda"
-    entries = timing.load_profiles(
-        CLUSTER.get("timing_profiles", ["config/timing.yaml", "results/timing"])
-    )
-    measured = timing.lookup_entry(
-        entries, timing.timing_key(run_config, settings, device_kind=""), kind
-    )
+    measured = _timing_entry(analysis, kind)
     return plan.cost_line(
         analysis, states, get_cases(analysis), work, device, measured, CLUSTER
     )
@@ -433,17 +434,7 @@ onstart:
     for _name in ANALYSES:
         _settings = ANALYSIS_SETTINGS[_name]
         try:
-            _entry = timing.lookup_entry(
-                timing.load_profiles(
-                    CLUSTER.get(
-                        "timing_profiles", ["config/timing.yaml", "results/timing"]
-                    )
-                ),
-                timing.timing_key(
-                    _analysis_run_config(_name), _settings, device_kind=""
-                ),
-                CLUSTER.get("gpu_kind"),
-            )
+            _entry = _timing_entry(_name, CLUSTER.get("gpu_kind"))
         except ValueError:
             _entry = None
         campaign.append_event(
