@@ -7,7 +7,9 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import socket
+import tempfile
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["canonical_hash", "hardware", "slurm_job", "software", "source_hash"]
+__all__ = ["canonical_hash", "freeze_source", "hardware", "slurm_job", "software", "source_hash"]
 
 
 def canonical_hash(data: Any) -> str:
@@ -39,6 +41,38 @@ def source_hash() -> str:
     for name in NUMERICAL_MODULES:
         digest.update(name.encode() + b"\0" + (root / f"{name}.py").read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def freeze_source(root: str | Path) -> Path:
+    """An unchanging copy of the tiny_llm package that is running, under ``root``; its directory.
+
+    The copy lives in ``root/<hash of every source file>/tiny_llm`` and is made once, atomically
+    (copied aside, then renamed), so concurrent or repeated calls with the same code share it. A
+    workflow run puts the returned directory first on ``PYTHONPATH``: every job it starts, including
+    Slurm jobs that start hours later, imports this copy, whatever happens to the checkout meanwhile.
+    """
+    package = Path(__file__).resolve().parent
+    files = sorted(path for path in package.rglob("*.py") if "__pycache__" not in path.parts)
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    target = Path(root).resolve() / digest.hexdigest()[:16]
+    if not (target / "tiny_llm" / "__init__.py").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".freezing-", dir=target.parent))
+        try:
+            for path in files:
+                copy = staging / "tiny_llm" / path.relative_to(package)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, copy)
+            try:
+                staging.rename(target)
+            except OSError:  # made meanwhile by another run with the same code
+                if not (target / "tiny_llm" / "__init__.py").exists():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def _version(package: str) -> str | None:

@@ -4,16 +4,22 @@ sacct reports a job that a user cancelled as ``CANCELLED by <uid>``. snakemake-e
 2.8.0, the newest release, compares states exactly, so it takes such a job for one still running
 and the controller waits for it forever. :func:`normalise_plugin_states` wraps the plugin's status
 query so that each state is its first word (``CANCELLED by 1000`` -> ``CANCELLED``): the job is
-then reported failed and retried like any failed job. The workflow applies it in the Snakemake
-process that submits jobs; it changes nothing else.
+then reported failed and retried like any failed job.
+
+On Ctrl-C the plugin cancels every job it submitted. A campaign user rarely wants hours of GPU
+work thrown away by one keystroke, so :func:`keep_running_jobs_on_interrupt` makes Ctrl-C cancel
+only the jobs still queued (they have done nothing yet) and leave running ones running; the next
+controller re-attaches to them (:mod:`tiny_llm.slurm_jobs`). The workflow applies both wrappers in
+the Snakemake process that submits jobs; they change nothing else.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import subprocess
 
-__all__ = ["first_words", "normalise_plugin_states"]
+__all__ = ["first_words", "keep_running_jobs_on_interrupt", "normalise_plugin_states"]
 
 
 def first_words(states: dict[str, str]) -> dict[str, str]:
@@ -38,4 +44,43 @@ def normalise_plugin_states() -> bool:
 
     normalised.normalised_states = True
     plugin.query_job_status = normalised
+    return True
+
+
+def _queue_states(job_ids: list[str]) -> dict[str, str]:
+    done = subprocess.run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T"], capture_output=True,
+                          text=True, timeout=60)
+    if done.returncode != 0:
+        return {}
+    return dict(line.split("|", 1) for line in done.stdout.split() if "|" in line)
+
+
+def keep_running_jobs_on_interrupt(policy: str = "keep-running") -> bool:
+    """On Ctrl-C, cancel only queued jobs (``policy`` "keep-running") or every job ("cancel").
+
+    Returns False when the plugin is not installed. Applied once; a later call changes the policy.
+    """
+    try:
+        plugin = importlib.import_module("snakemake_executor_plugin_slurm")
+    except ImportError:
+        return False
+    executor = plugin.Executor
+    cancel_all = getattr(executor.cancel_jobs, "__wrapped__", executor.cancel_jobs)
+
+    @functools.wraps(cancel_all)
+    def cancel_jobs(self, active_jobs):
+        ids = [job.external_jobid for job in active_jobs if job.external_jobid]
+        states = _queue_states(ids) if ids and policy == "keep-running" else {}
+        running = [job_id for job_id in ids if states.get(job_id) not in (None, "PENDING")]
+        if not running:
+            return cancel_all(self, active_jobs)
+        queued = [job for job in active_jobs if job.external_jobid not in running]
+        if queued:
+            cancel_all(self, queued)
+        self.logger.warning(
+            f"Interrupted: {len(queued)} queued Slurm job(s) cancelled; {len(running)} running job(s) keep "
+            f"running ({' '.join(running)}). Run the same command again to re-attach to them (their "
+            f"results are awaited, not recomputed), or stop them with: scancel {' '.join(running)}")
+
+    executor.cancel_jobs = cancel_jobs
     return True

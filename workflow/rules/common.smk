@@ -1,6 +1,7 @@
 # Configuration checks and named input functions shared by every rule.
 import json
 import math
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from tiny_llm.analysis import check_output_binding, output_binding, settings_from_dict
-from tiny_llm import campaign, plan, timing
+from tiny_llm import campaign, plan, slurm_jobs, timing
 from tiny_llm.config import (
     apply_overrides,
     config_from_dict,
@@ -19,13 +20,9 @@ from tiny_llm.config import (
 )
 from tiny_llm.corpus import default_capacity
 from tiny_llm.plots import FIGURES, SPECTRUM_FIGURES
-from tiny_llm.provenance import source_hash
-from tiny_llm.slurm_states import normalise_plugin_states
+from tiny_llm.provenance import freeze_source, source_hash
+from tiny_llm.slurm_states import keep_running_jobs_on_interrupt, normalise_plugin_states
 from tiny_llm.states import check_selection
-
-# The controller reads Slurm states through the executor plugin: see tiny_llm.slurm_states.
-if workflow.is_main_process:
-    normalise_plugin_states()
 
 _SCHEMA = parse_yaml(
     (Path(workflow.basedir) / "workflow/schemas/config.schema.yaml").read_text()
@@ -35,11 +32,6 @@ if _unknown:  # one line, rather than the validator's dump of the whole schema
     raise ValueError(
         f"unknown configuration keys {_unknown}; allowed: {sorted(_SCHEMA['properties'])}"
     )
-validate(config, schema="../schemas/config.schema.yaml")
-
-TRAIN_RUNS = config.get("train_runs") or {}
-ANALYSES = config.get("analyses") or {}
-PLOTS = config.get("plots") or {}
 
 
 def _typed(value):
@@ -49,9 +41,95 @@ def _typed(value):
     return parse_yaml(value) if isinstance(value, str) else value
 
 
+for _key in ("settings_override", "cluster"):  # typed before validation (cluster.walltime_hours: '12')
+    if isinstance(config.get(_key), dict):
+        config[_key] = _typed(config[_key])
+validate(config, schema="../schemas/config.schema.yaml")
+
+TRAIN_RUNS = config.get("train_runs") or {}
+ANALYSES = config.get("analyses") or {}
+PLOTS = config.get("plots") or {}
+
+
 # Settings a profile imposes on every analysis (profiles/naiss: CUDA, float32, TF32, compiled HVPs).
-SETTINGS_OVERRIDE = _typed(config.get("settings_override") or {})
-CLUSTER = _typed(config.get("cluster") or {})
+SETTINGS_OVERRIDE = config.get("settings_override") or {}
+CLUSTER = config.get("cluster") or {}
+
+
+# --- the controller: its frozen source, and the Slurm jobs of earlier controllers ---------
+
+# Outputs of the rules a local job can stand in for while an earlier controller's job computes them.
+_AWAITABLE = {
+    "analyze_state": "results/{analysis}/states/{key}/{case}.json",
+    "finish_state": "results/{analysis}/states/{key}/done.json",
+    "analyze_spectrum": "results/{analysis}/spectra/{key}/{case}.json",
+}
+_STANDS_IN = {"await_result": "analyze_state", "await_receipt": "finish_state",
+              "await_spectrum": "analyze_spectrum"}
+NOT_AWAITED = ".snakemake/tiny-llm/no earlier Slurm job writes this"  # made by no rule
+AWAITED = {}  # output -> id of the running Slurm job of an earlier controller that writes it
+EARLIER_JOBS = []  # active Slurm jobs of earlier controllers in this directory
+
+if workflow.is_main_process:
+    # The plugin's view of Slurm states and of Ctrl-C: see tiny_llm.slurm_states.
+    normalise_plugin_states()
+    keep_running_jobs_on_interrupt(CLUSTER.get("on_interrupt", "keep-running"))
+    # Every job of this run, Slurm jobs starting hours later included, imports this copy of
+    # tiny_llm: editing the checkout meanwhile neither changes nor blocks them.
+    _frozen = str(freeze_source(".snakemake/tiny-llm-source"))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [_frozen] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _frozen]
+    )
+    EARLIER_JOBS, _warnings = slurm_jobs.earlier_jobs(Path.cwd())
+    for _warning in _warnings:
+        print(f"warning: {_warning}", file=sys.stderr)
+    for _job in EARLIER_JOBS:
+        _targets = [(name, dict(wildcards)) for name, wildcards in _job.targets]
+        if not _job.queued and all(
+            name in _AWAITABLE and wildcards.get("analysis") in ANALYSES for name, wildcards in _targets
+        ):
+            for name, wildcards in _targets:
+                AWAITED[_AWAITABLE[name].format(**wildcards)] = _job.job_id
+
+
+def _earlier_jobs_of_this_run(dag):
+    """The earlier controllers' jobs that compute something this run needs, by what to do:
+    (queued jobs to cancel, running jobs awaited by a local job, running jobs to wait for first)."""
+    needed = {
+        (_STANDS_IN.get(job.rule.name, job.rule.name), tuple(sorted(job.wildcards_dict.items())))
+        for job in dag.needrun_jobs()
+    }
+    queued, awaited, first = [], [], []
+    for job in EARLIER_JOBS:
+        if not any(target in needed for target in job.targets):
+            continue  # another controller's work (or already finished): left alone
+        if job.queued:
+            queued.append(job.job_id)
+        elif job.job_id in AWAITED.values():
+            awaited.append(job.job_id)
+        else:
+            first.append(job.job_id)
+    return queued, awaited, first
+
+
+def reattach(dag, poll_seconds):
+    """At the start of a run: cancel the earlier controllers' queued jobs (their work is submitted
+    again now), report the running ones that are awaited, and wait for running jobs of other
+    rules (training, data, calibration), whose work a new job would otherwise repeat."""
+    queued, awaited, first = _earlier_jobs_of_this_run(dag)
+    if queued:
+        slurm_jobs.cancel(queued)
+        print(f"Cancelled {len(queued)} queued Slurm job(s) of an earlier controller "
+              f"({' '.join(queued)}); their work is submitted again by this run.", file=sys.stderr)
+    if awaited:
+        print(f"Re-attached to {len(awaited)} running Slurm job(s) of an earlier controller "
+              f"({' '.join(awaited)}): their results are awaited (rules await_*), not computed again.",
+              file=sys.stderr)
+    for job_id in first:
+        print(f"Waiting for Slurm job {job_id} of an earlier controller (training, data or "
+              "calibration) before submitting anything that would repeat its work...", file=sys.stderr)
+        slurm_jobs.wait_for_job(job_id, [], poll_seconds=poll_seconds,
+                                log=lambda line: print(line, file=sys.stderr))
 
 
 def _load_run_config(name):
@@ -430,6 +508,7 @@ def _walltime_rule():
 
 
 onstart:
+    reattach(workflow.dag, CLUSTER.get("reattach_poll_seconds", 30))
     # The campaign record: one start event per analysis and controller run (not in dry runs).
     for _name in ANALYSES:
         _settings = ANALYSIS_SETTINGS[_name]
