@@ -74,7 +74,7 @@ def _run(command: list[str], runner: Runner) -> subprocess.CompletedProcess:
 def earlier_jobs(workdir: str | Path, runner: Runner = subprocess.run) -> tuple[list[EarlierJob], list[str]]:
     """This user's active Slurm jobs that run Snakemake rule instances in ``workdir``.
 
-    Returns the jobs and warnings (a job whose batch script could not be read). Without Slurm's
+    Returns the jobs, in submission order, and warnings (a job whose batch script could not be read). Without Slurm's
     commands, or when ``squeue`` fails, there are none (and a warning for the failure).
     """
     if not shutil.which("squeue") and runner is subprocess.run:
@@ -98,7 +98,7 @@ def earlier_jobs(workdir: str | Path, runner: Runner = subprocess.run) -> tuple[
         targets = parse_target_jobs(script.stdout)
         if targets:
             jobs.append(EarlierJob(job_id, state, tuple((rule, tuple(sorted(wc.items()))) for rule, wc in targets)))
-    return jobs, warnings
+    return sorted(jobs, key=lambda job: (len(job.job_id), job.job_id)), warnings
 
 
 def cancel(job_ids: list[str], runner: Runner = subprocess.run) -> None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import subprocess
+import tempfile
 
 __all__ = ["first_words", "keep_running_jobs_on_interrupt", "normalise_plugin_states"]
 
@@ -71,12 +73,17 @@ def keep_running_jobs_on_interrupt(policy: str = "keep-running") -> bool:
     def cancel_jobs(self, active_jobs):
         ids = [job.external_jobid for job in active_jobs if job.external_jobid]
         states = _queue_states(ids) if ids and policy == "keep-running" else {}
-        running = [job_id for job_id in ids if states.get(job_id) not in (None, "PENDING")]
+        running = sorted((job_id for job_id in ids if states.get(job_id) not in (None, "PENDING")),
+                         key=lambda job_id: (len(job_id), job_id))
         if not running:
             return cancel_all(self, active_jobs)
         queued = [job for job in active_jobs if job.external_jobid not in running]
         if queued:
             cancel_all(self, queued)
+        if getattr(self, "_tmpdir", None):
+            # A job checks, as it starts, that the controller's job-script folder exists; shutdown()
+            # would delete it and fail a job just starting. It stays; a fresh empty one goes instead.
+            self._tmpdir = tempfile.mkdtemp(dir=os.path.dirname(self._tmpdir), prefix="tmp.")
         self.logger.warning(
             f"Interrupted: {len(queued)} queued Slurm job(s) cancelled; {len(running)} running job(s) keep "
             f"running ({' '.join(running)}). Run the same command again to re-attach to them (their "

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tiny_llm.provenance import source_hash
+
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
@@ -166,3 +168,136 @@ def test_accounting_outage_is_survived(cluster, tmp_path):
     output = process.communicate(timeout=900)[0]
     assert process.returncode == 0, output[-4000:]
     assert len(list((workdir / "results/tiny/states").glob("*/unseen.json"))) == 3
+
+
+def _start(workdir: Path, log: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """A controller in the background, its output in ``log``."""
+    env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}", **(env or {})}
+    return subprocess.Popen(_command(workdir, *args), stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=workdir)
+
+
+def _until(condition, seconds: float, what: str):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _analysis_jobs(state: str) -> list[str]:
+    """Ids of the analysis jobs in ``state``, in submission order."""
+    return sorted((line.split("|")[0] for line in _queued()
+                   if line.split("|")[2] == state and "analysis" in line.split("|")[3]), key=int)
+
+
+def _freeze_analysis_jobs() -> tuple[list[str], list[str]]:
+    """Once an analysis job runs: suspend the running ones and hold the queued ones, so the next
+    controller finds both kinds whatever the timing (the test releases them)."""
+    running = _until(lambda: _analysis_jobs("RUNNING"), 300, "a running analysis job")
+    queued = _analysis_jobs("PENDING")
+    for job in queued:
+        subprocess.run(["scontrol", "hold", job], check=True)
+    running = _analysis_jobs("RUNNING")
+    for job in running:
+        subprocess.run(["scontrol", "suspend", job], check=True)
+    assert running and queued, _queued()
+    return running, queued
+
+
+def _result_jobs(workdir: Path) -> dict[tuple[str, str], str]:
+    return {(p.parent.name, p.stem): json.loads(p.read_text())["slurm"]["job_id"]
+            for p in (workdir / "results/tiny/states").glob("*/*.json") if p.stem != "done"}
+
+
+def _sacct_state(job: str) -> str:
+    return subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "State"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_killed_controller_is_re_attached_without_duplicate_work(cluster, tmp_path):
+    """SIGKILL the controller while analysis jobs run and one is queued, unlock, start it again:
+    the running jobs are awaited (not submitted again), the queued one is cancelled and
+    resubmitted, every state is computed by exactly one job that ran to completion."""
+    workdir = _workdir(tmp_path / "killed", SETTINGS)
+    profile = ["--profile", str(REPO / "profiles/test-slurm")]
+    first = _start(workdir, workdir / "first.log", *profile)
+    try:
+        running, queued = _freeze_analysis_jobs()
+    finally:
+        first.kill()  # SIGKILL: no clean-up, Snakemake's lock stays
+        first.wait()
+    assert _run(workdir, *profile, "-n").returncode == 0  # a dry run does not need the lock
+    assert _run(workdir, *profile, "--unlock").returncode == 0
+    log = workdir / "second.log"
+    second = _start(workdir, log, *profile)
+    try:
+        _until(lambda: "Re-attached" in log.read_text(), 120, "the re-attach message")
+    finally:
+        for job in running:
+            subprocess.run(["scontrol", "resume", job], check=True)
+    assert second.wait(timeout=400) == 0, log.read_text()[-4000:]
+    output = log.read_text()
+    assert f"Cancelled {len(queued)} queued Slurm job(s) of an earlier controller ({' '.join(queued)})" in output
+    assert f"Re-attached to {len(running)} running Slurm job(s)" in output
+    assert all(_sacct_state(job).startswith("CANCELLED") for job in queued)
+    assert all(_sacct_state(job) == "COMPLETED" for job in running)
+    jobs = _result_jobs(workdir)
+    assert len(jobs) == 6 and set(running) <= set(jobs.values())
+    resubmitted = set(jobs.values()) - set(running)  # only the cancelled state's work is redone
+    assert len(resubmitted) == 1 and output.count("has been submitted with SLURM jobid") == 1
+    assert all(_sacct_state(job) == "COMPLETED" for job in resubmitted)
+    rerun = _run(workdir, *profile, "-n")
+    assert "Nothing to be done" in rerun.stdout + rerun.stderr  # awaited results count as made
+
+
+def test_ctrl_c_leaves_running_jobs_running(cluster, tmp_path):
+    """SIGINT (Ctrl-C) cancels the queued jobs and leaves the running ones running; the next
+    run re-attaches to them or finds their results, and the campaign completes."""
+    workdir = _workdir(tmp_path / "interrupted", SETTINGS)
+    profile = ["--profile", str(REPO / "profiles/test-slurm")]
+    log = workdir / "first.log"
+    first = _start(workdir, log, *profile)
+    running, queued = _freeze_analysis_jobs()
+    try:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=120)
+        output = log.read_text()
+        assert (f"Interrupted: {len(queued)} queued Slurm job(s) cancelled; {len(running)} running job(s) keep "
+                f"running ({' '.join(running)})") in output, output[-3000:]
+        assert all(_sacct_state(job).startswith("CANCELLED") for job in queued)
+        assert set(running) <= set(_analysis_jobs("SUSPENDED"))  # still there, not cancelled
+    finally:
+        for job in running:
+            subprocess.run(["scontrol", "resume", job], check=False)
+    done = _run(workdir, *profile)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert all(_sacct_state(job) == "COMPLETED" for job in running)
+    jobs = _result_jobs(workdir)
+    assert len(jobs) == 6 and set(running) <= set(jobs.values())
+
+
+def test_a_campaign_runs_the_code_it_started_with(cluster, tmp_path):
+    """Editing a numerical module of the checkout mid-campaign changes nothing for the jobs
+    still to come (they import the run's frozen copy); the next campaign sees the edit and the
+    identity guard refuses to mix it into the existing results."""
+    source = tmp_path / "src"
+    shutil.copytree(REPO / "src/tiny_llm", source / "tiny_llm", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": str(source)}
+    workdir = _workdir(tmp_path / "frozen", SETTINGS)
+    profile = ["--profile", str(REPO / "profiles/test-slurm")]
+    log = workdir / "campaign.log"
+    campaign = _start(workdir, log, *profile, env=env)
+    _until(lambda: "has been submitted with SLURM jobid" in log.read_text(), 120, "the first Slurm job")
+    noise = source / "tiny_llm/noise.py"
+    noise.write_text(noise.read_text() + "\n# edited while the campaign runs\n")
+    assert campaign.wait(timeout=600) == 0, log.read_text()[-4000:]
+    results = [json.loads(p.read_text()) for p in (workdir / "results/tiny/states").glob("*/*.json")
+               if p.stem != "done"]
+    assert len(results) == 6
+    assert {r["identity"]["source"] for r in results} == {source_hash()}  # the code as it was at the start
+    again = subprocess.run(_command(workdir, *profile, "-n"), capture_output=True, text=True, cwd=workdir,
+                           env={**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}", **env})
+    assert again.returncode != 0 and "the tiny_llm source code changed" in again.stderr + again.stdout
