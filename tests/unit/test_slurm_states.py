@@ -28,3 +28,50 @@ def test_a_failed_query_stays_failed(monkeypatch):
     monkeypatch.setattr(plugin, "query_job_status", failing)
     normalise_plugin_states()
     assert asyncio.run(plugin.query_job_status("sacct", None)) == (None, None)
+
+
+class _Job:
+    def __init__(self, job_id):
+        self.external_jobid = job_id
+
+
+class _Logger:
+    def __init__(self):
+        self.lines = []
+
+    def warning(self, line):
+        self.lines.append(line)
+
+
+def _interrupt(monkeypatch, tmp_path, policy, states):
+    """Apply the Ctrl-C policy to the plugin's executor (restored after the test) and press Ctrl-C
+    with jobs 7 (running), 8 (queued) and 9 (gone); returns what was cancelled and the executor."""
+    import tiny_llm.slurm_states as slurm_states
+    cancelled = []
+    monkeypatch.setattr(plugin.Executor, "cancel_jobs", lambda self, jobs: cancelled.extend(j.external_jobid for j in jobs))
+    monkeypatch.setattr(slurm_states, "_queue_states", lambda ids: states)
+    assert slurm_states.keep_running_jobs_on_interrupt(policy)
+    executor = object.__new__(plugin.Executor)
+    executor.logger = _Logger()
+    executor._tmpdir = str(tmp_path / "tmp.jobscripts")
+    (tmp_path / "tmp.jobscripts").mkdir()
+    plugin.Executor.cancel_jobs(executor, [_Job("7"), _Job("8"), _Job("9")])
+    return cancelled, executor
+
+
+def test_ctrl_c_cancels_queued_jobs_and_leaves_running_ones(monkeypatch, tmp_path):
+    cancelled, executor = _interrupt(monkeypatch, tmp_path, "keep-running", {"7": "RUNNING", "8": "PENDING"})
+    assert cancelled == ["8", "9"]
+    assert executor.logger.lines == [
+        "Interrupted: 2 queued Slurm job(s) cancelled; 1 running job(s) keep running (7). Run the same command "
+        "again to re-attach to them (their results are awaited, not recomputed), or stop them with: scancel 7"]
+    # the job-script folder the running job checks for is not the one shutdown() removes
+    assert executor._tmpdir != str(tmp_path / "tmp.jobscripts") and (tmp_path / "tmp.jobscripts").is_dir()
+
+
+def test_ctrl_c_with_the_cancel_policy_or_nothing_running_cancels_everything(monkeypatch, tmp_path):
+    cancelled, executor = _interrupt(monkeypatch, tmp_path, "cancel", {"7": "RUNNING", "8": "PENDING"})
+    assert cancelled == ["7", "8", "9"] and executor.logger.lines == []
+    (tmp_path / "b").mkdir()
+    cancelled, executor = _interrupt(monkeypatch, tmp_path / "b", "keep-running", {"8": "PENDING"})
+    assert cancelled == ["7", "8", "9"] and executor._tmpdir == str(tmp_path / "b/tmp.jobscripts")
