@@ -28,7 +28,7 @@ from tiny_llm.io import atomic_write_json, check_writable_file, exclusive, remov
 from tiny_llm.model import Llama
 from tiny_llm.noise import CaseInputs, measure_case
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, source_hash
-from tiny_llm.runtime import resolve_device
+from tiny_llm.runtime import compile_record, resolve_device
 from tiny_llm.train import average_states
 
 __all__ = ["AnalysisSettings", "CASES", "LoadedState", "analyze_state", "check_output_binding", "load_state",
@@ -360,7 +360,7 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
                       "engine": resolved.engine, "quadratic_form_engine": resolved.engine,
                       "compiled": resolved.compiled, "attention_backend": "reference",
                       "reductions": "float64", **runtime},
-        "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started},
+        "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started, "compile": compile_record()},
         "counts": measured["counts"],
         "statistics": measured["statistics"],
         "standard_errors": measured["standard_errors"],

@@ -3,7 +3,8 @@
 Each workflow run that starts (not a dry run) appends a ``start`` event per analysis: when, the
 command, the source hash, the cost line, the walltime rule and the timing entry it uses. Each
 collection appends a ``collected`` event: per (state, case) the Slurm job id, node, partition,
-workflow attempt and Slurm restarts, the worker's wall time, and the path of the job's log. The
+workflow attempt and Slurm restarts, the resources requested (walltime minutes, CPUs, memory,
+GPUs, threads), the worker's wall time, and the path of the job's log. The
 file is rewritten atomically; nothing in it is read back by the pipeline.
 """
 
@@ -46,6 +47,7 @@ def job_records(analysis: str, results: dict[tuple[str, str], dict[str, Any]]) -
         slurm = result.get("slurm") or {}
         jobs.append({"state": key, "case": case, "slurm_job_id": slurm.get("job_id"), "node": slurm.get("node"),
                      "partition": slurm.get("partition"), "attempt": slurm.get("attempt"),
-                     "restarts": slurm.get("restarts"), "wall_seconds": (result.get("timing") or {}).get("wall_seconds"),
+                     "restarts": slurm.get("restarts"), "requested": slurm.get("requested"),
+                     "wall_seconds": (result.get("timing") or {}).get("wall_seconds"),
                      "log": f"logs/analyze_state/{analysis}/{key}/{case}.log"})
     return jobs

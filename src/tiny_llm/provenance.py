@@ -104,7 +104,8 @@ def slurm_job() -> dict[str, Any] | None:
     """The Slurm job this process runs in (id, node, GPUs, attempt), or None outside Slurm.
 
     ``attempt`` is the workflow's attempt (Snakemake resubmissions, via ``TINY_LLM_ATTEMPT``);
-    ``restarts`` counts Slurm's own requeues of this job.
+    ``restarts`` counts Slurm's own requeues of this job; ``requested`` is what the workflow asked
+    for it (walltime minutes, CPUs, memory, GPUs, threads; ``TINY_LLM_REQUESTED``), or None.
     """
     if "SLURM_JOB_ID" not in os.environ:
         return None
@@ -112,4 +113,5 @@ def slurm_job() -> dict[str, Any] | None:
             "node": os.environ.get("SLURMD_NODENAME"), "partition": os.environ.get("SLURM_JOB_PARTITION"),
             "account": os.environ.get("SLURM_JOB_ACCOUNT"), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "attempt": int(os.environ.get("TINY_LLM_ATTEMPT", "1")),
-            "restarts": int(os.environ.get("SLURM_RESTART_COUNT", "0"))}
+            "restarts": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+            "requested": json.loads(os.environ.get("TINY_LLM_REQUESTED", "null"))}

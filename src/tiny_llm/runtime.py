@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -10,7 +11,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["compile_cache_base", "node_local_compile_cache", "resolve_device"]
+__all__ = ["announce_job", "compile_cache_base", "compile_record", "node_local_compile_cache", "remove_shared_compile_cache",
+           "resolve_device"]
 
 def resolve_device(name: str) -> "torch.device":
     """``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available) as a torch device.
@@ -39,6 +41,18 @@ def resolve_device(name: str) -> "torch.device":
     return device
 
 
+_REQUESTED = ("runtime", "cpus_per_task", "mem_mb", "gpu", "gpu_model", "slurm_partition", "slurm_account")
+
+
+def announce_job(resources, threads: int) -> None:
+    """Tell the results what the workflow asked for this job: its attempt (1 + retries) and its
+    requested resources (walltime minutes, CPUs, memory, GPUs, partition, account, threads), read
+    from Snakemake's ``resources`` of the job; recorded in each result's ``slurm`` block."""
+    os.environ["TINY_LLM_ATTEMPT"] = str(getattr(resources, "attempt", 1))
+    requested = {name: getattr(resources, name, None) for name in _REQUESTED}
+    os.environ["TINY_LLM_REQUESTED"] = json.dumps({**requested, "threads": threads})
+
+
 _CACHE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -55,11 +69,41 @@ def _terminate(signum, frame):  # noqa: ARG001 - signal handler signature
     raise SystemExit(128 + signum)
 
 
+def _shared_path(shared_by: str) -> Path | None:
+    job = os.environ.get("SLURM_JOB_ID")
+    return compile_cache_base() / f"tiny-llm-compile-{job}-{shared_by[:16]}" if job else None
+
+
+def remove_shared_compile_cache(shared_by: str) -> None:
+    """Remove the cache that the processes of this Slurm job shared under ``shared_by`` (the
+    last step of a state's job does this); nothing outside Slurm."""
+    path = _shared_path(shared_by)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def compile_record() -> dict[str, float | int]:
+    """What ``torch.compile`` did in this process so far: graphs compiled, seconds spent compiling,
+    and the inductor cache's hits and misses (a hit reuses a graph that an earlier process of the
+    same job compiled)."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "seconds": float(sum(compilation_time_metrics.get("_compile.compile_inner", []))),
+            "cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+            "cache_misses": int(counters["inductor"]["fxgraph_cache_miss"])}
+
+
 @contextlib.contextmanager
-def node_local_compile_cache() -> Iterator[Path]:
-    """Point the inductor and Triton caches at a directory unique to this job, removed on normal
-    exit, on failure and on catchable termination (SIGTERM, SIGHUP, SIGINT become SystemExit so
-    the cleanup runs). SIGKILL or a node failure leave it to the node's own scratch cleanup.
+def node_local_compile_cache(shared_by: str | None = None) -> Iterator[Path]:
+    """Point the inductor and Triton caches at a directory of this job's, removed on failure and
+    on catchable termination (SIGTERM, SIGHUP, SIGINT become SystemExit so the cleanup runs), and
+    on normal exit unless shared. SIGKILL or a node failure leave it to the node's scratch cleanup.
+
+    ``shared_by`` (a state key) names one directory for every process of the Slurm job that passes
+    it: the cases of one state run one after another in one job, and the second finds the graphs
+    the first compiled. A shared directory survives normal exit; the state's last step removes it
+    with :func:`remove_shared_compile_cache`. Outside Slurm each process has its own.
 
     Example:
         >>> with node_local_compile_cache() as path:
@@ -69,7 +113,10 @@ def node_local_compile_cache() -> Iterator[Path]:
         False
     """
     job = os.environ.get("SLURM_JOB_ID", "local")
-    path = Path(tempfile.mkdtemp(prefix=f"tiny-llm-compile-{job}-", dir=compile_cache_base()))
+    shared = _shared_path(shared_by) if shared_by else None
+    if shared is not None:
+        shared.mkdir(parents=True, exist_ok=True)
+    path = shared or Path(tempfile.mkdtemp(prefix=f"tiny-llm-compile-{job}-", dir=compile_cache_base()))
     saved_env = {name: os.environ.get(name) for name in _CACHE_VARIABLES}
     saved_handlers = {}
     for sig in _SIGNALS:
@@ -77,10 +124,13 @@ def node_local_compile_cache() -> Iterator[Path]:
             saved_handlers[sig] = signal.signal(sig, _terminate)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
+    finished = False
     try:
         yield path
+        finished = True
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        if not finished or shared is None:
+            shutil.rmtree(path, ignore_errors=True)
         for name, value in saved_env.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -21,6 +21,7 @@ from tiny_llm.io import atomic_write_json, check_writable_file, remove_leftovers
 from tiny_llm.model import Llama
 from tiny_llm.noise import batch_gradient, mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
+from tiny_llm.runtime import compile_record
 from tiny_llm.spectrum import (block_diagonal_error, conjugate_gradient, layer_blocks, slq, tensor_blocks,
                                top_eigenpairs)
 
@@ -134,7 +135,8 @@ def measure_spectrum(model: Llama, tokens_by_batch: list[torch.Tensor], settings
                                   "mean_cosine": float(r["cosine"].mean()), "blocks": len(make(flat))}
                            for (kind, r), make in zip(blocks.items(), (tensor_blocks, layer_blocks))},
         "counts": {"parameters_D": flat.D, "hvp_batches": len(operator.batches), "noise_samples": len(noise)},
-        "timing": {"lanczos_seconds": t_lanczos, "total_seconds": time.perf_counter() - started},
+        "timing": {"lanczos_seconds": t_lanczos, "total_seconds": time.perf_counter() - started,
+                   "compile": compile_record()},
     }
 
 

@@ -98,6 +98,8 @@ def test_workflow_through_slurm_equals_local(cluster, tmp_path):
     assert (slurm / "results/tiny/summary.csv").read_text() == (local / "results/tiny/summary.csv").read_text()
     jobs = json.loads((slurm / "results/tiny/campaign.json").read_text())["events"][-1]["jobs"]
     assert len(jobs) == 6 and all(j["slurm_job_id"] and j["node"] and j["attempt"] == 1 for j in jobs)
+    assert all(j["requested"]["runtime"] > 0 and j["requested"]["cpus_per_task"] == 1 and j["requested"]["threads"] == 1
+               and j["requested"]["slurm_account"] == "naiss2026-3-205-gpu" for j in jobs)
 
 
 def _queued(name_prefix: str = "tinyllm_") -> list[str]:

@@ -67,6 +67,7 @@ def test_result_contract_and_seen_batches(ordinary):
                                          "mean_grad_norm", "full_grad_norm", "random_curvature", "grad_curvature",
                                          "b_simple", "b_noise"}
     assert result["precision"]["dtype"] == "float64" and result["precision"]["quadratic_form_engine"] == "adjoint"
+    assert set(result["timing"]["compile"]) == {"graphs", "seconds", "cache_hits", "cache_misses"}  # CPU: eager
     # Seen = exactly the batches training read in epoch 1.
     cache = TokenCache(config.data.cache)
     for record in result["noise_samples"]:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tiny_llm.runtime import compile_cache_base, node_local_compile_cache
+from tiny_llm.runtime import compile_cache_base, compile_record, node_local_compile_cache, remove_shared_compile_cache
 
 
 def test_base_prefers_slurm_tmpdir(monkeypatch, tmp_path):
@@ -40,3 +40,42 @@ def test_removed_on_sigterm(tmp_path):
                             env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=60)
     path = result.stdout.strip()
     assert result.returncode == 128 + 15 and path and not os.path.exists(path)
+
+
+def test_the_cases_of_a_state_share_one_cache_in_a_slurm_job(monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "88")
+    key = "ab" * 32
+    with node_local_compile_cache(shared_by=key) as first:
+        (first / "graph.bin").write_text("compiled once")
+    assert first == tmp_path / f"tiny-llm-compile-88-{key[:16]}" and (first / "graph.bin").exists()
+    with node_local_compile_cache(shared_by=key) as second:  # the other case finds the graph
+        assert second == first and (second / "graph.bin").read_text() == "compiled once"
+    with node_local_compile_cache(shared_by="cd" * 32) as other:  # another state: its own
+        assert other != first
+    remove_shared_compile_cache(key)  # the state's last step
+    assert not first.exists() and other.exists()
+    with pytest.raises(RuntimeError):
+        with node_local_compile_cache(shared_by="cd" * 32):
+            raise RuntimeError("a failed case leaves nothing behind")
+    assert not other.exists()
+
+
+def test_outside_slurm_a_shared_cache_is_still_private(monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with node_local_compile_cache(shared_by="ab" * 32) as path:
+        assert path.name.startswith("tiny-llm-compile-local-")
+    assert not path.exists()
+    remove_shared_compile_cache("ab" * 32)  # nothing to do
+
+
+def test_compile_record_counts_graphs_and_seconds():
+    import torch
+    before = compile_record()
+    square = torch.compile(lambda x: (x * x).sum(), backend="eager")
+    square(torch.ones(3))
+    square(torch.ones(3))  # the same graph again: no new compile
+    after = compile_record()
+    assert after["graphs"] == before["graphs"] + 1 and after["seconds"] > before["seconds"]
+    assert set(after) == {"graphs", "seconds", "cache_hits", "cache_misses"}

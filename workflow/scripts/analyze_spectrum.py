@@ -1,7 +1,6 @@
 """Snakemake adapter: the spectrum of one parameter state on one data case."""
 
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -13,11 +12,11 @@ import torch  # noqa: E402
 torch.set_num_threads(snakemake.threads)  # the rule's threads, not every core of a shared node
 
 from tiny_llm.analysis import settings_from_dict  # noqa: E402
-from tiny_llm.runtime import node_local_compile_cache  # noqa: E402
+from tiny_llm.runtime import announce_job, node_local_compile_cache  # noqa: E402
 from tiny_llm.spectrum_analysis import analyze_spectrum, spectrum_settings_from_dict  # noqa: E402
 
-os.environ["TINY_LLM_ATTEMPT"] = str(snakemake.resources.attempt)
-with node_local_compile_cache():
+announce_job(snakemake.resources, snakemake.threads)  # attempt and requested resources, in the result
+with node_local_compile_cache(shared_by=snakemake.wildcards.key):  # both cases of the state
     analyze_spectrum(snakemake.params.run, [Path(snakemake.input.checkpoint).name], snakemake.wildcards.case,
                      settings_from_dict(snakemake.params.settings), spectrum_settings_from_dict(snakemake.params.spectrum),
                      snakemake.output.result, expect_key=snakemake.wildcards.key)
