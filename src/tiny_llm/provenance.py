@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["canonical_hash", "freeze_source", "hardware", "slurm_job", "software", "source_hash"]
+__all__ = ["canonical_hash", "freeze_source", "hardware", "slurm_job", "software", "source_hash", "use_frozen_source"]
 
 
 def canonical_hash(data: Any) -> str:
@@ -73,6 +73,15 @@ def freeze_source(root: str | Path) -> Path:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def use_frozen_source(root: str | Path) -> Path:
+    """Freeze the running tiny_llm under ``root`` and put the copy first on ``PYTHONPATH``, so that
+    every process started from here on (Slurm jobs inherit the environment) imports it."""
+    frozen = str(freeze_source(root))
+    rest = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path and path != frozen]
+    os.environ["PYTHONPATH"] = os.pathsep.join([frozen, *rest])
+    return Path(frozen)
 
 
 def _version(package: str) -> str | None:

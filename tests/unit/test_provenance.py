@@ -49,3 +49,11 @@ def test_jobs_import_the_copy_made_at_the_start_whatever_happens_to_the_checkout
     assert again == source_hash()
     edited, _, edited_digest = _freeze_from(checkout, tmp_path / "frozen")
     assert edited != frozen and edited_digest != source_hash()
+
+
+def test_the_copy_goes_first_on_pythonpath_once(monkeypatch, tmp_path):
+    from tiny_llm.provenance import use_frozen_source
+    monkeypatch.setenv("PYTHONPATH", f"/elsewhere{os.pathsep}")
+    frozen = use_frozen_source(tmp_path / "frozen")
+    assert use_frozen_source(tmp_path / "frozen") == frozen
+    assert os.environ["PYTHONPATH"] == f"{frozen}{os.pathsep}/elsewhere"

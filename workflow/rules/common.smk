@@ -1,7 +1,7 @@
 # Configuration checks and named input functions shared by every rule.
+import functools
 import json
 import math
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -20,8 +20,11 @@ from tiny_llm.config import (
 )
 from tiny_llm.corpus import default_capacity
 from tiny_llm.plots import FIGURES, SPECTRUM_FIGURES
-from tiny_llm.provenance import freeze_source, source_hash
-from tiny_llm.slurm_states import keep_running_jobs_on_interrupt, normalise_plugin_states
+from tiny_llm.provenance import source_hash, use_frozen_source
+from tiny_llm.slurm_states import (
+    keep_running_jobs_on_interrupt,
+    normalise_plugin_states,
+)
 from tiny_llm.states import check_selection
 
 _SCHEMA = parse_yaml(
@@ -41,7 +44,10 @@ def _typed(value):
     return parse_yaml(value) if isinstance(value, str) else value
 
 
-for _key in ("settings_override", "cluster"):  # typed before validation (cluster.walltime_hours: '12')
+for _key in (
+    "settings_override",
+    "cluster",
+):  # typed before validation (cluster.walltime_hours: '12')
     if isinstance(config.get(_key), dict):
         config[_key] = _typed(config[_key])
 validate(config, schema="../schemas/config.schema.yaml")
@@ -64,11 +70,12 @@ _AWAITABLE = {
     "finish_state": "results/{analysis}/states/{key}/done.json",
     "analyze_spectrum": "results/{analysis}/spectra/{key}/{case}.json",
 }
-_STANDS_IN = {"await_result": "analyze_state", "await_receipt": "finish_state",
-              "await_spectrum": "analyze_spectrum"}
+_STANDS_IN = {
+    "await_result": "analyze_state",
+    "await_receipt": "finish_state",
+    "await_spectrum": "analyze_spectrum",
+}
 NOT_AWAITED = ".snakemake/tiny-llm/no earlier Slurm job writes this"  # made by no rule
-AWAITED = {}  # output -> id of the running Slurm job of an earlier controller that writes it
-EARLIER_JOBS = []  # active Slurm jobs of earlier controllers in this directory
 
 if workflow.is_main_process:
     # The plugin's view of Slurm states and of Ctrl-C: see tiny_llm.slurm_states.
@@ -76,36 +83,84 @@ if workflow.is_main_process:
     keep_running_jobs_on_interrupt(CLUSTER.get("on_interrupt", "keep-running"))
     # Every job of this run, Slurm jobs starting hours later included, imports this copy of
     # tiny_llm: editing the checkout meanwhile neither changes nor blocks them.
-    _frozen = str(freeze_source(".snakemake/tiny-llm-source"))
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [_frozen] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _frozen]
-    )
-    EARLIER_JOBS, _warnings = slurm_jobs.earlier_jobs(Path.cwd())
-    for _warning in _warnings:
-        print(f"warning: {_warning}", file=sys.stderr)
-    for _job in EARLIER_JOBS:
-        _targets = [(name, dict(wildcards)) for name, wildcards in _job.targets]
-        if not _job.queued and all(
-            name in _AWAITABLE and wildcards.get("analysis") in ANALYSES for name, wildcards in _targets
+    use_frozen_source(".snakemake/tiny-llm-source")
+
+
+@functools.cache
+def earlier_jobs():
+    """Active Slurm jobs of earlier controllers in this directory. Looked up once, while the DAG
+    is built, and only by a run that submits to Slurm (not a dry run, not a local run).
+    """
+    if not workflow.is_main_process or workflow.local_exec or workflow.dryrun:
+        return []
+    jobs, warnings = slurm_jobs.earlier_jobs(Path.cwd())
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return jobs
+
+
+@functools.cache
+def awaited_outputs():
+    """Output -> id of the running Slurm job of an earlier controller that writes it."""
+    awaited = {}
+    for job in earlier_jobs():
+        targets = [(name, dict(wildcards)) for name, wildcards in job.targets]
+        if not job.queued and all(
+            name in _AWAITABLE and wildcards.get("analysis") in ANALYSES
+            for name, wildcards in targets
         ):
-            for name, wildcards in _targets:
-                AWAITED[_AWAITABLE[name].format(**wildcards)] = _job.job_id
+            for name, wildcards in targets:
+                awaited[_AWAITABLE[name].format(**wildcards)] = job.job_id
+    return awaited
+
+
+def _awaited(wildcards, stage, name):
+    return (
+        f"results/{wildcards.analysis}/{stage}/{wildcards.key}/{name}.json"
+        in awaited_outputs()
+    )
+
+
+def _when_awaited(stage, function, name=None):
+    """The stood-in rule's input when an earlier job writes this output, else a file that no
+    rule makes (so that the ordinary rule applies)."""
+
+    def inputs(wildcards):
+        if _awaited(wildcards, stage, name or wildcards.case):
+            return function(wildcards)
+        return NOT_AWAITED
+
+    return inputs
+
+
+def _earlier_job(stage, name=None):
+    def job(wildcards):
+        case = name or wildcards.case
+        return awaited_outputs().get(
+            f"results/{wildcards.analysis}/{stage}/{wildcards.key}/{case}.json", ""
+        )
+
+    return job
 
 
 def _earlier_jobs_of_this_run(dag):
     """The earlier controllers' jobs that compute something this run needs, by what to do:
-    (queued jobs to cancel, running jobs awaited by a local job, running jobs to wait for first)."""
+    (queued jobs to cancel, running jobs awaited by a local job, running jobs to wait for first).
+    """
     needed = {
-        (_STANDS_IN.get(job.rule.name, job.rule.name), tuple(sorted(job.wildcards_dict.items())))
+        (
+            _STANDS_IN.get(job.rule.name, job.rule.name),
+            tuple(sorted(job.wildcards_dict.items())),
+        )
         for job in dag.needrun_jobs()
     }
     queued, awaited, first = [], [], []
-    for job in EARLIER_JOBS:
+    for job in earlier_jobs():
         if not any(target in needed for target in job.targets):
             continue  # another controller's work (or already finished): left alone
         if job.queued:
             queued.append(job.job_id)
-        elif job.job_id in AWAITED.values():
+        elif job.job_id in awaited_outputs().values():
             awaited.append(job.job_id)
         else:
             first.append(job.job_id)
@@ -119,17 +174,29 @@ def reattach(dag, poll_seconds):
     queued, awaited, first = _earlier_jobs_of_this_run(dag)
     if queued:
         slurm_jobs.cancel(queued)
-        print(f"Cancelled {len(queued)} queued Slurm job(s) of an earlier controller "
-              f"({' '.join(queued)}); their work is submitted again by this run.", file=sys.stderr)
+        print(
+            f"Cancelled {len(queued)} queued Slurm job(s) of an earlier controller "
+            f"({' '.join(queued)}); their work is submitted again by this run.",
+            file=sys.stderr,
+        )
     if awaited:
-        print(f"Re-attached to {len(awaited)} running Slurm job(s) of an earlier controller "
-              f"({' '.join(awaited)}): their results are awaited (rules await_*), not computed again.",
-              file=sys.stderr)
+        print(
+            f"Re-attached to {len(awaited)} running Slurm job(s) of an earlier controller "
+            f"({' '.join(awaited)}): their results are awaited (rules await_*), not computed again.",
+            file=sys.stderr,
+        )
     for job_id in first:
-        print(f"Waiting for Slurm job {job_id} of an earlier controller (training, data or "
-              "calibration) before submitting anything that would repeat its work...", file=sys.stderr)
-        slurm_jobs.wait_for_job(job_id, [], poll_seconds=poll_seconds,
-                                log=lambda line: print(line, file=sys.stderr))
+        print(
+            f"Waiting for Slurm job {job_id} of an earlier controller (training, data or "
+            "calibration) before submitting anything that would repeat its work...",
+            file=sys.stderr,
+        )
+        slurm_jobs.wait_for_job(
+            job_id,
+            [],
+            poll_seconds=poll_seconds,
+            log=lambda line: print(line, file=sys.stderr),
+        )
 
 
 def _load_run_config(name):
