@@ -1,0 +1,292 @@
+"""A cross-seed experiment's measurements: fixed reference batches, one record per checkpoint, and
+the comparison of seeds at matched steps.
+
+1. :func:`make_reference` cuts the reference set from a run's token cache once per experiment:
+   ``reference_rows`` sequences for the gradient, loss and function-space probes, and
+   ``cov_num_batches`` × ``cov_batch_size`` further sequences for the covariance probe. With
+   ``held_out`` they come from the unseen stream (cache blocks after training's last shuffle group,
+   which no run of the experiment trains on, whatever its data order); otherwise from the first
+   epoch of training. Each sequence is recorded by its cache position ``[shard, offset]``.
+2. :func:`measure_checkpoint` measures one checkpoint of one run on that reference set and writes
+   ``<output>.json`` (the metrics) and ``<output>.safetensors`` (the vectors that comparisons across
+   seeds need: the reference gradient, the reference logits and the top-k parameter-space and
+   function-space bases), both atomically, the JSON last.
+3. :func:`compare` reads every record of an experiment and returns the rows of ``comparison.csv``:
+   one per (step, run, metric) and one per (step, pair of runs, metric), each pair metric with its
+   baseline for unrelated models (k/d for subspace overlaps, 0 for cosines).
+
+Definitions of every metric: the module docstring of :mod:`tiny_llm.geometry` and the README.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from tiny_llm import geometry
+from tiny_llm.analysis import load_state, resolve_checkpoints
+from tiny_llm.config import RunConfig, load_config
+from tiny_llm.curvature import EpochHessian, FlatParameters, Precision
+from tiny_llm.data import TokenCache, check_capacity, epoch_plan, unseen_plan
+from tiny_llm.io import atomic_write_json
+from tiny_llm.model import Llama
+from tiny_llm.provenance import canonical_hash, source_hash
+from tiny_llm.runtime import resolve_device
+from tiny_llm.spectrum import top_eigenpairs
+
+__all__ = ["GeometrySettings", "compare", "geometry_settings_from_dict", "make_reference", "measure_checkpoint"]
+
+
+@dataclass(frozen=True)
+class GeometrySettings:
+    """How a cross-seed experiment measures each checkpoint (``seed_experiments.<name>.settings``)."""
+
+    reference_rows: int = 16
+    """Sequences of the reference set (loss, reference gradient, function-space probes)."""
+    held_out: bool = True
+    """Cut the reference set from the unseen stream (true) or from the first training epoch (false)."""
+    cov_num_batches: int = 4
+    """Batches of the covariance probe (at least 2)."""
+    cov_batch_size: int = 2
+    """Sequences per covariance batch."""
+    top_k: int = 2
+    """Dimension k of the dominant subspaces (at most cov_num_batches)."""
+    hutchinson_samples: int = 8
+    """Rademacher probes for the Hessian trace and for the Jacobian Frobenius norm."""
+    hessian_proxy_every: int = 1
+    """Hessian trace and Jacobian norm at every N-th checkpoint (0: never)."""
+    hessian_eig_every: int = 1
+    """Hessian top eigenvalue and gradient alignment at every N-th checkpoint (0: never)."""
+    lanczos_steps: int = 20
+    """Lanczos steps for the top eigenvalue."""
+    hvp_batch_size: int = 8
+    """Sequences per curvature micro-batch."""
+    seed: int = 0
+    """Seed of the Hutchinson and Lanczos probes."""
+    device: str = "cpu"
+    """cpu, cuda, cuda:N or auto."""
+    dtype: str = "float64"
+    """float64 or float32."""
+
+    def __post_init__(self):
+        for name in ("reference_rows", "cov_batch_size", "top_k", "hutchinson_samples", "lanczos_steps",
+                     "hvp_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.cov_num_batches < 2:
+            raise ValueError(f"cov_num_batches must be at least 2 (a covariance), got {self.cov_num_batches}")
+        if self.top_k > self.cov_num_batches:
+            raise ValueError(f"top_k ({self.top_k}) must not exceed cov_num_batches ({self.cov_num_batches})")
+        if self.hessian_proxy_every < 0 or self.hessian_eig_every < 0:
+            raise ValueError("hessian_proxy_every and hessian_eig_every must be 0 (never) or positive")
+        if self.dtype not in ("float64", "float32"):
+            raise ValueError(f"dtype: expected float64 or float32, got {self.dtype!r}")
+
+
+def geometry_settings_from_dict(data: dict[str, Any] | None) -> GeometrySettings:
+    """Settings from a config mapping; unknown keys are an error that lists the known ones."""
+    data = dict(data or {})
+    known = {f.name for f in fields(GeometrySettings)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown geometry settings {unknown}; known: {sorted(known)}")
+    return GeometrySettings(**data)
+
+
+# --- the reference set ---------------------------------------------------------------------------
+
+def make_reference(run_config: RunConfig, settings: GeometrySettings) -> dict[str, Any]:
+    """The experiment's reference set: block ids and cache positions of the reference rows and of
+    the covariance batches, from the unseen stream (held out) or training's first epoch.
+
+    Raises:
+        ValueError: the cache holds too few blocks for the reference set.
+    """
+    cache = TokenCache(run_config.data.cache)
+    cache.check_layout(run_config)
+    check_capacity(cache, run_config, "unseen" if settings.held_out else "train")
+    plan = unseen_plan(run_config) if settings.held_out else epoch_plan(run_config, 1)
+    blocks = [int(b) for b in plan.blocks.reshape(-1)]
+    need = settings.reference_rows + settings.cov_num_batches * settings.cov_batch_size
+    if len(blocks) < need:
+        raise ValueError(f"the reference set needs {need} sequences (reference_rows + cov_num_batches x "
+                         f"cov_batch_size) but the {'unseen stream' if settings.held_out else 'first epoch'} "
+                         f"holds {len(blocks)}; lower them, or train on more tokens")
+    rows = blocks[:settings.reference_rows]
+    cov = blocks[settings.reference_rows:need]
+    size = settings.cov_batch_size
+    return {"cache": str(run_config.data.cache), "held_out": settings.held_out, "rows": rows,
+            "positions": [list(cache.position(b)) for b in rows],
+            "cov_batches": [cov[i:i + size] for i in range(0, len(cov), size)],
+            "cov_positions": [[list(cache.position(b)) for b in cov[i:i + size]] for i in range(0, len(cov), size)]}
+
+
+# --- one checkpoint --------------------------------------------------------------------------------
+
+def _training_loss(run_dir: Path, step: int, steps_per_epoch: int) -> float | None:
+    """The mean logged training loss over the epoch that ended at ``step`` (None at step 0)."""
+    log = run_dir / "train-log.jsonl"
+    if step <= 0 or not log.exists():
+        return None
+    losses = [record["loss"] for record in map(json.loads, log.read_text().splitlines())
+              if step - steps_per_epoch < record.get("step", -1) <= step and "loss" in record]
+    return sum(losses) / len(losses) if losses else None
+
+
+def _due(index: int, every: int) -> bool:
+    return every > 0 and index % every == 0
+
+
+def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, reference: dict[str, Any],
+                       settings: GeometrySettings, output: str | Path) -> dict[str, Any]:
+    """Measure ``checkpoint`` (the ``index``-th of its run, 0 for initialisation) on the reference
+    set; write ``output`` (.json) and its vectors beside it (.safetensors); returns the record."""
+    run_dir, output = Path(run_dir), Path(output)
+    config = load_config(run_dir / "resolved.yaml")
+    state = load_state(run_dir, resolve_checkpoints(run_dir, [checkpoint]), config, consensus=False)
+    device = resolve_device(settings.device)
+    precision = Precision(device, getattr(torch, settings.dtype))
+    cache = TokenCache(reference["cache"])
+    rows = cache.tokens(reference["rows"]).to(device)
+    cov_batches = [cache.tokens(batch).to(device) for batch in reference["cov_batches"]]
+    model = Llama(config.model, attention_backend="reference")
+    model.load_state_dict(state.root, strict=True)
+    model.to(device=device, dtype=precision.dtype)
+    mb = config.training.micro_batch_size
+    k = settings.top_k
+
+    g_ref, eval_loss = geometry.reference_gradient(model, rows, micro_batch_size=mb, precision=precision)
+    G = geometry.batch_gradients(model, cov_batches, micro_batch_size=mb, precision=precision)
+    F = geometry.function_gradients(model, G, rows)
+    with torch.no_grad():
+        logits = model(rows[:, :-1]).double().reshape(-1)
+    metrics: dict[str, Any] = {
+        "train_loss": _training_loss(run_dir, state.aliases[0]["step"], config.steps_per_epoch),
+        "eval_loss": eval_loss,
+        "reference_grad_norm": float(g_ref.norm()),
+        "function_update_cross_batch_cosine": geometry.cross_batch_cosine(F),
+        "fisher_trace": geometry.fisher_trace(model, rows),
+    }
+    covariance = geometry.concentration(G, k)
+    metrics.update(cov_top_k_share=covariance["top_k_share"], cov_effective_rank=covariance["effective_rank"])
+    standard_errors: dict[str, float] = {}
+    if _due(index, settings.hessian_proxy_every):
+        trace, trace_se = geometry.hessian_trace(model, rows, settings.hutchinson_samples, seed=settings.seed,
+                                                 batch_size=settings.hvp_batch_size, precision=precision)
+        jac, jac_se = geometry.jacobian_frobenius(model, rows, settings.hutchinson_samples, seed=settings.seed)
+        metrics.update(hessian_trace=trace, jacobian_frobenius=jac)
+        standard_errors.update(hessian_trace=trace_se, jacobian_frobenius=jac_se)
+    if _due(index, settings.hessian_eig_every):
+        H = EpochHessian(model, rows, batch_size=settings.hvp_batch_size, engine="double_backward",
+                         precision=precision)
+        values, vectors, _ = top_eigenpairs(H.hvp, H.flat.D, 1, min(settings.lanczos_steps, H.flat.D),
+                                            seed=settings.seed, device=device)
+        top = vectors[0].double()
+        metrics.update(hessian_top1_eigenvalue=float(values[0]),
+                       gradient_to_hessian_top1_alignment=abs(float(g_ref.cpu() @ top.cpu()))
+                       / max(float(g_ref.norm()), 1e-300))
+    vectors = {"reference_gradient": g_ref.cpu().contiguous(), "reference_logits": logits.cpu().contiguous(),
+               "parameter_basis": geometry.top_subspace(G, k).cpu().contiguous(),
+               "function_basis": geometry.top_subspace(F, k).cpu().contiguous()}
+    record = {
+        "schema": "tiny-llm-geometry/1",
+        "run": str(run_dir), "checkpoint": checkpoint, "index": index, "step": state.aliases[0]["step"],
+        "state_key": state.weights_hash, "init_seed": config.training.seed, "data_seed": config.data.seed,
+        "settings": asdict(settings), "source": source_hash(),
+        "reference": canonical_hash({"rows": reference["rows"], "cov_batches": reference["cov_batches"]}),
+        "dimensions": {"parameters_D": FlatParameters(model).D, "function_F": int(logits.numel()), "k": k},
+        "metrics": metrics, "standard_errors": standard_errors,
+        "covariance_eigenvalues": covariance["eigenvalues"],
+    }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tensors = output.with_suffix(".safetensors")
+    staging = tensors.with_name(f".{tensors.name}.tmp")
+    save_file(vectors, str(staging))
+    staging.replace(tensors)
+    record["vectors"] = {"file": tensors.name, "sha256": hashlib.sha256(tensors.read_bytes()).hexdigest()}
+    atomic_write_json(output, record)
+    return record
+
+
+# --- comparison across seeds ------------------------------------------------------------------------
+
+def _load(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    record = json.loads(path.read_text())
+    tensors = path.with_name(record["vectors"]["file"])
+    if hashlib.sha256(tensors.read_bytes()).hexdigest() != record["vectors"]["sha256"]:
+        raise ValueError(f"{tensors} does not match {path} (changed after it was written); delete both and rerun")
+    return record, load_file(str(tensors))
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    na, nb = float(a.norm()), float(b.norm())
+    return float(a @ b) / (na * nb) if na > 0 and nb > 0 else None
+
+
+def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[dict[str, Any]]:
+    """Rows of comparison.csv from each run's checkpoint records (run label -> JSON paths).
+
+    ``controls`` maps a run label to its role: ``seed`` (an ordinary seed), ``same-seed`` (a second
+    run with an existing seed) or ``data-order`` (an existing seed with another data order). Pairs
+    are labelled by the roles of their runs, so the figures can set controls beside seed pairs.
+    """
+    loaded = {label: sorted((_load(Path(p)) for p in paths), key=lambda item: item[0]["step"])
+              for label, paths in records.items()}
+    references = {r["reference"] for items in loaded.values() for r, _ in items}
+    if len(references) > 1:
+        raise ValueError("the records were measured on different reference sets; delete them and rerun")
+    rows: list[dict[str, Any]] = []
+    by_step: dict[int, dict[str, tuple[dict, dict, torch.Tensor | None]]] = {}
+    for label, items in loaded.items():
+        previous = None
+        for record, tensors in items:
+            update = None if previous is None else tensors["reference_logits"] - previous
+            previous = tensors["reference_logits"]
+            by_step.setdefault(record["step"], {})[label] = (record, tensors, update)
+            for metric, value in record["metrics"].items():
+                rows.append({"step": record["step"], "subject": label, "kind": "run", "role": controls.get(label, "seed"),
+                             "metric": metric, "value": value,
+                             "se": record["standard_errors"].get(metric), "baseline": None})
+    for step, runs in sorted(by_step.items()):
+        for a, b in itertools.combinations(sorted(runs), 2):
+            (ra, ta, ua), (rb, tb, ub) = runs[a], runs[b]
+            dims = ra["dimensions"]
+            role = "+".join(sorted({controls.get(a, "seed"), controls.get(b, "seed")}))
+            pair = {
+                "gradient_cosine": (_cosine(ta["reference_gradient"], tb["reference_gradient"]), 0.0),
+                "parameter_subspace_overlap": (geometry.subspace_overlap(ta["parameter_basis"], tb["parameter_basis"]),
+                                               geometry.random_overlap(dims["parameters_D"], dims["k"])),
+                "function_subspace_overlap": (geometry.subspace_overlap(ta["function_basis"], tb["function_basis"]),
+                                              geometry.random_overlap(dims["function_F"], dims["k"])),
+                "function_update_cosine": ((_cosine(ua, ub) if ua is not None and ub is not None else None), 0.0),
+            }
+            for metric, (value, baseline) in pair.items():
+                rows.append({"step": step, "subject": f"{a}|{b}", "kind": "pair", "role": role, "metric": metric,
+                             "value": value, "se": None, "baseline": baseline})
+    return [{**row, "value": None if row["value"] is None or not math.isfinite(row["value"]) else row["value"]}
+            for row in rows]
+
+
+def write_comparison(rows: list[dict[str, Any]], path: str | Path) -> None:
+    """comparison.csv (columns step, subject, kind, role, metric, value, se, baseline), atomically."""
+    import pandas as pd
+
+    path = Path(path)
+    frame = pd.DataFrame(rows, columns=["step", "subject", "kind", "role", "metric", "value", "se", "baseline"])
+    staging = path.with_name(f".{path.name}.tmp")
+    frame.to_csv(staging, index=False)
+    staging.replace(path)
+
+
+def reference_tokens(reference: dict[str, Any]) -> np.ndarray:
+    """The reference rows' tokens (n, T+1) as stored in the cache (for inspection and tests)."""
+    return TokenCache(reference["cache"]).tokens(reference["rows"]).numpy()

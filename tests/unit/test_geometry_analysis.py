@@ -1,0 +1,115 @@
+"""A cross-seed experiment on tiny float64 runs: the reference set, one record per checkpoint
+(against dense computations), and the comparison of seeds (same seed twice: identical)."""
+
+import json
+
+import pytest
+import torch
+from torch.func import functional_call, hessian
+
+from tests.conftest import make_oracle_run
+from tiny_llm.curvature import FlatParameters
+from tiny_llm.data import TokenCache, epoch_plan
+from tiny_llm.geometry_analysis import (GeometrySettings, compare, geometry_settings_from_dict, make_reference,
+                                        measure_checkpoint, write_comparison)
+from tiny_llm.model import Llama, token_losses
+from tiny_llm.train import train
+
+SETTINGS = GeometrySettings(reference_rows=3, cov_num_batches=3, cov_batch_size=2, top_k=2, hutchinson_samples=4,
+                            lanczos_steps=60, hvp_batch_size=2)
+CHECKPOINTS = ["epoch-000.safetensors", "epoch-001.safetensors", "epoch-002.safetensors"]
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    """Seeds 1 and 2, seed 1 again (same-seed control), each measured at every checkpoint."""
+    path = tmp_path_factory.mktemp("seeds")
+    runs = {"s1": 1, "s2": 2, "s1-again": 1}
+    configs = {label: make_oracle_run(path, seed=seed) for label, seed in runs.items()}
+    for label, config in configs.items():
+        train(config, path / label)
+    reference = make_reference(configs["s1"], SETTINGS)
+    records = {label: [measure_checkpoint(path / label, name, i, reference, SETTINGS,
+                                          path / "records" / label / f"{name.split('.')[0]}.json")
+                       for i, name in enumerate(CHECKPOINTS)] for label in runs}
+    return path, configs, reference, records
+
+
+def test_the_reference_set_is_held_out_and_recorded_by_position(experiment):
+    path, configs, reference, _ = experiment
+    config = configs["s1"]
+    trained = {int(b) for epoch in (1, 2) for b in epoch_plan(config, epoch).blocks.reshape(-1)}
+    used = reference["rows"] + [b for batch in reference["cov_batches"] for b in batch]
+    assert len(used) == len(set(used)) == 9 and not set(used) & trained
+    cache = TokenCache(config.data.cache)
+    assert reference["positions"] == [list(cache.position(b)) for b in reference["rows"]]
+    assert [len(b) for b in reference["cov_batches"]] == [2, 2, 2]
+
+
+def test_a_record_against_dense_computations(experiment):
+    path, configs, reference, records = experiment
+    config, record = configs["s2"], records["s2"][2]
+    model = Llama(config.model, attention_backend="reference").double()
+    from tiny_llm.checkpoint import load_weights
+    model.load_state_dict(load_weights(path / "s2" / CHECKPOINTS[2])[0])
+    rows = TokenCache(reference["cache"]).tokens(reference["rows"])
+    flat = FlatParameters(model)
+    theta = flat.flatten([p.detach() for p in model.parameters()])
+
+    def loss(t):
+        return token_losses(functional_call(model, flat.unflatten(t), (rows[:, :-1],)), rows[:, 1:]).mean()
+    H = hessian(loss)(theta)
+    assert record["metrics"]["eval_loss"] == pytest.approx(float(loss(theta)), rel=1e-12)
+    assert record["metrics"]["hessian_top1_eigenvalue"] == pytest.approx(float(torch.linalg.eigvalsh(H)[-1]), rel=1e-8)
+    assert record["step"] == 6 and record["init_seed"] == 2
+    assert abs(record["metrics"]["hessian_trace"] - float(H.trace())) < 5 * record["standard_errors"]["hessian_trace"]
+    logged = [json.loads(line)["loss"] for line in (path / "s2/train-log.jsonl").read_text().splitlines()]
+    assert record["metrics"]["train_loss"] == pytest.approx(sum(logged[3:6]) / 3)
+    assert records["s2"][0]["metrics"]["train_loss"] is None  # initialisation: nothing trained yet
+    assert 0 < record["metrics"]["cov_top_k_share"] <= 1 and 1 <= record["metrics"]["cov_effective_rank"] <= 2 + 1e-9
+
+
+def test_seeds_compared_at_matched_steps_with_controls(experiment, tmp_path):
+    path, _, _, _ = experiment
+    files = {label: sorted((path / "records" / label).glob("*.json")) for label in ("s1", "s2", "s1-again")}
+    rows = compare(files, {"s1-again": "same-seed"})
+    value = {(r["step"], r["subject"], r["metric"]): r for r in rows}
+    for step in (0, 3, 6):
+        twin = value[(step, "s1|s1-again", "gradient_cosine")]
+        assert twin["value"] == pytest.approx(1.0, abs=1e-12) and twin["role"] == "same-seed+seed"
+        for metric in ("parameter_subspace_overlap", "function_subspace_overlap"):
+            assert value[(step, "s1|s1-again", metric)]["value"] == pytest.approx(1.0, abs=1e-12)
+        assert value[(step, "s1|s2", "gradient_cosine")]["value"] < 1 - 1e-6
+    assert value[(0, "s1|s2", "function_update_cosine")]["value"] is None  # no earlier checkpoint
+    assert value[(3, "s1|s1-again", "function_update_cosine")]["value"] == pytest.approx(1.0, abs=1e-12)
+    overlap = value[(6, "s1|s2", "parameter_subspace_overlap")]
+    D = json.loads(files["s1"][0].read_text())["dimensions"]["parameters_D"]
+    assert overlap["baseline"] == pytest.approx(2 / D) and overlap["kind"] == "pair"
+    assert value[(6, "s2", "eval_loss")]["kind"] == "run"
+    write_comparison(rows, tmp_path / "comparison.csv")
+    assert (tmp_path / "comparison.csv").read_text().splitlines()[0] == "step,subject,kind,role,metric,value,se,baseline"
+
+
+def test_changed_vectors_are_refused(experiment, tmp_path):
+    path, _, _, _ = experiment
+    record = path / "records/s2/epoch-001.json"
+    copy = tmp_path / "epoch-001.json"
+    copy.write_text(record.read_text())
+    (tmp_path / "epoch-001.safetensors").write_bytes(b"not the vectors")
+    with pytest.raises(ValueError, match="does not match"):
+        compare({"s2": [copy]}, {})
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match=r"unknown geometry settings \['rows'\]"):
+        geometry_settings_from_dict({"rows": 3})
+    with pytest.raises(ValueError, match="top_k .3. must not exceed cov_num_batches .2."):
+        GeometrySettings(top_k=3, cov_num_batches=2)
+    with pytest.raises(ValueError, match="cov_num_batches must be at least 2"):
+        GeometrySettings(cov_num_batches=1, top_k=1)
+
+
+def test_a_reference_set_larger_than_the_stream_is_refused(experiment):
+    _, configs, _, _ = experiment
+    with pytest.raises(ValueError, match="needs 30 sequences .* holds 9"):
+        make_reference(configs["s1"], GeometrySettings(reference_rows=24, cov_num_batches=3, cov_batch_size=2))
