@@ -20,6 +20,7 @@ include: "workflow/rules/collect.smk"
 include: "workflow/rules/plot.smk"
 include: "workflow/rules/calibrate.smk"
 include: "workflow/rules/spectrum.smk"
+include: "workflow/rules/seeds.smk"
 include: "workflow/rules/reattach.smk"
 
 

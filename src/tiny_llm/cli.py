@@ -208,7 +208,31 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--output", required=True, type=Path, help="analysis directory (holds summary.csv)")
     pl.add_argument("--training-norms", action="store_true", help="add the logged pre-clipping training norms")
     pl.set_defaults(func=_plot_analysis)
+
+    cm = sub.add_parser("compare", formatter_class=_HelpFormatter,
+                        help="compare seed experiments in one figure (from their comparison.csv)",
+                        description="Draw the mean over seeds (or seed pairs) of selected metrics for several "
+                        "seed experiments, from each experiment's comparison.csv, without computing anything.")
+    cm.add_argument("--inputs", required=True, nargs="+", type=Path,
+                    help="experiment directories (results/<experiment>, each with comparison.csv)")
+    cm.add_argument("--labels", nargs="+", help="a label per input (default: the directory names)")
+    cm.add_argument("--metrics", nargs="+", help="metrics to draw (default: every metric present)")
+    cm.add_argument("--output", required=True, type=Path, help="folder for comparison.pdf and comparison.png")
+    cm.set_defaults(func=_compare)
     return parser
+
+
+def _compare(args: argparse.Namespace) -> None:
+    from tiny_llm.geometry_plots import compare_experiments
+
+    tables = [path / "comparison.csv" for path in args.inputs]
+    missing = [str(path) for path in tables if not path.exists()]
+    if missing:
+        raise ValueError(f"no comparison.csv in {', '.join(missing)}; run the experiments first "
+                         "(snakemake -c1 seeds)")
+    compare_experiments(tables, args.labels or [path.name for path in args.inputs], args.metrics,
+                        [args.output / "comparison.pdf", args.output / "comparison.png"])
+    print(f"wrote {args.output / 'comparison.pdf'} and {args.output / 'comparison.png'}")
 
 
 def main(argv: list[str] | None = None) -> int:

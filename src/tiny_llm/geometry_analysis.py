@@ -235,15 +235,29 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float | None:
 def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[dict[str, Any]]:
     """Rows of comparison.csv from each run's checkpoint records (run label -> JSON paths).
 
-    ``controls`` maps a run label to its role: ``seed`` (an ordinary seed), ``same-seed`` (a second
-    run with an existing seed) or ``data-order`` (an existing seed with another data order). Pairs
-    are labelled by the roles of their runs, so the figures can set controls beside seed pairs.
+    ``controls`` maps a run label to its role: ``seed`` (an ordinary seed, the default),
+    ``same-seed`` (the first seed trained again) or ``data-order`` (the first seed with another data
+    order); the first seed is the first label whose role is ``seed``. A pair's role is ``seed`` for
+    two seeds, the control's role for a control and the first seed (what the control varies), and
+    ``other`` for any other pair with a control.
     """
     loaded = {label: sorted((_load(Path(p)) for p in paths), key=lambda item: item[0]["step"])
               for label, paths in records.items()}
     references = {r["reference"] for items in loaded.values() for r, _ in items}
     if len(references) > 1:
         raise ValueError("the records were measured on different reference sets; delete them and rerun")
+    role = {label: controls.get(label, "seed") for label in records}
+    first = next((label for label in list(controls) + sorted(records) if role.get(label) == "seed"), None)
+
+    def pair_role(a: str, b: str) -> str:
+        if role[a] == role[b] == "seed":
+            return "seed"
+        control = {a: b, b: a}
+        for one in (a, b):
+            if role[one] != "seed" and control[one] == first:
+                return role[one]
+        return "other"
+
     rows: list[dict[str, Any]] = []
     by_step: dict[int, dict[str, tuple[dict, dict, torch.Tensor | None]]] = {}
     for label, items in loaded.items():
@@ -253,14 +267,13 @@ def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[di
             previous = tensors["reference_logits"]
             by_step.setdefault(record["step"], {})[label] = (record, tensors, update)
             for metric, value in record["metrics"].items():
-                rows.append({"step": record["step"], "subject": label, "kind": "run", "role": controls.get(label, "seed"),
+                rows.append({"step": record["step"], "subject": label, "kind": "run", "role": role[label],
                              "metric": metric, "value": value,
                              "se": record["standard_errors"].get(metric), "baseline": None})
     for step, runs in sorted(by_step.items()):
         for a, b in itertools.combinations(sorted(runs), 2):
             (ra, ta, ua), (rb, tb, ub) = runs[a], runs[b]
             dims = ra["dimensions"]
-            role = "+".join(sorted({controls.get(a, "seed"), controls.get(b, "seed")}))
             pair = {
                 "gradient_cosine": (_cosine(ta["reference_gradient"], tb["reference_gradient"]), 0.0),
                 "parameter_subspace_overlap": (geometry.subspace_overlap(ta["parameter_basis"], tb["parameter_basis"]),
@@ -270,7 +283,7 @@ def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[di
                 "function_update_cosine": ((_cosine(ua, ub) if ua is not None and ub is not None else None), 0.0),
             }
             for metric, (value, baseline) in pair.items():
-                rows.append({"step": step, "subject": f"{a}|{b}", "kind": "pair", "role": role, "metric": metric,
+                rows.append({"step": step, "subject": f"{a}|{b}", "kind": "pair", "role": pair_role(a, b), "metric": metric,
                              "value": value, "se": None, "baseline": baseline})
     return [{**row, "value": None if row["value"] is None or not math.isfinite(row["value"]) else row["value"]}
             for row in rows]

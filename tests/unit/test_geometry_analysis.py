@@ -76,10 +76,12 @@ def test_seeds_compared_at_matched_steps_with_controls(experiment, tmp_path):
     value = {(r["step"], r["subject"], r["metric"]): r for r in rows}
     for step in (0, 3, 6):
         twin = value[(step, "s1|s1-again", "gradient_cosine")]
-        assert twin["value"] == pytest.approx(1.0, abs=1e-12) and twin["role"] == "same-seed+seed"
+        assert twin["value"] == pytest.approx(1.0, abs=1e-12) and twin["role"] == "same-seed"
         for metric in ("parameter_subspace_overlap", "function_subspace_overlap"):
             assert value[(step, "s1|s1-again", metric)]["value"] == pytest.approx(1.0, abs=1e-12)
         assert value[(step, "s1|s2", "gradient_cosine")]["value"] < 1 - 1e-6
+        assert value[(step, "s1|s2", "gradient_cosine")]["role"] == "seed"
+        assert value[(step, "s1-again|s2", "gradient_cosine")]["role"] == "other"  # not what the control varies
     assert value[(0, "s1|s2", "function_update_cosine")]["value"] is None  # no earlier checkpoint
     assert value[(3, "s1|s1-again", "function_update_cosine")]["value"] == pytest.approx(1.0, abs=1e-12)
     overlap = value[(6, "s1|s2", "parameter_subspace_overlap")]

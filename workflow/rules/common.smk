@@ -19,6 +19,7 @@ from tiny_llm.config import (
     parse_yaml,
 )
 from tiny_llm.corpus import default_capacity
+from tiny_llm.geometry_analysis import geometry_settings_from_dict
 from tiny_llm.plots import FIGURES, SPECTRUM_FIGURES
 from tiny_llm.provenance import source_hash, use_frozen_source
 from tiny_llm.slurm_states import (
@@ -52,9 +53,11 @@ for _key in (
         config[_key] = _typed(config[_key])
 validate(config, schema="../schemas/config.schema.yaml")
 
-TRAIN_RUNS = config.get("train_runs") or {}
+TRAIN_RUNS = dict(config.get("train_runs") or {})
 ANALYSES = config.get("analyses") or {}
 PLOTS = config.get("plots") or {}
+SEED_EXPERIMENTS = config.get("seed_experiments") or {}
+SEED_COMPARISONS = config.get("seed_comparisons") or {}
 
 
 # Settings a profile imposes on every analysis (profiles/naiss: CUDA, float32, TF32, compiled HVPs).
@@ -211,6 +214,58 @@ def _load_run_config(name):
     return config_from_dict(apply_overrides(data, overrides))
 
 
+# Each seed experiment trains its runs like train_runs: <experiment>-seed-<s> per seed, and the
+# controls <experiment>-same-seed (the first seed again) and <experiment>-data-order (the first
+# seed, data.seed + 1). Every run writes interval checkpoints; they share one token cache.
+EXPERIMENT_RUNS = {}  # experiment -> {run name: role}
+for _exp, _entry in SEED_EXPERIMENTS.items():
+    if _exp in ANALYSES:
+        raise ValueError(
+            f"seed_experiments.{_exp}: an analysis has the same name (both write results/{_exp}/); rename one"
+        )
+    _base = {
+        key: _entry[key]
+        for key in ("config", "cache_source", "cache_inputs", "shard_tokens")
+        if key in _entry
+    }
+    _set = {**_entry.get("set", {}), "training.checkpoint_policy": "interval"}
+    _data_seed = config_from_dict(
+        apply_overrides(
+            load_config_dict(_entry["config"]),
+            [f"{key}={value}" for key, value in _set.items()],
+        )
+    ).data.seed
+    _first = _entry["seeds"][0]
+    _runs = {
+        f"{_exp}-seed-{seed}": ("seed", {"training.seed": seed})
+        for seed in _entry["seeds"]
+    }
+    _controls = _entry.get("controls", ["same-seed", "data-order"])
+    if "same-seed" in _controls:
+        _runs[f"{_exp}-same-seed"] = ("same-seed", {"training.seed": _first})
+    if "data-order" in _controls:
+        _runs[f"{_exp}-data-order"] = (
+            "data-order",
+            {"training.seed": _first, "data.seed": _data_seed + 1},
+        )
+    for _name, (_role, _overrides) in _runs.items():
+        if _name in TRAIN_RUNS:
+            raise ValueError(
+                f"seed_experiments.{_exp} trains runs/{_name}, which train_runs also names; rename one"
+            )
+        TRAIN_RUNS[_name] = {**_base, "set": {**_set, **_overrides}}
+    EXPERIMENT_RUNS[_exp] = {name: role for name, (role, _) in _runs.items()}
+    try:
+        geometry_settings_from_dict(_entry.get("settings"))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"seed_experiments.{_exp}.settings: {error}") from None
+for _name, _entry in SEED_COMPARISONS.items():
+    _unknown = sorted(set(_entry["experiments"]) - set(SEED_EXPERIMENTS))
+    if _unknown:
+        raise ValueError(
+            f"seed_comparisons.{_name}: {_unknown} are not seed_experiments (known: {sorted(SEED_EXPERIMENTS)})"
+        )
+
 RUN_CONFIGS = {name: _load_run_config(name) for name in TRAIN_RUNS}
 CACHE_OF_RUN = {}
 for _name, _run in RUN_CONFIGS.items():
@@ -249,6 +304,9 @@ wildcard_constraints:
     run="|".join(RUN_CONFIGS) or "NONE",
     cache="|".join(RUN_OF_CACHE) or "NONE",
     analysis="|".join(ANALYSES) or "NONE",
+    experiment="|".join(SEED_EXPERIMENTS) or "NONE",
+    comparison="|".join(SEED_COMPARISONS) or "NONE",
+    checkpoint="epoch-[0-9]{3}",
     key="[0-9a-f]{64}",
     case="seen|unseen",
 
@@ -262,6 +320,7 @@ def get_all_targets(wildcards):
     pull in every result through collect), which keeps the first dry run's plan complete.
     """
     targets = [f"runs/{name}/trained.json" for name in RUN_CONFIGS]
+    targets += experiment_targets()
     for name in ANALYSES:
         # The collected files too: a crash during collect (or their deletion) reruns collect.
         targets += [f"results/{name}/manifest.json", f"results/{name}/summary.csv"]
@@ -435,6 +494,65 @@ def get_training_log(wildcards):
     if not PLOTS.get("training_norms", False):
         return []
     return [get_run_ready(wildcards)]
+
+
+# --- seed experiments --------------------------------------------------------------------
+
+
+def experiment_checkpoints(run):
+    """The interval checkpoints a run of an experiment writes: epoch-000 (initialisation) to the last epoch."""
+    return [f"epoch-{i:03d}" for i in range(RUN_CONFIGS[run].training.epochs + 1)]
+
+
+def get_experiment_records(wildcards):
+    return [
+        f"results/{wildcards.experiment}/geometry/{run}/{checkpoint}.json"
+        for run in EXPERIMENT_RUNS[wildcards.experiment]
+        for checkpoint in experiment_checkpoints(run)
+    ]
+
+
+def get_experiment_roles(wildcards):
+    return EXPERIMENT_RUNS[wildcards.experiment]
+
+
+def _reference_run(experiment):
+    return next(iter(EXPERIMENT_RUNS[experiment]))
+
+
+def get_reference_cache(wildcards):
+    return f"cache/{CACHE_OF_RUN[_reference_run(wildcards.experiment)]}.prepared.json"
+
+
+def get_reference_run_config(wildcards):
+    return config_to_dict(RUN_CONFIGS[_reference_run(wildcards.experiment)])
+
+
+def get_geometry_settings(wildcards):
+    """The experiment's measurement settings; a profile's device and dtype win (as for analyses)."""
+    imposed = {
+        key: SETTINGS_OVERRIDE[key]
+        for key in ("device", "dtype")
+        if key in SETTINGS_OVERRIDE
+    }
+    return {**SEED_EXPERIMENTS[wildcards.experiment].get("settings", {}), **imposed}
+
+
+def get_geometry_runtime(wildcards):
+    return SEED_EXPERIMENTS[wildcards.experiment].get("walltime_minutes", 60)
+
+
+def experiment_targets():
+    """comparison.csv and the dashboard of every experiment, and every comparison's figure."""
+    targets = []
+    for name in SEED_EXPERIMENTS:
+        targets += [f"results/{name}/comparison.csv"]
+        targets += [f"results/{name}/figures/dashboard.{ext}" for ext in ("pdf", "png")]
+    for name in SEED_COMPARISONS:
+        targets += [
+            f"results/comparisons/{name}/comparison.{ext}" for ext in ("pdf", "png")
+        ]
+    return targets
 
 
 # --- cluster walltime --------------------------------------------------------------------

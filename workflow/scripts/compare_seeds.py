@@ -1,0 +1,16 @@
+"""Snakemake adapter: compare the seeds of an experiment (comparison.csv) and draw its dashboard."""
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.stderr = open(snakemake.log[0], "w")
+
+from tiny_llm.geometry_analysis import compare, write_comparison  # noqa: E402
+from tiny_llm.geometry_plots import dashboard  # noqa: E402
+
+records = defaultdict(list)
+for path in snakemake.input.records:
+    records[Path(path).parent.name].append(path)
+write_comparison(compare(dict(records), dict(snakemake.params.roles)), snakemake.output.comparison)
+dashboard(snakemake.output.comparison, list(snakemake.output.figures), snakemake.wildcards.experiment)

@@ -1,0 +1,20 @@
+"""Snakemake adapter: measure one checkpoint of one run of a seed experiment on its reference set."""
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+sys.stderr = open(snakemake.log[0], "w")
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(snakemake.threads)
+
+from tiny_llm.geometry_analysis import geometry_settings_from_dict, measure_checkpoint  # noqa: E402
+
+checkpoint = snakemake.wildcards.checkpoint
+measure_checkpoint(Path(snakemake.input.trained).parent, f"{checkpoint}.safetensors", int(checkpoint.split("-")[1]),
+                   json.loads(Path(snakemake.input.reference).read_text()),
+                   geometry_settings_from_dict(snakemake.params.settings), snakemake.output.record)
