@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-slow gpu-check clean-demo
+.PHONY: setup demo seeds-demo test test-slow gpu-check clean-demo
 
 $(STAMP): pyproject.toml envs/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake -c1
+
+# A demo-sized cross-seed experiment (3 seeds and 2 controls of the demo model), alone.
+seeds-demo: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake -c1 --configfile config/seeds-demo.yaml --replace-workflow-config
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
