@@ -63,8 +63,8 @@ def _schema_default(key: str):
         if parts[2] in ("settings", "spectrum"):
             node = ANALYSIS[parts[2]]["properties"]
         value = node[parts[-1]]["default"]
-    elif parts[0] == "train_runs":
-        value = SCHEMA["properties"]["train_runs"]["additionalProperties"]["properties"][parts[-1]]["default"]
+    elif parts[0] in ("train_runs", "seed_experiments", "seed_comparisons"):
+        value = SCHEMA["properties"][parts[0]]["additionalProperties"]["properties"][parts[-1]]["default"]
     else:
         node = SCHEMA["properties"][parts[0]]
         value = node["properties"][parts[1]]["default"] if len(parts) > 1 else node["default"]
@@ -139,3 +139,11 @@ def test_docs_stand_on_their_own():
     for path, text in texts.items():
         for phrase in ("DESIGN.md", "seed reference", "reference document", "the issue", "STYLE.md"):
             assert phrase not in text, f"{path.relative_to(REPO)} mentions {phrase!r}"
+
+
+def test_the_readme_states_the_geometry_settings_defaults():
+    from tiny_llm.geometry_analysis import GeometrySettings
+    paragraph = README.split("**Settings** (`seed_experiments.<name>.settings`", 1)[1].split("\n\n", 1)[0]
+    documented = {key: _value(value) for key, value in re.findall(r"`(\w+)` ([\w.]+)", paragraph)}
+    defaults = {f.name: f.default for f in dataclasses.fields(GeometrySettings)}
+    assert documented == defaults
