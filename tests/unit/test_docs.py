@@ -143,7 +143,7 @@ def test_docs_stand_on_their_own():
 
 def test_the_readme_states_the_geometry_settings_defaults():
     from tiny_llm.geometry_analysis import GeometrySettings
-    paragraph = README.split("**Settings** (`seed_experiments.<name>.settings`", 1)[1].split("\n\n", 1)[0]
+    paragraph = README.split("**Settings** (`seed_experiments.<name>.settings`", 1)[1].split("(a\nprofile's", 1)[0]
     documented = {key: _value(value) for key, value in re.findall(r"`(\w+)` ([\w.]+)", paragraph)}
     defaults = {f.name: f.default for f in dataclasses.fields(GeometrySettings)}
     assert documented == defaults
