@@ -13,7 +13,8 @@ the comparison of seeds at matched steps.
    function-space bases), both atomically, the JSON last.
 3. :func:`compare` reads every record of an experiment and returns the rows of ``comparison.csv``:
    one per (step, run, metric) and one per (step, pair of runs, metric), each pair metric with its
-   baseline for unrelated models (k/d for subspace overlaps, 0 for cosines).
+   baseline for unrelated models (k/d for subspace overlaps, 0 for cosines), and per (step, pair
+   metric) the mean and the minimum over the seed pairs.
 
 Definitions of every metric: the module docstring of :mod:`tiny_llm.geometry` and the README.
 """
@@ -285,8 +286,24 @@ def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[di
             for metric, (value, baseline) in pair.items():
                 rows.append({"step": step, "subject": f"{a}|{b}", "kind": "pair", "role": pair_role(a, b), "metric": metric,
                              "value": value, "se": None, "baseline": baseline})
+    rows += _seed_pair_summary(rows)
     return [{**row, "value": None if row["value"] is None or not math.isfinite(row["value"]) else row["value"]}
             for row in rows]
+
+
+def _seed_pair_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step and pair metric, the mean and the minimum over the seed pairs (kind ``summary``)."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["kind"] == "pair" and row["role"] == "seed" and row["value"] is not None:
+            groups.setdefault((row["step"], row["metric"]), []).append(row)
+    summary = []
+    for (step, metric), members in sorted(groups.items()):
+        values = [row["value"] for row in members]
+        for name, value in (("mean", sum(values) / len(values)), ("min", min(values))):
+            summary.append({"step": step, "subject": f"seed pairs ({name})", "kind": "summary", "role": "seed",
+                            "metric": metric, "value": value, "se": None, "baseline": members[0]["baseline"]})
+    return summary
 
 
 def write_comparison(rows: list[dict[str, Any]], path: str | Path) -> None:

@@ -26,6 +26,8 @@ RUN_METRICS = ("eval_loss", "train_loss", "reference_grad_norm", "function_updat
                "hessian_top1_eigenvalue", "gradient_to_hessian_top1_alignment")
 CONTROL_LABELS = {"same-seed": "control: the first seed trained twice",
                   "data-order": "control: the first seed, another data order"}
+SYMMETRY_NOTE = {"gradient_cosine": "\n(parameter space: changed by relabelled hidden units)",
+                 "parameter_subspace_overlap": "\n(parameter space: changed by relabelled hidden units)"}
 PAIR_METRICS = ("gradient_cosine", "function_update_cosine", "parameter_subspace_overlap",
                 "function_subspace_overlap")
 
@@ -65,7 +67,7 @@ def _run_panel(ax: plt.Axes, rows: pd.DataFrame, prefix: str) -> None:
 
 
 def _pair_panel(ax: plt.Axes, rows: pd.DataFrame) -> None:
-    seeds = rows[rows["role"] == "seed"]
+    seeds = rows[(rows["role"] == "seed") & (rows["kind"] == "pair")]
     for _, line in seeds.groupby("subject"):
         line = line.sort_values("step")
         ax.plot(line["step"], line["value"], color="tab:blue", alpha=0.25, linewidth=1)
@@ -91,12 +93,12 @@ def dashboard(comparison: str | Path, outputs: list[str | Path], title: str) -> 
         if metric in PAIR_METRICS:
             _pair_panel(ax, rows)
         else:
-            _run_panel(ax, rows, prefix)
+            _run_panel(ax, rows[rows["kind"] == "run"], prefix)
         baseline = frame[(frame["metric"] == metric)].dropna(subset=["baseline"])
         if not baseline.empty:
             value = float(baseline["baseline"].iloc[0])
             ax.axhline(value, color="grey", linestyle=":", label=f"unrelated models ({value:.3g})")
-        ax.set_title(metric.replace("_", " "), fontsize=10)
+        ax.set_title(metric.replace("_", " ") + SYMMETRY_NOTE.get(metric, ""), fontsize=10)
         ax.set_xlabel("training step (0 = untrained)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
@@ -123,12 +125,17 @@ def compare_experiments(comparisons: list[str | Path], labels: list[str], metric
     figure, axes = _grid(len(chosen))
     for ax, metric in zip(axes, chosen):
         for label, frame in zip(labels, frames):
-            rows = frame[(frame["metric"] == metric) & (frame["role"] == "seed")].dropna(subset=["value"])
+            rows = frame[(frame["metric"] == metric) & (frame["role"] == "seed")
+                         & frame["kind"].isin(["run", "pair"])].dropna(subset=["value"])
             if rows.empty:
                 continue
             mean = rows.groupby("step")["value"].mean()
             ax.plot(mean.index, mean.values, marker="o", markersize=3, label=label)
-        ax.set_title(metric.replace("_", " "), fontsize=10)
+            baseline = rows.dropna(subset=["baseline"])
+            if not baseline.empty:
+                ax.axhline(float(baseline["baseline"].iloc[0]), linestyle=":", color=ax.lines[-1].get_color(),
+                           label=f"{label}: unrelated models")
+        ax.set_title(metric.replace("_", " ") + SYMMETRY_NOTE.get(metric, ""), fontsize=10)
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

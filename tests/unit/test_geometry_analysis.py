@@ -88,6 +88,9 @@ def test_seeds_compared_at_matched_steps_with_controls(experiment, tmp_path):
     D = json.loads(files["s1"][0].read_text())["dimensions"]["parameters_D"]
     assert overlap["baseline"] == pytest.approx(2 / D) and overlap["kind"] == "pair"
     assert value[(6, "s2", "eval_loss")]["kind"] == "run"
+    pairs = [value[(6, subject, "gradient_cosine")]["value"] for subject in ("s1|s2",)]
+    assert value[(6, "seed pairs (mean)", "gradient_cosine")]["value"] == pytest.approx(sum(pairs) / len(pairs))
+    assert value[(6, "seed pairs (min)", "gradient_cosine")]["kind"] == "summary"
     write_comparison(rows, tmp_path / "comparison.csv")
     assert (tmp_path / "comparison.csv").read_text().splitlines()[0] == "step,subject,kind,role,metric,value,se,baseline"
 
