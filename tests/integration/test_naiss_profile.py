@@ -153,3 +153,21 @@ def test_a_campaign_without_timings_calibrates_then_runs_with_measured_walltimes
     order = [m.group(1) for m in re.finditer(r"^(?:local)?(?:rule|checkpoint) (\w+):", text, re.M)]
     assert order.index("calibrate_timing") < order.index("index_states") < order.index("analyze_state")
     assert (tmp_path / "results/cpu/summary.csv").exists()
+
+
+def test_seed_experiments_run_through_the_naiss_profile(tmp_path):
+    """A seed experiment under the profile: its runs are trained and its checkpoints measured by
+    GPU jobs (72 threads, the experiment's walltime); reference and comparison stay local."""
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
+    experiment = {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64, "seeds": [1, 2], "controls": [],
+                  "walltime_minutes": 45}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"train_runs": {}, "analyses": {},
+                                                          "seed_experiments": {"pair": experiment}}))
+    plan = _snakemake(tmp_path, "--profile", str(REPO / "profiles/naiss"), "-n", "--cores", "100")
+    text = plan.stdout + plan.stderr
+    assert plan.returncode == 0, text[-3000:]
+    jobs = {name: block for name, block in re.findall(r"\nrule (\w+):\n((?:    .*\n)+)", text)}
+    measure = jobs["measure_geometry"]
+    assert "threads: 72" in measure and "gpu_model=gh200" in measure and "runtime=45" in measure
+    assert re.search(r"measure_geometry\s+6\b", text)  # 2 runs x 3 checkpoints (epoch-000 to epoch-002)
+    assert "gpu" not in jobs["compare_seeds"] and "gpu" not in jobs["geometry_reference"]  # no GPU asked for
