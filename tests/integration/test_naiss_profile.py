@@ -170,4 +170,4 @@ def test_seed_experiments_run_through_the_naiss_profile(tmp_path):
     measure = jobs["measure_geometry"]
     assert "threads: 72" in measure and "gpu_model=gh200" in measure and "runtime=45" in measure
     assert re.search(r"measure_geometry\s+6\b", text)  # 2 runs x 3 checkpoints (epoch-000 to epoch-002)
-    assert "gpu" not in jobs["compare_seeds"] and "gpu" not in jobs["geometry_reference"]  # no GPU asked for
+    assert "gpu=1" not in jobs["compare_seeds"] and "gpu=1" not in jobs["geometry_reference"]  # no GPU asked for
