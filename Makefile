@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo seeds-demo test test-slow gpu-check clean-demo
+.PHONY: setup demo seeds-demo test test-slow test-llc gpu-check clean-demo
 
 $(STAMP): pyproject.toml envs/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
+
+# The optional local learning coefficient: installs devinterp (about 400 MB) and tests it.
+test-llc: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[llc]'
+	$(BIN)/python -m pytest -m llc
 
 # On a machine with a CUDA GPU: CUDA tests, GPU benchmarks, precision study and walltime
 # calibration in one go (about 8 minutes); report in benchmarks/out/gpu-check/report.md.

@@ -27,6 +27,9 @@ Per state (one seed at one step):
   positions × vocabulary outputs) with respect to the parameters, by Hutchinson with
   vector-Jacobian products (E_u ‖Jᵀu‖² = ‖J‖²_F for Rademacher u), and its standard error.
 
+- :func:`local_learning_coefficient`: the local learning coefficient (Lau et al. 2023) by SGLD
+  sampling around the parameters, through the optional devinterp package (pinned; see the README).
+
 Across seeds:
 
 - :func:`cosine_matrix`: pairwise cosines (gradient alignment, function-update similarity).
@@ -39,6 +42,7 @@ hidden units give the same function and a different parameter vector); function-
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -49,8 +53,8 @@ from tiny_llm.model import Llama, token_losses
 from tiny_llm.noise import mean_gradient_and_loss, rademacher
 
 __all__ = ["batch_gradients", "concentration", "cosine_matrix", "cross_batch_cosine", "fisher_trace",
-           "function_gradients", "hessian_trace", "jacobian_frobenius", "random_overlap", "reference_gradient",
-           "subspace_overlap", "top_subspace"]
+           "function_gradients", "hessian_trace", "jacobian_frobenius", "local_learning_coefficient", "random_overlap",
+           "reference_gradient", "subspace_overlap", "top_subspace"]
 
 
 def _theta(model: Llama, flat: FlatParameters) -> torch.Tensor:
@@ -178,3 +182,39 @@ def jacobian_frobenius(model: Llama, rows: torch.Tensor, samples: int, *, seed: 
     mean = sum(values) / samples
     spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (samples - 1)) if samples > 1 else math.nan
     return mean, spread / math.sqrt(samples)
+
+
+def local_learning_coefficient(model: Llama, rows: torch.Tensor, *, chains: int, draws: int, lr: float,
+                               n_beta: float | None, localization: float, batch_size: int,
+                               seed: int) -> tuple[float, float]:
+    """The local learning coefficient of the token-mean loss on ``rows`` at the model's parameters,
+    by SGLD (devinterp 2.0.1: ``chains`` chains of ``draws`` draws, step size ``lr``, inverse
+    temperature ``n_beta`` (None: N / ln N for the N reference tokens), pull ``localization``
+    towards the parameters). The model is copied, not changed. Returns (mean over chains, standard
+    error over chains).
+
+    Raises:
+        ValueError: devinterp is not installed (the message says how to install it).
+    """
+    try:
+        from datasets import Dataset
+        from devinterp.slt.llc import llc
+    except ImportError:
+        raise ValueError("the local learning coefficient needs devinterp 2.0.1: pip install "
+                         "'tiny-llm-curvature[llc]' (or make test-llc), or set llc_every: 0") from None
+    tokens = rows[:, 1:].numel()
+    beta = n_beta if n_beta is not None else tokens / math.log(tokens)
+    data = Dataset.from_dict({"input_ids": rows.cpu().tolist()}).with_format("torch")
+    sampled = copy.deepcopy(model)
+    device = str(next(model.parameters()).device)
+
+    def per_token_loss(module: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return token_losses(module(ids[:, :-1]), ids[:, 1:])
+
+    out = llc(sampled, data, {}, lr=lr, n_beta=beta, loss_fn=per_token_loss, num_chains=chains, num_draws=draws,
+              batch_size=min(batch_size, len(rows)), num_init_loss_batches=max(1, len(rows) // batch_size),
+              localization=localization, init_seed=seed, device=device)
+    per_chain = [float(v) for v in out["llc_per_chain"].values]
+    mean = sum(per_chain) / len(per_chain)
+    spread = math.sqrt(sum((v - mean) ** 2 for v in per_chain) / (len(per_chain) - 1)) if len(per_chain) > 1 else math.nan
+    return mean, spread / math.sqrt(len(per_chain))

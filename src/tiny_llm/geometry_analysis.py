@@ -71,8 +71,20 @@ class GeometrySettings:
     """Lanczos steps for the top eigenvalue."""
     hvp_batch_size: int = 8
     """Sequences per curvature micro-batch."""
+    llc_every: int = 0
+    """Local learning coefficient at every N-th checkpoint (0: never; needs the optional devinterp)."""
+    llc_chains: int = 4
+    """SGLD chains for the local learning coefficient."""
+    llc_draws: int = 100
+    """SGLD draws per chain."""
+    llc_lr: float = 1e-4
+    """SGLD step size."""
+    llc_n_beta: float | None = None
+    """SGLD inverse temperature nβ (null: N / ln N for the N reference tokens)."""
+    llc_localization: float = 100.0
+    """SGLD pull towards the measured parameters (γ)."""
     seed: int = 0
-    """Seed of the Hutchinson and Lanczos probes."""
+    """Seed of the Hutchinson and Lanczos probes and of the SGLD chains."""
     device: str = "cpu"
     """cpu, cuda, cuda:N or auto."""
     dtype: str = "float64"
@@ -87,8 +99,10 @@ class GeometrySettings:
             raise ValueError(f"cov_num_batches must be at least 2 (a covariance), got {self.cov_num_batches}")
         if self.top_k > self.cov_num_batches:
             raise ValueError(f"top_k ({self.top_k}) must not exceed cov_num_batches ({self.cov_num_batches})")
-        if self.hessian_proxy_every < 0 or self.hessian_eig_every < 0:
-            raise ValueError("hessian_proxy_every and hessian_eig_every must be 0 (never) or positive")
+        if min(self.hessian_proxy_every, self.hessian_eig_every, self.llc_every) < 0:
+            raise ValueError("hessian_proxy_every, hessian_eig_every and llc_every must be 0 (never) or positive")
+        if self.llc_chains < 1 or self.llc_draws < 1:
+            raise ValueError("llc_chains and llc_draws must be at least 1")
         if self.dtype not in ("float64", "float32"):
             raise ValueError(f"dtype: expected float64 or float32, got {self.dtype!r}")
 
@@ -195,6 +209,13 @@ def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, referen
         metrics.update(hessian_top1_eigenvalue=float(values[0]),
                        gradient_to_hessian_top1_alignment=abs(float(g_ref.cpu() @ top.cpu()))
                        / max(float(g_ref.norm()), 1e-300))
+    if _due(index, settings.llc_every):
+        llc, llc_se = geometry.local_learning_coefficient(
+            model, rows, chains=settings.llc_chains, draws=settings.llc_draws, lr=settings.llc_lr,
+            n_beta=settings.llc_n_beta, localization=settings.llc_localization, batch_size=settings.hvp_batch_size,
+            seed=settings.seed)
+        metrics["llc"] = llc
+        standard_errors["llc"] = llc_se
     vectors = {"reference_gradient": g_ref.cpu().contiguous(), "reference_logits": logits.cpu().contiguous(),
                "parameter_basis": geometry.top_subspace(G, k).cpu().contiguous(),
                "function_basis": geometry.top_subspace(F, k).cpu().contiguous()}

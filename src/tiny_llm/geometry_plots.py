@@ -23,7 +23,7 @@ __all__ = ["CONTROL_LABELS", "PAIR_METRICS", "RUN_METRICS", "compare_experiments
 
 RUN_METRICS = ("eval_loss", "train_loss", "reference_grad_norm", "function_update_cross_batch_cosine",
                "cov_top_k_share", "cov_effective_rank", "fisher_trace", "hessian_trace", "jacobian_frobenius",
-               "hessian_top1_eigenvalue", "gradient_to_hessian_top1_alignment")
+               "hessian_top1_eigenvalue", "gradient_to_hessian_top1_alignment", "llc")
 CONTROL_LABELS = {"same-seed": "control: the first seed trained twice",
                   "data-order": "control: the first seed, another data order"}
 SYMMETRY_NOTE = {"gradient_cosine": "\n(parameter space: changed by relabelled hidden units)",

@@ -118,3 +118,14 @@ def test_a_reference_set_larger_than_the_stream_is_refused(experiment):
     _, configs, _, _ = experiment
     with pytest.raises(ValueError, match="needs 30 sequences .* holds 9"):
         make_reference(configs["s1"], GeometrySettings(reference_rows=24, cov_num_batches=3, cov_batch_size=2))
+
+
+@pytest.mark.llc
+def test_the_llc_in_a_record(experiment, tmp_path):
+    pytest.importorskip("devinterp")
+    path, _, reference, _ = experiment
+    settings = GeometrySettings(**{**SETTINGS.__dict__, "llc_every": 1, "llc_chains": 2, "llc_draws": 20,
+                                   "hessian_proxy_every": 0, "hessian_eig_every": 0})
+    record = measure_checkpoint(path / "s1", CHECKPOINTS[2], 2, reference, settings, tmp_path / "r.json")
+    assert "llc" in record["metrics"] and record["standard_errors"]["llc"] >= 0
+    assert "hessian_trace" not in record["metrics"]
