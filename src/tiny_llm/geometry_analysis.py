@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tiny_llm import geometry
-from tiny_llm.analysis import load_state, resolve_checkpoints
+from tiny_llm.analysis import AnalysisSettings, load_state, resolve_checkpoints
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature import EpochHessian, FlatParameters, Precision
 from tiny_llm.data import TokenCache, check_capacity, epoch_plan, unseen_plan
@@ -44,7 +44,8 @@ from tiny_llm.provenance import canonical_hash, source_hash
 from tiny_llm.runtime import resolve_device
 from tiny_llm.spectrum import top_eigenpairs
 
-__all__ = ["GeometrySettings", "compare", "geometry_settings_from_dict", "make_reference", "measure_checkpoint"]
+__all__ = ["GeometrySettings", "as_analysis_settings", "compare", "geometry_settings_from_dict", "make_reference",
+           "measure_checkpoint", "measurement_seconds", "measurement_work"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,37 @@ def geometry_settings_from_dict(data: dict[str, Any] | None) -> GeometrySettings
     if unknown:
         raise ValueError(f"unknown geometry settings {unknown}; known: {sorted(known)}")
     return GeometrySettings(**data)
+
+
+def as_analysis_settings(settings: GeometrySettings) -> AnalysisSettings:
+    """The analysis setup whose timing entry prices a measurement: its device, precision, curvature
+    micro-batch and the directions a Hutchinson pass carries (exact quadratic forms, adjoint)."""
+    return AnalysisSettings(device=settings.device, dtype=settings.dtype, hvp_batch_size=settings.hvp_batch_size,
+                            directions_per_pass=min(settings.hutchinson_samples, 8), engine="adjoint",
+                            compile_hvp=False)
+
+
+def measurement_work(config: RunConfig, settings: GeometrySettings) -> dict[str, int]:
+    """The work of measuring one checkpoint with every metric due, in the units of a timing entry:
+    gradient micro-batches (gradients, Jacobian-vector and vector-Jacobian products and per-row
+    gradients, each about one forward and backward over the reference rows) and passes of a
+    curvature micro-batch (Hutchinson passes of up to 8 directions, one per Lanczos step)."""
+    mb = config.training.micro_batch_size
+    reference = math.ceil(settings.reference_rows / mb)
+    per_batch = math.ceil(settings.cov_batch_size / mb)
+    gradient = (reference + settings.cov_num_batches * per_batch + settings.cov_num_batches * reference
+                + reference + settings.hutchinson_samples * reference)
+    curvature_batches = math.ceil(settings.reference_rows / settings.hvp_batch_size)
+    passes = (math.ceil(settings.hutchinson_samples / min(settings.hutchinson_samples, 8))
+              + settings.lanczos_steps) * curvature_batches
+    return {"gradient_microbatches": gradient, "hvp_microbatch_passes": passes}
+
+
+def measurement_seconds(config: RunConfig, settings: GeometrySettings, seconds: dict[str, float]) -> float:
+    """Estimated seconds of one checkpoint's measurement from a timing entry's ``seconds``."""
+    work = measurement_work(config, settings)
+    return (seconds["startup"] + work["gradient_microbatches"] * seconds["gradient_microbatch"]
+            + work["hvp_microbatch_passes"] * seconds["hvp_microbatch_pass"])
 
 
 # --- the reference set ---------------------------------------------------------------------------

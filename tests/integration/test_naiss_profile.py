@@ -171,3 +171,29 @@ def test_seed_experiments_run_through_the_naiss_profile(tmp_path):
     assert "threads: 72" in measure and "gpu_model=gh200" in measure and "runtime=45" in measure
     assert re.search(r"measure_geometry\s+6\b", text)  # 2 runs x 3 checkpoints (epoch-000 to epoch-002)
     assert "gpu=1" not in jobs["compare_seeds"] and "gpu=1" not in jobs["geometry_reference"]  # no GPU asked for
+    calibrate = _snakemake(tmp_path, "--profile", str(REPO / "profiles/naiss"), "-n", "calibrate")
+    assert "calibrate_geometry" in calibrate.stdout + calibrate.stderr  # `calibrate` covers experiments too
+
+
+def test_seed_experiment_walltime_from_a_timing_entry(tmp_path):
+    """Under walltime: estimate a timing entry of the measurement setup prices each checkpoint's job
+    (2 x work + 30 min, rounded up to the hour); without one, walltime_minutes applies."""
+    from tiny_llm.geometry_analysis import GeometrySettings, as_analysis_settings, measurement_seconds
+    from tiny_llm.timing import timing_key
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
+    settings = GeometrySettings(device="cuda", dtype="float32", reference_rows=64, lanczos_steps=200)
+    run_config = config_from_dict({**RUN, "training": {**RUN["training"], "seed": 1}})
+    key = timing_key(run_config, as_analysis_settings(settings), "cuda:NVIDIA GH200 480GB")
+    (tmp_path / "timing.json").write_text(json.dumps({"entries": [{"key": key, "seconds": SECONDS}]}))
+    experiment = {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64, "seeds": [1, 2], "controls": [],
+                  "walltime_minutes": 45, "settings": {"reference_rows": 64, "lanczos_steps": 200}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({
+        "train_runs": {}, "analyses": {}, "seed_experiments": {"pair": experiment},
+        "cluster": {"walltime": "estimate", "gpu_kind": "GH200", "timing_profiles": [str(tmp_path / "timing.json")]}}))
+    plan = _snakemake(tmp_path, "--profile", str(REPO / "profiles/naiss"), "-n", "--cores", "100")
+    text = plan.stdout + plan.stderr
+    assert plan.returncode == 0, text[-3000:]
+    expected = job_minutes(measurement_seconds(run_config, settings, SECONDS))
+    assert expected > 60  # the estimate, not the explicit 45 minutes
+    runtimes = set(re.findall(r"rule measure_geometry:\n(?:    .*\n)*?    resources: .*runtime=(\d+)", text))
+    assert runtimes == {str(expected)}

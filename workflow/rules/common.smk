@@ -19,7 +19,11 @@ from tiny_llm.config import (
     parse_yaml,
 )
 from tiny_llm.corpus import default_capacity
-from tiny_llm.geometry_analysis import geometry_settings_from_dict
+from tiny_llm.geometry_analysis import (
+    as_analysis_settings,
+    geometry_settings_from_dict,
+    measurement_seconds,
+)
 from tiny_llm.plots import FIGURES, SPECTRUM_FIGURES
 from tiny_llm.provenance import source_hash, use_frozen_source
 from tiny_llm.slurm_states import (
@@ -528,18 +532,61 @@ def get_reference_run_config(wildcards):
     return config_to_dict(RUN_CONFIGS[_reference_run(wildcards.experiment)])
 
 
-def get_geometry_settings(wildcards):
+def _geometry_settings_dict(experiment):
     """The experiment's measurement settings; a profile's device and dtype win (as for analyses)."""
     imposed = {
         key: SETTINGS_OVERRIDE[key]
         for key in ("device", "dtype")
         if key in SETTINGS_OVERRIDE
     }
-    return {**SEED_EXPERIMENTS[wildcards.experiment].get("settings", {}), **imposed}
+    return {**SEED_EXPERIMENTS[experiment].get("settings", {}), **imposed}
+
+
+def get_geometry_settings(wildcards):
+    return _geometry_settings_dict(wildcards.experiment)
+
+
+def _geometry_settings(experiment):
+    return geometry_settings_from_dict(_geometry_settings_dict(experiment))
+
+
+def _geometry_timing_entry(experiment):
+    """The timing entry of an experiment's measurement setup (cluster.gpu_kind), or None."""
+    run_config = RUN_CONFIGS[_reference_run(experiment)]
+    key = timing.timing_key(
+        run_config, as_analysis_settings(_geometry_settings(experiment)), device_kind=""
+    )
+    entries = timing.load_profiles(CLUSTER["timing_profiles"])
+    return timing.lookup_entry(entries, key, CLUSTER.get("gpu_kind"))
 
 
 def get_geometry_runtime(wildcards):
-    return SEED_EXPERIMENTS[wildcards.experiment].get("walltime_minutes", 60)
+    """Minutes for one checkpoint's measurement: cluster.walltime_hours when set; under
+    cluster.walltime: estimate, 2 x estimated work + 30 min rounded up to the hour when a timing
+    entry covers the setup (calibrate measures one); else the experiment's walltime_minutes.
+    """
+    experiment = wildcards.experiment
+    if CLUSTER.get("walltime_hours"):
+        return int(CLUSTER["walltime_hours"] * 60)
+    if CLUSTER.get("walltime") == "estimate":
+        entry = _geometry_timing_entry(experiment)
+        if entry is not None:
+            return timing.job_minutes(
+                measurement_seconds(
+                    RUN_CONFIGS[_reference_run(experiment)],
+                    _geometry_settings(experiment),
+                    entry["seconds"],
+                )
+            )
+    return SEED_EXPERIMENTS[experiment].get("walltime_minutes", 60)
+
+
+def get_geometry_calibration_config(wildcards):
+    return get_reference_run_config(wildcards)
+
+
+def get_geometry_calibration_settings(wildcards):
+    return asdict(as_analysis_settings(_geometry_settings(wildcards.experiment)))
 
 
 def experiment_targets():
