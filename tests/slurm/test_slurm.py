@@ -175,8 +175,10 @@ def test_accounting_outage_is_survived(cluster, tmp_path):
 def _start(workdir: Path, log: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     """A controller in the background, its output in ``log``."""
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}", **(env or {})}
+    # Ctrl-C must reach it even when the tests themselves run in the background, where the shell
+    # starts them with SIGINT ignored (a state that children inherit).
     return subprocess.Popen(_command(workdir, *args), stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=workdir)
+                            env=env, cwd=workdir, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _until(condition, seconds: float, what: str):
