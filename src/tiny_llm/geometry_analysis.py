@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -45,7 +44,7 @@ from tiny_llm.runtime import resolve_device
 from tiny_llm.spectrum import top_eigenpairs
 
 __all__ = ["GeometrySettings", "as_analysis_settings", "compare", "geometry_settings_from_dict", "make_reference",
-           "measure_checkpoint", "measurement_seconds", "measurement_work"]
+           "measure_checkpoint", "measurement_seconds", "measurement_work", "write_comparison"]
 
 
 @dataclass(frozen=True)
@@ -369,7 +368,3 @@ def write_comparison(rows: list[dict[str, Any]], path: str | Path) -> None:
     frame.to_csv(staging, index=False)
     staging.replace(path)
 
-
-def reference_tokens(reference: dict[str, Any]) -> np.ndarray:
-    """The reference rows' tokens (n, T+1) as stored in the cache (for inspection and tests)."""
-    return TokenCache(reference["cache"]).tokens(reference["rows"]).numpy()

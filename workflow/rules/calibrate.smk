@@ -28,7 +28,7 @@ rule calibrate_geometry:
         "../../envs/tiny-llm.yaml"
     threads: 1
     params:
-        run_config=get_geometry_calibration_config,
+        run_config=get_reference_run_config,
         settings=get_geometry_calibration_settings,
     script:
         "../scripts/calibrate_timing.py"

@@ -581,10 +581,6 @@ def get_geometry_runtime(wildcards):
     return SEED_EXPERIMENTS[experiment].get("walltime_minutes", 60)
 
 
-def get_geometry_calibration_config(wildcards):
-    return get_reference_run_config(wildcards)
-
-
 def get_geometry_calibration_settings(wildcards):
     return asdict(as_analysis_settings(_geometry_settings(wildcards.experiment)))
 
