@@ -156,17 +156,19 @@ def test_a_campaign_without_timings_calibrates_then_runs_with_measured_walltimes
 
 
 def test_seed_experiments_run_through_the_naiss_profile(tmp_path):
-    """A seed experiment under the profile: its runs are trained and its checkpoints measured by
-    GPU jobs (72 threads, the experiment's walltime); reference and comparison stay local."""
+    """A seed experiment under the profile (walltimes not estimated): its runs are trained and its
+    checkpoints measured by GPU jobs (72 threads, the experiment's walltime); reference and
+    comparison stay local."""
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
     experiment = {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64, "seeds": [1, 2], "controls": [],
                   "walltime_minutes": 45}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"train_runs": {}, "analyses": {},
                                                           "seed_experiments": {"pair": experiment}}))
-    plan = _snakemake(tmp_path, "--profile", str(REPO / "profiles/naiss"), "-n", "--cores", "100")
+    plan = _snakemake(tmp_path, "--profile", str(REPO / "profiles/naiss"), "-n", "--cores", "100",
+                      "--config", "cluster={'walltime': 'none'}")
     text = plan.stdout + plan.stderr
     assert plan.returncode == 0, text[-3000:]
-    jobs = {name: block for name, block in re.findall(r"\nrule (\w+):\n((?:    .*\n)+)", text)}
+    jobs = {name: block for name, block in re.findall(r"\n(?:rule|checkpoint) (\w+):\n((?:    .*\n)+)", text)}
     measure = jobs["measure_geometry"]
     assert "threads: 72" in measure and "gpu_model=gh200" in measure and "runtime=45" in measure
     assert re.search(r"measure_geometry\s+6\b", text)  # 2 runs x 3 checkpoints (epoch-000 to epoch-002)
@@ -197,3 +199,31 @@ def test_seed_experiment_walltime_from_a_timing_entry(tmp_path):
     assert expected > 60  # the estimate, not the explicit 45 minutes
     runtimes = set(re.findall(r"rule measure_geometry:\n(?:    .*\n)*?    resources: .*runtime=(\d+)", text))
     assert runtimes == {str(expected)}
+
+
+def test_a_seed_experiment_without_timings_calibrates_then_measures_with_measured_walltimes(tmp_path):
+    """Locally, with walltimes estimated and no timing entry: the dry run plans the calibration
+    first, the experiment's calibration runs before its reference set, and every measurement job
+    gets the walltime its measured timings give; the experiment completes."""
+    from tiny_llm.geometry_analysis import geometry_settings_from_dict, measurement_seconds
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
+    settings = {"reference_rows": 4, "cov_num_batches": 2, "cov_batch_size": 2, "top_k": 1,
+                "hutchinson_samples": 2, "lanczos_steps": 4, "hvp_batch_size": 4}
+    experiment = {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64, "seeds": [1, 2], "controls": [],
+                  "settings": settings}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({
+        "train_runs": {}, "analyses": {}, "seed_experiments": {"pair": experiment},
+        "cluster": {"walltime": "estimate", "timing_profiles": ["results/timing"]}}))
+    plan = _snakemake(tmp_path, "-n", "-c2")
+    assert re.search(r"^calibrate_geometry +1$", plan.stdout, re.M) and "measure_geometry" not in plan.stdout
+    run = _snakemake(tmp_path, "-c2")
+    text = run.stdout + run.stderr
+    assert run.returncode == 0, text[-3000:]
+    entry = json.loads((tmp_path / "results/timing/pair.json").read_text())["entries"][0]
+    run_config = config_from_dict({**RUN, "training": {**RUN["training"], "seed": 1}})
+    expected = job_minutes(measurement_seconds(run_config, geometry_settings_from_dict(settings), entry["seconds"]))
+    runtimes = re.findall(r"rule measure_geometry:\n(?:    .*\n)*?    resources: [^\n]*runtime=(\d+)", text)
+    assert len(runtimes) == 6 and set(runtimes) == {str(expected)}
+    order = [m.group(1) for m in re.finditer(r"^(?:local)?(?:rule|checkpoint) (\w+):", text, re.M)]
+    assert order.index("calibrate_geometry") < order.index("geometry_reference") < order.index("measure_geometry")
+    assert (tmp_path / "results/pair/comparison.csv").exists()

@@ -509,6 +509,12 @@ def experiment_checkpoints(run):
 
 
 def get_experiment_records(wildcards):
+    """Every checkpoint record of the experiment. While a calibration is pending they are planned
+    only once the reference set exists (it waits for the calibration), so that the measurement
+    jobs get measured walltimes; otherwise at once (a dry run shows every measurement).
+    """
+    if geometry_calibration_pending(wildcards.experiment):
+        checkpoints.geometry_reference.get(experiment=wildcards.experiment)
     return [
         f"results/{wildcards.experiment}/geometry/{run}/{checkpoint}.json"
         for run in EXPERIMENT_RUNS[wildcards.experiment]
@@ -560,10 +566,31 @@ def _geometry_timing_entry(experiment):
     return timing.lookup_entry(entries, key, CLUSTER.get("gpu_kind"))
 
 
+_GEOMETRY_CALIBRATION_PENDING = {}
+
+
+def geometry_calibration_pending(experiment):
+    """Whether an experiment's measurement walltimes wait for its calibration job: walltimes are
+    estimated and no timing entry covers the measurement setup yet."""
+    if experiment not in _GEOMETRY_CALIBRATION_PENDING:
+        pending = False
+        if CLUSTER.get("walltime") == "estimate" and not CLUSTER.get("walltime_hours"):
+            pending = _geometry_timing_entry(experiment) is None
+        _GEOMETRY_CALIBRATION_PENDING[experiment] = pending
+    return _GEOMETRY_CALIBRATION_PENDING[experiment]
+
+
+def get_geometry_calibration(wildcards):
+    if geometry_calibration_pending(wildcards.experiment):
+        return [f"results/timing/{wildcards.experiment}.json"]
+    return []
+
+
 def get_geometry_runtime(wildcards):
     """Minutes for one checkpoint's measurement: cluster.walltime_hours when set; under
-    cluster.walltime: estimate, 2 x estimated work + 30 min rounded up to the hour when a timing
-    entry covers the setup (calibrate measures one); else the experiment's walltime_minutes.
+    cluster.walltime: estimate, 2 x estimated work + 30 min rounded up to the hour from the timing
+    entry of the setup (measured first by calibrate_geometry when there is none: the measurement
+    jobs are planned after it); else the experiment's walltime_minutes.
     """
     experiment = wildcards.experiment
     if CLUSTER.get("walltime_hours"):
@@ -590,6 +617,9 @@ def experiment_targets():
     targets = []
     for name in SEED_EXPERIMENTS:
         targets += [f"results/{name}/comparison.csv"]
+        # A walltime waiting for a calibration: the short calibration job starts at once.
+        if geometry_calibration_pending(name):
+            targets.append(f"results/timing/{name}.json")
         targets += [f"results/{name}/figures/dashboard.{ext}" for ext in ("pdf", "png")]
     for name in SEED_COMPARISONS:
         targets += [

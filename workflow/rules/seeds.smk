@@ -3,9 +3,12 @@
 # compared at matched steps (comparison.csv, dashboard). `snakemake -c1 seeds` runs only these.
 
 
-rule geometry_reference:
+# A checkpoint: while a calibration is pending, the measurement jobs are created once the
+# reference exists, and the reference waits for the calibration, so their walltimes come from it.
+checkpoint geometry_reference:
     input:
         cache=get_reference_cache,
+        timing=get_geometry_calibration,
     output:
         reference="results/{experiment}/reference.json",
     log:
