@@ -197,18 +197,31 @@ def _analysis_jobs(state: str) -> list[str]:
                    if line.split("|")[2] == state and "analysis" in line.split("|")[3]), key=int)
 
 
-def _freeze_analysis_jobs() -> tuple[list[str], list[str]]:
-    """Once an analysis job runs: suspend the running ones and hold the queued ones, so the next
-    controller finds both kinds whatever the timing (the test releases them)."""
-    running = _until(lambda: _analysis_jobs("RUNNING"), 300, "a running analysis job")
-    queued = _analysis_jobs("PENDING")
-    for job in queued:
-        subprocess.run(["scontrol", "hold", job], check=True)
-    running = _analysis_jobs("RUNNING")
+HELD = ("--set-resources", "analyze_state:slurm_extra='--hold'")
+"""For a first controller only: its analysis jobs are submitted held, so the test decides which run."""
+
+
+def _two_running_one_queued() -> tuple[list[str], list[str]]:
+    """With the first controller's three analysis jobs submitted held: release two, wait until they
+    run, suspend them; the third stays queued. Both kinds exist whatever the timing (the test
+    resumes the suspended ones)."""
+    held = _until(lambda: (lambda jobs: jobs if len(jobs) == 3 else None)(_analysis_jobs("PENDING")), 300,
+                  "three held analysis jobs")
+    running, queued = held[:2], held[2:]
+    for job in running:
+        subprocess.run(["scontrol", "release", job], check=True)
+    _until(lambda: set(running) <= set(_analysis_jobs("RUNNING")), 120, "the released jobs running")
     for job in running:
         subprocess.run(["scontrol", "suspend", job], check=True)
-    assert running and queued, _queued()
     return running, queued
+
+
+def _cancel_jobs_of(workdir: Path) -> None:
+    """Whatever a failed test left in the queue for ``workdir`` (suspended jobs hold the CPUs)."""
+    queue = subprocess.run(["squeue", "-h", "-o", "%i|%Z"], capture_output=True, text=True).stdout
+    jobs = [line.split("|")[0] for line in queue.splitlines() if line.split("|")[-1] == str(workdir)]
+    if jobs:
+        subprocess.run(["scancel", *jobs], check=False)
 
 
 def _result_jobs(workdir: Path) -> dict[tuple[str, str], str]:
@@ -227,22 +240,25 @@ def test_killed_controller_is_re_attached_without_duplicate_work(cluster, tmp_pa
     resubmitted, every state is computed by exactly one job that ran to completion."""
     workdir = _workdir(tmp_path / "killed", SETTINGS)
     profile = ["--profile", str(REPO / "profiles/test-slurm")]
-    first = _start(workdir, workdir / "first.log", *profile)
+    first = _start(workdir, workdir / "first.log", *profile, *HELD)
     try:
-        running, queued = _freeze_analysis_jobs()
+        running, queued = _two_running_one_queued()
     finally:
         first.kill()  # SIGKILL: no clean-up, Snakemake's lock stays
         first.wait()
-    assert _run(workdir, *profile, "-n").returncode == 0  # a dry run does not need the lock
-    assert _run(workdir, *profile, "--unlock").returncode == 0
-    log = workdir / "second.log"
-    second = _start(workdir, log, *profile)
     try:
-        _until(lambda: "Re-attached" in log.read_text(), 120, "the re-attach message")
+        assert _run(workdir, *profile, "-n").returncode == 0  # a dry run does not need the lock
+        assert _run(workdir, *profile, "--unlock").returncode == 0
+        log = workdir / "second.log"
+        second = _start(workdir, log, *profile)
+        try:
+            _until(lambda: "Re-attached" in log.read_text(), 120, "the re-attach message")
+        finally:
+            for job in running:
+                subprocess.run(["scontrol", "resume", job], check=False)
+        assert second.wait(timeout=400) == 0, log.read_text()[-4000:]
     finally:
-        for job in running:
-            subprocess.run(["scontrol", "resume", job], check=True)
-    assert second.wait(timeout=400) == 0, log.read_text()[-4000:]
+        _cancel_jobs_of(workdir)
     output = log.read_text()
     assert f"Cancelled {len(queued)} queued Slurm job(s) of an earlier controller ({' '.join(queued)})" in output
     assert f"Re-attached to {len(running)} running Slurm job(s)" in output
@@ -263,19 +279,24 @@ def test_ctrl_c_leaves_running_jobs_running(cluster, tmp_path):
     workdir = _workdir(tmp_path / "interrupted", SETTINGS)
     profile = ["--profile", str(REPO / "profiles/test-slurm")]
     log = workdir / "first.log"
-    first = _start(workdir, log, *profile)
-    running, queued = _freeze_analysis_jobs()
+    first = _start(workdir, log, *profile, *HELD)
     try:
-        first.send_signal(signal.SIGINT)
-        first.wait(timeout=120)
-        output = log.read_text()
-        assert (f"Interrupted: {len(queued)} queued Slurm job(s) cancelled; {len(running)} running job(s) keep "
-                f"running ({' '.join(running)})") in output, output[-3000:]
-        assert all(_sacct_state(job).startswith("CANCELLED") for job in queued)
-        assert set(running) <= set(_analysis_jobs("SUSPENDED"))  # still there, not cancelled
-    finally:
-        for job in running:
-            subprocess.run(["scontrol", "resume", job], check=False)
+        running, queued = _two_running_one_queued()
+        try:
+            first.send_signal(signal.SIGINT)
+            first.wait(timeout=120)
+            output = log.read_text()
+            assert (f"Interrupted: {len(queued)} queued Slurm job(s) cancelled; {len(running)} running job(s) "
+                    f"keep running ({' '.join(running)})") in output, output[-3000:]
+            assert all(_sacct_state(job).startswith("CANCELLED") for job in queued)
+            assert set(running) <= set(_analysis_jobs("SUSPENDED"))  # still there, not cancelled
+        finally:
+            for job in running:
+                subprocess.run(["scontrol", "resume", job], check=False)
+    except BaseException:
+        first.kill()
+        _cancel_jobs_of(workdir)
+        raise
     done = _run(workdir, *profile)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert all(_sacct_state(job) == "COMPLETED" for job in running)
