@@ -19,6 +19,7 @@ import functools
 import importlib
 import os
 import subprocess
+import sys
 import tempfile
 
 __all__ = ["first_words", "keep_running_jobs_on_interrupt", "normalise_plugin_states"]
@@ -84,10 +85,11 @@ def keep_running_jobs_on_interrupt(policy: str = "keep-running") -> bool:
             # A job checks, as it starts, that the controller's job-script folder exists; shutdown()
             # would delete it and fail a job just starting. It stays; a fresh empty one goes instead.
             self._tmpdir = tempfile.mkdtemp(dir=os.path.dirname(self._tmpdir), prefix="tmp.")
-        self.logger.warning(
-            f"Interrupted: {len(queued)} queued Slurm job(s) cancelled; {len(running)} running job(s) keep "
-            f"running ({' '.join(running)}). Run the same command again to re-attach to them (their "
-            f"results are awaited, not recomputed), or stop them with: scancel {' '.join(running)}")
+        # Straight to stderr: Snakemake's logging may already be shutting down after Ctrl-C.
+        print(f"Interrupted: {len(queued)} queued Slurm job(s) cancelled; {len(running)} running job(s) keep "
+              f"running ({' '.join(running)}). Run the same command again to re-attach to them (their "
+              f"results are awaited, not recomputed), or stop them with: scancel {' '.join(running)}",
+              file=sys.stderr, flush=True)
 
     executor.cancel_jobs = cancel_jobs
     return True
