@@ -35,14 +35,6 @@ class _Job:
         self.external_jobid = job_id
 
 
-class _Logger:
-    def __init__(self):
-        self.lines = []
-
-    def warning(self, line):
-        self.lines.append(line)
-
-
 def _interrupt(monkeypatch, tmp_path, policy, states):
     """Apply the Ctrl-C policy to the plugin's executor (restored after the test) and press Ctrl-C
     with jobs 7 (running), 8 (queued) and 9 (gone); returns what was cancelled and the executor."""
@@ -52,7 +44,6 @@ def _interrupt(monkeypatch, tmp_path, policy, states):
     monkeypatch.setattr(slurm_states, "_queue_states", lambda ids: states)
     assert slurm_states.keep_running_jobs_on_interrupt(policy)
     executor = object.__new__(plugin.Executor)
-    executor.logger = _Logger()
     executor._tmpdir = str(tmp_path / "tmp.jobscripts")
     (tmp_path / "tmp.jobscripts").mkdir()
     plugin.Executor.cancel_jobs(executor, [_Job("7"), _Job("8"), _Job("9")])
