@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from tiny_llm.config import ModelConfig, load_config
-from tiny_llm.curvature import EpochHessian, Precision, pad_sequences
-from tiny_llm.model import Llama, count_parameters, token_losses
+from tiny_llm.curvature.hessian import EpochHessian, Precision, pad_sequences
+from tiny_llm.model.llama import Llama, count_parameters, token_losses
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter")

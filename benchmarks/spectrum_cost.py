@@ -15,9 +15,9 @@ import time
 import torch
 
 from tiny_llm.config import load_config
-from tiny_llm.curvature import EpochHessian, Precision
-from tiny_llm.model import Llama
-from tiny_llm.spectrum import lanczos
+from tiny_llm.curvature.hessian import EpochHessian, Precision
+from tiny_llm.model.llama import Llama
+from tiny_llm.curvature.spectrum import lanczos
 
 from hvp_cost import REPO
 

@@ -9,10 +9,10 @@ import torch
 from torch.func import functional_call, hessian
 
 from tiny_llm.config import ModelConfig, RunConfig, config_from_dict
-from tiny_llm.curvature import FlatParameters
-from tiny_llm.corpus import BYTE_TOKENIZER, demo_corpus
-from tiny_llm.data import blocks_for_tokens, capacity_blocks, prepare_cache
-from tiny_llm.model import Llama, token_losses
+from tiny_llm.curvature.hessian import FlatParameters
+from tiny_llm.data.corpus import BYTE_TOKENIZER, demo_corpus
+from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks, prepare_cache
+from tiny_llm.model.llama import Llama, token_losses
 
 TINY_MODEL = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8)
 

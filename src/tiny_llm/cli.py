@@ -9,13 +9,13 @@ import os
 import sys
 from pathlib import Path
 
-from tiny_llm.analysis import AnalysisSettings, analyze_state
+from tiny_llm.workers.state import AnalysisSettings, analyze_state
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
-from tiny_llm.curvature import ENGINES
-from tiny_llm.plots import plot_analysis
-from tiny_llm.spectrum_analysis import SpectrumSettings, analyze_spectrum
-from tiny_llm.corpus import default_capacity, prepare_source_cache
-from tiny_llm.train import train
+from tiny_llm.curvature.hessian import ENGINES
+from tiny_llm.results.figures import plot_analysis
+from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum
+from tiny_llm.data.corpus import default_capacity, prepare_source_cache
+from tiny_llm.training.loop import train
 
 log = logging.getLogger("tiny_llm")
 
@@ -223,7 +223,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _compare(args: argparse.Namespace) -> None:
-    from tiny_llm.geometry_plots import compare_experiments
+    from tiny_llm.geometry.figures import compare_experiments
 
     tables = [path / "comparison.csv" for path in args.inputs]
     missing = [str(path) for path in tables if not path.exists()]

@@ -25,21 +25,31 @@ def canonical_hash(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-NUMERICAL_MODULES = ("analysis", "checkpoint", "config", "curvature", "data", "model", "noise", "train")
-"""The modules whose code decides a result's numbers (plotting, collection and the CLI do not)."""
+NUMERICAL_SOURCES = ("config.py", "model", "data", "training", "curvature", "workers")
+"""The modules and wings whose code decides a result's numbers (figures, collection, the campaign
+planning and the command line do not)."""
+
+
+def numerical_files(root: Path) -> list[Path]:
+    """The source files of :data:`NUMERICAL_SOURCES` under the package directory ``root``, in order."""
+    files = []
+    for name in NUMERICAL_SOURCES:
+        path = root / name
+        files += [path] if path.is_file() else sorted(path.glob("*.py"))
+    return files
 
 
 @functools.cache
 def source_hash() -> str:
-    """SHA-256 over the sources of the numerical modules of tiny_llm (name and bytes, in order).
+    """SHA-256 over the sources of the numerical modules of tiny_llm (path and bytes, in order).
 
     Any edit of the code that computes results changes it, installed or editable, with or
-    without git; edits of plotting, collection or the command line do not.
+    without git; edits of figures, collection, campaign planning or the command line do not.
     """
     root = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for name in NUMERICAL_MODULES:
-        digest.update(name.encode() + b"\0" + (root / f"{name}.py").read_bytes() + b"\0")
+    for path in numerical_files(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

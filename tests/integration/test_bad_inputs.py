@@ -14,9 +14,9 @@ from safetensors.torch import load_file, save_file
 
 from tiny_llm.cli import main
 from tiny_llm.config import config_to_dict
-from tiny_llm.data import TokenCache
+from tiny_llm.data.tokens import TokenCache
 from tiny_llm.io import exclusive, sha256_file
-from tiny_llm.train import train
+from tiny_llm.training.loop import train
 
 from conftest import make_oracle_run
 

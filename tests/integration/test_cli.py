@@ -11,7 +11,7 @@ from torch.func import functional_call, grad, jvp
 
 from tiny_llm.cli import main
 from tiny_llm.config import load_config
-from tiny_llm.model import Llama, token_losses
+from tiny_llm.model.llama import Llama, token_losses
 
 TINY = ["--set", "model.d_model=8", "--set", "model.n_heads=2", "--set", "model.d_ff=16", "--set", "model.n_layers=1",
         "--set", "model.max_seq_len=16", "--set", "data.seq_len=16", "--set", "data.shuffle_group_blocks=4",

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tiny_llm.analysis import settings_from_dict
+from tiny_llm.workers.state import settings_from_dict
 from tiny_llm.config import config_from_dict
-from tiny_llm.timing import estimate_seconds, job_minutes
+from tiny_llm.campaign.plan import estimate_seconds, job_minutes
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
@@ -180,8 +180,8 @@ def test_seed_experiments_run_through_the_naiss_profile(tmp_path):
 def test_seed_experiment_walltime_from_a_timing_entry(tmp_path):
     """Under walltime: estimate a timing entry of the measurement setup prices each checkpoint's job
     (2 x work + 30 min, rounded up to the hour); without one, walltime_minutes applies."""
-    from tiny_llm.geometry_analysis import GeometrySettings, as_analysis_settings, measurement_seconds
-    from tiny_llm.timing import timing_key
+    from tiny_llm.geometry.experiment import GeometrySettings, as_analysis_settings, measurement_seconds
+    from tiny_llm.campaign.timing import timing_key
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
     settings = GeometrySettings(device="cuda", dtype="float32", reference_rows=64, lanczos_steps=200)
     run_config = config_from_dict({**RUN, "training": {**RUN["training"], "seed": 1}})
@@ -205,7 +205,7 @@ def test_a_seed_experiment_without_timings_calibrates_then_measures_with_measure
     """Locally, with walltimes estimated and no timing entry: the dry run plans the calibration
     first, the experiment's calibration runs before its reference set, and every measurement job
     gets the walltime its measured timings give; the experiment completes."""
-    from tiny_llm.geometry_analysis import geometry_settings_from_dict, measurement_seconds
+    from tiny_llm.geometry.experiment import geometry_settings_from_dict, measurement_seconds
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
     settings = {"reference_rows": 4, "cov_num_batches": 2, "cov_batch_size": 2, "top_k": 1,
                 "hutchinson_samples": 2, "lanczos_steps": 4, "hvp_batch_size": 4}

@@ -44,7 +44,7 @@ def test_own_corpus_example_sizes_and_plans(tmp_path):
     import yaml
 
     from tiny_llm.config import load_config
-    from tiny_llm.data import capacity_blocks
+    from tiny_llm.data.tokens import capacity_blocks
     example = load_config(REPO / "config/runs/text-example.yaml")
     needed = capacity_blocks(example)["unseen"] * example.data.seq_len + 1
     assert 327_680 <= needed <= 330_000 and example.training.checkpoint_policy == "interval"
@@ -66,7 +66,7 @@ def test_own_corpus_example_sizes_and_plans(tmp_path):
     assert re.search(r"^prepare_data +1$", plan, re.M) and re.search(r"^train_run +1$", plan, re.M)
     # The stated size suffices: a 338 KB corpus covers training and the unseen epoch.
     from tiny_llm.cli import main
-    from tiny_llm.data import TokenCache, check_capacity
+    from tiny_llm.data.tokens import TokenCache, check_capacity
     assert main(["--quiet", "prepare-data", "--config", str(REPO / "config/runs/text-example.yaml"), "--source",
                  "text", str(tmp_path / "data/my-corpus.txt"), "--out", str(tmp_path / "cache/own")]) == 0
     check_capacity(TokenCache(tmp_path / "cache/own"), example, "unseen")

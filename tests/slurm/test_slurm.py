@@ -109,7 +109,7 @@ def _queued(name_prefix: str = "tinyllm_") -> list[str]:
 
 def test_cancelled_job_is_retried_and_the_campaign_completes(cluster, tmp_path):
     """scancel one running analysis job: sacct says "CANCELLED by <uid>", which the workflow hands
-    to the plugin as CANCELLED (tiny_llm.slurm_states), so the controller sees a failed job within
+    to the plugin as CANCELLED (tiny_llm.campaign.slurm_states), so the controller sees a failed job within
     its polling interval, retries it, and completes on its own, every other result kept."""
     workdir = _workdir(tmp_path / "cancel", SETTINGS)
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
@@ -316,7 +316,7 @@ def test_a_campaign_runs_the_code_it_started_with(cluster, tmp_path):
     log = workdir / "campaign.log"
     campaign = _start(workdir, log, *profile, env=env)
     _until(lambda: "has been submitted with SLURM jobid" in log.read_text(), 120, "the first Slurm job")
-    noise = source / "tiny_llm/noise.py"
+    noise = source / "tiny_llm/curvature/noise.py"
     noise.write_text(noise.read_text() + "\n# edited while the campaign runs\n")
     assert campaign.wait(timeout=600) == 0, log.read_text()[-4000:]
     results = [json.loads(p.read_text()) for p in (workdir / "results/tiny/states").glob("*/*.json")

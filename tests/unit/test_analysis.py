@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tiny_llm.analysis import AnalysisSettings, analyze_state
+from tiny_llm.workers.state import AnalysisSettings, analyze_state
 from tiny_llm.cli import main
-from tiny_llm.curvature import FlatParameters
-from tiny_llm.data import TokenCache, epoch_plan
-from tiny_llm.model import Llama
-from tiny_llm.train import train
+from tiny_llm.curvature.hessian import FlatParameters
+from tiny_llm.data.tokens import TokenCache, epoch_plan
+from tiny_llm.model.llama import Llama
+from tiny_llm.training.loop import train
 
 from conftest import dense_epoch_hessian, make_oracle_run
 
@@ -75,7 +75,7 @@ def test_result_contract_and_seen_batches(ordinary):
         assert record["positions"] == [list(cache.position(b)) for b in blocks]
     # One statistic against the dense Hessian of the trained state.
     H, flat = _dense_hessian(config, load_file(path / "run" / "epoch-002.safetensors"), epoch_plan(config, 1))
-    from tiny_llm.noise import rademacher
+    from tiny_llm.curvature.noise import rademacher
     s = [rademacher(flat.D, 42, i) for i in range(3)]
     assert result["statistics"]["random_curvature"] == pytest.approx(float(sum(x @ H @ x for x in s)) / (3 * flat.D), rel=1e-9)
 
@@ -84,7 +84,7 @@ def test_rerun_reuses_and_changed_settings_are_refused(ordinary, monkeypatch):
     config, path, _ = ordinary
     out = path / "results" / "reuse.json"
     first = analyze_state(path / "run", ["epoch-001.safetensors"], "unseen", FAST, out)
-    monkeypatch.setattr("tiny_llm.analysis._measure", lambda *a, **k: pytest.fail("recomputed"))
+    monkeypatch.setattr("tiny_llm.workers.state._measure", lambda *a, **k: pytest.fail("recomputed"))
     assert analyze_state(path / "run", ["epoch-001.safetensors"], "unseen", FAST, out) == first
     before = out.read_bytes()
     with pytest.raises(ValueError, match="holds a result with other settings, source or state; use a new output"):
@@ -221,8 +221,8 @@ def test_cli_options(ordinary, tmp_path, capsys):
 def test_sampled_gradient_replays_training_accumulation(ordinary):
     """Step 1 of training (float32, reference attention, micro-batches 2 + 1) logged the loss and the
     pre-clipping norm of exactly the gradient analysis computes for seen batch 0 at epoch-000."""
-    from tiny_llm.curvature import Precision
-    from tiny_llm.noise import batch_gradient
+    from tiny_llm.curvature.hessian import Precision
+    from tiny_llm.curvature.noise import batch_gradient
     config, path, _ = ordinary
     assert config.training.batch_size % config.training.micro_batch_size  # a remainder micro-batch
     model = Llama(config.model, attention_backend="reference")
@@ -272,7 +272,7 @@ def test_the_audit_is_on_by_default_unless_float64():
 
 
 def test_output_binding_names_what_changed_and_the_way_out(tmp_path):
-    from tiny_llm.analysis import check_output_binding, output_binding
+    from tiny_llm.workers.state import check_output_binding, output_binding
     binding = output_binding(AnalysisSettings(), "runs/demo")
     check_output_binding(tmp_path, binding, write=True)
     check_output_binding(tmp_path, binding)  # the same binding: accepted

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tiny_llm.campaign import append_event, job_records
+from tiny_llm.results.record import append_event, job_records
 
 
 def test_events_are_appended_in_order(tmp_path):

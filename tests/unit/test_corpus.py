@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from tiny_llm.config import DataConfig
-from tiny_llm.corpus import demo_corpus, prepare_source_cache, read_text_files, read_token_files
-from tiny_llm.data import TokenCache
+from tiny_llm.data.corpus import demo_corpus, prepare_source_cache, read_text_files, read_token_files
+from tiny_llm.data.tokens import TokenCache
 
 
 def test_demo_corpus_is_deterministic_and_structured():

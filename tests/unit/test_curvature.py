@@ -7,8 +7,8 @@ import torch
 from torch.func import functional_call, hessian
 
 from tiny_llm.config import load_config
-from tiny_llm.curvature import EpochHessian, FlatParameters, Precision, pad_sequences
-from tiny_llm.model import IGNORE_INDEX, Llama, token_losses
+from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, pad_sequences
+from tiny_llm.model.llama import IGNORE_INDEX, Llama, token_losses
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tiny_llm.config import config_from_dict, config_to_dict
-from tiny_llm.corpus import BYTE_TOKENIZER
+from tiny_llm.data.corpus import BYTE_TOKENIZER
 from tiny_llm.io import sha256_file
-from tiny_llm.data import (TokenCache, blocks_for_tokens, capacity_blocks, check_capacity, epoch_plan,
+from tiny_llm.data.tokens import (TokenCache, blocks_for_tokens, capacity_blocks, check_capacity, epoch_plan,
                            group_permutation, prepare_cache, stream_batches, unseen_plan)
 
 from conftest import make_oracle_run, make_run_config
@@ -163,7 +163,7 @@ def _oracle_cache(tmp_path):
 
 
 def test_changed_shard_bytes_are_refused_and_verification_is_recorded(tmp_path, monkeypatch):
-    import tiny_llm.data as data
+    import tiny_llm.data.tokens as data
     config, cache = _oracle_cache(tmp_path)
     hashed = []
     monkeypatch.setattr(data, "sha256_file", lambda path: (hashed.append(path), sha256_file(path))[1])

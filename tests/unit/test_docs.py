@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tiny_llm.analysis import AnalysisSettings
+from tiny_llm.workers.state import AnalysisSettings
 from tiny_llm.cli import _parser as build_parser
-from tiny_llm.plots import FIGURES, SPECTRUM_FIGURES
-from tiny_llm.spectrum_analysis import SpectrumSettings
+from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
+from tiny_llm.workers.spectrum import SpectrumSettings
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
@@ -142,7 +142,7 @@ def test_docs_stand_on_their_own():
 
 
 def test_the_readme_states_the_geometry_settings_defaults():
-    from tiny_llm.geometry_analysis import GeometrySettings
+    from tiny_llm.geometry.experiment import GeometrySettings
     paragraph = README.split("**Settings** (`seed_experiments.<name>.settings`", 1)[1].split("(a\nprofile's", 1)[0]
     documented = {key: _value(value) for key, value in re.findall(r"`(\w+)` ([\w.]+)", paragraph)}
     defaults = {f.name: f.default for f in dataclasses.fields(GeometrySettings)}

@@ -7,11 +7,11 @@ import torch
 from torch.func import functional_call, hessian, jacrev
 
 from tiny_llm.config import ModelConfig
-from tiny_llm.curvature import FlatParameters, Precision
-from tiny_llm.geometry import (batch_gradients, concentration, cosine_matrix, cross_batch_cosine, fisher_trace,
+from tiny_llm.curvature.hessian import FlatParameters, Precision
+from tiny_llm.geometry.metrics import (batch_gradients, concentration, cosine_matrix, cross_batch_cosine, fisher_trace,
                                function_gradients, hessian_trace, jacobian_frobenius, random_overlap,
                                reference_gradient, subspace_overlap, top_subspace)
-from tiny_llm.model import Llama, token_losses
+from tiny_llm.model.llama import Llama, token_losses
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 SHAPE = ModelConfig(vocab_size=8, d_model=4, n_heads=2, d_ff=6, n_layers=1, max_seq_len=8)
@@ -80,7 +80,7 @@ def test_hessian_trace_converges_to_the_dense_hessian():
     estimate, se = hessian_trace(model, rows, 300, seed=5, batch_size=2, precision=CPU64)
     assert abs(estimate - float(H.trace())) < 4 * se
     one, _ = hessian_trace(model, rows, 1, seed=5, batch_size=3, precision=CPU64)  # each probe exactly vᵀHv
-    from tiny_llm.noise import rademacher
+    from tiny_llm.curvature.noise import rademacher
     v = rademacher(len(theta), 5, 0)
     assert one == pytest.approx(float(v @ H @ v), rel=1e-10)
 
@@ -169,7 +169,7 @@ def test_the_llc_without_devinterp_says_how_to_install(monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "devinterp", None)  # as if not installed
     monkeypatch.setitem(sys.modules, "devinterp.slt.llc", None)
-    from tiny_llm.geometry import local_learning_coefficient
+    from tiny_llm.geometry.metrics import local_learning_coefficient
     with pytest.raises(ValueError, match=r"needs devinterp 2.0.1: pip install 'tiny-llm-curvature\[llc\]'"):
         local_learning_coefficient(_model(0), _rows(0), chains=2, draws=5, lr=1e-4, n_beta=None, localization=100.0,
                                    batch_size=2, seed=0)
@@ -178,7 +178,7 @@ def test_the_llc_without_devinterp_says_how_to_install(monkeypatch):
 @pytest.mark.llc
 def test_the_llc_by_devinterp_on_a_tiny_model():
     pytest.importorskip("devinterp")
-    from tiny_llm.geometry import local_learning_coefficient
+    from tiny_llm.geometry.metrics import local_learning_coefficient
     model, rows = _model(8), _rows(8, n=8)
     before = [p.detach().clone() for p in model.parameters()]
     args = dict(chains=2, draws=30, lr=1e-4, n_beta=None, localization=100.0, batch_size=4)

@@ -8,12 +8,12 @@ import torch
 from torch.func import functional_call, hessian
 
 from tests.conftest import make_oracle_run
-from tiny_llm.curvature import FlatParameters
-from tiny_llm.data import TokenCache, epoch_plan
-from tiny_llm.geometry_analysis import (GeometrySettings, compare, geometry_settings_from_dict, make_reference,
+from tiny_llm.curvature.hessian import FlatParameters
+from tiny_llm.data.tokens import TokenCache, epoch_plan
+from tiny_llm.geometry.experiment import (GeometrySettings, compare, geometry_settings_from_dict, make_reference,
                                         measure_checkpoint, write_comparison)
-from tiny_llm.model import Llama, token_losses
-from tiny_llm.train import train
+from tiny_llm.model.llama import Llama, token_losses
+from tiny_llm.training.loop import train
 
 SETTINGS = GeometrySettings(reference_rows=3, cov_num_batches=3, cov_batch_size=2, top_k=2, hutchinson_samples=4,
                             lanczos_steps=60, hvp_batch_size=2)
@@ -50,7 +50,7 @@ def test_a_record_against_dense_computations(experiment):
     path, configs, reference, records = experiment
     config, record = configs["s2"], records["s2"][2]
     model = Llama(config.model, attention_backend="reference").double()
-    from tiny_llm.checkpoint import load_weights
+    from tiny_llm.model.checkpoint import load_weights
     model.load_state_dict(load_weights(path / "s2" / CHECKPOINTS[2])[0])
     rows = TokenCache(reference["cache"]).tokens(reference["rows"])
     flat = FlatParameters(model)

@@ -6,9 +6,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from tiny_llm import plots
-from tiny_llm.collect import SUMMARY_COLUMNS
-from tiny_llm.plots import FIGURES, Notes, _curves, _states, plot_analysis
+from tiny_llm.results import figures as plots
+from tiny_llm.results.collect import SUMMARY_COLUMNS
+from tiny_llm.results.figures import FIGURES, Notes, _curves, _states, plot_analysis
 
 
 def _write(tmp_path, consensus=False):

@@ -40,7 +40,7 @@ def test_jobs_import_the_copy_made_at_the_start_whatever_happens_to_the_checkout
     shutil.copytree(PACKAGE, checkout / "tiny_llm", ignore=shutil.ignore_patterns("__pycache__"))
     frozen, imported, digest = _freeze_from(checkout, tmp_path / "frozen")
     assert Path(imported).parent == frozen / "tiny_llm" and digest == source_hash()
-    noise = checkout / "tiny_llm/noise.py"
+    noise = checkout / "tiny_llm/curvature/noise.py"
     noise.write_text(noise.read_text() + "\n# edited\n")
     # the frozen copy still imports the old code; a new run freezes the new code elsewhere
     env = {**os.environ, "PYTHONPATH": f"{frozen}{os.pathsep}{checkout}"}

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from tiny_llm.slurm_jobs import EarlierJob, cancel, earlier_jobs, job_state, parse_target_jobs, wait_for_job
+from tiny_llm.campaign.slurm_jobs import EarlierJob, cancel, earlier_jobs, job_state, parse_target_jobs, wait_for_job
 
 SCRIPT = """#!/bin/sh
 # This script was created by sbatch --wrap.

@@ -4,7 +4,7 @@ import asyncio
 
 import snakemake_executor_plugin_slurm as plugin
 
-from tiny_llm.slurm_states import first_words, normalise_plugin_states
+from tiny_llm.campaign.slurm_states import first_words, normalise_plugin_states
 
 
 def test_states_are_reduced_to_their_first_word():
@@ -38,7 +38,7 @@ class _Job:
 def _interrupt(monkeypatch, tmp_path, policy, states):
     """Apply the Ctrl-C policy to the plugin's executor (restored after the test) and press Ctrl-C
     with jobs 7 (running), 8 (queued) and 9 (gone); returns what was cancelled and the executor."""
-    import tiny_llm.slurm_states as slurm_states
+    import tiny_llm.campaign.slurm_states as slurm_states
     cancelled = []
     monkeypatch.setattr(plugin.Executor, "cancel_jobs", lambda self, jobs: cancelled.extend(j.external_jobid for j in jobs))
     monkeypatch.setattr(slurm_states, "_queue_states", lambda ids: states)

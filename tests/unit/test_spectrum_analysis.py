@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tiny_llm.analysis import AnalysisSettings
-from tiny_llm.data import epoch_plan
-from tiny_llm.spectrum_analysis import SpectrumSettings, analyze_spectrum, spectrum_settings_from_dict
-from tiny_llm.train import train
+from tiny_llm.workers.state import AnalysisSettings
+from tiny_llm.data.tokens import epoch_plan
+from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum, spectrum_settings_from_dict
+from tiny_llm.training.loop import train
 
 from conftest import make_oracle_run
 from unit.test_analysis import _dense_hessian
@@ -48,7 +48,7 @@ def test_reuse_and_refusal(run, monkeypatch):
     out = path / "reuse.json"
     small = SpectrumSettings(top_k=1, lanczos_steps=4, slq_vectors=1, slq_steps=3, block_samples=1, cg_max_iterations=3)
     first = analyze_spectrum(path / "run", ["epoch-001.safetensors"], "unseen", SETTINGS, small, out)
-    monkeypatch.setattr("tiny_llm.spectrum_analysis.measure_spectrum", lambda *a, **k: pytest.fail("recomputed"))
+    monkeypatch.setattr("tiny_llm.workers.spectrum.measure_spectrum", lambda *a, **k: pytest.fail("recomputed"))
     assert analyze_spectrum(path / "run", ["epoch-001.safetensors"], "unseen", SETTINGS, small, out) == first
     with pytest.raises(ValueError, match="use a new output directory"):
         analyze_spectrum(path / "run", ["epoch-001.safetensors"], "unseen", SETTINGS,
@@ -88,7 +88,7 @@ def test_cli_entry_point(run, capsys):
 def test_lanczos_storage_and_reduction_dtypes_are_the_configured_ones(run, monkeypatch):
     """bf16 storage with float32 reductions: every Lanczos run of the worker (top pairs and SLQ)
     gets both dtypes as configured, and the result records them."""
-    import tiny_llm.spectrum as spectrum
+    import tiny_llm.curvature.spectrum as spectrum
     config, path = run
     seen, real = [], spectrum.lanczos
 

@@ -1,6 +1,6 @@
 # Re-attaching to the Slurm jobs of an earlier controller (a lost login session, SIGKILL, Ctrl-C).
 # A result that such a job, still running, is computing is the output of a local job that waits
-# for it (tiny_llm.slurm_jobs), not of a new Slurm job. These rules apply only to such outputs
+# for it (tiny_llm.campaign.slurm_jobs), not of a new Slurm job. These rules apply only to such outputs
 # (elsewhere their input is a file that no rule makes, so the ordinary rules apply). Their inputs
 # and params equal those of the rules they stand in for, so the finished result is recorded as if
 # made by them and a later run reuses it. Their outputs are marked update(): Snakemake would

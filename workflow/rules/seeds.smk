@@ -64,10 +64,7 @@ rule compare_seeds:
 
 rule compare_experiments:
     input:
-        comparisons=lambda wildcards: expand(
-            "results/{experiment}/comparison.csv",
-            experiment=SEED_COMPARISONS[wildcards.comparison]["experiments"],
-        ),
+        comparisons=get_compared_experiments,
     output:
         figures=multiext("results/comparisons/{comparison}/comparison", ".pdf", ".png"),
     log:
@@ -76,7 +73,7 @@ rule compare_experiments:
     conda:
         "../../envs/tiny-llm.yaml"
     params:
-        entry=lambda wildcards: SEED_COMPARISONS[wildcards.comparison],
+        entry=get_comparison_entry,
     script:
         "../scripts/compare_experiments.py"
 
@@ -84,5 +81,5 @@ rule compare_experiments:
 # `snakemake -c1 seeds`: every seed experiment and comparison, nothing else.
 rule seeds:
     input:
-        experiment_targets(),
+        PLAN.experiment_targets(),
     localrule: True

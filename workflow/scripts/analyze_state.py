@@ -11,7 +11,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(snakemake.threads)  # the rule's threads, not every core of a shared node
 
-from tiny_llm.analysis import analyze_state, settings_from_dict  # noqa: E402
+from tiny_llm.workers.state import analyze_state, settings_from_dict  # noqa: E402
 from tiny_llm.runtime import announce_job, node_local_compile_cache  # noqa: E402
 
 announce_job(snakemake.resources, snakemake.threads)  # attempt and requested resources, in the result

@@ -6,7 +6,7 @@ import time
 log = open(snakemake.log[0], "w")
 sys.stderr = log
 
-from tiny_llm.slurm_jobs import wait_for_job  # noqa: E402
+from tiny_llm.campaign.slurm_jobs import wait_for_job  # noqa: E402
 
 
 def say(message):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 sys.stderr = open(snakemake.log[0], "w")
 
-from tiny_llm.geometry_analysis import compare, write_comparison  # noqa: E402
-from tiny_llm.geometry_plots import dashboard  # noqa: E402
+from tiny_llm.geometry.experiment import compare, write_comparison  # noqa: E402
+from tiny_llm.geometry.figures import dashboard  # noqa: E402
 
 records = defaultdict(list)
 for path in snakemake.input.records:

@@ -5,7 +5,7 @@ import sys
 sys.stderr = open(snakemake.log[0], "w")
 
 from tiny_llm.config import config_from_dict  # noqa: E402
-from tiny_llm.geometry_analysis import geometry_settings_from_dict, make_reference  # noqa: E402
+from tiny_llm.geometry.experiment import geometry_settings_from_dict, make_reference  # noqa: E402
 from tiny_llm.io import atomic_write_json  # noqa: E402
 
 reference = make_reference(config_from_dict(snakemake.params.run_config),

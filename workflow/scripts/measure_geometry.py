@@ -12,7 +12,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(snakemake.threads)
 
-from tiny_llm.geometry_analysis import geometry_settings_from_dict, measure_checkpoint  # noqa: E402
+from tiny_llm.geometry.experiment import geometry_settings_from_dict, measure_checkpoint  # noqa: E402
 
 checkpoint = snakemake.wildcards.checkpoint
 measure_checkpoint(Path(snakemake.input.trained).parent, f"{checkpoint}.safetensors", int(checkpoint.split("-")[1]),

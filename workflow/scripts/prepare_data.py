@@ -8,8 +8,8 @@ sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
 
 from tiny_llm.config import DataConfig  # noqa: E402
-from tiny_llm.corpus import prepare_source_cache  # noqa: E402
-from tiny_llm.data import TokenCache  # noqa: E402
+from tiny_llm.data.corpus import prepare_source_cache  # noqa: E402
+from tiny_llm.data.tokens import TokenCache  # noqa: E402
 from tiny_llm.io import atomic_write_json  # noqa: E402
 
 spec = snakemake.params.spec

@@ -13,7 +13,7 @@ torch.set_num_threads(snakemake.threads)  # the rule's threads, not every core o
 
 from tiny_llm.config import config_from_dict  # noqa: E402
 from tiny_llm.io import atomic_write_json  # noqa: E402
-from tiny_llm.train import run_summary, train  # noqa: E402
+from tiny_llm.training.loop import run_summary, train  # noqa: E402
 
 run_dir = Path(snakemake.output.receipt).parent
 train(config_from_dict(snakemake.params.run_config), run_dir, device=snakemake.params.device)

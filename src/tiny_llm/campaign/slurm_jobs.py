@@ -2,7 +2,7 @@
 
 Submitted Slurm jobs outlive the Snakemake process that submitted them: a lost login session or a
 killed controller leaves them queued or running, and so does Ctrl-C (see
-:func:`tiny_llm.slurm_states.keep_running_jobs_on_interrupt`). When the same command starts
+:func:`tiny_llm.campaign.slurm_states.keep_running_jobs_on_interrupt`). When the same command starts
 again, the workflow re-attaches to them instead of paying for their work twice:
 
 - :func:`earlier_jobs` lists this user's active jobs whose working directory is this project and

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tiny_llm.config import ModelConfig
-from tiny_llm.jets import Jet, JetPass, add_terms, per_direction, per_direction_dot, shared_matmul
+from tiny_llm.model.jets import Jet, JetPass, add_terms, per_direction, per_direction_dot, shared_matmul
 
 __all__ = ["IGNORE_INDEX", "Llama", "check_jet_rules", "count_parameters", "token_losses"]
 

@@ -1,11 +1,11 @@
-"""Walltime for cluster jobs: measured per-micro-batch timings, scaled to the actual work.
+"""Timing entries: per-micro-batch seconds measured on the node that will run an analysis.
 
 A timing profile entry is keyed by everything that changes the cost of one micro-batch
 (architecture, context length, batch and micro-batch, HVP batch, directions per pass, precision,
 engine and device kind) and holds measured seconds: one gradient micro-batch (forward +
 backward), one pass of K directions over one curvature micro-batch, and a fixed start-up (model
-load, compilation). A job's walltime is 2 × estimated work + 30 minutes, rounded up to the hour,
-and at most 72 hours. Entries come only from ``calibrate`` runs on the target node.
+load, compilation). :mod:`tiny_llm.campaign.plan` scales them to a job's work and turns that into
+a walltime. Entries come only from ``calibrate`` runs on the target node.
 """
 
 from __future__ import annotations
@@ -19,19 +19,14 @@ from typing import Any
 import torch
 import yaml
 
-from tiny_llm.analysis import AnalysisSettings, _resolve, quadratic_form_engine
+from tiny_llm.workers.state import AnalysisSettings, _resolve, quadratic_form_engine
 from tiny_llm.config import RunConfig
-from tiny_llm.curvature import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.io import atomic_write_json
-from tiny_llm.model import Llama
-from tiny_llm.noise import batch_gradient
-from tiny_llm.plan import case_work
+from tiny_llm.model.llama import Llama
+from tiny_llm.curvature.noise import batch_gradient
 
-__all__ = ["MAX_HOURS", "calibrate", "estimate_seconds", "job_minutes", "load_profiles", "lookup", "lookup_entry",
-           "timing_key", "write_profile"]
-
-MAX_HOURS = 72
-"""The partition's walltime limit."""
+__all__ = ["calibrate", "load_profiles", "lookup", "lookup_entry", "timing_key", "write_profile"]
 
 
 def timing_key(config: RunConfig, settings: AnalysisSettings, device_kind: str) -> dict[str, Any]:
@@ -74,25 +69,6 @@ def lookup(entries: list[dict[str, Any]], key: dict[str, Any], gpu_kind: str | N
     """The seconds of :func:`lookup_entry`'s entry, or None."""
     entry = lookup_entry(entries, key, gpu_kind)
     return entry["seconds"] if entry else None
-
-
-def estimate_seconds(config: RunConfig, settings: AnalysisSettings, seconds: dict[str, float],
-                     workers: int = 0) -> float:
-    """Estimated work of one (state, case) job, from the actual full-epoch counts and samples."""
-    return case_work(config, settings, workers).seconds(seconds)
-
-
-def job_minutes(work_seconds: float) -> int:
-    """Walltime in minutes: 2 × work + 30 min, rounded up to the hour.
-
-    Raises:
-        ValueError: above the 72-hour partition limit.
-    """
-    hours = math.ceil((2 * work_seconds + 1800) / 3600)
-    if hours > MAX_HOURS:
-        raise ValueError(f"estimated walltime {hours} h exceeds the partition limit of {MAX_HOURS} h; "
-                         "analyse fewer samples per job or split the checkpoints over several analyses")
-    return hours * 60
 
 
 def _timed(fn, device: torch.device, repeats: int) -> float:

@@ -9,7 +9,7 @@ then reported failed and retried like any failed job.
 On Ctrl-C the plugin cancels every job it submitted. A campaign user rarely wants hours of GPU
 work thrown away by one keystroke, so :func:`keep_running_jobs_on_interrupt` makes Ctrl-C cancel
 only the jobs still queued (they have done nothing yet) and leave running ones running; the next
-controller re-attaches to them (:mod:`tiny_llm.slurm_jobs`). The workflow applies both wrappers in
+controller re-attaches to them (:mod:`tiny_llm.campaign.slurm_jobs`). The workflow applies both wrappers in
 the Snakemake process that submits jobs; they change nothing else.
 """
 

@@ -2,7 +2,7 @@
 
 Along a direction v of the parameters, every activation is a function of one scalar t,
 z(θ + t v) = z0 + t·z1 + ½t²·z2 + O(t³), and the loss's z2 is the quadratic form vᵀHv. The
-rule of each layer kind (in ``tiny_llm.model``, beside the layer) maps input jets to output
+rule of each layer kind (in ``tiny_llm.model.llama``, beside the layer) maps input jets to output
 jets. Generic bilinear products and the softmax are here.
 
 Modes of a pass (``JetPass``):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from tiny_llm.config import DataConfig, RunConfig
-from tiny_llm.data import blocks_for_tokens, capacity_blocks, prepare_cache
+from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks, prepare_cache
 from tiny_llm.io import sha256_file
 
 __all__ = ["BYTE_TOKENIZER", "DEMO_GENERATOR_VERSION", "default_capacity", "demo_corpus", "prepare_source_cache", "read_text_files",

@@ -1,9 +1,10 @@
-"""What an analysis will cost before it runs: states × cases × passes × micro-batches, and time.
+"""What an analysis will cost before it runs: states × cases × passes × micro-batches, time and walltime.
 
 The counts come from the run configuration and the analysis settings alone, so they are known
 before training has written a checkpoint. The time is the same estimate the cluster walltime
 uses (measured per-micro-batch seconds of a timing entry, scaled to these counts); without a
-timing entry for the setup only the counts are given.
+timing entry for the setup only the counts are given. A job's walltime is 2 × estimated work + 30
+minutes, rounded up to the hour, and at most 72 hours.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.analysis import AnalysisSettings
+from tiny_llm.workers.state import AnalysisSettings
 from tiny_llm.config import RunConfig
 
-__all__ = ["CaseWork", "case_work", "cost_line", "expected_states", "format_seconds"]
+__all__ = ["MAX_HOURS", "CaseWork", "case_work", "cost_line", "estimate_seconds", "expected_states", "format_seconds",
+           "job_minutes"]
+
+MAX_HOURS = 72
+"""The partition's walltime limit."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,25 @@ def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -
     return CaseWork(noise_samples=S_v, gradient_microbatches=(n_batches + S_v) * math.ceil(B / mb),
                     directions=directions, passes=math.ceil(directions / settings.directions_per_pass),
                     hvp_microbatches=math.ceil(n_batches * B / (settings.hvp_batch_size or mb)))
+
+
+def estimate_seconds(config: RunConfig, settings: AnalysisSettings, seconds: dict[str, float],
+                     workers: int = 0) -> float:
+    """Estimated work of one (state, case) job, from the actual full-epoch counts and samples."""
+    return case_work(config, settings, workers).seconds(seconds)
+
+
+def job_minutes(work_seconds: float) -> int:
+    """Walltime in minutes: 2 × work + 30 min, rounded up to the hour.
+
+    Raises:
+        ValueError: above the 72-hour partition limit.
+    """
+    hours = math.ceil((2 * work_seconds + 1800) / 3600)
+    if hours > MAX_HOURS:
+        raise ValueError(f"estimated walltime {hours} h exceeds the partition limit of {MAX_HOURS} h; "
+                         "analyse fewer samples per job or split the checkpoints over several analyses")
+    return hours * 60
 
 
 _ROOT = re.compile(r"epoch-\d{3}\.safetensors|final\.pt")
@@ -98,8 +122,6 @@ def cost_line(name: str, states: tuple[int, str], cases: list[str], work: CaseWo
     (the workflow's cluster settings) under a walltime rule, the line adds what Slurm will be
     asked for: one job per state holding both cases, its walltime, and the GPU-hours requested.
     """
-    from tiny_llm.timing import job_minutes
-
     count, source = states
     jobs = count * len(cases)
     line = (f"analysis {name}: ≤ {count} states ({source}) × {len(cases)} cases = {jobs} (state, case) jobs; each: "

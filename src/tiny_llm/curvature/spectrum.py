@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tiny_llm.curvature import FlatParameters
+from tiny_llm.curvature.hessian import FlatParameters
 
 __all__ = ["LanczosResult", "block_diagonal_error", "conjugate_gradient", "lanczos", "layer_blocks",
            "slq", "slq_density", "tensor_blocks", "top_eigenpairs"]

@@ -50,10 +50,10 @@ from typing import Any
 
 import torch
 
-from tiny_llm.curvature import EpochHessian, FlatParameters, Precision
-from tiny_llm.data import BatchPlan, TokenCache, derive_seed, group_permutation
-from tiny_llm.model import Llama
-from tiny_llm.train import accumulate_batch_gradient
+from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.data.tokens import BatchPlan, TokenCache, derive_seed, group_permutation
+from tiny_llm.model.llama import Llama
+from tiny_llm.training.loop import accumulate_batch_gradient
 
 __all__ = ["CaseInputs", "STANDARD_ERRORS", "batch_gradient", "batch_gradient_and_loss", "mean_gradient",
            "mean_gradient_and_loss", "measure_case", "noise_batch_indices", "precision_audit", "rademacher",

@@ -7,7 +7,7 @@ directions at once. Two kinds of engine:
 
 Quadratic forms vᵀHv only (``quadratic_forms``), without Hessian-vector products. vᵀHv is the
 second derivative d²/dt² L(θ + t v) at t = 0, so it needs neither the vector Hv nor a second
-backward pass; the second-order rule of every layer lives beside it in ``tiny_llm.model``.
+backward pass; the second-order rule of every layer lives beside it in ``tiny_llm.model.llama``.
 
 * ``taylor``: one forward pass under ``no_grad`` carrying each activation's jet (z0, z1, z2) =
   (z, dz/dt, d²z/dt²), the primal shared by the K directions, to the loss's second derivative.
@@ -41,8 +41,8 @@ from typing import Literal
 import torch
 from torch.func import functional_call, grad, jvp, vmap
 
-from tiny_llm.jets import JetPass
-from tiny_llm.model import IGNORE_INDEX, Llama, check_jet_rules, token_losses
+from tiny_llm.model.jets import JetPass
+from tiny_llm.model.llama import IGNORE_INDEX, Llama, check_jet_rules, token_losses
 
 __all__ = ["ENGINES", "EpochHessian", "FORM_ENGINES", "HVP_ENGINES", "FlatParameters", "Precision", "pad_sequences"]
 

@@ -1,0 +1,61 @@
+"""Planning and running a campaign: what the workflow computes from its configuration (workflow:
+targets, seed-experiment runs, walltimes, calibration order, re-attach decisions), the cost of
+an analysis before it runs and its walltime (plan), measured timing entries (timing), and Slurm
+job states and earlier controllers' jobs (slurm_states, slurm_jobs).
+"""
+
+from tiny_llm.campaign.plan import (
+    CaseWork,
+    MAX_HOURS,
+    case_work,
+    cost_line,
+    estimate_seconds,
+    expected_states,
+    format_seconds,
+    job_minutes,
+)
+from tiny_llm.campaign.slurm_jobs import EarlierJob, cancel, earlier_jobs, job_state, parse_target_jobs, wait_for_job
+from tiny_llm.campaign.slurm_states import first_words, keep_running_jobs_on_interrupt, normalise_plugin_states
+from tiny_llm.campaign.timing import calibrate, load_profiles, lookup, lookup_entry, timing_key, write_profile
+from tiny_llm.campaign.workflow import (
+    AWAITABLE,
+    STANDS_IN,
+    WorkflowPlan,
+    awaited_outputs,
+    expand_seed_experiments,
+    sort_earlier_jobs,
+    typed_profile_values,
+)
+
+__all__ = [
+    "AWAITABLE",
+    "CaseWork",
+    "EarlierJob",
+    "MAX_HOURS",
+    "STANDS_IN",
+    "WorkflowPlan",
+    "awaited_outputs",
+    "calibrate",
+    "cancel",
+    "case_work",
+    "cost_line",
+    "earlier_jobs",
+    "estimate_seconds",
+    "expand_seed_experiments",
+    "expected_states",
+    "first_words",
+    "format_seconds",
+    "job_minutes",
+    "job_state",
+    "keep_running_jobs_on_interrupt",
+    "load_profiles",
+    "lookup",
+    "lookup_entry",
+    "normalise_plugin_states",
+    "parse_target_jobs",
+    "sort_earlier_jobs",
+    "timing_key",
+    "typed_profile_values",
+    "wait_for_job",
+    "write_profile",
+]

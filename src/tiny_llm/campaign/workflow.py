@@ -1,0 +1,470 @@
+"""What the workflow computes from its configuration, as plain data: the decisions behind every rule.
+
+:class:`WorkflowPlan` is built once from the workflow's config dict (after schema validation) and
+answers the questions the Snakemake rules ask: which runs are trained (``train_runs`` plus the runs
+each seed experiment expands to), which cache each run reads, each analysis's settings, the
+targets of ``rule all``, the walltime of each job and whether it waits for a calibration, the cost
+line printed before a run, and the campaign record's start events. ``workflow/rules/common.smk``
+keeps only schema validation and thin input functions that call it.
+
+Re-attaching to an earlier controller's Slurm jobs is decided by :func:`awaited_outputs` and
+:func:`sort_earlier_jobs` from the jobs :func:`tiny_llm.campaign.slurm_jobs.earlier_jobs` lists.
+
+Example:
+    >>> plan = WorkflowPlan({})
+    >>> plan.all_targets()
+    []
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tiny_llm.campaign import plan as cost
+from tiny_llm.campaign import timing
+from tiny_llm.campaign.slurm_jobs import EarlierJob
+from tiny_llm.config import (RunConfig, apply_overrides, config_from_dict, config_to_dict, load_config, load_config_dict,
+                             parse_yaml)
+from tiny_llm.data.corpus import default_capacity
+from tiny_llm.geometry.experiment import as_analysis_settings, geometry_settings_from_dict, measurement_seconds
+from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
+from tiny_llm.workers.index import check_selection
+from tiny_llm.workers.state import AnalysisSettings, check_output_binding, output_binding, settings_from_dict
+
+__all__ = ["AWAITABLE", "STANDS_IN", "WorkflowPlan", "awaited_outputs", "expand_seed_experiments", "sort_earlier_jobs",
+           "typed_profile_values"]
+
+CASES = ["seen", "unseen"]
+"""The data cases of an analysis unless its ``cases`` says otherwise."""
+
+AWAITABLE = {
+    "analyze_state": "results/{analysis}/states/{key}/{case}.json",
+    "finish_state": "results/{analysis}/states/{key}/done.json",
+    "analyze_spectrum": "results/{analysis}/spectra/{key}/{case}.json",
+}
+"""Outputs of the rules that a local job can stand in for while an earlier controller's job computes them."""
+
+STANDS_IN = {"await_result": "analyze_state", "await_receipt": "finish_state", "await_spectrum": "analyze_spectrum"}
+"""The local rule that awaits an earlier job -> the rule it stands in for."""
+
+
+def typed_profile_values(config: dict[str, Any], keys: Iterable[str] = ("settings_override", "cluster")) -> None:
+    """Read a profile's ``config:`` values, which arrive as strings ('True', '64'), as YAML scalars,
+    in place, so that schema validation sees numbers and booleans (``cluster.walltime_hours: '12'``)."""
+    def typed(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: typed(item) for key, item in value.items()}
+        return parse_yaml(value) if isinstance(value, str) else value
+
+    for key in keys:
+        if isinstance(config.get(key), dict):
+            config[key] = typed(config[key])
+
+
+def _overrides(settings: dict[str, Any]) -> list[str]:
+    return [f"{key}={value}" for key, value in settings.items()]
+
+
+def expand_seed_experiments(experiments: dict[str, Any], train_runs: dict[str, Any],
+                            analyses: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+    """The training runs of every seed experiment, beside ``train_runs``.
+
+    Each experiment trains ``<experiment>-seed-<s>`` per seed, and the controls
+    ``<experiment>-same-seed`` (the first seed again) and ``<experiment>-data-order`` (the first
+    seed, ``data.seed + 1``). Every run writes interval checkpoints; they share one token cache.
+
+    Returns:
+        (every train_runs entry, experiment -> {run name: role}).
+
+    Raises:
+        ValueError: a name clash with an analysis or a train_runs entry, or bad settings, naming the key.
+    """
+    runs, roles = dict(train_runs), {}
+    for name, entry in experiments.items():
+        if name in analyses:
+            raise ValueError(f"seed_experiments.{name}: an analysis has the same name (both write results/{name}/); "
+                             "rename one")
+        base = {key: entry[key] for key in ("config", "cache_source", "cache_inputs", "shard_tokens") if key in entry}
+        fixed = {**entry.get("set", {}), "training.checkpoint_policy": "interval"}
+        data_seed = config_from_dict(apply_overrides(load_config_dict(entry["config"]), _overrides(fixed))).data.seed
+        first = entry["seeds"][0]
+        members = {f"{name}-seed-{seed}": ("seed", {"training.seed": seed}) for seed in entry["seeds"]}
+        controls = entry.get("controls", ["same-seed", "data-order"])
+        if "same-seed" in controls:
+            members[f"{name}-same-seed"] = ("same-seed", {"training.seed": first})
+        if "data-order" in controls:
+            members[f"{name}-data-order"] = ("data-order", {"training.seed": first, "data.seed": data_seed + 1})
+        for run, (_, overrides) in members.items():
+            if run in runs:
+                raise ValueError(f"seed_experiments.{name} trains runs/{run}, which train_runs also names; rename one")
+            runs[run] = {**base, "set": {**fixed, **overrides}}
+        roles[name] = {run: role for run, (role, _) in members.items()}
+        try:
+            geometry_settings_from_dict(entry.get("settings"))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"seed_experiments.{name}.settings: {error}") from None
+    return runs, roles
+
+
+def load_run_config(entry: dict[str, Any]) -> RunConfig:
+    """A run the workflow trains is meant for analysis: unless its configuration says otherwise,
+    it writes interval checkpoints (one state per virtual epoch, not just the final one)."""
+    data = load_config_dict(entry["config"])
+    overrides = _overrides(entry.get("set", {}))
+    if "checkpoint_policy" not in (data.get("training") or {}):
+        overrides.insert(0, "training.checkpoint_policy=interval")
+    return config_from_dict(apply_overrides(data, overrides))
+
+
+def awaited_outputs(jobs: list[EarlierJob], analyses: Iterable[str]) -> dict[str, str]:
+    """Output -> id of the running Slurm job of an earlier controller that writes it (only jobs
+    whose every target is an awaitable result of a configured analysis)."""
+    analyses, awaited = set(analyses), {}
+    for job in jobs:
+        targets = [(name, dict(wildcards)) for name, wildcards in job.targets]
+        if not job.queued and all(name in AWAITABLE and wildcards.get("analysis") in analyses
+                                  for name, wildcards in targets):
+            for name, wildcards in targets:
+                awaited[AWAITABLE[name].format(**wildcards)] = job.job_id
+    return awaited
+
+
+def sort_earlier_jobs(jobs: list[EarlierJob], needed: set[tuple[str, tuple[tuple[str, str], ...]]],
+                      awaited: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+    """The earlier controllers' jobs that compute something this run needs, by what to do:
+    (queued jobs to cancel, running jobs awaited by a local job, running jobs to wait for first).
+
+    ``needed`` holds (rule, sorted wildcard items) of every job this run must run, with the await
+    rules named as the rules they stand in for. Jobs of other controllers' work are left alone.
+    """
+    queued, waited, first = [], [], []
+    for job in jobs:
+        if not any(target in needed for target in job.targets):
+            continue
+        if job.queued:
+            queued.append(job.job_id)
+        elif job.job_id in awaited.values():
+            waited.append(job.job_id)
+        else:
+            first.append(job.job_id)
+    return queued, waited, first
+
+
+class WorkflowPlan:
+    """The workflow's configuration, resolved: runs, caches, analyses, experiments, walltimes.
+
+    Building it checks everything that can be checked before any job (run configurations, seed
+    experiments, analysis settings, checkpoint selections, output directory bindings) and raises
+    ``ValueError`` naming the config key.
+    """
+
+    def __init__(self, config: dict[str, Any]):
+        self.analyses: dict[str, Any] = config.get("analyses") or {}
+        self.plots: dict[str, Any] = config.get("plots") or {}
+        self.seed_experiments: dict[str, Any] = config.get("seed_experiments") or {}
+        self.seed_comparisons: dict[str, Any] = config.get("seed_comparisons") or {}
+        self.settings_override: dict[str, Any] = config.get("settings_override") or {}
+        """Settings a profile imposes on every analysis (profiles/naiss: CUDA, float32, TF32, compiled HVPs)."""
+        self.cluster: dict[str, Any] = config.get("cluster") or {}
+        self.train_runs, self.experiment_runs = expand_seed_experiments(
+            self.seed_experiments, dict(config.get("train_runs") or {}), self.analyses)
+        for name, entry in self.seed_comparisons.items():
+            unknown = sorted(set(entry["experiments"]) - set(self.seed_experiments))
+            if unknown:
+                raise ValueError(f"seed_comparisons.{name}: {unknown} are not seed_experiments "
+                                 f"(known: {sorted(self.seed_experiments)})")
+        self.run_configs = {name: load_run_config(entry) for name, entry in self.train_runs.items()}
+        self.cache_of_run: dict[str, str] = {}
+        for name, run in self.run_configs.items():
+            cache = Path(run.data.cache)
+            if cache.parent != Path("cache"):
+                raise ValueError(f"train_runs.{name}: data.cache must be cache/<name> for the workflow to prepare it, "
+                                 f"got {cache}")
+            self.cache_of_run[name] = cache.name
+        self.run_of_cache: dict[str, str] = {}
+        for name, cache in self.cache_of_run.items():
+            self.run_of_cache.setdefault(cache, name)
+        self.analysis_settings = {name: self._check_analysis(name) for name in self.analyses}
+        self._pending: dict[tuple[str, str], bool] = {}
+
+    def _check_analysis(self, name: str) -> AnalysisSettings:
+        """An analysis's settings, and its output directory checked against them before any work."""
+        entry = self.analyses[name]
+        settings = settings_from_dict(self.settings_dict(name))
+        check_selection(f"analyses.{name}.checkpoints", entry["run"], entry.get("checkpoints", "all"),
+                        trained_here=self.trained_here(name) is not None)
+        check_output_binding(f"results/{name}", output_binding(settings, entry["run"], entry.get("spectrum", {})))
+        return settings
+
+    # --- targets ----------------------------------------------------------------------------
+
+    def all_targets(self) -> list[str]:
+        """Every run and figure, and every (state, case) result of an existing index.
+
+        Naming the results makes a deleted result count as missing (Snakemake does not rerun a
+        deleted intermediate file whose consumers are up to date), so a rerun recomputes exactly
+        what was lost. The index is read directly when present (before the first run the figures
+        pull in every result through collect), which keeps the first dry run's plan complete.
+        """
+        targets = [f"runs/{name}/trained.json" for name in self.run_configs]
+        targets += self.experiment_targets()
+        for name in self.analyses:
+            # The collected files too: a crash during collect (or their deletion) reruns collect.
+            targets += [f"results/{name}/manifest.json", f"results/{name}/summary.csv"]
+            figures = list(FIGURES)
+            if self.spectrum_enabled(name):
+                targets.append(f"results/{name}/spectrum.csv")
+                figures += SPECTRUM_FIGURES
+            # A walltime waiting for a calibration: the short calibration job starts at once.
+            if self.calibration_pending(name):
+                targets.append(f"results/timing/{name}.json")
+            targets += [f"results/{name}/figures/{figure}.{ext}" for figure in figures for ext in ("pdf", "png")]
+            index = Path(f"results/{name}/states.json")
+            if index.exists() and not self.calibration_pending(name):
+                targets += [f"results/{name}/states/{state['key']}/{case}.json"
+                            for state in json.loads(index.read_text())["states"] for case in self.cases(name)]
+        return targets
+
+    def experiment_targets(self) -> list[str]:
+        """comparison.csv and the dashboard of every experiment, and every comparison's figure."""
+        targets = []
+        for name in self.seed_experiments:
+            targets.append(f"results/{name}/comparison.csv")
+            if self.geometry_calibration_pending(name):  # the short calibration job starts at once
+                targets.append(f"results/timing/{name}.json")
+            targets += [f"results/{name}/figures/dashboard.{ext}" for ext in ("pdf", "png")]
+        for name in self.seed_comparisons:
+            targets += [f"results/comparisons/{name}/comparison.{ext}" for ext in ("pdf", "png")]
+        return targets
+
+    # --- data and training ------------------------------------------------------------------
+
+    def cache_spec(self, cache: str) -> dict[str, Any]:
+        """Everything that determines a cache's contents (a change reruns prepare_data)."""
+        name = self.run_of_cache[cache]
+        entry, run = self.train_runs[name], self.run_configs[name]
+        source = entry.get("cache_source", "demo")
+        return {"cache_source": source, "cache_inputs": entry.get("cache_inputs", []),
+                "shard_tokens": entry.get("shard_tokens", 1 << 20), "data": config_to_dict(run.data),
+                "capacity": default_capacity(run) if source == "demo" else None}
+
+    def cache_receipt(self, run: str) -> str:
+        """The receipt of the cache a run reads (prepare_data's output)."""
+        return f"cache/{self.cache_of_run[run]}.prepared.json"
+
+    def cache_inputs(self, cache: str) -> list[str]:
+        return self.train_runs[self.run_of_cache[cache]].get("cache_inputs", [])
+
+    # --- analyses ---------------------------------------------------------------------------
+
+    def trained_here(self, analysis: str) -> str | None:
+        """The train_runs name of an analysis's run when this workflow trains it, else None."""
+        run = Path(self.analyses[analysis]["run"])
+        return run.name if run.parent == Path("runs") and run.name in self.run_configs else None
+
+    def run_ready(self, analysis: str) -> str:
+        """The trained run's receipt when the workflow trains it, else its resolved.yaml."""
+        name = self.trained_here(analysis)
+        return f"runs/{name}/trained.json" if name else str(Path(self.analyses[analysis]["run"]) / "resolved.yaml")
+
+    def calibration_inputs(self, analysis: str) -> list[str]:
+        """Calibration needs only the run's shapes: a run trained here is not waited for."""
+        return [] if self.trained_here(analysis) else [str(Path(self.analyses[analysis]["run"]) / "resolved.yaml")]
+
+    def run_config(self, analysis: str) -> RunConfig:
+        name = self.trained_here(analysis)
+        return self.run_configs[name] if name else load_config(Path(self.analyses[analysis]["run"]) / "resolved.yaml")
+
+    def settings_dict(self, analysis: str) -> dict[str, Any]:
+        """An analysis's settings as configured; a profile's ``settings_override`` wins."""
+        return {**self.analyses[analysis].get("settings", {}), **self.settings_override}
+
+    def binding(self, analysis: str) -> dict[str, Any]:
+        entry = self.analyses[analysis]
+        return output_binding(self.analysis_settings[analysis], entry["run"], entry.get("spectrum", {}))
+
+    def cases(self, analysis: str) -> list[str]:
+        return self.analyses[analysis].get("cases", CASES)
+
+    def spectrum_enabled(self, analysis: str) -> bool:
+        return bool(self.analyses[analysis].get("spectrum", {}).get("enabled", False))
+
+    def state_checkpoint(self, analysis: str, state: dict[str, Any]) -> str:
+        """The state's first alias: the file the worker measures (the others are identical). The
+        index holds names relative to the run, so a moved or copied project still finds them."""
+        return str(Path(self.analyses[analysis]["run"]) / state["aliases"][0]["file"])
+
+    def state_results(self, analysis: str, key: str) -> list[str]:
+        """Every result of one state: noise statistics, and spectra when enabled (one group job)."""
+        kinds = ["states"] + (["spectra"] if self.spectrum_enabled(analysis) else [])
+        return [f"results/{analysis}/{kind}/{key}/{case}.json" for kind in kinds for case in self.cases(analysis)]
+
+    # --- seed experiments -------------------------------------------------------------------
+
+    def experiment_checkpoints(self, run: str) -> list[str]:
+        """The interval checkpoints a run of an experiment writes: epoch-000 (initialisation) to the last epoch."""
+        return [f"epoch-{i:03d}" for i in range(self.run_configs[run].training.epochs + 1)]
+
+    def experiment_records(self, experiment: str) -> list[str]:
+        return [f"results/{experiment}/geometry/{run}/{checkpoint}.json"
+                for run in self.experiment_runs[experiment] for checkpoint in self.experiment_checkpoints(run)]
+
+    def reference_run(self, experiment: str) -> str:
+        return next(iter(self.experiment_runs[experiment]))
+
+    def geometry_settings_dict(self, experiment: str) -> dict[str, Any]:
+        """The experiment's measurement settings; a profile's device and dtype win (as for analyses)."""
+        imposed = {key: self.settings_override[key] for key in ("device", "dtype") if key in self.settings_override}
+        return {**self.seed_experiments[experiment].get("settings", {}), **imposed}
+
+    def calibration_settings(self, experiment: str) -> AnalysisSettings:
+        """The analysis setup whose timing entry prices the experiment's measurements."""
+        return as_analysis_settings(geometry_settings_from_dict(self.geometry_settings_dict(experiment)))
+
+    def geometry_calibration_pending(self, experiment: str) -> bool:
+        """Whether an experiment's measurement walltimes wait for its calibration job: walltimes are
+        estimated and no timing entry covers the measurement setup yet."""
+        return self._pending_for(experiment, self._geometry_timing_entry)
+
+    def geometry_runtime(self, experiment: str) -> int:
+        """Minutes for one checkpoint's measurement: ``cluster.walltime_hours`` when set; under
+        ``cluster.walltime: estimate``, 2 × estimated work + 30 min rounded up to the hour from the
+        timing entry of the setup (measured first by calibrate_geometry when there is none: the
+        measurement jobs are planned after it); else the experiment's ``walltime_minutes``."""
+        if self.cluster.get("walltime_hours"):
+            return int(self.cluster["walltime_hours"] * 60)
+        if self.cluster.get("walltime") == "estimate":
+            entry = self._geometry_timing_entry(experiment)
+            if entry is not None:
+                settings = geometry_settings_from_dict(self.geometry_settings_dict(experiment))
+                run = self.run_configs[self.reference_run(experiment)]
+                return cost.job_minutes(measurement_seconds(run, settings, entry["seconds"]))
+        return self.seed_experiments[experiment].get("walltime_minutes", 60)
+
+    def _geometry_timing_entry(self, experiment: str) -> dict[str, Any] | None:
+        run = self.run_configs[self.reference_run(experiment)]
+        return self._lookup(run, self.calibration_settings(experiment), self.cluster.get("gpu_kind"))
+
+    # --- walltimes and calibration ------------------------------------------------------------
+
+    def _lookup(self, run: RunConfig, settings: AnalysisSettings, device_kind: str | None) -> dict[str, Any] | None:
+        key = timing.timing_key(run, settings, device_kind="")
+        return timing.lookup_entry(timing.load_profiles(self.cluster["timing_profiles"]), key, device_kind)
+
+    def timing_entry(self, analysis: str, device_kind: str | None) -> dict[str, Any] | None:
+        """The timing entry measured for an analysis's setup on a device whose kind contains
+        ``device_kind`` (any when None), from ``cluster.timing_profiles``; None when there is none."""
+        return self._lookup(self.run_config(analysis), self.analysis_settings[analysis], device_kind)
+
+    def _pending_for(self, name: str, entry_of: Callable[[str], dict[str, Any] | None]) -> bool:
+        if (name, entry_of.__name__) not in self._pending:
+            estimate = self.cluster.get("walltime") == "estimate" and not self.cluster.get("walltime_hours")
+            self._pending[name, entry_of.__name__] = estimate and entry_of(name) is None
+        return self._pending[name, entry_of.__name__]
+
+    def calibration_pending(self, analysis: str) -> bool:
+        """Whether the walltime estimate of an analysis waits for its calibration job: walltimes are
+        estimated and no timing entry (committed, or measured by an earlier calibration of any
+        analysis with the same setup) covers it yet. Decided once per workflow run."""
+        return self._pending_for(analysis, self._analysis_timing_entry)
+
+    def _analysis_timing_entry(self, analysis: str) -> dict[str, Any] | None:
+        return self.timing_entry(analysis, self.cluster.get("gpu_kind"))
+
+    def calibration(self, analysis: str) -> list[str]:
+        """The calibration an analysis job's walltime waits for (none when a timing entry exists)."""
+        return [f"results/timing/{analysis}.json"] if self.calibration_pending(analysis) else []
+
+    def geometry_calibration(self, experiment: str) -> list[str]:
+        return [f"results/timing/{experiment}.json"] if self.geometry_calibration_pending(experiment) else []
+
+    def case_work_seconds(self, analysis: str) -> float | None:
+        """Estimated work of one (state, case) job from the timing profiles, or None (no estimate).
+
+        Raises:
+            ValueError: walltimes are estimated and no timing entry covers the setup.
+        """
+        if self.cluster.get("walltime", "none") != "estimate":
+            return None
+        run, settings = self.run_config(analysis), self.analysis_settings[analysis]
+        entry = self.timing_entry(analysis, self.cluster.get("gpu_kind"))
+        if entry is None:
+            key = timing.timing_key(run, settings, device_kind="")
+            raise ValueError(f"no timing profile covers analysis {analysis} ({key}); run "
+                             "`snakemake --profile <profile> calibrate` on the target node first, or set "
+                             "cluster.walltime_hours to request an explicit walltime")
+        workers = run.training.workers if settings.consensus else 0
+        return cost.estimate_seconds(run, settings, entry["seconds"], workers=workers if workers > 1 else 0)
+
+    def _explicit_minutes(self, analysis: str) -> tuple[int, int]:
+        """``cluster.walltime_hours`` as minutes per state job, split over its group's jobs: each
+        case gets an equal share, finish_state the rest (at least one minute; none is ever 0)."""
+        total = int(self.cluster["walltime_hours"] * 60)
+        cases = len(self.cases(analysis))
+        share = max(1, (total - 1) // cases)
+        return share, max(1, total - cases * share)
+
+    def analyze_runtime(self, analysis: str) -> int:
+        """Minutes for one (state, case): 2 × estimated work; the group's rounding and the 30-minute
+        margin are carried by finish_state (see :meth:`finish_runtime`). Analysis jobs exist only
+        after the index, which waits for a pending calibration, so its timings are there."""
+        if self.cluster.get("walltime_hours"):
+            return self._explicit_minutes(analysis)[0]
+        work = self.case_work_seconds(analysis)
+        return 60 if work is None else math.ceil(2 * work / 60)
+
+    def finish_runtime(self, analysis: str) -> int:
+        """Completes the group of one state to 2 × work + 30 min, rounded up to the hour (≤ 72 h):
+        a group job's runtime is the sum of its jobs' runtimes (they run one after another)."""
+        if self.cluster.get("walltime_hours"):
+            return self._explicit_minutes(analysis)[1]
+        work = self.case_work_seconds(analysis)
+        if work is None:
+            return 5
+        cases = len(self.cases(analysis))
+        return cost.job_minutes(cases * work) - cases * math.ceil(2 * work / 60)
+
+    # --- before a run ---------------------------------------------------------------------------
+
+    def cost_line(self, analysis: str) -> str | None:
+        """What an unfinished analysis will cost: jobs, the work of each, and the estimated time
+        (None for an existing run without resolved.yaml: refused later, with its reason)."""
+        entry, settings = self.analyses[analysis], self.analysis_settings[analysis]
+        try:
+            run = self.run_config(analysis)
+        except ValueError:
+            return None
+        states = cost.expected_states(run, entry["run"], entry.get("checkpoints", "all"),
+                                      analysis_dir=f"results/{analysis}")
+        workers = run.training.workers if settings.consensus else 0
+        work = cost.case_work(run, settings, workers)
+        kind = "cpu" if settings.device == "cpu" else self.cluster.get("gpu_kind") or "cuda"
+        return cost.cost_line(analysis, states, self.cases(analysis), work, settings.device,
+                              self.timing_entry(analysis, kind), self.cluster)
+
+    def cost_lines(self) -> list[str]:
+        """The cost line of every analysis that has no summary.csv yet."""
+        lines = [self.cost_line(name) for name in self.analyses if not Path(f"results/{name}/summary.csv").exists()]
+        return [line for line in lines if line]
+
+    def walltime_rule(self) -> str:
+        if self.cluster.get("walltime_hours"):
+            return f"cluster.walltime_hours: {self.cluster['walltime_hours']} per state job"
+        if self.cluster.get("walltime") == "estimate":
+            return "2 x estimated work + 30 min per state job, rounded up to the hour"
+        return "none (local run, or the profile's default)"
+
+    def start_event(self, analysis: str, command: list[str], source: str) -> dict[str, Any]:
+        """The campaign record's start event of an analysis for this controller run."""
+        try:
+            entry = self.timing_entry(analysis, self.cluster.get("gpu_kind"))
+        except ValueError:
+            entry = None
+        return {"event": "start", "command": command, "source": source, "cost": self.cost_line(analysis),
+                "walltime": self.walltime_rule(), "timing_entry": entry,
+                "settings": asdict(self.analysis_settings[analysis])}

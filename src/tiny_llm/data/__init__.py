@@ -1,0 +1,46 @@
+"""Token data: the token cache (meta.json and raw shards), the token stream with its shuffle
+groups and batch plans (the seen and unseen epochs), and the corpus sources that fill a cache
+(the demo generator, text files, token files).
+"""
+
+from tiny_llm.data.corpus import (
+    BYTE_TOKENIZER,
+    DEMO_GENERATOR_VERSION,
+    default_capacity,
+    demo_corpus,
+    prepare_source_cache,
+    read_text_files,
+    read_token_files,
+)
+from tiny_llm.data.tokens import (
+    BatchPlan,
+    TokenCache,
+    blocks_for_tokens,
+    capacity_blocks,
+    check_capacity,
+    derive_seed,
+    epoch_plan,
+    prepare_cache,
+    stream_batches,
+    unseen_plan,
+)
+
+__all__ = [
+    "BYTE_TOKENIZER",
+    "BatchPlan",
+    "DEMO_GENERATOR_VERSION",
+    "TokenCache",
+    "blocks_for_tokens",
+    "capacity_blocks",
+    "check_capacity",
+    "default_capacity",
+    "demo_corpus",
+    "derive_seed",
+    "epoch_plan",
+    "prepare_cache",
+    "prepare_source_cache",
+    "read_text_files",
+    "read_token_files",
+    "stream_batches",
+    "unseen_plan",
+]

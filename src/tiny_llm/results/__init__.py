@@ -1,0 +1,34 @@
+"""Collected results: manifest.json and summary.csv (and spectrum.csv) from the per-state result
+files (collect), the figures drawn from those files alone (figures), and the campaign record
+that every controller run and collection appends to (record).
+"""
+
+from tiny_llm.results.collect import (
+    AUDIT_THRESHOLD,
+    CONSENSUS_COLUMNS,
+    ERROR_COLUMNS,
+    STATISTICS,
+    SUMMARY_COLUMNS,
+    collect,
+    collect_spectrum,
+    validate_result,
+)
+from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES, plot_analysis, plot_spectrum
+from tiny_llm.results.record import append_event, job_records
+
+__all__ = [
+    "AUDIT_THRESHOLD",
+    "CONSENSUS_COLUMNS",
+    "ERROR_COLUMNS",
+    "FIGURES",
+    "SPECTRUM_FIGURES",
+    "STATISTICS",
+    "SUMMARY_COLUMNS",
+    "append_event",
+    "collect",
+    "collect_spectrum",
+    "job_records",
+    "plot_analysis",
+    "plot_spectrum",
+    "validate_result",
+]
