@@ -1,0 +1,102 @@
+"""The package's wings stay layered: every module imports alone, no wing imports one above it, and
+no two modules import each other (docs/architecture.md draws the layers)."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import tiny_llm
+
+PACKAGE = Path(tiny_llm.__file__).resolve().parent
+
+LAYERS = [
+    {"config", "io", "provenance", "runtime"},
+    {"model", "data"},
+    {"training"},
+    {"curvature"},
+    {"workers", "results"},
+    {"geometry"},
+    {"campaign"},
+    {"cli"},
+]
+"""Bottom to top: a module may import from its own wing and from wings of lower layers only."""
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imports(path: Path) -> set[str]:
+    """tiny_llm modules imported anywhere in the file (inside functions too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tiny_llm"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("tiny_llm")}
+    return found
+
+
+def _wing(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else module
+
+
+def _layer(wing: str) -> int:
+    return next(i for i, names in enumerate(LAYERS) if wing in names)
+
+
+def test_every_wing_has_a_layer_and_a_docstring_and_reexports_its_names():
+    for module, path in _modules().items():
+        if module == "tiny_llm":
+            continue
+        _layer(_wing(module))  # StopIteration: a new wing needs a place in LAYERS (and the docs)
+        if path.name == "__init__.py":
+            package = __import__(module, fromlist=["__all__"])
+            assert package.__doc__ and len(package.__doc__.split()) > 15, module
+            assert package.__all__ and all(hasattr(package, name) for name in package.__all__), module
+
+
+def test_no_wing_imports_a_wing_above_it():
+    for module, path in _modules().items():
+        if module == "tiny_llm":  # the top package re-exports the public API
+            continue
+        for target in _imports(path):
+            assert _layer(_wing(target)) <= _layer(_wing(module)), f"{module} imports {target}, a layer above it"
+
+
+def test_no_import_cycles_between_modules():
+    modules = _modules()
+    graph = {module: {t for t in _imports(path) if t in modules and t != module} for module, path in modules.items()}
+    # a package's __init__ re-exports its own modules: that edge is not a cycle
+    graph = {m: {t for t in targets if not t.startswith(m + ".")} for m, targets in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = 1
+        for target in graph[module]:
+            assert state.get(target) != 1, f"import cycle: {' -> '.join(trail + [module, target])}"
+            if target not in state:
+                visit(target, trail + [module])
+        state[module] = 2
+
+    for module in graph:
+        if module not in state:
+            visit(module, [])
+
+
+def test_every_module_imports_first_and_alone():
+    """Each module imported as the first tiny_llm module of a process (torch already loaded), so an
+    import that works only after another one fails here."""
+    code = ("import sys, importlib, torch\n"
+            f"for name in {sorted(_modules())!r}:\n"
+            "    for loaded in [m for m in sys.modules if m == 'tiny_llm' or m.startswith('tiny_llm.')]:\n"
+            "        del sys.modules[loaded]\n"
+            "    importlib.import_module(name)\n"
+            "print('ok')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
