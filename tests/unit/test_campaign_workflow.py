@@ -1,0 +1,144 @@
+"""The workflow's decisions as plain functions of its configuration (no Snakemake run): runs and
+seed experiments, targets, walltimes, the calibration-first order, the cost line, re-attaching."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tiny_llm.campaign.plan import estimate_seconds, job_minutes
+from tiny_llm.campaign.slurm_jobs import EarlierJob
+from tiny_llm.campaign.workflow import (WorkflowPlan, awaited_outputs, expand_seed_experiments, sort_earlier_jobs,
+                                        typed_profile_values)
+from tiny_llm.config import config_from_dict
+from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
+from tiny_llm.workers.state import settings_from_dict
+
+RUN = {"model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
+       "data": {"cache": "cache/tiny", "seq_len": 16, "shuffle_group_blocks": 4, "seed": 7},
+       "training": {"batch_size": 4, "micro_batch_size": 2, "tokens": 512, "epochs": 2}}
+SETTINGS = {"noise_samples": 2, "random_samples": 2, "directions_per_pass": 4}
+SECONDS = {"startup": 120.0, "gradient_microbatch": 0.5, "hvp_microbatch_pass": 40.0}
+KEY = {"d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16, "vocab_size": 256, "seq_len": 16, "batch_size": 4,
+       "micro_batch_size": 2, "hvp_batch_size": 2, "directions_per_pass": 4, "dtype": "float32", "amp": False,
+       "tf32": True, "engine": "adjoint", "compile_hvp": True, "device_kind": "cuda:NVIDIA GH200 480GB"}
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A project directory with a run configuration and a timing entry for its GPU analysis."""
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text(yaml.safe_dump(RUN))
+    Path("timing.json").write_text(json.dumps({"entries": [{"key": KEY, "seconds": SECONDS}]}))
+    return tmp_path
+
+
+def _config(cluster=None, **analysis):
+    return {"train_runs": {"tiny": {"config": "run.yaml", "shard_tokens": 64}},
+            "analyses": {"gpu": {"run": "runs/tiny", "settings": {**SETTINGS, "device": "cuda", "dtype": "float32"},
+                                 **analysis}},
+            "cluster": {"timing_profiles": ["timing.json"], **(cluster or {})}}
+
+
+def test_runs_trained_here_write_interval_checkpoints_and_share_caches(project):
+    plan = WorkflowPlan(_config())
+    assert plan.run_configs["tiny"].training.checkpoint_policy == "interval"
+    assert plan.cache_of_run == {"tiny": "tiny"} and plan.run_of_cache == {"tiny": "tiny"}
+    assert plan.trained_here("gpu") == "tiny" and plan.run_ready("gpu") == "runs/tiny/trained.json"
+    assert plan.calibration_inputs("gpu") == []  # calibration needs only the shapes, not the trained run
+    spec = plan.cache_spec("tiny")
+    assert spec["data"]["seed"] == 7 and spec["shard_tokens"] == 64 and spec["capacity"] > 0
+    with pytest.raises(ValueError, match="train_runs.bad: data.cache must be cache/<name>"):
+        Path("bad.yaml").write_text(yaml.safe_dump({**RUN, "data": {**RUN["data"], "cache": "elsewhere/x"}}))
+        WorkflowPlan({"train_runs": {"bad": {"config": "bad.yaml"}}})
+
+
+def test_seed_experiments_expand_to_seed_and_control_runs(project):
+    runs, roles = expand_seed_experiments({"exp": {"config": "run.yaml", "seeds": [3, 5], "set": {"training.lr": 0.01}}},
+                                          {}, {})
+    assert roles == {"exp": {"exp-seed-3": "seed", "exp-seed-5": "seed", "exp-same-seed": "same-seed",
+                             "exp-data-order": "data-order"}}
+    assert runs["exp-seed-5"]["set"] == {"training.lr": 0.01, "training.checkpoint_policy": "interval",
+                                         "training.seed": 5}
+    assert runs["exp-same-seed"]["set"]["training.seed"] == 3
+    assert runs["exp-data-order"]["set"]["data.seed"] == 8  # the run configuration's data seed + 1
+    only_seeds, _ = expand_seed_experiments({"exp": {"config": "run.yaml", "seeds": [1, 2], "controls": []}}, {}, {})
+    assert sorted(only_seeds) == ["exp-seed-1", "exp-seed-2"]
+    with pytest.raises(ValueError, match="seed_experiments.exp: an analysis has the same name"):
+        expand_seed_experiments({"exp": {"config": "run.yaml", "seeds": [1, 2]}}, {}, {"exp": {}})
+    with pytest.raises(ValueError, match="seed_experiments.exp trains runs/exp-seed-1, which train_runs also names"):
+        expand_seed_experiments({"exp": {"config": "run.yaml", "seeds": [1, 2]}}, {"exp-seed-1": {}}, {})
+    with pytest.raises(ValueError, match=r"seed_experiments.exp.settings: .*top_k"):
+        expand_seed_experiments({"exp": {"config": "run.yaml", "seeds": [1, 2], "settings": {"top_k": 0}}}, {}, {})
+    with pytest.raises(ValueError, match=r"seed_comparisons.c: \['nope'\] are not seed_experiments"):
+        WorkflowPlan({"seed_comparisons": {"c": {"experiments": ["nope"]}}})
+
+
+def test_targets_name_every_figure_and_every_indexed_result(project):
+    plan = WorkflowPlan(_config(spectrum={"enabled": True}))
+    targets = plan.all_targets()
+    assert targets[0] == "runs/tiny/trained.json"
+    assert {"results/gpu/manifest.json", "results/gpu/summary.csv", "results/gpu/spectrum.csv"} <= set(targets)
+    assert all(f"results/gpu/figures/{f}.{ext}" in targets for f in FIGURES + SPECTRUM_FIGURES for ext in ("pdf", "png"))
+    assert not any("/states/" in t for t in targets)  # before the index: the figures pull the results in
+    Path("results/gpu").mkdir(parents=True)
+    Path("results/gpu/states.json").write_text(json.dumps({"states": [{"key": "a" * 64}, {"key": "b" * 64}]}))
+    results = [t for t in WorkflowPlan(_config()).all_targets() if "/states/" in t]
+    assert results == [f"results/gpu/states/{k * 64}/{case}.json" for k in "ab" for case in ("seen", "unseen")]
+    assert plan.state_results("gpu", "k") == ["results/gpu/states/k/seen.json", "results/gpu/states/k/unseen.json",
+                                              "results/gpu/spectra/k/seen.json", "results/gpu/spectra/k/unseen.json"]
+    state = {"aliases": [{"file": "epoch-002.safetensors"}, {"file": "final.pt"}]}
+    assert plan.state_checkpoint("gpu", state) == "runs/tiny/epoch-002.safetensors"
+
+
+def test_walltimes_from_the_timing_entry_complete_the_group_to_the_hour(project):
+    plan = WorkflowPlan(_config({"walltime": "estimate", "gpu_kind": "GH200"}))
+    work = estimate_seconds(config_from_dict({**RUN, "training": {**RUN["training"], "checkpoint_policy": "interval"}}),
+                            settings_from_dict({**SETTINGS, "device": "cuda", "dtype": "float32"}), SECONDS)
+    assert plan.case_work_seconds("gpu") == work
+    assert plan.analyze_runtime("gpu") == math.ceil(2 * work / 60)
+    assert 2 * plan.analyze_runtime("gpu") + plan.finish_runtime("gpu") == job_minutes(2 * work)
+    assert not plan.calibration_pending("gpu") and plan.calibration("gpu") == []
+    assert "GPU-hours requested" in plan.cost_line("gpu")
+
+
+def test_an_uncovered_setup_calibrates_first(project):
+    plan = WorkflowPlan(_config({"walltime": "estimate", "gpu_kind": "A100"}))  # no A100 entry
+    assert plan.calibration_pending("gpu") and plan.calibration("gpu") == ["results/timing/gpu.json"]
+    assert "results/timing/gpu.json" in plan.all_targets()
+    with pytest.raises(ValueError, match="no timing profile covers analysis gpu"):
+        plan.case_work_seconds("gpu")
+    assert "from the calibration job, which runs first" in plan.cost_line("gpu")
+
+
+def test_explicit_walltime_is_split_over_the_state_job(project):
+    plan = WorkflowPlan(_config({"walltime_hours": 2}))
+    assert (plan.analyze_runtime("gpu"), plan.finish_runtime("gpu")) == (59, 2)  # 2 × 59 + 2 = 120
+    assert plan.walltime_rule() == "cluster.walltime_hours: 2 per state job"
+    one_case = WorkflowPlan(_config({"walltime_hours": 1}, cases=["seen"]))
+    assert (one_case.analyze_runtime("gpu"), one_case.finish_runtime("gpu")) == (59, 1)
+    local = WorkflowPlan(_config())
+    assert (local.analyze_runtime("gpu"), local.finish_runtime("gpu")) == (60, 5)
+
+
+def test_profile_values_are_typed_before_validation():
+    config = {"cluster": {"walltime_hours": "12", "walltime": "estimate"}, "settings_override": {"amp": "True"},
+              "analyses": {"a": {"run": "64"}}}
+    typed_profile_values(config)
+    assert config["cluster"] == {"walltime_hours": 12, "walltime": "estimate"}
+    assert config["settings_override"] == {"amp": True} and config["analyses"] == {"a": {"run": "64"}}
+
+
+def test_earlier_jobs_are_awaited_cancelled_or_waited_for():
+    state = ("analyze_state", (("analysis", "gpu"), ("case", "seen"), ("key", "k")))
+    receipt = ("finish_state", (("analysis", "gpu"), ("key", "k")))
+    other = ("analyze_state", (("analysis", "other"), ("case", "seen"), ("key", "k")))
+    jobs = [EarlierJob("1", "RUNNING", (state, receipt)), EarlierJob("2", "PENDING", (state,)),
+            EarlierJob("3", "RUNNING", (("train_run", (("run", "tiny"),)),)), EarlierJob("4", "RUNNING", (other,))]
+    awaited = awaited_outputs(jobs, ["gpu"])
+    assert awaited == {"results/gpu/states/k/seen.json": "1", "results/gpu/states/k/done.json": "1"}
+    needed = {state, receipt, ("train_run", (("run", "tiny"),))}
+    assert sort_earlier_jobs(jobs, needed, awaited) == (["2"], ["1"], ["3"])
+    assert sort_earlier_jobs(jobs, set(), awaited) == ([], [], [])  # nothing this run needs: left alone
