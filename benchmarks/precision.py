@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 
 from tiny_llm.config import config_from_dict, config_to_dict, load_config
-from tiny_llm.data.corpus import default_capacity, prepare_source_cache
 from tiny_llm.curvature.hessian import EpochHessian, Precision, runtime_settings
-from tiny_llm.data.tokens import TokenCache, epoch_plan
-from tiny_llm.model.llama import Llama, count_parameters
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.spectrum import top_eigenpairs
+from tiny_llm.data.corpus import default_capacity, prepare_source_cache
+from tiny_llm.data.tokens import TokenCache, epoch_plan
+from tiny_llm.model.llama import Llama, count_parameters
 from tiny_llm.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,13 +13,12 @@ import argparse
 import time
 
 import torch
+from hvp_cost import REPO
 
 from tiny_llm.config import load_config
 from tiny_llm.curvature.hessian import EpochHessian, Precision
-from tiny_llm.model.llama import Llama
 from tiny_llm.curvature.spectrum import lanczos
-
-from hvp_cost import REPO
+from tiny_llm.model.llama import Llama
 
 
 def main() -> None:

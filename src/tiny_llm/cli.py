@@ -9,13 +9,13 @@ import os
 import sys
 from pathlib import Path
 
-from tiny_llm.workers.state import AnalysisSettings, analyze_state
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
 from tiny_llm.curvature.hessian import ENGINES
-from tiny_llm.results.figures import plot_analysis
-from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum
 from tiny_llm.data.corpus import default_capacity, prepare_source_cache
+from tiny_llm.results.figures import plot_analysis
 from tiny_llm.training.loop import train
+from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum
+from tiny_llm.workers.state import AnalysisSettings, analyze_state
 
 log = logging.getLogger("tiny_llm")
 

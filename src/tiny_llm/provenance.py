@@ -9,8 +9,8 @@ import os
 import platform
 import shutil
 import socket
-import tempfile
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tiny_llm.workers.state import settings_from_dict
-from tiny_llm.config import config_from_dict
 from tiny_llm.campaign.plan import estimate_seconds, job_minutes
+from tiny_llm.config import config_from_dict
+from tiny_llm.workers.state import settings_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
@@ -180,8 +180,8 @@ def test_seed_experiments_run_through_the_naiss_profile(tmp_path):
 def test_seed_experiment_walltime_from_a_timing_entry(tmp_path):
     """Under walltime: estimate a timing entry of the measurement setup prices each checkpoint's job
     (2 x work + 30 min, rounded up to the hour); without one, walltime_minutes applies."""
-    from tiny_llm.geometry.experiment import GeometrySettings, as_analysis_settings, measurement_seconds
     from tiny_llm.campaign.timing import timing_key
+    from tiny_llm.geometry.experiment import GeometrySettings, as_analysis_settings, measurement_seconds
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
     settings = GeometrySettings(device="cuda", dtype="float32", reference_rows=64, lanczos_steps=200)
     run_config = config_from_dict({**RUN, "training": {**RUN["training"], "seed": 1}})

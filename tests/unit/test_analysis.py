@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tiny_llm.workers.state import AnalysisSettings, analyze_state
 from tiny_llm.cli import main
 from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
+from tiny_llm.workers.state import AnalysisSettings, analyze_state
 
 from conftest import dense_epoch_hessian, make_oracle_run
 

@@ -10,8 +10,13 @@ import yaml
 
 from tiny_llm.campaign.plan import estimate_seconds, job_minutes
 from tiny_llm.campaign.slurm_jobs import EarlierJob
-from tiny_llm.campaign.workflow import (WorkflowPlan, awaited_outputs, expand_seed_experiments, sort_earlier_jobs,
-                                        typed_profile_values)
+from tiny_llm.campaign.workflow import (
+    WorkflowPlan,
+    awaited_outputs,
+    expand_seed_experiments,
+    sort_earlier_jobs,
+    typed_profile_values,
+)
 from tiny_llm.config import config_from_dict
 from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
 from tiny_llm.workers.state import settings_from_dict

@@ -5,8 +5,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_llm.model.checkpoint import (check_state_dict, load_model_weights, load_train_state, load_weights,
-                                 save_train_state, save_weights, state_hash)
+from tiny_llm.model.checkpoint import (
+    check_state_dict,
+    load_model_weights,
+    load_train_state,
+    load_weights,
+    save_train_state,
+    save_weights,
+    state_hash,
+)
 from tiny_llm.model.llama import Llama
 
 

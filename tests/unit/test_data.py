@@ -7,9 +7,18 @@ import pytest
 
 from tiny_llm.config import config_from_dict, config_to_dict
 from tiny_llm.data.corpus import BYTE_TOKENIZER
+from tiny_llm.data.tokens import (
+    TokenCache,
+    blocks_for_tokens,
+    capacity_blocks,
+    check_capacity,
+    epoch_plan,
+    group_permutation,
+    prepare_cache,
+    stream_batches,
+    unseen_plan,
+)
 from tiny_llm.io import sha256_file
-from tiny_llm.data.tokens import (TokenCache, blocks_for_tokens, capacity_blocks, check_capacity, epoch_plan,
-                           group_permutation, prepare_cache, stream_batches, unseen_plan)
 
 from conftest import make_oracle_run, make_run_config
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tiny_llm.workers.state import AnalysisSettings
 from tiny_llm.cli import _parser as build_parser
 from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
 from tiny_llm.workers.spectrum import SpectrumSettings
+from tiny_llm.workers.state import AnalysisSettings
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = (REPO / "docs/workflow.md").read_text()

@@ -8,9 +8,20 @@ from torch.func import functional_call, hessian, jacrev
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.hessian import FlatParameters, Precision
-from tiny_llm.geometry.metrics import (batch_gradients, concentration, cosine_matrix, cross_batch_cosine, fisher_trace,
-                               function_gradients, hessian_trace, jacobian_frobenius, random_overlap,
-                               reference_gradient, subspace_overlap, top_subspace)
+from tiny_llm.geometry.metrics import (
+    batch_gradients,
+    concentration,
+    cosine_matrix,
+    cross_batch_cosine,
+    fisher_trace,
+    function_gradients,
+    hessian_trace,
+    jacobian_frobenius,
+    random_overlap,
+    reference_gradient,
+    subspace_overlap,
+    top_subspace,
+)
 from tiny_llm.model.llama import Llama, token_losses
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)

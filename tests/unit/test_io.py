@@ -36,6 +36,7 @@ def test_checkpoints_and_caches_get_the_users_umask(tmp_path):
     import torch
 
     from tiny_llm.model.checkpoint import save_weights
+
     from conftest import make_oracle_run
     umask = os.umask(0)
     os.umask(umask)

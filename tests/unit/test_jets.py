@@ -11,8 +11,18 @@ from torch.func import functional_call, jvp
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.hessian import EpochHessian, Precision
 from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot, shared_matmul
-from tiny_llm.model.llama import (Llama, check_jet_rules, embedding_jet, linear_jet, reference_attention,
-                            reference_attention_jet, rope_tables, silu, silu_jet, token_losses)
+from tiny_llm.model.llama import (
+    Llama,
+    check_jet_rules,
+    embedding_jet,
+    linear_jet,
+    reference_attention,
+    reference_attention_jet,
+    rope_tables,
+    silu,
+    silu_jet,
+    token_losses,
+)
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 K = 3

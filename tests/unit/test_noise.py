@@ -7,10 +7,17 @@ import torch
 from torch.func import functional_call, grad, hessian
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.noise import (
+    STANDARD_ERRORS,
+    CaseInputs,
+    measure_case,
+    noise_batch_indices,
+    rademacher,
+    standard_errors,
+    summarise,
+)
 from tiny_llm.data.tokens import TokenCache, epoch_plan, unseen_plan
 from tiny_llm.model.llama import Llama, token_losses
-from tiny_llm.curvature.noise import (STANDARD_ERRORS, CaseInputs, measure_case, noise_batch_indices, rademacher,
-                            standard_errors, summarise)
 
 from conftest import make_oracle_run
 

@@ -5,11 +5,10 @@ import json
 
 import pytest
 
-from tiny_llm.workers.state import AnalysisSettings, analyze_state
-from tiny_llm.campaign.plan import case_work, cost_line, expected_states, format_seconds
-from tiny_llm.workers.index import index_states
-from tiny_llm.campaign.plan import estimate_seconds, job_minutes
+from tiny_llm.campaign.plan import case_work, cost_line, estimate_seconds, expected_states, format_seconds, job_minutes
 from tiny_llm.training.loop import train
+from tiny_llm.workers.index import index_states
+from tiny_llm.workers.state import AnalysisSettings, analyze_state
 
 from conftest import make_oracle_run
 

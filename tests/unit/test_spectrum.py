@@ -6,9 +6,17 @@ import pytest
 import torch
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.spectrum import (
+    block_diagonal_error,
+    conjugate_gradient,
+    lanczos,
+    layer_blocks,
+    slq,
+    slq_density,
+    tensor_blocks,
+    top_eigenpairs,
+)
 from tiny_llm.model.llama import Llama
-from tiny_llm.curvature.spectrum import (block_diagonal_error, conjugate_gradient, lanczos, layer_blocks, slq, slq_density,
-                               tensor_blocks, top_eigenpairs)
 
 from conftest import TINY_MODEL
 

@@ -6,14 +6,14 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from unit.test_analysis import _dense_hessian
 
-from tiny_llm.workers.state import AnalysisSettings
 from tiny_llm.data.tokens import epoch_plan
-from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum, spectrum_settings_from_dict
 from tiny_llm.training.loop import train
+from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum, spectrum_settings_from_dict
+from tiny_llm.workers.state import AnalysisSettings
 
 from conftest import make_oracle_run
-from unit.test_analysis import _dense_hessian
 
 SETTINGS = AnalysisSettings(noise_samples=2, device="cpu", dtype="float64", directions_per_pass=4)
 SPECTRUM = SpectrumSettings(top_k=2, lanczos_steps=60, slq_vectors=2, slq_steps=8, block_samples=1,

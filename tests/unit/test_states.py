@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
-from tiny_llm.workers.index import index_states, select_checkpoints
 from tiny_llm.training.loop import train
+from tiny_llm.workers.index import index_states, select_checkpoints
 
 from conftest import make_oracle_run
 

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from tiny_llm.workers.state import AnalysisSettings
 from tiny_llm.campaign.plan import estimate_seconds, job_minutes
 from tiny_llm.campaign.timing import calibrate, load_profiles, lookup, timing_key, write_profile
+from tiny_llm.workers.state import AnalysisSettings
 
 from conftest import make_oracle_run
 

@@ -11,8 +11,8 @@ import torch  # noqa: E402
 
 torch.set_num_threads(snakemake.threads)  # the rule's threads, not every core of a shared node
 
-from tiny_llm.workers.state import analyze_state, settings_from_dict  # noqa: E402
 from tiny_llm.runtime import announce_job, node_local_compile_cache  # noqa: E402
+from tiny_llm.workers.state import analyze_state, settings_from_dict  # noqa: E402
 
 announce_job(snakemake.resources, snakemake.threads)  # attempt and requested resources, in the result
 with node_local_compile_cache(shared_by=snakemake.wildcards.key):  # both cases of the state

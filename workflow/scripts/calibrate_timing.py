@@ -11,10 +11,10 @@ import torch  # noqa: E402
 
 torch.set_num_threads(snakemake.threads)  # the rule's threads, not every core of a shared node
 
-from tiny_llm.workers.state import settings_from_dict  # noqa: E402
+from tiny_llm.campaign.timing import calibrate, write_profile  # noqa: E402
 from tiny_llm.config import config_from_dict  # noqa: E402
 from tiny_llm.runtime import node_local_compile_cache  # noqa: E402
-from tiny_llm.campaign.timing import calibrate, write_profile  # noqa: E402
+from tiny_llm.workers.state import settings_from_dict  # noqa: E402
 
 with node_local_compile_cache():
     entry = calibrate(config_from_dict(snakemake.params.run_config),

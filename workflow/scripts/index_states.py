@@ -7,9 +7,9 @@ from pathlib import Path
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
 
-from tiny_llm.workers.state import check_output_binding, settings_from_dict  # noqa: E402
 from tiny_llm.io import atomic_write_json  # noqa: E402
 from tiny_llm.workers.index import index_states  # noqa: E402
+from tiny_llm.workers.state import check_output_binding, settings_from_dict  # noqa: E402
 
 output = Path(snakemake.output.states)
 check_output_binding(output.parent, snakemake.params.binding)

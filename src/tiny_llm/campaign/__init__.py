@@ -5,8 +5,8 @@ job states and earlier controllers' jobs (slurm_states, slurm_jobs).
 """
 
 from tiny_llm.campaign.plan import (
-    CaseWork,
     MAX_HOURS,
+    CaseWork,
     case_work,
     cost_line,
     estimate_seconds,

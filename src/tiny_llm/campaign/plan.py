@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.workers.state import AnalysisSettings
 from tiny_llm.config import RunConfig
+from tiny_llm.workers.state import AnalysisSettings
 
 __all__ = ["MAX_HOURS", "CaseWork", "case_work", "cost_line", "estimate_seconds", "expected_states", "format_seconds",
            "job_minutes"]

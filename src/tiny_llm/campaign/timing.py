@@ -19,12 +19,12 @@ from typing import Any
 import torch
 import yaml
 
-from tiny_llm.workers.state import AnalysisSettings, _resolve, quadratic_form_engine
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.noise import batch_gradient
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model.llama import Llama
-from tiny_llm.curvature.noise import batch_gradient
+from tiny_llm.workers.state import AnalysisSettings, _resolve, quadratic_form_engine
 
 __all__ = ["calibrate", "load_profiles", "lookup", "lookup_entry", "timing_key", "write_profile"]
 

@@ -28,8 +28,15 @@ from typing import Any
 from tiny_llm.campaign import plan as cost
 from tiny_llm.campaign import timing
 from tiny_llm.campaign.slurm_jobs import EarlierJob
-from tiny_llm.config import (RunConfig, apply_overrides, config_from_dict, config_to_dict, load_config, load_config_dict,
-                             parse_yaml)
+from tiny_llm.config import (
+    RunConfig,
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    load_config_dict,
+    parse_yaml,
+)
 from tiny_llm.data.corpus import default_capacity
 from tiny_llm.geometry.experiment import as_analysis_settings, geometry_settings_from_dict, measurement_seconds
 from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES

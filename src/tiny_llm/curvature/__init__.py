@@ -5,16 +5,16 @@ SLQ, CG and block-diagonal errors on the same operator (spectrum).
 
 from tiny_llm.curvature.hessian import (
     ENGINES,
-    EpochHessian,
     FORM_ENGINES,
-    FlatParameters,
     HVP_ENGINES,
+    EpochHessian,
+    FlatParameters,
     Precision,
     pad_sequences,
 )
 from tiny_llm.curvature.noise import (
-    CaseInputs,
     STANDARD_ERRORS,
+    CaseInputs,
     batch_gradient,
     batch_gradient_and_loss,
     mean_gradient,

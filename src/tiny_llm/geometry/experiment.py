@@ -32,16 +32,16 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from tiny_llm.geometry import metrics as geometry
-from tiny_llm.workers.state import AnalysisSettings, load_state, resolve_checkpoints
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.spectrum import top_eigenpairs
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, unseen_plan
+from tiny_llm.geometry import metrics as geometry
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model.llama import Llama
 from tiny_llm.provenance import canonical_hash, source_hash
 from tiny_llm.runtime import resolve_device
-from tiny_llm.curvature.spectrum import top_eigenpairs
+from tiny_llm.workers.state import AnalysisSettings, load_state, resolve_checkpoints
 
 __all__ = ["GeometrySettings", "as_analysis_settings", "compare", "geometry_settings_from_dict", "make_reference",
            "measure_checkpoint", "measurement_seconds", "measurement_work", "write_comparison"]

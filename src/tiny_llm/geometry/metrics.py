@@ -49,8 +49,8 @@ import torch
 from torch.func import functional_call, grad, jvp, vjp, vmap
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.model.llama import Llama, token_losses
 from tiny_llm.curvature.noise import mean_gradient_and_loss, rademacher
+from tiny_llm.model.llama import Llama, token_losses
 
 __all__ = ["batch_gradients", "concentration", "cosine_matrix", "cross_batch_cosine", "fisher_trace",
            "function_gradients", "hessian_trace", "jacobian_frobenius", "local_learning_coefficient", "random_overlap",

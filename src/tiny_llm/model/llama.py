@@ -368,8 +368,8 @@ def check_jet_rules(model: nn.Module) -> None:
         if type(module) not in _JET_LAYERS or (isinstance(module, nn.Linear) and module.bias is not None):
             kind = "Linear with bias" if isinstance(module, nn.Linear) else type(module).__name__
             raise ValueError(f"layer {name or '<model>'} ({kind}) has no second-order rule, so the taylor and adjoint "
-                             "engines cannot differentiate it; add its jet rule beside the layer in tiny_llm/model.py "
-                             "or use engine double_backward or pearlmutter")
+                             "engines cannot differentiate it; add its jet rule beside the layer in "
+                             "tiny_llm/model/llama.py or use engine double_backward or pearlmutter")
     if getattr(model, "attention_backend", "reference") != "reference":
         raise ValueError("jets need reference attention; build Llama(config, attention_backend='reference')")
 

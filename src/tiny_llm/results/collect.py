@@ -15,9 +15,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.results.record import append_event, job_records
-from tiny_llm.io import atomic_write_json, atomic_write_text
 from tiny_llm.curvature.noise import STANDARD_ERRORS, standard_errors, summarise
+from tiny_llm.io import atomic_write_json, atomic_write_text
+from tiny_llm.results.record import append_event, job_records
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ file atomically, bound to its settings identity.
 from tiny_llm.workers.index import check_selection, index_states, select_checkpoints
 from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum, spectrum_settings_from_dict
 from tiny_llm.workers.state import (
-    AnalysisSettings,
     CASES,
+    AnalysisSettings,
     LoadedState,
     analyze_state,
     check_output_binding,

@@ -15,15 +15,21 @@ from typing import Any, Literal
 
 import torch
 
-from tiny_llm.workers.state import AnalysisSettings, _exclusive, _identity, _reusable, prepare_inputs
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, runtime_settings
+from tiny_llm.curvature.noise import batch_gradient, mean_gradient, noise_batch_indices, rademacher
+from tiny_llm.curvature.spectrum import (
+    block_diagonal_error,
+    conjugate_gradient,
+    layer_blocks,
+    slq,
+    tensor_blocks,
+    top_eigenpairs,
+)
 from tiny_llm.io import atomic_write_json, check_writable_file, remove_leftovers
 from tiny_llm.model.llama import Llama
-from tiny_llm.curvature.noise import batch_gradient, mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
-from tiny_llm.curvature.spectrum import (block_diagonal_error, conjugate_gradient, layer_blocks, slq, tensor_blocks,
-                               top_eigenpairs)
+from tiny_llm.workers.state import AnalysisSettings, _exclusive, _identity, _reusable, prepare_inputs
 
 __all__ = ["SpectrumSettings", "analyze_spectrum", "spectrum_settings_from_dict"]
 
