@@ -32,7 +32,7 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...: run, log to $OUT/NAME.log, recor
 }
 
 step cuda-tests 150 "$PY" -m pytest -q -rs -m "" -p no:cacheprovider \
-    tests/unit/test_analysis.py tests/unit/test_curvature.py -k "cuda or compiled"
+    tests/unit/workers/test_state.py tests/unit/curvature/test_hessian.py -k "cuda or compiled"
 step hvp-cost-eager 90 "$PY" benchmarks/hvp_cost.py --device cuda --dtype float32 --trials 3 \
     --out "$OUT/hvp-cost-eager.json"
 step hvp-cost-compiled 120 "$PY" benchmarks/hvp_cost.py --device cuda --dtype float32 --compile --trials 3 \

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from unit.test_analysis import _dense_hessian
+from unit.workers.test_state import _dense_hessian
 
 from tiny_llm.data.tokens import epoch_plan
 from tiny_llm.training.loop import train

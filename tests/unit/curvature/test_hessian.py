@@ -10,7 +10,7 @@ from tiny_llm.config import load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, pad_sequences
 from tiny_llm.model.llama import IGNORE_INDEX, Llama, token_losses
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 
