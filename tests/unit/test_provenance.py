@@ -57,3 +57,26 @@ def test_the_copy_goes_first_on_pythonpath_once(monkeypatch, tmp_path):
     frozen = use_frozen_source(tmp_path / "frozen")
     assert use_frozen_source(tmp_path / "frozen") == frozen
     assert os.environ["PYTHONPATH"] == f"{frozen}{os.pathsep}/elsewhere"
+
+
+def _hash_of(source: Path) -> str:
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    return subprocess.run([sys.executable, "-c", "import tiny_llm.provenance as p; print(p.source_hash())"],
+                          env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_the_source_hash_covers_every_numerical_wing_and_nothing_else(tmp_path):
+    from tiny_llm.provenance import numerical_files
+    files = {path.relative_to(PACKAGE).as_posix() for path in numerical_files(PACKAGE)}
+    assert {"config.py", "model/jets.py", "curvature/spectrum.py", "workers/state.py", "training/loop.py",
+            "data/tokens.py"} <= files
+    assert not any(name.startswith(("results/", "campaign/", "geometry/", "cli")) for name in files)
+    checkout = tmp_path / "src"
+    shutil.copytree(PACKAGE, checkout / "tiny_llm", ignore=shutil.ignore_patterns("__pycache__"))
+    assert _hash_of(checkout) == source_hash()
+    figures = checkout / "tiny_llm/results/figures.py"
+    figures.write_text(figures.read_text() + "\n# a figure edited\n")
+    assert _hash_of(checkout) == source_hash()
+    jets = checkout / "tiny_llm/model/jets.py"
+    jets.write_text(jets.read_text() + "\n# a jet rule edited\n")
+    assert _hash_of(checkout) != source_hash()
