@@ -41,9 +41,9 @@ step precision 90 "$PY" benchmarks/precision.py --device cuda --samples 8
 step calibrate 90 "$PY" - <<'EOF'
 import json, os, torch, yaml
 from pathlib import Path
-from tiny_llm.analysis import AnalysisSettings
+from tiny_llm.workers.state import AnalysisSettings
 from tiny_llm.config import load_config
-from tiny_llm.timing import calibrate
+from tiny_llm.campaign.timing import calibrate
 
 out = Path(os.environ["TINY_LLM_GPU_CHECK_OUT"])
 entries = []
