@@ -20,11 +20,11 @@ import torch
 import yaml
 
 from tiny_llm.config import RunConfig
-from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.noise import batch_gradient
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model.llama import Llama
-from tiny_llm.workers.state import AnalysisSettings, _resolve, quadratic_form_engine
+from tiny_llm.workers.state import AnalysisSettings, _resolve, explain_out_of_memory, quadratic_form_engine
 
 __all__ = ["calibrate", "load_profiles", "lookup", "lookup_entry", "timing_key", "write_profile"]
 
@@ -85,8 +85,25 @@ def _timed(fn, device: torch.device, repeats: int) -> float:
 
 def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -> dict[str, Any]:
     """Measure the per-micro-batch costs of this setup on this machine (random weights and tokens
-    of the right shapes); returns a timing entry ``{"key", "seconds", "measured"}``."""
+    of the right shapes); returns a timing entry ``{"key", "seconds", "measured"}``.
+
+    It measures under the runtime settings the analysis runs with (TF32 or not), recorded in
+    ``measured.runtime``.
+
+    Raises:
+        ValueError: the setup does not fit the device's memory, naming the settings to lower.
+    """
     resolved = _resolve(settings, config)
+    with runtime_settings(resolved.device, resolved.tf32) as runtime, \
+            explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass):
+        seconds = _measure_seconds(config, settings, resolved, repeats)
+    device_kind = "cpu" if resolved.device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(resolved.device)}"
+    return {"key": timing_key(config, settings, device_kind), "seconds": seconds,
+            "measured": {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "repeats": repeats,
+                         "host": socket.gethostname(), "runtime": runtime}}
+
+
+def _measure_seconds(config: RunConfig, settings: AnalysisSettings, resolved, repeats: int) -> dict[str, float]:
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     started = time.perf_counter()
     model = Llama(config.model, attention_backend="reference").to(resolved.device, resolved.dtype)
@@ -102,11 +119,7 @@ def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -
     hvp = _timed(lambda: operator.quadratic_forms(V), resolved.device, repeats)
     micro = math.ceil(B / mb)
     gradient = _timed(lambda: batch_gradient(model, flat, tokens[:B], mb, precision), resolved.device, repeats) / micro
-    device_kind = "cpu" if resolved.device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(resolved.device)}"
-    return {"key": timing_key(config, settings, device_kind),
-            "seconds": {"startup": startup, "gradient_microbatch": gradient, "hvp_microbatch_pass": hvp},
-            "measured": {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "repeats": repeats,
-                         "host": socket.gethostname()}}
+    return {"startup": startup, "gradient_microbatch": gradient, "hvp_microbatch_pass": hvp}
 
 
 def write_profile(path: str | Path, entry: dict[str, Any]) -> None:

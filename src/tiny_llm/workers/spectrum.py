@@ -29,7 +29,8 @@ from tiny_llm.io import atomic_write_json, check_writable_file, remove_leftovers
 from tiny_llm.model.llama import Llama
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
-from tiny_llm.workers.state import AnalysisSettings, _exclusive, _identity, _reusable, prepare_inputs
+from tiny_llm.workers.state import (AnalysisSettings, _exclusive, _identity, _reusable, explain_out_of_memory,
+                                    prepare_inputs)
 
 __all__ = ["SpectrumSettings", "analyze_spectrum", "spectrum_settings_from_dict"]
 
@@ -168,7 +169,8 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
         model.load_state_dict(state.root, strict=True)
         model.to(device=resolved.device, dtype=resolved.dtype)
         batches = [cache.tokens(blocks) for blocks in plan.blocks]
-        with runtime_settings(resolved.device, resolved.tf32) as runtime:
+        with runtime_settings(resolved.device, resolved.tf32) as runtime, \
+                explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass):
             measured = measure_spectrum(model, batches, settings, spectrum, precision, resolved.hvp_batch_size,
                                         resolved.hvp_engine, resolved.hvp_compiled, config.training.micro_batch_size)
         result = {"schema": 1, "kind": "spectrum", "identity": identity,

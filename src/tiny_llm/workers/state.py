@@ -15,6 +15,7 @@ import logging
 import re
 import time
 from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,8 +32,8 @@ from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, s
 from tiny_llm.runtime import compile_record, resolve_device
 from tiny_llm.training.loop import average_states
 
-__all__ = ["AnalysisSettings", "CASES", "LoadedState", "analyze_state", "check_output_binding", "load_state",
-           "output_binding", "quadratic_form_engine", "resolve_checkpoints", "settings_from_dict"]
+__all__ = ["AnalysisSettings", "CASES", "LoadedState", "analyze_state", "check_output_binding", "explain_out_of_memory",
+           "load_state", "output_binding", "quadratic_form_engine", "resolve_checkpoints", "settings_from_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -323,6 +324,22 @@ def analyze_state(run_dir: str | Path, checkpoints: list[str], case: str, settin
     return result
 
 
+@contextlib.contextmanager
+def explain_out_of_memory(hvp_batch_size: int, directions_per_pass: int) -> Iterator[None]:
+    """Turn the device running out of memory into the one-line error that names the settings to
+    lower (nothing is shrunk silently; the caller has written nothing yet).
+
+    Raises:
+        ValueError: on ``torch.OutOfMemoryError`` inside the block.
+    """
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise ValueError(f"out of memory with --hvp-batch-size {hvp_batch_size} and --directions-per-pass "
+                         f"{directions_per_pass}; try smaller values (e.g. {max(1, hvp_batch_size // 2)} and "
+                         f"{max(1, directions_per_pass // 2)}); nothing was written") from None
+
+
 def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, case: str,
              settings: AnalysisSettings, resolved: _Resolved, identity: dict) -> dict[str, Any]:
     started = time.perf_counter()
@@ -340,14 +357,9 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
                         workers=config.training.workers, consensus=consensus,
                         audit=(settings.audit_directions, settings.audit_batches) if settings.audited else None)
     label = f"[{state.key[:12]} {case}]"
-    with runtime_settings(resolved.device, resolved.tf32) as runtime:
-        try:
-            measured = measure_case(model, inputs, precision, progress=lambda m: log.info("%s %s", label, m))
-        except torch.OutOfMemoryError:
-            raise ValueError(f"out of memory with --hvp-batch-size {resolved.hvp_batch_size} and "
-                             f"--directions-per-pass {settings.directions_per_pass}; try smaller values "
-                             f"(e.g. {max(1, resolved.hvp_batch_size // 2)} and {max(1, settings.directions_per_pass // 2)}); "
-                             "nothing was written") from None
+    with runtime_settings(resolved.device, resolved.tf32) as runtime, \
+            explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass):
+        measured = measure_case(model, inputs, precision, progress=lambda m: log.info("%s %s", label, m))
     return {
         "schema": RESULT_SCHEMA,
         "identity": identity,

@@ -103,3 +103,15 @@ def test_lanczos_storage_and_reduction_dtypes_are_the_configured_ones(run, monke
     assert (result["precision"]["lanczos_basis"], result["precision"]["lanczos_reduction"]) == ("bfloat16", "float32")
     with pytest.raises(ValueError, match="lanczos_reduction: expected float64 or float32"):
         SpectrumSettings(lanczos_reduction="bfloat16")
+
+
+def test_out_of_memory_is_one_clear_error_and_nothing_is_written(run, monkeypatch):
+    config, path = run
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    monkeypatch.setattr("tiny_llm.workers.spectrum.measure_spectrum", out_of_memory)
+    out = path / "oom" / "seen.json"
+    with pytest.raises(ValueError, match="out of memory with --hvp-batch-size 2 and --directions-per-pass 4"):
+        analyze_spectrum(path / "run", ["epoch-001.safetensors"], "seen", SETTINGS, SpectrumSettings(), out)
+    assert not out.exists()

@@ -280,3 +280,16 @@ def test_output_binding_names_what_changed_and_the_way_out(tmp_path):
         check_output_binding(tmp_path, output_binding(AnalysisSettings(seed=7), "runs/demo"))
     with pytest.raises(ValueError, match=rf"source code changed\); use a new analysis name, or remove {tmp_path}"):
         check_output_binding(tmp_path, {**binding, "source": "other"})
+
+
+def test_out_of_memory_names_the_settings_to_lower_and_writes_nothing(ordinary, tmp_path, monkeypatch):
+    config, path, _ = ordinary
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    monkeypatch.setattr("tiny_llm.workers.state.measure_case", out_of_memory)
+    out = tmp_path / "oom.json"
+    with pytest.raises(ValueError, match=r"out of memory with --hvp-batch-size \d+ and --directions-per-pass "
+                                         rf"{FAST.directions_per_pass}; try smaller values"):
+        analyze_state(path / "run", ["epoch-001.safetensors"], "seen", FAST, out)
+    assert not out.exists() and not list(tmp_path.glob(".oom*"))
