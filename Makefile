@@ -7,9 +7,15 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup demo seeds-demo test test-slow test-llc gpu-check clean-demo
 
+# TORCH_INDEX: a wheel index to take torch from first, e.g. PyTorch's CPU index for a CPU-only build
+# (see envs/requirements.txt); empty: torch as PyPI serves it.
+TORCH_INDEX ?=
+
 $(STAMP): pyproject.toml envs/requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "Installing torch, snakemake and the rest into $(VENV) (1-3 minutes, once)..."
+	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --disable-pip-version-check --index-url $(TORCH_INDEX) \
+		"torch==$$(sed -n 's/^torch==//p' envs/requirements.txt)")
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r envs/requirements.txt -e '.[test]'
 	touch $(STAMP)
 
@@ -33,10 +39,17 @@ test-llc: $(STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[llc]'
 	$(BIN)/python -m pytest -m llc
 
-# On a machine with a CUDA GPU: CUDA tests, GPU benchmarks, precision study and walltime
-# calibration in one go (about 8 minutes); report in benchmarks/out/gpu-check/report.md.
+# On a machine with a CUDA GPU: CUDA tests, walltime calibration, GPU benchmarks and precision
+# study in one go (at most 7 minutes); report in benchmarks/out/gpu-check/report.md. With
+# `make gpu-check PYTHON=python3` it runs with that interpreter as it is (a CUDA torch, pytest,
+# pyyaml, pandas; the source on PYTHONPATH): no .venv, no install, no network.
+ifeq ($(origin PYTHON),command line)
+gpu-check:
+	PYTHON=$(PYTHON) benchmarks/gpu_check.sh
+else
 gpu-check: $(STAMP)
 	PYTHON=$(BIN)/python benchmarks/gpu_check.sh
+endif
 
 clean-demo:
 	rm -rf cache/demo cache/demo.prepared.json runs/demo results/demo results/benchmarks logs .snakemake

@@ -3,6 +3,7 @@ clearly where there is no GPU (as in CI)."""
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,46 @@ def test_gpu_check_fails_fast_and_clearly_without_cuda():
                             timeout=60)
     assert result.returncode == 2
     assert "gpu-check: no CUDA device is visible" in result.stderr and "GPU node" in result.stderr
+
+
+FAKE_SITE = """
+import importlib.abc, sys
+
+class _Absent(importlib.abc.MetaPathFinder):  # this interpreter has no snakemake
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "snakemake":
+            raise ModuleNotFoundError("No module named 'snakemake'")
+
+sys.meta_path.insert(0, _Absent())
+import torch
+torch.cuda.is_available = lambda: True  # past the GPU gate, so that the first step starts
+"""
+
+
+def test_gpu_check_runs_with_the_given_interpreter_as_it_is(tmp_path):
+    """PYTHON=<interpreter> without snakemake and without .venv: the first step runs with it, and the
+    report is written after each step, also when the time runs out (later steps skipped)."""
+    checkout = tmp_path / "checkout"
+    for name in ("benchmarks", "src", "tests", "config"):
+        shutil.copytree(REPO / name, checkout / name, ignore=shutil.ignore_patterns("__pycache__", "out"))
+    shutil.copy(REPO / "pyproject.toml", checkout / "pyproject.toml")
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "sitecustomize.py").write_text(FAKE_SITE)
+    python = fake / "python3"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{fake}${{PYTHONPATH:+:$PYTHONPATH}}" exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    assert subprocess.run([str(python), "-c", "import snakemake"], capture_output=True).returncode != 0
+    env = {**os.environ, "PYTHON": str(python), "GPU_CHECK_SECONDS": "25"}
+    result = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=checkout, env=env, capture_output=True,
+                            text=True, timeout=240)
+    out = checkout / "benchmarks/out/gpu-check"
+    assert result.returncode == 1, result.stderr[-2000:]  # the fake GPU fails its steps: reported, not fatal
+    assert "gpu-check: cuda-tests (at most" in result.stderr and not (checkout / ".venv").exists()
+    assert "test_" in (out / "cuda-tests.log").read_text()  # pytest ran with that interpreter
+    report = (out / "report.md").read_text()
+    assert "| cuda-tests | failed" in report and "skipped (no time left)" in report, report
+    assert "No module named 'snakemake'" not in (out / "cuda-tests.log").read_text()
 
 
 def test_benchmark_scripts_document_their_options():
