@@ -105,16 +105,19 @@ class FlatParameters:
 
 def pad_sequences(tokens: torch.Tensor, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Cut (n, T+1) token rows into (inputs, targets) micro-batches of exactly ``batch_size`` rows;
-    the last is padded with rows whose targets are all ignored (zero loss, zero gradient)."""
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    the last is padded with rows whose targets are all ignored (zero loss, zero gradient). Every
+    micro-batch, padded or not, is a view with the strides of the rows, (T+1, 1), so one compiled
+    graph serves all (and no copy of the epoch is made)."""
     batches = []
     for start in range(0, len(tokens), batch_size):
-        x, y = inputs[start:start + batch_size], targets[start:start + batch_size]
-        if len(x) < batch_size:
-            pad = batch_size - len(x)
-            x = torch.cat([x, torch.zeros(pad, x.size(1), dtype=x.dtype, device=x.device)])
-            y = torch.cat([y, torch.full((pad, y.size(1)), IGNORE_INDEX, dtype=y.dtype, device=y.device)])
-        batches.append((x, y))
+        rows = tokens[start:start + batch_size]
+        if len(rows) < batch_size:
+            x, y = torch.zeros(2, batch_size, rows.size(1), dtype=rows.dtype, device=rows.device).unbind()
+            x[:len(rows)], y[:len(rows)] = rows, rows
+            y[len(rows):] = IGNORE_INDEX
+            batches.append((x[:, :-1], y[:, 1:]))
+        else:
+            batches.append((rows[:, :-1], rows[:, 1:]))
     return batches
 
 
@@ -159,6 +162,7 @@ class EpochHessian:
         self.theta = self.flat.flatten([p.detach() for p in model.parameters()])
         self.batches = pad_sequences(tokens.to(precision.device), batch_size)
         self.n_targets = int(tokens[:, 1:].numel())
+        self._n_targets = torch.tensor(float(self.n_targets), dtype=precision.dtype, device=precision.device)
         self.progress = progress or (lambda message: None)
         self.passes = 0
         self.fd_scale = fd_scale if fd_scale is not None else FD_SCALE.get(precision.dtype, 3e-3)
@@ -166,14 +170,17 @@ class EpochHessian:
         self._pearlmutter = torch.compile(self._pearlmutter_eager, dynamic=False) if compile else self._pearlmutter_eager
 
     # --- one micro-batch ---------------------------------------------------------------------
-    def _loss(self, params: dict[str, torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _loss(self, params: dict[str, torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor,
+              n_targets: int | torch.Tensor | None = None) -> torch.Tensor:
         logits = self.precision.forward(lambda x: functional_call(self.model, params, (x,)), inputs)
-        return token_losses(logits, targets).sum() / self.n_targets
+        return token_losses(logits, targets).sum() / (self.n_targets if n_targets is None else n_targets)
 
     def _pearlmutter_eager(self, theta: torch.Tensor, V: torch.Tensor, inputs: torch.Tensor,
-                           targets: torch.Tensor) -> torch.Tensor:
+                           targets: torch.Tensor, n_targets: torch.Tensor) -> torch.Tensor:
+        """H_b V by forward-over-reverse. ``n_targets`` (a 0-dim tensor) is an input, so a compiled
+        graph does not depend on the epoch's target count (another epoch or audit sample reuses it)."""
         def loss(flat: torch.Tensor) -> torch.Tensor:
-            return self._loss(self.flat.unflatten(flat), inputs, targets)
+            return self._loss(self.flat.unflatten(flat), inputs, targets, n_targets)
 
         def product(v: torch.Tensor) -> torch.Tensor:
             return jvp(grad(loss), (theta,), (v,))[1]
@@ -257,7 +264,7 @@ class EpochHessian:
             raise ValueError(f"the {self.engine} engine computes quadratic forms vᵀHv only; Hessian-vector products "
                              f"(spectra) need one of {', '.join(HVP_ENGINES)}")
         if self.engine == "pearlmutter":
-            return self._pearlmutter(self.theta, V, inputs, targets)
+            return self._pearlmutter(self.theta, V, inputs, targets, self._n_targets)
         if self.engine == "finite_difference":
             return self._finite_difference(V, inputs, targets)
         return self._double_backward(V, inputs, targets)
@@ -269,12 +276,14 @@ class EpochHessian:
         return V.to(device=self.precision.device, dtype=self.precision.dtype)
 
     def _passes(self, V: torch.Tensor, per_batch) -> Iterator[tuple[int, int, torch.Tensor]]:
-        """Per pass of K directions (zero-padded to K when compiled) and per micro-batch b, yield
-        (first row, real rows, ``per_batch(chunk, inputs, targets)``)."""
+        """Per pass of K directions and per micro-batch b, yield (first row, real rows,
+        ``per_batch(chunk, inputs, targets)``). Compiled, a chunk of 2 to K − 1 directions is padded
+        with zero directions to K (the graph of K serves it); a single direction (Lanczos, SLQ, CG)
+        runs its own graph of one, at 1/K of the work and memory."""
         for start in range(0, len(V), self.K):
             chunk = V[start:start + self.K]
             real = len(chunk)
-            if self.compile and real < self.K:  # keep one graph: pad with zero directions
+            if self.compile and 1 < real < self.K:  # one graph for K: pad a short chunk with zero directions
                 chunk = torch.cat([chunk, chunk.new_zeros(self.K - real, chunk.size(1))])
             started = time.perf_counter()
             for inputs, targets in self.batches:

@@ -116,20 +116,70 @@ def test_operator_refuses_bad_use(dense_problem):
         EpochHessian(model, tokens, batch_size=2, engine="double_backward", precision=CPU64).hvp(torch.zeros(3))
 
 
-@pytest.mark.slow
-def test_compiled_pearlmutter_equals_eager_with_one_graph(dense_problem):
-    """torch.compile of vmap(jvp(grad)) (the CUDA default), here on CPU: same products, and padded
-    micro-batches and zero-padded direction chunks keep it to one graph (~70 s of compilation)."""
+def test_compiled_passes_pad_short_chunks_but_run_single_directions_alone(dense_problem):
+    """What the compiled product is fed: every micro-batch with one layout (the padded last too), the
+    target count as a tensor, short chunks padded to K, a single direction alone (not K× the work)."""
     model, tokens, H = dense_problem
-    V = torch.randn(5, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    compiled = EpochHessian(model, tokens, batch_size=3, engine="pearlmutter", precision=CPU64,
-                            directions_per_pass=2, compile=True)
-    torch._dynamo.utils.counters.clear()
+    op = EpochHessian(model, tokens, batch_size=3, engine="pearlmutter", precision=CPU64, directions_per_pass=4,
+                      compile=True)
+    fed = []
+
+    def record(theta, V, inputs, targets, n_targets):
+        fed.append((len(V), inputs.stride(), targets.stride(), n_targets))
+        return op._pearlmutter_eager(theta, V, inputs, targets, n_targets)
+    op._pearlmutter = record
+    V = torch.randn(3, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(op.hvp(V[:1]), V[:1] @ H, rtol=0, atol=1e-10)
+    assert {rows for rows, *_ in fed} == {1}
+    fed.clear()
+    torch.testing.assert_close(op.hvp(V), V @ H, rtol=0, atol=1e-10)
+    assert {rows for rows, *_ in fed} == {4} and len(fed) == 3  # 7 rows: micro-batches of 3, 3 and 1 + 2 padding
+    assert len({(x, y) for _, x, y, _ in fed}) == 1  # one layout for every micro-batch
+    assert all(isinstance(n, torch.Tensor) and n.dim() == 0 and float(n) == op.n_targets for *_, n in fed)
+
+
+@pytest.mark.slow
+def test_compiled_pearlmutter_equals_eager_with_one_graph_per_direction_count(dense_problem):
+    """torch.compile of vmap(jvp(grad)) (the CUDA default), here on CPU inductor: the products and
+    forms of the eager engine, one graph for K directions whatever the micro-batch (the padded
+    last included) and the epoch's target count, one more for single directions, none after."""
+    model, tokens, H = dense_problem
+    V = torch.randn(4, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+
+    def graphs(rows: int) -> tuple[EpochHessian, int]:
+        """An operator on the first ``rows`` rows, compiled from scratch, and its graphs for K directions."""
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        op = EpochHessian(model, tokens[:rows], batch_size=3, engine="pearlmutter", precision=CPU64,
+                          directions_per_pass=2, compile=True)
+        op.hvp(V)
+        return op, torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+    _, unpadded = graphs(6)  # micro-batches of 3 and 3
+    compiled, padded = graphs(7)  # 3, 3 and 1 + 2 padding rows
+    assert unpadded >= 1 and padded == unpadded  # the padded micro-batch reuses the graph
     torch.testing.assert_close(compiled.hvp(V), V @ H, rtol=0, atol=1e-10)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it really compiled
+    torch._dynamo.utils.counters.clear()
+    torch.testing.assert_close(compiled.hvp(V[:1]), V[:1] @ H, rtol=0, atol=1e-10)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # the single-direction graph
     torch._dynamo.utils.counters.clear()
     compiled.hvp(V)
+    compiled.hvp(V[:1])
+    compiled.hvp(V[:3])  # a short chunk: padded to K
+    eager = EpochHessian(model, tokens, batch_size=3, engine="pearlmutter", precision=CPU64, directions_per_pass=2)
+    torch.testing.assert_close(compiled.quadratic_forms(V), eager.quadratic_forms(V), rtol=1e-12, atol=0)
+    compiled._n_targets.fill_(2.0 * compiled.n_targets)  # another epoch's target count: an input, not a constant
+    torch.testing.assert_close(compiled.hvp(V), V @ H / 2, rtol=0, atol=1e-10)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # no recompilation
+
+
+def test_only_the_pearlmutter_engine_is_compiled(dense_problem):
+    """The jets are not compiled: compiling the adjoint engine whole returned wrong forms (its record
+    pass loses the adjoints), so it is refused, as for every engine but Pearlmutter."""
+    model, tokens, _ = dense_problem
+    for engine in ("taylor", "adjoint", "double_backward", "finite_difference"):
+        with pytest.raises(ValueError, match="only the pearlmutter engine is compiled"):
+            EpochHessian(model, tokens, batch_size=3, engine=engine, precision=CPU64, compile=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

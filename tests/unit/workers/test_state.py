@@ -243,17 +243,20 @@ def test_cuda_request_without_gpu_is_a_clear_error(ordinary, tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("engine", ["auto", "pearlmutter"])
 @pytest.mark.parametrize("amp", [False, True])
-def test_cuda_float32_agrees_with_cpu_float64(ordinary, tmp_path, amp):
-    """The cluster path (compiled Pearlmutter, TF32, optionally bf16 autocast) against the CPU
-    float64 reference, and the matmul precision restored afterwards."""
+def test_cuda_float32_agrees_with_cpu_float64(ordinary, tmp_path, engine, amp):
+    """The cluster paths (adjoint quadratic forms, and compiled Pearlmutter; TF32, optionally bf16
+    autocast) against the CPU float64 reference, and the matmul precision restored afterwards."""
     config, path, _ = ordinary
     before = torch.backends.cuda.matmul.fp32_precision
     reference = analyze_state(path / "run", ["epoch-002.safetensors"], "seen", FAST, tmp_path / "cpu.json")
-    gpu = analyze_state(path / "run", ["epoch-002.safetensors"], "seen",
-                        AnalysisSettings(**{**FAST.__dict__, "device": "cuda", "dtype": "float32", "amp": amp}),
-                        tmp_path / f"gpu-{amp}.json")
-    assert gpu["precision"]["quadratic_form_engine"] == "adjoint"
+    settings = AnalysisSettings(**{**FAST.__dict__, "device": "cuda", "dtype": "float32", "amp": amp,
+                                   "engine": engine, "compile_hvp": True})
+    gpu = analyze_state(path / "run", ["epoch-002.safetensors"], "seen", settings, tmp_path / f"gpu-{engine}-{amp}.json")
+    assert gpu["precision"]["quadratic_form_engine"] == ("adjoint" if engine == "auto" else "pearlmutter")
+    if engine == "pearlmutter":
+        assert gpu["timing"]["compile"]["graphs"] >= 1  # it really ran compiled
     assert torch.backends.cuda.matmul.fp32_precision == before
     tolerance = 0.1 if amp else 1e-2
     for key in ("random_curvature", "grad_curvature", "full_grad_norm", "mean_grad_norm"):
