@@ -134,6 +134,11 @@ class EpochHessian:
         precision: dtype / device / AMP policy.
         directions_per_pass: K, the number of directions sharing one pass over the data.
         compile: compile the Pearlmutter micro-batch product with ``torch.compile``.
+        group_rows: at most this many sequences of a curvature micro-batch per pass of an engine
+            (None: the engine's default, the whole micro-batch; taylor mode B/K). Memory of a pass
+            grows with it; the forms and products do not change (the loss is a sum over
+            sequences, and each group adds its share). Compiled, groups are equal (a divisor of
+            the micro-batch), so one graph serves them.
 
     Example:
         >>> from tiny_llm.config import ModelConfig
@@ -146,7 +151,8 @@ class EpochHessian:
 
     def __init__(self, model: Llama, tokens: torch.Tensor, *, batch_size: int, engine: Engine,
                  precision: Precision, directions_per_pass: int = 1, compile: bool = False,
-                 progress: Callable[[str], None] | None = None, fd_scale: float | None = None):
+                 progress: Callable[[str], None] | None = None, fd_scale: float | None = None,
+                 group_rows: int | None = None):
         if engine not in ENGINES:
             raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
         if model.attention_backend != "reference" and engine != "finite_difference":
@@ -154,8 +160,11 @@ class EpochHessian:
                              "Llama(config, attention_backend='reference'), or use the finite_difference engine")
         if compile and engine != "pearlmutter":
             raise ValueError("only the pearlmutter engine is compiled; use --no-compile-hvp with the other engines")
+        if group_rows is not None and (not isinstance(group_rows, int) or group_rows < 1):
+            raise ValueError(f"group_rows: expected a positive integer or None, got {group_rows!r}")
         if engine in FORM_ENGINES:
             check_jet_rules(model)
+        self.group_rows = group_rows
         self.model, self.engine, self.precision = model, engine, precision
         self.K, self.compile = directions_per_pass, compile
         self.flat = FlatParameters(model)
@@ -235,22 +244,22 @@ class EpochHessian:
         """vᵀH_b v for one curvature micro-batch (its share of the epoch loss), V (K, D) → (K,) float64."""
         if self.engine not in FORM_ENGINES:
             return (V.double() * self.batch_products(V, inputs, targets).double()).sum(dim=1)
-        adjoints = self._adjoints(inputs, targets) if self.engine == "adjoint" else None
-        rows = self._group_rows(len(V), len(inputs))
         forms = torch.zeros(len(V), dtype=torch.float64, device=self.precision.device)
-        for start in range(0, len(inputs), rows):
-            group = None if adjoints is None else {key: lam[start:start + rows] for key, lam in adjoints.items()}
-            forms += self._jet_forms(V, inputs[start:start + rows], targets[start:start + rows], group)
+        for rows in self._row_groups(len(V), len(inputs)):
+            adjoints = self._adjoints(inputs[rows], targets[rows]) if self.engine == "adjoint" else None
+            forms += self._jet_forms(V, inputs[rows], targets[rows], adjoints)
         return forms
 
-    def _group_rows(self, K: int, B: int) -> int:
-        """Sequences per jet pass. Taylor mode holds every coefficient of a layer for K directions
-        at once: groups of B/K sequences keep that near one primal forward of the micro-batch. The
-        adjoint engine takes the whole micro-batch: cut finer, its passes slow down on small models
-        (0.50 → 0.74 of a gradient per direction on the demo model); its memory is recorded in
-        benchmarks/README.md and shrinks with K or the curvature micro-batch."""
-        return max(1, B // K) if self.engine == "taylor" else B
-
+    def _row_groups(self, K: int, B: int) -> list[slice]:
+        """The sequences of one pass, as slices of the micro-batch. By default taylor mode, which
+        holds every coefficient of a layer for K directions at once, takes groups of B/K sequences
+        (near one primal forward of the micro-batch in memory); the other engines take the whole
+        micro-batch (cut finer, the adjoint engine's passes slow down on small models: 0.50 → 0.74
+        of a gradient per direction on the demo model). ``group_rows`` caps the group for memory."""
+        rows = self.group_rows or (max(1, B // K) if self.engine == "taylor" else B)
+        if self.group_rows and self.compile:  # equal groups: one compiled graph
+            rows = max(d for d in range(1, min(rows, B) + 1) if B % d == 0)
+        return [slice(start, start + rows) for start in range(0, B, rows)]
     def _jet_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
                    adjoints: dict | None) -> torch.Tensor:
         jets = JetPass(self._directions(V), adjoints, workspace=self._workspace)
@@ -263,11 +272,16 @@ class EpochHessian:
         if self.engine in FORM_ENGINES:
             raise ValueError(f"the {self.engine} engine computes quadratic forms vᵀHv only; Hessian-vector products "
                              f"(spectra) need one of {', '.join(HVP_ENGINES)}")
-        if self.engine == "pearlmutter":
-            return self._pearlmutter(self.theta, V, inputs, targets, self._n_targets)
-        if self.engine == "finite_difference":
-            return self._finite_difference(V, inputs, targets)
-        return self._double_backward(V, inputs, targets)
+        product = {"pearlmutter": self._pearlmutter_product, "finite_difference": self._finite_difference,
+                   "double_backward": self._double_backward}[self.engine]
+        total = None
+        for rows in self._row_groups(len(V), len(inputs)):
+            part = product(V, inputs[rows], targets[rows])
+            total = part if total is None else total + part
+        return total
+
+    def _pearlmutter_product(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self._pearlmutter(self.theta, V, inputs, targets, self._n_targets)
 
     # --- passes over the epoch ---------------------------------------------------------------
     def _check(self, V: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """The curvature operator: every engine, K and curvature batch size equals the dense Hessian."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,31 @@ def test_quadratic_form_engines_on_cuda(dense_problem, engine, amp):
         torch.backends.cuda.matmul.fp32_precision = previous
     bound = (1e-2 if amp else 1e-5) * float(exact.pow(2).mean().sqrt())
     assert float((forms - exact).abs().max()) < bound
+
+
+@pytest.mark.parametrize("engine", ["taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference"])
+@pytest.mark.parametrize("group_rows", [1, 2])
+def test_row_groups_change_memory_not_numbers(dense_problem, engine, group_rows):
+    """A curvature micro-batch cut into groups of sequences gives the forms and products of the
+    whole micro-batch (the same terms summed), to rounding in float64."""
+    model, tokens, H = dense_problem
+    V = torch.randn(4, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    whole = EpochHessian(model, tokens, batch_size=3, engine=engine, precision=CPU64, directions_per_pass=4)
+    grouped = EpochHessian(model, tokens, batch_size=3, engine=engine, precision=CPU64, directions_per_pass=4,
+                           group_rows=group_rows)
+    assert len(grouped._row_groups(4, 3)) == math.ceil(3 / group_rows)
+    # finite differences divide gradient differences by a step of 1e-6: their own round-off (~1e-11
+    # relative here) is amplified from the last bits of the gradients, which the grouping reorders
+    rtol = 1e-9 if engine == "finite_difference" else 1e-12
+    torch.testing.assert_close(grouped.quadratic_forms(V), whole.quadratic_forms(V), rtol=rtol, atol=0)
+    if engine not in ("taylor", "adjoint"):
+        grouped_hv, whole_hv = grouped.hvp(V), whole.hvp(V)
+        assert float((grouped_hv - whole_hv).norm() / whole_hv.norm()) < rtol
+
+
+def test_compiled_row_groups_are_equal(dense_problem):
+    model, tokens, _ = dense_problem
+    op = EpochHessian(model, tokens, batch_size=6, engine="pearlmutter", precision=CPU64, compile=True, group_rows=4)
+    assert op._row_groups(1, 6) == [slice(0, 3), slice(3, 6)]  # the largest divisor of 6 up to 4
+    with pytest.raises(ValueError, match="group_rows: expected a positive integer or None, got 0"):
+        EpochHessian(model, tokens, batch_size=6, engine="adjoint", precision=CPU64, group_rows=0)
