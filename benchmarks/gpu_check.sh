@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One prepared GPU check (`make gpu-check`), at most 7 minutes in all on one H200 or GH200. In order
 # of what only a GPU can tell:
-#   1. the CUDA tests (compiled Pearlmutter, TF32, bf16 autocast against CPU float64) and the slow
-#      torch.compile test;
+#   1. the CUDA tests (adjoint forms and compiled Pearlmutter, TF32, bf16 autocast, against CPU
+#      float64);
 #   2. walltime calibration of the demo shape and of config/runs/20m.yaml (context 1024, bf16
 #      autocast + TF32 as on the cluster), as timing entries for config/timing.yaml;
 #   3. benchmarks/hvp_cost.py --device cuda, eager and compiled;
@@ -89,7 +89,7 @@ EOF
 }
 
 step cuda-tests 140 "$PY" -m pytest -q -rs -m "" -p no:cacheprovider \
-    tests/unit/workers/test_state.py tests/unit/curvature/test_hessian.py -k "cuda or compiled"
+    tests/unit/workers/test_state.py tests/unit/curvature/test_hessian.py -k cuda
 step calibrate 80 "$PY" - <<'EOF'
 import json, os, torch, yaml
 from pathlib import Path
