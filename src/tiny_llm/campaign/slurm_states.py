@@ -69,9 +69,23 @@ def keep_running_jobs_on_interrupt(policy: str = "keep-running") -> bool:
         return False
     executor = plugin.Executor
     cancel_all = getattr(executor.cancel_jobs, "__wrapped__", executor.cancel_jobs)
+    check = getattr(executor.check_active_jobs, "__wrapped__", executor.check_active_jobs)
+
+    @functools.wraps(check)
+    async def check_active_jobs(self, active_jobs):
+        # While their status is checked, jobs are out of the executor's active list: a Ctrl-C then
+        # would find no job to cancel or keep. Remember them for cancel_jobs.
+        self._tiny_llm_checking = list(active_jobs)
+        try:
+            async for job in check(self, active_jobs):
+                yield job
+        finally:
+            self._tiny_llm_checking = []
 
     @functools.wraps(cancel_all)
     def cancel_jobs(self, active_jobs):
+        active_jobs = list(active_jobs)
+        active_jobs += [job for job in getattr(self, "_tiny_llm_checking", []) if job not in active_jobs]
         ids = [job.external_jobid for job in active_jobs if job.external_jobid]
         states = _queue_states(ids) if ids and policy == "keep-running" else {}
         running = sorted((job_id for job_id in ids if states.get(job_id) not in (None, "PENDING")),
@@ -92,4 +106,5 @@ def keep_running_jobs_on_interrupt(policy: str = "keep-running") -> bool:
               file=sys.stderr, flush=True)
 
     executor.cancel_jobs = cancel_jobs
+    executor.check_active_jobs = check_active_jobs
     return True

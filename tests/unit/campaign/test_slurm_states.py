@@ -66,3 +66,27 @@ def test_ctrl_c_with_the_cancel_policy_or_nothing_running_cancels_everything(mon
     (tmp_path / "b").mkdir()
     cancelled, executor = _interrupt(monkeypatch, tmp_path / "b", "keep-running", {"8": "PENDING"})
     assert cancelled == ["7", "8", "9"] and executor._tmpdir == str(tmp_path / "b/tmp.jobscripts")
+
+
+def test_ctrl_c_during_a_status_check_still_finds_the_jobs(monkeypatch, tmp_path, capsys):
+    """The executor takes its jobs out of its active list while it checks their status; a Ctrl-C
+    in that moment still cancels the queued ones and keeps the running ones."""
+    import tiny_llm.campaign.slurm_states as slurm_states
+    cancelled = []
+    monkeypatch.setattr(plugin.Executor, "cancel_jobs", lambda self, jobs: cancelled.extend(j.external_jobid for j in jobs))
+
+    async def checking(self, active_jobs):  # Ctrl-C arrives while the status of the jobs is checked
+        plugin.Executor.cancel_jobs(self, [])
+        for job in active_jobs:
+            yield job
+    monkeypatch.setattr(plugin.Executor, "check_active_jobs", checking)
+    monkeypatch.setattr(slurm_states, "_queue_states", lambda ids: {"7": "RUNNING", "8": "PENDING"})
+    assert slurm_states.keep_running_jobs_on_interrupt("keep-running")
+    executor = object.__new__(plugin.Executor)
+
+    async def check():
+        return [job async for job in plugin.Executor.check_active_jobs(executor, [_Job("7"), _Job("8")])]
+    assert [job.external_jobid for job in asyncio.run(check())] == ["7", "8"]
+    assert cancelled == ["8"]
+    assert "1 queued Slurm job(s) cancelled; 1 running job(s) keep running (7)" in capsys.readouterr().err
+    assert executor._tiny_llm_checking == []  # after the check, only the active list counts
