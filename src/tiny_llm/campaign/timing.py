@@ -24,7 +24,8 @@ from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, 
 from tiny_llm.curvature.noise import batch_gradient
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model.llama import Llama
-from tiny_llm.workers.state import AnalysisSettings, _resolve, explain_out_of_memory, quadratic_form_engine
+from tiny_llm.workers.state import (AnalysisSettings, _resolve, _Resolved, explain_out_of_memory,
+                                    quadratic_form_engine)
 
 __all__ = ["calibrate", "load_profiles", "lookup", "lookup_entry", "timing_key", "write_profile"]
 
@@ -103,7 +104,8 @@ def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -
                          "host": socket.gethostname(), "runtime": runtime}}
 
 
-def _measure_seconds(config: RunConfig, settings: AnalysisSettings, resolved, repeats: int) -> dict[str, float]:
+def _measure_seconds(config: RunConfig, settings: AnalysisSettings, resolved: _Resolved,
+                     repeats: int) -> dict[str, float]:
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     started = time.perf_counter()
     model = Llama(config.model, attention_backend="reference").to(resolved.device, resolved.dtype)

@@ -41,13 +41,10 @@ from tiny_llm.data.corpus import default_capacity
 from tiny_llm.geometry.experiment import as_analysis_settings, geometry_settings_from_dict, measurement_seconds
 from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
 from tiny_llm.workers.index import check_selection
-from tiny_llm.workers.state import AnalysisSettings, check_output_binding, output_binding, settings_from_dict
+from tiny_llm.workers.state import CASES, AnalysisSettings, check_output_binding, output_binding, settings_from_dict
 
 __all__ = ["AWAITABLE", "STANDS_IN", "WorkflowPlan", "awaited_outputs", "expand_seed_experiments", "sort_earlier_jobs",
            "typed_profile_values"]
-
-CASES = ["seen", "unseen"]
-"""The data cases of an analysis unless its ``cases`` says otherwise."""
 
 AWAITABLE = {
     "analyze_state": "results/{analysis}/states/{key}/{case}.json",
@@ -197,7 +194,7 @@ class WorkflowPlan:
         for name, cache in self.cache_of_run.items():
             self.run_of_cache.setdefault(cache, name)
         self.analysis_settings = {name: self._check_analysis(name) for name in self.analyses}
-        self._pending: dict[tuple[str, str], bool] = {}
+        self._pending: dict[str, bool] = {}
 
     def _check_analysis(self, name: str) -> AnalysisSettings:
         """An analysis's settings, and its output directory checked against them before any work."""
@@ -296,7 +293,7 @@ class WorkflowPlan:
         return output_binding(self.analysis_settings[analysis], entry["run"], entry.get("spectrum", {}))
 
     def cases(self, analysis: str) -> list[str]:
-        return self.analyses[analysis].get("cases", CASES)
+        return self.analyses[analysis].get("cases", list(CASES))
 
     def spectrum_enabled(self, analysis: str) -> bool:
         return bool(self.analyses[analysis].get("spectrum", {}).get("enabled", False))
@@ -369,10 +366,11 @@ class WorkflowPlan:
         return self._lookup(self.run_config(analysis), self.analysis_settings[analysis], device_kind)
 
     def _pending_for(self, name: str, entry_of: Callable[[str], dict[str, Any] | None]) -> bool:
-        if (name, entry_of.__name__) not in self._pending:
+        """Decided once per workflow run (analysis and experiment names never coincide)."""
+        if name not in self._pending:
             estimate = self.cluster.get("walltime") == "estimate" and not self.cluster.get("walltime_hours")
-            self._pending[name, entry_of.__name__] = estimate and entry_of(name) is None
-        return self._pending[name, entry_of.__name__]
+            self._pending[name] = estimate and entry_of(name) is None
+        return self._pending[name]
 
     def calibration_pending(self, analysis: str) -> bool:
         """Whether the walltime estimate of an analysis waits for its calibration job: walltimes are
