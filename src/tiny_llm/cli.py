@@ -101,6 +101,9 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
                     help="audited noise and random directions (each; ḡ is always audited)")
     an.add_argument("--audit-batches", type=int, default=AnalysisSettings.audit_batches,
                     help="curvature micro-batches the audit measures")
+    an.add_argument("--memory-budget-gb", type=float,
+                    help="GiB a job may use on its device; passes are cut into groups of sequences to fit "
+                         "(default: CUDA free memory less a margin; no budget on CPU)")
     an.add_argument("--expect-key", help="refuse unless the checkpoints hash to this state key")
 
 
@@ -111,7 +114,7 @@ def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
         compile_hvp=not args.no_compile_hvp, device=args.device, dtype=args.dtype, tf32=not args.no_tf32,
         amp=args.amp, consensus=not args.no_consensus,
         audit={"auto": "auto", "on": True, "off": False}[args.audit], audit_directions=args.audit_directions,
-        audit_batches=args.audit_batches)
+        audit_batches=args.audit_batches, memory_budget_gb=args.memory_budget_gb)
 
 
 def _analyze_spectrum(args: argparse.Namespace) -> None:

@@ -21,10 +21,11 @@ import yaml
 
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, runtime_settings
+from tiny_llm.curvature.memory import MemoryPlan, device_budget
 from tiny_llm.curvature.noise import batch_gradient
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model.llama import Llama
-from tiny_llm.workers.state import (AnalysisSettings, _resolve, _Resolved, explain_out_of_memory,
+from tiny_llm.workers.state import (AnalysisSettings, _resolve, _Resolved, explain_out_of_memory, memory_plan,
                                     quadratic_form_engine)
 
 __all__ = ["calibrate", "load_profiles", "lookup", "lookup_entry", "timing_key", "write_profile"]
@@ -89,23 +90,26 @@ def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -
     of the right shapes); returns a timing entry ``{"key", "seconds", "measured"}``.
 
     It measures under the runtime settings the analysis runs with (TF32 or not), recorded in
-    ``measured.runtime``.
+    ``measured.runtime``, with the passes cut into the groups of sequences that the analysis's
+    memory budget gives them (``measured.memory``).
 
     Raises:
         ValueError: the setup does not fit the device's memory, naming the settings to lower.
     """
     resolved = _resolve(settings, config)
+    memory = memory_plan(settings, config, device_budget(resolved.device, settings.memory_budget_gb),
+                         cuda=resolved.device.type == "cuda")
     with runtime_settings(resolved.device, resolved.tf32) as runtime, \
             explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass):
-        seconds = _measure_seconds(config, settings, resolved, repeats)
+        seconds = _measure_seconds(config, settings, resolved, repeats, memory)
     device_kind = "cpu" if resolved.device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(resolved.device)}"
     return {"key": timing_key(config, settings, device_kind), "seconds": seconds,
             "measured": {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "repeats": repeats,
-                         "host": socket.gethostname(), "runtime": runtime}}
+                         "host": socket.gethostname(), "runtime": runtime, "memory": memory.record()}}
 
 
 def _measure_seconds(config: RunConfig, settings: AnalysisSettings, resolved: _Resolved,
-                     repeats: int) -> dict[str, float]:
+                     repeats: int, memory: MemoryPlan) -> dict[str, float]:
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     started = time.perf_counter()
     model = Llama(config.model, attention_backend="reference").to(resolved.device, resolved.dtype)
@@ -114,13 +118,15 @@ def _measure_seconds(config: RunConfig, settings: AnalysisSettings, resolved: _R
     tokens = torch.randint(0, config.model.vocab_size, (max(B, hvp), T + 1), generator=torch.Generator().manual_seed(0))
     flat = FlatParameters(model)
     operator = EpochHessian(model, tokens[:hvp], batch_size=hvp, engine=resolved.engine, precision=precision,
-                            directions_per_pass=settings.directions_per_pass, compile=resolved.compiled)
+                            directions_per_pass=settings.directions_per_pass, compile=resolved.compiled,
+                            group_rows=memory.rows("forms"))
     V = torch.randn(settings.directions_per_pass, flat.D, device=resolved.device, dtype=resolved.dtype)
     operator.quadratic_forms(V)  # compilation happens here and counts as start-up
     startup = time.perf_counter() - started
     hvp = _timed(lambda: operator.quadratic_forms(V), resolved.device, repeats)
     micro = math.ceil(B / mb)
-    gradient = _timed(lambda: batch_gradient(model, flat, tokens[:B], mb, precision), resolved.device, repeats) / micro
+    rows = memory.rows("gradient") or mb  # the analysis's backward passes, as cut for its memory budget
+    gradient = _timed(lambda: batch_gradient(model, flat, tokens[:B], rows, precision), resolved.device, repeats) / micro
     return {"startup": startup, "gradient_microbatch": gradient, "hvp_microbatch_pass": hvp}
 
 

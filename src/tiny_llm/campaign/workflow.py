@@ -41,7 +41,9 @@ from tiny_llm.data.corpus import default_capacity
 from tiny_llm.geometry.experiment import as_analysis_settings, geometry_settings_from_dict, measurement_seconds
 from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
 from tiny_llm.workers.index import check_selection
-from tiny_llm.workers.state import CASES, AnalysisSettings, check_output_binding, output_binding, settings_from_dict
+from tiny_llm.curvature.memory import GiB, MemoryPlan
+from tiny_llm.workers.state import (CASES, AnalysisSettings, check_output_binding, memory_plan, output_binding,
+                                    settings_from_dict)
 
 __all__ = ["AWAITABLE", "STANDS_IN", "WorkflowPlan", "awaited_outputs", "expand_seed_experiments", "sort_earlier_jobs",
            "typed_profile_values"]
@@ -194,6 +196,11 @@ class WorkflowPlan:
         for name, cache in self.cache_of_run.items():
             self.run_of_cache.setdefault(cache, name)
         self.analysis_settings = {name: self._check_analysis(name) for name in self.analyses}
+        for name in self.analyses:  # a job that cannot fit its memory budget is refused before any work
+            try:
+                self.memory(name)
+            except ValueError as error:
+                raise ValueError(f"analyses.{name}.settings: {error}") from None
         self._pending: dict[str, bool] = {}
 
     def _check_analysis(self, name: str) -> AnalysisSettings:
@@ -204,6 +211,22 @@ class WorkflowPlan:
                         trained_here=self.trained_here(name) is not None)
         check_output_binding(f"results/{name}", output_binding(settings, entry["run"], entry.get("spectrum", {})))
         return settings
+
+    def memory(self, analysis: str) -> MemoryPlan | None:
+        """The memory plan of the analysis's (state, case) jobs under ``memory_budget_gb`` (none
+        when unset: on CUDA the budget is then the free memory at run time); None while the run's
+        configuration is not there yet.
+
+        Raises:
+            ValueError: a pass that does not fit the budget even one sequence at a time.
+        """
+        settings = self.analysis_settings[analysis]
+        try:
+            run = self.run_config(analysis)
+        except (ValueError, OSError):
+            return None
+        budget = None if settings.memory_budget_gb is None else int(settings.memory_budget_gb * GiB)
+        return memory_plan(settings, run, budget, cuda=settings.device.startswith("cuda"))
 
     # --- targets ----------------------------------------------------------------------------
 
@@ -449,8 +472,12 @@ class WorkflowPlan:
         workers = run.training.workers if settings.consensus else 0
         work = cost.case_work(run, settings, workers)
         kind = "cpu" if settings.device == "cpu" else self.cluster.get("gpu_kind") or "cuda"
-        return cost.cost_line(analysis, states, self.cases(analysis), work, settings.device,
+        line = cost.cost_line(analysis, states, self.cases(analysis), work, settings.device,
                               self.timing_entry(analysis, kind), self.cluster)
+        memory = self.memory(analysis).describe()
+        if settings.memory_budget_gb is None and settings.device != "cpu":
+            memory = memory.replace("no budget", "budget: the GPU's free memory at run time, cut to fit")
+        return f"{line}; {memory}"
 
     def cost_lines(self) -> list[str]:
         """The cost line of every analysis that has no summary.csv yet."""

@@ -1,6 +1,7 @@
 """The maths: the full-epoch token-weighted Hessian operator and its engines (hessian), the
 gradient-noise statistics with their standard errors and precision audit (noise), and Lanczos,
-SLQ, CG and block-diagonal errors on the same operator (spectrum).
+SLQ, CG and block-diagonal errors on the same operator (spectrum), and the memory model that
+cuts every pass to fit a budget (memory).
 """
 
 from tiny_llm.curvature.hessian import (
@@ -12,6 +13,7 @@ from tiny_llm.curvature.hessian import (
     Precision,
     pad_sequences,
 )
+from tiny_llm.curvature.memory import MemoryPlan, StoragePeak, device_budget, pass_bytes, plan_analysis
 from tiny_llm.curvature.noise import (
     STANDARD_ERRORS,
     CaseInputs,
@@ -46,12 +48,15 @@ __all__ = [
     "FlatParameters",
     "HVP_ENGINES",
     "LanczosResult",
+    "MemoryPlan",
     "Precision",
     "STANDARD_ERRORS",
+    "StoragePeak",
     "batch_gradient",
     "batch_gradient_and_loss",
     "block_diagonal_error",
     "conjugate_gradient",
+    "device_budget",
     "lanczos",
     "layer_blocks",
     "mean_gradient",
@@ -59,6 +64,8 @@ __all__ = [
     "measure_case",
     "noise_batch_indices",
     "pad_sequences",
+    "pass_bytes",
+    "plan_analysis",
     "precision_audit",
     "rademacher",
     "slq",

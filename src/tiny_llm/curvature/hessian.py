@@ -256,7 +256,8 @@ class EpochHessian:
         (near one primal forward of the micro-batch in memory); the other engines take the whole
         micro-batch (cut finer, the adjoint engine's passes slow down on small models: 0.50 → 0.74
         of a gradient per direction on the demo model). ``group_rows`` caps the group for memory."""
-        rows = self.group_rows or (max(1, B // K) if self.engine == "taylor" else B)
+        rows = max(1, B // K) if self.engine == "taylor" else B
+        rows = min(rows, self.group_rows or rows)
         if self.group_rows and self.compile:  # equal groups: one compiled graph
             rows = max(d for d in range(1, min(rows, B) + 1) if B % d == 0)
         return [slice(start, start + rows) for start in range(0, B, rows)]

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.data.tokens import BatchPlan, TokenCache, derive_seed, group_permutation
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import accumulate_batch_gradient
@@ -135,6 +136,19 @@ class CaseInputs:
     """(worker index, eᵢ = xᵢ − x̄ as float64 (D,)) for packed runs with consensus on."""
     audit: tuple[int, int] | None = None
     """(directions of each kind, curvature micro-batches) of the precision audit, or None."""
+    memory: MemoryPlan | None = None
+    """Sequences per group of each pass (gradient, forms, audit) under a memory budget; None:
+    unchunked. Grouping changes only how the same terms are summed."""
+
+    def rows(self, name: str) -> int | None:
+        """Group rows of pass ``name`` under the memory plan (None: the engine's default)."""
+        return None if self.memory is None else self.memory.rows(name)
+
+    @property
+    def gradient_micro_batch(self) -> int:
+        """Sequences per backward pass of the gradients: training's micro-batch, or fewer to fit
+        the memory budget (the gradient is the same sum)."""
+        return self.rows("gradient") or self.micro_batch_size
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -274,11 +288,12 @@ def precision_audit(model: Llama, tokens: torch.Tensor, directions: list[tuple[d
     rows = torch.cat([tokens[j * h:(j + 1) * h] for j in micro])
     V = torch.stack([vector for _, vector in directions])
     production = EpochHessian(model, rows, batch_size=h, engine=inputs.engine, precision=precision,
-                              directions_per_pass=len(V), compile=False).quadratic_forms(V).tolist()
+                              directions_per_pass=len(V), compile=False,
+                              group_rows=inputs.rows("forms")).quadratic_forms(V).tolist()
     reference_model = copy.deepcopy(model).to(torch.float64)
     reference = EpochHessian(reference_model, rows, batch_size=h, engine="adjoint",
                              precision=Precision(precision.device, torch.float64), directions_per_pass=len(V),
-                             compile=False).quadratic_forms(V.to(torch.float64)).tolist()
+                             compile=False, group_rows=inputs.rows("audit")).quadratic_forms(V.to(torch.float64)).tolist()
     records = []
     for (label, _), q, exact in zip(directions, production, reference):
         error = abs(q - exact) / max(abs(exact), torch.finfo(torch.float64).tiny)  # finite, also for q₆₄ = 0
@@ -307,14 +322,14 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     flat, plan, cache = FlatParameters(model), inputs.plan, inputs.cache
     batches = [cache.tokens(blocks) for blocks in plan.blocks]
     B, n = len(plan.blocks[0]), len(plan)
-    g_bar, epoch_loss = mean_gradient_and_loss(model, flat, batches, inputs.micro_batch_size, precision)
+    g_bar, epoch_loss = mean_gradient_and_loss(model, flat, batches, inputs.gradient_micro_batch, precision)
     t_mean = time.perf_counter() - t0
     progress(f"mean gradient over {n} batches: {t_mean:.2f} s (epoch loss {epoch_loss:.4f})")
 
     epoch_tokens = torch.cat(batches)
     operator = EpochHessian(model, epoch_tokens, batch_size=inputs.hvp_batch_size, engine=inputs.engine,
                             precision=precision, directions_per_pass=inputs.directions_per_pass,
-                            compile=inputs.compile)
+                            compile=inputs.compile, group_rows=inputs.rows("forms"))
     selected = noise_batch_indices(n, inputs.noise_samples, inputs.seed)
     total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
     runner = _DirectionRunner(operator, precision, total, progress)
@@ -326,7 +341,7 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     sample_seconds = 0.0
     for position, i in enumerate(selected):
         started = time.perf_counter()
-        g, batch_loss = batch_gradient_and_loss(model, flat, batches[i], inputs.micro_batch_size, precision)
+        g, batch_loss = batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch, precision)
         sample_seconds += time.perf_counter() - started
         record = {"batch_index": i, "stream_batch": int(plan.stream_batches[i]), "positions": plan.positions(cache, i),
                   "grad_norm": float(g.norm()), "loss": batch_loss}

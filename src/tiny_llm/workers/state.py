@@ -23,6 +23,7 @@ import torch
 
 from tiny_llm.config import RunConfig, config_to_dict, load_config
 from tiny_llm.curvature.hessian import ENGINES, HVP_ENGINES, FlatParameters, Precision, runtime_settings
+from tiny_llm.curvature.memory import MemoryPlan, device_budget, plan_analysis
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, unseen_plan
 from tiny_llm.io import atomic_write_json, check_writable_file, exclusive, remove_leftovers
@@ -32,12 +33,14 @@ from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, s
 from tiny_llm.runtime import compile_record, resolve_device
 from tiny_llm.training.loop import average_states
 
-__all__ = ["AnalysisSettings", "CASES", "LoadedState", "analyze_state", "check_output_binding", "explain_out_of_memory",
+__all__ = ["AnalysisSettings", "CASES", "EXECUTION_SETTINGS", "memory_plan", "numerical_settings", "LoadedState", "analyze_state", "check_output_binding", "explain_out_of_memory",
            "load_state", "output_binding", "quadratic_form_engine", "resolve_checkpoints", "settings_from_dict"]
 
 log = logging.getLogger(__name__)
 
 CASES = ("seen", "unseen")
+EXECUTION_SETTINGS = ("memory_budget_gb",)
+"""Settings that change how the work is cut, not its numbers: not part of identities or bindings."""
 RESULT_SCHEMA = 1
 ROOT_CHECKPOINT = re.compile(r"^(epoch-\d+\.safetensors|final\.pt)$")
 _WORKER_DIR = re.compile(r"^node-\d+$")
@@ -82,6 +85,10 @@ class AnalysisSettings:
     """Audited noise directions and random directions (each; ḡᵀHḡ is always audited)."""
     audit_batches: int = 2
     """Curvature micro-batches (seeded) over which the audit compares production and float64."""
+    memory_budget_gb: float | None = None
+    """Memory (GiB) a job may use on its device; every pass is cut into groups of sequences that the
+    memory model says fit it (the numbers do not change, so it is not part of a result's identity).
+    None: on CUDA the device's free memory less a margin, elsewhere no budget."""
 
     @property
     def audited(self) -> bool:
@@ -107,6 +114,9 @@ class AnalysisSettings:
         for name in ("audit_directions", "audit_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
+        if self.memory_budget_gb is not None and not (isinstance(self.memory_budget_gb, (int, float))
+                                                       and self.memory_budget_gb > 0):
+            raise ValueError(f"memory_budget_gb: expected a positive number of GiB or null, got {self.memory_budget_gb!r}")
         if self.amp and self.dtype != "float32":
             raise ValueError("--amp requires --dtype float32 (bf16 autocast with float32 parameters)")
 
@@ -246,8 +256,31 @@ def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
                      hvp_compiled=cuda and settings.compile_hvp and hvp_engine == "pearlmutter")
 
 
+def numerical_settings(settings: AnalysisSettings) -> dict[str, Any]:
+    """The settings that decide a result's numbers (all but EXECUTION_SETTINGS)."""
+    return {k: v for k, v in asdict(settings).items() if k not in EXECUTION_SETTINGS}
+
+
+def memory_plan(settings: AnalysisSettings, config: RunConfig, budget_bytes: int | None, cuda: bool) -> MemoryPlan:
+    """The grouping of a (state, case) job's passes under ``budget_bytes`` (see
+    :func:`tiny_llm.curvature.memory.device_budget`), for a CUDA device or not.
+
+    Raises:
+        ValueError: a pass that does not fit even one sequence at a time (nothing is computed).
+    """
+    engine = quadratic_form_engine(settings)
+    return plan_analysis(config.model, config.data.seq_len, engine=engine, K=settings.directions_per_pass,
+                         hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
+                         micro_batch_size=config.training.micro_batch_size,
+                         itemsize=torch.finfo(getattr(torch, settings.dtype)).bits // 8,
+                         compiled=cuda and settings.compile_hvp and engine == "pearlmutter",
+                         audit_directions=settings.audit_directions if settings.audited else None,
+                         extra_vectors=config.training.workers if config.training.packed and settings.consensus else 0,
+                         budget_bytes=budget_bytes)
+
+
 def _identity(settings: AnalysisSettings, resolved: _Resolved, config: RunConfig, cache: TokenCache) -> dict:
-    numerical = {**asdict(settings), "device": resolved.device.type, "engine": resolved.engine,
+    numerical = {**numerical_settings(settings), "device": resolved.device.type, "engine": resolved.engine,
                  "compiled": resolved.compiled, "hvp_engine": resolved.hvp_engine,
                  "hvp_compiled": resolved.hvp_compiled, "tf32": resolved.tf32, "hvp_batch_size": resolved.hvp_batch_size,
                  "micro_batch_size": config.training.micro_batch_size}
@@ -314,12 +347,15 @@ def analyze_state(run_dir: str | Path, checkpoints: list[str], case: str, settin
     check_writable_file(output)
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
     identity = _identity(settings, resolved, config, cache)
+    memory = memory_plan(settings, config, device_budget(resolved.device, settings.memory_budget_gb),
+                         cuda=resolved.device.type == "cuda")
     with _exclusive(output):
         remove_leftovers(output.parent, output.name)  # temporary files of a killed write
         if (old := _reusable(output, identity, state.key, case)) is not None:
             log.info("reusing %s (same identity)", output)
             return old
-        result = _measure(config, cache, plan, state, case, settings, resolved, identity)
+        log.info("%s", memory.describe())
+        result = _measure(config, cache, plan, state, case, settings, resolved, identity, memory)
         atomic_write_json(output, result)
     return result
 
@@ -336,12 +372,14 @@ def explain_out_of_memory(hvp_batch_size: int, directions_per_pass: int) -> Iter
         yield
     except torch.OutOfMemoryError:
         raise ValueError(f"out of memory with --hvp-batch-size {hvp_batch_size} and --directions-per-pass "
-                         f"{directions_per_pass}; try smaller values (e.g. {max(1, hvp_batch_size // 2)} and "
-                         f"{max(1, directions_per_pass // 2)}); nothing was written") from None
+                         f"{directions_per_pass} although the memory model said they fit; set a smaller "
+                         "memory_budget_gb (--memory-budget-gb) so that the passes are cut finer, or lower "
+                         f"them (e.g. {max(1, hvp_batch_size // 2)} and {max(1, directions_per_pass // 2)}); "
+                         "nothing was written") from None
 
 
 def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, case: str,
-             settings: AnalysisSettings, resolved: _Resolved, identity: dict) -> dict[str, Any]:
+             settings: AnalysisSettings, resolved: _Resolved, identity: dict, memory: MemoryPlan) -> dict[str, Any]:
     started = time.perf_counter()
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     model = Llama(config.model, attention_backend="reference")
@@ -355,7 +393,8 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
                         random_samples=settings.random_samples, seed=settings.seed, engine=resolved.engine,
                         directions_per_pass=settings.directions_per_pass, compile=resolved.compiled,
                         workers=config.training.workers, consensus=consensus,
-                        audit=(settings.audit_directions, settings.audit_batches) if settings.audited else None)
+                        audit=(settings.audit_directions, settings.audit_batches) if settings.audited else None,
+                        memory=memory)
     label = f"[{state.key[:12]} {case}]"
     with runtime_settings(resolved.device, resolved.tf32) as runtime, \
             explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass):
@@ -373,6 +412,7 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
                       "compiled": resolved.compiled, "attention_backend": "reference",
                       "reductions": "float64", **runtime},
         "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started, "compile": compile_record()},
+        "memory": memory.record(),
         "counts": measured["counts"],
         "statistics": measured["statistics"],
         "standard_errors": measured["standard_errors"],
@@ -409,7 +449,8 @@ def settings_from_dict(data: dict[str, Any]) -> AnalysisSettings:
 def output_binding(settings: AnalysisSettings, run: str, spectrum: dict[str, Any] | None = None) -> dict[str, Any]:
     """What an output directory is bound to: the run, the settings (spectral ones too) and the
     tiny_llm source."""
-    return {"run": str(run), "settings": asdict(settings), "spectrum": spectrum or {}, "source": source_hash()}
+    return {"run": str(run), "settings": numerical_settings(settings), "spectrum": spectrum or {},
+            "source": source_hash()}
 
 
 def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write: bool = False) -> None:

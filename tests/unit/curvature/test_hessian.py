@@ -211,11 +211,13 @@ def test_row_groups_change_memory_not_numbers(dense_problem, engine, group_rows)
     """A curvature micro-batch cut into groups of sequences gives the forms and products of the
     whole micro-batch (the same terms summed), to rounding in float64."""
     model, tokens, H = dense_problem
-    V = torch.randn(4, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(8))
-    whole = EpochHessian(model, tokens, batch_size=3, engine=engine, precision=CPU64, directions_per_pass=4)
-    grouped = EpochHessian(model, tokens, batch_size=3, engine=engine, precision=CPU64, directions_per_pass=4,
+    K = 1 if engine == "taylor" else 4  # taylor's own groups are B/K sequences: one direction, whole micro-batch
+    V = torch.randn(K, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    whole = EpochHessian(model, tokens, batch_size=3, engine=engine, precision=CPU64, directions_per_pass=K)
+    grouped = EpochHessian(model, tokens, batch_size=3, engine=engine, precision=CPU64, directions_per_pass=K,
                            group_rows=group_rows)
-    assert len(grouped._row_groups(4, 3)) == math.ceil(3 / group_rows)
+    assert len(whole._row_groups(K, 3)) == 1
+    assert len(grouped._row_groups(K, 3)) == math.ceil(3 / group_rows)
     # finite differences divide gradient differences by a step of 1e-6: their own round-off (~1e-11
     # relative here) is amplified from the last bits of the gradients, which the grouping reorders
     rtol = 1e-9 if engine == "finite_difference" else 1e-12

@@ -3,6 +3,7 @@ and every bad input refused before anything is written."""
 
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
-from tiny_llm.workers.state import AnalysisSettings, analyze_state
+from tiny_llm.workers.state import AnalysisSettings, analyze_state, memory_plan
 
 from conftest import dense_epoch_hessian, make_oracle_run
 
@@ -293,6 +294,45 @@ def test_out_of_memory_names_the_settings_to_lower_and_writes_nothing(ordinary, 
     monkeypatch.setattr("tiny_llm.workers.state.measure_case", out_of_memory)
     out = tmp_path / "oom.json"
     with pytest.raises(ValueError, match=r"out of memory with --hvp-batch-size \d+ and --directions-per-pass "
-                                         rf"{FAST.directions_per_pass}; try smaller values"):
+                                         rf"{FAST.directions_per_pass} .*smaller memory_budget_gb"):
         analyze_state(path / "run", ["epoch-001.safetensors"], "seen", FAST, out)
     assert not out.exists() and not list(tmp_path.glob(".oom*"))
+
+
+def test_a_memory_budget_cuts_every_pass_without_changing_a_number(ordinary, tmp_path):
+    """A budget that forces one sequence per group in every pass (gradients, forms, audit) gives
+    the statistics of the unchunked job to 1e-12 in float64, records the grouping, and is not part of
+    the result's identity (the unchunked result is reused under any budget)."""
+    config, path, _ = ordinary
+    settings = AnalysisSettings(noise_samples=2, random_samples=3, device="cpu", dtype="float64",
+                                directions_per_pass=3, audit=True)
+    whole = analyze_state(path / "run", ["epoch-001.safetensors"], "seen", settings, tmp_path / "whole.json")
+    low, high = 0.0, 1.0  # GiB: the smallest budget the plan accepts puts its largest pass at one sequence
+    for _ in range(60):
+        middle = (low + high) / 2
+        try:
+            memory_plan(settings, config, int(middle * 2**30), cuda=False)
+            high = middle
+        except ValueError:
+            low = middle
+    budget = replace(settings, memory_budget_gb=high)
+    cut = analyze_state(path / "run", ["epoch-001.safetensors"], "seen", budget, tmp_path / "cut.json")
+    groups = {p["name"]: p["group_rows"] for p in cut["memory"]["passes"]}
+    assert min(groups.values()) == 1 and cut["memory"]["predicted_peak_bytes"] <= cut["memory"]["budget_bytes"]
+    assert cut["identity"] == whole["identity"]
+    for name, value in whole["statistics"].items():
+        assert cut["statistics"][name] == (None if value is None else pytest.approx(value, rel=1e-12, abs=1e-300)), name
+    for a, b in zip(cut["audit"]["directions"], whole["audit"]["directions"]):
+        assert a["float64"] == pytest.approx(b["float64"], rel=1e-12)
+    again = analyze_state(path / "run", ["epoch-001.safetensors"], "seen", budget, tmp_path / "whole.json")
+    assert again == whole  # reused: the budget changes how the work is cut, not the result
+
+
+def test_a_budget_below_one_sequence_is_refused_before_any_work(ordinary, tmp_path, capsys):
+    _, path, _ = ordinary
+    out = tmp_path / "tiny.json"
+    assert main(["analyze-state", "--run", str(path / "run"), "--checkpoint", "epoch-001.safetensors", "--case", "seen",
+                 "--output", str(out), "--device", "cpu", "--dtype", "float64", "--memory-budget-gb", "1e-6"]) == 2
+    error = capsys.readouterr().err
+    assert "gradient: one sequence of 6 tokens needs" in error and "more than memory_budget_gb = 1.05 KiB" in error
+    assert not out.exists() and not list(tmp_path.iterdir())

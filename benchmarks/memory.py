@@ -1,0 +1,121 @@
+"""Fit and check the memory model of the curvature passes (tiny_llm.curvature.memory).
+
+Measures the peak live storage of one pass per engine (and of a gradient pass) on CPU with a
+storage-counting dispatch mode, over a seeded random grid of small shapes and a grid at the 20M
+model's width (d = 512, 8 heads, f = 1368) with one or two layers and T up to 1024; fits, per engine,
+the three-phase model of the module docstring by alternating weighted least squares (relative
+error); and prints the coefficients (to paste into COEFFICIENTS) and the predicted/measured ratios.
+
+    python benchmarks/memory.py --fit            # measure, fit, print coefficients (about 10 min)
+    python benchmarks/memory.py                  # check the committed coefficients on fresh grids
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import time
+
+import numpy as np
+import torch
+
+from tiny_llm.config import ModelConfig
+from tiny_llm.curvature.memory import COEFFICIENTS, FEATURES, GRADIENT, PHASES, features, measure_pass, pass_bytes
+
+ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference", GRADIENT)
+
+
+def small_grid(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [dict(L=rng.choice([1, 2, 3]), d=rng.choice([16, 32, 64]), h=rng.choice([1, 2, 4, 8]),
+                 f=rng.choice([24, 48, 96, 172]), V=rng.choice([16, 64, 256]), T=rng.choice([16, 64, 128, 256]),
+                 B=rng.choice([1, 2, 3]), K=rng.choice([1, 2, 4, 8])) for _ in range(n)]
+
+
+def wide_grid() -> list[dict]:
+    return [dict(L=L, d=512, h=8, f=1368, V=256, T=T, B=1, K=K)
+            for T, L, K in itertools.product([256, 1024], [1, 2], [1, 4])]
+
+
+def config_of(p: dict) -> ModelConfig:
+    return ModelConfig(vocab_size=p["V"], d_model=p["d"], n_heads=p["h"], d_ff=p["f"], n_layers=p["L"],
+                       max_seq_len=p["T"])
+
+
+def measure(engine: str, points: list[dict], dtype: torch.dtype = torch.float32) -> list[dict]:
+    out = []
+    for p in points:
+        started = time.perf_counter()
+        peak = measure_pass(config_of(p), engine, p["B"], p["K"], p["T"], dtype)
+        out.append({**p, "peak": peak, "seconds": time.perf_counter() - started})
+    return out
+
+
+def design(points: list[dict], phase: tuple[str, ...]) -> np.ndarray:
+    rows = []
+    for p in points:
+        x = features(config_of(p), p["B"], p["T"])
+        rows.append([x[name] * (p["K"] if slope else 1) for name in phase for slope in (0, 1)])
+    return np.array(rows, dtype=float)
+
+
+def fit(points: list[dict], itemsize: int = 4, iterations: int = 100) -> tuple[dict, ...]:
+    """Max-of-phases fit by alternating least squares, weighted to minimise relative error."""
+    y = np.array([p["peak"] / itemsize for p in points])
+    X = [design(points, phase) for phase in PHASES]
+    scale = np.array([[features(config_of(p), p["B"], p["T"])[phase[-1]] for phase in PHASES] for p in points])
+    assign = scale.argmax(axis=1)  # start from the phase whose own feature is largest
+    coefficients = [np.zeros(x.shape[1]) for x in X]
+    for _ in range(iterations):
+        for k, x in enumerate(X):
+            chosen = assign == k
+            if chosen.sum() >= x.shape[1] // 2:
+                w = 1 / y[chosen]
+                coefficients[k] = np.linalg.lstsq(x[chosen] * w[:, None], y[chosen] * w, rcond=None)[0]
+        new = np.stack([x @ c for x, c in zip(X, coefficients)], axis=1).argmax(axis=1)
+        if (new == assign).all():
+            break
+        assign = new
+    return tuple({name: (round(float(c[2 * i]), 3), round(float(c[2 * i + 1]), 3)) for i, name in enumerate(phase)}
+                 for phase, c in zip(PHASES, coefficients))
+
+
+def report(engine: str, measured: list[dict], itemsize: int = 4, label: str = "") -> float:
+    ratios = [pass_bytes(engine, config_of(p), p["B"], p["K"], p["T"], itemsize) / p["peak"] for p in measured]
+    worst = max(abs(r - 1) for r in ratios)
+    wide = [r for r, p in zip(ratios, measured) if p["d"] == 512]
+    print(f"{engine + label:>22}: predicted/measured over {len(ratios)} shapes: min {min(ratios):.3f}, "
+          f"max {max(ratios):.3f}, worst {worst:.1%}" + (f"; at d=512: {min(wide):.3f}-{max(wide):.3f}" if wide else ""),
+          flush=True)
+    return worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true", help="measure the fitting grids and print new coefficients")
+    parser.add_argument("--points", type=int, default=150, help="random small shapes per engine")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.fit:
+        fitted = {}
+        for engine in ENGINES:
+            measured = measure(engine, small_grid(args.points, 0) + wide_grid())
+            fitted[engine] = fit(measured)
+            COEFFICIENTS[engine] = fitted[engine]
+            report(engine, measured)
+        print("COEFFICIENTS.update({")
+        for engine, phases in fitted.items():
+            print(f"    {engine!r}: (")
+            for phase in phases:
+                print(f"        {phase},")
+            print("    ),")
+        print("})")
+        return
+    for engine in ENGINES:  # fresh shapes (another seed), float32 and float64
+        report(engine, measure(engine, small_grid(40, 1)))
+        report(engine, measure(engine, small_grid(15, 2), torch.float64), itemsize=8, label=" float64")
+
+
+if __name__ == "__main__":
+    main()

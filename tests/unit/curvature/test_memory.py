@@ -1,0 +1,92 @@
+"""The memory model of the curvature passes against storage counts, and the grouping it chooses."""
+
+import random
+
+import pytest
+import torch
+
+from tiny_llm.config import ModelConfig
+from tiny_llm.curvature.memory import (
+    GRADIENT,
+    GiB,
+    StoragePeak,
+    choose_group_rows,
+    measure_pass,
+    parameter_count,
+    pass_bytes,
+    plan_analysis,
+)
+
+ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference", GRADIENT)
+
+
+def test_storage_peak_counts_each_storage_once_until_it_is_freed():
+    with StoragePeak() as counter:
+        x = torch.ones(1000, dtype=torch.float64)
+        views = [x[:10], x.view(10, 100), x.t() if x.dim() == 2 else x[1:]]
+        y = x * 2
+        del x, views
+        z = y + 1
+        del y
+    assert counter.peak == 3 * 8000 - 8000  # x and y, then y and z: never three at once
+    assert counter.live == 8000  # z
+
+
+def _shapes(count: int, seed: int) -> list[dict]:
+    """Small shapes with the campaign model's proportions and others (context, width, heads, depth,
+    vocabulary, sequences and directions all varied)."""
+    rng = random.Random(seed)
+    return [dict(L=rng.choice([1, 2, 3]), d=rng.choice([16, 32, 64]), h=rng.choice([1, 2, 4, 8]),
+                 f=rng.choice([24, 48, 96, 172]), V=rng.choice([16, 64, 256]), T=rng.choice([16, 64, 128]),
+                 B=rng.choice([1, 2, 3]), K=rng.choice([1, 2, 4, 8])) for _ in range(count)]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_memory_model_predicts_the_counted_peak_within_a_quarter(engine):
+    """Predicted vs counted peak over shapes the model was not fitted on (another seed), in float32
+    and float64."""
+    torch.set_num_threads(1)
+    for index, p in enumerate(_shapes(8, 101)):
+        dtype = torch.float64 if index % 4 == 3 else torch.float32
+        config = ModelConfig(vocab_size=p["V"], d_model=p["d"], n_heads=p["h"], d_ff=p["f"], n_layers=p["L"],
+                             max_seq_len=p["T"])
+        measured = measure_pass(config, engine, p["B"], p["K"], p["T"], dtype)
+        predicted = pass_bytes(engine, config, p["B"], p["K"], p["T"], torch.finfo(dtype).bits // 8)
+        assert 0.75 <= predicted / measured <= 1.25, (engine, p, dtype, predicted / measured)
+
+
+CAMPAIGN = ModelConfig(vocab_size=256, d_model=512, n_heads=8, d_ff=1368, n_layers=6, max_seq_len=1024)
+
+
+def test_group_rows_are_the_largest_that_fit():
+    D = parameter_count(CAMPAIGN)
+    resident = 10 * GiB
+    whole = choose_group_rows("forms", "adjoint", CAMPAIGN, 64, 16, 1024, 4, None, resident, D=D)
+    assert whole.rows == 64 and whole.peak_bytes == resident + pass_bytes("adjoint", CAMPAIGN, 64, 16, 1024, 4, D)
+    fitted = choose_group_rows("forms", "adjoint", CAMPAIGN, 64, 16, 1024, 4, 80 * GiB, resident, D=D)
+    assert fitted.peak_bytes <= 80 * GiB < resident + pass_bytes("adjoint", CAMPAIGN, fitted.rows + 1, 16, 1024, 4, D)
+    equal = choose_group_rows("forms", "pearlmutter", CAMPAIGN, 64, 16, 1024, 4, 80 * GiB, resident,
+                              equal_groups=True, D=D)
+    assert 64 % equal.rows == 0 and equal.peak_bytes <= 80 * GiB
+    assert "of 64 sequences per group" in fitted.describe()
+
+
+def test_a_pass_that_cannot_fit_one_sequence_is_refused_naming_the_setting():
+    with pytest.raises(ValueError, match=r"forms: one sequence of 1024 tokens with 16 directions \(adjoint engine\) needs ~.* GiB, "
+                                         r"more than memory_budget_gb = 2 GiB; lower "
+                                         r"directions_per_pass"):
+        choose_group_rows("forms", "adjoint", CAMPAIGN, 64, 16, 1024, 4, 2 * GiB, 0)
+
+
+def test_the_campaign_plan_fits_a_gh200_by_cutting_its_passes():
+    unbounded = plan_analysis(CAMPAIGN, 1024, engine="adjoint", K=16, hvp_batch_size=64, micro_batch_size=32,
+                              itemsize=4, compiled=False, audit_directions=2, extra_vectors=0, budget_bytes=None)
+    assert unbounded.peak_bytes > 89 * GiB  # what a GH200 holds: the unchunked campaign does not fit
+    bounded = plan_analysis(CAMPAIGN, 1024, engine="adjoint", K=16, hvp_batch_size=64, micro_batch_size=32,
+                            itemsize=4, compiled=False, audit_directions=2, extra_vectors=0, budget_bytes=80 * GiB)
+    assert bounded.peak_bytes <= 80 * GiB
+    assert bounded.rows("forms") < 64 and bounded.rows("audit") < 64
+    assert "predicted peak" in bounded.describe() and "budget 80 GiB" in bounded.describe()
+    taylor = plan_analysis(CAMPAIGN, 1024, engine="taylor", K=16, hvp_batch_size=64, micro_batch_size=32,
+                           itemsize=4, compiled=False, audit_directions=None, extra_vectors=0, budget_bytes=None)
+    assert taylor.rows("forms") == 4  # taylor mode's own groups of B/K sequences
