@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tiny_llm.config import ModelConfig
 
 __all__ = ["COEFFICIENTS", "FEATURES", "GRADIENT", "GiB", "MemoryPlan", "PHASES", "PassPlan", "StoragePeak",
-           "choose_group_rows", "device_budget", "features", "measure_pass", "parameter_count", "pass_bytes", "plan_analysis",
+           "choose_group_rows", "device_budget", "features", "measure_pass", "parameter_count", "pass_bytes", "plan_analysis", "plan_spectrum",
            "resident_bytes"]
 
 GiB = 2**30
@@ -294,6 +294,25 @@ def plan_analysis(config: ModelConfig, seq_len: int, *, engine: str, K: int, hvp
         passes.append(choose_group_rows("audit", "adjoint", config, hvp_batch_size, audited, seq_len, 8,
                                         budget_bytes, resident + 16 * D + audited * D * 16, D=D))
     return MemoryPlan(budget_bytes, tuple(passes))
+
+
+def plan_spectrum(config: ModelConfig, seq_len: int, *, engine: str, K: int, hvp_batch_size: int,
+                  micro_batch_size: int, itemsize: int, compiled: bool, basis_bytes: int, extra_vectors: int,
+                  budget_bytes: int | None) -> MemoryPlan:
+    """The grouping of a spectrum job's passes: gradients, and Hessian-vector products of at most K
+    directions (one for Lanczos, SLQ and CG), beside the Lanczos basis (``basis_bytes``) and
+    ``extra_vectors`` float64 vectors (the sampled noise directions).
+
+    Raises:
+        ValueError: a pass that does not fit ``budget_bytes`` even one sequence at a time.
+    """
+    D = parameter_count(config)
+    resident = resident_bytes(D, K, itemsize, extra_vectors) + basis_bytes
+    return MemoryPlan(budget_bytes, (
+        choose_group_rows("gradient", GRADIENT, config, micro_batch_size, 1, seq_len, itemsize, budget_bytes,
+                          resident, D=D),
+        choose_group_rows("products", engine, config, hvp_batch_size, K, seq_len, itemsize, budget_bytes, resident,
+                          equal_groups=compiled, D=D)))
 
 
 def device_budget(device: torch.device, setting_gb: float | None, margin: float = 0.1) -> int | None:

@@ -15,7 +15,9 @@ from typing import Any, Literal
 
 import torch
 
+from tiny_llm.config import RunConfig
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, runtime_settings
+from tiny_llm.curvature.memory import MemoryPlan, device_budget, parameter_count, plan_spectrum
 from tiny_llm.curvature.noise import batch_gradient, mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.curvature.spectrum import (
     block_diagonal_error,
@@ -29,7 +31,7 @@ from tiny_llm.io import atomic_write_json, check_writable_file, remove_leftovers
 from tiny_llm.model.llama import Llama
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
-from tiny_llm.workers.state import (AnalysisSettings, _exclusive, _identity, _reusable, explain_out_of_memory,
+from tiny_llm.workers.state import (AnalysisSettings, _exclusive, _identity, _Resolved, _reusable, explain_out_of_memory,
                                     prepare_inputs)
 
 __all__ = ["SpectrumSettings", "analyze_spectrum", "spectrum_settings_from_dict"]
@@ -95,12 +97,15 @@ def _cosines(vectors: torch.Tensor, u: torch.Tensor) -> list[float]:
 
 def measure_spectrum(model: Llama, tokens_by_batch: list[torch.Tensor], settings: AnalysisSettings,
                      spectrum: SpectrumSettings, precision: Precision, hvp_batch_size: int, engine: str,
-                     compile: bool, micro_batch_size: int) -> dict[str, Any]:
-    """Every spectral quantity of one (state, case) as plain data."""
+                     compile: bool, micro_batch_size: int, memory: MemoryPlan | None = None) -> dict[str, Any]:
+    """Every spectral quantity of one (state, case) as plain data; ``memory`` cuts the passes into
+    groups of sequences (the same numbers)."""
     started = time.perf_counter()
     flat = FlatParameters(model)
     operator = EpochHessian(model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, engine=engine,
-                            precision=precision, directions_per_pass=settings.directions_per_pass, compile=compile)
+                            precision=precision, directions_per_pass=settings.directions_per_pass, compile=compile,
+                            group_rows=memory.rows("products") if memory else None)
+    micro_batch_size = (memory.rows("gradient") if memory else None) or micro_batch_size
     basis, reduction = _BASIS[spectrum.lanczos_basis], _BASIS[spectrum.lanczos_reduction]
     device = precision.device
     pairs = top_eigenpairs(operator.hvp, flat.D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed,
@@ -147,6 +152,24 @@ def measure_spectrum(model: Llama, tokens_by_batch: list[torch.Tensor], settings
     }
 
 
+def spectrum_memory(settings: AnalysisSettings, spectrum: SpectrumSettings, config: RunConfig,
+                    resolved: _Resolved, n_batches: int) -> MemoryPlan:
+    """The grouping of a spectrum job's passes under its memory budget (see ``memory_budget_gb``).
+
+    Raises:
+        ValueError: a pass that does not fit even one sequence at a time (nothing is computed).
+    """
+    itemsize = torch.finfo(resolved.dtype).bits // 8
+    D = parameter_count(config.model)
+    basis = spectrum.lanczos_steps * D * torch.finfo(_BASIS[spectrum.lanczos_basis]).bits // 8
+    noise = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
+    return plan_spectrum(config.model, config.data.seq_len, engine=resolved.hvp_engine,
+                         K=min(settings.directions_per_pass, max(spectrum.block_samples, 1)),
+                         hvp_batch_size=resolved.hvp_batch_size, micro_batch_size=config.training.micro_batch_size,
+                         itemsize=itemsize, compiled=resolved.hvp_compiled, basis_bytes=basis, extra_vectors=noise,
+                         budget_bytes=device_budget(resolved.device, settings.memory_budget_gb))
+
+
 def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings,
                      spectrum: SpectrumSettings, output: str | Path, expect_key: str | None = None) -> dict[str, Any]:
     """Measure one state's spectrum on one case and write the JSON atomically (reused when identical).
@@ -160,6 +183,7 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
     identity = {k: v for k, v in _identity(settings, resolved, config, cache).items() if k != "hash"}
     identity["spectrum"] = asdict(spectrum)
     identity["hash"] = canonical_hash(identity)
+    memory = spectrum_memory(settings, spectrum, config, resolved, len(plan))
     with _exclusive(output):
         remove_leftovers(output.parent, output.name)  # temporary files of a killed write
         if (old := _reusable(output, identity, state.key, case)) is not None:
@@ -172,13 +196,14 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
         with runtime_settings(resolved.device, resolved.tf32) as runtime, \
                 explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass):
             measured = measure_spectrum(model, batches, settings, spectrum, precision, resolved.hvp_batch_size,
-                                        resolved.hvp_engine, resolved.hvp_compiled, config.training.micro_batch_size)
+                                        resolved.hvp_engine, resolved.hvp_compiled, config.training.micro_batch_size,
+                                        memory)
         result = {"schema": 1, "kind": "spectrum", "identity": identity,
                   "state": {"key": state.key, "weights_hash": state.weights_hash, "aliases": state.aliases},
                   "case": case, "settings": asdict(settings), "spectrum_settings": asdict(spectrum),
                   "precision": {"device": str(resolved.device), "dtype": settings.dtype, "engine": resolved.hvp_engine,
                                 "lanczos_basis": spectrum.lanczos_basis,
                                 "lanczos_reduction": spectrum.lanczos_reduction, **runtime},
-                  **measured, "software": software(), "hardware": hardware(resolved.device), "slurm": slurm_job()}
+                  **measured, "memory": memory.record(), "software": software(), "hardware": hardware(resolved.device), "slurm": slurm_job()}
         atomic_write_json(output, result)
     return result

@@ -115,3 +115,31 @@ def test_out_of_memory_is_one_clear_error_and_nothing_is_written(run, monkeypatc
     with pytest.raises(ValueError, match="out of memory with --hvp-batch-size 2 and --directions-per-pass 4"):
         analyze_spectrum(path / "run", ["epoch-001.safetensors"], "seen", SETTINGS, SpectrumSettings(), out)
     assert not out.exists()
+
+
+def test_a_memory_budget_cuts_the_products_without_changing_the_spectrum(run):
+    """The smallest budget that admits one sequence per group of the largest pass gives the spectrum
+    of the unchunked job (float64; Lanczos amplifies rounding only slightly over a few steps)."""
+    from dataclasses import replace
+
+    from tiny_llm.workers.spectrum import spectrum_memory
+    from tiny_llm.workers.state import _resolve
+    config, path = run
+    small = SpectrumSettings(top_k=1, lanczos_steps=6, slq_vectors=1, slq_steps=4, block_samples=2, cg_max_iterations=5)
+    whole = analyze_spectrum(path / "run", ["epoch-002.safetensors"], "seen", SETTINGS, small, path / "whole.json")
+    n_batches = len(epoch_plan(config, 1))
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        try:
+            spectrum_memory(replace(SETTINGS, memory_budget_gb=middle), small, config,
+                            _resolve(SETTINGS, config), n_batches)
+            high = middle
+        except ValueError:
+            low = middle
+    cut = analyze_spectrum(path / "run", ["epoch-002.safetensors"], "seen", replace(SETTINGS, memory_budget_gb=high),
+                           small, path / "cut.json")
+    assert min(p["group_rows"] for p in cut["memory"]["passes"]) == 1
+    assert cut["top_eigenvalues"][0]["eigenvalue"] == pytest.approx(whole["top_eigenvalues"][0]["eigenvalue"], rel=1e-12)
+    assert cut["cg"]["g_inverse_g"] == pytest.approx(whole["cg"]["g_inverse_g"], rel=1e-10)
+    assert cut["slq"]["trace_over_D"] == pytest.approx(whole["slq"]["trace_over_D"], rel=1e-12)
