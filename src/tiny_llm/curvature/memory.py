@@ -290,9 +290,12 @@ def plan_analysis(config: ModelConfig, seq_len: int, *, engine: str, K: int, hvp
               choose_group_rows("forms", engine, config, hvp_batch_size, K, seq_len, itemsize, budget_bytes,
                                 resident, equal_groups=compiled, D=D,
                                 largest=max(1, hvp_batch_size // K) if engine == "taylor" else None)]
-    if audit_directions is not None:  # the production model and θ stay; a float64 copy and its θ join them
+    if audit_directions is not None:  # the production model and θ stay; a float64 copy, its θ and ḡ join them
+        beside = resident + 16 * D + audited * D * 16
+        passes.append(choose_group_rows("audit_gradient", GRADIENT, config, micro_batch_size, 1, seq_len, 8,
+                                        budget_bytes, beside, D=D))
         passes.append(choose_group_rows("audit", "adjoint", config, hvp_batch_size, audited, seq_len, 8,
-                                        budget_bytes, resident + 16 * D + audited * D * 16, D=D))
+                                        budget_bytes, beside, D=D))
     return MemoryPlan(budget_bytes, tuple(passes))
 
 

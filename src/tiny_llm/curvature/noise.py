@@ -30,12 +30,17 @@ without replacement from the epoch's n batches, so their means carry the finite-
 
 (ḡ and ḡᵀHḡ are exact). A standard error is null when its statistic is, or with a single sample.
 
-Precision audit (``audit``, when enabled): a seeded subset of the directions (``a`` noise, ``a``
-random, and ḡ), exactly as used, is measured again on a seeded sample of the curvature
-micro-batches twice: in the production precision (dtype, TF32, autocast as configured) and in
-float64 (adjoint engine, exact). Each direction records both values and its relative error
-|q − q₆₄| / |q₆₄|; the statistics built from quadratic forms record the relative error the
-audited forms imply, Σ(q − q₆₄) / Σq₆₄ over the forms each depends on (b_noise: noise against ḡ).
+Precision audit (``audit``, when enabled; it runs first in the job): everything the statistics
+depend on is recomputed in float64 and compared end to end with the production precision (dtype,
+TF32, autocast as configured). Over the whole epoch: the loss and ḡ (so ``loss`` and
+``full_grad_norm`` get their exact errors). For a seeded subset of the directions (``a`` noise
+batches, ``a`` Rademacher directions, and ḡ), each precision builds the direction as the job does
+(vᵢ = gᵢ − ḡ from its own batch gradient and its own ḡ) and measures its quadratic form on a seeded
+sample of the curvature micro-batches (float64: the adjoint engine). Each direction records both
+forms and their relative error |q − q₆₄| / |q₆₄|; each statistic records the relative error that
+the audited pairs imply, the statistic built from the production values against the same built
+from float64 ones (e.g. grad_curvature: ḡᵀHḡ against ḡ₆₄ᵀH₆₄ḡ₆₄; b_noise: Σvᵀ Hv / ḡᵀHḡ against
+the float64 ratio; b_simple: Σ‖vᵢ‖² / ‖ḡ‖² likewise).
 """
 
 from __future__ import annotations
@@ -137,7 +142,7 @@ class CaseInputs:
     audit: tuple[int, int] | None = None
     """(directions of each kind, curvature micro-batches) of the precision audit, or None."""
     memory: MemoryPlan | None = None
-    """Sequences per group of each pass (gradient, forms, audit) under a memory budget; None:
+    """Sequences per group of each pass (gradient, forms, audit, audit_gradient) under a memory budget; None:
     unchunked. Grouping changes only how the same terms are summed."""
 
     def rows(self, name: str) -> int | None:
@@ -278,41 +283,107 @@ def _audit_choice(count: int, take: int, seed: int, stream_index: int) -> list[i
     return sorted(int(i) for i in group_permutation(seed, AUDIT_STREAM, stream_index, count)[:take]) if count else []
 
 
-def precision_audit(model: Llama, tokens: torch.Tensor, directions: list[tuple[dict, torch.Tensor]],
-                    inputs: CaseInputs, precision: Precision) -> dict[str, Any]:
-    """Measure ``directions`` ((label, vector as used)) on a seeded sample of the epoch's curvature
-    micro-batches, in the production precision and in float64 (module docstring)."""
+def _relative(production: float, exact: float) -> float:
+    """Signed relative error, finite also for an exact value of 0."""
+    return (production - exact) / max(abs(exact), torch.finfo(torch.float64).tiny)
+
+
+def precision_audit(model: Llama, batches: list[torch.Tensor], g_bar: torch.Tensor, epoch_loss: float,
+                    noise_batches: list[int], random_indices: list[int], inputs: CaseInputs,
+                    precision: Precision) -> dict[str, Any]:
+    """End-to-end error of the production precision against float64 (module docstring).
+
+    ``g_bar`` and ``epoch_loss`` are the job's own (production); the audit recomputes ḡ and the epoch
+    loss over the whole epoch in float64, the batch gradients of the audited noise batches
+    (``noise_batches``, indices into ``batches``) in both precisions, and the quadratic forms of every
+    audited direction (as each precision builds it) on a seeded sample of curvature micro-batches.
+    """
     started = time.perf_counter()
+    flat = FlatParameters(model)
+    exact = Precision(precision.device, torch.float64)
+    reference = copy.deepcopy(model).to(torch.float64)
+    rows64 = inputs.rows("audit_gradient") or inputs.micro_batch_size
+    g_bar64, loss64 = mean_gradient_and_loss(reference, flat, batches, rows64, exact)
+    records: list[dict[str, Any]] = []
+    production_vectors, exact_vectors = [], []
+    for i in noise_batches:
+        g = batch_gradient(model, flat, batches[i], inputs.gradient_micro_batch, precision)
+        g64 = batch_gradient(reference, flat, batches[i], rows64, exact)
+        v, v64 = (g - g_bar).to(precision.dtype), g64 - g_bar64
+        records.append({"kind": "noise", "batch_index": i, "grad_norm": [float(g.norm()), float(g64.norm())],
+                        "squared_norm": [float(v.double().pow(2).sum()), float(v64.pow(2).sum())]})
+        production_vectors.append(v)
+        exact_vectors.append(v64)
+    for index in random_indices:
+        direction = rademacher(flat.D, inputs.seed, index).to(precision.device)
+        records.append({"kind": "random", "index": index})
+        production_vectors.append(direction.to(precision.dtype))
+        exact_vectors.append(direction)
+    records.append({"kind": "gradient"})
+    production_vectors.append(g_bar.to(precision.dtype))
+    exact_vectors.append(g_bar64)
+
     h = inputs.hvp_batch_size
+    tokens = torch.cat(batches)
     micro = _audit_choice(math.ceil(tokens.shape[0] / h), inputs.audit[1], inputs.seed, 2)
     rows = torch.cat([tokens[j * h:(j + 1) * h] for j in micro])
-    V = torch.stack([vector for _, vector in directions])
+    V, V64 = torch.stack(production_vectors), torch.stack(exact_vectors)
     production = EpochHessian(model, rows, batch_size=h, engine=inputs.engine, precision=precision,
                               directions_per_pass=len(V), compile=False,
                               group_rows=inputs.rows("forms")).quadratic_forms(V).tolist()
-    reference_model = copy.deepcopy(model).to(torch.float64)
-    reference = EpochHessian(reference_model, rows, batch_size=h, engine="adjoint",
-                             precision=Precision(precision.device, torch.float64), directions_per_pass=len(V),
-                             compile=False, group_rows=inputs.rows("audit")).quadratic_forms(V.to(torch.float64)).tolist()
-    records = []
-    for (label, _), q, exact in zip(directions, production, reference):
-        error = abs(q - exact) / max(abs(exact), torch.finfo(torch.float64).tiny)  # finite, also for q₆₄ = 0
-        records.append({**label, "production": q, "float64": exact, "relative_error": error})
-
-    def implied(kinds: tuple[str, ...]) -> float | None:
-        chosen = [r for r in records if r["kind"] in kinds]
-        total = math.fsum(r["float64"] for r in chosen)
-        return None if not chosen or total == 0 else math.fsum(r["production"] - r["float64"] for r in chosen) / total
-
-    noise, random, grad = implied(("noise",)), implied(("random",)), implied(("gradient",))
-    b_noise = None if noise is None or grad is None or grad == -1 else (1 + noise) / (1 + grad) - 1
-    statistics = {"noise_curvature": noise, "normalized_alignment": noise, "random_curvature": random,
-                  "grad_curvature": grad, "b_noise": b_noise}
-    return {"reference": "float64, adjoint engine", "micro_batches": micro,
-            "tokens_audited": int(rows[:, 1:].numel()), "directions": records,
+    float64 = EpochHessian(reference, rows, batch_size=h, engine="adjoint", precision=exact, directions_per_pass=len(V),
+                           compile=False, group_rows=inputs.rows("audit")).quadratic_forms(V64).tolist()
+    for record, q, q64 in zip(records, production, float64):
+        record.update(production=q, float64=q64, relative_error=abs(_relative(q, q64)))
+    statistics = _implied_errors(records, (float(g_bar.norm()), float(g_bar64.norm())), (epoch_loss, loss64))
+    return {"reference": "float64: ḡ and loss over the whole epoch, the audited batch gradients, adjoint-engine forms",
+            "micro_batches": micro, "tokens_audited": int(rows[:, 1:].numel()), "directions": records,
+            "loss": {"production": epoch_loss, "float64": loss64},
+            "full_grad_norm": {"production": float(g_bar.norm()), "float64": float(g_bar64.norm())},
+            "statistics_signed_error": statistics,
             "statistics_relative_error": {k: None if v is None else abs(v) for k, v in statistics.items()},
+            "max_statistic_relative_error": max((abs(v) for v in statistics.values() if v is not None), default=None),
             "max_relative_error": max(r["relative_error"] for r in records),
             "seconds": time.perf_counter() - started}
+
+
+def _implied_errors(records: list[dict], grad_norms: tuple[float, float],
+                    losses: tuple[float, float]) -> dict[str, float | None]:
+    """Signed relative error of each statistic that the audited (production, float64) pairs imply:
+    every statistic built as the job builds it, once from production values and once from float64."""
+    def total(kind: str, key: str, column: int | None = None) -> tuple[float, float] | None:
+        chosen = [r for r in records if r["kind"] == kind]
+        if not chosen:
+            return None
+        if column is not None:
+            return tuple(math.fsum(r[key][c] for r in chosen) for c in (0, 1))
+        return math.fsum(r["production"] for r in chosen), math.fsum(r["float64"] for r in chosen)
+
+    def ratio(a: tuple[float, float] | None, b: tuple[float, float] | None = None) -> float | None:
+        if a is None or (b is not None and (b[0] == 0 or b[1] == 0)):
+            return None
+        if b is None:
+            return _relative(a[0], a[1])
+        return None if a[1] == 0 else _relative(a[0] / b[0], a[1] / b[1])
+
+    noise, norms2, grads = total("noise", "forms"), total("noise", "squared_norm", 0), total("noise", "grad_norm", 0)
+    gradient, random = total("gradient", "forms"), total("random", "forms")
+    roots = None if norms2 is None else tuple(math.fsum(math.sqrt(r["squared_norm"][c]) for r in records
+                                                        if r["kind"] == "noise") for c in (0, 1))
+    g2 = (grad_norms[0] ** 2, grad_norms[1] ** 2)
+    positive = gradient is not None and gradient[0] > 0 and gradient[1] > 0
+    return {
+        "loss": _relative(*losses),
+        "full_grad_norm": _relative(*grad_norms),
+        "grad_curvature": ratio(gradient),
+        "noise_curvature": ratio(noise),
+        "normalized_alignment": ratio(noise, norms2),
+        "mean_noise_norm": ratio(roots),
+        "mean_grad_norm": ratio(grads),
+        "random_curvature": ratio(random),
+        "b_simple": ratio(norms2, g2),
+        "b_noise": ratio(noise, gradient) if positive else None,
+    }
 
 
 def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
@@ -326,20 +397,27 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     t_mean = time.perf_counter() - t0
     progress(f"mean gradient over {n} batches: {t_mean:.2f} s (epoch loss {epoch_loss:.4f})")
 
+    selected = noise_batch_indices(n, inputs.noise_samples, inputs.seed)
+    audit = None
+    if inputs.audit:  # first: its memory and its verdict are known before the long part of the job
+        a = inputs.audit[0]
+        audited_noise = [selected[p] for p in _audit_choice(len(selected), a, inputs.seed, 0)]
+        audited_random = _audit_choice(inputs.random_samples, a, inputs.seed, 1)
+        progress(f"precision audit: ḡ and loss in float64, {len(audited_noise)} noise, {len(audited_random)} random "
+                 f"directions and ḡ on {inputs.audit[1]} curvature micro-batches")
+        audit = precision_audit(model, batches, g_bar, epoch_loss, audited_noise, audited_random, inputs, precision)
+        progress(f"precision audit: largest implied statistic error {audit['max_statistic_relative_error']:.2e} "
+                 f"({audit['seconds']:.2f} s)")
+
     epoch_tokens = torch.cat(batches)
     operator = EpochHessian(model, epoch_tokens, batch_size=inputs.hvp_batch_size, engine=inputs.engine,
                             precision=precision, directions_per_pass=inputs.directions_per_pass,
                             compile=inputs.compile, group_rows=inputs.rows("forms"))
-    selected = noise_batch_indices(n, inputs.noise_samples, inputs.seed)
     total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
     runner = _DirectionRunner(operator, precision, total, progress)
     noise, random, consensus = [], [], []
-    audit_directions = inputs.audit[0] if inputs.audit else 0
-    audited_noise = set(_audit_choice(len(selected), audit_directions, inputs.seed, 0))
-    audited_random = set(_audit_choice(inputs.random_samples, audit_directions, inputs.seed, 1))
-    kept: list[tuple[dict, torch.Tensor]] = []  # (label, direction as used) of the audited directions
     sample_seconds = 0.0
-    for position, i in enumerate(selected):
+    for i in selected:
         started = time.perf_counter()
         g, batch_loss = batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch, precision)
         sample_seconds += time.perf_counter() - started
@@ -348,19 +426,12 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
         if inputs.workers > 1:
             record["worker"] = int(plan.stream_batches[i]) % inputs.workers
         noise.append(record)
-        if position in audited_noise:
-            kept.append(({"kind": "noise", "batch_index": i}, (g - g_bar).to(precision.dtype)))
         runner.add(g - g_bar, record, "noise_curvature", started)
     for index in range(inputs.random_samples):
         record = {"index": index}
         random.append(record)
-        direction = rademacher(flat.D, inputs.seed, index).to(precision.device)
-        if index in audited_random:
-            kept.append(({"kind": "random", "index": index}, direction.to(precision.dtype)))
-        runner.add(direction, record, "curvature", time.perf_counter())
+        runner.add(rademacher(flat.D, inputs.seed, index).to(precision.device), record, "curvature", time.perf_counter())
     grad_record: dict[str, Any] = {}
-    if inputs.audit:
-        kept.append(({"kind": "gradient"}, g_bar.to(precision.dtype)))
     runner.add(g_bar, grad_record, "curvature", time.perf_counter())
     for worker, e in inputs.consensus:
         record = {"worker": worker}
@@ -378,12 +449,6 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
         record["norm"] = math.sqrt(record["squared_norm"])
         record["normalized_alignment"] = _ratio(record["curvature"], record["squared_norm"])
     grad_record.pop("_norm2")
-    audit = None
-    if inputs.audit:
-        progress(f"precision audit: {len(kept)} directions on {inputs.audit[1]} curvature micro-batches in float64")
-        audit = precision_audit(model, epoch_tokens, kept, inputs, precision)
-        progress(f"precision audit: largest relative error {audit['max_relative_error']:.2e} "
-                 f"({audit['seconds']:.2f} s)")
     g_bar_norm = float(g_bar.norm())
     M = n * B
     arguments = (noise, random, g_bar_norm, grad_record["curvature"], flat.D, B, M)

@@ -28,13 +28,15 @@ STATISTICS = ["noise_curvature", "normalized_alignment", "mean_noise_norm", "mea
 CONSENSUS_COLUMNS = ["consensus_mean_curvature", "consensus_normalized_alignment", "consensus_mean_norm"]
 ERROR_COLUMNS = [f"{name}_se" for name in STANDARD_ERRORS]
 SUMMARY_COLUMNS = ["file", "state_key", "case", "step", "tokens", "loss", *STATISTICS, *ERROR_COLUMNS,
-                   "audit_max_relative_error", *CONSENSUS_COLUMNS]
+                   "audit_statistic_error", "audit_max_relative_error", *CONSENSUS_COLUMNS]
 """One row per checkpoint file × case; ``loss`` is the epoch loss of the state on the case,
-``<statistic>_se`` the standard error of a sampled statistic and ``audit_max_relative_error`` the
-largest relative error of the precision audit's quadratic forms (blank when null or not audited)."""
+``<statistic>_se`` the standard error of a sampled statistic, ``audit_statistic_error`` the largest
+relative error of a statistic that the precision audit implies (loss and ḡ over the whole epoch in
+float64, the audited directions rebuilt in float64) and ``audit_max_relative_error`` the largest
+relative error of a single audited quadratic form (blank when null or not audited)."""
 
 AUDIT_THRESHOLD = 1e-2
-"""Default largest audited relative error collection accepts without a warning."""
+"""Default largest implied statistic error collection accepts without a warning."""
 
 
 def _agree(a: float | None, b: float | None) -> bool:
@@ -73,6 +75,10 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
     if audit is not None and not _agree(audit["max_relative_error"],
                                         max(d["relative_error"] for d in audit["directions"])):
         raise ValueError(f"{source}: the audit's max_relative_error disagrees with its directions")
+    if audit is not None and not _agree(audit.get("max_statistic_relative_error"),
+                                        max((v for v in audit.get("statistics_relative_error", {}).values()
+                                             if v is not None), default=None)):
+        raise ValueError(f"{source}: the audit's max_statistic_relative_error disagrees with its statistics")
     if workers is not None:
         consensus = result.get("consensus")
         if not consensus or [w["worker"] for w in consensus["workers"]] != list(range(workers)):
@@ -138,25 +144,33 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
                              "tokens": alias["tokens"], "loss": _cell(result["statistics"].get("loss")),
                              **{k: _cell(result["statistics"][k]) for k in STATISTICS},
                              **{k: _cell(result["standard_errors"][k]) for k in ERROR_COLUMNS},
+                             "audit_statistic_error":
+                                 _cell((result.get("audit") or {}).get("max_statistic_relative_error")),
                              "audit_max_relative_error": _cell((result.get("audit") or {}).get("max_relative_error")),
                              **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS}})
     rows.sort(key=lambda r: (r["tokens"], r["file"], cases.index(r["case"])))
     csv_text = _csv(rows, SUMMARY_COLUMNS)
 
     first = next(iter(results.values()))
-    audited = [r for r in rows if r["audit_max_relative_error"] != ""]
-    exceeded = [{"file": r["file"], "case": r["case"], "relative_error": r["audit_max_relative_error"]}
-                for r in audited if r["audit_max_relative_error"] > audit_threshold]
+    audited = [r for r in rows if r["audit_statistic_error"] != ""]
+    exceeded = []
+    for row in audited:
+        if row["audit_statistic_error"] > audit_threshold:
+            errors = results[row["state_key"], row["case"]]["audit"]["statistics_relative_error"]
+            exceeded.append({"file": row["file"], "case": row["case"], "relative_error": row["audit_statistic_error"],
+                             "statistics": sorted(k for k, v in errors.items() if v is not None and v > audit_threshold)})
     if exceeded:
         worst = max(exceeded, key=lambda r: r["relative_error"])
-        log.warning("analysis %s: %d of %d audited rows exceed the audit threshold %g (worst %.3g at %s %s); "
-                    "see 'Precision audit' in docs/reading-results.md before using these numbers", name, len(exceeded),
-                    len(audited), audit_threshold, worst["relative_error"], worst["file"], worst["case"])
+        log.warning("analysis %s: in %d of %d audited rows a statistic's implied error exceeds the audit threshold %g "
+                    "(worst %.3g at %s %s: %s); see 'Precision audit' in docs/reading-results.md before using these "
+                    "numbers", name, len(exceeded), len(audited), audit_threshold, worst["relative_error"],
+                    worst["file"], worst["case"], ", ".join(worst["statistics"]))
     manifest = {
         "format": 1, "analysis": name, "run": states["run"], "cases": cases,
         "packed": states["packed"], "workers": states["workers"], "consensus": states["consensus"],
         "identity": identity, "settings": first["settings"], "precision": first["precision"],
         "audit": {"threshold": audit_threshold, "audited_rows": len(audited), "exceeded": exceeded,
+                  "max_statistic_error": max((r["audit_statistic_error"] for r in audited), default=None),
                   "max_relative_error": max((r["audit_max_relative_error"] for r in audited), default=None)},
         "software": first["software"],
         "hardware": list({json.dumps(r["hardware"], sort_keys=True): r["hardware"] for r in results.values()}.values()),

@@ -78,12 +78,12 @@ class AnalysisSettings:
     consensus: bool = True
     """Packed runs: measure each worker's consensus error eᵢ = xᵢ − x̄."""
     audit: bool | Literal["auto"] = "auto"
-    """Precision audit: re-measure a seeded subset of the quadratic forms in float64 and record
-    their relative errors (true / false). auto: on unless the analysis runs in float64 without
-    autocast."""
-    audit_directions: int = 2
+    """Precision audit, first in the job: ḡ and the loss over the epoch in float64, and a seeded
+    subset of the directions rebuilt and measured in float64, giving the error each statistic
+    implies (true / false). auto: on unless the analysis runs in float64 without autocast."""
+    audit_directions: int = 4
     """Audited noise directions and random directions (each; ḡᵀHḡ is always audited)."""
-    audit_batches: int = 2
+    audit_batches: int = 4
     """Curvature micro-batches (seeded) over which the audit compares production and float64."""
     memory_budget_gb: float | None = None
     """Memory (GiB) a job may use on its device; every pass is cut into groups of sequences that the

@@ -10,6 +10,7 @@ from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.noise import (
     STANDARD_ERRORS,
     CaseInputs,
+    mean_gradient,
     measure_case,
     noise_batch_indices,
     rademacher,
@@ -273,5 +274,18 @@ def test_precision_audit_against_the_dense_oracle(oracle):
     errors = audit["statistics_relative_error"]
     expected = abs(sum(d["production"] - d["float64"] for d in randoms) / sum(d["float64"] for d in randoms))
     assert errors["random_curvature"] == pytest.approx(expected)
+    # end to end: ḡ and the loss over the whole epoch in float64 (of the float32 weights), and the
+    # gradient direction measured as each precision built it
+    exact64 = copy.deepcopy(model32).double()
+    g_bar64 = mean_gradient(exact64, FlatParameters(exact64), [cache.tokens(b) for b in plan.blocks],
+                            config.training.micro_batch_size, CPU64)
+    assert audit["full_grad_norm"] == {"production": result["statistics"]["full_grad_norm"],
+                                       "float64": pytest.approx(float(g_bar64.norm()), rel=1e-12)}
+    assert errors["full_grad_norm"] == pytest.approx(abs(result["statistics"]["full_grad_norm"] / float(g_bar64.norm()) - 1))
+    gradient = next(d for d in audit["directions"] if d["kind"] == "gradient")
+    _assert_close(gradient["float64"], float(g_bar64 @ H32_sub @ g_bar64))
+    assert errors["grad_curvature"] == pytest.approx(gradient["relative_error"])
+    assert audit["loss"]["production"] == result["statistics"]["loss"]
+    assert audit["max_statistic_relative_error"] == max(v for v in errors.values() if v is not None)
     assert result["timing"]["audit_seconds"] == audit["seconds"] > 0
     assert measure_case(model32, _inputs(config, cache, plan, noise_samples=3), cpu32)["audit"] is None

@@ -91,18 +91,31 @@ def test_consensus_is_required_and_checked():
 
 
 def test_audit_column_and_threshold_warning(tmp_path, caplog):
+    """Collection warns on the statistics' implied errors, not on the worst single form: a form off
+    by 5 % whose statistic is right to 0.3 % is no warning, a statistic off by 2 % is, by name."""
     results = [_result(k, c) for k in (KEY_A, KEY_B) for c in ("seen", "unseen")]
-    for result, error in zip(results, [1e-5, 2e-2, None, 3e-3]):
-        result["audit"] = None if error is None else {
-            "max_relative_error": error, "directions": [{"relative_error": error}, {"relative_error": error / 2}]}
+    for result, (form, statistic) in zip(results, [(1e-5, 1e-5), (1e-3, 2e-2), (None, None), (5e-2, 3e-3)]):
+        result["audit"] = None if form is None else {
+            "max_relative_error": form, "directions": [{"relative_error": form}, {"relative_error": form / 2}],
+            "max_statistic_relative_error": statistic,
+            "statistics_relative_error": {"grad_curvature": statistic, "b_noise": statistic / 3, "b_simple": None}}
     states = _tree(tmp_path, results)
     with caplog.at_level("WARNING"):
         manifest = collect(tmp_path, states, ["seen", "unseen"], "demo", audit_threshold=0.01)
     rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
-    assert [r["audit_max_relative_error"] for r in rows[:4]] == ["1e-05", "0.02", "", "0.003"]
-    assert manifest["audit"] == {"threshold": 0.01, "audited_rows": 4, "max_relative_error": 0.02,
-                                 "exceeded": [{"file": "epoch-001.safetensors", "case": "unseen", "relative_error": 0.02}]}
-    assert "1 of 4 audited rows exceed the audit threshold 0.01 (worst 0.02 at epoch-001.safetensors unseen)" in caplog.text
+    assert [r["audit_statistic_error"] for r in rows[:4]] == ["1e-05", "0.02", "", "0.003"]
+    assert [r["audit_max_relative_error"] for r in rows[:4]] == ["1e-05", "0.001", "", "0.05"]
+    assert manifest["audit"] == {"threshold": 0.01, "audited_rows": 4, "max_statistic_error": 0.02,
+                                 "max_relative_error": 0.05,
+                                 "exceeded": [{"file": "epoch-001.safetensors", "case": "unseen", "relative_error": 0.02,
+                                               "statistics": ["grad_curvature"]}]}
+    assert ("in 1 of 4 audited rows a statistic's implied error exceeds the audit threshold 0.01 (worst 0.02 at "
+            "epoch-001.safetensors unseen: grad_curvature)") in caplog.text
+    results[1]["audit"]["max_statistic_relative_error"] = 0.5
+    states = _tree(tmp_path, results)
+    with pytest.raises(ValueError, match="max_statistic_relative_error disagrees with its statistics"):
+        collect(tmp_path, states, ["seen", "unseen"], "demo")
+    results[1]["audit"]["max_statistic_relative_error"] = 2e-2
     results[0]["audit"]["max_relative_error"] = 0.5
     states = _tree(tmp_path, results)
     with pytest.raises(ValueError, match="max_relative_error disagrees with its directions"):
