@@ -3,10 +3,13 @@
 # of what only a GPU can tell:
 #   1. the CUDA tests (adjoint forms and compiled Pearlmutter, TF32, bf16 autocast, against CPU
 #      float64);
-#   2. walltime calibration of the demo shape and of config/runs/20m.yaml (context 1024, bf16
-#      autocast + TF32 as on the cluster), as timing entries for config/timing.yaml;
-#   3. benchmarks/hvp_cost.py --device cuda, eager and compiled;
-#   4. benchmarks/precision.py --device cuda (float32, TF32, bf16 autocast, bf16 Lanczos basis);
+#   2. the memory model against torch.cuda.max_memory_allocated at the 20M model's shape, and one
+#      campaign micro-batch cut for a budget (benchmarks/memory.py --device cuda);
+#   3. walltime calibration at the campaign's settings (config/naiss.yaml: curvature micro-batch 64,
+#      K = 16, bf16 autocast + TF32, the memory budget's grouping) and of the demo shape, as timing
+#      entries for config/timing.yaml keyed by this GPU;
+#   4. benchmarks/hvp_cost.py --device cuda at the 20M shape and the demo's, eager and compiled;
+#   5. benchmarks/precision.py --device cuda (float32, TF32, bf16 autocast, bf16 Lanczos basis);
 # and writes benchmarks/out/gpu-check/report.{json,md} after every step, so a check cut short still
 # leaves the report of what ran. Each step's output goes to its log as it comes.
 #
@@ -63,7 +66,7 @@ except (RuntimeError, AssertionError) as error:  # the report is written whateve
     device = f"unknown ({error})"
 report = {"device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
           "machine": platform.machine(), "steps": steps}
-for name in ("hvp-cost-eager", "hvp-cost-compiled"):
+for name in ("memory-model", "hvp-cost-eager", "hvp-cost-compiled"):
     path = out / f"{name}.json"
     report[name] = json.loads(path.read_text()) if path.exists() else None
 precision = sorted(Path("benchmarks/out").glob("precision-*.md"), key=lambda p: p.stat().st_mtime)
@@ -73,7 +76,7 @@ lines = [f"# GPU check: {report['device']} (torch {report['torch']}, CUDA {repor
          *[f"| {s['step']} | {s['status']} | {s['seconds']} |" for s in steps], ""]
 tests = (out / "cuda-tests.log").read_text().strip().splitlines()[-3:] if (out / "cuda-tests.log").exists() else []
 lines += ["## CUDA tests", "", "```", *tests, "```", ""]
-for name in ("hvp-cost-eager", "hvp-cost-compiled"):
+for name in ("memory-model", "calibrate", "hvp-cost-eager", "hvp-cost-compiled"):
     log = (out / f"{name}.log").read_text() if (out / f"{name}.log").exists() else ""
     lines += [f"## {name}", "", "```", *log.strip().splitlines()[-30:], "```", ""]
 if precision:
@@ -90,38 +93,29 @@ EOF
 
 step cuda-tests 140 "$PY" -m pytest -q -rs -m "" -p no:cacheprovider \
     tests/unit/workers/test_state.py tests/unit/curvature/test_hessian.py -k cuda
+step memory-model 60 "$PY" benchmarks/memory.py --device cuda --out "$OUT/memory-model.json"
 step calibrate 80 "$PY" - <<'EOF'
-import json, os, torch, yaml
+import os, yaml
 from pathlib import Path
-from tiny_llm.workers.state import AnalysisSettings
 from tiny_llm.config import load_config
 from tiny_llm.campaign.timing import calibrate
+from tiny_llm.workers.state import settings_from_dict
 
 out = Path(os.environ["TINY_LLM_GPU_CHECK_OUT"])
+campaign = yaml.safe_load(Path("config/naiss.yaml").read_text())["analyses"]["20m-gh200"]["settings"]
 entries = []
-for run, hvp in (("config/runs/demo.yaml", 8), ("config/runs/20m.yaml", 64)):
-    config = load_config(run)
-    for batch, K in ((hvp, 16), (hvp // 2, 16), (hvp // 4, 8)):
-        settings = AnalysisSettings(device="cuda", dtype="float32", amp=True, tf32=True, hvp_batch_size=batch,
-                                    directions_per_pass=K)
-        try:
-            entry = calibrate(config, settings)
-        except ValueError as error:  # out of memory: named by calibrate, nothing measured
-            if "out of memory" not in str(error):
-                raise
-            torch.cuda.empty_cache()
-            print(f"{run}: out of memory at curvature batch {batch}, K = {K}; trying smaller", flush=True)
-            continue
-        entry["run_config"] = run
-        entries.append(entry)
-        print(f"{run}: {entry['seconds']}", flush=True)
-        break
-(out / "timing-entries.yaml").write_text(yaml.safe_dump({"entries": entries}, sort_keys=False))
+for run, settings in (("config/runs/20m.yaml", campaign), ("config/runs/demo.yaml", {"hvp_batch_size": 8, "amp": True})):
+    settings = settings_from_dict({**settings, "device": "cuda", "dtype": "float32", "tf32": True})
+    entry = calibrate(load_config(run), settings)  # a budget that cannot fit is refused by name
+    entry["run_config"] = run
+    entries.append(entry)
+    print(f"{run}: {entry['seconds']}; memory {entry['measured']['memory']}", flush=True)
+    (out / "timing-entries.yaml").write_text(yaml.safe_dump({"entries": entries}, sort_keys=False))
 EOF
-step hvp-cost-eager 70 "$PY" benchmarks/hvp_cost.py --device cuda --dtype float32 --trials 3 \
-    --out "$OUT/hvp-cost-eager.json"
-step hvp-cost-compiled 70 "$PY" benchmarks/hvp_cost.py --device cuda --dtype float32 --compile --trials 3 \
-    --engines pearlmutter --out "$OUT/hvp-cost-compiled.json"
-step precision 60 "$PY" benchmarks/precision.py --device cuda --samples 8
+step hvp-cost-eager 60 "$PY" benchmarks/hvp_cost.py --device cuda --dtype float32 --amp --trials 3 \
+    --models 20m,demo --ks 1,16 --engines taylor,adjoint,pearlmutter --out "$OUT/hvp-cost-eager.json"
+step hvp-cost-compiled 60 "$PY" benchmarks/hvp_cost.py --device cuda --dtype float32 --amp --compile --trials 3 \
+    --models 20m,demo --ks 1,16 --engines pearlmutter --out "$OUT/hvp-cost-compiled.json"
+step precision 40 "$PY" benchmarks/precision.py --device cuda --samples 8
 echo "gpu-check: report in $OUT/report.md" >&2
 exit $failed

@@ -1,16 +1,17 @@
 """Cost of a quadratic form vᵀHv per direction, relative to one gradient pass (run on demand, not a test).
 
     .venv/bin/python benchmarks/hvp_cost.py [--device cpu|cuda] [--dtype float32|float64] [--amp]
-                                            [--compile] [--models demo,0.8M] [--ks 1,4,16] [--trials 5]
+                                            [--compile] [--models demo,0.8M,20m] [--ks 1,4,16] [--trials 5]
 
-For each model (the demo run's shape, D = 28,832; and d_model 128, 4 layers, seq 128,
-D = 824,448) one process times, trial after trial, a full-epoch gradient pass (forward + backward
-over the curvature micro-batches) immediately followed by one full-epoch pass of each engine with
-K directions, so that every ratio pairs two measurements taken under the same machine load; the
-table reports the median of the per-trial ratios (time per direction ÷ gradient pass). Peak
-memory of one pass is measured in a fresh process per engine (CUDA: allocator peak; CPU: growth
-of resident memory). Targets: one direction ≤ 1.5× a gradient; K = 16 ≤ 0.75× per direction on
-the demo model and ≤ 1.0× on the 0.8M model; peak memory ≤ 2× the gradient pass's.
+For each model (the demo run's shape, D = 28,832; d_model 128, 4 layers, seq 128, D = 824,448;
+and on a GPU ``20m``, the campaign's model at context 1024 over 4 sequences) one process times,
+trial after trial, a full-epoch gradient pass (forward + backward over the curvature micro-batches)
+immediately followed by one full-epoch pass of each engine with K directions, so that every ratio
+pairs two measurements taken under the same machine load; the table reports the median of the
+per-trial ratios (time per direction ÷ gradient pass). Peak memory of one pass is measured in a
+fresh process per engine (CUDA: allocator peak; CPU: growth of resident memory). Targets: one
+direction ≤ 1.5× a gradient; K = 16 ≤ 0.75× per direction on the demo model and ≤ 1.0× on the
+0.8M model; peak memory ≤ 2× the gradient pass's.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ def _model_setup(name: str) -> tuple[ModelConfig, int, int, int]:
         return config.model, config.steps_per_epoch * config.training.batch_size, config.data.seq_len, 8
     if name == "0.8M":
         return ModelConfig(vocab_size=256, d_model=128, n_layers=4, n_heads=4, d_ff=344, max_seq_len=128), 32, 128, 8
-    raise ValueError(f"--models: expected demo or 0.8M, got {name!r}")
+    if name == "20m":  # the campaign's model at its context; a short epoch (a pass at K = 16 holds GiBs per sequence)
+        config = load_config(REPO / "config/runs/20m.yaml")
+        return config.model, 4, config.data.seq_len, 2
+    raise ValueError(f"--models: expected demo, 0.8M or 20m, got {name!r}")
 
 
 def _setup(args, name: str):
@@ -196,7 +200,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--amp", action="store_true", help="bf16 autocast in the forward")
     parser.add_argument("--compile", action="store_true", help="compile the pearlmutter engine (CUDA)")
-    parser.add_argument("--models", default="demo,0.8M", help="comma-separated: demo, 0.8M (default both)")
+    parser.add_argument("--models", default="demo,0.8M", help="comma-separated: demo, 0.8M, 20m (default demo,0.8M)")
     parser.add_argument("--ks", default="1,4,16", help="directions per pass to measure (default 1,4,16)")
     parser.add_argument("--trials", type=int, default=5, help="paired trials per engine and K (default 5)")
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated (default {','.join(ENGINES)})")

@@ -8,20 +8,34 @@ error); and prints the coefficients (to paste into COEFFICIENTS) and the predict
 
     python benchmarks/memory.py --fit            # measure, fit, print coefficients (about 10 min)
     python benchmarks/memory.py                  # check the committed coefficients on fresh grids
+    python benchmarks/memory.py --device cuda    # the campaign's shape against the CUDA allocator (~1 min)
+    python benchmarks/memory.py --shape config/runs/demo.yaml   # the same check of a run's shape on CPU
+
+The shape check measures each engine's pass at a run's real shape (on CUDA by default the 20M
+model: 6 layers, T = 1024) with ``torch.cuda.max_memory_allocated`` (CPU: storage counts), then
+runs one curvature micro-batch of the campaign's settings (64 sequences, K = 16, bf16 autocast) cut
+for a budget (40 GiB at the 20M shape) and compares its whole peak with the plan's prediction and
+the budget.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import json
 import random
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from tiny_llm.config import ModelConfig
-from tiny_llm.curvature.memory import COEFFICIENTS, FEATURES, GRADIENT, PHASES, features, measure_pass, pass_bytes
+from tiny_llm.config import ModelConfig, load_config
+from tiny_llm.curvature.hessian import EpochHessian, Precision
+from tiny_llm.curvature.memory import (COEFFICIENTS, GRADIENT, PHASES, GiB, StoragePeak, features, measure_pass,
+                                       pass_bytes, plan_analysis, size)
+from tiny_llm.model.llama import Llama
 
 ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference", GRADIENT)
 
@@ -91,15 +105,74 @@ def report(engine: str, measured: list[dict], itemsize: int = 4, label: str = ""
     return worst
 
 
+def shape_check(config_path: Path, device: str, out: Path | None) -> list[dict]:
+    """Predicted vs measured peak of each engine's pass at a run's real shape (CUDA: the allocator's
+    peak; CPU: storage counts), then one curvature micro-batch of 64 sequences with K = 16 (adjoint,
+    bf16 autocast) cut for a budget a third of its unchunked need (40 GiB at the 20M shape), whose
+    whole peak is compared with the plan's prediction and the budget."""
+    config = load_config(config_path)
+    T, rows = config.data.seq_len, []
+    for engine in ENGINES:
+        for B, K in ((1, 1), (2, 1), (1, 16), (2, 16)):
+            if engine == GRADIENT and K > 1:
+                continue
+            predicted = pass_bytes(engine, config.model, B, K, T, 4)
+            try:
+                measured = measure_pass(config.model, engine, B, K, T, device=device)
+            except torch.OutOfMemoryError:
+                measured = None
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            rows.append({"engine": engine, "B": B, "K": K, "predicted": predicted, "measured": measured})
+            ratio = "out of memory" if measured is None else f"{predicted / measured:.3f}"
+            print(f"{engine:>17} B={B} K={K:>2}: predicted {size(predicted):>9}, measured "
+                  f"{'-' if measured is None else size(measured):>9}, ratio {ratio}", flush=True)
+    unbounded = plan_analysis(config.model, T, engine="adjoint", K=16, hvp_batch_size=64, micro_batch_size=32,
+                              itemsize=4, compiled=False, audit_directions=None, extra_vectors=0, budget_bytes=None)
+    budget = min(40 * GiB, unbounded.peak_bytes // 3)
+    plan = plan_analysis(config.model, T, engine="adjoint", K=16, hvp_batch_size=64, micro_batch_size=32,
+                         itemsize=4, compiled=False, audit_directions=None, extra_vectors=0, budget_bytes=budget)
+    forms = next(p for p in plan.passes if p.name == "forms")
+    target = torch.device(device)
+    if target.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(target)
+    with StoragePeak() if target.type == "cpu" else contextlib.nullcontext() as counter:
+        model = Llama(config.model, attention_backend="reference").to(target)
+        tokens = torch.randint(0, config.model.vocab_size, (64, T + 1), device=target)
+        H = EpochHessian(model, tokens, batch_size=64, engine="adjoint", directions_per_pass=16,
+                         precision=Precision(target, torch.float32, amp=True), group_rows=plan.rows("forms"))
+        H.quadratic_forms(torch.randn(16, H.flat.D, device=target))
+    peak = counter.peak if target.type == "cpu" else torch.cuda.max_memory_allocated(target)
+    print(f"micro-batch of 64 sequences, K = 16, adjoint, bf16 autocast, budget {size(budget)}: groups of "
+          f"{forms.rows}, predicted job peak {size(forms.peak_bytes)}, measured {size(peak)} "
+          f"({peak / forms.peak_bytes:.3f} of predicted; {'within' if peak <= budget else 'OVER'} the budget)",
+          flush=True)
+    rows.append({"micro_batch": {"budget": budget, "group_rows": forms.rows, "predicted": forms.peak_bytes,
+                                 "measured": peak}})
+    if out:
+        name = torch.cuda.get_device_name(0) if target.type == "cuda" else "cpu"
+        out.write_text(json.dumps({"device": name, "config": str(config_path), "rows": rows}, indent=1))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="measure the fitting grids and print new coefficients")
     parser.add_argument("--points", type=int, default=150, help="random small shapes per engine")
+    parser.add_argument("--engines", default=",".join(ENGINES), help="engines to fit or check (default all)")
+    parser.add_argument("--device", default="cpu", help="cpu (storage counts) or cuda (allocator peaks)")
+    parser.add_argument("--shape", type=Path, help="check at this run configuration's real shape (default on "
+                        "cuda: config/runs/20m.yaml)")
+    parser.add_argument("--out", type=Path, help="JSON of the shape check")
     args = parser.parse_args()
+    if args.device == "cuda" or args.shape:
+        shape_check(args.shape or Path(__file__).resolve().parents[1] / "config/runs/20m.yaml", args.device, args.out)
+        return
     torch.set_num_threads(1)
     if args.fit:
         fitted = {}
-        for engine in ENGINES:
+        for engine in args.engines.split(","):
             measured = measure(engine, small_grid(args.points, 0) + wide_grid())
             fitted[engine] = fit(measured)
             COEFFICIENTS[engine] = fitted[engine]
@@ -112,7 +185,7 @@ def main() -> None:
             print("    ),")
         print("})")
         return
-    for engine in ENGINES:  # fresh shapes (another seed), float32 and float64
+    for engine in args.engines.split(","):  # fresh shapes (another seed), float32 and float64
         report(engine, measure(engine, small_grid(40, 1)))
         report(engine, measure(engine, small_grid(15, 2), torch.float64), itemsize=8, label=" float64")
 

@@ -245,10 +245,13 @@ class EpochHessian:
         if self.engine not in FORM_ENGINES:
             return (V.double() * self.batch_products(V, inputs, targets).double()).sum(dim=1)
         forms = torch.zeros(len(V), dtype=torch.float64, device=self.precision.device)
-        for rows in self._row_groups(len(V), len(inputs)):
-            adjoints = self._adjoints(inputs[rows], targets[rows]) if self.engine == "adjoint" else None
-            forms += self._jet_forms(V, inputs[rows], targets[rows], adjoints)
+        for rows in self._row_groups(len(V), len(inputs)):  # a group's adjoints are freed before the next's
+            forms += self._group_forms(V, inputs[rows], targets[rows])
         return forms
+
+    def _group_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        adjoints = self._adjoints(inputs, targets) if self.engine == "adjoint" else None
+        return self._jet_forms(V, inputs, targets, adjoints)
 
     def _row_groups(self, K: int, B: int) -> list[slice]:
         """The sequences of one pass, as slices of the micro-batch. By default taylor mode, which

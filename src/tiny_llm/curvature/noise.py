@@ -290,14 +290,18 @@ def _relative(production: float, exact: float) -> float:
 
 def precision_audit(model: Llama, batches: list[torch.Tensor], g_bar: torch.Tensor, epoch_loss: float,
                     noise_batches: list[int], random_indices: list[int], inputs: CaseInputs,
-                    precision: Precision) -> dict[str, Any]:
+                    precision: Precision, sampled: dict[int, tuple[torch.Tensor, float]] | None = None,
+                    ) -> dict[str, Any]:
     """End-to-end error of the production precision against float64 (module docstring).
 
     ``g_bar`` and ``epoch_loss`` are the job's own (production); the audit recomputes ḡ and the epoch
     loss over the whole epoch in float64, the batch gradients of the audited noise batches
     (``noise_batches``, indices into ``batches``) in both precisions, and the quadratic forms of every
     audited direction (as each precision builds it) on a seeded sample of curvature micro-batches.
+    The production batch gradients and losses are left in ``sampled`` (batch index → (gᵢ, loss)),
+    so the job does not compute them twice.
     """
+    sampled = {} if sampled is None else sampled
     started = time.perf_counter()
     flat = FlatParameters(model)
     exact = Precision(precision.device, torch.float64)
@@ -307,7 +311,8 @@ def precision_audit(model: Llama, batches: list[torch.Tensor], g_bar: torch.Tens
     records: list[dict[str, Any]] = []
     production_vectors, exact_vectors = [], []
     for i in noise_batches:
-        g = batch_gradient(model, flat, batches[i], inputs.gradient_micro_batch, precision)
+        g = sampled.setdefault(i, batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch,
+                                                          precision))[0]
         g64 = batch_gradient(reference, flat, batches[i], rows64, exact)
         v, v64 = (g - g_bar).to(precision.dtype), g64 - g_bar64
         records.append({"kind": "noise", "batch_index": i, "grad_norm": [float(g.norm()), float(g64.norm())],
@@ -398,6 +403,7 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     progress(f"mean gradient over {n} batches: {t_mean:.2f} s (epoch loss {epoch_loss:.4f})")
 
     selected = noise_batch_indices(n, inputs.noise_samples, inputs.seed)
+    sampled: dict[int, tuple[torch.Tensor, float]] = {}  # the audit's production batch gradients, reused
     audit = None
     if inputs.audit:  # first: its memory and its verdict are known before the long part of the job
         a = inputs.audit[0]
@@ -405,7 +411,8 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
         audited_random = _audit_choice(inputs.random_samples, a, inputs.seed, 1)
         progress(f"precision audit: ḡ and loss in float64, {len(audited_noise)} noise, {len(audited_random)} random "
                  f"directions and ḡ on {inputs.audit[1]} curvature micro-batches")
-        audit = precision_audit(model, batches, g_bar, epoch_loss, audited_noise, audited_random, inputs, precision)
+        audit = precision_audit(model, batches, g_bar, epoch_loss, audited_noise, audited_random, inputs, precision,
+                                sampled)
         progress(f"precision audit: largest implied statistic error {audit['max_statistic_relative_error']:.2e} "
                  f"({audit['seconds']:.2f} s)")
 
@@ -419,7 +426,8 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     sample_seconds = 0.0
     for i in selected:
         started = time.perf_counter()
-        g, batch_loss = batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch, precision)
+        g, batch_loss = sampled.pop(i, None) or batch_gradient_and_loss(model, flat, batches[i],
+                                                                        inputs.gradient_micro_batch, precision)
         sample_seconds += time.perf_counter() - started
         record = {"batch_index": i, "stream_batch": int(plan.stream_batches[i]), "positions": plan.positions(cache, i),
                   "grad_norm": float(g.norm()), "loss": batch_loss}

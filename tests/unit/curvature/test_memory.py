@@ -8,6 +8,7 @@ import torch
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.memory import (
     GRADIENT,
+    MODEL_MARGIN,
     GiB,
     StoragePeak,
     choose_group_rows,
@@ -64,7 +65,8 @@ def test_group_rows_are_the_largest_that_fit():
     whole = choose_group_rows("forms", "adjoint", CAMPAIGN, 64, 16, 1024, 4, None, resident, D=D)
     assert whole.rows == 64 and whole.peak_bytes == resident + pass_bytes("adjoint", CAMPAIGN, 64, 16, 1024, 4, D)
     fitted = choose_group_rows("forms", "adjoint", CAMPAIGN, 64, 16, 1024, 4, 80 * GiB, resident, D=D)
-    assert fitted.peak_bytes <= 80 * GiB < resident + pass_bytes("adjoint", CAMPAIGN, fitted.rows + 1, 16, 1024, 4, D)
+    one_more = resident + pass_bytes("adjoint", CAMPAIGN, fitted.rows + 1, 16, 1024, 4, D)
+    assert fitted.peak_bytes * MODEL_MARGIN <= 80 * GiB < one_more * MODEL_MARGIN
     equal = choose_group_rows("forms", "pearlmutter", CAMPAIGN, 64, 16, 1024, 4, 80 * GiB, resident,
                               equal_groups=True, D=D)
     assert 64 % equal.rows == 0 and equal.peak_bytes <= 80 * GiB
@@ -72,7 +74,8 @@ def test_group_rows_are_the_largest_that_fit():
 
 
 def test_a_pass_that_cannot_fit_one_sequence_is_refused_naming_the_setting():
-    with pytest.raises(ValueError, match=r"forms: one sequence of 1024 tokens with 16 directions \(adjoint engine\) needs ~.* GiB, "
+    with pytest.raises(ValueError, match=r"forms: one sequence of 1024 tokens with 16 directions \(adjoint engine\) "
+                                         r"needs ~.* GiB \(with the model.s margin\), "
                                          r"more than memory_budget_gb = 2 GiB; lower "
                                          r"directions_per_pass"):
         choose_group_rows("forms", "adjoint", CAMPAIGN, 64, 16, 1024, 4, 2 * GiB, 0)
