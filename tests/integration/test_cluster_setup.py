@@ -90,7 +90,7 @@ def test_gpu_check_runs_with_the_given_interpreter_as_it_is(tmp_path):
 
 
 def test_benchmark_scripts_document_their_options():
-    for script in ("hvp_cost.py", "precision.py", "spectrum_cost.py"):
+    for script in ("hvp_cost.py", "precision.py", "spectrum_cost.py", "memory.py"):
         result = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], cwd=REPO, capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 0 and "--device" in result.stdout, script + result.stderr

@@ -147,3 +147,17 @@ def test_earlier_jobs_are_awaited_cancelled_or_waited_for():
     needed = {state, receipt, ("train_run", (("run", "tiny"),))}
     assert sort_earlier_jobs(jobs, needed, awaited) == (["2"], ["1"], ["3"])
     assert sort_earlier_jobs(jobs, set(), awaited) == ([], [], [])  # nothing this run needs: left alone
+
+
+def test_the_plan_states_the_memory_of_each_job_and_refuses_one_that_cannot_fit(project):
+    """The cost line names the predicted peak and the grouping under the budget; a budget below
+    one sequence is refused while planning, naming the analysis and the setting."""
+    budgeted = _config(settings={**SETTINGS, "device": "cuda", "dtype": "float32", "memory_budget_gb": 0.01})
+    line = WorkflowPlan(budgeted).cost_line("gpu")
+    assert "memory: predicted peak ~" in line and "budget 10.2 MiB" in line and "forms " in line
+    default = WorkflowPlan(_config()).cost_line("gpu")
+    assert "budget: the GPU's free memory at run time, cut to fit" in default
+    tiny = _config(settings={**SETTINGS, "device": "cuda", "dtype": "float32", "memory_budget_gb": 1e-5})
+    with pytest.raises(ValueError, match=r"analyses.gpu.settings: gradient: one sequence of 16 tokens needs ~.* "
+                                         r"more than memory_budget_gb = 10.5 KiB; lower data.seq_len"):
+        WorkflowPlan(tiny)
