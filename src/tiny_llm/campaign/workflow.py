@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
 from tiny_llm.workers.index import check_selection
 from tiny_llm.curvature.memory import GiB, MemoryPlan
 from tiny_llm.workers.state import (CASES, AnalysisSettings, check_output_binding, memory_plan, output_binding,
-                                    settings_from_dict)
+                                    settings_from_dict, settings_record)
 
 __all__ = ["AWAITABLE", "STANDS_IN", "WorkflowPlan", "awaited_outputs", "expand_seed_experiments", "sort_earlier_jobs",
            "typed_profile_values"]
@@ -499,4 +498,4 @@ class WorkflowPlan:
             entry = None
         return {"event": "start", "command": command, "source": source, "cost": self.cost_line(analysis),
                 "walltime": self.walltime_rule(), "timing_entry": entry,
-                "settings": asdict(self.analysis_settings[analysis])}
+                "settings": settings_record(self.analysis_settings[analysis])}

@@ -115,7 +115,7 @@ def _stamp(context: dict) -> str:
     dtype = settings.get("dtype", "?") + (" + bf16 autocast" if settings.get("amp") else "")
     S_v = settings.get("noise_samples")
     epoch = min((b.get("epoch_batches", 0) for b in (context.get("batch_sizes") or {}).values()), default=0)
-    if S_v is None or (epoch and S_v >= epoch):  # every batch: the noise statistics are exact
+    if S_v in (None, "all") or (epoch and S_v >= epoch):  # every batch: the noise statistics are exact
         S_v = f"all {epoch} (exact)" if epoch else "all"
     return f"{context.get('analysis', '')} · {dtype} · S_v = {S_v} · S_r = {settings.get('random_samples')}"
 

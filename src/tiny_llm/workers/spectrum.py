@@ -32,7 +32,7 @@ from tiny_llm.model.llama import Llama
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
 from tiny_llm.workers.state import (AnalysisSettings, _exclusive, _identity, _Resolved, _reusable, explain_out_of_memory,
-                                    prepare_inputs)
+                                    prepare_inputs, settings_record)
 
 __all__ = ["SpectrumSettings", "analyze_spectrum", "spectrum_settings_from_dict"]
 
@@ -200,7 +200,7 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
                                         memory)
         result = {"schema": 1, "kind": "spectrum", "identity": identity,
                   "state": {"key": state.key, "weights_hash": state.weights_hash, "aliases": state.aliases},
-                  "case": case, "settings": asdict(settings), "spectrum_settings": asdict(spectrum),
+                  "case": case, "settings": settings_record(settings), "spectrum_settings": asdict(spectrum),
                   "precision": {"device": str(resolved.device), "dtype": settings.dtype, "engine": resolved.hvp_engine,
                                 "lanczos_basis": spectrum.lanczos_basis,
                                 "lanczos_reduction": spectrum.lanczos_reduction, **runtime},

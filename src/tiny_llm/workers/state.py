@@ -33,7 +33,8 @@ from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, s
 from tiny_llm.runtime import compile_record, resolve_device
 from tiny_llm.training.loop import average_states
 
-__all__ = ["AnalysisSettings", "CASES", "EXECUTION_SETTINGS", "memory_plan", "numerical_settings", "LoadedState", "analyze_state", "check_output_binding", "explain_out_of_memory",
+__all__ = ["AnalysisSettings", "CASES", "EXECUTION_SETTINGS", "LoadedState", "analyze_state", "check_output_binding",
+           "explain_out_of_memory", "holds_results", "memory_plan", "numerical_settings", "settings_record",
            "load_state", "output_binding", "quadratic_form_engine", "resolve_checkpoints", "settings_from_dict"]
 
 log = logging.getLogger(__name__)
@@ -405,7 +406,7 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
         "state": {"key": state.key, "weights_hash": state.weights_hash, "aliases": state.aliases,
                   "worker_hashes": state.worker_hashes or None, "worker_files": state.worker_files or None},
         "case": case,
-        "settings": asdict(settings),
+        "settings": settings_record(settings),
         "precision": {"device": str(resolved.device), "dtype": settings.dtype, "tf32": resolved.tf32,
                       "amp": settings.amp, "amp_dtype": "bfloat16" if settings.amp else None,
                       "engine": resolved.engine, "quadratic_form_engine": resolved.engine,
@@ -428,6 +429,15 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
         "hardware": hardware(resolved.device),
         "slurm": slurm_job(),
     }
+
+
+def settings_record(settings: AnalysisSettings) -> dict[str, Any]:
+    """The settings as a result records them: plain data, with every batch as ``noise_samples: all``
+    (as written in a configuration)."""
+    record = asdict(settings)
+    if record["noise_samples"] is None:
+        record["noise_samples"] = "all"
+    return record
 
 
 def settings_from_dict(data: dict[str, Any]) -> AnalysisSettings:
@@ -453,13 +463,24 @@ def output_binding(settings: AnalysisSettings, run: str, spectrum: dict[str, Any
             "source": source_hash()}
 
 
-def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write: bool = False) -> None:
-    """Refuse an output directory made with another run, other settings or other source code.
+def holds_results(output_dir: str | Path) -> bool:
+    """Whether an output directory holds any finished measurement (state or spectrum results, or a
+    collected summary)."""
+    root = Path(output_dir)
+    return (root / "summary.csv").exists() or any(root.glob("states/*/*.json")) or any(root.glob("spectra/*/*.json"))
 
-    With ``write``, record the binding (identity.json) when the directory has none yet.
+
+def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write: bool = False) -> None:
+    """Refuse an output directory whose results were made with another run, other settings or other
+    source code. A binding with no result yet (a first attempt that failed) does not hold: it is
+    replaced, with a log line saying what changed.
+
+    With ``write``, record the binding (identity.json) when the directory has none yet, or replace
+    one that binds no result.
 
     Raises:
-        ValueError: naming what changed and saying to use a new output directory.
+        ValueError: naming what changed and what to do (a new name, the old settings, or removing
+            the results).
     """
     path = Path(output_dir) / "identity.json"
     if path.exists():
@@ -476,8 +497,15 @@ def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write:
                     for k, v in binding["spectrum"].items() if old.get("spectrum", {}).get(k) != v]
         if old["source"] != binding["source"]:
             changed.append("the tiny_llm source code changed")
+        if changed and not holds_results(output_dir):
+            if write:
+                atomic_write_json(path, binding)
+                log.info("%s held no result yet: its binding now follows the changed settings (%s)", output_dir,
+                         "; ".join(changed))
+            return
         if changed:
-            fix = "use a new output directory (a new analysis name) or restore the settings"
+            fix = (f"use a new output directory (a new analysis name), restore the settings, or remove {output_dir} "
+                   "(its results) to recompute it with these settings")
             if changed == ["the tiny_llm source code changed"]:
                 fix = (f"use a new analysis name, or remove {output_dir} to recompute it with this code "
                        "(or go back to the code that made it)")

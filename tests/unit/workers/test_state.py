@@ -209,6 +209,7 @@ def test_cli_options(ordinary, tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["counts"]["noise_samples"] == config.steps_per_epoch and result["counts"]["hvp_batch_size"] == 5
     assert result["precision"]["engine"] == "pearlmutter" and result["case"] == "unseen"
+    assert result["settings"]["noise_samples"] == "all"  # as a configuration writes it
     with pytest.raises(SystemExit) as error:
         main(args + ["--colour", "blue"])
     assert error.value.code == 2 and "unrecognized arguments: --colour" in capsys.readouterr().err
@@ -275,13 +276,24 @@ def test_the_audit_is_on_by_default_unless_float64():
         AnalysisSettings(audit_batches=0)
 
 
-def test_output_binding_names_what_changed_and_the_way_out(tmp_path):
+def test_output_binding_names_what_changed_and_the_way_out(tmp_path, caplog):
     from tiny_llm.workers.state import check_output_binding, output_binding
     binding = output_binding(AnalysisSettings(), "runs/demo")
     check_output_binding(tmp_path, binding, write=True)
     check_output_binding(tmp_path, binding)  # the same binding: accepted
-    with pytest.raises(ValueError, match=r"settings.seed: 42 -> 7\); use a new output directory"):
-        check_output_binding(tmp_path, output_binding(AnalysisSettings(seed=7), "runs/demo"))
+    # a first attempt that made no result does not lock the name: the binding follows the settings
+    fixed = output_binding(AnalysisSettings(device="cpu"), "runs/demo")
+    with caplog.at_level("INFO"):
+        check_output_binding(tmp_path, fixed, write=True)
+    assert json.loads((tmp_path / "identity.json").read_text()) == fixed
+    assert "held no result yet: its binding now follows the changed settings (settings.device: 'auto' -> 'cpu')" \
+        in caplog.text
+    binding = fixed
+    (tmp_path / "states/abc").mkdir(parents=True)
+    (tmp_path / "states/abc/seen.json").write_text("{}")
+    with pytest.raises(ValueError, match=rf"settings.seed: 42 -> 7\); use a new output directory \(a new analysis "
+                                         rf"name\), restore the settings, or remove {tmp_path} \(its results\)"):
+        check_output_binding(tmp_path, output_binding(AnalysisSettings(seed=7, device="cpu"), "runs/demo"))
     with pytest.raises(ValueError, match=rf"source code changed\); use a new analysis name, or remove {tmp_path}"):
         check_output_binding(tmp_path, {**binding, "source": "other"})
 
