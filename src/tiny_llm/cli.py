@@ -1,4 +1,8 @@
-"""The ``tiny-llm`` command line: prepare-data, train, analyze-state, analyze-spectrum, plot-analysis."""
+"""The ``tiny-llm`` command line: prepare-data, train, analyze-state, analyze-spectrum, plot-analysis.
+
+The parser needs no torch: each command imports what it runs when it runs (``--help`` stays fast),
+and the option defaults below are the settings classes' (a test holds them equal).
+"""
 
 from __future__ import annotations
 
@@ -9,15 +13,22 @@ import os
 import sys
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
-from tiny_llm.curvature.hessian import ENGINES
-from tiny_llm.data.corpus import default_capacity, prepare_source_cache
-from tiny_llm.results.figures import plot_analysis
-from tiny_llm.training.loop import train
-from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum
-from tiny_llm.workers.state import AnalysisSettings, analyze_state
+
+if TYPE_CHECKING:
+    from tiny_llm.workers.state import AnalysisSettings
 
 log = logging.getLogger("tiny_llm")
+
+ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference")
+"""tiny_llm.curvature.hessian.ENGINES, without importing torch."""
+AUDIT_DEFAULTS = {"audit_directions": 4, "audit_batches": 4}
+"""AnalysisSettings' defaults of the audit options."""
+SPECTRUM_DEFAULTS = {"top_k": 3, "lanczos_steps": 20, "lanczos_basis": "float64", "lanczos_reduction": "float64",
+                     "slq_vectors": 2, "slq_steps": 10, "block_samples": 2, "cg_rtol": 1e-6, "cg_max_iterations": 50}
+"""SpectrumSettings' defaults."""
 
 
 def _config(args: argparse.Namespace, fallback: Path | None = None) -> RunConfig:
@@ -31,6 +42,8 @@ def _config(args: argparse.Namespace, fallback: Path | None = None) -> RunConfig
 
 
 def _prepare_data(args: argparse.Namespace) -> None:
+    from tiny_llm.data.corpus import default_capacity, prepare_source_cache
+
     config = _config(args)
     # Demo: what this run plus one unseen epoch need; files: every whole group, unless set.
     capacity = default_capacity(config) if args.source == "demo" else config.data.prepare_train_tokens
@@ -42,6 +55,8 @@ def _prepare_data(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> None:
+    from tiny_llm.training.loop import train
+
     run_dir = Path(args.run_dir)
     resolved = run_dir / "resolved.yaml"
     config = _config(args, fallback=resolved if resolved.exists() else None)
@@ -62,12 +77,16 @@ def _samples(text: str) -> int | None:
 
 
 def _analyze_state(args: argparse.Namespace) -> None:
+    from tiny_llm.workers.state import analyze_state
+
     result = analyze_state(args.run, args.checkpoint, args.case, _analysis_settings(args), args.output,
                            expect_key=args.expect_key)
     print(json.dumps(result["statistics"], indent=1))
 
 
 def _plot_analysis(args: argparse.Namespace) -> None:
+    from tiny_llm.results.figures import plot_analysis
+
     for path in plot_analysis(args.output, training_norms=args.training_norms):
         print(path)
 
@@ -97,9 +116,9 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
     an.add_argument("--no-consensus", action="store_true", help="packed runs: skip consensus errors")
     an.add_argument("--audit", choices=["auto", "on", "off"], default="auto",
                     help="precision audit in float64 (auto: unless the analysis runs in float64 without --amp)")
-    an.add_argument("--audit-directions", type=int, default=AnalysisSettings.audit_directions,
+    an.add_argument("--audit-directions", type=int, default=AUDIT_DEFAULTS["audit_directions"],
                     help="audited noise and random directions (each; ḡ is always audited)")
-    an.add_argument("--audit-batches", type=int, default=AnalysisSettings.audit_batches,
+    an.add_argument("--audit-batches", type=int, default=AUDIT_DEFAULTS["audit_batches"],
                     help="curvature micro-batches the audit measures")
     an.add_argument("--memory-budget-gb", type=float,
                     help="GiB a job may use on its device; passes are cut into groups of sequences to fit "
@@ -108,6 +127,8 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
 
 
 def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
+    from tiny_llm.workers.state import AnalysisSettings
+
     return AnalysisSettings(
         noise_samples=args.noise_samples, random_samples=args.random_samples, seed=args.seed,
         hvp_batch_size=args.hvp_batch_size, directions_per_pass=args.directions_per_pass, engine=args.engine,
@@ -118,6 +139,8 @@ def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
 
 
 def _analyze_spectrum(args: argparse.Namespace) -> None:
+    from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum
+
     spectrum = SpectrumSettings(top_k=args.top_k, lanczos_steps=args.lanczos_steps, lanczos_basis=args.lanczos_basis,
                                 lanczos_reduction=args.lanczos_reduction, slq_vectors=args.slq_vectors, slq_steps=args.slq_steps,
                                 block_samples=args.block_samples, cg_damping=args.cg_damping, cg_rtol=args.cg_rtol,
@@ -188,20 +211,20 @@ def _parser() -> argparse.ArgumentParser:
                         "alignment with the top eigenvectors, a damped CG solve and block-diagonal errors; "
                         "one result JSON, written atomically.")
     _add_state_arguments(sp)
-    defaults = SpectrumSettings()
-    sp.add_argument("--top-k", type=int, default=defaults.top_k, help="eigenpairs reported")
-    sp.add_argument("--lanczos-steps", type=int, default=defaults.lanczos_steps, help="Lanczos iterations")
-    sp.add_argument("--lanczos-basis", default=defaults.lanczos_basis, choices=["float64", "float32", "bfloat16"],
+    defaults = SPECTRUM_DEFAULTS
+    sp.add_argument("--top-k", type=int, default=defaults["top_k"], help="eigenpairs reported")
+    sp.add_argument("--lanczos-steps", type=int, default=defaults["lanczos_steps"], help="Lanczos iterations")
+    sp.add_argument("--lanczos-basis", default=defaults["lanczos_basis"], choices=["float64", "float32", "bfloat16"],
                     help="storage dtype of the Lanczos vectors")
-    sp.add_argument("--lanczos-reduction", default=defaults.lanczos_reduction, choices=["float64", "float32"],
+    sp.add_argument("--lanczos-reduction", default=defaults["lanczos_reduction"], choices=["float64", "float32"],
                     help="dtype of the Lanczos dot products, norms and reorthogonalisation")
-    sp.add_argument("--slq-vectors", type=int, default=defaults.slq_vectors, help="SLQ starting vectors")
-    sp.add_argument("--slq-steps", type=int, default=defaults.slq_steps, help="SLQ Lanczos steps per vector")
-    sp.add_argument("--block-samples", type=int, default=defaults.block_samples,
+    sp.add_argument("--slq-vectors", type=int, default=defaults["slq_vectors"], help="SLQ starting vectors")
+    sp.add_argument("--slq-steps", type=int, default=defaults["slq_steps"], help="SLQ Lanczos steps per vector")
+    sp.add_argument("--block-samples", type=int, default=defaults["block_samples"],
                     help="directions for the block-diagonal error")
     sp.add_argument("--cg-damping", type=float, help="λ of (H + λI)x = ḡ (default: 2 x largest |eigenvalue|)")
-    sp.add_argument("--cg-rtol", type=float, default=defaults.cg_rtol, help="CG relative residual target")
-    sp.add_argument("--cg-max-iterations", type=int, default=defaults.cg_max_iterations, help="CG iteration cap")
+    sp.add_argument("--cg-rtol", type=float, default=defaults["cg_rtol"], help="CG relative residual target")
+    sp.add_argument("--cg-max-iterations", type=int, default=defaults["cg_max_iterations"], help="CG iteration cap")
     sp.set_defaults(func=_analyze_spectrum)
 
     pl = sub.add_parser("plot-analysis", formatter_class=_HelpFormatter,

@@ -117,3 +117,13 @@ def test_every_tiny_llm_import_outside_the_package_resolves():
     assert len(statements) > 50
     for statement in sorted(statements):
         exec(statement, {})  # noqa: S102 - import statements read from our own files
+
+
+def test_the_command_line_parses_without_importing_torch():
+    """``tiny-llm --help`` (and every subcommand's) builds its parser without torch, so it answers at
+    once; the commands import what they run, and ``tiny_llm.Llama`` is still there on first use."""
+    code = ("import sys, tiny_llm, tiny_llm.cli as cli; parser = cli._parser(); "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "assert tiny_llm.Llama.__name__ == 'Llama' and 'torch' in sys.modules")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -102,6 +102,9 @@ def test_config_comments_state_the_spectrum_defaults():
 
 
 def test_cli_defaults_are_the_code_defaults_and_every_subcommand_is_described():
+    from tiny_llm import cli
+    from tiny_llm.curvature.hessian import ENGINES
+    assert cli.ENGINES == ENGINES  # the parser's copy (it imports no torch)
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     settings = {f.name: f.default for f in dataclasses.fields(AnalysisSettings)}
