@@ -26,7 +26,7 @@ ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter", "finite_differ
 """tiny_llm.curvature.hessian.ENGINES, without importing torch."""
 AUDIT_DEFAULTS = {"audit_directions": 4, "audit_batches": 4}
 """AnalysisSettings' defaults of the audit options."""
-SPECTRUM_DEFAULTS = {"top_k": 3, "lanczos_steps": 20, "lanczos_basis": "float64", "lanczos_reduction": "float64",
+SPECTRUM_DEFAULTS = {"top_k": 3, "lanczos_steps": 100, "lanczos_basis": "float64", "lanczos_reduction": "float64",
                      "slq_vectors": 2, "slq_steps": 10, "block_samples": 2, "cg_rtol": 1e-6, "cg_max_iterations": 50}
 """SpectrumSettings' defaults."""
 
@@ -141,7 +141,8 @@ def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
 def _analyze_spectrum(args: argparse.Namespace) -> None:
     from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum
 
-    spectrum = SpectrumSettings(top_k=args.top_k, lanczos_steps=args.lanczos_steps, lanczos_basis=args.lanczos_basis,
+    spectrum = SpectrumSettings(top_k=args.top_k, lanczos_steps=args.lanczos_steps,
+                                lanczos_tolerance=args.lanczos_tolerance, lanczos_basis=args.lanczos_basis,
                                 lanczos_reduction=args.lanczos_reduction, slq_vectors=args.slq_vectors, slq_steps=args.slq_steps,
                                 block_samples=args.block_samples, cg_damping=args.cg_damping, cg_rtol=args.cg_rtol,
                                 cg_max_iterations=args.cg_max_iterations)
@@ -213,7 +214,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_state_arguments(sp)
     defaults = SPECTRUM_DEFAULTS
     sp.add_argument("--top-k", type=int, default=defaults["top_k"], help="eigenpairs reported")
-    sp.add_argument("--lanczos-steps", type=int, default=defaults["lanczos_steps"], help="Lanczos iterations")
+    sp.add_argument("--lanczos-steps", type=int, default=defaults["lanczos_steps"],
+                    help="most Lanczos iterations (stops earlier once the top eigenpairs converge)")
+    sp.add_argument("--lanczos-tolerance", type=float,
+                    help="converged: residual <= this x |eigenvalue| (default 1e-6 in float64, 1e-3 in float32)")
     sp.add_argument("--lanczos-basis", default=defaults["lanczos_basis"], choices=["float64", "float32", "bfloat16"],
                     help="storage dtype of the Lanczos vectors")
     sp.add_argument("--lanczos-reduction", default=defaults["lanczos_reduction"], choices=["float64", "float32"],

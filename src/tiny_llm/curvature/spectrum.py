@@ -38,12 +38,14 @@ class LanczosResult:
 
 
 def lanczos(matvec: MatVec, start: torch.Tensor, steps: int, *, basis_dtype: torch.dtype = torch.float64,
-            reduction_dtype: torch.dtype = torch.float64, breakdown: float = 1e-12) -> LanczosResult:
-    """``steps`` Lanczos iterations from ``start`` with full reorthogonalisation.
+            reduction_dtype: torch.dtype = torch.float64, breakdown: float = 1e-12,
+            done: Callable[[LanczosResult, float], bool] | None = None) -> LanczosResult:
+    """Up to ``steps`` Lanczos iterations from ``start`` with full reorthogonalisation.
 
     The basis is stored in ``basis_dtype`` (bf16 saves memory; bf16 Lanczos vectors are known to
     suffice for Hessian spectra at foundation-model scale); projections and norms
-    run in ``reduction_dtype``. Stops early at an invariant subspace (β below ``breakdown``·‖H‖).
+    run in ``reduction_dtype``. Stops early at an invariant subspace (β below ``breakdown``·‖H‖),
+    or when ``done(result so far, next β)`` says the wanted Ritz pairs have converged.
     """
     q = (start / start.norm()).to(reduction_dtype)
     basis, alphas, betas = [], [], []
@@ -62,35 +64,55 @@ def lanczos(matvec: MatVec, start: torch.Tensor, steps: int, *, basis_dtype: tor
         scale = max(scale, abs(alphas[-1]), beta)
         if len(basis) == steps or beta <= breakdown * max(scale, 1e-300):
             break
+        if done is not None and done(LanczosResult(torch.tensor(alphas, dtype=torch.float64),
+                                                   torch.tensor(betas, dtype=torch.float64), basis), beta):
+            break
         betas.append(beta)
         q = w / beta
     return LanczosResult(torch.tensor(alphas, dtype=torch.float64), torch.tensor(betas, dtype=torch.float64),
                          torch.stack(basis))
 
 
+def _wanted(theta: torch.Tensor, kind: str, k: int) -> torch.Tensor:
+    """Indices of the k wanted Ritz values: largest algebraic (LA) or largest magnitude (LM)."""
+    return torch.argsort(theta if kind == "LA" else theta.abs(), descending=True)[:k]
+
+
 def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0, which: str | tuple[str, ...] = "LA",
                    basis_dtype: torch.dtype = torch.float64, reduction_dtype: torch.dtype = torch.float64,
-                   device: str | torch.device = "cpu"):
+                   device: str | torch.device = "cpu", tolerance: float | None = None):
     """The k largest-algebraic (``LA``) or largest-magnitude (``LM``) eigenpairs from Lanczos.
 
-    Returns ``(eigenvalues (k,), eigenvectors (k, D), residuals (k,))`` with honest residual
-    norms ‖Hu − λu‖ from one more application of H (so a user can tell converged from not).
-    With ``which=("LA", "LM")`` one Lanczos run serves both, and a dict of such triples is returned.
+    With ``tolerance``, Lanczos stops as soon as every wanted Ritz pair's residual estimate
+    |β·s_m| is at most ``tolerance``·|θ| (at most ``steps`` iterations); without it, it runs
+    ``steps``. Returns ``(eigenvalues (k,), eigenvectors (k, D), residuals (k,), converged (k,))``
+    with honest residual norms ‖Hu − λu‖ from one more application of H, and ``converged`` when
+    that residual is at most ``tolerance``·|λ| (all False without a tolerance). With
+    ``which=("LA", "LM")`` one Lanczos run serves both, and a dict of such tuples is returned.
     """
     kinds = (which,) if isinstance(which, str) else tuple(which)
     if any(kind not in ("LA", "LM") for kind in kinds):
         raise ValueError(f"which: expected 'LA' or 'LM', got {which!r}")
+
+    def done(result: LanczosResult, beta: float) -> bool:
+        if tolerance is None or len(result.alpha) < k:
+            return False
+        theta, S = torch.linalg.eigh(result.tridiagonal())
+        return all(bool((beta * S[-1, i].abs() <= tolerance * theta[i].abs()).all())
+                   for i in (_wanted(theta, kind, k) for kind in kinds))
+
     start = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(device)
-    result = lanczos(matvec, start, steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype)
+    result = lanczos(matvec, start, steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype, done=done)
     theta, S = torch.linalg.eigh(result.tridiagonal())
     pairs = {}
     for kind in kinds:
-        order = torch.argsort(theta if kind == "LA" else theta.abs(), descending=True)[:k]
+        order = _wanted(theta, kind, k)
         values = theta[order]
         vectors = S[:, order].T.to(device) @ result.basis.to(torch.float64)  # (k, D)
         vectors = vectors / vectors.norm(dim=1, keepdim=True)
-        residuals = (matvec(vectors) - values.to(device)[:, None] * vectors).norm(dim=1)
-        pairs[kind] = (values, vectors, residuals)
+        residuals = (matvec(vectors) - values.to(device)[:, None] * vectors).norm(dim=1).cpu()
+        converged = (residuals <= tolerance * values.abs()) if tolerance is not None else torch.zeros(len(values), dtype=torch.bool)
+        pairs[kind] = (values, vectors, residuals, converged)
     return pairs[which] if isinstance(which, str) else pairs
 
 

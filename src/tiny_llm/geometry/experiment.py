@@ -234,7 +234,7 @@ def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, referen
     if _due(index, settings.hessian_eig_every):
         H = EpochHessian(model, rows, batch_size=settings.hvp_batch_size, engine="double_backward",
                          precision=precision)
-        values, vectors, _ = top_eigenpairs(H.hvp, H.flat.D, 1, min(settings.lanczos_steps, H.flat.D),
+        values, vectors, *_ = top_eigenpairs(H.hvp, H.flat.D, 1, min(settings.lanczos_steps, H.flat.D),
                                             seed=settings.seed, device=device)
         top = vectors[0].double()
         metrics.update(hessian_top1_eigenvalue=float(values[0]),

@@ -197,6 +197,7 @@ def _spectrum_row(result: dict[str, Any]) -> dict[str, Any]:
         for pair in result[key]:
             row[f"{which}_eigenvalue_{pair['index'] + 1}"] = pair["eigenvalue"]
             row[f"{which}_residual_{pair['index'] + 1}"] = pair["residual"]
+            row[f"{which}_converged_{pair['index'] + 1}"] = _cell(pair.get("converged"))
     row["trace_over_D"] = result["slq"]["trace_over_D"]
     row["second_moment_over_D"] = result["slq"]["second_moment_over_D"]
     row["gradient_top1_alignment"] = result["alignment"]["gradient_top"][0]
@@ -227,4 +228,11 @@ def collect_spectrum(analysis_dir: str | Path, states: dict[str, Any], cases: li
                          "tokens": alias["tokens"], **values})
     rows.sort(key=lambda r: (r["tokens"], r["file"], cases.index(r["case"])))
     atomic_write_text(analysis_dir / "spectrum.csv", _csv(rows, list(rows[0])))
+    unconverged = sorted({(r["file"], r["case"]) for r in rows
+                          if any(v is False for k, v in r.items() if "_converged_" in k)})
+    if unconverged:
+        log.warning("analysis %s: top eigenvalues of %d (state, case) rows did not converge (%s); their "
+                    "*_converged_* cells in spectrum.csv are False: raise spectrum.lanczos_steps", analysis_dir.name,
+                    len(unconverged), ", ".join(f"{f} {c}" for f, c in unconverged[:4]) +
+                    (" ..." if len(unconverged) > 4 else ""))
     return rows

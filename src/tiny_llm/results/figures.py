@@ -279,9 +279,19 @@ def _top_eigenvalues(table, context, out_dir) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
     notes = Notes()
     columns = sorted(c for c in table.columns if c.startswith("la_eigenvalue_"))
+    unconverged = 0
     for i, column in enumerate(columns):
         _curves(ax, table, column, f"λ{i + 1}", f"C{i}", notes=notes)
-    return _finish(fig, ax, out_dir, "top_eigenvalues", "top Hessian eigenvalues", context, notes.text())
+        flag = column.replace("eigenvalue", "converged")
+        bad = table[flag].astype(str) == "False" if flag in table else pd.Series(False, index=table.index)
+        if bad.any():
+            ax.plot(table["tokens"][bad], pd.to_numeric(table[column][bad]), "o", mfc="none", mec="C3", ms=9,
+                    label=None if unconverged else "not converged")
+            unconverged += int(bad.sum())
+    note = notes.text()
+    if unconverged:
+        note = (note + "; " if note else "") + f"{unconverged} not converged (red rings): raise spectrum.lanczos_steps"
+    return _finish(fig, ax, out_dir, "top_eigenvalues", "top Hessian eigenvalues", context, note)
 
 
 def _slq_density(spectra: list[tuple[int, str, dict]], context, out_dir, name: str = "slq_density",

@@ -34,7 +34,7 @@ from tiny_llm.runtime import compile_record
 from tiny_llm.workers.state import (AnalysisSettings, _exclusive, _identity, _Resolved, _reusable, explain_out_of_memory,
                                     prepare_inputs, settings_record)
 
-__all__ = ["SpectrumSettings", "analyze_spectrum", "spectrum_settings_from_dict"]
+__all__ = ["SpectrumSettings", "analyze_spectrum", "lanczos_tolerance", "spectrum_settings_from_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,12 @@ class SpectrumSettings:
 
     top_k: int = 3
     """Eigenpairs reported (largest algebraic, and largest magnitude)."""
-    lanczos_steps: int = 20
-    """Lanczos iterations for the top eigenpairs (full reorthogonalisation)."""
+    lanczos_steps: int = 100
+    """Most Lanczos iterations for the top eigenpairs (full reorthogonalisation); it stops earlier
+    once every wanted eigenpair has converged (``lanczos_tolerance``)."""
+    lanczos_tolerance: float | None = None
+    """Converged: residual ‖Hu − λu‖ ≤ this · |λ|. None: 1e-6 for a float64 analysis, 1e-3 for
+    float32 (its Hessian-vector products are not more accurate than that)."""
     lanczos_basis: Literal["float64", "float32", "bfloat16"] = "float64"
     """Storage dtype of the Lanczos vectors."""
     lanczos_reduction: Literal["float64", "float32"] = "float64"
@@ -75,6 +79,9 @@ class SpectrumSettings:
             raise ValueError(f"spectrum.lanczos_steps: expected at least top_k={self.top_k}, got {self.lanczos_steps}")
         if self.lanczos_basis not in _BASIS:
             raise ValueError(f"spectrum.lanczos_basis: expected one of {', '.join(_BASIS)}, got {self.lanczos_basis!r}")
+        if self.lanczos_tolerance is not None and not self.lanczos_tolerance > 0:
+            raise ValueError(f"spectrum.lanczos_tolerance: expected a positive number or null, got "
+                             f"{self.lanczos_tolerance!r}")
         if self.lanczos_reduction not in ("float64", "float32"):
             raise ValueError(f"spectrum.lanczos_reduction: expected float64 or float32, got {self.lanczos_reduction!r}")
 
@@ -87,8 +94,17 @@ def spectrum_settings_from_dict(data: dict[str, Any]) -> SpectrumSettings:
     return SpectrumSettings(**{k: v for k, v in data.items() if k != "enabled"})
 
 
-def _pairs(values: torch.Tensor, residuals: torch.Tensor) -> list[dict[str, float]]:
-    return [{"index": i, "eigenvalue": float(v), "residual": float(r)} for i, (v, r) in enumerate(zip(values, residuals))]
+def _pairs(values: torch.Tensor, residuals: torch.Tensor, converged: torch.Tensor,
+           tolerance: float) -> list[dict[str, Any]]:
+    return [{"index": i, "eigenvalue": float(v), "residual": float(r), "converged": bool(c), "tolerance": tolerance}
+            for i, (v, r, c) in enumerate(zip(values, residuals, converged))]
+
+
+def lanczos_tolerance(spectrum: SpectrumSettings, dtype: torch.dtype) -> float:
+    """The convergence tolerance in force: the setting, or the analysis dtype's default."""
+    if spectrum.lanczos_tolerance is not None:
+        return spectrum.lanczos_tolerance
+    return 1e-6 if dtype == torch.float64 else 1e-3
 
 
 def _cosines(vectors: torch.Tensor, u: torch.Tensor) -> list[float]:
@@ -108,10 +124,23 @@ def measure_spectrum(model: Llama, tokens_by_batch: list[torch.Tensor], settings
     micro_batch_size = (memory.rows("gradient") if memory else None) or micro_batch_size
     basis, reduction = _BASIS[spectrum.lanczos_basis], _BASIS[spectrum.lanczos_reduction]
     device = precision.device
-    pairs = top_eigenpairs(operator.hvp, flat.D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed,
-                           which=("LA", "LM"), basis_dtype=basis, reduction_dtype=reduction, device=device)
-    values, vectors, residuals = pairs["LA"]
-    mag_values, _, mag_residuals = pairs["LM"]
+    tolerance = lanczos_tolerance(spectrum, precision.dtype)
+    products = []
+
+    def counted(V: torch.Tensor) -> torch.Tensor:
+        products.append(len(V))
+        return operator.hvp(V)
+    pairs = top_eigenpairs(counted, flat.D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed,
+                           which=("LA", "LM"), basis_dtype=basis, reduction_dtype=reduction, device=device,
+                           tolerance=tolerance)
+    values, vectors, residuals, converged = pairs["LA"]
+    mag_values, _, mag_residuals, mag_converged = pairs["LM"]
+    steps = len(products) - 2  # the last two products measure the residuals of LA and LM
+    unconverged = int((~converged).sum() + (~mag_converged).sum())
+    if unconverged:
+        log.warning("%d of the top eigenvalues did not converge to %g in %d Lanczos steps (largest relative "
+                    "residual %.2g); raise spectrum.lanczos_steps", unconverged, tolerance, steps,
+                    float(torch.cat([residuals / values.abs(), mag_residuals / mag_values.abs()]).max()))
     t_lanczos = time.perf_counter() - started
     nodes = slq(operator.hvp, flat.D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed,
                 basis_dtype=basis, reduction_dtype=reduction, device=device)
@@ -134,8 +163,10 @@ def measure_spectrum(model: Llama, tokens_by_batch: list[torch.Tensor], settings
               for kind, make in (("tensor", tensor_blocks), ("layer", layer_blocks))}
     noise_cos = _cosines(torch.stack(noise), vectors) if noise and float(torch.stack(noise).norm()) > 0 else None
     return {
-        "top_eigenvalues": _pairs(values, residuals),
-        "top_magnitude_eigenvalues": _pairs(mag_values, mag_residuals),
+        "top_eigenvalues": _pairs(values, residuals, converged, tolerance),
+        "top_magnitude_eigenvalues": _pairs(mag_values, mag_residuals, mag_converged, tolerance),
+        "lanczos": {"steps": steps, "max_steps": spectrum.lanczos_steps, "tolerance": tolerance,
+                    "converged": unconverged == 0},
         "slq": {"nodes": [t.tolist() for t, _ in nodes], "weights": [w.tolist() for _, w in nodes],
                 "trace_over_D": moments["m1"], "second_moment_over_D": moments["m2"]},
         "alignment": {"gradient_top": _cosines(g_bar.unsqueeze(0), vectors)[0],

@@ -35,13 +35,34 @@ def test_lanczos_top_eigenpairs(problem, which):
     _, _, flat, H, op = problem
     exact, vectors = torch.linalg.eigh(H)
     order = torch.argsort(exact if which == "LA" else exact.abs(), descending=True)[:3]
-    values, found, residuals = top_eigenpairs(op.hvp, flat.D, k=3, steps=120, which=which)
+    values, found, residuals, converged = top_eigenpairs(op.hvp, flat.D, k=3, steps=120, which=which)
     torch.testing.assert_close(values, exact[order], rtol=1e-8, atol=0)
     overlap = (found * vectors[:, order].T).sum(1).abs()  # up to sign
     assert (overlap > 1 - 1e-8).all()
     assert (residuals < 1e-6 * exact.abs().max()).all()
-    _, _, short = top_eigenpairs(op.hvp, flat.D, k=3, steps=6, which=which)
+    assert not converged.any()  # no tolerance asked: nothing is claimed
+    _, _, short, _ = top_eigenpairs(op.hvp, flat.D, k=3, steps=6, which=which)
     assert short.max() > 1e3 * residuals.max()  # unconverged pairs are reported as such
+
+
+@pytest.mark.parametrize("which", ["LA", "LM"])
+def test_lanczos_stops_when_the_wanted_pairs_converge_and_says_when_they_did_not(problem, which):
+    """With a tolerance, Lanczos stops once every wanted pair's residual is within it (well before
+    the step cap), agrees with the dense spectrum, and flags each pair; a cap too low is flagged."""
+    _, _, flat, H, op = problem
+    exact = torch.linalg.eigvalsh(H)
+    order = torch.argsort(exact if which == "LA" else exact.abs(), descending=True)[:3]
+    calls = []
+
+    def counted(V):
+        calls.append(len(V))
+        return op.hvp(V)
+    values, _, residuals, converged = top_eigenpairs(counted, flat.D, k=3, steps=400, which=which, tolerance=1e-8)
+    assert converged.all() and (residuals <= 1e-8 * values.abs()).all()
+    torch.testing.assert_close(values, exact[order], rtol=1e-10, atol=0)
+    assert len(calls) - 1 < min(400, flat.D)  # stopped on convergence (the last call measures the residuals)
+    values, _, residuals, converged = top_eigenpairs(op.hvp, flat.D, k=3, steps=5, which=which, tolerance=1e-8)
+    assert not converged.all() and (residuals[~converged] > 1e-8 * values[~converged].abs()).all()
 
 
 def test_lanczos_basis_is_orthonormal_also_in_bf16(problem):

@@ -35,6 +35,8 @@ def test_spectrum_result_against_dense_oracle(run):
     eig = torch.linalg.eigvalsh(H)
     assert result["top_eigenvalues"][0]["eigenvalue"] == pytest.approx(float(eig[-1]), rel=1e-8)
     assert result["top_eigenvalues"][0]["residual"] < 1e-6
+    assert all(p["converged"] and p["tolerance"] == 1e-6 for p in result["top_eigenvalues"])
+    assert result["lanczos"]["converged"] and result["lanczos"]["steps"] < SPECTRUM.lanczos_steps
     top_magnitude = float(eig[eig.abs().argmax()])
     assert result["top_magnitude_eigenvalues"][0]["eigenvalue"] == pytest.approx(top_magnitude, rel=1e-8)
     assert result["cg"]["damping"] == pytest.approx(2 * abs(top_magnitude), rel=1e-8)
@@ -143,3 +145,30 @@ def test_a_memory_budget_cuts_the_products_without_changing_the_spectrum(run):
     assert cut["top_eigenvalues"][0]["eigenvalue"] == pytest.approx(whole["top_eigenvalues"][0]["eigenvalue"], rel=1e-12)
     assert cut["cg"]["g_inverse_g"] == pytest.approx(whole["cg"]["g_inverse_g"], rel=1e-10)
     assert cut["slq"]["trace_over_D"] == pytest.approx(whole["slq"]["trace_over_D"], rel=1e-12)
+
+
+def test_the_default_lanczos_converges_and_a_low_cap_is_flagged(run, caplog):
+    """With the default settings the top eigenvalues converge (to the dense spectrum) and say so;
+    capped at 3 steps they do not, and the result, spectrum.csv and collection say that."""
+    from tiny_llm.results.collect import collect_spectrum
+    config, path = run
+    H, _ = _dense_hessian(config, load_file(path / "run" / "epoch-000.safetensors"), epoch_plan(config, 1))
+    exact = torch.linalg.eigvalsh(H)
+    default = analyze_spectrum(path / "run", ["epoch-000.safetensors"], "seen", SETTINGS, SpectrumSettings(),
+                               path / "default.json")
+    assert all(p["converged"] for p in default["top_eigenvalues"] + default["top_magnitude_eigenvalues"])
+    assert default["top_eigenvalues"][0]["eigenvalue"] == pytest.approx(float(exact[-1]), rel=1e-9)
+    capped = SpectrumSettings(lanczos_steps=3, slq_vectors=1, slq_steps=3, cg_max_iterations=3)
+    out = path / "spectra" / "k" / "seen.json"
+    out.parent.mkdir(parents=True)
+    with caplog.at_level("WARNING"):
+        result = analyze_spectrum(path / "run", ["epoch-000.safetensors"], "seen", SETTINGS, capped, out)
+    assert not result["lanczos"]["converged"] and not all(p["converged"] for p in result["top_eigenvalues"])
+    assert "did not converge to 1e-06 in 3 Lanczos steps" in caplog.text
+    states = {"states": [{"key": "k", "aliases": [{"file": "epoch-000.safetensors", "step": 0, "tokens": 0}]}]}
+    result["state"]["key"] = "k"  # the index's key of this tree
+    out.write_text(json.dumps(result))
+    with caplog.at_level("WARNING"):
+        rows = collect_spectrum(path, states, ["seen"])
+    assert any(v is False for k, v in rows[0].items() if "_converged_" in k)
+    assert "did not converge (epoch-000.safetensors seen)" in caplog.text
