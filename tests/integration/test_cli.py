@@ -138,4 +138,4 @@ def test_help_describes_every_subcommand_and_shows_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["analyze-spectrum", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "eigenpairs reported (default: 3)" in text and "Lanczos iterations (default: 20)" in text
+    assert "eigenpairs reported (default: 3)" in text and "converge) (default: 100)" in text
