@@ -37,7 +37,7 @@ from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.spectrum import top_eigenpairs
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, unseen_plan
 from tiny_llm.geometry import metrics as geometry
-from tiny_llm.io import atomic_write_json
+from tiny_llm.io import atomic_path, atomic_write_json
 from tiny_llm.model.llama import Llama
 from tiny_llm.provenance import canonical_hash, source_hash
 from tiny_llm.runtime import resolve_device
@@ -262,9 +262,8 @@ def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, referen
     }
     output.parent.mkdir(parents=True, exist_ok=True)
     tensors = output.with_suffix(".safetensors")
-    staging = tensors.with_name(f".{tensors.name}.tmp")
-    save_file(vectors, str(staging))
-    staging.replace(tensors)
+    with atomic_path(tensors) as staging:  # the usual permissions under the umask, fsynced, renamed
+        save_file(vectors, str(staging))
     record["vectors"] = {"file": tensors.name, "sha256": hashlib.sha256(tensors.read_bytes()).hexdigest()}
     atomic_write_json(output, record)
     return record

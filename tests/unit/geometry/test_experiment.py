@@ -2,6 +2,8 @@
 (against dense computations), and the comparison of seeds (same seed twice: identical)."""
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -104,6 +106,10 @@ def test_seeds_compared_at_matched_steps_with_controls(experiment, tmp_path):
 def test_changed_vectors_are_refused(experiment, tmp_path):
     path, _, _, _ = experiment
     record = path / "records/s2/epoch-001.json"
+    umask = os.umask(0)
+    os.umask(umask)
+    for written in (record, record.with_suffix(".safetensors")):  # readable by the group, as the umask says
+        assert stat.S_IMODE(written.stat().st_mode) == 0o666 & ~umask, written
     copy = tmp_path / "epoch-001.json"
     copy.write_text(record.read_text())
     (tmp_path / "epoch-001.safetensors").write_bytes(b"not the vectors")
