@@ -356,13 +356,11 @@ def _implied_errors(records: list[dict], grad_norms: tuple[float, float],
                     losses: tuple[float, float]) -> dict[str, float | None]:
     """Signed relative error of each statistic that the audited (production, float64) pairs imply:
     every statistic built as the job builds it, once from production values and once from float64."""
-    def total(kind: str, key: str, column: int | None = None) -> tuple[float, float] | None:
-        chosen = [r for r in records if r["kind"] == kind]
-        if not chosen:
-            return None
-        if column is not None:
-            return tuple(math.fsum(r[key][c] for r in chosen) for c in (0, 1))
-        return math.fsum(r["production"] for r in chosen), math.fsum(r["float64"] for r in chosen)
+    def total(kind: str, pair: Callable[[dict], Any] = lambda r: (r["production"], r["float64"]),
+              ) -> tuple[float, float] | None:
+        """(production, float64) sums over the audited directions of ``kind`` (None if none)."""
+        chosen = [pair(r) for r in records if r["kind"] == kind]
+        return (math.fsum(v[0] for v in chosen), math.fsum(v[1] for v in chosen)) if chosen else None
 
     def ratio(a: tuple[float, float] | None, b: tuple[float, float] | None = None) -> float | None:
         if a is None or (b is not None and (b[0] == 0 or b[1] == 0)):
@@ -371,10 +369,10 @@ def _implied_errors(records: list[dict], grad_norms: tuple[float, float],
             return _relative(a[0], a[1])
         return None if a[1] == 0 else _relative(a[0] / b[0], a[1] / b[1])
 
-    noise, norms2, grads = total("noise", "forms"), total("noise", "squared_norm", 0), total("noise", "grad_norm", 0)
-    gradient, random = total("gradient", "forms"), total("random", "forms")
-    roots = None if norms2 is None else tuple(math.fsum(math.sqrt(r["squared_norm"][c]) for r in records
-                                                        if r["kind"] == "noise") for c in (0, 1))
+    noise, gradient, random = total("noise"), total("gradient"), total("random")
+    norms2 = total("noise", lambda r: r["squared_norm"])
+    roots = total("noise", lambda r: [math.sqrt(x) for x in r["squared_norm"]])
+    grads = total("noise", lambda r: r["grad_norm"])
     g2 = (grad_norms[0] ** 2, grad_norms[1] ** 2)
     positive = gradient is not None and gradient[0] > 0 and gradient[1] > 0
     return {
