@@ -243,6 +243,11 @@ def quadratic_form_engine(settings: AnalysisSettings) -> str:
     return "adjoint" if settings.directions_per_pass > 1 else "taylor"
 
 
+def _compiled(settings: AnalysisSettings, engine: str, cuda: bool) -> bool:
+    """Whether ``engine`` runs compiled: Pearlmutter on CUDA with compile_hvp."""
+    return cuda and settings.compile_hvp and engine == "pearlmutter"
+
+
 def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
     device = resolve_device(settings.device)
     cuda = device.type == "cuda"
@@ -250,11 +255,11 @@ def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
     hvp_engine = engine if engine in HVP_ENGINES else ("pearlmutter" if cuda and settings.compile_hvp
                                                         else "double_backward")
     return _Resolved(device=device, dtype=getattr(torch, settings.dtype), engine=engine,
-                     compiled=cuda and settings.compile_hvp and engine == "pearlmutter",
+                     compiled=_compiled(settings, engine, cuda),
                      tf32=cuda and settings.dtype == "float32" and settings.tf32,
                      hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
                      hvp_engine=hvp_engine,
-                     hvp_compiled=cuda and settings.compile_hvp and hvp_engine == "pearlmutter")
+                     hvp_compiled=_compiled(settings, hvp_engine, cuda))
 
 
 def numerical_settings(settings: AnalysisSettings) -> dict[str, Any]:
@@ -274,7 +279,7 @@ def memory_plan(settings: AnalysisSettings, config: RunConfig, budget_bytes: int
                          hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
                          micro_batch_size=config.training.micro_batch_size,
                          itemsize=torch.finfo(getattr(torch, settings.dtype)).bits // 8,
-                         compiled=cuda and settings.compile_hvp and engine == "pearlmutter",
+                         compiled=_compiled(settings, engine, cuda),
                          audit_directions=settings.audit_directions if settings.audited else None,
                          extra_vectors=config.training.workers if config.training.packed and settings.consensus else 0,
                          budget_bytes=budget_bytes)
