@@ -99,3 +99,17 @@ def make_oracle_run(path: Path, **training) -> RunConfig:
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+def smallest_budget_gb(plan) -> float:
+    """The smallest memory budget (GiB, by bisection) that ``plan(budget_gb)`` accepts without a
+    ValueError: the one that puts the plan's largest pass at one sequence per group."""
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        try:
+            plan(middle)
+            high = middle
+        except ValueError:
+            low = middle
+    return high

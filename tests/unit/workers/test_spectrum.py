@@ -13,7 +13,7 @@ from tiny_llm.training.loop import train
 from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum, spectrum_settings_from_dict
 from tiny_llm.workers.state import AnalysisSettings
 
-from conftest import make_oracle_run
+from conftest import make_oracle_run, smallest_budget_gb
 
 SETTINGS = AnalysisSettings(noise_samples=2, device="cpu", dtype="float64", directions_per_pass=4)
 SPECTRUM = SpectrumSettings(top_k=2, lanczos_steps=60, slq_vectors=2, slq_steps=8, block_samples=1,
@@ -130,15 +130,8 @@ def test_a_memory_budget_cuts_the_products_without_changing_the_spectrum(run):
     small = SpectrumSettings(top_k=1, lanczos_steps=6, slq_vectors=1, slq_steps=4, block_samples=2, cg_max_iterations=5)
     whole = analyze_spectrum(path / "run", ["epoch-002.safetensors"], "seen", SETTINGS, small, path / "whole.json")
     n_batches = len(epoch_plan(config, 1))
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        middle = (low + high) / 2
-        try:
-            spectrum_memory(replace(SETTINGS, memory_budget_gb=middle), small, config,
-                            _resolve(SETTINGS, config), n_batches)
-            high = middle
-        except ValueError:
-            low = middle
+    high = smallest_budget_gb(lambda gb: spectrum_memory(replace(SETTINGS, memory_budget_gb=gb), small, config,
+                                                         _resolve(SETTINGS, config), n_batches))
     cut = analyze_spectrum(path / "run", ["epoch-002.safetensors"], "seen", replace(SETTINGS, memory_budget_gb=high),
                            small, path / "cut.json")
     assert min(p["group_rows"] for p in cut["memory"]["passes"]) == 1

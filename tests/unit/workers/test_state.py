@@ -16,7 +16,7 @@ from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
 from tiny_llm.workers.state import AnalysisSettings, analyze_state, memory_plan
 
-from conftest import dense_epoch_hessian, make_oracle_run
+from conftest import dense_epoch_hessian, make_oracle_run, smallest_budget_gb
 
 FAST = AnalysisSettings(noise_samples=2, random_samples=3, device="cpu", dtype="float64", directions_per_pass=3)
 
@@ -319,14 +319,7 @@ def test_a_memory_budget_cuts_every_pass_without_changing_a_number(ordinary, tmp
     settings = AnalysisSettings(noise_samples=2, random_samples=3, device="cpu", dtype="float64",
                                 directions_per_pass=3, audit=True)
     whole = analyze_state(path / "run", ["epoch-001.safetensors"], "seen", settings, tmp_path / "whole.json")
-    low, high = 0.0, 1.0  # GiB: the smallest budget the plan accepts puts its largest pass at one sequence
-    for _ in range(60):
-        middle = (low + high) / 2
-        try:
-            memory_plan(settings, config, int(middle * 2**30), cuda=False)
-            high = middle
-        except ValueError:
-            low = middle
+    high = smallest_budget_gb(lambda gb: memory_plan(settings, config, int(gb * 2**30), cuda=False))
     budget = replace(settings, memory_budget_gb=high)
     cut = analyze_state(path / "run", ["epoch-001.safetensors"], "seen", budget, tmp_path / "cut.json")
     groups = {p["name"]: p["group_rows"] for p in cut["memory"]["passes"]}
