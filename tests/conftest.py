@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,24 @@ from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.data.corpus import BYTE_TOKENIZER, demo_corpus
 from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks, prepare_cache
 from tiny_llm.model.llama import Llama, token_losses
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT = Path(os.environ.get("TINY_LLM_TEST_PROJECT", REPO))
+"""The project whose config/ the configuration tests plan: this checkout, or (set by a test that
+checks them against an edited configuration) another folder laid out like it."""
+_OUTPUTS = {".git", ".venv", "runs", "results", "cache", "logs", ".snakemake", ".pytest_cache"}
+
+
+def project_view(dest: Path) -> Path:
+    """Link the project's own files (config/, and whatever corpus files its configuration names
+    relative to it) into ``dest``, leaving out what a workflow writes, so that a dry run in
+    ``dest`` plans the user's configuration as it stands without touching the project."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in PROJECT.iterdir():
+        if entry.name not in _OUTPUTS and not (dest / entry.name).exists():
+            (dest / entry.name).symlink_to(entry)
+    return dest
+
 
 TINY_MODEL = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8)
 

@@ -50,7 +50,8 @@ def _prepare_data(args: argparse.Namespace) -> None:
     out = prepare_source_cache(config.data, args.source, args.inputs, capacity=capacity, out=args.out,
                                demo_seed=args.demo_seed,
                                shard_tokens=args.shard_tokens, token_dtype=args.token_dtype,
-                               vocab_size=args.vocab_size, tokenizer_description=args.tokenizer_description)
+                               vocab_size=args.vocab_size, tokenizer_description=args.tokenizer_description,
+                               keep_order=args.keep_order)
     log.info("token cache ready: %s", out)
 
 
@@ -177,7 +178,8 @@ def _parser() -> argparse.ArgumentParser:
     prep = sub.add_parser("prepare-data", formatter_class=_HelpFormatter, help="build a token cache (meta.json + shards)",
                           description="Tokenize a corpus (the built-in demo text, UTF-8 files or token arrays) into "
                           "a token cache: shards of uint16/uint32 ids and meta.json with their sha256, written "
-                          "atomically; an existing cache with the same settings is reused.")
+                          "atomically; an existing cache with the same settings is reused. The sequences of all "
+                          "inputs are shuffled with data.seed unless --keep-order.")
     add_config(prep)
     prep.add_argument("--out", help="cache directory (default: data.cache of the configuration)")
     prep.add_argument("--source", choices=["demo", "text", "tokens"], default="demo",
@@ -185,6 +187,9 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("inputs", nargs="*", type=Path, help="input files for --source text|tokens")
     prep.add_argument("--demo-seed", type=int, default=0, help="seed of the demo corpus generator")
     prep.add_argument("--shard-tokens", type=int, default=1 << 20, help="approximate tokens per shard")
+    prep.add_argument("--keep-order", action="store_true",
+                      help="keep the sources' order (default: shuffle all sequences of all inputs with data.seed, "
+                      "so that every batch spans the corpus)")
     prep.add_argument("--token-dtype", default="uint16", choices=["uint16", "uint32", "int32", "int64"],
                       help="element type of raw .bin token files")
     prep.add_argument("--vocab-size", type=int, default=256, help="vocabulary size of --source tokens")

@@ -103,7 +103,7 @@ class DataConfig:
     cache: str = "cache/demo"
     """Token cache directory (meta.json + shards), relative to the working directory."""
     seq_len: int = 64
-    """Sequence length T; a block is seq_len + 1 tokens and neighbouring blocks share one token."""
+    """Sequence length T; a block is seq_len + 1 tokens (inputs and the targets shifted by one)."""
     shuffle_group_blocks: int = 64
     """Blocks per shuffle group; block order is permuted inside each group with the data seed."""
     seed: int = 1234

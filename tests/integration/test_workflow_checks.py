@@ -2,11 +2,15 @@
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from conftest import PROJECT, project_view
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -23,41 +27,70 @@ def test_workflow_is_snakefmt_formatted():
 
 
 def test_lint_has_no_findings(tmp_path):
-    (tmp_path / "config").symlink_to(REPO / "config")
+    project_view(tmp_path)
     result = _run(str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--lint")
     assert result.returncode == 0 and "Congratulations" in result.stdout + result.stderr, result.stdout + result.stderr
 
 
 def test_default_config_plans_the_demo(tmp_path):
-    (tmp_path / "config").symlink_to(REPO / "config")
+    """The configuration as it stands plans (whatever its user added); while it holds the demo's
+    entries, the plan trains and analyses the demo."""
+    project_view(tmp_path)
     result = _run(str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n")
     plan = result.stdout + result.stderr
     assert result.returncode == 0, plan[-3000:]
+    config = yaml.safe_load((PROJECT / "config/config.yaml").read_text()) or {}
+    if "demo" not in (config.get("train_runs") or {}) or "demo" not in (config.get("analyses") or {}):
+        pytest.skip("config/config.yaml no longer trains and analyses the demo (edited by its user); it plans")
     for rule in ("prepare_data", "train_run", "index_states", "collect", "plot", "all"):
-        assert re.search(rf"^{rule} +1$", plan, re.M), f"{rule} missing from the plan"
+        assert re.search(rf"^{rule} +\d+$", plan, re.M), f"{rule} missing from the plan"
     assert "checkpoint jobs" in plan  # analysis jobs appear once the index checkpoint has run
+
+
+def _uncomment_own_corpus(text: str) -> str:
+    """config/config.yaml with its commented text-example entries uncommented, as the README says."""
+    return "\n".join(line.replace("# ", "", 1) if line.startswith(("  # text-example:", "  #   ")) else line
+                     for line in text.splitlines()) + "\n"
+
+
+def test_the_configuration_tests_pass_after_the_readme_own_corpus_edit(tmp_path):
+    """make test passes whatever the user has in config/: the tests that plan the project's own
+    configuration, run against a project whose config.yaml has the README's own-corpus edit (the
+    text-example entries uncommented, a corpus of the user's at a path of their choosing)."""
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT / "config", project / "config")
+    edited = _uncomment_own_corpus((project / "config/config.yaml").read_text())
+    assert "  text-example:" in edited
+    (project / "config/config.yaml").write_text(edited.replace("data/my-corpus.txt", "corpus/plays.txt"))
+    (project / "corpus").mkdir()
+    (project / "corpus/plays.txt").write_text("ACT I. Enter two players, talking. " * 10_000)
+    tests = ["tests/integration/test_workflow_checks.py::test_default_config_plans_the_demo",
+             "tests/integration/test_workflow_checks.py::test_own_corpus_example_sizes_and_plans",
+             "tests/integration/test_workflow_checks.py::test_lint_has_no_findings",
+             "tests/integration/test_naiss_profile.py::test_the_profile_runs_its_own_configuration_beside_a_finished_demo"]
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                            capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, "TINY_LLM_TEST_PROJECT": str(project)})
+    assert result.returncode == 0 and "4 passed" in result.stdout, (result.stdout + result.stderr)[-4000:]
 
 
 def test_own_corpus_example_sizes_and_plans(tmp_path):
     """config/runs/text-example.yaml needs the corpus size it states, and the commented text-example
-    entries of config/config.yaml, uncommented, plan a text cache, training and its analysis."""
-    import yaml
-
+    entries of config/config.yaml, uncommented (or as the user uncommented them), plan a text
+    cache, training and its analysis."""
     from tiny_llm.config import load_config
     from tiny_llm.data.tokens import capacity_blocks
-    example = load_config(REPO / "config/runs/text-example.yaml")
+    example = load_config(PROJECT / "config/runs/text-example.yaml")
     needed = capacity_blocks(example)["unseen"] * example.data.seq_len + 1
     assert 327_680 <= needed <= 330_000 and example.training.checkpoint_policy == "interval"
-    text = (REPO / "config/config.yaml").read_text()
-    lines = [line.replace("# ", "", 1) if line.startswith(("  # text-example:", "  #   ")) else line
-             for line in text.splitlines()]
-    config = yaml.safe_load("\n".join(lines))
+    config = yaml.safe_load(_uncomment_own_corpus((PROJECT / "config/config.yaml").read_text()))
     if "text-example" not in (config.get("train_runs") or {}) or "text-example" not in (config.get("analyses") or {}):
         pytest.skip("config/config.yaml no longer holds the commented text-example entries (edited by its user)")
     assert config["train_runs"]["text-example"]["cache_source"] == "text"
     (tmp_path / "data").mkdir()
     (tmp_path / "data/my-corpus.txt").write_text("a small corpus of my own. " * 13_000)  # 338 KB
-    (tmp_path / "config").symlink_to(REPO / "config")
+    config["train_runs"]["text-example"]["cache_inputs"] = ["data/my-corpus.txt"]
+    project_view(tmp_path)
     (tmp_path / "own.yaml").write_text(yaml.safe_dump(config))
     result = _run(str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
                   "--configfile", str(tmp_path / "own.yaml"), "-n", "runs/text-example/trained.json")

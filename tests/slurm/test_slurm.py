@@ -1,8 +1,10 @@
 """The workflow through a real one-node Slurm (slurmctld + slurmd + slurmdbd on localhost) and
 snakemake-executor-plugin-slurm, with profiles/test-slurm: the naiss profile's keys, CPU float64.
 
-Runs where the cluster can be brought up (root on Debian with its package archive, as in CI);
-otherwise every test here is skipped with the reason. TINY_LLM_SLURM_TESTS=0 skips them on purpose.
+Runs when asked (TINY_LLM_SLURM_TESTS=1, which CI sets: as root on Debian the local cluster is
+installed and started, and stopped afterwards) or when the local test cluster already answers;
+otherwise every test here is skipped with the reason. A plain `make test` installs nothing
+system-wide, and never submits to a site's real Slurm. TINY_LLM_SLURM_TESTS=0 skips them always.
 """
 
 import json
@@ -30,10 +32,26 @@ SETTINGS = {"noise_samples": 2, "random_samples": 2, "directions_per_pass": 4, "
 pytestmark = pytest.mark.slurm
 
 
+LOCAL_CLUSTER = "localcluster"
+"""The ClusterName start-local-slurm.sh gives its one-node cluster."""
+
+
+def _local_cluster_answers() -> bool:
+    if not shutil.which("scontrol"):
+        return False
+    shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
+    return shown.returncode == 0 and any(line.split("=", 1)[-1].strip() == LOCAL_CLUSTER
+                                         for line in shown.stdout.splitlines() if line.startswith("ClusterName"))
+
+
 def _unavailable() -> str | None:
-    if os.environ.get("TINY_LLM_SLURM_TESTS") == "0":
+    flag = os.environ.get("TINY_LLM_SLURM_TESTS")
+    if flag == "0":
         return "TINY_LLM_SLURM_TESTS=0"
-    if os.geteuid() != 0:
+    if flag != "1" and not _local_cluster_answers():
+        return ("not asked: TINY_LLM_SLURM_TESTS=1 make test installs and starts a local one-node Slurm "
+                "(root, Debian), as CI does")
+    if os.geteuid() != 0 and not _local_cluster_answers():
         return "bringing up the local Slurm needs root (CI runs as root)"
     if not shutil.which("apt-get") and not shutil.which("slurmctld"):
         return "no apt-get to install Slurm from Debian's packages"

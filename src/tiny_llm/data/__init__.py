@@ -1,6 +1,6 @@
 """Token data: the token cache (meta.json and raw shards), the token stream with its shuffle
 groups and batch plans (the seen and unseen epochs), and the corpus sources that fill a cache
-(the demo generator, text files, token files).
+(the demo generator, text files, token files), and where a case's batches lie in those sources.
 """
 
 from tiny_llm.data.corpus import (
@@ -12,6 +12,7 @@ from tiny_llm.data.corpus import (
     read_text_files,
     read_token_files,
 )
+from tiny_llm.data.order import order_report, order_warnings
 from tiny_llm.data.tokens import (
     BatchPlan,
     TokenCache,
@@ -37,6 +38,8 @@ __all__ = [
     "demo_corpus",
     "derive_seed",
     "epoch_plan",
+    "order_report",
+    "order_warnings",
     "prepare_cache",
     "prepare_source_cache",
     "read_text_files",

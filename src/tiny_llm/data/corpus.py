@@ -119,10 +119,11 @@ def read_token_files(paths: list[Path], dtype: str, vocab_size: int) -> tuple[li
 def prepare_source_cache(data: DataConfig, source: str, inputs: list[Path] | None = None, *,
                          capacity: int | None = None, out: str | Path | None = None, demo_seed: int = 0,
                          shard_tokens: int = 1 << 20, token_dtype: str = "uint16", vocab_size: int = 256,
-                         tokenizer_description: str = "") -> Path:
+                         tokenizer_description: str = "", keep_order: bool = False) -> Path:
     """Prepare the cache ``data`` describes from ``source`` demo | text | tokens.
 
-    Uses the data section's seq_len, shuffle_group_blocks and seed. ``capacity`` (training
+    Uses the data section's seq_len, shuffle_group_blocks and seed; the sequences of all sources
+    are shuffled with that seed unless ``keep_order``. ``capacity`` (training
     tokens, rounded up to whole shuffle groups) defaults to ``data.prepare_train_tokens``; the demo
     source needs one (``default_capacity`` gives what a run plus one unseen epoch need), file
     sources without one keep every whole shuffle group they hold.
@@ -157,7 +158,7 @@ def prepare_source_cache(data: DataConfig, source: str, inputs: list[Path] | Non
     return prepare_cache(out or data.cache, segments, tokenizer=tokenizer, vocab_size=vocab, seq_len=data.seq_len,
                          shuffle_group_blocks=data.shuffle_group_blocks, data_seed=data.seed,
                          prepare_train_tokens=capacity, shard_blocks=max(1, shard_tokens // data.seq_len),
-                         source=provenance)
+                         source=provenance, keep_order=keep_order)
 
 
 def default_capacity(config: RunConfig) -> int:

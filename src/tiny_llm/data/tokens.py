@@ -2,9 +2,16 @@
 
 Stream semantics (the contract analysis relies on):
 
-* A block is ``seq_len + 1`` tokens; block j of a shard starts at token ``j * seq_len``, so
-  neighbouring blocks share one token (the lookahead) and their target positions are disjoint.
-  Blocks never cross a shard. Blocks are numbered globally, shard after shard.
+* A block is ``seq_len + 1`` tokens (inputs and the targets shifted by one). Block j of a shard
+  starts at token ``j * stride``: in a cache prepared in source order (``stride = seq_len``)
+  neighbouring blocks share one token (the lookahead) and their target positions are disjoint; in
+  a shuffled cache (the default, ``stride = seq_len + 1``) every block carries its own lookahead,
+  because its neighbour comes from elsewhere in the sources. Blocks never cross a shard. Blocks are
+  numbered globally, shard after shard.
+* Preparation cuts each source (file) into blocks at offsets ``j * seq_len`` and, unless asked to
+  keep the source order, permutes all blocks of all sources with a seed derived from the data
+  seed, so that consecutive blocks, and so every optimizer batch, come from all over the sources.
+  ``block_sources.npy`` records, for every block in cache order, its source and token offset.
 * The training stream reads blocks in shuffle groups of ``G = shuffle_group_blocks``: stream
   position p reads block ``g*G + perm_g[p % G]`` with ``g = p // G`` and ``perm_g`` a permutation
   derived from (data seed, stream id, g). Batch b is stream positions ``[b*B, (b+1)*B)``.
@@ -45,11 +52,15 @@ __all__ = [
     "unseen_plan",
 ]
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+READ_FORMATS = (1, 2)
+"""Format 1: source order, blocks share their lookahead token, no block map. Format 2 adds
+``block_stride``, ``order``, ``source_tokens`` and ``block_sources.npy``."""
+BLOCK_SOURCES = "block_sources.npy"
 VERIFIED_RECORD = ".verified.json"
 """Per-shard verification record kept in a cache (see ``TokenCache.verify``)."""
 _META_KEYS = ("format", "seq_len", "dtype", "shards", "vocab_size", "shuffle_group_blocks", "tokenizer", "source")
-TRAIN_STREAM, UNSEEN_STREAM = 0, 1
+TRAIN_STREAM, UNSEEN_STREAM, PREPARE_STREAM = 0, 1, 2
 _MASK64 = (1 << 64) - 1
 
 
@@ -96,18 +107,20 @@ class TokenCache:
             self.meta: dict[str, Any] = json.loads(meta_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ValueError(f"{meta_path} is not valid JSON ({error}); prepare the cache again") from None
-        if not isinstance(self.meta, dict) or self.meta.get("format") != CACHE_FORMAT:
+        if not isinstance(self.meta, dict) or self.meta.get("format") not in READ_FORMATS:
             found = self.meta.get("format") if isinstance(self.meta, dict) else None
-            raise ValueError(f"{meta_path}: unsupported cache format {found!r} (this version reads {CACHE_FORMAT})")
+            raise ValueError(f"{meta_path}: unsupported cache format {found!r} (this version reads "
+                             f"{', '.join(map(str, READ_FORMATS))})")
         missing = [key for key in _META_KEYS if key not in self.meta]
         missing += [f"shards[{i}].{key}" for i, entry in enumerate(self.meta.get("shards") or [])
                     for key in ("file", "tokens", "sha256") if not isinstance(entry, dict) or key not in entry]
         if missing:
             raise ValueError(f"{meta_path} lacks {', '.join(missing)}; prepare the cache again")
         self.seq_len: int = self.meta["seq_len"]
+        self.stride: int = int(self.meta.get("block_stride", self.seq_len))
         self.dtype = np.dtype(self.meta["dtype"]).newbyteorder("<")
         self.shards = [self._open_shard(entry) for entry in self.meta["shards"]]
-        blocks = [(len(s) - 1) // self.seq_len for s in self.shards]
+        blocks = [max(len(s) - 1 - self.seq_len, -self.stride) // self.stride + 1 for s in self.shards]
         self.first_block = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int64)  # per shard
 
     def _open_shard(self, entry: dict) -> np.ndarray:
@@ -132,7 +145,26 @@ class TokenCache:
         if not 0 <= block < self.n_blocks:
             raise IndexError(f"block {block} outside the cache's {self.n_blocks} blocks")
         shard = int(np.searchsorted(self.first_block, block, side="right")) - 1
-        return shard, int(block - self.first_block[shard]) * self.seq_len
+        return shard, int(block - self.first_block[shard]) * self.stride
+
+    @property
+    def shuffled(self) -> bool:
+        """Whether preparation permuted the blocks of the sources (format 1 caches kept their order)."""
+        return bool((self.meta.get("order") or {}).get("shuffled", False))
+
+    def block_sources(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where each block came from: ``(source, offset)`` int64 arrays in cache order, and the
+        sources' token counts. A format-1 cache (source order, no map) counts as one source read
+        front to back."""
+        if self.meta.get("format", 1) == 1:
+            blocks = np.arange(self.n_blocks, dtype=np.int64)
+            total = int(sum(len(s) for s in self.shards))
+            return np.stack([np.zeros_like(blocks), blocks * self.seq_len], axis=1), np.array([total])
+        table = np.load(self.path / BLOCK_SOURCES, allow_pickle=False)
+        if table.shape != (self.n_blocks, 2):
+            raise ValueError(f"{self.path / BLOCK_SOURCES} describes {table.shape[0]} blocks but the cache holds "
+                             f"{self.n_blocks}; prepare the cache again")
+        return table.astype(np.int64), np.asarray(self.meta["source_tokens"], dtype=np.int64)
 
     def tokens(self, blocks: np.ndarray | list[int]) -> torch.Tensor:
         """The blocks' tokens as int64, shape (n, seq_len + 1): inputs ``[:, :-1]``, targets ``[:, 1:]``."""
@@ -288,35 +320,72 @@ def unseen_plan(config: RunConfig) -> BatchPlan:
 
 # --- preparation -------------------------------------------------------------------------------
 
-def _cut_shards(segments: list[np.ndarray], seq_len: int, shard_blocks: int, blocks: int | None,
-                G: int) -> list[np.ndarray]:
-    """Cut segments into shards of at most ``shard_blocks`` blocks (+1 lookahead token), stopping at
-    ``blocks`` blocks (None: all whole shuffle groups available)."""
-    available = sum(max(len(s) - 1, 0) // seq_len for s in segments)
+def _source_blocks(segments: list[np.ndarray], seq_len: int) -> np.ndarray:
+    """Every block the sources hold, in source order: rows ``(source, token offset)``."""
+    rows = [np.stack([np.full(n, i, dtype=np.int64), np.arange(n, dtype=np.int64) * seq_len], axis=1)
+            for i, segment in enumerate(segments) if (n := max(len(segment) - 1, 0) // seq_len)]
+    return np.concatenate(rows) if rows else np.zeros((0, 2), dtype=np.int64)
+
+
+def _select_blocks(segments: list[np.ndarray], seq_len: int, blocks: int | None, G: int, shuffle_seed: int | None,
+                   what: str) -> np.ndarray:
+    """The ``(source, offset)`` rows of the cache's blocks in cache order: all blocks of the
+    sources, permuted with ``shuffle_seed`` (None keeps source order), then the first ``blocks``
+    (None: every whole shuffle group)."""
+    table = _source_blocks(segments, seq_len)
+    available = len(table)
     if blocks is None:
         blocks = available // G * G
     if available < blocks or blocks == 0:
-        raise ValueError(f"the source holds {available} blocks of {seq_len + 1} tokens but the cache needs "
-                         f"{max(blocks, G)}; supply more data, or lower data.prepare_train_tokens (--set "
-                         "data.prepare_train_tokens=N) and with it training.tokens")
-    shards, remaining = [], blocks
-    for segment in segments:
-        start = 0
-        while remaining and len(segment) - start > seq_len:
-            n = min(shard_blocks, (len(segment) - start - 1) // seq_len, remaining)
-            shards.append(segment[start:start + n * seq_len + 1])
-            start += n * seq_len  # next shard starts at this shard's lookahead token
-            remaining -= n
-    return shards
+        need = max(blocks, G)
+        raise ValueError(f"{what} holds {available} blocks of {seq_len + 1} tokens ({available * seq_len:,} tokens) "
+                         f"but the cache needs {need} ({need * seq_len:,} tokens); supply more data, or lower "
+                         "data.prepare_train_tokens and with it training.tokens")
+    if shuffle_seed is not None:
+        table = table[group_permutation(shuffle_seed, PREPARE_STREAM, 0, available)]
+    return table[:blocks]
+
+
+def _write_shards(folder: Path, segments: list[np.ndarray], table: np.ndarray, seq_len: int, shard_blocks: int,
+                  dtype: np.dtype, shuffled: bool) -> list[dict]:
+    """Write the blocks ``table`` names as shards of at most ``shard_blocks`` blocks. In source order
+    a shard is one stretch of a source (blocks share their lookahead, a new shard starts where a
+    source does); shuffled, every block is written with its own lookahead token."""
+    runs: list[np.ndarray] = []
+    if shuffled:
+        for first in range(0, len(table), shard_blocks):
+            rows = table[first:first + shard_blocks]
+            runs.append(np.concatenate([segments[i][o:o + seq_len + 1] for i, o in rows]))
+    else:
+        first = 0
+        while first < len(table):
+            source, offset = table[first]
+            n = 1
+            while (n < shard_blocks and first + n < len(table) and table[first + n, 0] == source):
+                n += 1
+            runs.append(segments[source][offset:offset + n * seq_len + 1])
+            first += n
+    entries = []
+    for i, run in enumerate(runs):
+        file = folder / f"shard-{i:05d}.bin"
+        with open(file, "wb") as handle:
+            handle.write(np.asarray(run).astype(dtype).tobytes())
+            handle.flush()
+            os.fsync(handle.fileno())
+        entries.append({"file": file.name, "tokens": int(len(run)), "sha256": sha256_file(file)})
+    return entries
 
 
 def prepare_cache(out: str | Path, segments: list[np.ndarray], *, tokenizer: dict, vocab_size: int,
                   seq_len: int, shuffle_group_blocks: int, data_seed: int, prepare_train_tokens: int | None,
-                  shard_blocks: int, source: dict) -> Path:
-    """Write a cache atomically: shards and meta.json go to a temporary folder renamed onto ``out``.
+                  shard_blocks: int, source: dict, keep_order: bool = False) -> Path:
+    """Write a cache atomically: shards, the block map and meta.json go to a temporary folder
+    renamed onto ``out``.
 
-    Capacity is ``prepare_train_tokens`` rounded up to whole shuffle groups of blocks, each shard
-    carrying its one-token lookahead. An existing cache with identical settings is reused.
+    Every block of every source is a candidate; unless ``keep_order``, they are permuted with a
+    seed derived from ``data_seed`` before the first ``prepare_train_tokens`` (rounded up to whole
+    shuffle groups of blocks) are kept, so the cache samples the whole of the sources. An existing
+    cache with identical settings is reused.
 
     Raises:
         ValueError: ``out`` exists with other settings, or the source is too short.
@@ -324,8 +393,10 @@ def prepare_cache(out: str | Path, segments: list[np.ndarray], *, tokenizer: dic
     out = Path(out)
     G = shuffle_group_blocks
     blocks = None if prepare_train_tokens is None else blocks_for_tokens(prepare_train_tokens, seq_len, G)
+    order = ({"shuffled": False} if keep_order else
+             {"shuffled": True, "unit": "block", "seed": data_seed, "stream": PREPARE_STREAM})
     settings = {"vocab_size": vocab_size, "seq_len": seq_len, "shuffle_group_blocks": G, "data_seed": data_seed,
-                "prepare_train_tokens": prepare_train_tokens, "tokenizer": tokenizer, "source": source}
+                "prepare_train_tokens": prepare_train_tokens, "tokenizer": tokenizer, "source": source, "order": order}
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()  # an empty folder (Snakemake makes output folders before the job runs)
     if out.exists():
@@ -334,9 +405,12 @@ def prepare_cache(out: str | Path, segments: list[np.ndarray], *, tokenizer: dic
         if old is not None and all(old.get(k) == v for k, v in settings.items()) and old.get("shard_blocks") == shard_blocks:
             TokenCache(out)  # verifies shard sizes
             return out
-        raise ValueError(f"{out} already exists with other contents or settings; choose a new cache directory "
-                         "or remove the old one")
-    shards = _cut_shards(segments, seq_len, shard_blocks, blocks, G)
+        differ = sorted(k for k, v in settings.items() if old is not None and old.get(k) != v)
+        raise ValueError(f"{out} already exists with other contents or settings"
+                         f"{' (' + ', '.join(differ) + ')' if differ else ''}; choose a new cache directory or "
+                         "remove the old one")
+    what = "the demo source" if source.get("kind") == "demo" else "the source"
+    table = _select_blocks(segments, seq_len, blocks, G, None if keep_order else data_seed, what)
     dtype = np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -344,16 +418,16 @@ def prepare_cache(out: str | Path, segments: list[np.ndarray], *, tokenizer: dic
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700: a shared cache must be readable by the group
     try:
-        entries = []
-        for i, shard in enumerate(shards):
-            file = tmp / f"shard-{i:05d}.bin"
-            with open(file, "wb") as handle:
-                handle.write(shard.astype(dtype).tobytes())
-                handle.flush()
-                os.fsync(handle.fileno())
-            entries.append({"file": file.name, "tokens": int(len(shard)), "sha256": sha256_file(file)})
+        entries = _write_shards(tmp, segments, table, seq_len, shard_blocks, dtype, shuffled=not keep_order)
+        with open(tmp / BLOCK_SOURCES, "wb") as handle:
+            np.save(handle, table, allow_pickle=False)
+            handle.flush()
+            os.fsync(handle.fileno())
         meta = {"format": CACHE_FORMAT, **settings, "dtype": dtype.name, "shard_blocks": shard_blocks,
-                "blocks": int(sum((len(s) - 1) // seq_len for s in shards)), "shards": entries}
+                "block_stride": seq_len if keep_order else seq_len + 1, "blocks": int(len(table)),
+                "source_tokens": [int(len(segment)) for segment in segments],
+                "block_sources": {"file": BLOCK_SOURCES, "sha256": sha256_file(tmp / BLOCK_SOURCES)},
+                "shards": entries}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         fsync_dir(tmp)
         os.rename(tmp, out)

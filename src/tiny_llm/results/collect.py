@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.curvature.noise import STANDARD_ERRORS, standard_errors, summarise
+from tiny_llm.data.order import order_warnings
 from tiny_llm.io import atomic_write_json, atomic_write_text
 from tiny_llm.results.record import append_event, job_records
 
@@ -165,6 +166,9 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
                     "(worst %.3g at %s %s: %s); see 'Precision audit' in docs/reading-results.md before using these "
                     "numbers", name, len(exceeded), len(audited), audit_threshold, worst["relative_error"],
                     worst["file"], worst["case"], ", ".join(worst["statistics"]))
+    order = order_warnings({case: results[states["states"][0]["key"], case]["data"].get("order") for case in cases})
+    for warning in order:
+        log.warning("analysis %s: data order: %s", name, warning)
     manifest = {
         "format": 1, "analysis": name, "run": states["run"], "cases": cases,
         "packed": states["packed"], "workers": states["workers"], "consensus": states["consensus"],
@@ -176,6 +180,7 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
         "hardware": list({json.dumps(r["hardware"], sort_keys=True): r["hardware"] for r in results.values()}.values()),
         "slurm_jobs": [r["slurm"] | {"state": k[:12], "case": c} for (k, c), r in results.items() if r.get("slurm")],
         "data": {case: results[states["states"][0]["key"], case]["data"] for case in cases},
+        "data_order_warnings": order,
         "batch_sizes": {case: {k: results[states["states"][0]["key"], case]["counts"][k]
                                for k in ("effective_batch_size", "micro_batch_size", "hvp_batch_size",
                                          "directions_per_pass", "epoch_batches", "epoch_tokens", "parameters_D")}

@@ -25,6 +25,7 @@ from tiny_llm.config import RunConfig, config_to_dict, load_config
 from tiny_llm.curvature.hessian import ENGINES, HVP_ENGINES, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan, device_budget, plan_analysis
 from tiny_llm.curvature.noise import CaseInputs, measure_case
+from tiny_llm.data.order import order_report
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, unseen_plan
 from tiny_llm.io import atomic_write_json, check_writable_file, exclusive, remove_leftovers
 from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
@@ -429,7 +430,7 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
         "data": {"cache": str(cache.path), "tokenizer": cache.meta["tokenizer"], "source": cache.meta["source"],
                  "shards": [{"file": s["file"], "sha256": s["sha256"]} for s in cache.meta["shards"]],
                  "plan": plan.name, "stream_batches": [int(plan.stream_batches[0]), int(plan.stream_batches[-1])],
-                 "seq_len": config.data.seq_len},
+                 "seq_len": config.data.seq_len, "order": order_report(cache, plan)},
         "software": software(),
         "hardware": hardware(resolved.device),
         "slurm": slurm_job(),

@@ -42,7 +42,8 @@ def test_large_vocabulary_uses_uint32_shards(tmp_path):
     np.save(tmp_path / "ids.npy", np.arange(0, 70000 * 3, 7) % 70000)
     data = DataConfig(cache=str(tmp_path / "cache"), seq_len=8, shuffle_group_blocks=2)
     cache = TokenCache(prepare_source_cache(data, "tokens", [tmp_path / "ids.npy"], vocab_size=70000))
-    assert cache.meta["dtype"] == "uint32" and cache.tokens([0])[0, 1].item() == 7
+    source, offset = cache.block_sources()[0][0]
+    assert cache.meta["dtype"] == "uint32" and cache.tokens([0])[0, 1].item() == (offset + 1) * 7 % 70000
 
 
 def test_source_dispatch_errors(tmp_path):

@@ -23,15 +23,16 @@ from tiny_llm.io import sha256_file
 from conftest import make_oracle_run, make_run_config
 
 
-def _prepare(path, segments, *, seq_len=4, G=3, capacity=None, shard_blocks=4, vocab=1000):
+def _prepare(path, segments, *, seq_len=4, G=3, capacity=None, shard_blocks=4, vocab=1000, keep_order=False, seed=0):
     return prepare_cache(path, segments, tokenizer=BYTE_TOKENIZER, vocab_size=vocab, seq_len=seq_len,
-                         shuffle_group_blocks=G, data_seed=0, prepare_train_tokens=capacity,
-                         shard_blocks=shard_blocks, source={"kind": "test"})
+                         shuffle_group_blocks=G, data_seed=seed, prepare_train_tokens=capacity,
+                         shard_blocks=shard_blocks, source={"kind": "test"}, keep_order=keep_order)
 
 
 def test_blocks_overlap_by_one_token_and_never_cross_shards(tmp_path):
     segments = [np.arange(0, 30), np.arange(100, 118)]  # 7 blocks + 4 blocks of 5 tokens
-    cache = TokenCache(_prepare(tmp_path / "c", segments, G=1))
+    cache = TokenCache(_prepare(tmp_path / "c", segments, G=1, keep_order=True))
+    assert not cache.shuffled and cache.stride == 4
     assert [len(s) for s in cache.shards] == [17, 13, 17]  # 4 + 3 blocks, then 4 blocks, +1 lookahead each
     assert cache.n_blocks == 11
     tokens = cache.tokens(np.arange(cache.n_blocks)).numpy()
@@ -48,13 +49,44 @@ def test_blocks_overlap_by_one_token_and_never_cross_shards(tmp_path):
     assert cache.position(7) == (2, 0) and cache.position(3) == (0, 12)
     with pytest.raises(IndexError):
         cache.position(11)
+    sources, lengths = cache.block_sources()
+    assert sources.tolist() == [[0, 4 * j] for j in range(7)] + [[1, 4 * j] for j in range(4)]
+    assert lengths.tolist() == [30, 18]
+
+
+def test_shuffled_blocks_carry_their_own_lookahead_and_map_back_to_their_sources(tmp_path):
+    segments = [np.arange(0, 30), np.arange(100, 118)]
+    cache = TokenCache(_prepare(tmp_path / "c", segments, G=1, seed=5))
+    assert cache.shuffled and cache.stride == 5 and cache.meta["order"] == {
+        "shuffled": True, "unit": "block", "seed": 5, "stream": 2}
+    assert [len(s) for s in cache.shards] == [20, 20, 15]  # 4 + 4 + 3 blocks of 5 tokens
+    tokens = cache.tokens(np.arange(cache.n_blocks)).numpy()
+    sources, _ = cache.block_sources()
+    for row, (source, offset) in zip(tokens, sources):
+        assert np.array_equal(row, segments[source][offset:offset + 5])  # every block intact, from its source
+    # Every block of the sources appears once, in a permuted order.
+    assert sorted(map(tuple, sources.tolist())) == [(0, 4 * j) for j in range(7)] + [(1, 4 * j) for j in range(4)]
+    assert sources.tolist() != sorted(sources.tolist())
+    other = TokenCache(_prepare(tmp_path / "d", segments, G=1, seed=6)).block_sources()[0]
+    assert other.tolist() != sources.tolist()  # the order follows the data seed
+
+
+def test_shuffled_cache_spans_the_sources_even_when_it_keeps_only_part(tmp_path):
+    segments = [np.arange(i * 1000, i * 1000 + 401) for i in range(3)]  # 3 sources of 100 blocks
+    cache = TokenCache(_prepare(tmp_path / "c", segments, capacity=240, G=3, shard_blocks=100))
+    sources, _ = cache.block_sources()
+    assert cache.n_blocks == 60 and set(sources[:, 0].tolist()) == {0, 1, 2}
+    kept = TokenCache(_prepare(tmp_path / "k", segments, capacity=240, G=3, shard_blocks=100, keep_order=True))
+    assert set(kept.block_sources()[0][:, 0].tolist()) == {0}  # in source order only the first file
 
 
 def test_preparation_rounds_up_to_whole_groups_plus_lookahead(tmp_path):
-    cache = TokenCache(_prepare(tmp_path / "c", [np.arange(200)], capacity=27, shard_blocks=100))
+    cache = TokenCache(_prepare(tmp_path / "c", [np.arange(200)], capacity=27, shard_blocks=100, keep_order=True))
     # ceil(27 / 4) = 7 blocks -> 9 (three groups of 3), plus the lookahead token.
     assert cache.n_blocks == 9 == blocks_for_tokens(27, 4, 3)
     assert cache.meta["shards"][0]["tokens"] == 9 * 4 + 1
+    shuffled = TokenCache(_prepare(tmp_path / "s", [np.arange(200)], capacity=27, shard_blocks=100))
+    assert shuffled.n_blocks == 9 and shuffled.meta["shards"][0]["tokens"] == 9 * 5  # a lookahead per block
     meta = json.loads((tmp_path / "c" / "meta.json").read_text())
     assert meta["tokenizer"]["type"] == "byte" and meta["dtype"] == "uint16" and meta["prepare_train_tokens"] == 27
 
