@@ -247,6 +247,70 @@ def test_bad_checkpoint_lists_stop_with_the_config_key(tmp_path, change, message
     assert not (tmp_path / "results").exists()
 
 
+def _small_corpus(tmp_path, config):
+    (tmp_path / "small.txt").write_text("too little text. " * 30)  # 510 bytes; training + unseen need ~770
+    config["train_runs"]["tiny"].update(cache_source="text", cache_inputs=[str(tmp_path / "small.txt")])
+
+
+def _no_cuda_device(tmp_path, config):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    config["analyses"]["tiny"]["settings"]["device"] = "cuda"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t, c: c["analyses"]["tiny"]["settings"].update(noise_sample=3),
+     "error: analyses.tiny.settings: unknown key 'noise_sample' (allowed: amp, audit,"),
+    (lambda t, c: c["analyses"]["tiny"]["settings"].update(noise_samples=-3),
+     "error: analyses.tiny.settings.noise_samples: -3 is not valid"),
+    (lambda t, c: c["analyses"]["tiny"].update(checkpoints=["epoch-007.safetensors"]),
+     "error: analyses.tiny.checkpoints: epoch-007.safetensors is not a checkpoint that training runs/tiny writes "
+     "(epoch-000.safetensors, epoch-001.safetensors, epoch-002.safetensors, final.pt)"),
+    (_small_corpus, "error: train_runs.tiny.cache_inputs: the corpus holds about 448 bytes in whole sequences, but "
+     "training and one unseen epoch at training.tokens=512 need about 768; add text to train_runs.tiny.cache_inputs, "
+     "or lower training.tokens to at most 256 (train_runs.tiny.set: {training.tokens: 256})"),
+    (_no_cuda_device, "error: analyses.tiny.settings.device: cuda, but this machine has no CUDA device and the jobs "
+     "run here; set analyses.tiny.settings.device to cpu or auto"),
+], ids=["unknown settings key", "bad value", "checkpoint training never writes", "corpus too small", "no such device"])
+def test_start_up_refuses_with_one_line_naming_the_key(tmp_path, change, message):
+    """Before any job: one line naming the config key, exit status 2, nothing written."""
+    _write_config(tmp_path)
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    change(tmp_path, config)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = _snakemake(tmp_path)  # a real run: the device is checked once the executor is known
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2 and errors == [errors[0]] and errors[0].startswith(message), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert not any((tmp_path / folder).exists() for folder in ("results", "runs", "cache", "logs"))
+
+
+def test_a_failed_job_ends_the_run_with_one_line_naming_config_keys(workdir, tmp_path):
+    """A job that fails keeps its traceback in its log; the console ends with one line per failed
+    job, its message and its log."""
+    import shutil
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy, symlinks=True)
+    _write_config(copy)
+    shard = copy / "cache/tiny/shard-00000.bin"
+    data = bytearray(shard.read_bytes())
+    data[0] ^= 1
+    shard.write_bytes(bytes(data))
+    for result in (copy / "results/tiny/states").glob("*/seen.json"):
+        result.unlink()
+    done = _snakemake(copy)
+    assert done.returncode != 0
+    summary = done.stderr[done.stderr.index("job(s) failed:"):].splitlines()
+    failed = [line for line in summary[1:] if line.startswith("  analyze_state results/tiny/states/")]
+    assert len(failed) == len(list((copy / "results/tiny/states").iterdir())), done.stderr[-3000:]
+    assert all("cache shard cache/tiny/shard-00000.bin changed after preparation" in line and "[log: logs/" in line
+               for line in failed)
+    assert "Traceback" not in done.stderr
+    log = failed[0].split("[log: ")[1].rstrip("]")
+    assert "Traceback" in (copy / log).read_text()
+
+
 def test_damaged_binding_is_named(workdir, tmp_path):
     import shutil
     copy = tmp_path / "copy"

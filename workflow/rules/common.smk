@@ -10,6 +10,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from tiny_llm.campaign import slurm_jobs
+from tiny_llm.campaign.jobs import failed_jobs
 from tiny_llm.campaign.slurm_states import (
     keep_running_jobs_on_interrupt,
     normalise_plugin_states,
@@ -19,8 +20,10 @@ from tiny_llm.campaign.workflow import (
     STANDS_IN,
     WorkflowPlan,
     awaited_outputs,
+    schema_errors,
     sort_earlier_jobs,
     typed_profile_values,
+    unknown_keys,
 )
 from tiny_llm.config import config_to_dict, parse_yaml
 from tiny_llm.provenance import source_hash, use_frozen_source
@@ -30,17 +33,32 @@ from tiny_llm.results.record import append_event
 _SCHEMA = parse_yaml(
     (Path(workflow.basedir) / "workflow/schemas/config.schema.yaml").read_text()
 )
-_unknown = sorted(set(config) - set(_SCHEMA["properties"]))
-if _unknown:  # one line, rather than the validator's dump of the whole schema
-    raise ValueError(
-        f"unknown configuration keys {_unknown}; allowed: {sorted(_SCHEMA['properties'])}"
-    )
+
+
+def _refuse(message):
+    """A configuration the workflow cannot run: one line naming the key, exit status 2, nothing
+    written (no job has started)."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+# Unknown keys: one line naming where, rather than the validator's dump of the whole schema.
+_unknown = unknown_keys(config, _SCHEMA)
+if _unknown:
+    _refuse(_unknown[0])
 typed_profile_values(
     config
 )  # profile values arrive as strings: typed before validation
-validate(config, schema="../schemas/config.schema.yaml")
+_invalid = schema_errors(config, _SCHEMA)
+if _invalid:
+    _refuse(_invalid[0])
+validate(config, schema="../schemas/config.schema.yaml")  # fills in the defaults
 
-PLAN = WorkflowPlan(config)  # every check that needs no job, before any job
+# Every check that needs no job, before any job.
+try:
+    PLAN = WorkflowPlan(config)
+except ValueError as _error:
+    _refuse(_error)
 ANALYSES = PLAN.analyses
 PLOTS = PLAN.plots
 SEED_EXPERIMENTS = PLAN.seed_experiments
@@ -264,12 +282,28 @@ def reattach(dag, poll_seconds):
 
 
 onstart:
+    # Jobs that run here need the devices they name (the executor is known only now).
+    if workflow.local_exec:
+        try:
+            PLAN.check_devices()
+        except ValueError as _error:
+            _refuse(_error)
     reattach(workflow.dag, CLUSTER.get("reattach_poll_seconds", 30))
     # The campaign record: one start event per analysis and controller run (not in dry runs).
     for _name in ANALYSES:
         append_event(
             f"results/{_name}", PLAN.start_event(_name, sys.argv, source_hash())
         )
+
+
+onerror:
+    # One line per failed job, last: what went wrong, naming config keys (tracebacks stay in the
+    # jobs' logs).
+    _failed = failed_jobs(log)
+    if _failed:
+        print(f"{len(_failed)} job(s) failed:", file=sys.stderr)
+        for _line in _failed:
+            print(f"  {_line}", file=sys.stderr)
 
 
 if workflow.is_main_process:

@@ -1,11 +1,10 @@
 """Snakemake adapter: measure one parameter state on one data case (tiny-llm analyze-state)."""
 
-import logging
-import sys
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w")
-logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 import torch  # noqa: E402
 

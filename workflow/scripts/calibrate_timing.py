@@ -1,11 +1,9 @@
 """Snakemake adapter: measure an analysis's per-micro-batch timings on this node."""
 
-import logging
-import sys
-from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w")
-logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 import torch  # noqa: E402
 

@@ -1,12 +1,12 @@
 """Snakemake adapter: validate every result of an analysis, then write manifest.json and summary.csv."""
 
 import json
-import logging
 import sys
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w")
-logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 from tiny_llm.results.collect import collect  # noqa: E402
 

@@ -1,10 +1,11 @@
 """Snakemake adapter: spectrum.csv of an analysis."""
 
 import json
-import sys
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 from tiny_llm.results.collect import collect_spectrum  # noqa: E402
 

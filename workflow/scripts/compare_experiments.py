@@ -1,8 +1,9 @@
 """Snakemake adapter: compare several seed experiments in one figure."""
 
-import sys
 
-sys.stderr = open(snakemake.log[0], "w")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 from tiny_llm.geometry.figures import compare_experiments  # noqa: E402
 

@@ -1,10 +1,11 @@
 """Snakemake adapter: compare the seeds of an experiment (comparison.csv) and draw its dashboard."""
 
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 from tiny_llm.geometry.experiment import compare, write_comparison  # noqa: E402
 from tiny_llm.geometry.figures import dashboard  # noqa: E402

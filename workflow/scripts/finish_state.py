@@ -1,9 +1,10 @@
 """Snakemake adapter: check that every case of a state is complete and write the state's receipt."""
 
 import json
-import sys
 
-sys.stderr = open(snakemake.log[0], "w")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 from tiny_llm.io import atomic_write_json  # noqa: E402
 from tiny_llm.runtime import remove_shared_compile_cache  # noqa: E402

@@ -1,8 +1,9 @@
 """Snakemake adapter: cut an experiment's reference set from its token cache."""
 
-import sys
 
-sys.stderr = open(snakemake.log[0], "w")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 from tiny_llm.config import config_from_dict  # noqa: E402
 from tiny_llm.geometry.experiment import geometry_settings_from_dict, make_reference  # noqa: E402

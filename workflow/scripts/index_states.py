@@ -1,11 +1,10 @@
 """Snakemake adapter: index a run's selected checkpoints into unique states; bind the output directory."""
 
-import logging
-import sys
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w")
-logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 from tiny_llm.io import atomic_write_json  # noqa: E402
 from tiny_llm.workers.index import index_states  # noqa: E402

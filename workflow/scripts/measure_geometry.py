@@ -1,12 +1,11 @@
 """Snakemake adapter: measure one checkpoint of one run of a seed experiment on its reference set."""
 
 import json
-import logging
-import sys
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w")
-logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 import torch  # noqa: E402
 

@@ -1,9 +1,10 @@
 """Snakemake adapter: spectral figures of an analysis."""
 
-import sys
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 from tiny_llm.results.figures import plot_spectrum  # noqa: E402
 

@@ -1,11 +1,10 @@
 """Snakemake adapter: prepare one token cache, then write its receipt."""
 
-import logging
-import sys
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "w")
-logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 from tiny_llm.config import DataConfig  # noqa: E402
 from tiny_llm.data.corpus import prepare_source_cache  # noqa: E402

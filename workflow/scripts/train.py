@@ -1,11 +1,10 @@
 """Snakemake adapter: train (or resume) one run, then write its receipt."""
 
-import logging
-import sys
 from pathlib import Path
 
-sys.stderr = open(snakemake.log[0], "a")
-logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+from tiny_llm.campaign.jobs import job_log
+
+job_log(snakemake, mode="a")  # the log gets everything; a failure ends with one "error:" line
 
 import torch  # noqa: E402
 

@@ -37,15 +37,17 @@ from tiny_llm.config import (
     parse_yaml,
 )
 from tiny_llm.data.corpus import default_capacity
+from tiny_llm.data.tokens import capacity_blocks
 from tiny_llm.geometry.experiment import as_analysis_settings, geometry_settings_from_dict, measurement_seconds
 from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
+from tiny_llm.training.loop import epoch_file
 from tiny_llm.workers.index import check_selection
 from tiny_llm.curvature.memory import GiB, MemoryPlan
 from tiny_llm.workers.state import (CASES, AnalysisSettings, check_output_binding, memory_plan, output_binding,
                                     settings_from_dict, settings_record)
 
-__all__ = ["AWAITABLE", "STANDS_IN", "WorkflowPlan", "awaited_outputs", "expand_seed_experiments", "sort_earlier_jobs",
-           "typed_profile_values"]
+__all__ = ["AWAITABLE", "STANDS_IN", "WorkflowPlan", "awaited_outputs", "check_corpus", "check_device",
+           "expand_seed_experiments", "schema_errors", "sort_earlier_jobs", "typed_profile_values", "unknown_keys"]
 
 AWAITABLE = {
     "analyze_state": "results/{analysis}/states/{key}/{case}.json",
@@ -56,6 +58,109 @@ AWAITABLE = {
 
 STANDS_IN = {"await_result": "analyze_state", "await_receipt": "finish_state", "await_spectrum": "analyze_spectrum"}
 """The local rule that awaits an earlier job -> the rule it stands in for."""
+
+
+def unknown_keys(config: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """One line per mapping of ``config`` that holds keys its part of the JSON ``schema`` does not
+    allow (``additionalProperties: false``), naming where, e.g. ``analyses.demo.settings``.
+
+    Example:
+        >>> schema = {"properties": {"a": {"additionalProperties": False, "properties": {"b": {}}}}}
+        >>> unknown_keys({"a": {"b": 1, "c": 2}}, schema)
+        ["a: unknown key 'c' (allowed: b)"]
+    """
+    if not isinstance(config, dict):
+        return []
+    properties, extra = schema.get("properties", {}), schema.get("additionalProperties", True)
+    lines = []
+    for key, value in config.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key in properties:
+            lines += unknown_keys(value, properties[key], where)
+        elif isinstance(extra, dict):
+            lines += unknown_keys(value, extra, where)
+        elif extra is False:
+            lines.append(f"{path or 'the configuration'}: unknown key {key!r} (allowed: {', '.join(sorted(properties))})")
+    return lines
+
+
+def schema_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """The configuration's violations of the JSON ``schema``, one line each, naming the key.
+
+    Example:
+        >>> schema = {"properties": {"a": {"properties": {"n": {"type": "integer", "minimum": 1}}}}}
+        >>> schema_errors({"a": {"n": -3}}, schema)
+        ['a.n: -3 is less than the minimum of 1']
+    """
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
+    return [f"{'.'.join(map(str, error.absolute_path)) or 'the configuration'}: {error.message}" for error in errors]
+
+
+def check_device(key: str, device: str) -> None:
+    """Refuse a CUDA device this machine does not have, for jobs that run on it.
+
+    Raises:
+        ValueError: naming the config ``key`` and what to set instead.
+    """
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        have = f"only {count} CUDA device{'s' if count != 1 else ''}" if count else "no CUDA device"
+        raise ValueError(f"{key}: {device}, but this machine has {have} and the jobs run here; set {key} to cpu "
+                         "or auto, or run on the cluster (--profile profiles/naiss)")
+
+
+def _source_tokens(path: Path) -> int:
+    """Tokens an input file holds: bytes for text, elements for .npy, uint16 elements for .bin."""
+    if path.suffix == ".npy":
+        import numpy as np
+
+        return int(np.load(path, mmap_mode="r", allow_pickle=False).shape[0])
+    return path.stat().st_size // (2 if path.suffix == ".bin" else 1)
+
+
+def check_corpus(name: str, entry: dict[str, Any], run: RunConfig, need: str, key: str = "train_runs") -> None:
+    """Refuse, before the cache is built, input files that are missing or hold too little for
+    training (``need="train"``) or training plus one unseen epoch (``"unseen"``).
+
+    Raises:
+        ValueError: naming the config keys, the tokens there are and needed, and both ways out.
+    """
+    if entry.get("cache_source", "demo") == "demo":
+        return
+    T, G = run.data.seq_len, run.data.shuffle_group_blocks
+    total = 0
+    for file in entry.get("cache_inputs", []):
+        path = Path(file)
+        if not path.is_file():
+            raise ValueError(f"{key}.{name}.cache_inputs: {file} does not exist (paths are relative to the "
+                             "project directory)")
+        total += max(_source_tokens(path) - 1, 0) // T
+    available = total // G * G
+    needed = capacity_blocks(run)[need]
+    if available >= needed:
+        return
+    unit = "bytes" if entry.get("cache_source") == "text" else "tokens"
+    what = "training and one unseen epoch" if need == "unseen" else "training"
+    fits = None
+    for steps in range(run.steps_per_epoch - 1, 0, -1):  # the largest whole-epoch budget that fits
+        tokens = steps * run.training.epochs * run.batch_tokens
+        smaller = config_from_dict(apply_overrides(config_to_dict(run), [f"training.tokens={tokens}"]))
+        if capacity_blocks(smaller)[need] <= available:
+            fits = tokens
+            break
+    lower = (f"lower training.tokens to at most {fits:,} ({key}.{name}.set: {{training.tokens: {fits}}})"
+             if fits else "use a smaller model batch or context")
+    raise ValueError(f"{key}.{name}.cache_inputs: the corpus holds about {available * T:,} {unit} in whole "
+                     f"sequences, but {what} at training.tokens={run.training.tokens:,} need about "
+                     f"{needed * T:,}; add text to {key}.{name}.cache_inputs, or {lower}")
 
 
 def typed_profile_values(config: dict[str, Any], keys: Iterable[str] = ("settings_override", "cluster")) -> None:
@@ -94,7 +199,8 @@ def expand_seed_experiments(experiments: dict[str, Any], train_runs: dict[str, A
         if name in analyses:
             raise ValueError(f"seed_experiments.{name}: an analysis has the same name (both write results/{name}/); "
                              "rename one")
-        base = {key: entry[key] for key in ("config", "cache_source", "cache_inputs", "shard_tokens") if key in entry}
+        base = {key: entry[key] for key in ("config", "cache_source", "cache_inputs", "shard_tokens", "cache_order")
+                if key in entry}
         fixed = {**entry.get("set", {}), "training.checkpoint_policy": "interval"}
         data_seed = config_from_dict(apply_overrides(load_config_dict(entry["config"]), _overrides(fixed))).data.seed
         first = entry["seeds"][0]
@@ -194,6 +300,12 @@ class WorkflowPlan:
         self.run_of_cache: dict[str, str] = {}
         for name, cache in self.cache_of_run.items():
             self.run_of_cache.setdefault(cache, name)
+        experiment_of = {run: name for name, runs in self.experiment_runs.items() for run in runs}
+        for name, run in self.run_configs.items():
+            analysed = any(self.trained_here(a) == name and "unseen" in self.cases(a) for a in self.analyses)
+            where = ("seed_experiments", experiment_of[name]) if name in experiment_of else ("train_runs", name)
+            check_corpus(where[1], self.train_runs[name], run, "unseen" if analysed else "train", key=where[0])
+        self.train_device: str = config.get("train_device", "cpu")
         self.analysis_settings = {name: self._check_analysis(name) for name in self.analyses}
         for name in self.analyses:  # a job that cannot fit its memory budget is refused before any work
             try:
@@ -206,10 +318,28 @@ class WorkflowPlan:
         """An analysis's settings, and its output directory checked against them before any work."""
         entry = self.analyses[name]
         settings = settings_from_dict(self.settings_dict(name))
-        check_selection(f"analyses.{name}.checkpoints", entry["run"], entry.get("checkpoints", "all"),
-                        trained_here=self.trained_here(name) is not None)
+        run = self.trained_here(name)
+        writes = None
+        if run is not None:
+            training = self.run_configs[run].training
+            interval = training.checkpoint_policy == "interval"
+            writes = {"final.pt", *(epoch_file(e) for e in range(training.epochs + 1) if interval)}
+        check_selection(f"analyses.{name}.checkpoints", entry["run"], entry.get("checkpoints", "all"), writes)
         check_output_binding(f"results/{name}", output_binding(settings, entry["run"], entry.get("spectrum", {})))
         return settings
+
+    def check_devices(self) -> None:
+        """For jobs that run on this machine (not on a cluster's nodes): refuse a CUDA device it
+        does not have, naming the key (``train_device``, an analysis's ``settings.device``).
+
+        Raises:
+            ValueError: naming the key and what to set instead.
+        """
+        if self.train_runs:
+            check_device("train_device", self.train_device)
+        for name, settings in self.analysis_settings.items():
+            where = "settings_override" if "device" in self.settings_override else f"analyses.{name}.settings"
+            check_device(f"{where}.device", settings.device)
 
     def memory(self, analysis: str) -> MemoryPlan | None:
         """The memory plan of the analysis's (state, case) jobs under ``memory_budget_gb`` (none
@@ -277,6 +407,7 @@ class WorkflowPlan:
         source = entry.get("cache_source", "demo")
         return {"cache_source": source, "cache_inputs": entry.get("cache_inputs", []),
                 "shard_tokens": entry.get("shard_tokens", 1 << 20), "data": config_to_dict(run.data),
+                "keep_order": entry.get("cache_order", "shuffle") == "keep",
                 "capacity": default_capacity(run) if source == "demo" else None}
 
     def cache_receipt(self, run: str) -> str:

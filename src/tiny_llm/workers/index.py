@@ -45,10 +45,12 @@ def select_checkpoints(run_dir: str | Path, selection: str | list[str]) -> list[
     return resolve_checkpoints(run_dir, names)
 
 
-def check_selection(key: str, run_dir: str | Path, selection: str | list[str], trained_here: bool) -> None:
+def check_selection(key: str, run_dir: str | Path, selection: str | list[str],
+                    will_write: set[str] | None = None) -> None:
     """Check a configured checkpoint selection before any work (the workflow's start-up): worker
-    files, files that are not root checkpoints, and, for a run that already exists (not trained by
-    this workflow), files that are missing.
+    files, files that are not root checkpoints, and files that will not be there: for a run this
+    workflow trains, names outside ``will_write`` (the root checkpoints its training writes); for
+    any other run, files that are missing.
 
     Raises:
         ValueError: naming the config ``key``, the file and the fix.
@@ -63,7 +65,11 @@ def check_selection(key: str, run_dir: str | Path, selection: str | list[str], t
                              f"{path.name} instead: worker states enter through the consensus analysis")
         if not ROOT_CHECKPOINT.match(path.name):
             raise ValueError(f"{key}: {name} is not a root checkpoint (epoch-NNN.safetensors or final.pt)")
-        if not trained_here and not (path if path.is_absolute() else run_dir / path).exists():
+        if will_write is not None and not path.is_absolute():
+            if str(path) not in will_write:
+                raise ValueError(f"{key}: {name} is not a checkpoint that training {run_dir} writes "
+                                 f"({', '.join(sorted(will_write))}); list some of those or use all")
+        elif not (path if path.is_absolute() else run_dir / path).exists():
             raise ValueError(f"{key}: {name} does not exist in {run_dir}; list existing checkpoints or use all")
 
 

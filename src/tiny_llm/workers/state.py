@@ -497,8 +497,10 @@ def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write:
             raise ValueError(f"{path} is damaged (not the binding of an output directory); restore it, or remove "
                              f"{output_dir} (its results) or use a new analysis name") from None
         changed = [f"run: {old['run']} -> {binding['run']}"] if old["run"] != binding["run"] else []
-        changed += [f"settings.{k}: {old['settings'].get(k)!r} -> {v!r}" for k, v in binding["settings"].items()
-                    if old["settings"].get(k) != v]
+        def shown(key: str, value: Any) -> str:
+            return "all" if key == "noise_samples" and value is None else repr(value)
+        changed += [f"settings.{k}: {shown(k, old['settings'].get(k))} -> {shown(k, v)}"
+                    for k, v in binding["settings"].items() if old["settings"].get(k) != v]
         changed += [f"spectrum.{k}: {old.get('spectrum', {}).get(k)!r} -> {v!r}"
                     for k, v in binding["spectrum"].items() if old.get("spectrum", {}).get(k) != v]
         if old["source"] != binding["source"]:

@@ -1,0 +1,105 @@
+"""How a workflow job reports: everything in its log file, and a failure as one line.
+
+Every job script starts with :func:`job_log`: stderr and logging go to the job's log file, and an
+exception that ends the job writes its traceback there followed by one last line
+``error: <message>``, in which command-line flags are replaced by the configuration keys that set
+them in the workflow (``--hvp-batch-size`` -> ``analyses.<name>.settings.hvp_batch_size``). When
+the workflow fails, :func:`failed_jobs` reads Snakemake's log for the jobs that failed and
+returns one line per job with that message, which the workflow prints last.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ERROR_PREFIX", "config_keys", "failed_jobs", "job_log"]
+
+ERROR_PREFIX = "error: "
+_FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
+
+
+def _fields(kind: str) -> set[str]:
+    if kind == "settings":
+        from tiny_llm.workers.state import AnalysisSettings
+        return set(AnalysisSettings.__dataclass_fields__)
+    from tiny_llm.workers.spectrum import SpectrumSettings
+    return set(SpectrumSettings.__dataclass_fields__)
+
+
+def config_keys(message: str, analysis: str | None) -> str:
+    """``message`` with the command-line flags a workflow user does not type replaced by the
+    configuration keys that set them.
+
+    Example:
+        >>> config_keys("lower --hvp-batch-size, or use --device cpu", "demo")
+        'lower analyses.demo.settings.hvp_batch_size, or use analyses.demo.settings.device cpu'
+        >>> config_keys("use --device cpu", None)
+        'use train_device cpu'
+    """
+    def key(match: re.Match) -> str:
+        name = match.group(1).replace("-", "_")
+        if analysis is None:
+            return "train_device" if name == "device" else match.group(0)
+        for kind in ("settings", "spectrum"):
+            if name in _fields(kind):
+                return f"analyses.{analysis}.{kind}.{name}"
+        return match.group(0)
+    return _FLAG.sub(key, message)
+
+
+def job_log(snakemake: Any, mode: str = "w") -> None:
+    """Send the job's stderr and logging to its log file, and make an exception that ends the job
+    write its traceback there, then ``error: <one line naming config keys>``."""
+    sys.stderr = open(snakemake.log[0], mode)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    analysis = dict(snakemake.wildcards.items()).get("analysis")
+
+    def report(kind, error, trace) -> None:
+        traceback.print_exception(kind, error, trace, file=sys.stderr)
+        message = " ".join(str(error).split()) or kind.__name__
+        if not isinstance(error, ValueError):
+            message = f"{kind.__name__}: {message}"
+        print(f"{ERROR_PREFIX}{config_keys(message, analysis)}", file=sys.stderr, flush=True)
+    sys.excepthook = report
+
+
+_RULE_ERROR = re.compile(r"^Error in rule (\S+):$")
+_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def failed_jobs(snakemake_log: str | Path | list) -> list[str]:
+    """One line per job that failed in this Snakemake run (from its main log, or logs): the rule,
+    its wildcards, the last ``error:`` line of the job's log (or where to look), and the log."""
+    lines = []
+    for path in snakemake_log if isinstance(snakemake_log, (list, tuple)) else [snakemake_log]:
+        try:
+            lines += Path(path).read_text(errors="replace").splitlines()
+        except (OSError, TypeError):
+            continue
+    failed, i = [], 0
+    while i < len(lines):
+        match = _RULE_ERROR.match(lines[i].strip())
+        if not match:
+            i += 1
+            continue
+        rule, output, log = match.group(1), "", None
+        i += 1
+        while i < len(lines) and lines[i].startswith((" ", "\t")):
+            field, _, value = lines[i].strip().partition(": ")
+            if field == "output":
+                output = _HASH.sub(lambda m: m.group(0)[:12] + "…", value.split(", ")[0])
+            elif field == "log":
+                log = value.split(" (check log")[0].strip()
+            i += 1
+        message = None
+        if log and Path(log).exists():
+            errors = [x for x in Path(log).read_text(errors="replace").splitlines() if x.startswith(ERROR_PREFIX)]
+            message = errors[-1].removeprefix(ERROR_PREFIX) if errors else None
+        where = f" {output}" if output else ""
+        failed.append(f"{rule}{where}: {message or 'failed without a message'}" + (f" [log: {log}]" if log else ""))
+    return failed
