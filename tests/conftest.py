@@ -53,6 +53,22 @@ def dense_epoch_hessian(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
     return hessian(loss)(theta)
 
 
+def dense_gauss_newton(model, tokens, ignored=()):
+    """The dense generalised Gauss–Newton matrix G = Jᵀ (∇²ℓ) J of the token-mean loss, with J the
+    Jacobian of the logits (torch.func.jacrev) and ∇²ℓ = (diag(p) − ppᵀ)/N per kept target."""
+    flat = FlatParameters(model)
+    theta = flat.flatten([p.detach() for p in model.parameters()])
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    J = torch.func.jacrev(lambda x: functional_call(model, flat.unflatten(x), (inputs,)))(theta)  # (n, T, V, D)
+    logits = functional_call(model, flat.unflatten(theta), (inputs,)).detach()
+    p = torch.softmax(logits, dim=-1)
+    keep = torch.ones(targets.shape, dtype=torch.float64)
+    for row, column in ignored:
+        keep[row, column] = 0
+    H_out = (torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)) * keep[..., None, None] / keep.sum()
+    return torch.einsum("ntvd,ntvw,ntwe->de", J, H_out, J)
+
+
 @pytest.fixture(scope="session")
 def dense_problem():
     """The float64 TINY_MODEL, 7 epoch rows (uneven for every batch size) and its explicit Hessian."""

@@ -1,4 +1,5 @@
-"""The ``tiny-llm`` command line: prepare-data, train, analyze-state, analyze-spectrum, plot-analysis.
+"""The ``tiny-llm`` command line: prepare-data, train, analyze-state, analyze-spectrum, plot-analysis,
+summarize.
 
 The parser needs no torch: each command imports what it runs when it runs (``--help`` stays fast),
 and the option defaults below are the settings classes' (a test holds them equal).
@@ -83,6 +84,12 @@ def _analyze_state(args: argparse.Namespace) -> None:
     result = analyze_state(args.run, args.checkpoint, args.case, _analysis_settings(args), args.output,
                            expect_key=args.expect_key)
     print(json.dumps(result["statistics"], indent=1))
+
+
+def _summarize(args: argparse.Namespace) -> None:
+    from tiny_llm.results.summarize import summarize
+
+    print(summarize(args.analysis))
 
 
 def _plot_analysis(args: argparse.Namespace) -> None:
@@ -243,6 +250,15 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--output", required=True, type=Path, help="analysis directory (holds summary.csv)")
     pl.add_argument("--training-norms", action="store_true", help="add the logged pre-clipping training norms")
     pl.set_defaults(func=_plot_analysis)
+
+    sm = sub.add_parser("summarize", formatter_class=_HelpFormatter,
+                        help="print an analysis's summary table with standard errors and flags",
+                        description="Print the summary table of a collected analysis (results/<name>) in the "
+                        "terminal: each checkpoint and case with its statistics ± one standard error, then "
+                        "plain-language flags (B_noise above the training batch, curvature within one standard "
+                        "error of 0, precision audit over its threshold, unconverged eigenvalues, data order).")
+    sm.add_argument("analysis", type=Path, help="analysis directory, e.g. results/demo")
+    sm.set_defaults(func=_summarize)
 
     cm = sub.add_parser("compare", formatter_class=_HelpFormatter,
                         help="compare seed experiments in one figure (from their comparison.csv)",

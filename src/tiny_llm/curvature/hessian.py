@@ -244,7 +244,16 @@ class EpochHessian:
         """vᵀH_b v for one curvature micro-batch (its share of the epoch loss), V (K, D) → (K,) float64."""
         if self.engine not in FORM_ENGINES:
             return (V.double() * self.batch_products(V, inputs, targets).double()).sum(dim=1)
-        forms = torch.zeros(len(V), dtype=torch.float64, device=self.precision.device)
+        return self.batch_split_forms(V, inputs, targets)[0]
+
+    def batch_split_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """vᵀH_b v and its generalised Gauss–Newton part vᵀG_b v for one curvature micro-batch,
+        V (K, D) → (2, K) float64; taylor and adjoint engines (the loss rule computes vᵀGv on its
+        way to vᵀHv, so the split costs nothing)."""
+        if self.engine not in FORM_ENGINES:
+            raise ValueError(f"the Gauss–Newton split needs a quadratic-form engine ({', '.join(FORM_ENGINES)}), "
+                             f"not {self.engine}")
+        forms = torch.zeros(2, len(V), dtype=torch.float64, device=self.precision.device)
         for rows in self._row_groups(len(V), len(inputs)):  # a group's adjoints are freed before the next's
             forms += self._group_forms(V, inputs[rows], targets[rows])
         return forms
@@ -266,10 +275,13 @@ class EpochHessian:
         return [slice(start, start + rows) for start in range(0, B, rows)]
     def _jet_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
                    adjoints: dict | None) -> torch.Tensor:
+        """(2, K): the forms and their Gauss–Newton parts (the adjoint mode's absorbed terms are
+        all second-order terms of the network, so of the residual H − G)."""
         jets = JetPass(self._directions(V), adjoints, workspace=self._workspace)
         with torch.no_grad(), self.precision.autocast():
             forms = self.model.loss_jet(self.model.jet(inputs, jets), targets, jets).double() / self.n_targets
-        return forms if jets.absorbed is None else forms + jets.absorbed.double()
+        gauss_newton = jets.gauss_newton.double() / self.n_targets
+        return torch.stack([forms if jets.absorbed is None else forms + jets.absorbed.double(), gauss_newton])
 
     def batch_products(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """H_b V for one curvature micro-batch (its share of the epoch loss), V of shape (K, D)."""
@@ -316,6 +328,15 @@ class EpochHessian:
         out = torch.zeros(len(V), dtype=torch.float64, device=self.precision.device)
         for start, real, forms in self._passes(V, self.batch_forms):
             out[start:start + real] += forms[:real]
+        return out
+
+    def split_quadratic_forms(self, V: torch.Tensor) -> torch.Tensor:
+        """dᵀHd and its generalised Gauss–Newton part dᵀGd for each row d of V (K', D): (2, K')
+        float64, in the same passes as ``quadratic_forms`` (taylor and adjoint engines)."""
+        V = self._check(V)
+        out = torch.zeros(2, len(V), dtype=torch.float64, device=self.precision.device)
+        for start, real, forms in self._passes(V, self.batch_split_forms):
+            out[:, start:start + real] += forms[:, :real]
         return out
 
     def hvp(self, V: torch.Tensor) -> torch.Tensor:

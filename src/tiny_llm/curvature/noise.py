@@ -13,6 +13,18 @@ directions; D counts unique trainable parameters.
     b_simple             = B·c·mean‖vᵢ‖² / ‖ḡ‖²         (null when ‖ḡ‖ = 0)
     b_noise              = B·c·mean(vᵢᵀHvᵢ) / ḡᵀHḡ        (null when ḡᵀHḡ ≤ 0)
 
+Gauss–Newton split (taylor and adjoint engines; null with the HVP engines): H = G + R, where
+G = Jᵀ∇²ℓ J is the generalised Gauss–Newton matrix (J the Jacobian of the logits, ∇²ℓ the
+token-mean softmax cross-entropy Hessian diag(p) − ppᵀ) and R the residual Σ ∂ℓ/∂z · ∇²z. The
+loss rule computes vᵀGv on its way to vᵀHv, so every form comes with its part at no extra pass:
+
+    noise_gauss_newton   = Σ vᵢᵀGvᵢ / S_v
+    random_gauss_newton  = Σ sᵢᵀGsᵢ / (D·S_r)            (→ tr(G)/D)
+    grad_gauss_newton    = ḡᵀGḡ
+
+G is positive semi-definite, so these are ≥ 0 and a negative form is the residual's; the residual
+of each is the statistic minus its part (e.g. noise_curvature − noise_gauss_newton).
+
 B_simple and B_noise are McCandlish et al. (2018) with B the effective batch size in sequences
 and c = (M − 1)/(M − B) the finite-population correction for batches of B drawn without
 replacement from the epoch's M = n·B sequences (E‖vᵢ‖² = tr(Σ)/B · (M − B)/(M − 1)); both are
@@ -55,7 +67,7 @@ from typing import Any
 
 import torch
 
-from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.hessian import FORM_ENGINES, EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.data.tokens import BatchPlan, TokenCache, derive_seed, group_permutation
 from tiny_llm.model.llama import Llama
@@ -160,8 +172,15 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return None if denominator == 0 else numerator / denominator
 
 
+def _mean_of(records: list[dict], key: str, scale: float = 1.0) -> float | None:
+    """Mean of ``key`` over records that all hold it (None when empty or any lacks it)."""
+    if not records or any(r.get(key) is None for r in records):
+        return None
+    return math.fsum(r[key] for r in records) / (len(records) * scale)
+
+
 def summarise(noise: list[dict], random: list[dict], g_bar_norm: float, grad_curvature: float, D: int,
-              B: int, M: int) -> dict[str, float | None]:
+              B: int, M: int, grad_gauss_newton: float | None = None) -> dict[str, float | None]:
     """The statistics block of a result from per-direction records (see module docstring)."""
     S_v, S_r = len(noise), len(random)
     vhv = math.fsum(r["noise_curvature"] for r in noise)
@@ -180,11 +199,14 @@ def summarise(noise: list[dict], random: list[dict], g_bar_norm: float, grad_cur
         "b_simple": None if correction is None or mean_vv is None else _ratio(B * correction * mean_vv, g_bar_norm**2),
         "b_noise": (None if correction is None or mean_vhv is None or grad_curvature <= 0
                     else B * correction * mean_vhv / grad_curvature),
+        "noise_gauss_newton": _mean_of(noise, "noise_gauss_newton"),
+        "random_gauss_newton": _mean_of(random, "gauss_newton", scale=D),
+        "grad_gauss_newton": grad_gauss_newton,
     }
 
 
 STANDARD_ERRORS = ["noise_curvature", "normalized_alignment", "mean_noise_norm", "mean_grad_norm",
-                   "random_curvature", "b_simple", "b_noise"]
+                   "random_curvature", "b_simple", "b_noise", "noise_gauss_newton", "random_gauss_newton"]
 """The statistics that are means over sampled directions; each has ``<name>_se``."""
 
 
@@ -211,7 +233,7 @@ def _ratio_se(a: list[float], b: list[float], population: int) -> float | None:
 
 
 def standard_errors(noise: list[dict], random: list[dict], g_bar_norm: float, grad_curvature: float, D: int,
-                    B: int, M: int) -> dict[str, float | None]:
+                    B: int, M: int, grad_gauss_newton: float | None = None) -> dict[str, float | None]:
     """``<statistic>_se`` for every statistic in STANDARD_ERRORS (see module docstring), from the
     same per-direction records and arguments as :func:`summarise`."""
     n = M // B
@@ -228,6 +250,10 @@ def standard_errors(noise: list[dict], random: list[dict], g_bar_norm: float, gr
         "random_curvature_se": None if se_random is None else se_random / D,
         "b_simple_se": None if scale is None or se_vv is None or g_bar_norm == 0 else scale * se_vv / g_bar_norm**2,
         "b_noise_se": None if scale is None or se_vhv is None or grad_curvature <= 0 else scale * se_vhv / grad_curvature,
+        "noise_gauss_newton_se": (None if _mean_of(noise, "noise_gauss_newton") is None
+                                  else _mean_se([r["noise_gauss_newton"] for r in noise], n)),
+        "random_gauss_newton_se": (None if _mean_of(random, "gauss_newton") is None or (se := _mean_se(
+            [r["gauss_newton"] for r in random], None)) is None else se / D),
     }
 
 
@@ -239,11 +265,17 @@ def _consensus_block(records: list[dict]) -> dict[str, Any]:
         "mean_norm": math.fsum(r["norm"] for r in records) / len(records)}}
 
 
+GAUSS_NEWTON_KEYS = {"noise_curvature": "noise_gauss_newton", "curvature": "gauss_newton"}
+"""Record key of a form -> record key of its generalised Gauss–Newton part (form engines)."""
+
+
 class _DirectionRunner:
-    """Feeds directions to the operator K at a time; zero directions skip the pass (curvature 0)."""
+    """Feeds directions to the operator K at a time; zero directions skip the pass (curvature 0).
+    With a quadratic-form engine each record also gets the form's Gauss–Newton part."""
 
     def __init__(self, operator: EpochHessian, precision: Precision, total: int, progress: Callable[[str], None]):
         self.operator, self.precision, self.total, self.progress = operator, precision, total, progress
+        self.split = operator.engine in FORM_ENGINES
         self.pending: list[tuple[torch.Tensor, dict, str, float]] = []
         self.done, self.started = 0, time.perf_counter()
 
@@ -253,6 +285,8 @@ class _DirectionRunner:
         record["_norm2"] = float(used.double().pow(2).sum())
         if record["_norm2"] == 0.0:
             record[key], record["hvp_seconds"] = 0.0, 0.0
+            if self.split:
+                record[GAUSS_NEWTON_KEYS[key]] = 0.0
             record["total_seconds"] = time.perf_counter() - started
             self.done += 1
             return
@@ -264,10 +298,14 @@ class _DirectionRunner:
         if not self.pending:
             return
         started = time.perf_counter()
-        forms = self.operator.quadratic_forms(torch.stack([p[0] for p in self.pending]))
+        V = torch.stack([p[0] for p in self.pending])
+        forms, parts = self.operator.split_quadratic_forms(V).tolist() if self.split else \
+            (self.operator.quadratic_forms(V).tolist(), None)
         share = (time.perf_counter() - started) / len(self.pending)
-        for (_, record, key, begun), q in zip(self.pending, forms.tolist()):
+        for i, ((_, record, key, begun), q) in enumerate(zip(self.pending, forms)):
             record[key], record["hvp_seconds"] = q, share
+            if parts is not None:
+                record[GAUSS_NEWTON_KEYS[key]] = parts[i]
             record["total_seconds"] = time.perf_counter() - begun
         self.done += len(self.pending)
         elapsed = time.perf_counter() - self.started
@@ -457,14 +495,15 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     grad_record.pop("_norm2")
     g_bar_norm = float(g_bar.norm())
     M = n * B
-    arguments = (noise, random, g_bar_norm, grad_record["curvature"], flat.D, B, M)
+    arguments = (noise, random, g_bar_norm, grad_record["curvature"], flat.D, B, M, grad_record.get("gauss_newton"))
     return {
         "statistics": {"loss": epoch_loss, **summarise(*arguments)},
         "standard_errors": standard_errors(*arguments),
         "audit": audit,
         "noise_samples": noise,
-        "random_directions": [{"index": r["index"], "curvature": r["curvature"], "hvp_seconds": r["hvp_seconds"]}
-                              for r in random],
+        "random_directions": [{"index": r["index"], "curvature": r["curvature"],
+                               **({"gauss_newton": r["gauss_newton"]} if "gauss_newton" in r else {}),
+                               "hvp_seconds": r["hvp_seconds"]} for r in random],
         "consensus": _consensus_block(consensus) if consensus else None,
         "counts": {"parameters_D": flat.D, "epoch_batches": n, "epoch_sequences": M,
                    "epoch_tokens": operator.n_targets, "noise_samples": len(noise),

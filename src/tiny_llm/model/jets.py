@@ -108,6 +108,8 @@ class JetPass:
         self.recorded: dict[Hashable, torch.Tensor] | None = {} if record else None
         self.absorbed: torch.Tensor | None = None
         """Σ ⟨λ, Q⟩ over the nodes absorbed so far, (K,)."""
+        self.gauss_newton: torch.Tensor | None = None
+        """The loss's Gauss–Newton part z1ᵀ ∇²ℓ(z) z1 of its d²/dt², (K,), set by the loss rule."""
 
     def direction(self, parameter: torch.Tensor) -> torch.Tensor:
         return self.directions[parameter]

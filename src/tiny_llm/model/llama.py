@@ -330,6 +330,8 @@ class Llama(nn.Module):
 
         With logits z = hEᵀ (E(t) = E + tU), p = softmax(z0) and r = p − e_y:
         ℓ2 = ⟨r, z2⟩ + ⟨p, z1²⟩ − ⟨p, z1⟩², where ⟨r, z2⟩ = ⟨rE, h2⟩ + 2⟨rU, h1⟩: z2 is never formed.
+        The second part, z1ᵀ(diag(p) − ppᵀ)z1 summed over tokens, is the generalised Gauss–Newton
+        form vᵀGv (G = Jᵀ ∇²ℓ J, J the Jacobian of the logits); it is left in ``jets.gauss_newton``.
         """
         weight = self.head_weight  # (V, C)
         U = jets.direction(weight)  # (K, V, C)
@@ -351,6 +353,7 @@ class Llama(nn.Module):
             first = 2 * per_direction_dot(per_direction(r, Ut), h1)  # 2⟨rU, h1⟩
             if h.z2 is not None:
                 first = first + per_direction_dot(_upcast(h.z2).reshape(K, -1, C), r @ E)  # rE: shared
+        jets.gauss_newton = curvature
         return first + curvature
 
 

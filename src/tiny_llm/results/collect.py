@@ -22,19 +22,23 @@ from tiny_llm.results.record import append_event, job_records
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AUDIT_THRESHOLD", "CONSENSUS_COLUMNS", "ERROR_COLUMNS", "STATISTICS", "SUMMARY_COLUMNS", "collect", "collect_spectrum", "validate_result"]
+__all__ = ["AUDIT_THRESHOLD", "CONSENSUS_COLUMNS", "ERROR_COLUMNS", "GAUSS_NEWTON", "STATISTICS", "SUMMARY_COLUMNS", "collect", "collect_spectrum", "validate_result"]
 
 STATISTICS = ["noise_curvature", "normalized_alignment", "mean_noise_norm", "mean_grad_norm", "full_grad_norm",
               "random_curvature", "grad_curvature", "b_simple", "b_noise"]
+GAUSS_NEWTON = ["noise_gauss_newton", "random_gauss_newton", "grad_gauss_newton"]
+"""The Gauss–Newton parts of noise_curvature, random_curvature and grad_curvature (form engines)."""
 CONSENSUS_COLUMNS = ["consensus_mean_curvature", "consensus_normalized_alignment", "consensus_mean_norm"]
 ERROR_COLUMNS = [f"{name}_se" for name in STANDARD_ERRORS]
-SUMMARY_COLUMNS = ["file", "state_key", "case", "step", "tokens", "loss", *STATISTICS, *ERROR_COLUMNS,
+SUMMARY_COLUMNS = ["file", "state_key", "case", "step", "tokens", "loss", *STATISTICS, *GAUSS_NEWTON, *ERROR_COLUMNS,
                    "audit_statistic_error", "audit_max_relative_error", *CONSENSUS_COLUMNS]
 """One row per checkpoint file × case; ``loss`` is the epoch loss of the state on the case,
 ``<statistic>_se`` the standard error of a sampled statistic, ``audit_statistic_error`` the largest
 relative error of a statistic that the precision audit implies (loss and ḡ over the whole epoch in
 float64, the audited directions rebuilt in float64) and ``audit_max_relative_error`` the largest
-relative error of a single audited quadratic form (blank when null or not audited)."""
+relative error of a single audited quadratic form (blank when null or not audited). The
+``*_gauss_newton`` columns are the generalised Gauss–Newton parts of the noise, random and ḡ
+forms (blank with the HVP engines)."""
 
 AUDIT_THRESHOLD = 1e-2
 """Default largest implied statistic error collection accepts without a warning."""
@@ -63,12 +67,14 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
     counts = result["counts"]
     arguments = (result["noise_samples"], result["random_directions"], result["statistics"]["full_grad_norm"],
                  result["statistics"]["grad_curvature"], counts["parameters_D"], counts["effective_batch_size"],
-                 counts["epoch_sequences"])
+                 counts["epoch_sequences"], result["statistics"].get("grad_gauss_newton"))
     if "standard_errors" not in result:
         raise ValueError(f"{source}: has no standard errors (made by an older version); rerun the workflow "
                          "in a new output directory")
     for block, recomputed in (("statistics", summarise(*arguments)), ("standard_errors", standard_errors(*arguments))):
         for name, value in recomputed.items():
+            if value is None and name not in result[block]:  # a statistic added since (Gauss–Newton parts)
+                continue
             if name not in result[block] or not _agree(value, result[block][name]):
                 raise ValueError(f"{source}: {name} = {result[block].get(name)!r} disagrees with its per-sample "
                                  f"records ({value!r})")
@@ -144,7 +150,8 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
                 rows.append({"file": alias["file"], "state_key": state["key"], "case": case, "step": alias["step"],
                              "tokens": alias["tokens"], "loss": _cell(result["statistics"].get("loss")),
                              **{k: _cell(result["statistics"][k]) for k in STATISTICS},
-                             **{k: _cell(result["standard_errors"][k]) for k in ERROR_COLUMNS},
+                             **{k: _cell(result["statistics"].get(k)) for k in GAUSS_NEWTON},
+                             **{k: _cell(result["standard_errors"].get(k)) for k in ERROR_COLUMNS},
                              "audit_statistic_error":
                                  _cell((result.get("audit") or {}).get("max_statistic_relative_error")),
                              "audit_max_relative_error": _cell((result.get("audit") or {}).get("max_relative_error")),

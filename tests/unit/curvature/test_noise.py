@@ -20,7 +20,7 @@ from tiny_llm.curvature.noise import (
 from tiny_llm.data.tokens import TokenCache, epoch_plan, unseen_plan
 from tiny_llm.model.llama import Llama, token_losses
 
-from conftest import make_oracle_run
+from conftest import dense_gauss_newton, make_oracle_run
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 
@@ -90,6 +90,8 @@ def test_statistics_equal_the_dense_oracle(oracle):
         "grad_curvature": gHg, "b_simple": B * c * float(sum(vv)) / 3 / float(g_bar @ g_bar),
         "b_noise": B * c * float(sum(vHv)) / 3 / gHg if gHg > 0 else None,  # null when ḡᵀHḡ ≤ 0
         "loss": direct_loss(torch.cat(batches)),  # the epoch loss of the case
+        # Gauss–Newton parts: the HVP engines have none.
+        "noise_gauss_newton": None, "random_gauss_newton": None, "grad_gauss_newton": None,
     }
     assert set(result["statistics"]) == set(expected)
     for key, value in expected.items():
@@ -108,6 +110,7 @@ def test_statistics_equal_the_dense_oracle(oracle):
         "b_noise_se": B * c * se([float(q) for q in vHv]) / gHg if gHg > 0 else None,
         "normalized_alignment_se": math.sqrt(fpc * sum(float(q - R * x) ** 2 for q, x in zip(vHv, vv)) / 2 / 3)
                                    / (float(sum(vv)) / 3),
+        "noise_gauss_newton_se": None, "random_gauss_newton_se": None,  # HVP engines: no split
     }
     assert set(result["standard_errors"]) == {f"{k}_se" for k in STANDARD_ERRORS} == set(expected_se)
     for key, value in expected_se.items():
@@ -135,7 +138,38 @@ def test_engines_and_batching_give_the_same_statistics(oracle):
                                  ("adjoint", 16, 4)]]
     for other in runs[1:]:
         for key, value in runs[0]["statistics"].items():
-            _assert_close(other["statistics"][key], value)
+            if "gauss_newton" not in key:
+                _assert_close(other["statistics"][key], value)
+    for other in runs[5:]:  # the form engines: the same Gauss–Newton parts
+        for key in ("noise_gauss_newton", "random_gauss_newton", "grad_gauss_newton"):
+            _assert_close(other["statistics"][key], runs[4]["statistics"][key])
+
+
+@pytest.mark.parametrize("engine", ["taylor", "adjoint"])
+def test_gauss_newton_statistics_equal_the_dense_oracle(oracle, engine):
+    """noise, random and ḡ Gauss–Newton parts against vᵀJᵀ∇²ℓJv with the dense Jacobian; each is
+    ≥ 0, and each statistic minus its part is the residual's share."""
+    config, cache, model, plan, H, g_bar, g = oracle
+    G = dense_gauss_newton(model, torch.cat([cache.tokens(b) for b in plan.blocks]))
+    result = measure_case(model, _inputs(config, cache, plan, noise_samples=3, engine=engine), CPU64)
+    chosen = noise_batch_indices(len(plan), 3, 11)
+    v = [g[i] - g_bar for i in chosen]
+    s = [rademacher(H.shape[0], 11, i) for i in range(6)]
+    for record, x in zip(result["noise_samples"], v):
+        _assert_close(record["noise_gauss_newton"], float(x @ G @ x))
+        _assert_close(record["noise_curvature"], float(x @ H @ x))
+    for record, x in zip(result["random_directions"], s):
+        _assert_close(record["gauss_newton"], float(x @ G @ x))
+    statistics = result["statistics"]
+    _assert_close(statistics["noise_gauss_newton"], float(sum(x @ G @ x for x in v)) / 3)
+    _assert_close(statistics["random_gauss_newton"], float(sum(x @ G @ x for x in s)) / (6 * H.shape[0]))
+    _assert_close(statistics["grad_gauss_newton"], float(g_bar @ G @ g_bar))
+    assert all(statistics[k] >= 0 for k in ("noise_gauss_newton", "random_gauss_newton", "grad_gauss_newton"))
+    errors = result["standard_errors"]
+    expected_se = standard_errors(result["noise_samples"], result["random_directions"], float(g_bar.norm()),
+                                  statistics["grad_curvature"], H.shape[0], 3, 15)
+    _assert_close(errors["noise_gauss_newton_se"], expected_se["noise_gauss_newton_se"])
+    assert errors["noise_gauss_newton_se"] > 0 and errors["random_gauss_newton_se"] > 0
 
 
 def test_all_noise_samples_and_cap(oracle):

@@ -66,7 +66,8 @@ def test_result_contract_and_seen_batches(ordinary):
     assert result["state"]["aliases"][0]["step"] == config.total_batches and result["consensus"] is None
     assert set(result["statistics"]) == {"loss", "noise_curvature", "normalized_alignment", "mean_noise_norm",
                                          "mean_grad_norm", "full_grad_norm", "random_curvature", "grad_curvature",
-                                         "b_simple", "b_noise"}
+                                         "b_simple", "b_noise", "noise_gauss_newton", "random_gauss_newton",
+                                         "grad_gauss_newton"}
     assert result["precision"]["dtype"] == "float64" and result["precision"]["quadratic_form_engine"] == "adjoint"
     assert set(result["timing"]["compile"]) == {"graphs", "seconds", "cache_hits", "cache_misses"}  # CPU: eager
     # Seen = exactly the batches training read in epoch 1.

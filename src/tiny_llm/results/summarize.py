@@ -1,0 +1,111 @@
+"""The summary table of an analysis in the terminal, with standard errors and what to watch for.
+
+``summarize(folder)`` reads ``summary.csv`` and ``manifest.json`` (and ``spectrum.csv`` when
+present) of a collected analysis and returns text: one row per checkpoint and case with the main
+statistics as value ± standard error, then plain-language flags:
+
+* B_noise above the training batch: a larger batch would still shorten training (in steps);
+* a curvature statistic within one standard error of 0: its sign is not known;
+* a precision audit over its threshold: those statistics are not to be used;
+* top eigenvalues whose Lanczos iteration did not converge;
+* a data order that confounds the batch statistics or the seen/unseen comparison.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["COLUMNS", "summarize"]
+
+COLUMNS = [("loss", "loss", None), ("noise_curvature", "vᵀHv", "noise_curvature_se"),
+           ("normalized_alignment", "align", "normalized_alignment_se"),
+           ("random_curvature", "tr(H)/D", "random_curvature_se"), ("grad_curvature", "ḡᵀHḡ", None),
+           ("noise_gauss_newton", "vᵀGv", "noise_gauss_newton_se"), ("b_simple", "B_simple", "b_simple_se"),
+           ("b_noise", "B_noise", "b_noise_se")]
+"""(summary.csv column, header, its standard-error column) of each printed statistic."""
+CURVATURES = {"noise_curvature": "noise_samples", "normalized_alignment": "noise_samples",
+              "random_curvature": "random_samples"}
+"""Curvature statistics whose sign can be unknown -> the setting whose samples would settle it."""
+
+
+def _number(text: str) -> float | None:
+    return None if text in ("", None) else float(text)
+
+
+def _cell(value: float | None, error: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3g}" if error is None else f"{value:.3g} ± {error:.2g}"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(w) if i > 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[dict[str, str]]) -> list[str]:
+    flags = []
+    batch = (manifest.get("batch_sizes") or {}).get(manifest["cases"][0], {}).get("effective_batch_size")
+    above = [r for r in rows if batch and (_number(r.get("b_noise")) or 0) > batch]
+    if above:
+        first = above[0]
+        flags.append(f"B_noise exceeds the training batch of {batch} in {len(above)} of {len(rows)} rows (first: "
+                     f"{first['file']} {first['case']}, B_noise {float(first['b_noise']):.3g}): a larger batch would "
+                     "still cut the steps to a given loss almost in proportion")
+    for name, samples in CURVATURES.items():
+        unsure = [r for r in rows if _number(r.get(name)) is not None and _number(r.get(f"{name}_se")) is not None
+                  and abs(float(r[name])) <= float(r[f"{name}_se"])]
+        if unsure:
+            flags.append(f"{name} is within one standard error of 0 in {len(unsure)} rows (e.g. {unsure[0]['file']} "
+                         f"{unsure[0]['case']}): its sign is not known there; raise settings.{samples}")
+    audit = manifest.get("audit") or {}
+    if audit.get("exceeded"):
+        worst = max(audit["exceeded"], key=lambda r: r["relative_error"])
+        flags.append(f"precision audit: in {len(audit['exceeded'])} rows a statistic's error exceeds "
+                     f"{audit['threshold']:g} (worst {worst['relative_error']:.2g} at {worst['file']} {worst['case']}: "
+                     f"{', '.join(worst['statistics'])}); do not use those statistics")
+    unconverged = sorted({(r["file"], r["case"]) for r in spectrum
+                          if any(v == "False" for k, v in r.items() if "_converged_" in k)})
+    if unconverged:
+        flags.append(f"top eigenvalues did not converge in {len(unconverged)} rows (e.g. {' '.join(unconverged[0])}); "
+                     "raise spectrum.lanczos_steps")
+    flags += [f"data order: {warning}" for warning in manifest.get("data_order_warnings") or []]
+    return flags
+
+
+def summarize(folder: str | Path) -> str:
+    """The table and flags of a collected analysis (``results/<name>``) as text.
+
+    Raises:
+        ValueError: the folder holds no collected analysis, saying how to make one.
+    """
+    folder = Path(folder)
+    summary, manifest_path = folder / "summary.csv", folder / "manifest.json"
+    if not summary.exists() or not manifest_path.exists():
+        raise ValueError(f"{folder} holds no collected analysis (summary.csv and manifest.json); run the workflow "
+                         "(snakemake -c1) to make it, or name a folder results/<analysis>")
+    with open(summary, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    manifest = json.loads(manifest_path.read_text())
+    spectrum = []
+    if (folder / "spectrum.csv").exists():
+        with open(folder / "spectrum.csv", newline="") as handle:
+            spectrum = list(csv.DictReader(handle))
+    shown = [c for c in COLUMNS if any(r.get(c[0]) not in ("", None) for r in rows)]
+    table = [["checkpoint", "case", "tokens", *(header for _, header, _ in shown)]]
+    for row in rows:
+        table.append([row["file"], row["case"], f"{int(row['tokens']):,}",
+                      *(_cell(_number(row.get(name)), _number(row.get(se)) if se else None) for name, _, se in shown)])
+    precision = manifest.get("precision") or {}
+    head = (f"analysis {manifest.get('analysis', folder.name)}: run {manifest.get('run')}, {len(manifest['states'])} "
+            f"states × {len(manifest['cases'])} cases; {precision.get('dtype', '?')} on {precision.get('device', '?')}, "
+            f"engine {precision.get('engine', '?')}. Values ± one standard error; vᵀHv and vᵀGv are means over noise "
+            "directions, align = Σvᵀ Hv/Σ‖v‖².")
+    flags = _flags(rows, manifest, spectrum)
+    tail = ["", "Flags:", *(f"- {flag}" for flag in flags)] if flags else ["", "No flags."]
+    return "\n".join([head, "", _table(table), *tail])
