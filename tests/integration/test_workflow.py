@@ -112,6 +112,13 @@ def test_aliases_are_measured_once_and_listed_by_name(workdir):
     assert rows[-1]["state_key"] == rows[-3]["state_key"] and rows[-1]["noise_curvature"] == rows[-3]["noise_curvature"]
     assert len(list((workdir / "results/tiny/states").glob("*/seen.json"))) == 3
     assert rows[0]["consensus_mean_curvature"] == ""  # blank for an ordinary run
+    # Every result lists the aliases the manifest lists for its state (the last state has two).
+    manifest = json.loads((workdir / "results/tiny/manifest.json").read_text())
+    for state in manifest["states"]:
+        for case, path in state["results"].items():
+            result = json.loads((workdir / "results/tiny" / path).read_text())
+            assert [a["file"] for a in result["state"]["aliases"]] == [a["file"] for a in state["aliases"]]
+    assert [a["file"] for a in manifest["states"][-1]["aliases"]] == ["epoch-002.safetensors", "final.pt"]
 
 
 def test_summary_matches_the_worker(workdir, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tiny_llm.cli import _parser as build_parser
-from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
+from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.workers.spectrum import SpectrumSettings
 from tiny_llm.workers.state import AnalysisSettings
 
@@ -131,7 +131,7 @@ def test_documented_option_defaults_of_analyze_state_match_the_code():
 
 def test_report_captions_are_the_reading_guides_figure_texts():
     """Each figure's report caption is the first paragraph of its section in docs/reading-results.md."""
-    for figure in FIGURES + SPECTRUM_FIGURES:
+    for figure in FIGURES + AUDIT_FIGURES + SPECTRUM_FIGURES:
         match = re.search(rf"^### `{figure}`\n\n(.+?)\n\n", GUIDE, re.M | re.S)
         assert match, f"docs/reading-results.md has no section for {figure}"
         caption = (REPO / "workflow/report/figures" / f"{figure}.rst").read_text()

@@ -23,6 +23,7 @@ rule analyze_state:
     params:
         run=get_analysis_run,
         settings=get_analysis_settings,
+        aliases=get_state_aliases,
     script:
         "../scripts/analyze_state.py"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from tiny_llm.campaign import slurm_jobs
-from tiny_llm.campaign.jobs import failed_jobs
+from tiny_llm.campaign.jobs import print_failed_jobs, refuse, refusing
 from tiny_llm.campaign.slurm_states import (
     keep_running_jobs_on_interrupt,
     normalise_plugin_states,
@@ -27,7 +27,7 @@ from tiny_llm.campaign.workflow import (
 )
 from tiny_llm.config import config_to_dict, parse_yaml
 from tiny_llm.provenance import source_hash, use_frozen_source
-from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
+from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.results.record import append_event
 
 _SCHEMA = parse_yaml(
@@ -35,30 +35,17 @@ _SCHEMA = parse_yaml(
 )
 
 
-def _refuse(message):
-    """A configuration the workflow cannot run: one line naming the key, exit status 2, nothing
-    written (no job has started)."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-# Unknown keys: one line naming where, rather than the validator's dump of the whole schema.
-_unknown = unknown_keys(config, _SCHEMA)
-if _unknown:
-    _refuse(_unknown[0])
-typed_profile_values(
-    config
-)  # profile values arrive as strings: typed before validation
-_invalid = schema_errors(config, _SCHEMA)
-if _invalid:
-    _refuse(_invalid[0])
+# Unknown keys and bad values as one line naming the key, rather than the validator's dump of the
+# whole schema; profile values arrive as strings and are typed first.
+typed_profile_values(config)
+for _problems in (unknown_keys(config, _SCHEMA), schema_errors(config, _SCHEMA)):
+    if _problems:
+        refuse(_problems[0])
 validate(config, schema="../schemas/config.schema.yaml")  # fills in the defaults
 
 # Every check that needs no job, before any job.
-try:
+with refusing():
     PLAN = WorkflowPlan(config)
-except ValueError as _error:
-    _refuse(_error)
 ANALYSES = PLAN.analyses
 PLOTS = PLAN.plots
 SEED_EXPERIMENTS = PLAN.seed_experiments
@@ -130,13 +117,22 @@ def _states(analysis):
     return json.loads(Path(path).read_text())["states"]
 
 
-def get_state_checkpoint(wildcards):
+def _state(wildcards):
     for state in _states(wildcards.analysis):
         if state["key"] == wildcards.key:
-            return PLAN.state_checkpoint(wildcards.analysis, state)
+            return state
     raise ValueError(
         f"state {wildcards.key} is not in the index of {wildcards.analysis}"
     )
+
+
+def get_state_checkpoint(wildcards):
+    return PLAN.state_checkpoint(wildcards.analysis, _state(wildcards))
+
+
+def get_state_aliases(wildcards):
+    """Every file of the state: the worker checks they are identical and records them all."""
+    return [alias["file"] for alias in _state(wildcards)["aliases"]]
 
 
 def get_state_results(wildcards):
@@ -284,10 +280,8 @@ def reattach(dag, poll_seconds):
 onstart:
     # Jobs that run here need the devices they name (the executor is known only now).
     if workflow.local_exec:
-        try:
+        with refusing():
             PLAN.check_devices()
-        except ValueError as _error:
-            _refuse(_error)
     reattach(workflow.dag, CLUSTER.get("reattach_poll_seconds", 30))
     # The campaign record: one start event per analysis and controller run (not in dry runs).
     for _name in ANALYSES:
@@ -297,13 +291,8 @@ onstart:
 
 
 onerror:
-    # One line per failed job, last: what went wrong, naming config keys (tracebacks stay in the
-    # jobs' logs).
-    _failed = failed_jobs(log)
-    if _failed:
-        print(f"{len(_failed)} job(s) failed:", file=sys.stderr)
-        for _line in _failed:
-            print(f"  {_line}", file=sys.stderr)
+    # Last, one line per failed job (tracebacks stay in the jobs' logs).
+    print_failed_jobs(log)
 
 
 if workflow.is_main_process:

@@ -19,3 +19,20 @@ rule plot:
         training_norms=lookup(dpath="training_norms", within=PLOTS, default=False),
     script:
         "../scripts/plot.py"
+
+
+# The precision audit's figure: only for audited analyses (a float64 analysis has no audit).
+rule plot_audit:
+    input:
+        manifest="results/{analysis}/manifest.json",
+        summary="results/{analysis}/summary.csv",
+    output:
+        **figure_reports(AUDIT_FIGURES),
+        png=expand("results/{{analysis}}/figures/{figure}.png", figure=AUDIT_FIGURES),
+    log:
+        "logs/plot_audit/{analysis}.log",
+    localrule: True
+    conda:
+        "../../envs/tiny-llm.yaml"
+    script:
+        "../scripts/plot.py"

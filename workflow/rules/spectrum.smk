@@ -23,6 +23,7 @@ rule analyze_spectrum:
         run=get_analysis_run,
         settings=get_analysis_settings,
         spectrum=get_spectrum_settings,
+        aliases=get_state_aliases,
     script:
         "../scripts/analyze_spectrum.py"
 

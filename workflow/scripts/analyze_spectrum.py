@@ -1,7 +1,5 @@
 """Snakemake adapter: the spectrum of one parameter state on one data case."""
 
-from pathlib import Path
-
 from tiny_llm.campaign.jobs import job_log
 
 job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
@@ -16,6 +14,6 @@ from tiny_llm.workers.state import settings_from_dict  # noqa: E402
 
 announce_job(snakemake.resources, snakemake.threads)  # attempt and requested resources, in the result
 with node_local_compile_cache(shared_by=snakemake.wildcards.key):  # both cases of the state
-    analyze_spectrum(snakemake.params.run, [Path(snakemake.input.checkpoint).name], snakemake.wildcards.case,
+    analyze_spectrum(snakemake.params.run, list(snakemake.params.aliases), snakemake.wildcards.case,
                      settings_from_dict(snakemake.params.settings), spectrum_settings_from_dict(snakemake.params.spectrum),
                      snakemake.output.result, expect_key=snakemake.wildcards.key)

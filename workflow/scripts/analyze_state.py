@@ -1,7 +1,5 @@
 """Snakemake adapter: measure one parameter state on one data case (tiny-llm analyze-state)."""
 
-from pathlib import Path
-
 from tiny_llm.campaign.jobs import job_log
 
 job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
@@ -15,6 +13,6 @@ from tiny_llm.workers.state import analyze_state, settings_from_dict  # noqa: E4
 
 announce_job(snakemake.resources, snakemake.threads)  # attempt and requested resources, in the result
 with node_local_compile_cache(shared_by=snakemake.wildcards.key):  # both cases of the state
-    analyze_state(snakemake.params.run, [Path(snakemake.input.checkpoint).name], snakemake.wildcards.case,
+    analyze_state(snakemake.params.run, list(snakemake.params.aliases), snakemake.wildcards.case,
                   settings_from_dict(snakemake.params.settings), snakemake.output.result,
                   expect_key=snakemake.wildcards.key)

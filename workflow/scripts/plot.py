@@ -6,7 +6,10 @@ from tiny_llm.campaign.jobs import job_log
 
 job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
-from tiny_llm.results.figures import plot_analysis  # noqa: E402
+from tiny_llm.results.figures import plot_analysis, plot_audit  # noqa: E402
 
-plot_analysis(Path(snakemake.input.summary).parent, Path(snakemake.output.png[0]).parent,
-              training_norms=snakemake.params.training_norms)
+if snakemake.rule == "plot_audit":
+    plot_audit(Path(snakemake.input.summary).parent, Path(snakemake.output.png[0]).parent)
+else:  # the audit's figure has its own rule: an analysis that is not audited has none
+    plot_analysis(Path(snakemake.input.summary).parent, Path(snakemake.output.png[0]).parent,
+                  training_norms=snakemake.params.training_norms, audit=False)

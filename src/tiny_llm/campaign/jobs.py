@@ -10,14 +10,16 @@ returns one line per job with that message, which the workflow prints last.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ERROR_PREFIX", "config_keys", "failed_jobs", "job_log"]
+__all__ = ["ERROR_PREFIX", "config_keys", "failed_jobs", "job_log", "print_failed_jobs", "refuse", "refusing"]
 
 ERROR_PREFIX = "error: "
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
@@ -103,3 +105,26 @@ def failed_jobs(snakemake_log: str | Path | list) -> list[str]:
         where = f" {output}" if output else ""
         failed.append(f"{rule}{where}: {message or 'failed without a message'}" + (f" [log: {log}]" if log else ""))
     return failed
+
+
+def print_failed_jobs(snakemake_log: str | Path | list) -> None:
+    """Print :func:`failed_jobs` to stderr (the workflow's ``onerror``)."""
+    failed = failed_jobs(snakemake_log)
+    if failed:
+        print(f"{len(failed)} job(s) failed:", *(f"  {line}" for line in failed), sep="\n", file=sys.stderr)
+
+
+def refuse(message: object) -> None:
+    """Stop the workflow before any job: one line ``error: <message>`` naming the config key,
+    exit status 2, nothing written."""
+    print(f"{ERROR_PREFIX}{message}", file=sys.stderr)
+    sys.exit(2)
+
+
+@contextlib.contextmanager
+def refusing() -> Iterator[None]:
+    """:func:`refuse` with the message of a ``ValueError`` raised inside the block."""
+    try:
+        yield
+    except ValueError as error:
+        refuse(error)

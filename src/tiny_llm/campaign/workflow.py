@@ -39,7 +39,7 @@ from tiny_llm.config import (
 from tiny_llm.data.corpus import default_capacity
 from tiny_llm.data.tokens import capacity_blocks
 from tiny_llm.geometry.experiment import as_analysis_settings, geometry_settings_from_dict, measurement_seconds
-from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
+from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.training.loop import epoch_file
 from tiny_llm.workers.index import check_selection
 from tiny_llm.curvature.memory import GiB, MemoryPlan
@@ -372,7 +372,7 @@ class WorkflowPlan:
         for name in self.analyses:
             # The collected files too: a crash during collect (or their deletion) reruns collect.
             targets += [f"results/{name}/manifest.json", f"results/{name}/summary.csv"]
-            figures = list(FIGURES)
+            figures = list(FIGURES) + (AUDIT_FIGURES if self.analysis_settings[name].audited else [])
             if self.spectrum_enabled(name):
                 targets.append(f"results/{name}/spectrum.csv")
                 figures += SPECTRUM_FIGURES

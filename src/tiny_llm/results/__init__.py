@@ -13,13 +13,14 @@ from tiny_llm.results.collect import (
     collect_spectrum,
     validate_result,
 )
-from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES, plot_analysis, plot_spectrum
+from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES, plot_analysis, plot_audit, plot_spectrum
 from tiny_llm.results.record import append_event, job_records
 
 __all__ = [
     "AUDIT_THRESHOLD",
     "CONSENSUS_COLUMNS",
     "ERROR_COLUMNS",
+    "AUDIT_FIGURES",
     "FIGURES",
     "SPECTRUM_FIGURES",
     "STATISTICS",
@@ -29,6 +30,7 @@ __all__ = [
     "collect_spectrum",
     "job_records",
     "plot_analysis",
+    "plot_audit",
     "plot_spectrum",
     "validate_result",
 ]

@@ -22,11 +22,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-__all__ = ["FIGURES", "SPECTRUM_FIGURES", "plot_analysis", "plot_spectrum"]
+__all__ = ["AUDIT_FIGURES", "FIGURES", "SPECTRUM_FIGURES", "plot_analysis", "plot_audit", "plot_spectrum"]
 
 log = logging.getLogger(__name__)
 
-FIGURES = ["loss", "normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes", "precision_audit"]
+FIGURES = ["loss", "normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"]
+AUDIT_FIGURES = ["precision_audit"]
+"""Drawn for audited analyses only (``plot_audit``): a float64 analysis has nothing to show there."""
 STYLE = {"seen": "-", "unseen": "--"}
 COLUMN = (3.5, 2.6)  # inches: one column of a two-column paper
 _RC = {"font.size": 8, "axes.labelsize": 8, "legend.fontsize": 6.5, "xtick.labelsize": 7, "ytick.labelsize": 7,
@@ -186,10 +188,25 @@ def _gradient_norms(table, context, out_dir, run_dir: Path | None) -> list[Path]
     return _finish(fig, ax, out_dir, "gradient_norms", "gradient norm (nats)", context, notes.text())
 
 
+def _training_losses(ax, run_dir: Path, packed: bool) -> None:
+    """The per-step training loss the run logged (each optimizer batch), behind the epoch losses."""
+    log_path = run_dir / "train-log.jsonl"
+    if not log_path.exists():
+        return
+    records = [r for r in (json.loads(line) for line in log_path.read_text().splitlines() if line) if "loss" in r]
+    if records:
+        label = "training loss per step (mean over workers)" if packed else "training loss per step"
+        ax.plot([r["tokens"] for r in records], [r["loss"] for r in records], color="0.7", lw=0.6, label=label,
+                zorder=0)
+
+
 def _loss(table, context, out_dir) -> list[Path]:
-    """The epoch loss of every state on seen and unseen data: fit, and the generalisation gap."""
+    """The epoch loss of every state on seen and unseen data: fit, and the generalisation gap;
+    behind them the per-step training loss of the run's log when it is there."""
     fig, ax = plt.subplots(figsize=COLUMN)
     notes = Notes()
+    if context.get("run"):
+        _training_losses(ax, Path(context["run"]), context["packed"])
     if "loss" in table:
         _curves(ax, table, "loss", "epoch loss", "C0", notes=notes)
     return _finish(fig, ax, out_dir, "loss", "token-mean cross-entropy (nats)", context, notes.text())
@@ -249,27 +266,45 @@ def _context(analysis_dir: Path) -> dict:
             "packed": bool(manifest.get("packed")), "run": manifest.get("run"), "audit": manifest.get("audit")}
 
 
-def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
-                  training_norms: bool = False) -> list[Path]:
-    """Draw every figure of an analysis directory (summary.csv + manifest.json); returns the files.
-
-    Raises:
-        ValueError: the analysis has no collected results yet.
-    """
+def _collected(analysis_dir: str | Path, out_dir: str | Path | None) -> tuple[pd.DataFrame, dict, Path]:
     analysis_dir = Path(analysis_dir)
     out_dir = Path(out_dir) if out_dir else analysis_dir / "figures"
     if not (analysis_dir / "summary.csv").exists():
         raise ValueError(f"{analysis_dir} has no summary.csv; run the workflow (or collect) first")
     table = _states(pd.read_csv(analysis_dir / "summary.csv"))
-    context = _context(analysis_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    return table, _context(analysis_dir), out_dir
+
+
+def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
+                  training_norms: bool = False, audit: bool = True) -> list[Path]:
+    """Draw every figure of an analysis directory (summary.csv + manifest.json), with ``audit``
+    the precision audit's too when the analysis was audited; returns the files.
+
+    Raises:
+        ValueError: the analysis has no collected results yet.
+    """
+    table, context, out_dir = _collected(analysis_dir, out_dir)
     run_dir = Path(context["run"]) if training_norms else None
     with plt.rc_context(_RC):
         paths = (_loss(table, context, out_dir) + _normalized_alignment(table, context, out_dir)
                  + _noise_alignment(table, context, out_dir) + _gradient_norms(table, context, out_dir, run_dir)
-                 + _batch_sizes(table, context, out_dir) + _precision_audit(table, context, out_dir))
+                 + _batch_sizes(table, context, out_dir))
+    if audit and ((context.get("audit") or {}).get("audited_rows") or 0) > 0:
+        paths += plot_audit(analysis_dir, out_dir)
     log.info("figures written to %s", out_dir)
     return paths
+
+
+def plot_audit(analysis_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Draw the precision audit's figure of an audited analysis; returns the files.
+
+    Raises:
+        ValueError: the analysis has no collected results yet.
+    """
+    table, context, out_dir = _collected(analysis_dir, out_dir)
+    with plt.rc_context(_RC):
+        return _precision_audit(table, context, out_dir)
 
 
 SPECTRUM_FIGURES = ["top_eigenvalues", "slq_density", "block_diagonal_error"]

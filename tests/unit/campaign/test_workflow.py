@@ -18,7 +18,7 @@ from tiny_llm.campaign.workflow import (
     typed_profile_values,
 )
 from tiny_llm.config import config_from_dict
-from tiny_llm.results.figures import FIGURES, SPECTRUM_FIGURES
+from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.workers.state import settings_from_dict
 
 RUN = {"model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
@@ -86,7 +86,10 @@ def test_targets_name_every_figure_and_every_indexed_result(project):
     targets = plan.all_targets()
     assert targets[0] == "runs/tiny/trained.json"
     assert {"results/gpu/manifest.json", "results/gpu/summary.csv", "results/gpu/spectrum.csv"} <= set(targets)
-    assert all(f"results/gpu/figures/{f}.{ext}" in targets for f in FIGURES + SPECTRUM_FIGURES for ext in ("pdf", "png"))
+    assert all(f"results/gpu/figures/{f}.{ext}" in targets
+               for f in FIGURES + AUDIT_FIGURES + SPECTRUM_FIGURES for ext in ("pdf", "png"))
+    exact = WorkflowPlan(_config(settings={**SETTINGS, "device": "cpu", "dtype": "float64"})).all_targets()
+    assert "results/gpu/figures/loss.png" in exact and not any("precision_audit" in t for t in exact)  # no audit
     assert not any("/states/" in t for t in targets)  # before the index: the figures pull the results in
     Path("results/gpu").mkdir(parents=True)
     Path("results/gpu/states.json").write_text(json.dumps({"states": [{"key": "a" * 64}, {"key": "b" * 64}]}))

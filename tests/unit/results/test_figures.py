@@ -8,7 +8,7 @@ import pytest
 
 from tiny_llm.results import figures as plots
 from tiny_llm.results.collect import SUMMARY_COLUMNS
-from tiny_llm.results.figures import FIGURES, Notes, _curves, _states, plot_analysis
+from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, Notes, _curves, _states, plot_analysis
 
 
 def _write(tmp_path, consensus=False):
@@ -28,14 +28,16 @@ def _write(tmp_path, consensus=False):
     (tmp_path / "manifest.json").write_text(json.dumps({
         "analysis": "my-analysis", "consensus": consensus, "packed": consensus, "run": str(tmp_path),
         "settings": {"dtype": "float32", "amp": True, "noise_samples": None, "random_samples": 7},
-        "batch_sizes": {case: {"effective_batch_size": 16, "epoch_batches": 8} for case in ("seen", "unseen")}}))
+        "batch_sizes": {case: {"effective_batch_size": 16, "epoch_batches": 8} for case in ("seen", "unseen")},
+        "audit": {"audited_rows": 6 if consensus else 0}}))
 
 
 @pytest.mark.parametrize("consensus", [False, True])
 def test_every_figure_is_written(tmp_path, consensus):
     _write(tmp_path, consensus)
     paths = plot_analysis(tmp_path, training_norms=True)
-    assert sorted(p.name for p in paths) == sorted(f"{f}.{e}" for f in FIGURES for e in ("pdf", "png"))
+    drawn = FIGURES + (AUDIT_FIGURES if consensus else [])  # the audit's figure only where there was an audit
+    assert sorted(p.name for p in paths) == sorted(f"{f}.{e}" for f in drawn for e in ("pdf", "png"))
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
