@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -42,6 +43,8 @@ from tiny_llm.model.llama import Llama
 from tiny_llm.provenance import canonical_hash, source_hash
 from tiny_llm.runtime import resolve_device
 from tiny_llm.workers.state import AnalysisSettings, load_state, resolve_checkpoints
+
+log = logging.getLogger(__name__)
 
 __all__ = ["GeometrySettings", "as_analysis_settings", "compare", "geometry_settings_from_dict", "make_reference",
            "measure_checkpoint", "measurement_seconds", "measurement_work", "write_comparison"]
@@ -67,8 +70,10 @@ class GeometrySettings:
     """Hessian trace and Jacobian norm at every N-th checkpoint (0: never)."""
     hessian_eig_every: int = 1
     """Hessian top eigenvalue and gradient alignment at every N-th checkpoint (0: never)."""
-    lanczos_steps: int = 20
-    """Lanczos steps for the top eigenvalue."""
+    lanczos_steps: int = 100
+    """Most Lanczos steps for the top eigenvalue (it stops once the eigenpair converges)."""
+    lanczos_tolerance: float | None = None
+    """Converged: ‖Hu − λu‖ ≤ this · |λ|; null: 1e-6 in float64, 1e-3 in float32."""
     hvp_batch_size: int = 8
     """Sequences per curvature micro-batch."""
     llc_every: int = 0
@@ -95,6 +100,8 @@ class GeometrySettings:
                      "hvp_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.lanczos_tolerance is not None and not self.lanczos_tolerance > 0:
+            raise ValueError(f"lanczos_tolerance must be positive or null, got {self.lanczos_tolerance}")
         if self.cov_num_batches < 2:
             raise ValueError(f"cov_num_batches must be at least 2 (a covariance), got {self.cov_num_batches}")
         if self.top_k > self.cov_num_batches:
@@ -225,6 +232,7 @@ def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, referen
     covariance = geometry.concentration(G, k)
     metrics.update(cov_top_k_share=covariance["top_k_share"], cov_effective_rank=covariance["effective_rank"])
     standard_errors: dict[str, float] = {}
+    lanczos = None
     if _due(index, settings.hessian_proxy_every):
         trace, trace_se = geometry.hessian_trace(model, rows, settings.hutchinson_samples, seed=settings.seed,
                                                  batch_size=settings.hvp_batch_size, precision=precision)
@@ -234,12 +242,20 @@ def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, referen
     if _due(index, settings.hessian_eig_every):
         H = EpochHessian(model, rows, batch_size=settings.hvp_batch_size, engine="double_backward",
                          precision=precision)
-        values, vectors, *_ = top_eigenpairs(H.hvp, H.flat.D, 1, min(settings.lanczos_steps, H.flat.D),
-                                            seed=settings.seed, device=device)
+        tolerance = settings.lanczos_tolerance or (1e-6 if settings.dtype == "float64" else 1e-3)
+        values, vectors, residuals, converged = top_eigenpairs(
+            H.hvp, H.flat.D, 1, min(settings.lanczos_steps, H.flat.D), seed=settings.seed, device=device,
+            tolerance=tolerance)
         top = vectors[0].double()
         metrics.update(hessian_top1_eigenvalue=float(values[0]),
                        gradient_to_hessian_top1_alignment=abs(float(g_ref.cpu() @ top.cpu()))
                        / max(float(g_ref.norm()), 1e-300))
+        lanczos = {"matvecs": H.passes, "tolerance": tolerance, "residual": float(residuals[0]),
+                   "converged": bool(converged[0])}
+        if not lanczos["converged"]:
+            log.warning("%s %s: the top Hessian eigenvalue did not converge in %d Lanczos steps (residual %.2g > "
+                        "%.2g·|λ|); raise settings.lanczos_steps", run_dir, checkpoint, settings.lanczos_steps,
+                        lanczos["residual"], tolerance)
     if _due(index, settings.llc_every):
         llc, llc_se = geometry.local_learning_coefficient(
             model, rows, chains=settings.llc_chains, draws=settings.llc_draws, lr=settings.llc_lr,
@@ -258,6 +274,7 @@ def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, referen
         "reference": canonical_hash({"rows": reference["rows"], "cov_batches": reference["cov_batches"]}),
         "dimensions": {"parameters_D": FlatParameters(model).D, "function_F": int(logits.numel()), "k": k},
         "metrics": metrics, "standard_errors": standard_errors,
+        "lanczos": lanczos,
         "covariance_eigenvalues": covariance["eigenvalues"],
     }
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -295,6 +312,11 @@ def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[di
     """
     loaded = {label: sorted((_load(Path(p)) for p in paths), key=lambda item: item[0]["step"])
               for label, paths in records.items()}
+    unconverged = [f"{label} step {r['step']}" for label, items in loaded.items() for r, _ in items
+                   if (r.get("lanczos") or {}).get("converged") is False]
+    if unconverged:
+        log.warning("the top Hessian eigenvalue did not converge at %d checkpoints (%s); raise settings.lanczos_steps",
+                    len(unconverged), ", ".join(unconverged[:4]) + (" ..." if len(unconverged) > 4 else ""))
     references = {r["reference"] for items in loaded.values() for r, _ in items}
     if len(references) > 1:
         raise ValueError("the records were measured on different reference sets; delete them and rerun")

@@ -1,6 +1,7 @@
 """A cross-seed experiment on tiny float64 runs: the reference set, one record per checkpoint
 (against dense computations), and the comparison of seeds (same seed twice: identical)."""
 
+import dataclasses
 import json
 import os
 import stat
@@ -69,12 +70,25 @@ def test_a_record_against_dense_computations(experiment):
     H = hessian(loss)(theta)
     assert record["metrics"]["eval_loss"] == pytest.approx(float(loss(theta)), rel=1e-12)
     assert record["metrics"]["hessian_top1_eigenvalue"] == pytest.approx(float(torch.linalg.eigvalsh(H)[-1]), rel=1e-8)
+    lanczos = record["lanczos"]
+    assert lanczos["converged"] and lanczos["tolerance"] == 1e-6 and lanczos["matvecs"] <= 61  # stopped once converged
     assert record["step"] == 6 and record["init_seed"] == 2
     assert abs(record["metrics"]["hessian_trace"] - float(H.trace())) < 5 * record["standard_errors"]["hessian_trace"]
     logged = [json.loads(line)["loss"] for line in (path / "s2/train-log.jsonl").read_text().splitlines()]
     assert record["metrics"]["train_loss"] == pytest.approx(sum(logged[3:6]) / 3)
     assert records["s2"][0]["metrics"]["train_loss"] is None  # initialisation: nothing trained yet
     assert 0 < record["metrics"]["cov_top_k_share"] <= 1 and 1 <= record["metrics"]["cov_effective_rank"] <= 2 + 1e-9
+
+
+def test_an_unconverged_top_eigenvalue_is_flagged(experiment, tmp_path, caplog):
+    path, configs, reference, records = experiment
+    capped = dataclasses.replace(SETTINGS, lanczos_steps=2)
+    record = measure_checkpoint(path / "s2", CHECKPOINTS[2], 2, reference, capped, tmp_path / "capped.json")
+    assert record["lanczos"]["converged"] is False and record["lanczos"]["residual"] > 1e-6
+    assert "did not converge in 2 Lanczos steps" in caplog.text
+    caplog.clear()
+    compare({"s2": [tmp_path / "capped.json"]}, {})
+    assert "did not converge at 1 checkpoints (s2 step 6)" in caplog.text
 
 
 def test_seeds_compared_at_matched_steps_with_controls(experiment, tmp_path):
