@@ -269,6 +269,7 @@ def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, referen
     record = {
         "schema": "tiny-llm-geometry/1",
         "run": str(run_dir), "checkpoint": checkpoint, "index": index, "step": state.aliases[0]["step"],
+        "tokens": state.aliases[0]["tokens"],
         "state_key": state.weights_hash, "init_seed": config.training.seed, "data_seed": config.data.seed,
         "settings": asdict(settings), "source": source_hash(),
         "reference": canonical_hash({"rows": reference["rows"], "cov_batches": reference["cov_batches"]}),
@@ -341,7 +342,8 @@ def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[di
             previous = tensors["reference_logits"]
             by_step.setdefault(record["step"], {})[label] = (record, tensors, update)
             for metric, value in record["metrics"].items():
-                rows.append({"step": record["step"], "subject": label, "kind": "run", "role": role[label],
+                rows.append({"step": record["step"], "tokens": record.get("tokens"), "subject": label, "kind": "run",
+                             "role": role[label],
                              "metric": metric, "value": value,
                              "se": record["standard_errors"].get(metric), "baseline": None})
     for step, runs in sorted(by_step.items()):
@@ -357,8 +359,9 @@ def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[di
                 "function_update_cosine": ((_cosine(ua, ub) if ua is not None and ub is not None else None), 0.0),
             }
             for metric, (value, baseline) in pair.items():
-                rows.append({"step": step, "subject": f"{a}|{b}", "kind": "pair", "role": pair_role(a, b), "metric": metric,
-                             "value": value, "se": None, "baseline": baseline})
+                rows.append({"step": step, "tokens": ra.get("tokens"), "subject": f"{a}|{b}", "kind": "pair",
+                             "role": pair_role(a, b), "metric": metric, "value": value, "se": None,
+                             "baseline": baseline})
     rows += _seed_pair_summary(rows)
     return [{**row, "value": None if row["value"] is None or not math.isfinite(row["value"]) else row["value"]}
             for row in rows]
@@ -374,17 +377,19 @@ def _seed_pair_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (step, metric), members in sorted(groups.items()):
         values = [row["value"] for row in members]
         for name, value in (("mean", sum(values) / len(values)), ("min", min(values))):
-            summary.append({"step": step, "subject": f"seed pairs ({name})", "kind": "summary", "role": "seed",
+            summary.append({"step": step, "tokens": members[0].get("tokens"), "subject": f"seed pairs ({name})",
+                            "kind": "summary", "role": "seed",
                             "metric": metric, "value": value, "se": None, "baseline": members[0]["baseline"]})
     return summary
 
 
 def write_comparison(rows: list[dict[str, Any]], path: str | Path) -> None:
-    """comparison.csv (columns step, subject, kind, role, metric, value, se, baseline), atomically."""
+    """comparison.csv (columns step, tokens, subject, kind, role, metric, value, se, baseline), atomically."""
     import pandas as pd
 
     path = Path(path)
-    frame = pd.DataFrame(rows, columns=["step", "subject", "kind", "role", "metric", "value", "se", "baseline"])
+    frame = pd.DataFrame(rows, columns=["step", "tokens", "subject", "kind", "role", "metric", "value", "se",
+                                        "baseline"])
     staging = path.with_name(f".{path.name}.tmp")
     frame.to_csv(staging, index=False)
     staging.replace(path)

@@ -1,9 +1,11 @@
 """Figures of cross-seed experiments, drawn from comparison.csv only.
 
-- :func:`dashboard`: one panel per metric against the training step. Per-run metrics draw every
-  seed as a line (controls dashed); pair metrics draw seed pairs and control pairs, with the
-  baseline for unrelated models dotted, so that "similar" always has a reference. Step 0 is the
-  untrained initialisation of every run.
+- :func:`dashboard`: one panel per metric against the training tokens, each with its unit on the
+  y-axis, one colour per run in every panel (controls fixed: same seed red, data order green) and
+  one legend for the figure. Per-run metrics draw every seed as a line (controls dashed); pair
+  metrics draw the mean over seed pairs in black (each pair thin) and each control paired with the
+  first seed in its colour, with the baseline for unrelated models dotted, so that "similar"
+  always has a reference. 0 tokens is the untrained initialisation of every run.
 - :func:`compare_experiments`: the mean over seeds (runs) or seed pairs (pairs) of selected
   metrics for several experiments, one line per experiment label.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -42,8 +45,9 @@ def _grid(count: int) -> tuple[plt.Figure, list[plt.Axes]]:
     return figure, flat[:count]
 
 
-def _save(figure: plt.Figure, outputs: list[Path]) -> None:
-    figure.tight_layout()
+def _save(figure: plt.Figure, outputs: list[Path], layout: bool = True) -> None:
+    if layout:
+        figure.tight_layout()
     for path in outputs:
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_name(f".{path.stem}.tmp{path.suffix}")
@@ -56,55 +60,90 @@ def _short(subject: str, prefix: str) -> str:
     return "|".join(part.removeprefix(prefix) for part in subject.split("|"))
 
 
-def _run_panel(ax: plt.Axes, rows: pd.DataFrame, prefix: str) -> None:
+UNITS = {"eval_loss": "nats per token", "train_loss": "nats per token", "reference_grad_norm": "‖ḡ‖ (nats)",
+         "function_update_cross_batch_cosine": "cosine", "cov_top_k_share": "share of the variance",
+         "cov_effective_rank": "effective rank", "fisher_trace": "trace (nats²)", "hessian_trace": "tr(H) (nats)",
+         "jacobian_frobenius": "‖J‖²_F / P", "hessian_top1_eigenvalue": "λ₁ (nats)",
+         "gradient_to_hessian_top1_alignment": "|cos(ḡ, u₁)|", "llc": "LLC (nats)", "gradient_cosine": "cosine",
+         "function_update_cosine": "cosine", "parameter_subspace_overlap": "overlap (0 to 1)",
+         "function_subspace_overlap": "overlap (0 to 1)"}
+"""The y-axis label of each metric."""
+CONTROL_COLOURS = {"same-seed": "tab:red", "data-order": "tab:green"}
+"""A control has one colour in every panel: its run's line and its pair with the first seed."""
+SEED_COLOURS = ["tab:blue", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "0.35"]
+
+
+def _x(rows: pd.DataFrame) -> str:
+    """Training tokens on the x-axis when the records have them (older ones: the step)."""
+    return "tokens" if "tokens" in rows and rows["tokens"].notna().all() else "step"
+
+
+def _colours(frame: pd.DataFrame) -> dict[str, str]:
+    """One colour per run, the same in every panel: seeds from a palette, controls fixed."""
+    runs = frame[frame["kind"] == "run"][["subject", "role"]].drop_duplicates().sort_values("subject")
+    seeds = iter(SEED_COLOURS * 4)
+    return {row.subject: CONTROL_COLOURS.get(row.role) or next(seeds) for row in runs.itertuples()}
+
+
+def _run_panel(ax: plt.Axes, rows: pd.DataFrame, prefix: str, colours: dict[str, str]) -> None:
     for subject, line in rows.groupby("subject", sort=True):
-        line = line.sort_values("step")
+        x = _x(line)
+        line = line.sort_values(x)
         role = str(line["role"].iloc[0])
         errors = line["se"] if line["se"].notna().any() else None
-        ax.errorbar(line["step"], line["value"], yerr=errors, marker="o", markersize=3, capsize=2,
-                    linestyle="-" if role == "seed" else "--", alpha=0.85,
-                    label=_short(subject, prefix) + ("" if role == "seed" else " (control)"))
+        ax.errorbar(line[x], line["value"], yerr=errors, marker="o", markersize=3, capsize=2,
+                    color=colours.get(subject), linestyle="-" if role == "seed" else "--", alpha=0.85,
+                    label=_short(subject, prefix) + ("" if role == "seed" else f" ({CONTROL_LABELS.get(role, role)})"))
 
 
-def _pair_panel(ax: plt.Axes, rows: pd.DataFrame) -> None:
+def _pair_panel(ax: plt.Axes, rows: pd.DataFrame, controls: dict[str, str]) -> None:
     seeds = rows[(rows["role"] == "seed") & (rows["kind"] == "pair")]
+    x = _x(rows)
     for _, line in seeds.groupby("subject"):
-        line = line.sort_values("step")
-        ax.plot(line["step"], line["value"], color="tab:blue", alpha=0.25, linewidth=1)
+        line = line.sort_values(x)
+        ax.plot(line[x], line["value"], color="black", alpha=0.2, linewidth=1)
     if not seeds.empty:
-        mean = seeds.groupby("step")["value"].mean()
-        ax.plot(mean.index, mean.values, color="tab:blue", linewidth=2.2, marker="o", markersize=3,
-                label=f"seed pairs (mean of {seeds['subject'].nunique()}; thin: each)")
-    colours = iter(["tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"])
+        mean = seeds.groupby(x)["value"].mean()
+        ax.plot(mean.index, mean.values, color="black", linewidth=2.2, marker="o", markersize=3,
+                label=f"seed pairs: mean of {seeds['subject'].nunique()} (thin: each pair)")
     for role, group in rows[~rows["role"].isin(["seed", "other"])].groupby("role", sort=True):
-        line = group.sort_values("step")
-        ax.plot(line["step"], line["value"], color=next(colours), linestyle="--", marker="o", markersize=3,
-                label=CONTROL_LABELS.get(role, role))
+        line = group.sort_values(x)
+        ax.plot(line[x], line["value"], color=controls.get(role, "tab:gray"), linestyle="--", marker="o",
+                markersize=3, label=f"{CONTROL_LABELS.get(role, role)}, paired with the first seed")
 
 
 def dashboard(comparison: str | Path, outputs: list[str | Path], title: str) -> None:
-    """Every metric of one experiment's comparison.csv against the step (see module docstring)."""
+    """Every metric of one experiment's comparison.csv against the training tokens (see module
+    docstring): labelled axes, one colour per run in every panel, and one legend for the figure."""
     frame = pd.read_csv(comparison)
     metrics = [m for m in (*RUN_METRICS, *PAIR_METRICS) if m in set(frame["metric"])]
     figure, axes = _grid(len(metrics))
     prefix = f"{title}-"
+    colours = _colours(frame)
+    controls = {role: CONTROL_COLOURS.get(role, "tab:gray") for role in frame["role"].unique()}
+    handles: dict[str, Any] = {}
     for ax, metric in zip(axes, metrics):
         rows = frame[(frame["metric"] == metric)].dropna(subset=["value"])
         if metric in PAIR_METRICS:
-            _pair_panel(ax, rows)
+            _pair_panel(ax, rows, controls)
         else:
-            _run_panel(ax, rows[rows["kind"] == "run"], prefix)
+            _run_panel(ax, rows[rows["kind"] == "run"], prefix, colours)
         baseline = frame[(frame["metric"] == metric)].dropna(subset=["baseline"])
         if not baseline.empty:
-            value = float(baseline["baseline"].iloc[0])
-            ax.axhline(value, color="grey", linestyle=":", label=f"unrelated models ({value:.3g})")
+            ax.axhline(float(baseline["baseline"].iloc[0]), color="grey", linestyle=":",
+                       label="unrelated models (expected value)")
         ax.set_title(metric.replace("_", " ") + SYMMETRY_NOTE.get(metric, ""), fontsize=10)
-        ax.set_xlabel("training step (0 = untrained)")
+        ax.set_xlabel("training tokens (0 = untrained)" if _x(frame) == "tokens" else "training step (0 = untrained)")
+        ax.set_ylabel(UNITS.get(metric, "value"), fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    figure.suptitle(f"{title}: seeds at matched steps (controls dashed, baselines dotted; "
-                    "error bars: ±1 standard error)", fontsize=11)
-    _save(figure, [Path(p) for p in outputs])
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    figure.suptitle(f"{title}: seeds at matched training tokens (error bars: ±1 standard error)", fontsize=12)
+    figure.legend(handles.values(), handles.keys(), loc="lower center", ncol=min(3, len(handles)), fontsize=8,
+                  frameon=False)
+    rows = math.ceil(len(handles) / min(3, max(len(handles), 1)))
+    figure.tight_layout(rect=(0, 0.04 + 0.025 * rows, 1, 0.96))
+    _save(figure, [Path(p) for p in outputs], layout=False)
 
 
 def compare_experiments(comparisons: list[str | Path], labels: list[str], metrics: list[str] | None,

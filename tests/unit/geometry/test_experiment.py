@@ -114,7 +114,7 @@ def test_seeds_compared_at_matched_steps_with_controls(experiment, tmp_path):
     assert value[(6, "seed pairs (mean)", "gradient_cosine")]["value"] == pytest.approx(sum(pairs) / len(pairs))
     assert value[(6, "seed pairs (min)", "gradient_cosine")]["kind"] == "summary"
     write_comparison(rows, tmp_path / "comparison.csv")
-    assert (tmp_path / "comparison.csv").read_text().splitlines()[0] == "step,subject,kind,role,metric,value,se,baseline"
+    assert (tmp_path / "comparison.csv").read_text().splitlines()[0] == "step,tokens,subject,kind,role,metric,value,se,baseline"
 
 
 def test_changed_vectors_are_refused(experiment, tmp_path):
