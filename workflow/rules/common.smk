@@ -9,8 +9,7 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-from tiny_llm.campaign import slurm_jobs
-from tiny_llm.campaign.jobs import print_failed_jobs, refuse, refusing
+from tiny_llm.campaign import jobs, slurm_jobs
 from tiny_llm.campaign.slurm_states import (
     keep_running_jobs_on_interrupt,
     normalise_plugin_states,
@@ -40,11 +39,11 @@ _SCHEMA = parse_yaml(
 typed_profile_values(config)
 for _problems in (unknown_keys(config, _SCHEMA), schema_errors(config, _SCHEMA)):
     if _problems:
-        refuse(_problems[0])
+        jobs.refuse(_problems[0])
 validate(config, schema="../schemas/config.schema.yaml")  # fills in the defaults
 
 # Every check that needs no job, before any job.
-with refusing():
+with jobs.refusing():
     PLAN = WorkflowPlan(config)
 ANALYSES = PLAN.analyses
 PLOTS = PLAN.plots
@@ -210,10 +209,10 @@ def earlier_jobs():
     """
     if not workflow.is_main_process or workflow.local_exec or workflow.dryrun:
         return []
-    jobs, warnings = slurm_jobs.earlier_jobs(Path.cwd())
+    found, warnings = slurm_jobs.earlier_jobs(Path.cwd())
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    return jobs
+    return found
 
 
 @functools.cache
@@ -280,7 +279,7 @@ def reattach(dag, poll_seconds):
 onstart:
     # Jobs that run here need the devices they name (the executor is known only now).
     if workflow.local_exec:
-        with refusing():
+        with jobs.refusing():
             PLAN.check_devices()
     reattach(workflow.dag, CLUSTER.get("reattach_poll_seconds", 30))
     # The campaign record: one start event per analysis and controller run (not in dry runs).
@@ -292,9 +291,8 @@ onstart:
 
 onerror:
     # Last, one line per failed job (tracebacks stay in the jobs' logs).
-    print_failed_jobs(log)
+    jobs.print_failed_jobs(log)
 
 
 if workflow.is_main_process:
-    for _line in PLAN.cost_lines():
-        print(_line, file=sys.stderr)
+    jobs.print_cost_lines(PLAN, workflow)

@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ERROR_PREFIX", "config_keys", "failed_jobs", "job_log", "print_failed_jobs", "refuse", "refusing"]
+__all__ = ["ERROR_PREFIX", "config_keys", "failed_jobs", "job_log", "print_failed_jobs", "refuse", "refusing",
+           "print_cost_lines", "requested_minutes"]
 
 ERROR_PREFIX = "error: "
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
@@ -128,3 +129,24 @@ def refusing() -> Iterator[None]:
         yield
     except ValueError as error:
         refuse(error)
+
+
+def requested_minutes(workflow: Any, rule: str) -> int | None:
+    """The walltime (minutes) a profile's ``set-resources`` gives ``rule``'s jobs, or None."""
+    resources = workflow.resource_settings.overwrite_resources.get(rule)
+    try:
+        value = resources["runtime"]
+    except (KeyError, TypeError, IndexError):
+        return None
+    value = getattr(value, "value", value)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def print_cost_lines(plan: Any, workflow: Any) -> None:
+    """Print the plan's cost lines before any job, with the walltimes the profile gives training
+    and calibration jobs (counted in a cluster campaign's total)."""
+    for line in plan.cost_lines(requested_minutes(workflow, "train_run"), requested_minutes(workflow, "calibrate_timing")):
+        print(line, file=sys.stderr)

@@ -40,11 +40,20 @@ class CaseWork:
     """Passes over the epoch, K directions each."""
     hvp_microbatches: int
     """Curvature micro-batches per pass."""
+    audit_gradient_microbatches: int = 0
+    """float64 gradient micro-batches of the precision audit: ḡ over the epoch and the audited gᵢ."""
+    audit_microbatches: int = 0
+    """Curvature micro-batches the audit measures, once in the production precision, once in float64."""
 
     def seconds(self, timing: dict[str, float]) -> float:
-        """Estimated seconds from a timing entry's per-micro-batch costs."""
-        return (timing["startup"] + self.gradient_microbatches * timing["gradient_microbatch"]
-                + self.passes * self.hvp_microbatches * timing["hvp_microbatch_pass"])
+        """Estimated seconds of the job from a timing entry: the process's start (interpreter and
+        imports), the model's set-up, the gradient micro-batches, the passes, and the audit (each
+        where the entry has it; entries measured before they were added lack them)."""
+        audit = (self.audit_gradient_microbatches * timing.get("audit_gradient_microbatch", 0.0)
+                 + self.audit_microbatches * (timing["hvp_microbatch_pass"] + timing.get("audit_microbatch_pass", 0.0)))
+        return (timing.get("process", 0.0) + timing["startup"]
+                + self.gradient_microbatches * timing["gradient_microbatch"]
+                + self.passes * self.hvp_microbatches * timing["hvp_microbatch_pass"] + audit)
 
 
 def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -> CaseWork:
@@ -54,9 +63,15 @@ def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -
     n_batches = config.steps_per_epoch
     S_v = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
     directions = S_v + settings.random_samples + 1 + (workers if workers > 1 else 0)
+    hvp_microbatches = math.ceil(n_batches * B / (settings.hvp_batch_size or mb))
+    audit_gradients = audit_microbatches = 0
+    if settings.audited:
+        audit_gradients = (n_batches + min(settings.audit_directions, S_v)) * math.ceil(B / mb)
+        audit_microbatches = min(settings.audit_batches, hvp_microbatches)
     return CaseWork(noise_samples=S_v, gradient_microbatches=(n_batches + S_v) * math.ceil(B / mb),
                     directions=directions, passes=math.ceil(directions / settings.directions_per_pass),
-                    hvp_microbatches=math.ceil(n_batches * B / (settings.hvp_batch_size or mb)))
+                    hvp_microbatches=hvp_microbatches, audit_gradient_microbatches=audit_gradients,
+                    audit_microbatches=audit_microbatches)
 
 
 def estimate_seconds(config: RunConfig, settings: AnalysisSettings, seconds: dict[str, float],
@@ -131,9 +146,9 @@ def cost_line(name: str, states: tuple[int, str], cases: list[str], work: CaseWo
     if each is None:
         line += f"; time: no timing entry for this setup on {device}"
     else:
-        measured = timing.get("measured", {})
+        measured, kind = timing.get("measured", {}), (timing.get("key") or {}).get("device_kind", device)
         line += (f"; about {format_seconds(each)} per job, {format_seconds(jobs * each)} in all on {device} "
-                 f"(timings of {measured.get('host', '?')}, {measured.get('at', '?')[:10]})")
+                 f"(timings measured on {kind}, {measured.get('at', '?')[:10]})")
     cluster = cluster or {}
     if cluster.get("walltime_hours"):
         hours = float(cluster["walltime_hours"])

@@ -11,7 +11,10 @@ a walltime. Entries come only from ``calibrate`` runs on the target node.
 from __future__ import annotations
 
 import math
+import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -113,11 +116,12 @@ def _measure_seconds(config: RunConfig, settings: AnalysisSettings, resolved: _R
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     started = time.perf_counter()
     model = Llama(config.model, attention_backend="reference").to(resolved.device, resolved.dtype)
-    B, T, mb, hvp = (config.training.batch_size, config.data.seq_len, config.training.micro_batch_size,
-                     resolved.hvp_batch_size)
-    tokens = torch.randint(0, config.model.vocab_size, (max(B, hvp), T + 1), generator=torch.Generator().manual_seed(0))
+    B, T, mb, hvp_rows = (config.training.batch_size, config.data.seq_len, config.training.micro_batch_size,
+                          resolved.hvp_batch_size)
+    tokens = torch.randint(0, config.model.vocab_size, (max(B, hvp_rows), T + 1),
+                           generator=torch.Generator().manual_seed(0))
     flat = FlatParameters(model)
-    operator = EpochHessian(model, tokens[:hvp], batch_size=hvp, engine=resolved.engine, precision=precision,
+    operator = EpochHessian(model, tokens[:hvp_rows], batch_size=hvp_rows, engine=resolved.engine, precision=precision,
                             directions_per_pass=settings.directions_per_pass, compile=resolved.compiled,
                             group_rows=memory.rows("forms"))
     V = torch.randn(settings.directions_per_pass, flat.D, device=resolved.device, dtype=resolved.dtype)
@@ -127,7 +131,28 @@ def _measure_seconds(config: RunConfig, settings: AnalysisSettings, resolved: _R
     micro = math.ceil(B / mb)
     rows = memory.rows("gradient") or mb  # the analysis's backward passes, as cut for its memory budget
     gradient = _timed(lambda: batch_gradient(model, flat, tokens[:B], rows, precision), resolved.device, repeats) / micro
-    return {"startup": startup, "gradient_microbatch": gradient, "hvp_microbatch_pass": hvp}
+    seconds = {"process": _process_seconds(), "startup": startup, "gradient_microbatch": gradient,
+               "hvp_microbatch_pass": hvp}
+    if settings.audited:  # the audit's float64 gradients and adjoint forms of its 2a + 1 directions
+        exact = Precision(resolved.device, torch.float64)
+        reference = model.to(torch.float64)
+        rows64 = memory.rows("audit_gradient") or mb
+        seconds["audit_gradient_microbatch"] = _timed(
+            lambda: batch_gradient(reference, flat, tokens[:B], rows64, exact), resolved.device, repeats) / micro
+        audit = EpochHessian(reference, tokens[:hvp_rows], batch_size=hvp_rows, engine="adjoint", precision=exact,
+                             directions_per_pass=2 * settings.audit_directions + 1, group_rows=memory.rows("audit"))
+        V64 = torch.randn(2 * settings.audit_directions + 1, flat.D, device=resolved.device, dtype=torch.float64)
+        seconds["audit_microbatch_pass"] = _timed(lambda: audit.quadratic_forms(V64), resolved.device, repeats)
+    return seconds
+
+
+def _process_seconds() -> float:
+    """A job's own start: a new interpreter importing torch and the analysis code (not counted
+    by the measurements in this process, which has them loaded)."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, tiny_llm.workers.state"], capture_output=True,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    return time.perf_counter() - started
 
 
 def write_profile(path: str | Path, entry: dict[str, Any]) -> None:

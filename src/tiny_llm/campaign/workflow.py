@@ -38,7 +38,8 @@ from tiny_llm.config import (
 )
 from tiny_llm.data.corpus import default_capacity
 from tiny_llm.data.tokens import capacity_blocks
-from tiny_llm.geometry.experiment import as_analysis_settings, geometry_settings_from_dict, measurement_seconds
+from tiny_llm.geometry.experiment import (as_analysis_settings, geometry_settings_from_dict, measurement_seconds,
+                                         measurement_work)
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.training.loop import epoch_file
 from tiny_llm.workers.index import check_selection
@@ -609,10 +610,90 @@ class WorkflowPlan:
             memory = memory.replace("no budget", "budget: the GPU's free memory at run time, cut to fit")
         return f"{line}; {memory}"
 
-    def cost_lines(self) -> list[str]:
-        """The cost line of every analysis that has no summary.csv yet."""
+    def cost_lines(self, train_minutes: int | None = None, calibration_minutes: int | None = None) -> list[str]:
+        """The cost line of every analysis that has no summary.csv yet and of every seed experiment
+        without its comparison, and under a cluster walltime rule the campaign's total request
+        (``train_minutes`` and ``calibration_minutes``: the walltimes the profile asks for those jobs)."""
         lines = [self.cost_line(name) for name in self.analyses if not Path(f"results/{name}/summary.csv").exists()]
+        lines += [self.experiment_cost_line(name) for name in self.seed_experiments
+                  if not Path(f"results/{name}/comparison.csv").exists()]
+        lines.append(self.campaign_line(train_minutes, calibration_minutes))
         return [line for line in lines if line]
+
+    def _requested_hours(self, analysis: str) -> float | None:
+        """GPU-hours Slurm is asked for by an analysis's state jobs (None before its calibration)."""
+        entry = self.analyses[analysis]
+        try:
+            run = self.run_config(analysis)
+        except ValueError:
+            return None
+        count = cost.expected_states(run, entry["run"], entry.get("checkpoints", "all"),
+                                     analysis_dir=f"results/{analysis}")[0]
+        if self.cluster.get("walltime_hours"):
+            return count * float(self.cluster["walltime_hours"])
+        timing_entry = self.timing_entry(analysis, self.cluster.get("gpu_kind"))
+        if timing_entry is None:
+            return None
+        settings = self.analysis_settings[analysis]
+        workers = run.training.workers if settings.consensus else 0
+        each = cost.case_work(run, settings, workers).seconds(timing_entry["seconds"])
+        return count * cost.job_minutes(len(self.cases(analysis)) * each) / 60
+
+    def experiment_cost_line(self, experiment: str) -> str:
+        """What a seed experiment will cost: runs × checkpoints measured, and the time."""
+        runs = self.experiment_runs[experiment]
+        checkpoints = sum(len(self.experiment_checkpoints(run)) for run in runs)
+        settings = geometry_settings_from_dict(self.geometry_settings_dict(experiment))
+        run = self.run_configs[self.reference_run(experiment)]
+        work = measurement_work(run, settings)
+        line = (f"seed experiment {experiment}: {len(runs)} runs (seeds and controls) trained, {checkpoints} checkpoint "
+                f"measurements; each: {work['gradient_microbatches']} gradient micro-batches, at most "
+                f"{work['hvp_microbatch_passes']} curvature micro-batch passes")
+        entry = self._geometry_timing_entry(experiment)
+        if entry is None:
+            return line + f"; time: no timing entry for this setup on {settings.device}"
+        each = measurement_seconds(run, settings, entry["seconds"])
+        kind = (entry.get("key") or {}).get("device_kind", settings.device)
+        return (line + f"; at most about {cost.format_seconds(each)} each, {cost.format_seconds(checkpoints * each)} "
+                f"in all on {settings.device} (timings measured on {kind}, {entry.get('measured', {}).get('at', '?')[:10]})")
+
+    def campaign_line(self, train_minutes: int | None, calibration_minutes: int | None) -> str | None:
+        """Under a cluster walltime rule: every GPU-hour the campaign asks Slurm for, training and
+        calibration included (None for local runs)."""
+        if not (self.cluster.get("walltime_hours") or self.cluster.get("walltime") == "estimate"):
+            return None
+        untrained = [run for run in self.run_configs if not Path(f"runs/{run}/trained.json").exists()]
+        open_analyses = [a for a in self.analyses if not Path(f"results/{a}/summary.csv").exists()]
+        calibrations = ([a for a in open_analyses if self.calibration_pending(a)]
+                        + [e for e in self.seed_experiments if self.geometry_calibration_pending(e)])
+        hours = {a: self._requested_hours(a) for a in open_analyses}
+        parts, total = [], 0.0
+        if untrained:
+            each = (train_minutes or 0) / 60
+            parts.append(f"training {len(untrained)} run(s) × {each:g} h" if train_minutes
+                         else f"training {len(untrained)} run(s) (walltime not set by the profile)")
+            total += len(untrained) * each
+        if calibrations:
+            each = (calibration_minutes or 60) / 60
+            parts.append(f"calibration {len(calibrations)} job(s) × {each:g} h")
+            total += len(calibrations) * each
+        known = {a: h for a, h in hours.items() if h is not None}
+        if known:
+            parts.append(f"analyses {sum(known.values()):g} GPU-hours")
+            total += sum(known.values())
+        measurements = sum(len(self.experiment_checkpoints(r)) for e in self.seed_experiments
+                           for r in self.experiment_runs[e] if not Path(f"results/{e}/comparison.csv").exists())
+        if measurements:
+            experiment_hours = sum(len(self.experiment_checkpoints(r)) * self.geometry_runtime(e) / 60
+                                   for e in self.seed_experiments for r in self.experiment_runs[e]
+                                   if not Path(f"results/{e}/comparison.csv").exists())
+            parts.append(f"seed experiments {experiment_hours:g} GPU-hours")
+            total += experiment_hours
+        if not parts:
+            return None
+        unknown = sorted(a for a, h in hours.items() if h is None)
+        later = f" (+ {', '.join(unknown)}: priced by its calibration)" if unknown else ""
+        return f"campaign on Slurm: {' + '.join(parts)} = at most {total:g} GPU-hours requested{later}"
 
     def walltime_rule(self) -> str:
         if self.cluster.get("walltime_hours"):

@@ -151,7 +151,7 @@ def measurement_work(config: RunConfig, settings: GeometrySettings) -> dict[str,
 def measurement_seconds(config: RunConfig, settings: GeometrySettings, seconds: dict[str, float]) -> float:
     """Estimated seconds of one checkpoint's measurement from a timing entry's ``seconds``."""
     work = measurement_work(config, settings)
-    return (seconds["startup"] + work["gradient_microbatches"] * seconds["gradient_microbatch"]
+    return (seconds.get("process", 0.0) + seconds["startup"] + work["gradient_microbatches"] * seconds["gradient_microbatch"]
             + work["hvp_microbatch_passes"] * seconds["hvp_microbatch_pass"])
 
 

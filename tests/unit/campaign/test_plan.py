@@ -56,16 +56,20 @@ def test_expected_states_before_and_after_training(run, tmp_path):
 
 def test_cost_line_says_jobs_work_and_time(run):
     config, _ = run
-    settings = AnalysisSettings(noise_samples=2, random_samples=5, directions_per_pass=4, device="cpu")
+    settings = AnalysisSettings(noise_samples=2, random_samples=5, directions_per_pass=4, device="cpu",
+                                dtype="float64")
     work = case_work(config, settings)
-    seconds = {"startup": 1.0, "gradient_microbatch": 0.5, "hvp_microbatch_pass": 2.0}
+    seconds = {"process": 3.0, "startup": 1.0, "gradient_microbatch": 0.5, "hvp_microbatch_pass": 2.0}
     each = estimate_seconds(config, settings, seconds)
-    assert each == work.seconds(seconds) == 1.0 + work.gradient_microbatches * 0.5 + work.passes * work.hvp_microbatches * 2
+    assert each == work.seconds(seconds) == (3.0 + 1.0 + work.gradient_microbatches * 0.5
+                                             + work.passes * work.hvp_microbatches * 2)
     line = cost_line("a", (4, "interval"), ["seen", "unseen"], work, "cpu",
-                     {"seconds": seconds, "measured": {"host": "h", "at": "2026-01-02T03:04:05"}})
+                     {"key": {"device_kind": "cpu"}, "seconds": seconds,
+                      "measured": {"host": "h", "at": "2026-01-02T03:04:05"}})
     assert line.startswith("analysis a: ≤ 4 states (interval) × 2 cases = 8 (state, case) jobs; each: ")
     assert f"{work.directions} quadratic forms in {work.passes} passes × {work.hvp_microbatches} curvature" in line
-    assert f"about {each:.0f} s per job, {8 * each / 60:.0f} min in all on cpu (timings of h, 2026-01-02)" in line
+    assert f"about {each:.0f} s per job, {8 * each / 60:.0f} min in all on cpu (timings measured on cpu, 2026-01-02)" in line
+    assert " h," not in line  # no host names
     assert "no timing entry for this setup on cpu (`snakemake calibrate`" in cost_line("a", (4, "x"), ["seen"], work,
                                                                                      "cpu", None)
     entry = {"seconds": seconds, "measured": {}}

@@ -15,11 +15,24 @@ SECONDS = {"startup": 100.0, "gradient_microbatch": 1.0, "hvp_microbatch_pass": 
 
 def test_estimate_scales_with_epoch_and_samples(tmp_path):
     config = make_oracle_run(tmp_path, tokens=3 * 6 * 5 * 2)  # 5 batches of B=3, micro-batch 2
-    settings = AnalysisSettings(noise_samples=4, random_samples=7, directions_per_pass=4, hvp_batch_size=5)
+    settings = AnalysisSettings(noise_samples=4, random_samples=7, directions_per_pass=4, hvp_batch_size=5,
+                                dtype="float64")
     # gradients: (5 epoch batches + 4 samples) x 2 micro-batches; HVP: ceil(12 / 4) passes x ceil(15 / 5) batches
     assert estimate_seconds(config, settings, SECONDS) == 100 + 9 * 2 * 1.0 + 3 * 3 * 10.0
-    more = AnalysisSettings(noise_samples=None, random_samples=7, directions_per_pass=4, hvp_batch_size=5)
+    more = AnalysisSettings(noise_samples=None, random_samples=7, directions_per_pass=4, hvp_batch_size=5,
+                            dtype="float64")
     assert estimate_seconds(config, more, SECONDS, workers=4) == 100 + 10 * 2 + math.ceil(17 / 4) * 3 * 10
+
+
+def test_estimate_counts_the_process_start_and_the_audit(tmp_path):
+    config = make_oracle_run(tmp_path, tokens=3 * 6 * 5 * 2)
+    audited = AnalysisSettings(noise_samples=4, random_samples=7, directions_per_pass=4, hvp_batch_size=5,
+                               dtype="float32", audit_directions=2, audit_batches=2)
+    seconds = {**SECONDS, "process": 5.0, "audit_gradient_microbatch": 3.0, "audit_microbatch_pass": 20.0}
+    # The audit: float64 ḡ over 5 batches and 2 audited gᵢ (x 2 micro-batches each), then the forms of its
+    # directions on 2 curvature micro-batches in both precisions.
+    audit = (5 + 2) * 2 * 3.0 + 2 * (10.0 + 20.0)
+    assert estimate_seconds(config, audited, seconds) == 5 + 100 + 9 * 2 * 1.0 + 3 * 3 * 10.0 + audit
 
 
 def test_walltime_rounding_and_limit():

@@ -112,6 +112,32 @@ def test_walltimes_from_the_timing_entry_complete_the_group_to_the_hour(project)
     assert "GPU-hours requested" in plan.cost_line("gpu")
 
 
+def test_the_campaign_line_counts_training_calibration_and_analyses(project):
+    """Under a cluster walltime rule the dry run totals every GPU-hour asked for: the training job's
+    walltime, the calibration jobs' and the analyses' state jobs; a local run prints no total."""
+    plan = WorkflowPlan(_config({"walltime": "estimate", "gpu_kind": "GH200"}))
+    hours = 3 * job_minutes(2 * plan.case_work_seconds("gpu")) / 60  # 3 states (initialisation + 2 epochs)
+    assert plan.cost_lines(1440, 60)[-1] == (f"campaign on Slurm: training 1 run(s) × 24 h + analyses {hours:g} "
+                                             f"GPU-hours = at most {24 + hours:g} GPU-hours requested")
+    pending = WorkflowPlan(_config({"walltime": "estimate", "gpu_kind": "A100"}))  # calibrates first
+    assert pending.campaign_line(1440, 60) == ("campaign on Slurm: training 1 run(s) × 24 h + calibration 1 job(s) "
+                                               "× 1 h = at most 25 GPU-hours requested (+ gpu: priced by its "
+                                               "calibration)")
+    assert WorkflowPlan(_config()).campaign_line(1440, 60) is None
+    Path("runs/tiny").mkdir(parents=True)
+    Path("runs/tiny/trained.json").write_text("{}")  # trained already: not asked for again
+    assert plan.campaign_line(1440, 60).startswith(f"campaign on Slurm: analyses {hours:g} GPU-hours")
+
+
+def test_a_seed_experiment_prints_its_cost(project):
+    config = {"seed_experiments": {"exp": {"config": "run.yaml", "seeds": [1, 2], "settings": {"device": "cpu"}}},
+              "cluster": {"timing_profiles": ["timing.json"]}}
+    line = WorkflowPlan(config).cost_lines()[0]
+    # 2 seeds and the 2 controls, each with the initialisation and 2 epochs measured.
+    assert line.startswith("seed experiment exp: 4 runs (seeds and controls) trained, 12 checkpoint measurements; "
+                           "each: ") and line.endswith("time: no timing entry for this setup on cpu")
+
+
 def test_an_uncovered_setup_calibrates_first(project):
     plan = WorkflowPlan(_config({"walltime": "estimate", "gpu_kind": "A100"}))  # no A100 entry
     assert plan.calibration_pending("gpu") and plan.calibration("gpu") == ["results/timing/gpu.json"]
