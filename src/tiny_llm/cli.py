@@ -1,5 +1,5 @@
 """The ``tiny-llm`` command line: prepare-data, train, analyze-state, analyze-spectrum, plot-analysis,
-summarize.
+summarize, import-hf, export-hf.
 
 The parser needs no torch: each command imports what it runs when it runs (``--help`` stays fast),
 and the option defaults below are the settings classes' (a test holds them equal).
@@ -64,6 +64,18 @@ def _train(args: argparse.Namespace) -> None:
     config = _config(args, fallback=resolved if resolved.exists() else None)
     final = train(config, run_dir, device=args.device, stop_after_epoch=args.stop_after_epoch)
     print(final)
+
+
+def _import_hf(args: argparse.Namespace) -> None:
+    from tiny_llm.model.hf import import_run
+
+    print(import_run(args.directory, args.run_dir, _config(args), step=args.step, tokens=args.tokens))
+
+
+def _export_hf(args: argparse.Namespace) -> None:
+    from tiny_llm.model.hf import export_run
+
+    print(export_run(args.run, args.checkpoint, args.out))
 
 
 def _samples(text: str) -> int | None:
@@ -250,6 +262,30 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--output", required=True, type=Path, help="analysis directory (holds summary.csv)")
     pl.add_argument("--training-norms", action="store_true", help="add the logged pre-clipping training norms")
     pl.set_defaults(func=_plot_analysis)
+
+    ih = sub.add_parser("import-hf", formatter_class=_HelpFormatter,
+                        help="make a run directory from a local Hugging Face LlamaForCausalLM directory",
+                        description="Read a local LlamaForCausalLM directory (config.json and safetensors weights; "
+                        "no download) into a new run directory: resolved.yaml (model from config.json, data and "
+                        "training from --config), epoch-000.safetensors and imported.json. A configuration this "
+                        "Llama cannot represent (grouped-query attention, biases, another activation, RoPE "
+                        "scaling) is refused by name.")
+    ih.add_argument("directory", type=Path, help="local Hugging Face model directory")
+    ih.add_argument("--run-dir", required=True, type=Path, help="new run directory, e.g. runs/imported")
+    add_config(ih)
+    ih.add_argument("--step", type=int, default=0, help="training step of these weights (recorded)")
+    ih.add_argument("--tokens", type=int, default=0, help="training tokens of these weights (recorded)")
+    ih.set_defaults(func=_import_hf)
+
+    eh = sub.add_parser("export-hf", formatter_class=_HelpFormatter,
+                        help="write a run's checkpoint as a Hugging Face LlamaForCausalLM directory",
+                        description="Write one checkpoint of a run as a LlamaForCausalLM directory (config.json, "
+                        "model.safetensors) that transformers opens with from_pretrained; the directory must not "
+                        "exist yet.")
+    eh.add_argument("--run", required=True, type=Path, help="run directory (holds resolved.yaml)")
+    eh.add_argument("--checkpoint", required=True, help="epoch-NNN.safetensors or final.pt, relative to the run")
+    eh.add_argument("--out", required=True, type=Path, help="new output directory")
+    eh.set_defaults(func=_export_hf)
 
     sm = sub.add_parser("summarize", formatter_class=_HelpFormatter,
                         help="print an analysis's summary table with standard errors and flags",

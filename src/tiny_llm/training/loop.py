@@ -297,6 +297,9 @@ def train(config: RunConfig, run_dir: str | Path, *, device: str = "cpu", stop_a
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"run directory {run_dir} is a file; choose another path")
+    if (run_dir / "imported.json").exists():
+        raise ValueError(f"{run_dir} holds imported weights (imported.json); training would overwrite them: "
+                         "train into a new run directory")
     _check_run_dir(config, run_dir)
     trainer = _Trainer(config, run_dir, device)  # checks the cache before anything is written
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,145 @@
+"""Hugging Face LlamaForCausalLM in and out: logits equal to transformers' in float64 both ways,
+tied and untied heads, a bit-identical round trip, and refusals by name."""
+
+import json
+
+import pytest
+import torch
+import transformers  # installed by make test (envs/requirements.txt): these tests never skip
+
+from tiny_llm.config import ModelConfig
+from tiny_llm.model.hf import read_hf, write_hf
+from tiny_llm.model.llama import Llama
+
+SHAPE = dict(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=4, max_position_embeddings=12, rms_norm_eps=1e-6, rope_theta=500.0)
+
+
+@pytest.fixture(autouse=True)
+def float64_transformers(monkeypatch):
+    """transformers computes the RoPE angles (inv_freq in float32) and RMSNorm in float32 even for
+    a float64 model, which alone differs from float64 by ~1e-7 relative (measured: 9.7e-8). The
+    tests swap in the same formulas carried out in float64, so that they compare the weights,
+    their names and their layout at 1e-12; the float32 shortcuts are not what is under test."""
+    llama = transformers.models.llama.modeling_llama
+
+    def norm(self, h):
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    def rotary(self, x, position_ids):
+        dim = self.inv_freq.numel() * 2
+        inv_freq = 1.0 / (self.config.rope_parameters["rope_theta"]
+                          ** (torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim))
+        freqs = position_ids[..., None].double() * inv_freq
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    monkeypatch.setattr(llama.LlamaRMSNorm, "forward", norm)
+    monkeypatch.setattr(llama.LlamaRotaryEmbedding, "forward", rotary)
+
+
+def _hf_model(tmp_path, tied, **changes):
+    config = transformers.LlamaConfig(**{**SHAPE, **changes}, tie_word_embeddings=tied)
+    torch.manual_seed(3)
+    model = transformers.LlamaForCausalLM(config).double().eval()
+    with torch.no_grad():  # norms away from 1, so that a swapped norm weight would show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    path = tmp_path / ("tied" if tied else "untied")
+    model.save_pretrained(path, safe_serialization=True)
+    return model, path
+
+
+def _tokens():
+    return torch.randint(0, SHAPE["vocab_size"], (3, 12), generator=torch.Generator().manual_seed(5))
+
+
+def _assert_logits_equal(ours, theirs):
+    assert torch.allclose(ours, theirs, rtol=1e-12, atol=0), float((ours - theirs).abs().max() / theirs.abs().max())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_imported_llama_gives_transformers_logits(tmp_path, tied):
+    hf, path = _hf_model(tmp_path, tied)
+    config, state = read_hf(path)
+    assert config == ModelConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4, d_ff=24, max_seq_len=12,
+                                 rope_theta=500.0, norm_eps=1e-6, tie_embeddings=tied)
+    model = Llama(config, attention_backend="reference").double()
+    model.load_state_dict(state, strict=True)
+    x = _tokens()
+    with torch.no_grad():
+        _assert_logits_equal(model(x), hf(x).logits)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_exported_llama_gives_our_logits_in_transformers_and_round_trips_exactly(tmp_path, tied):
+    config = ModelConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4, d_ff=24, max_seq_len=12,
+                         rope_theta=500.0, norm_eps=1e-6, tie_embeddings=tied)
+    torch.manual_seed(4)
+    model = Llama(config, attention_backend="reference").double()
+    out = write_hf(tmp_path / "out", config, model.state_dict())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).eval()
+    x = _tokens()
+    with torch.no_grad():
+        _assert_logits_equal(hf(x).logits, model(x))
+    again, state = read_hf(out)
+    assert again == config and state.keys() == model.state_dict().keys()
+    assert all(torch.equal(state[k], v) and state[k].dtype == v.dtype for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="exists; choose a new directory"):
+        write_hf(out, config, model.state_dict())
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"num_key_value_heads": 2}, "num_key_value_heads=2 cannot be represented here (grouped-query attention"),
+    ({"attention_bias": True}, "attention_bias=True cannot be represented here (biases"),
+    ({"hidden_act": "gelu"}, "hidden_act='gelu' cannot be represented here"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "cannot be represented here (RoPE scaling"),
+])
+def test_configurations_our_llama_cannot_represent_are_refused(tmp_path, changes, message):
+    _, path = _hf_model(tmp_path, True, **changes)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        read_hf(path)
+
+
+def test_only_local_safetensors_directories_are_read(tmp_path):
+    with pytest.raises(ValueError, match=r"meta-llama/Llama-3.2-1B is not a local directory; it looks like a hub id: "
+                                         r"fetch it first \(huggingface-cli download"):
+        read_hf("meta-llama/Llama-3.2-1B")
+    _, path = _hf_model(tmp_path, True)
+    (path / "model.safetensors").unlink()
+    (path / "pytorch_model.bin").write_bytes(b"pickle")
+    with pytest.raises(ValueError, match="holds pickled .bin weights only; convert them to safetensors first"):
+        read_hf(path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neox"}))
+    with pytest.raises(ValueError, match="model_type='gpt_neox' cannot be represented here"):
+        read_hf(path)
+
+
+def test_import_and_export_through_the_command_line(tmp_path, capsys):
+    """import-hf makes a run directory (its weights a checkpoint the analysis reads), export-hf
+    writes it back bit-identically, and training refuses the imported run."""
+    from safetensors.torch import load_file
+
+    from tiny_llm.cli import main
+    from tiny_llm.config import load_config
+    from tiny_llm.model.checkpoint import load_weights
+
+    hf, path = _hf_model(tmp_path, False)
+    run = tmp_path / "runs/imported"
+    assert main(["--quiet", "import-hf", str(path), "--run-dir", str(run), "--set", "data.seq_len=12",
+                 "--step", "300", "--tokens", "9600"]) == 0
+    config = load_config(run / "resolved.yaml")
+    assert config.model.d_model == 16 and config.data.seq_len == 12
+    state, metadata = load_weights(run / "epoch-000.safetensors")
+    assert metadata["step"] == "300" and metadata["tokens"] == "9600"
+    assert json.loads((run / "imported.json").read_text())["files"].keys() >= {"config.json", "model.safetensors"}
+    assert main(["--quiet", "export-hf", "--run", str(run), "--checkpoint", "epoch-000.safetensors",
+                 "--out", str(tmp_path / "back")]) == 0
+    original, back = load_file(path / "model.safetensors"), load_file(tmp_path / "back/model.safetensors")
+    assert original.keys() == back.keys() and all(torch.equal(original[k], back[k]) for k in original)
+    capsys.readouterr()
+    assert main(["train", "--run-dir", str(run)]) == 2
+    assert "holds imported weights (imported.json); training would overwrite them" in capsys.readouterr().err
+    assert main(["import-hf", str(path), "--run-dir", str(run)]) == 2
+    assert "exists and is not empty; import into a new run directory" in capsys.readouterr().err
