@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from torch.func import functional_call, grad, jvp
 
 from tiny_llm.cli import main
+from tiny_llm.data.tokens import TokenCache
 from tiny_llm.config import load_config
 from tiny_llm.model.llama import Llama, token_losses
 
@@ -88,11 +89,17 @@ def test_text_and_token_sources(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     text = "The quick brown fox jumps over the lazy dog. Ünïcode too.\n" * 40
     (tmp_path / "a.txt").write_text(text, encoding="utf-8")
-    assert main(["--quiet", "prepare-data", *TINY, "--out", "cache/text", "--source", "text", "a.txt"]) == 0
+    assert main(["--quiet", "prepare-data", *TINY, "--out", "cache/text", "--source", "text", "a.txt",
+                 "--keep-order"]) == 0
     meta = json.loads((tmp_path / "cache/text/meta.json").read_text())
     shard = np.fromfile(tmp_path / "cache/text" / meta["shards"][0]["file"], dtype="<u2")
-    assert bytes(shard.astype(np.uint8))[:20] == text.encode()[:20]
+    assert bytes(shard.astype(np.uint8))[:20] == text.encode()[:20] and meta["order"] == {"shuffled": False}
     assert meta["source"]["files"][0]["bytes"] == len(text.encode())
+    assert main(["--quiet", "prepare-data", *TINY, "--out", "cache/shuffled", "--source", "text", "a.txt"]) == 0
+    shuffled = TokenCache(tmp_path / "cache/shuffled")
+    source, offset = shuffled.block_sources()[0][0]
+    assert shuffled.shuffled and bytes(shuffled.tokens([0])[0].numpy().astype(np.uint8)) == (
+        text.encode()[offset:offset + shuffled.seq_len + 1])
     np.save(tmp_path / "ids.npy", np.arange(5000) % 300)
     assert main(["--quiet", "prepare-data", *TINY, "--out", "cache/ids", "--source", "tokens", "ids.npy",
                  "--vocab-size", "300"]) == 0
