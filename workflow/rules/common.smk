@@ -280,7 +280,7 @@ onstart:
     # Jobs that run here need the devices they name (the executor is known only now).
     if workflow.local_exec:
         with jobs.refusing():
-            PLAN.check_devices()
+            PLAN.check_devices(*jobs.uses_devices(workflow.dag))
     reattach(workflow.dag, CLUSTER.get("reattach_poll_seconds", 30))
     # The campaign record: one start event per analysis and controller run (not in dry runs).
     for _name in ANALYSES:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ERROR_PREFIX", "config_keys", "failed_jobs", "job_log", "print_failed_jobs", "refuse", "refusing",
-           "print_cost_lines", "requested_minutes"]
+           "print_cost_lines", "requested_minutes", "uses_devices"]
 
 ERROR_PREFIX = "error: "
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
@@ -150,3 +150,16 @@ def print_cost_lines(plan: Any, workflow: Any) -> None:
     and calibration jobs (counted in a cluster campaign's total)."""
     for line in plan.cost_lines(requested_minutes(workflow, "train_run"), requested_minutes(workflow, "calibrate_timing")):
         print(line, file=sys.stderr)
+
+
+def uses_devices(dag: Any) -> tuple[bool, set[str]]:
+    """What the jobs this run will execute compute on a device: whether it trains, and which
+    analyses it measures or collects (the measurements of an analysis appear in the DAG only after
+    its index, so any job of the analysis but its index counts)."""
+    trains, analyses = False, set()
+    for job in dag.needrun_jobs():
+        name, wildcards = job.rule.name, job.wildcards_dict
+        trains = trains or name == "train_run"
+        if "analysis" in wildcards and name != "index_states":
+            analyses.add(wildcards["analysis"])
+    return trains, analyses

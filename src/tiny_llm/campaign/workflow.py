@@ -329,18 +329,19 @@ class WorkflowPlan:
         check_output_binding(f"results/{name}", output_binding(settings, entry["run"], entry.get("spectrum", {})))
         return settings
 
-    def check_devices(self) -> None:
+    def check_devices(self, train: bool, analyses: Iterable[str]) -> None:
         """For jobs that run on this machine (not on a cluster's nodes): refuse a CUDA device it
-        does not have, naming the key (``train_device``, an analysis's ``settings.device``).
+        does not have, naming the key (``train_device`` when ``train``ing; ``settings.device`` of
+        each of ``analyses``, those this run computes).
 
         Raises:
             ValueError: naming the key and what to set instead.
         """
-        if self.train_runs:
+        if train:
             check_device("train_device", self.train_device)
-        for name, settings in self.analysis_settings.items():
+        for name in analyses:
             where = "settings_override" if "device" in self.settings_override else f"analyses.{name}.settings"
-            check_device(f"{where}.device", settings.device)
+            check_device(f"{where}.device", self.analysis_settings[name].device)
 
     def memory(self, analysis: str) -> MemoryPlan | None:
         """The memory plan of the analysis's (state, case) jobs under ``memory_budget_gb`` (none
