@@ -15,7 +15,7 @@ from typing import Any
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
-__all__ = ["atomic_path", "atomic_write_json", "atomic_write_text", "check_writable_file", "exclusive", "fsync_dir",
+__all__ = ["atomic_directory", "atomic_path", "atomic_write_json", "atomic_write_text", "check_writable_file", "exclusive", "fsync_dir",
            "remove_leftovers", "sha256_file"]
 
 
@@ -58,6 +58,30 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary folder next to ``path`` (with the umask's permissions); on success fsync
+    its files and itself and rename it onto ``path``, which must not exist (or be an empty folder).
+    On any exception the temporary folder is removed, so readers see the whole folder or none."""
+    import shutil
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp makes 0700: a shared folder must be readable by the group
+    try:
+        yield tmp
+        for file in (f for f in tmp.iterdir() if f.is_file()):
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+        fsync_dir(tmp)
+        os.rename(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

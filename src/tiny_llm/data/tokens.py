@@ -27,8 +27,6 @@ import contextlib
 import functools
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +35,7 @@ import numpy as np
 import torch
 
 from tiny_llm.config import RunConfig
-from tiny_llm.io import atomic_write_json, fsync_dir, sha256_file
+from tiny_llm.io import atomic_directory, atomic_write_json, sha256_file
 
 __all__ = [
     "BatchPlan",
@@ -412,12 +410,7 @@ def prepare_cache(out: str | Path, segments: list[np.ndarray], *, tokenizer: dic
     what = "the demo source" if source.get("kind") == "demo" else "the source"
     table = _select_blocks(segments, seq_len, blocks, G, None if keep_order else data_seed, what)
     dtype = np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700: a shared cache must be readable by the group
-    try:
+    with atomic_directory(out) as tmp:
         entries = _write_shards(tmp, segments, table, seq_len, shard_blocks, dtype, shuffled=not keep_order)
         with open(tmp / BLOCK_SOURCES, "wb") as handle:
             np.save(handle, table, allow_pickle=False)
@@ -429,10 +422,4 @@ def prepare_cache(out: str | Path, segments: list[np.ndarray], *, tokenizer: dic
                 "block_sources": {"file": BLOCK_SOURCES, "sha256": sha256_file(tmp / BLOCK_SOURCES)},
                 "shards": entries}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-        fsync_dir(tmp)
-        os.rename(tmp, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

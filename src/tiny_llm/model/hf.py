@@ -19,10 +19,7 @@ RoPE scaling, a head size other than d_model / n_heads.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tiny_llm.config import ModelConfig, RunConfig, config_from_dict, config_to_dict, dump_config, load_config
-from tiny_llm.io import atomic_write_json, atomic_write_text, fsync_dir
+from tiny_llm.io import atomic_directory, atomic_write_json, atomic_write_text
 
 __all__ = ["IMPORTED", "LAYER_KEYS", "MODEL_KEYS", "export_run", "from_hf_state", "import_run", "model_config_from_hf",
            "model_config_to_hf", "read_hf", "to_hf_state", "write_hf"]
@@ -188,22 +185,11 @@ def write_hf(out: str | Path, config: ModelConfig, state: dict[str, torch.Tensor
     out = Path(out)
     if out.exists():
         raise ValueError(f"{out} exists; choose a new directory (nothing is overwritten)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
-    try:
+    with atomic_directory(out) as tmp:
         tensors = {k: t.detach().to("cpu").contiguous() for k, t in to_hf_state(state).items()}
         dtype = next(iter(tensors.values())).dtype
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(model_config_to_hf(config, dtype), indent=2) + "\n")
-        fsync_dir(tmp)
-        os.rename(tmp, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
