@@ -125,3 +125,19 @@ def test_workflow_runs_default_to_interval_checkpoints_and_print_their_cost(tmp_
     assert "analysis mine: ≤ 5 states (interval checkpoints: initialisation + 4 epochs) × 2 cases = 10 (state, case) jobs" in out
     assert "analysis last: ≤ 1 states (final checkpoint only" in out
     assert "each: 22 gradient micro-batches, 36 quadratic forms in 3 passes × 16 curvature micro-batches" in out
+
+
+def test_the_await_rules_have_the_params_of_the_rules_they_stand_in_for():
+    """A re-attached result is recorded as made by the rule it stands in for only if the params
+    match (rerun-triggers include params): every param of that rule is one of the await rule's."""
+    from tiny_llm.campaign.workflow import STANDS_IN
+
+    text = "\n".join(p.read_text() for p in sorted((REPO / "workflow/rules").glob("*.smk")))
+
+    def params(rule):
+        block = re.search(rf"rule {rule}:\n(.*?)(?=\n\s*rule |\n\s*ruleorder|\Z)", text, re.S).group(1)
+        found = re.search(r"\n(\s*)params:\n((?:\1\s+.*\n)+)", block)
+        return set() if found is None else set(re.findall(r"^\s+(\w+)=", found.group(2), re.M))
+    for waiting, stood_in in STANDS_IN.items():
+        assert params(waiting) == params(stood_in), (waiting, stood_in)
+    assert "aliases" in params("await_result")

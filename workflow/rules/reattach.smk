@@ -27,6 +27,7 @@ if workflow.is_main_process:
         params:
             run=get_analysis_run,
             settings=get_analysis_settings,
+            aliases=get_state_aliases,
         script:
             "../scripts/await_earlier_job.py"
 
@@ -64,6 +65,7 @@ if workflow.is_main_process:
             run=get_analysis_run,
             settings=get_analysis_settings,
             spectrum=get_spectrum_settings,
+            aliases=get_state_aliases,
         script:
             "../scripts/await_earlier_job.py"
 
