@@ -66,12 +66,11 @@ def test_the_configuration_tests_pass_after_the_readme_own_corpus_edit(tmp_path)
     (project / "corpus/plays.txt").write_text("ACT I. Enter two players, talking. " * 10_000)
     tests = ["tests/integration/test_workflow_checks.py::test_default_config_plans_the_demo",
              "tests/integration/test_workflow_checks.py::test_own_corpus_example_sizes_and_plans",
-             "tests/integration/test_workflow_checks.py::test_lint_has_no_findings",
-             "tests/integration/test_naiss_profile.py::test_the_profile_runs_its_own_configuration_beside_a_finished_demo"]
+             "tests/integration/test_workflow_checks.py::test_lint_has_no_findings"]
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
                             capture_output=True, text=True, cwd=REPO,
                             env={**os.environ, "TINY_LLM_TEST_PROJECT": str(project)})
-    assert result.returncode == 0 and "4 passed" in result.stdout, (result.stdout + result.stderr)[-4000:]
+    assert result.returncode == 0 and "3 passed" in result.stdout, (result.stdout + result.stderr)[-4000:]
 
 
 def test_own_corpus_example_sizes_and_plans(tmp_path):
