@@ -119,7 +119,7 @@ def test_lint_with_the_naiss_profile(indexed):
 def test_the_profile_runs_its_own_configuration_beside_a_finished_demo(tmp_path):
     """From a fresh clone with results of a local demo: the naiss profile plans the campaign of
     config/naiss.yaml (the 20M run and its analysis) and neither plans nor rebinds the demo."""
-    (tmp_path / "config").symlink_to(REPO / "config")
+    project_view(tmp_path)  # the project as it stands: its own corpus files resolve
     (tmp_path / "results/demo").mkdir(parents=True)
     (tmp_path / "results/demo/identity.json").write_text(json.dumps(
         {"run": "runs/demo", "settings": {"device": "cpu"}, "spectrum": {}, "source": "local"}))

@@ -4,7 +4,6 @@ condition holds."""
 import csv
 import json
 
-import pytest
 
 from tiny_llm.cli import main
 from tiny_llm.results.collect import SUMMARY_COLUMNS
