@@ -72,9 +72,16 @@ def cluster():
         subprocess.run(["bash", str(HERE / "stop-local-slurm.sh")], capture_output=True)
 
 
-def _workdir(path: Path, analysis_settings: dict) -> Path:
+def _workdir(path: Path, analysis_settings: dict, trained: Path | None = None) -> Path:
+    """A project for the tiny run; with ``trained``, its cache and run copied from there (files and
+    times as they are), so that only the analysis part of the campaign is left to do."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "run.yaml").write_text(yaml.safe_dump(RUN))
+    if trained:
+        for part in ("cache", "runs"):
+            shutil.copytree(trained / part, path / part, symlinks=True)
+        shutil.copy2(trained / "run.yaml", path / "run.yaml")
+    else:
+        (path / "run.yaml").write_text(yaml.safe_dump(RUN))
     config = {"train_runs": {"tiny": {"config": str(path / "run.yaml"), "shard_tokens": 64}},
               "analyses": {"tiny": {"run": "runs/tiny", "settings": analysis_settings}}}
     (path / "config.yaml").write_text(yaml.safe_dump(config))
@@ -91,12 +98,22 @@ def _run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(_command(workdir, *args), capture_output=True, text=True, env=env, cwd=workdir)
 
 
+@pytest.fixture(scope="module")
+def trained(cluster, tmp_path_factory) -> Path:
+    """The tiny run prepared and trained once, locally. Training through Slurm is exercised by
+    the end-to-end test; the others start from a copy and exercise the analysis jobs."""
+    path = _workdir(tmp_path_factory.mktemp("trained"), SETTINGS)
+    done = _run(path, "-c2", "runs/tiny/trained.json")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return path
+
+
 def _statistics(workdir: Path) -> dict:
     return {(p.parent.name, p.stem): json.loads(p.read_text())["statistics"]
             for p in sorted((workdir / "results/tiny/states").glob("*/*.json")) if p.stem != "done"}
 
 
-def test_workflow_through_slurm_equals_local(cluster, tmp_path):
+def test_workflow_through_slurm_equals_local(cluster, trained, tmp_path):
     slurm = _workdir(tmp_path / "slurm", SETTINGS)
     done = _run(slurm, "--profile", str(REPO / "profiles/test-slurm"))
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
@@ -110,7 +127,7 @@ def test_workflow_through_slurm_equals_local(cluster, tmp_path):
     sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(jobs), "-o", "JobID,State,Account"],
                            capture_output=True, text=True).stdout
     assert sacct.count("COMPLETED|naiss2026-3-205-gpu") == 3, sacct
-    local = _workdir(tmp_path / "local", SETTINGS)
+    local = _workdir(tmp_path / "local", SETTINGS, trained)  # trained locally
     assert _run(local, "-c2").returncode == 0
     assert _statistics(slurm) == _statistics(local)
     assert (slurm / "results/tiny/summary.csv").read_text() == (local / "results/tiny/summary.csv").read_text()
@@ -125,11 +142,11 @@ def _queued(name_prefix: str = "tinyllm_") -> list[str]:
     return [line for line in queue.splitlines() if line.split("|")[1].startswith(name_prefix)]
 
 
-def test_cancelled_job_is_retried_and_the_campaign_completes(cluster, tmp_path):
+def test_cancelled_job_is_retried_and_the_campaign_completes(cluster, trained, tmp_path):
     """scancel one running analysis job: sacct says "CANCELLED by <uid>", which the workflow hands
     to the plugin as CANCELLED (tiny_llm.campaign.slurm_states), so the controller sees a failed job within
     its polling interval, retries it, and completes on its own, every other result kept."""
-    workdir = _workdir(tmp_path / "cancel", SETTINGS)
+    workdir = _workdir(tmp_path / "cancel", SETTINGS, trained)
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
     profile = ["--profile", str(REPO / "profiles/test-slurm"), "--retries", "1"]
     process = subprocess.Popen(_command(workdir, *profile), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -166,11 +183,11 @@ def test_cancelled_job_is_retried_and_the_campaign_completes(cluster, tmp_path):
     assert rerun.returncode == 0 and all(p.stat().st_mtime_ns == t for p, t in finished.items())
 
 
-def test_accounting_outage_is_survived(cluster, tmp_path):
+def test_accounting_outage_is_survived(cluster, trained, tmp_path):
     """Stop slurmdbd for 30 s while jobs run: with polling throttled like profiles/naiss (there one
     check per 20 s x 30 attempts; here 0.1/s x 10 attempts, ~100 s of tolerance) the plugin rides
     it out instead of forgetting its jobs (plugin issue #207), and the run completes."""
-    workdir = _workdir(tmp_path / "outage", SETTINGS)
+    workdir = _workdir(tmp_path / "outage", SETTINGS, trained)
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
     args = ["--profile", str(REPO / "profiles/test-slurm"), "--max-status-checks-per-second", "0.1",
             "--slurm-status-attempts", "10"]
@@ -254,11 +271,11 @@ def _sacct_state(job: str) -> str:
                           text=True).stdout.strip()
 
 
-def test_killed_controller_is_re_attached_without_duplicate_work(cluster, tmp_path):
+def test_killed_controller_is_re_attached_without_duplicate_work(cluster, trained, tmp_path):
     """SIGKILL the controller while analysis jobs run and one is queued, unlock, start it again:
     the running jobs are awaited (not submitted again), the queued one is cancelled and
     resubmitted, every state is computed by exactly one job that ran to completion."""
-    workdir = _workdir(tmp_path / "killed", SETTINGS)
+    workdir = _workdir(tmp_path / "killed", SETTINGS, trained)
     profile = ["--profile", str(REPO / "profiles/test-slurm")]
     first = _start(workdir, workdir / "first.log", *profile, *HELD)
     try:
@@ -293,10 +310,10 @@ def test_killed_controller_is_re_attached_without_duplicate_work(cluster, tmp_pa
     assert "Nothing to be done" in rerun.stdout + rerun.stderr  # awaited results count as made
 
 
-def test_ctrl_c_leaves_running_jobs_running(cluster, tmp_path):
+def test_ctrl_c_leaves_running_jobs_running(cluster, trained, tmp_path):
     """SIGINT (Ctrl-C) cancels the queued jobs and leaves the running ones running; the next
     run re-attaches to them or finds their results, and the campaign completes."""
-    workdir = _workdir(tmp_path / "interrupted", SETTINGS)
+    workdir = _workdir(tmp_path / "interrupted", SETTINGS, trained)
     profile = ["--profile", str(REPO / "profiles/test-slurm")]
     log = workdir / "first.log"
     first = _start(workdir, log, *profile, *HELD)
@@ -324,14 +341,14 @@ def test_ctrl_c_leaves_running_jobs_running(cluster, tmp_path):
     assert len(jobs) == 6 and set(running) <= set(jobs.values())
 
 
-def test_a_campaign_runs_the_code_it_started_with(cluster, tmp_path):
+def test_a_campaign_runs_the_code_it_started_with(cluster, trained, tmp_path):
     """Editing a numerical module of the checkout mid-campaign changes nothing for the jobs
     still to come (they import the run's frozen copy); the next campaign sees the edit and the
     identity guard refuses to mix it into the existing results."""
     source = tmp_path / "src"
     shutil.copytree(REPO / "src/tiny_llm", source / "tiny_llm", ignore=shutil.ignore_patterns("__pycache__"))
     env = {"PYTHONPATH": str(source)}
-    workdir = _workdir(tmp_path / "frozen", SETTINGS)
+    workdir = _workdir(tmp_path / "frozen", SETTINGS, trained)
     profile = ["--profile", str(REPO / "profiles/test-slurm")]
     log = workdir / "campaign.log"
     campaign = _start(workdir, log, *profile, env=env)
