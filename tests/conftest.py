@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.func import functional_call, hessian
+from torch.func import functional_call, hessian, jvp
 
 from tiny_llm.config import ModelConfig, RunConfig, config_from_dict
 from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.data.corpus import BYTE_TOKENIZER, demo_corpus
 from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks, prepare_cache
+from tiny_llm.model.jets import Jet, JetPass
 from tiny_llm.model.llama import Llama, token_losses
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,6 +70,52 @@ def dense_gauss_newton(model, tokens, ignored=()):
     return torch.einsum("ntvd,ntvw,ntwe->de", J, H_out, J)
 
 
+JET_K = 3
+"""Directions per jet-rule check."""
+
+
+def jet_generator(seed):
+    """A CPU generator seeded with ``seed``."""
+    return torch.Generator().manual_seed(seed)
+
+
+def jet_randn(*shape, seed):
+    """A float64 standard normal tensor from ``jet_generator(seed)``."""
+    return torch.randn(*shape, dtype=torch.float64, generator=jet_generator(seed))
+
+
+def reference_jet(f, x0, x1, x2):
+    """(y1, y2) of t ↦ f(t, x0 + t·x1 + ½t²·x2) at t = 0, by forward mode twice (torch.func)."""
+    def path(t):
+        return f(t, x0 + t * x1 + 0.5 * t * t * x2)
+
+    def first(t):
+        return jvp(path, (t,), (torch.ones((), dtype=torch.float64),))[1]
+    zero = torch.zeros((), dtype=torch.float64)
+    return first(zero), jvp(first, (zero,), (torch.ones((), dtype=torch.float64),))[1]
+
+
+def check_module_jet(module, jet_of, x0, *, second_order_input=True, seed=0):
+    """Module rule vs torch.func for K directions of its parameters and input."""
+    module = module.double()
+    names = [n for n, _ in module.named_parameters()]
+    dirs = {n: jet_randn(JET_K, *p.shape, seed=seed + i) for i, (n, p) in enumerate(module.named_parameters())}
+    x1 = jet_randn(JET_K, *x0.shape, seed=seed + 50)
+    x2 = (jet_randn(JET_K, *x0.shape, seed=seed + 60) if second_order_input
+          else torch.zeros(JET_K, *x0.shape, dtype=torch.float64))
+    jets = JetPass({p: dirs[n] for n, p in module.named_parameters()})
+    out = jet_of(module, Jet(x0, x1, x2 if second_order_input else None), jets)
+    for k in range(JET_K):
+        def f(t, x):
+            params = {n: p + t * dirs[n][k] for n, p in zip(names, module.parameters())}
+            return functional_call(module, params, (x,))
+        y1, y2 = reference_jet(f, x0, x1[k], x2[k])
+        torch.testing.assert_close(out.z0, functional_call(module, dict(module.named_parameters()), (x0,)),
+                                   rtol=0, atol=1e-13)
+        torch.testing.assert_close(out.z1[k], y1, rtol=0, atol=1e-11)
+        torch.testing.assert_close(out.z2[k], y2, rtol=0, atol=1e-11)
+
+
 @pytest.fixture(scope="session")
 def dense_problem():
     """The float64 TINY_MODEL, 7 epoch rows (uneven for every batch size) and its explicit Hessian."""
@@ -113,13 +160,14 @@ def make_config(tmp_path: Path):
     return make
 
 
-def make_oracle_run(path: Path, **training) -> RunConfig:
-    """A cache of random ids < 16 and a config for the 1.4k-parameter TINY_MODEL: seq_len 6, B=3 with
-    micro-batch 2 (a remainder), 3 batches per epoch, 2 epochs, shuffle groups of 4."""
+def make_oracle_run(path: Path, model: dict | None = None, **training) -> RunConfig:
+    """A cache of random ids < 16 and a config for the 1.4k-parameter TINY_MODEL (``model``: keys
+    changed): seq_len 6, B=3 with micro-batch 2 (a remainder), 3 batches per epoch, 2 epochs,
+    shuffle groups of 4."""
     base = {"batch_size": 3, "micro_batch_size": 2, "tokens": 3 * 6 * 3 * 2, "epochs": 2, "warmup_steps": 1,
             "checkpoint_policy": "interval", "lr": 0.05, "attention_backend": "reference"}
     base.update(training)
-    config = config_from_dict({"model": TINY_MODEL.__dict__, "training": base,
+    config = config_from_dict({"model": {**TINY_MODEL.__dict__, **(model or {})}, "training": base,
                                "data": {"cache": str(path / "cache"), "seq_len": 6, "shuffle_group_blocks": 4, "seed": 3}})
     if not (path / "cache").exists():
         ids = torch.randint(0, 16, (capacity_blocks(config)["unseen"] * 6 + 1,), generator=torch.Generator().manual_seed(5))

@@ -57,10 +57,14 @@ def _require_positive(section: str, obj: Any, *names: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Shape of the Llama-style decoder (RMSNorm, RoPE, causal attention, SwiGLU)."""
+    """Architecture and shape of the decoder: Llama-style (RMSNorm, RoPE, causal attention, SwiGLU)
+    or GPT-2 (LayerNorm, learned positions, causal attention, GELU, biased projections)."""
 
     SECTION: ClassVar[str] = "model"
 
+    architecture: Literal["llama", "gpt2"] = "llama"
+    """``llama`` or ``gpt2`` (as Hugging Face's GPT2LMHeadModel: learned positions up to
+    max_seq_len, LayerNorm with bias, tanh-approximated GELU, biased projections; rope_theta unused)."""
     vocab_size: int = 256
     """Number of token ids; 256 for the byte-level tokenizer."""
     d_model: int = 32
@@ -68,15 +72,16 @@ class ModelConfig:
     n_layers: int = 2
     """Number of transformer blocks."""
     n_heads: int = 4
-    """Attention heads; must divide d_model, and head_dim = d_model / n_heads must be even (RoPE)."""
+    """Attention heads; must divide d_model (llama: head_dim = d_model / n_heads must be even, for RoPE)."""
     d_ff: int = 64
-    """Hidden width of the SwiGLU feed-forward block."""
+    """Hidden width of the feed-forward block (SwiGLU for llama, GELU MLP for gpt2)."""
     max_seq_len: int = 64
-    """Longest sequence the model accepts (RoPE tables are built up to this length)."""
+    """Longest sequence the model accepts (RoPE tables are built up to this length; gpt2: the
+    number of learned positions)."""
     rope_theta: float = 10000.0
-    """RoPE base frequency."""
+    """RoPE base frequency (llama)."""
     norm_eps: float = 1e-5
-    """RMSNorm epsilon."""
+    """Epsilon of the normalisation layers (RMSNorm for llama, LayerNorm for gpt2)."""
     tie_embeddings: bool = True
     """Share the input embedding with the output projection (counted once in D)."""
 
@@ -86,7 +91,7 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             _fail("model.n_heads", f"a divisor of model.d_model={self.d_model} ({divisors})", self.n_heads)
-        if self.head_dim % 2:
+        if self.architecture == "llama" and self.head_dim % 2:
             _fail("model.n_heads", f"a value giving an even head_dim (d_model={self.d_model})", self.n_heads)
 
     @property

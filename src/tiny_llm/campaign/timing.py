@@ -27,7 +27,7 @@ from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, 
 from tiny_llm.curvature.memory import MemoryPlan, device_budget
 from tiny_llm.curvature.noise import batch_gradient
 from tiny_llm.io import atomic_write_json
-from tiny_llm.model.llama import Llama
+from tiny_llm.model.architectures import build_model
 from tiny_llm.workers.state import (AnalysisSettings, _resolve, _Resolved, explain_out_of_memory, memory_plan,
                                     quadratic_form_engine)
 
@@ -115,7 +115,7 @@ def _measure_seconds(config: RunConfig, settings: AnalysisSettings, resolved: _R
                      repeats: int, memory: MemoryPlan) -> dict[str, float]:
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     started = time.perf_counter()
-    model = Llama(config.model, attention_backend="reference").to(resolved.device, resolved.dtype)
+    model = build_model(config.model, attention_backend="reference").to(resolved.device, resolved.dtype)
     B, T, mb, hvp_rows = (config.training.batch_size, config.data.seq_len, config.training.micro_batch_size,
                           resolved.hvp_batch_size)
     tokens = torch.randint(0, config.model.vocab_size, (max(B, hvp_rows), T + 1),

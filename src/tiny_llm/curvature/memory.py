@@ -156,12 +156,13 @@ def measure_pass(config: ModelConfig, engine: str, rows: int, K: int, seq_len: i
     allocator's peak on CUDA. The parameters and the directions themselves are not included (they
     are part of :func:`resident_bytes`)."""
     from tiny_llm.curvature.hessian import EpochHessian, Precision  # noqa: PLC0415 - measurement only
-    from tiny_llm.model.llama import Llama, token_losses  # noqa: PLC0415
+    from tiny_llm.model.architectures import build_model  # noqa: PLC0415
+    from tiny_llm.model.llama import token_losses  # noqa: PLC0415
 
     device = torch.device(device)
     counter = _CudaPeak(device) if device.type == "cuda" else StoragePeak()
     torch.manual_seed(seed)
-    model = Llama(config, attention_backend="reference").to(device, dtype)
+    model = build_model(config, attention_backend="reference").to(device, dtype)
     precision = Precision(device, dtype, amp)
     if engine == GRADIENT:
         tokens = torch.randint(0, config.vocab_size, (rows, seq_len + 1), device=device)
@@ -193,11 +194,11 @@ def size(nbytes: float) -> str:
 
 
 def parameter_count(config: ModelConfig) -> int:
-    """D, the unique trainable parameters of a ``Llama`` of this shape (built on the meta device)."""
-    from tiny_llm.model.llama import Llama  # noqa: PLC0415 - the model wing is below; imported lazily for speed
+    """D, the unique trainable parameters of a model of this shape (built on the meta device)."""
+    from tiny_llm.model.architectures import build_model  # noqa: PLC0415 - the model wing is below; lazily for speed
 
     with torch.device("meta"):
-        return sum(p.numel() for p in Llama(config).parameters())
+        return sum(p.numel() for p in build_model(config).parameters())
 
 
 def features(config: ModelConfig, rows: int, seq_len: int, D: int | None = None) -> dict[str, float]:

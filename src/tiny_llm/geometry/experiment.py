@@ -39,7 +39,7 @@ from tiny_llm.curvature.spectrum import top_eigenpairs
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, unseen_plan
 from tiny_llm.geometry import metrics as geometry
 from tiny_llm.io import atomic_path, atomic_write_json
-from tiny_llm.model.llama import Llama
+from tiny_llm.model.architectures import build_model
 from tiny_llm.provenance import canonical_hash, source_hash
 from tiny_llm.runtime import resolve_device
 from tiny_llm.workers.state import AnalysisSettings, load_state, resolve_checkpoints
@@ -211,7 +211,7 @@ def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, referen
     cache = TokenCache(reference["cache"])
     rows = cache.tokens(reference["rows"]).to(device)
     cov_batches = [cache.tokens(batch).to(device) for batch in reference["cov_batches"]]
-    model = Llama(config.model, attention_backend="reference")
+    model = build_model(config.model, attention_backend="reference")
     model.load_state_dict(state.root, strict=True)
     model.to(device=device, dtype=precision.dtype)
     mb = config.training.micro_batch_size

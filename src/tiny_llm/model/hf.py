@@ -1,17 +1,25 @@
-"""Hugging Face ``LlamaForCausalLM`` directories in and out of our Llama, exactly.
+"""Hugging Face ``LlamaForCausalLM`` and ``GPT2LMHeadModel`` directories in and out of our
+Llama and GPT-2, exactly.
 
-One literal key map, written once (``LAYER_KEYS``, ``MODEL_KEYS``). No tensor is permuted: our
-RoPE rotates the two halves of each head's features (``apply_rope``), which is the layout of
-``transformers``' ``LlamaForCausalLM`` (its ``rotate_half``); the permutation that Meta's
-original checkpoints need (interleaved pairs to halves) is applied by ``transformers``' own
-conversion script, before a checkpoint reaches this format. The projections are stored as
-(out, in) in both.
+One literal key map per architecture, written once (``LLAMA_*_KEYS``, ``GPT2_*_KEYS``):
+
+* Llama: no tensor is permuted. Our RoPE rotates the two halves of each head's features
+  (``apply_rope``), which is the layout of ``transformers``' ``LlamaForCausalLM`` (its
+  ``rotate_half``); the permutation that Meta's original checkpoints need (interleaved pairs to
+  halves) is applied by ``transformers``' own conversion script, before a checkpoint reaches this
+  format. The projections are stored as (out, in) in both.
+* GPT-2: its projections are ``Conv1D`` layers, which store the weight as (in, out) and compute
+  x W + b; ours are ``nn.Linear``, (out, in), so those four weights (``GPT2_TRANSPOSED``) are
+  transposed both ways. q, k and v stay fused in one projection (``wqkv``, their ``c_attn``), in
+  the same order. The causal-mask buffers older versions saved (``attn.bias``,
+  ``attn.masked_bias``) are derived, not weights, and are skipped.
 
 Only local directories are read (``config.json`` and ``model.safetensors`` or a sharded
 ``model.safetensors.index.json``); a hub id is refused with how to fetch it first, and pickled
 ``pytorch_model.bin`` weights are refused (checkpoints are data, not code). A configuration our
-Llama cannot represent is refused by name: grouped-query attention, biases, another activation,
-RoPE scaling, a head size other than d_model / n_heads.
+models cannot represent is refused by name (Llama: grouped-query attention, biases, another
+activation, RoPE scaling, a head size other than d_model / n_heads; GPT-2: another activation,
+unscaled or layer-scaled attention, cross-attention).
 
 ``transformers`` is not needed here; the tests check both directions against it.
 """
@@ -20,6 +28,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +39,14 @@ from safetensors.torch import load_file, save_file
 from tiny_llm.config import ModelConfig, RunConfig, config_from_dict, config_to_dict, dump_config, load_config
 from tiny_llm.io import atomic_directory, atomic_write_json, atomic_write_text
 
-__all__ = ["IMPORTED", "LAYER_KEYS", "MODEL_KEYS", "export_run", "from_hf_state", "import_run", "model_config_from_hf",
-           "model_config_to_hf", "read_hf", "to_hf_state", "write_hf"]
+__all__ = ["FORMATS", "GPT2_LAYER_KEYS", "GPT2_MODEL_KEYS", "IMPORTED", "LLAMA_LAYER_KEYS", "LLAMA_MODEL_KEYS",
+           "export_run", "from_hf_state", "import_run", "model_config_from_hf", "model_config_to_hf", "read_hf",
+           "to_hf_state", "write_hf"]
 
 IMPORTED = "imported.json"
 """Marks a run directory made by ``import_run``: training refuses it (it would overwrite the weights)."""
 
-LAYER_KEYS = {
+LLAMA_LAYER_KEYS = {
     "attention_norm.weight": "input_layernorm.weight",
     "attention.wq.weight": "self_attn.q_proj.weight",
     "attention.wk.weight": "self_attn.k_proj.weight",
@@ -46,70 +57,37 @@ LAYER_KEYS = {
     "feed_forward.w3.weight": "mlp.up_proj.weight",
     "feed_forward.w2.weight": "mlp.down_proj.weight",
 }
-"""Our key inside ``layers.{i}.`` -> theirs inside ``model.layers.{i}.``."""
-MODEL_KEYS = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-              "output.weight": "lm_head.weight"}
-"""Our keys outside the layers -> theirs (``output.weight`` only for an untied head)."""
+"""Llama: our key inside ``layers.{i}.`` -> theirs inside ``model.layers.{i}.``."""
+LLAMA_MODEL_KEYS = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+                    "output.weight": "lm_head.weight"}
+"""Llama: our keys outside the layers -> theirs (``output.weight`` only for an untied head)."""
 
-_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
-_HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
-
-
-def _hf_key(key: str) -> str:
-    if key in MODEL_KEYS:
-        return MODEL_KEYS[key]
-    match = _LAYER.fullmatch(key)
-    if match and match.group(2) in LAYER_KEYS:
-        return f"model.layers.{match.group(1)}.{LAYER_KEYS[match.group(2)]}"
-    raise ValueError(f"parameter {key} has no Hugging Face Llama counterpart")
-
-
-def to_hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our state dict -> ``LlamaForCausalLM``'s (the same tensors, renamed)."""
-    return {_hf_key(key): tensor for key, tensor in state.items()}
-
-
-def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source: str) -> dict[str, torch.Tensor]:
-    """``LlamaForCausalLM``'s state dict -> ours, for ``config``; a tied head's ``lm_head.weight``
-    (when saved at all) must equal the embedding.
-
-    Raises:
-        ValueError: naming ``source`` and the keys that are missing or have no counterpart.
-    """
-    theirs = {hf: ours for ours, hf in MODEL_KEYS.items()}
-    theirs.update({f"model.layers.{i}.{hf}": f"layers.{i}.{ours}"
-                   for i in range(config.n_layers) for ours, hf in LAYER_KEYS.items()})
-    state, unknown = {}, []
-    for key, tensor in hf_state.items():
-        if key == "lm_head.weight" and config.tie_embeddings:
-            if not torch.equal(tensor, hf_state.get("model.embed_tokens.weight", tensor)):
-                raise ValueError(f"{source}: tie_word_embeddings is true but lm_head.weight differs from the embedding")
-            continue
-        if key.endswith("rotary_emb.inv_freq"):  # a buffer some versions saved: derived from rope_theta
-            continue
-        if key not in theirs:
-            unknown.append(key)
-            continue
-        state[theirs[key]] = tensor
-    expected = {theirs[k] for k in theirs if not (k == "lm_head.weight" and config.tie_embeddings)}
-    missing = sorted(expected - set(state))
-    if unknown or missing:
-        raise ValueError(f"{source}: weights do not match a Llama of config.json"
-                         + (f"; unknown {unknown[:4]}" if unknown else "") + (f"; missing {missing[:4]}" if missing else ""))
-    return state
+GPT2_LAYER_KEYS = {
+    "attention_norm.weight": "ln_1.weight", "attention_norm.bias": "ln_1.bias",
+    "attention.wqkv.weight": "attn.c_attn.weight", "attention.wqkv.bias": "attn.c_attn.bias",
+    "attention.wo.weight": "attn.c_proj.weight", "attention.wo.bias": "attn.c_proj.bias",
+    "ffn_norm.weight": "ln_2.weight", "ffn_norm.bias": "ln_2.bias",
+    "feed_forward.w1.weight": "mlp.c_fc.weight", "feed_forward.w1.bias": "mlp.c_fc.bias",
+    "feed_forward.w2.weight": "mlp.c_proj.weight", "feed_forward.w2.bias": "mlp.c_proj.bias",
+}
+"""GPT-2: our key inside ``layers.{i}.`` -> theirs inside ``transformer.h.{i}.``."""
+GPT2_MODEL_KEYS = {"tok_embeddings.weight": "transformer.wte.weight", "pos_embeddings.weight": "transformer.wpe.weight",
+                   "norm.weight": "transformer.ln_f.weight", "norm.bias": "transformer.ln_f.bias",
+                   "output.weight": "lm_head.weight"}
+"""GPT-2: our keys outside the layers -> theirs (``output.weight`` only for an untied head)."""
+GPT2_TRANSPOSED = frozenset({"attention.wqkv.weight", "attention.wo.weight", "feed_forward.w1.weight",
+                             "feed_forward.w2.weight"})
+"""GPT-2 layer keys whose tensor is stored transposed there (``Conv1D``: (in, out))."""
 
 
-def model_config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
-    """Our ModelConfig from a ``LlamaForCausalLM`` config.json.
-
-    Raises:
-        ValueError: a configuration our Llama cannot represent, naming the key and ``source``.
-    """
+def _refusal(source: str) -> Callable[[str, Any, str], ValueError]:
     def refuse(key: str, found: Any, need: str) -> ValueError:
         return ValueError(f"{source}: {key}={found!r} cannot be represented here ({need})")
-    if data.get("model_type") != "llama":
-        raise refuse("model_type", data.get("model_type"), "only llama converts exactly; other causal LMs are "
-                     "analysed through the adapter with the HVP engines")
+    return refuse
+
+
+def _llama_config(data: dict[str, Any], source: str) -> ModelConfig:
+    refuse = _refusal(source)
     heads = data["num_attention_heads"]
     if data.get("num_key_value_heads", heads) != heads:
         raise refuse("num_key_value_heads", data["num_key_value_heads"], f"grouped-query attention; need {heads}")
@@ -130,26 +108,143 @@ def model_config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
                        norm_eps=float(data["rms_norm_eps"]), tie_embeddings=bool(data.get("tie_word_embeddings", True)))
 
 
-def model_config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
-    """A ``LlamaForCausalLM`` config.json for our ModelConfig (``rope_theta`` both where
-    transformers 4 and 5 read it)."""
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": config.vocab_size,
-            "hidden_size": config.d_model, "num_hidden_layers": config.n_layers,
+def _llama_hf_config(config: ModelConfig) -> dict[str, Any]:
+    """``rope_theta`` both where transformers 4 and 5 read it."""
+    return {"vocab_size": config.vocab_size, "hidden_size": config.d_model, "num_hidden_layers": config.n_layers,
             "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_heads,
             "head_dim": config.head_dim, "intermediate_size": config.d_ff,
             "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.norm_eps,
             "rope_theta": config.rope_theta, "rope_scaling": None,
             "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
+
+
+def _gpt2_config(data: dict[str, Any], source: str) -> ModelConfig:
+    refuse = _refusal(source)
+    if data.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise refuse("activation_function", data["activation_function"], "need gelu_new (tanh-approximated GELU)")
+    if not data.get("scale_attn_weights", True):
+        raise refuse("scale_attn_weights", data["scale_attn_weights"], "need true (scores / √head_dim)")
+    for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
+        if data.get(key):
+            raise refuse(key, data[key], "need false")
+    width = data.get("n_embd", 768)
+    return ModelConfig(architecture="gpt2", vocab_size=data.get("vocab_size", 50257), d_model=width,
+                       n_layers=data.get("n_layer", 12), n_heads=data.get("n_head", 12),
+                       d_ff=data.get("n_inner") or 4 * width, max_seq_len=data.get("n_positions", 1024),
+                       norm_eps=float(data.get("layer_norm_epsilon", 1e-5)),
+                       tie_embeddings=bool(data.get("tie_word_embeddings", True)))
+
+
+def _gpt2_hf_config(config: ModelConfig) -> dict[str, Any]:
+    return {"vocab_size": config.vocab_size, "n_embd": config.d_model, "n_layer": config.n_layers,
+            "n_head": config.n_heads, "n_inner": config.d_ff, "n_positions": config.max_seq_len,
+            "n_ctx": config.max_seq_len, "layer_norm_epsilon": config.norm_eps, "activation_function": "gelu_new",
+            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+
+
+@dataclass(frozen=True)
+class _Format:
+    """How one Hugging Face architecture names, lays out and configures our model's tensors."""
+
+    hf_class: str
+    layer_prefix: str
+    layer_keys: dict[str, str]
+    model_keys: dict[str, str]
+    config_from: Callable[[dict[str, Any], str], ModelConfig]
+    config_to: Callable[[ModelConfig], dict[str, Any]]
+    transposed: frozenset[str] = frozenset()
+    derived: re.Pattern = re.compile(r"$^")
+    """Their buffers that are not weights (skipped on import)."""
+
+    def theirs(self, key: str) -> str:
+        if key in self.model_keys:
+            return self.model_keys[key]
+        match = re.fullmatch(r"layers\.(\d+)\.(.+)", key)
+        if match and match.group(2) in self.layer_keys:
+            return f"{self.layer_prefix}.{match.group(1)}.{self.layer_keys[match.group(2)]}"
+        raise ValueError(f"parameter {key} has no Hugging Face {self.hf_class} counterpart")
+
+    def flips(self, key: str) -> bool:
+        return key.split(".", 2)[-1] in self.transposed if key.startswith("layers.") else False
+
+
+FORMATS = {
+    "llama": _Format("LlamaForCausalLM", "model.layers", LLAMA_LAYER_KEYS, LLAMA_MODEL_KEYS, _llama_config,
+                     _llama_hf_config, derived=re.compile(r".*rotary_emb\.inv_freq")),
+    "gpt2": _Format("GPT2LMHeadModel", "transformer.h", GPT2_LAYER_KEYS, GPT2_MODEL_KEYS, _gpt2_config,
+                    _gpt2_hf_config, transposed=GPT2_TRANSPOSED,
+                    derived=re.compile(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)")),
+}
+"""model_type -> its format. Other model types are analysed through the adapter (HVP engines)."""
+
+
+def to_hf_state(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict -> the Hugging Face model's (the same tensors renamed; GPT-2's Conv1D
+    weights transposed)."""
+    form = FORMATS[config.architecture]
+    return {form.theirs(key): tensor.t() if form.flips(key) else tensor for key, tensor in state.items()}
+
+
+def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source: str) -> dict[str, torch.Tensor]:
+    """The Hugging Face model's state dict -> ours, for ``config``; a tied head's ``lm_head.weight``
+    (when saved at all) must equal the embedding.
+
+    Raises:
+        ValueError: naming ``source`` and the keys that are missing or have no counterpart.
+    """
+    form = FORMATS[config.architecture]
+    ours = [key for key in form.model_keys if not (key == "output.weight" and config.tie_embeddings)]
+    ours += [f"layers.{i}.{key}" for i in range(config.n_layers) for key in form.layer_keys]
+    theirs = {form.theirs(key): key for key in ours}
+    embedding = form.model_keys["tok_embeddings.weight"]
+    state, unknown = {}, []
+    for key, tensor in hf_state.items():
+        if key == "lm_head.weight" and config.tie_embeddings:
+            if not torch.equal(tensor, hf_state.get(embedding, tensor)):
+                raise ValueError(f"{source}: tie_word_embeddings is true but lm_head.weight differs from the embedding")
+            continue
+        if form.derived.fullmatch(key):
+            continue
+        if key not in theirs:
+            unknown.append(key)
+            continue
+        state[theirs[key]] = tensor.t().contiguous() if form.flips(theirs[key]) else tensor
+    missing = sorted(set(ours) - set(state))
+    if unknown or missing:
+        raise ValueError(f"{source}: weights do not match a {form.hf_class} of config.json"
+                         + (f"; unknown {unknown[:4]}" if unknown else "") + (f"; missing {missing[:4]}" if missing else ""))
+    return state
+
+
+def model_config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
+    """Our ModelConfig from a ``LlamaForCausalLM`` or ``GPT2LMHeadModel`` config.json.
+
+    Raises:
+        ValueError: another model type, or a configuration our models cannot represent, naming the
+            key and ``source``.
+    """
+    model_type = data.get("model_type")
+    if model_type not in FORMATS:
+        raise _refusal(source)("model_type", model_type, f"only {' and '.join(FORMATS)} convert exactly; other causal "
+                               "LMs are analysed where they are with the HVP engines (model.hf_directory)")
+    return FORMATS[model_type].config_from(data, source)
+
+
+def model_config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """The Hugging Face config.json for our ModelConfig."""
+    form = FORMATS[config.architecture]
+    return {"architectures": [form.hf_class], "model_type": config.architecture, **form.config_to(config),
             "tie_word_embeddings": config.tie_embeddings, "torch_dtype": str(dtype).removeprefix("torch.")}
 
 
 def read_hf(directory: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Our ModelConfig and state dict from a local ``LlamaForCausalLM`` directory.
+    """Our ModelConfig and state dict from a local ``LlamaForCausalLM`` or ``GPT2LMHeadModel`` directory.
 
     Raises:
         ValueError: a hub id or missing directory, pickled weights, or a configuration or weights
-            our Llama cannot represent, each naming what to do.
+            our models cannot represent, each naming what to do.
     """
     path = Path(directory)
     if not path.is_dir():
@@ -176,7 +271,8 @@ def read_hf(directory: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
 
 
 def write_hf(out: str | Path, config: ModelConfig, state: dict[str, torch.Tensor]) -> Path:
-    """Write a ``LlamaForCausalLM`` directory (config.json, model.safetensors) atomically: a
+    """Write a Hugging Face directory (config.json, model.safetensors) for ``config``'s
+    architecture atomically: a
     temporary folder renamed onto ``out``, which must not exist yet.
 
     Raises:
@@ -186,7 +282,7 @@ def write_hf(out: str | Path, config: ModelConfig, state: dict[str, torch.Tensor
     if out.exists():
         raise ValueError(f"{out} exists; choose a new directory (nothing is overwritten)")
     with atomic_directory(out) as tmp:
-        tensors = {k: t.detach().to("cpu").contiguous() for k, t in to_hf_state(state).items()}
+        tensors = {k: t.detach().to("cpu").contiguous() for k, t in to_hf_state(state, config).items()}
         dtype = next(iter(tensors.values())).dtype
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(model_config_to_hf(config, dtype), indent=2) + "\n")
@@ -194,7 +290,8 @@ def write_hf(out: str | Path, config: ModelConfig, state: dict[str, torch.Tensor
 
 
 def import_run(directory: str | Path, run_dir: str | Path, config: RunConfig, step: int = 0, tokens: int = 0) -> Path:
-    """Make a run directory from a local ``LlamaForCausalLM`` directory: ``resolved.yaml`` (the
+    """Make a run directory from a local ``LlamaForCausalLM`` or ``GPT2LMHeadModel`` directory:
+    ``resolved.yaml`` (the
     model section from its config.json, data and training from ``config``), the weights as
     ``epoch-000.safetensors`` (metadata step and tokens as given) and ``imported.json``.
 
@@ -220,16 +317,16 @@ def import_run(directory: str | Path, run_dir: str | Path, config: RunConfig, st
 
 def export_run(run_dir: str | Path, checkpoint: str, out: str | Path) -> Path:
     """Write a run's checkpoint (``epoch-NNN.safetensors`` or ``final.pt``) as a
-    ``LlamaForCausalLM`` directory, in the checkpoint's dtype.
+    Hugging Face directory of its architecture, in the checkpoint's dtype.
 
     Raises:
         ValueError: an unreadable or mismatched checkpoint, or ``out`` exists.
     """
     from tiny_llm.model.checkpoint import check_state_dict, load_weights
-    from tiny_llm.model.llama import Llama
+    from tiny_llm.model.architectures import build_model
 
     run_dir = Path(run_dir)
     config = load_config(run_dir / "resolved.yaml")
     state, _ = load_weights(run_dir / checkpoint)
-    check_state_dict(Llama(config.model, attention_backend="reference"), state, str(run_dir / checkpoint))
+    check_state_dict(build_model(config.model), state, str(run_dir / checkpoint))
     return write_hf(out, config.model, state)

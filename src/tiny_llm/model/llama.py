@@ -13,7 +13,7 @@ from torch import nn
 from tiny_llm.config import ModelConfig
 from tiny_llm.model.jets import Jet, JetPass, add_terms, per_direction, per_direction_dot, shared_matmul
 
-__all__ = ["IGNORE_INDEX", "Llama", "check_jet_rules", "count_parameters", "token_losses"]
+__all__ = ["IGNORE_INDEX", "CausalLM", "Llama", "check_jet_rules", "count_parameters", "token_losses"]
 
 IGNORE_INDEX = -100
 """Target id of padded positions: they contribute zero loss and no gradient."""
@@ -45,10 +45,13 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear_jet(x: Jet, linear: nn.Linear, jets: JetPass) -> Jet:
-    """y = x Wᵀ with W(t) = W + tV: y1 = x1Wᵀ + x0Vᵀ, y2 = x2Wᵀ + 2x1Vᵀ (own term 2x1Vᵀ,
-    contracted as 2⟨λV, x1⟩ in the adjoint mode)."""
+    """y = x Wᵀ + b with W(t) = W + tV, b(t) = b + tβ: y1 = x1Wᵀ + x0Vᵀ + β, y2 = x2Wᵀ + 2x1Vᵀ
+    (the bias is linear in t; own term 2x1Vᵀ, contracted as 2⟨λV, x1⟩ in the adjoint mode)."""
     W, V = linear.weight, jets.direction(linear.weight)  # (out, in), (K, out, in)
-    y0, y1 = F.linear(x.z0, W), per_direction(x.z0, V, out=F.linear(x.z1, W))
+    y0, y1 = F.linear(x.z0, W, linear.bias), per_direction(x.z0, V, out=F.linear(x.z1, W))
+    if linear.bias is not None:
+        beta = jets.direction(linear.bias)  # (K, out), broadcast over the leading axes of x
+        y1 = y1.add_(beta.view(beta.size(0), *([1] * (x.z0.dim() - 1)), beta.size(-1)).to(y1.dtype))
     lam = jets.adjoint(linear, x)
     K, m, n = V.shape
     if lam is not None:
@@ -106,22 +109,32 @@ class RMSNorm(nn.Module):
         return normed.to(x.dtype) * self.weight
 
     def jet(self, x: Jet, jets: JetPass) -> Jet:
-        """n = x·r·w with r = m^(−½), m = mean(x²) + ε: m1 = 2⟨x0, x1⟩/C, m2 = 2(⟨x1, x1⟩ + ⟨x0, x2⟩)/C,
-        r1 = −½m^(−3/2)m1, r2 = −½m^(−3/2)m2 + ¾m^(−5/2)m1², then the product rule with w(t) = w + t·w_v."""
-        with _without_autocast(x.z0):
-            xf = x.map(_upcast)
-            m0 = xf.z0.pow(2).mean(-1, keepdim=True) + self.eps
-            m1 = 2 * (xf.z0 * xf.z1).mean(-1, keepdim=True)
-            m2 = 2 * xf.z1.pow(2).mean(-1, keepdim=True)
-            if xf.z2 is not None:
-                m2 = m2 + 2 * (xf.z0 * xf.z2).mean(-1, keepdim=True)
-            r0 = torch.rsqrt(m0)
-            r1 = -0.5 * r0.pow(3) * m1
-            r2 = -0.5 * r0.pow(3) * m2 + 0.75 * r0.pow(5) * m1.square()
-            normed = jets.product(xf, Jet(r0, r1, r2)).map(lambda z: z.to(x.z0.dtype))
-        w_v = jets.direction(self.weight)  # (K, C), broadcast over the leading axes of x
-        w_v = w_v.view(w_v.size(0), *([1] * (x.z0.dim() - 1)), w_v.size(-1))
-        return jets.emit(self, jets.product(normed, Jet(self.weight, w_v)))
+        """n = (x / rms(x))·w: the normalisation's rule, then the product rule with w(t) = w + t·w_v."""
+        return jets.emit(self, jets.product(rms_normalize_jet(x, self.eps, jets), feature_jet(self.weight, jets, x)))
+
+
+def rms_normalize_jet(x: Jet, eps: float, jets: JetPass) -> Jet:
+    """x·r with r = m^(−½), m = mean(x²) + ε, reduced in at least float32: m1 = 2⟨x0, x1⟩/C,
+    m2 = 2(⟨x1, x1⟩ + ⟨x0, x2⟩)/C, r1 = −½m^(−3/2)m1, r2 = −½m^(−3/2)m2 + ¾m^(−5/2)m1², then the
+    product rule."""
+    with _without_autocast(x.z0):
+        xf = x.map(_upcast)
+        m0 = xf.z0.pow(2).mean(-1, keepdim=True) + eps
+        m1 = 2 * (xf.z0 * xf.z1).mean(-1, keepdim=True)
+        m2 = 2 * xf.z1.pow(2).mean(-1, keepdim=True)
+        if xf.z2 is not None:
+            m2 = m2 + 2 * (xf.z0 * xf.z2).mean(-1, keepdim=True)
+        r0 = torch.rsqrt(m0)
+        r1 = -0.5 * r0.pow(3) * m1
+        r2 = -0.5 * r0.pow(3) * m2 + 0.75 * r0.pow(5) * m1.square()
+        return jets.product(xf, Jet(r0, r1, r2)).map(lambda z: z.to(x.z0.dtype))
+
+
+def feature_jet(parameter: torch.Tensor, jets: JetPass, like: Jet) -> Jet:
+    """A per-feature parameter (C,) along its directions, shaped to broadcast against ``like``'s
+    coefficients: z0 = the parameter, z1 = its directions (K, 1, ..., 1, C), z2 = 0."""
+    v = jets.direction(parameter)
+    return Jet(parameter, v.view(v.size(0), *([1] * (like.z0.dim() - 1)), v.size(-1)))
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -258,7 +271,66 @@ class TransformerBlock(nn.Module):
         return x + self.feed_forward.jet(self.ffn_norm.jet(x, jets), jets)
 
 
-class Llama(nn.Module):
+class CausalLM(nn.Module):
+    """What every architecture here shares: the output head (tied to the token embedding or not),
+    the length check, and the loss's second-order rule. A subclass defines ``tok_embeddings``,
+    ``output`` (None when tied), ``forward(idx)`` and ``jet(idx, jets)`` (the jet of the final
+    normalised hidden state)."""
+
+    config: ModelConfig
+    attention_backend: AttentionBackend
+
+    def _check_length(self, T: int) -> None:
+        if T > self.config.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.config.max_seq_len}")
+
+    def _check_jet_backend(self) -> None:
+        if self.attention_backend != "reference":
+            raise ValueError(f"jets need reference attention; build {type(self).__name__}(config, "
+                             "attention_backend='reference')")
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The output projection (V, C): the embedding when tied."""
+        return self.tok_embeddings.weight if self.output is None else self.output.weight
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, vocab) of the final normalised hidden state h (B, T, C)."""
+        return F.linear(h, self.head_weight)
+
+    def loss_jet(self, h: Jet, targets: torch.Tensor, jets: JetPass) -> torch.Tensor:
+        """d²/dt² of Σ_t ℓ_t (summed cross-entropy of the non-ignored targets), shape (K,).
+
+        With logits z = hEᵀ (E(t) = E + tU), p = softmax(z0) and r = p − e_y:
+        ℓ2 = ⟨r, z2⟩ + ⟨p, z1²⟩ − ⟨p, z1⟩², where ⟨r, z2⟩ = ⟨rE, h2⟩ + 2⟨rU, h1⟩: z2 is never formed.
+        The second part, z1ᵀ(diag(p) − ppᵀ)z1 summed over tokens, is the generalised Gauss–Newton
+        form vᵀGv (G = Jᵀ ∇²ℓ J, J the Jacobian of the logits); it is left in ``jets.gauss_newton``.
+        """
+        weight = self.head_weight  # (V, C)
+        U = jets.direction(weight)  # (K, V, C)
+        K, V, C = U.shape
+        z0 = self.logits(h.z0)  # (B, T, V)
+        # z1 = h1Eᵀ + h0Uᵀ as one batched matmul per direction: [h1 | h0] [E | U]ᵀ, (K, B·T, V).
+        left = torch.cat([h.z1, h.z0.expand_as(h.z1)], dim=-1).reshape(K, -1, 2 * C)
+        right = torch.cat([weight.expand_as(U), U], dim=-1).transpose(1, 2)
+        z1 = torch.bmm(left, right, out=jets.buffer("logits z1", (K, left.size(1), V), left))
+        with _without_autocast(z0):
+            keep = (targets != IGNORE_INDEX).reshape(-1, 1)  # (B·T, 1)
+            p = torch.softmax(_upcast(z0).reshape(-1, V), dim=-1) * keep  # ignored rows: 0
+            E, Ut = weight.to(p.dtype), U.transpose(1, 2).to(p.dtype)
+            h0, h1 = _upcast(h.z0).reshape(-1, C), _upcast(h.z1).reshape(K, -1, C)
+            p_z1 = (h1 * (p @ E)).sum(-1) + (h0 * per_direction(p, Ut)).sum(-1)  # ⟨p, z1⟩ by row, (K, B·T)
+            z1 = _upcast(z1)
+            curvature = z1.mul_(z1).flatten(1) @ p.flatten() - p_z1.square().sum(1)  # z1² in place
+            r = p - F.one_hot(targets.reshape(-1).clamp(min=0), V).to(p.dtype) * keep  # (B·T, V)
+            first = 2 * per_direction_dot(per_direction(r, Ut), h1)  # 2⟨rU, h1⟩
+            if h.z2 is not None:
+                first = first + per_direction_dot(_upcast(h.z2).reshape(K, -1, C), r @ E)  # rE: shared
+        jets.gauss_newton = curvature
+        return first + curvature
+
+
+class Llama(CausalLM):
     """Llama-style decoder. ``forward(idx)`` maps token ids (B, T) to logits (B, T, vocab).
 
     Args:
@@ -296,27 +368,16 @@ class Llama(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
-        if T > self.config.max_seq_len:
-            raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.config.max_seq_len}")
+        self._check_length(T)
         cos, sin = rope_tables(T, self.config.head_dim, self.config.rope_theta, idx.device)
         x = self.tok_embeddings(idx)  # (B, T, C)
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.logits(self.norm(x))
 
-    @property
-    def head_weight(self) -> torch.Tensor:
-        """The output projection (V, C): the embedding when tied."""
-        return self.tok_embeddings.weight if self.output is None else self.output.weight
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits (B, T, vocab) of the final normalised hidden state h (B, T, C)."""
-        return F.linear(h, self.head_weight)
-
     def jet(self, idx: torch.Tensor, jets: JetPass) -> Jet:
         """The jet of the final normalised hidden state (B, T, C) along the directions of ``jets``."""
-        if self.attention_backend != "reference":
-            raise ValueError("jets need reference attention; build Llama(config, attention_backend='reference')")
+        self._check_jet_backend()
         cos, sin = rope_tables(idx.size(1), self.config.head_dim, self.config.rope_theta, idx.device)
         x = embedding_jet(idx, self.tok_embeddings, jets)
         if jets.recorded is not None and not x.z0.requires_grad:  # the record pass needs a graph
@@ -325,40 +386,10 @@ class Llama(nn.Module):
             x = layer.jet(x, cos, sin, jets)
         return self.norm.jet(x, jets)
 
-    def loss_jet(self, h: Jet, targets: torch.Tensor, jets: JetPass) -> torch.Tensor:
-        """d²/dt² of Σ_t ℓ_t (summed cross-entropy of the non-ignored targets), shape (K,).
 
-        With logits z = hEᵀ (E(t) = E + tU), p = softmax(z0) and r = p − e_y:
-        ℓ2 = ⟨r, z2⟩ + ⟨p, z1²⟩ − ⟨p, z1⟩², where ⟨r, z2⟩ = ⟨rE, h2⟩ + 2⟨rU, h1⟩: z2 is never formed.
-        The second part, z1ᵀ(diag(p) − ppᵀ)z1 summed over tokens, is the generalised Gauss–Newton
-        form vᵀGv (G = Jᵀ ∇²ℓ J, J the Jacobian of the logits); it is left in ``jets.gauss_newton``.
-        """
-        weight = self.head_weight  # (V, C)
-        U = jets.direction(weight)  # (K, V, C)
-        K, V, C = U.shape
-        z0 = self.logits(h.z0)  # (B, T, V)
-        # z1 = h1Eᵀ + h0Uᵀ as one batched matmul per direction: [h1 | h0] [E | U]ᵀ, (K, B·T, V).
-        left = torch.cat([h.z1, h.z0.expand_as(h.z1)], dim=-1).reshape(K, -1, 2 * C)
-        right = torch.cat([weight.expand_as(U), U], dim=-1).transpose(1, 2)
-        z1 = torch.bmm(left, right, out=jets.buffer("logits z1", (K, left.size(1), V), left))
-        with _without_autocast(z0):
-            keep = (targets != IGNORE_INDEX).reshape(-1, 1)  # (B·T, 1)
-            p = torch.softmax(_upcast(z0).reshape(-1, V), dim=-1) * keep  # ignored rows: 0
-            E, Ut = weight.to(p.dtype), U.transpose(1, 2).to(p.dtype)
-            h0, h1 = _upcast(h.z0).reshape(-1, C), _upcast(h.z1).reshape(K, -1, C)
-            p_z1 = (h1 * (p @ E)).sum(-1) + (h0 * per_direction(p, Ut)).sum(-1)  # ⟨p, z1⟩ by row, (K, B·T)
-            z1 = _upcast(z1)
-            curvature = z1.mul_(z1).flatten(1) @ p.flatten() - p_z1.square().sum(1)  # z1² in place
-            r = p - F.one_hot(targets.reshape(-1).clamp(min=0), V).to(p.dtype) * keep  # (B·T, V)
-            first = 2 * per_direction_dot(per_direction(r, Ut), h1)  # 2⟨rU, h1⟩
-            if h.z2 is not None:
-                first = first + per_direction_dot(_upcast(h.z2).reshape(K, -1, C), r @ E)  # rE: shared
-        jets.gauss_newton = curvature
-        return first + curvature
-
-
-_JET_LAYERS = (Llama, TransformerBlock, Attention, FeedForward, RMSNorm, nn.Linear, nn.Embedding, nn.ModuleList)
-"""Layer types with a second-order rule (a ``jet`` method or function above)."""
+_JET_LEAVES = (nn.Linear, nn.Embedding, nn.ModuleList)
+"""Layer types whose rule is a function (``linear_jet``, ``embedding_jet``) or that hold layers;
+every other layer type has a rule when it defines a ``jet`` method beside its ``forward``."""
 
 
 def check_jet_rules(model: nn.Module) -> None:
@@ -368,13 +399,13 @@ def check_jet_rules(model: nn.Module) -> None:
         ValueError: naming the layer, its type and what to do.
     """
     for name, module in model.named_modules():
-        if type(module) not in _JET_LAYERS or (isinstance(module, nn.Linear) and module.bias is not None):
-            kind = "Linear with bias" if isinstance(module, nn.Linear) else type(module).__name__
-            raise ValueError(f"layer {name or '<model>'} ({kind}) has no second-order rule, so the taylor and adjoint "
-                             "engines cannot differentiate it; add its jet rule beside the layer in "
-                             "tiny_llm/model/llama.py or use engine double_backward or pearlmutter")
+        if not isinstance(module, _JET_LEAVES) and not callable(getattr(type(module), "jet", None)):
+            raise ValueError(f"layer {name or '<model>'} ({type(module).__name__}) has no second-order rule, so the "
+                             "taylor and adjoint engines cannot differentiate it; add its jet rule beside the layer "
+                             "(tiny_llm/model/) or use engine double_backward or pearlmutter")
     if getattr(model, "attention_backend", "reference") != "reference":
-        raise ValueError("jets need reference attention; build Llama(config, attention_backend='reference')")
+        raise ValueError(f"jets need reference attention; build {type(model).__name__}(config, "
+                         "attention_backend='reference')")
 
 
 def token_losses(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:

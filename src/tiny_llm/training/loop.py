@@ -34,7 +34,8 @@ from tiny_llm.config import RunConfig, config_to_dict, dump_config, load_config
 from tiny_llm.data.tokens import TokenCache, check_capacity, stream_batches
 from tiny_llm.io import atomic_write_text, exclusive, remove_leftovers
 from tiny_llm.model.checkpoint import load_train_state, save_train_state, save_weights
-from tiny_llm.model.llama import Llama, token_losses
+from tiny_llm.model.architectures import build_model
+from tiny_llm.model.llama import CausalLM, token_losses
 from tiny_llm.runtime import resolve_device
 
 __all__ = ["accumulate_batch_gradient", "average_states", "learning_rate", "run_summary", "train"]
@@ -106,7 +107,7 @@ def average_states(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
 
 @dataclass
 class _Worker:
-    model: Llama
+    model: CausalLM
     optimizer: torch.optim.Optimizer
 
 
@@ -140,10 +141,10 @@ class _Trainer:
         self.K = config.training.workers
         self.total_steps = config.local_steps_per_epoch * config.training.epochs
         torch.manual_seed(config.training.seed)
-        init = Llama(config.model, attention_backend=config.training.attention_backend).to(self.device)
+        init = build_model(config.model, attention_backend=config.training.attention_backend).to(self.device)
         self.workers = []
         for _ in range(self.K):
-            model = Llama(config.model, attention_backend=config.training.attention_backend).to(self.device)
+            model = build_model(config.model, attention_backend=config.training.attention_backend).to(self.device)
             model.load_state_dict(init.state_dict())
             self.workers.append(_Worker(model, _make_optimizer(model, config)))
         self.step = 0

@@ -28,7 +28,8 @@ from tiny_llm.curvature.spectrum import (
     top_eigenpairs,
 )
 from tiny_llm.io import atomic_write_json, check_writable_file, remove_leftovers
-from tiny_llm.model.llama import Llama
+from tiny_llm.model.architectures import build_model
+from tiny_llm.model.llama import CausalLM
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
 from tiny_llm.workers.state import (AnalysisSettings, _exclusive, _identity, _Resolved, _reusable, explain_out_of_memory,
@@ -111,7 +112,7 @@ def _cosines(vectors: torch.Tensor, u: torch.Tensor) -> list[float]:
     return ((vectors @ u.T) / (vectors.norm(dim=1, keepdim=True) * u.norm(dim=1)[None, :])).abs().tolist()
 
 
-def measure_spectrum(model: Llama, tokens_by_batch: list[torch.Tensor], settings: AnalysisSettings,
+def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], settings: AnalysisSettings,
                      spectrum: SpectrumSettings, precision: Precision, hvp_batch_size: int, engine: str,
                      compile: bool, micro_batch_size: int, memory: MemoryPlan | None = None) -> dict[str, Any]:
     """Every spectral quantity of one (state, case) as plain data; ``memory`` cuts the passes into
@@ -220,7 +221,7 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
         if (old := _reusable(output, identity, state.key, case)) is not None:
             return old
         precision = Precision(resolved.device, resolved.dtype, settings.amp)
-        model = Llama(config.model, attention_backend="reference")
+        model = build_model(config.model, attention_backend="reference")
         model.load_state_dict(state.root, strict=True)
         model.to(device=resolved.device, dtype=resolved.dtype)
         batches = [cache.tokens(blocks) for blocks in plan.blocks]

@@ -29,7 +29,7 @@ from tiny_llm.data.order import order_report
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, unseen_plan
 from tiny_llm.io import atomic_write_json, check_writable_file, exclusive, remove_leftovers
 from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
-from tiny_llm.model.llama import Llama
+from tiny_llm.model.architectures import build_model
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, source_hash
 from tiny_llm.runtime import compile_record, resolve_device
 from tiny_llm.training.loop import average_states
@@ -194,7 +194,7 @@ def _check_average(root: dict[str, torch.Tensor], workers: list[dict[str, torch.
 
 def load_state(run_dir: Path, paths: list[Path], config: RunConfig, consensus: bool) -> LoadedState:
     """Load and verify a state and its aliases before any compute (see module docstring)."""
-    model = Llama(config.model, attention_backend="reference")
+    model = build_model(config.model, attention_backend="reference")
     loaded = None
     for path in paths:
         root, metadata = load_weights(path)
@@ -389,7 +389,7 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
              settings: AnalysisSettings, resolved: _Resolved, identity: dict, memory: MemoryPlan) -> dict[str, Any]:
     started = time.perf_counter()
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
-    model = Llama(config.model, attention_backend="reference")
+    model = build_model(config.model, attention_backend="reference")
     model.load_state_dict(state.root, strict=True)
     model.to(device=resolved.device, dtype=resolved.dtype)
     flat = FlatParameters(model)

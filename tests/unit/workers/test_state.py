@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from tiny_llm.cli import main
 from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.data.tokens import TokenCache, epoch_plan
+from tiny_llm.model.checkpoint import load_weights
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
 from tiny_llm.workers.state import AnalysisSettings, analyze_state, memory_plan
@@ -342,3 +343,25 @@ def test_a_budget_below_one_sequence_is_refused_before_any_work(ordinary, tmp_pa
     error = capsys.readouterr().err
     assert "gradient: one sequence of 6 tokens needs" in error and "more than memory_budget_gb = 1.05 KiB" in error
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_gpt2_run_trains_resumes_and_is_analysed(tmp_path):
+    """model.architecture: gpt2 end to end below the workflow: training resumes bit-identically,
+    the checkpoints load, and every engine gives the same statistics (float64, 1e-10)."""
+    config = make_oracle_run(tmp_path, model={"architecture": "gpt2"}, epochs=3, tokens=3 * 6 * 3 * 3)
+    train(config, tmp_path / "full")
+    train(config, tmp_path / "split", stop_after_epoch=1)
+    train(config, tmp_path / "split")
+    full, split = (load_weights(tmp_path / run / "final.pt")[0] for run in ("full", "split"))
+    assert full.keys() == split.keys() and all(torch.equal(full[k], split[k]) for k in full)
+    assert "pos_embeddings.weight" in full and "layers.0.attention.wqkv.bias" in full
+    results = {engine: analyze_state(tmp_path / "full", ["epoch-002.safetensors"], "seen",
+                                     replace(FAST, engine=engine),
+                                     tmp_path / f"{engine}.json")
+               for engine in ("adjoint", "taylor", "double_backward")}
+    reference = results["double_backward"]["statistics"]
+    for engine in ("adjoint", "taylor"):
+        for key, value in reference.items():
+            if value is not None:
+                assert results[engine]["statistics"][key] == pytest.approx(value, rel=1e-10, abs=1e-12), (engine, key)
+    assert results["adjoint"]["statistics"]["noise_gauss_newton"] is not None

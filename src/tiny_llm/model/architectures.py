@@ -1,0 +1,21 @@
+"""The architectures a run can name (``model.architecture``) and the one constructor for them."""
+
+from __future__ import annotations
+
+from tiny_llm.config import ModelConfig
+from tiny_llm.model.gpt2 import GPT2
+from tiny_llm.model.llama import AttentionBackend, CausalLM, Llama
+
+__all__ = ["ARCHITECTURES", "build_model"]
+
+ARCHITECTURES: dict[str, type[CausalLM]] = {"llama": Llama, "gpt2": GPT2}
+
+
+def build_model(config: ModelConfig, attention_backend: AttentionBackend = "reference") -> CausalLM:
+    """The model ``config.architecture`` names, freshly initialised.
+
+    Example:
+        >>> type(build_model(ModelConfig(architecture="gpt2", d_model=8, n_heads=2, d_ff=32))).__name__
+        'GPT2'
+    """
+    return ARCHITECTURES[config.architecture](config, attention_backend=attention_backend)
