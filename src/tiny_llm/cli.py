@@ -52,7 +52,7 @@ def _prepare_data(args: argparse.Namespace) -> None:
                                demo_seed=args.demo_seed,
                                shard_tokens=args.shard_tokens, token_dtype=args.token_dtype,
                                vocab_size=args.vocab_size, tokenizer_description=args.tokenizer_description,
-                               keep_order=args.keep_order)
+                               keep_order=args.keep_order, tokenizer_dir=args.tokenizer)
     log.info("token cache ready: %s", out)
 
 
@@ -212,6 +212,9 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--token-dtype", default="uint16", choices=["uint16", "uint32", "int32", "int64"],
                       help="element type of raw .bin token files")
     prep.add_argument("--vocab-size", type=int, default=256, help="vocabulary size of --source tokens")
+    prep.add_argument("--tokenizer", metavar="DIR", help="--source text: encode with the Hugging Face tokenizer in "
+                      "this local directory (its tokenizer.json) instead of bytes; recorded in meta.json, and "
+                      "model.vocab_size must cover its vocabulary")
     prep.add_argument("--tokenizer-description", default="", help="recorded in meta.json for --source tokens")
     prep.set_defaults(func=_prepare_data)
 

@@ -136,6 +136,7 @@ def check_corpus(name: str, entry: dict[str, Any], run: RunConfig, need: str, ke
     """
     if entry.get("cache_source", "demo") == "demo":
         return
+    counted = entry.get("cache_tokenizer") is None  # bytes are tokens; a tokenizer's count is known only after encoding
     T, G = run.data.seq_len, run.data.shuffle_group_blocks
     total = 0
     for file in entry.get("cache_inputs", []):
@@ -146,7 +147,7 @@ def check_corpus(name: str, entry: dict[str, Any], run: RunConfig, need: str, ke
         total += max(_source_tokens(path) - 1, 0) // T
     available = total // G * G
     needed = capacity_blocks(run)[need]
-    if available >= needed:
+    if available >= needed or not counted:
         return
     unit = "bytes" if entry.get("cache_source") == "text" else "tokens"
     what = "training and one unseen epoch" if need == "unseen" else "training"
@@ -200,8 +201,8 @@ def expand_seed_experiments(experiments: dict[str, Any], train_runs: dict[str, A
         if name in analyses:
             raise ValueError(f"seed_experiments.{name}: an analysis has the same name (both write results/{name}/); "
                              "rename one")
-        base = {key: entry[key] for key in ("config", "cache_source", "cache_inputs", "shard_tokens", "cache_order")
-                if key in entry}
+        base = {key: entry[key] for key in ("config", "cache_source", "cache_inputs", "shard_tokens", "cache_order",
+                                            "cache_tokenizer") if key in entry}
         fixed = {**entry.get("set", {}), "training.checkpoint_policy": "interval"}
         data_seed = config_from_dict(apply_overrides(load_config_dict(entry["config"]), _overrides(fixed))).data.seed
         first = entry["seeds"][0]
@@ -410,7 +411,8 @@ class WorkflowPlan:
         return {"cache_source": source, "cache_inputs": entry.get("cache_inputs", []),
                 "shard_tokens": entry.get("shard_tokens", 1 << 20), "data": config_to_dict(run.data),
                 "keep_order": entry.get("cache_order", "shuffle") == "keep",
-                "capacity": default_capacity(run) if source == "demo" else None}
+                "capacity": default_capacity(run) if source == "demo" else None,
+                **({"tokenizer": entry["cache_tokenizer"]} if entry.get("cache_tokenizer") else {})}
 
     def cache_receipt(self, run: str) -> str:
         """The receipt of the cache a run reads (prepare_data's output)."""

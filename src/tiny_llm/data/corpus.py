@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -11,8 +13,8 @@ from tiny_llm.config import DataConfig, RunConfig
 from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks, prepare_cache
 from tiny_llm.io import sha256_file
 
-__all__ = ["BYTE_TOKENIZER", "DEMO_GENERATOR_VERSION", "default_capacity", "demo_corpus", "prepare_source_cache", "read_text_files",
-           "read_token_files"]
+__all__ = ["BYTE_TOKENIZER", "DEMO_GENERATOR_VERSION", "default_capacity", "demo_corpus", "prepare_source_cache",
+           "read_text_files", "read_token_files", "read_tokenizer"]
 
 BYTE_TOKENIZER = {"type": "byte", "vocab_size": 256, "description": "UTF-8 bytes; token id = byte value"}
 DEMO_GENERATOR_VERSION = 1
@@ -66,8 +68,36 @@ def demo_corpus(n_tokens: int, seed: int) -> np.ndarray:
     return np.frombuffer("".join(parts).encode("ascii")[:n_tokens], dtype=np.uint8).copy()
 
 
-def read_text_files(paths: list[Path]) -> tuple[list[np.ndarray], list[dict]]:
-    """Byte-tokenise UTF-8 text files; one segment per file.
+def read_tokenizer(directory: str | Path) -> tuple[Any, dict]:
+    """A Hugging Face tokenizer from a local directory's ``tokenizer.json`` (what every fast
+    tokenizer's ``save_pretrained`` writes), and its record for meta.json: type, name, vocabulary
+    size (added tokens included) and the sha256 of the directory's files.
+
+    Raises:
+        ValueError: not a local directory (a hub id is refused with how to fetch it), or no
+            tokenizer.json.
+    """
+    from tokenizers import Tokenizer  # noqa: PLC0415 - only for --tokenizer (it comes with transformers)
+
+    path = Path(directory)
+    if not path.is_dir():
+        hint = (f"; it looks like a hub id: fetch it first (huggingface-cli download {directory} --local-dir DIR) "
+                "and give DIR" if re.fullmatch(r"[\w.-]+/[\w.-]+", str(directory)) else "")
+        raise ValueError(f"tokenizer {directory} is not a local directory{hint}")
+    if not (path / "tokenizer.json").exists():
+        raise ValueError(f"tokenizer {path} has no tokenizer.json; save a fast tokenizer there "
+                         "(AutoTokenizer.from_pretrained(...).save_pretrained(DIR), or tokenizers' Tokenizer.save)")
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    files = {p.name: sha256_file(p) for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")}
+    return tokenizer, {"type": "huggingface", "name": path.name, "path": str(path.resolve()),
+                       "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True), "files": files,
+                       "description": "tokenizer.json of a Hugging Face tokenizer; each file encoded whole, "
+                                      "no special tokens added"}
+
+
+def read_text_files(paths: list[Path], tokenizer: Any = None) -> tuple[list[np.ndarray], list[dict]]:
+    """Tokenise UTF-8 text files, one segment per file: into bytes, or with ``tokenizer`` (from
+    :func:`read_tokenizer`; each file encoded whole, without special tokens).
 
     Raises:
         ValueError: a file that is missing or not valid UTF-8.
@@ -77,13 +107,18 @@ def read_text_files(paths: list[Path]) -> tuple[list[np.ndarray], list[dict]]:
         path = Path(path)
         try:
             data = path.read_bytes()
-            data.decode("utf-8")
+            text = data.decode("utf-8")
         except FileNotFoundError:
             raise ValueError(f"text file {path} does not exist") from None
         except UnicodeDecodeError as error:
             raise ValueError(f"text file {path} is not valid UTF-8 ({error}); convert it first") from None
-        segments.append(np.frombuffer(data, dtype=np.uint8).copy())
-        records.append({"path": str(path), "bytes": len(data), "sha256": sha256_file(path)})
+        record = {"path": str(path), "bytes": len(data), "sha256": sha256_file(path)}
+        if tokenizer is None:
+            segments.append(np.frombuffer(data, dtype=np.uint8).copy())
+        else:
+            segments.append(np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64))
+            record["tokens"] = int(len(segments[-1]))
+        records.append(record)
     return segments, records
 
 
@@ -119,8 +154,12 @@ def read_token_files(paths: list[Path], dtype: str, vocab_size: int) -> tuple[li
 def prepare_source_cache(data: DataConfig, source: str, inputs: list[Path] | None = None, *,
                          capacity: int | None = None, out: str | Path | None = None, demo_seed: int = 0,
                          shard_tokens: int = 1 << 20, token_dtype: str = "uint16", vocab_size: int = 256,
-                         tokenizer_description: str = "", keep_order: bool = False) -> Path:
+                         tokenizer_description: str = "", keep_order: bool = False,
+                         tokenizer_dir: str | Path | None = None) -> Path:
     """Prepare the cache ``data`` describes from ``source`` demo | text | tokens.
+
+    Text is byte-tokenised, or encoded with the Hugging Face tokenizer in ``tokenizer_dir``
+    (recorded in meta.json; ids stored as uint16 when the vocabulary allows, else uint32).
 
     Uses the data section's seq_len, shuffle_group_blocks and seed; the sequences of all sources
     are shuffled with that seed unless ``keep_order``. ``capacity`` (training
@@ -132,6 +171,8 @@ def prepare_source_cache(data: DataConfig, source: str, inputs: list[Path] | Non
         ValueError: an unknown source, missing or unreadable inputs, or too little data.
     """
     inputs = list(inputs or [])
+    if tokenizer_dir is not None and source != "text":
+        raise ValueError(f"a tokenizer applies to source text only, not {source!r}")
     capacity = capacity if capacity is not None else data.prepare_train_tokens
     if source == "demo":
         if inputs:
@@ -145,7 +186,11 @@ def prepare_source_cache(data: DataConfig, source: str, inputs: list[Path] | Non
     elif source in ("text", "tokens"):
         if not inputs:
             raise ValueError(f"source {source} needs input files")
-        if source == "text":
+        if source == "text" and tokenizer_dir is not None:
+            encoder, tokenizer = read_tokenizer(tokenizer_dir)
+            segments, files = read_text_files(inputs, encoder)
+            vocab = tokenizer["vocab_size"]
+        elif source == "text":
             segments, files = read_text_files(inputs)
             tokenizer, vocab = BYTE_TOKENIZER, 256
         else:
