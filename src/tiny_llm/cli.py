@@ -69,7 +69,7 @@ def _train(args: argparse.Namespace) -> None:
 def _import_hf(args: argparse.Namespace) -> None:
     from tiny_llm.model.hf import import_run
 
-    print(import_run(args.directory, args.run_dir, _config(args), step=args.step, tokens=args.tokens))
+    print(import_run(args.directories, args.run_dir, _config(args), steps=args.step, tokens=args.tokens))
 
 
 def _export_hf(args: argparse.Namespace) -> None:
@@ -116,8 +116,12 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
     an.add_argument("--run", required=True, type=Path, help="run directory (holds resolved.yaml)")
     an.add_argument("--checkpoint", required=True, action="append",
                     help="root checkpoint, relative to the run directory or absolute (repeat for aliases)")
-    an.add_argument("--case", required=True, choices=["seen", "unseen"],
-                    help="seen: epoch 1 as trained; unseen: one epoch after training's final shuffle group")
+    an.add_argument("--case", required=True, choices=["seen", "unseen", "offset"],
+                    help="seen: epoch 1 as trained; unseen: one epoch after training's final shuffle group; offset: "
+                         "one batch-aligned epoch of the cache from --data-offset (imported runs: the only case)")
+    an.add_argument("--data-offset", type=int, default=0,
+                    help="case offset: batches (of training.batch_size sequences) into the cache where the epoch "
+                         "starts (default 0)")
     an.add_argument("--output", required=True, type=Path, help="result JSON to write")
     an.add_argument("--noise-samples", type=_samples, default=32, help="S_v sampled batches, or 'all' (default 32)")
     an.add_argument("--random-samples", type=int, default=32, help="S_r Rademacher directions (default 32)")
@@ -155,7 +159,7 @@ def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
         compile_hvp=not args.no_compile_hvp, device=args.device, dtype=args.dtype, tf32=not args.no_tf32,
         amp=args.amp, consensus=not args.no_consensus,
         audit={"auto": "auto", "on": True, "off": False}[args.audit], audit_directions=args.audit_directions,
-        audit_batches=args.audit_batches, memory_budget_gb=args.memory_budget_gb)
+        audit_batches=args.audit_batches, data_offset=args.data_offset, memory_budget_gb=args.memory_budget_gb)
 
 
 def _analyze_spectrum(args: argparse.Namespace) -> None:
@@ -267,22 +271,29 @@ def _parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=_plot_analysis)
 
     ih = sub.add_parser("import-hf", formatter_class=_HelpFormatter,
-                        help="make a run directory from a local Hugging Face LlamaForCausalLM directory",
-                        description="Read a local LlamaForCausalLM directory (config.json and safetensors weights; "
-                        "no download) into a new run directory: resolved.yaml (model from config.json, data and "
-                        "training from --config), epoch-000.safetensors and imported.json. A configuration this "
-                        "Llama cannot represent (grouped-query attention, biases, another activation, RoPE "
-                        "scaling) is refused by name.")
-    ih.add_argument("directory", type=Path, help="local Hugging Face model directory")
+                        help="make a run directory from local Hugging Face checkpoint directories",
+                        description="Read local Hugging Face causal-LM directories (config.json and safetensors "
+                        "weights; no download), the checkpoints of one model, into a new run directory: "
+                        "resolved.yaml (model from config.json, data and training from --config), "
+                        "epoch-000.safetensors, epoch-001.safetensors, ... in the order given, and imported.json. "
+                        "LlamaForCausalLM and GPT2LMHeadModel become this project's models (every engine); a "
+                        "configuration they cannot represent is refused by name. Any other architecture keeps "
+                        "its weights and config.json (hf-config.json) and is measured through an adapter with the "
+                        "HVP engines. Seen and unseen do not apply to an imported run: analyse it on the offset "
+                        "case (a batch-aligned epoch of the cache from a stated offset).")
+    ih.add_argument("directories", nargs="+", type=Path, help="local Hugging Face model directories, oldest first")
     ih.add_argument("--run-dir", required=True, type=Path, help="new run directory, e.g. runs/imported")
     add_config(ih)
-    ih.add_argument("--step", type=int, default=0, help="training step of these weights (recorded)")
-    ih.add_argument("--tokens", type=int, default=0, help="training tokens of these weights (recorded)")
+    ih.add_argument("--step", type=int, nargs="+", help="training step of each directory's weights (recorded; "
+                    "default 0)")
+    ih.add_argument("--tokens", type=int, nargs="+", help="training tokens of each directory's weights (recorded; "
+                    "default 0)")
     ih.set_defaults(func=_import_hf)
 
     eh = sub.add_parser("export-hf", formatter_class=_HelpFormatter,
-                        help="write a run's checkpoint as a Hugging Face LlamaForCausalLM directory",
-                        description="Write one checkpoint of a run as a LlamaForCausalLM directory (config.json, "
+                        help="write a run's checkpoint as a Hugging Face model directory",
+                        description="Write one checkpoint of a run as a Hugging Face directory of its architecture "
+                        "(LlamaForCausalLM, GPT2LMHeadModel, or an imported model's own; config.json, "
                         "model.safetensors) that transformers opens with from_pretrained; the directory must not "
                         "exist yet.")
     eh.add_argument("--run", required=True, type=Path, help="run directory (holds resolved.yaml)")

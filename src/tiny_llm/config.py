@@ -62,9 +62,14 @@ class ModelConfig:
 
     SECTION: ClassVar[str] = "model"
 
-    architecture: Literal["llama", "gpt2"] = "llama"
-    """``llama`` or ``gpt2`` (as Hugging Face's GPT2LMHeadModel: learned positions up to
-    max_seq_len, LayerNorm with bias, tanh-approximated GELU, biased projections; rope_theta unused)."""
+    architecture: Literal["llama", "gpt2", "hf"] = "llama"
+    """``llama``; ``gpt2`` (as Hugging Face's GPT2LMHeadModel: learned positions up to
+    max_seq_len, LayerNorm with bias, tanh-approximated GELU, biased projections; rope_theta
+    unused); ``hf``: any other Hugging Face causal LM, built by ``transformers`` from the config.json
+    at ``hf_config`` (what ``tiny-llm import-hf`` sets up; analysed with the HVP engines only; the
+    shape keys then describe it for the memory model)."""
+    hf_config: str | None = None
+    """architecture hf: the model's Hugging Face config.json (relative to the project, like data.cache)."""
     vocab_size: int = 256
     """Number of token ids; 256 for the byte-level tokenizer."""
     d_model: int = 32
@@ -91,6 +96,8 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             _fail("model.n_heads", f"a divisor of model.d_model={self.d_model} ({divisors})", self.n_heads)
+        if (self.architecture == "hf") != (self.hf_config is not None):
+            _fail("model.hf_config", "a config.json path exactly when model.architecture is hf", self.hf_config)
         if self.architecture == "llama" and self.head_dim % 2:
             _fail("model.n_heads", f"a value giving an even head_dim (d_model={self.d_model})", self.n_heads)
 

@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 __all__ = ["atomic_directory", "atomic_path", "atomic_write_json", "atomic_write_text", "check_writable_file", "exclusive", "fsync_dir",
-           "remove_leftovers", "sha256_file"]
+           "local_directory", "remove_leftovers", "sha256_file"]
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -161,3 +162,18 @@ def remove_leftovers(folder: str | Path, name: str = "*") -> list[Path]:
     for path in removed:
         path.unlink(missing_ok=True)
     return removed
+
+
+def local_directory(directory: str | Path, what: str = "") -> Path:
+    """``directory`` as a Path when it is a local directory; nothing is ever downloaded.
+
+    Raises:
+        ValueError: naming it (``what`` first) and, when it looks like a Hugging Face hub id
+            (``owner/name``), how to fetch it first.
+    """
+    path = Path(directory)
+    if not path.is_dir():
+        hint = (f"; it looks like a hub id: fetch it first (huggingface-cli download {directory} --local-dir DIR) "
+                "and give DIR" if re.fullmatch(r"[\w.-]+/[\w.-]+", str(directory)) else "")
+        raise ValueError(f"{what + ' ' if what else ''}{directory} is not a local directory{hint}")
+    return path

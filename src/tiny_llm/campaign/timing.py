@@ -42,7 +42,7 @@ def timing_key(config: RunConfig, settings: AnalysisSettings, device_kind: str) 
             "micro_batch_size": config.training.micro_batch_size,
             "hvp_batch_size": settings.hvp_batch_size or config.training.micro_batch_size,
             "directions_per_pass": settings.directions_per_pass, "dtype": settings.dtype, "amp": settings.amp,
-            "tf32": settings.tf32, "engine": quadratic_form_engine(settings), "compile_hvp": settings.compile_hvp,
+            "tf32": settings.tf32, "engine": quadratic_form_engine(settings, m), "compile_hvp": settings.compile_hvp,
             "device_kind": device_kind}
 
 

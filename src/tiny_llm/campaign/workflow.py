@@ -44,7 +44,8 @@ from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.training.loop import epoch_file
 from tiny_llm.workers.index import check_selection
 from tiny_llm.curvature.memory import GiB, MemoryPlan
-from tiny_llm.workers.state import (CASES, AnalysisSettings, check_output_binding, memory_plan, output_binding,
+from tiny_llm.model.hf import IMPORTED
+from tiny_llm.workers.state import (AnalysisSettings, check_output_binding, memory_plan, output_binding,
                                     settings_from_dict, settings_record)
 
 __all__ = ["AWAITABLE", "STANDS_IN", "WorkflowPlan", "awaited_outputs", "check_corpus", "check_device",
@@ -450,7 +451,11 @@ class WorkflowPlan:
         return output_binding(self.analysis_settings[analysis], entry["run"], entry.get("spectrum", {}))
 
     def cases(self, analysis: str) -> list[str]:
-        return self.analyses[analysis].get("cases", list(CASES))
+        entry = self.analyses[analysis]
+        if "cases" in entry:
+            return entry["cases"]
+        imported = (Path(entry["run"]) / IMPORTED).exists() and not self.trained_here(analysis)
+        return ["offset"] if imported else ["seen", "unseen"]
 
     def spectrum_enabled(self, analysis: str) -> bool:
         return bool(self.analyses[analysis].get("spectrum", {}).get("enabled", False))

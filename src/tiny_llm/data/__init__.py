@@ -11,6 +11,7 @@ from tiny_llm.data.corpus import (
     prepare_source_cache,
     read_text_files,
     read_token_files,
+    read_tokenizer,
 )
 from tiny_llm.data.order import order_report, order_warnings
 from tiny_llm.data.tokens import (
@@ -21,6 +22,7 @@ from tiny_llm.data.tokens import (
     check_capacity,
     derive_seed,
     epoch_plan,
+    offset_plan,
     prepare_cache,
     stream_batches,
     unseen_plan,
@@ -38,12 +40,14 @@ __all__ = [
     "demo_corpus",
     "derive_seed",
     "epoch_plan",
+    "offset_plan",
     "order_report",
     "order_warnings",
     "prepare_cache",
     "prepare_source_cache",
     "read_text_files",
     "read_token_files",
+    "read_tokenizer",
     "stream_batches",
     "unseen_plan",
 ]

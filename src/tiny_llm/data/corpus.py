@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import re
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ import numpy as np
 
 from tiny_llm.config import DataConfig, RunConfig
 from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks, prepare_cache
-from tiny_llm.io import sha256_file
+from tiny_llm.io import local_directory, sha256_file
 
 __all__ = ["BYTE_TOKENIZER", "DEMO_GENERATOR_VERSION", "default_capacity", "demo_corpus", "prepare_source_cache",
            "read_text_files", "read_token_files", "read_tokenizer"]
@@ -79,11 +78,7 @@ def read_tokenizer(directory: str | Path) -> tuple[Any, dict]:
     """
     from tokenizers import Tokenizer  # noqa: PLC0415 - only for --tokenizer (it comes with transformers)
 
-    path = Path(directory)
-    if not path.is_dir():
-        hint = (f"; it looks like a hub id: fetch it first (huggingface-cli download {directory} --local-dir DIR) "
-                "and give DIR" if re.fullmatch(r"[\w.-]+/[\w.-]+", str(directory)) else "")
-        raise ValueError(f"tokenizer {directory} is not a local directory{hint}")
+    path = local_directory(directory, "tokenizer")
     if not (path / "tokenizer.json").exists():
         raise ValueError(f"tokenizer {path} has no tokenizer.json; save a fast tokenizer there "
                          "(AutoTokenizer.from_pretrained(...).save_pretrained(DIR), or tokenizers' Tokenizer.save)")

@@ -45,6 +45,7 @@ __all__ = [
     "capacity_blocks",
     "check_capacity",
     "epoch_plan",
+    "offset_plan",
     "prepare_cache",
     "stream_batches",
     "unseen_plan",
@@ -314,6 +315,27 @@ def unseen_plan(config: RunConfig) -> BatchPlan:
     S = config.steps_per_epoch
     start = capacity_blocks(config)["train"]
     return BatchPlan("unseen", stream_batches(config, 0, S, UNSEEN_STREAM, start), np.arange(S))
+
+
+def offset_plan(config: RunConfig, cache: TokenCache, offset: int, key: str = "data_offset") -> BatchPlan:
+    """One batch-aligned epoch (S = steps_per_epoch batches of B blocks) read in cache order from
+    batch ``offset`` on: batch i is blocks [(offset + i)·B, (offset + i + 1)·B). The data case of a
+    model trained elsewhere, whose training stream is not known; a shuffled cache already mixes
+    the corpus.
+
+    Raises:
+        ValueError: a negative offset, or an epoch reaching past the cache (naming ``key``).
+    """
+    S, B = config.steps_per_epoch, config.training.batch_size
+    if offset < 0:
+        raise ValueError(f"{key}: expected a batch offset ≥ 0, got {offset}")
+    last = (offset + S) * B
+    if last > cache.n_blocks:
+        raise ValueError(f"{key}={offset}: the offset epoch ({S} batches of {B} sequences) ends at block {last}, "
+                         f"past the {cache.n_blocks} blocks of cache {cache.path}; lower {key} to at most "
+                         f"{max(cache.n_blocks // B - S, 0)}, or the epoch (training.tokens / training.epochs)")
+    blocks = np.arange(offset * B, last, dtype=np.int64).reshape(S, B)
+    return BatchPlan(f"offset-{offset}", blocks, np.arange(offset, offset + S, dtype=np.int64))
 
 
 # --- preparation -------------------------------------------------------------------------------

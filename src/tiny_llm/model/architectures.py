@@ -1,6 +1,10 @@
-"""The architectures a run can name (``model.architecture``) and the one constructor for them."""
+"""The architectures a run can name (``model.architecture``) and the one constructor for them:
+our Llama and GPT-2 (every engine), and ``hf``, any other Hugging Face causal LM through the
+adapter (the HVP engines)."""
 
 from __future__ import annotations
+
+from torch import nn
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.model.gpt2 import GPT2
@@ -11,11 +15,15 @@ __all__ = ["ARCHITECTURES", "build_model"]
 ARCHITECTURES: dict[str, type[CausalLM]] = {"llama": Llama, "gpt2": GPT2}
 
 
-def build_model(config: ModelConfig, attention_backend: AttentionBackend = "reference") -> CausalLM:
+def build_model(config: ModelConfig, attention_backend: AttentionBackend = "reference") -> nn.Module:
     """The model ``config.architecture`` names, freshly initialised.
 
     Example:
         >>> type(build_model(ModelConfig(architecture="gpt2", d_model=8, n_heads=2, d_ff=32))).__name__
         'GPT2'
     """
+    if config.architecture == "hf":
+        from tiny_llm.model.adapter import HFCausalLM  # noqa: PLC0415 - imports transformers
+
+        return HFCausalLM(config)
     return ARCHITECTURES[config.architecture](config, attention_backend=attention_backend)

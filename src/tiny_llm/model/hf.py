@@ -37,7 +37,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tiny_llm.config import ModelConfig, RunConfig, config_from_dict, config_to_dict, dump_config, load_config
-from tiny_llm.io import atomic_directory, atomic_write_json, atomic_write_text
+from tiny_llm.io import atomic_directory, atomic_write_json, atomic_write_text, local_directory, sha256_file
 
 __all__ = ["FORMATS", "GPT2_LAYER_KEYS", "GPT2_MODEL_KEYS", "IMPORTED", "LLAMA_LAYER_KEYS", "LLAMA_MODEL_KEYS",
            "export_run", "from_hf_state", "import_run", "model_config_from_hf", "model_config_to_hf", "read_hf",
@@ -239,21 +239,11 @@ def model_config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict[str, Any
             "tie_word_embeddings": config.tie_embeddings, "torch_dtype": str(dtype).removeprefix("torch.")}
 
 
-def read_hf(directory: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Our ModelConfig and state dict from a local ``LlamaForCausalLM`` or ``GPT2LMHeadModel`` directory.
-
-    Raises:
-        ValueError: a hub id or missing directory, pickled weights, or a configuration or weights
-            our models cannot represent, each naming what to do.
-    """
-    path = Path(directory)
-    if not path.is_dir():
-        hint = (f"; it looks like a hub id: fetch it first (huggingface-cli download {directory} --local-dir DIR) "
-                "and give DIR" if re.fullmatch(r"[\w.-]+/[\w.-]+", str(directory)) else "")
-        raise ValueError(f"{directory} is not a local directory{hint}")
+def _read_directory(directory: str | Path) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor]]:
+    """A local Hugging Face model directory's config.json and weights (safetensors only)."""
+    path = local_directory(directory)
     if not (path / "config.json").exists():
         raise ValueError(f"{path} has no config.json; give a Hugging Face model directory")
-    config = model_config_from_hf(json.loads((path / "config.json").read_text()), str(path / "config.json"))
     index = path / "model.safetensors.index.json"
     if index.exists():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -267,7 +257,53 @@ def read_hf(directory: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
     hf_state: dict[str, torch.Tensor] = {}
     for file in files:
         hf_state.update(load_file(path / file))
+    return path, json.loads((path / "config.json").read_text()), hf_state
+
+
+def read_hf(directory: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Our ModelConfig and state dict from a local ``LlamaForCausalLM`` or ``GPT2LMHeadModel`` directory.
+
+    Raises:
+        ValueError: a hub id or missing directory, pickled weights, or a configuration or weights
+            our models cannot represent, each naming what to do.
+    """
+    path, data, hf_state = _read_directory(directory)
+    config = model_config_from_hf(data, str(path / "config.json"))
     return config, from_hf_state(hf_state, config, str(path))
+
+
+HF_CONFIG = "hf-config.json"
+"""An imported run's copy of the config.json of a model of another architecture (``hf``)."""
+
+
+def adapter_config(data: dict[str, Any], hf_config: Path) -> ModelConfig:
+    """ModelConfig ``architecture: hf`` for a config.json of another causal LM: its shape read from
+    the usual keys (for the memory model and the vocabulary check)."""
+    def first(*keys: str, default: Any = None) -> Any:
+        return next((data[k] for k in keys if data.get(k) is not None), default)
+    width = first("hidden_size", "n_embd", "d_model")
+    if width is None or first("vocab_size") is None:
+        raise ValueError(f"{hf_config}: no hidden_size or vocab_size; not a causal language model config.json")
+    return ModelConfig(architecture="hf", hf_config=str(hf_config), vocab_size=data["vocab_size"], d_model=width,
+                       n_layers=first("num_hidden_layers", "n_layer", "num_layers", default=1),
+                       n_heads=first("num_attention_heads", "n_head", default=1),
+                       d_ff=first("intermediate_size", "n_inner", "ffn_dim", default=None) or 4 * width,
+                       max_seq_len=first("max_position_embeddings", "n_positions", "max_seq_len", default=2048),
+                       tie_embeddings=bool(data.get("tie_word_embeddings", True)))
+
+
+def _adapter_state(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]:
+    """The weights of a local directory under the adapter's keys (its module ``model.``), read by
+    ``transformers`` itself (safetensors, local files only), so that the renames and conversions
+    it applies to saved names (``embed_out`` to ``lm_head``, say) are the ones it computes with;
+    tied tensors once, in the file's dtype."""
+    import transformers  # noqa: PLC0415 - only for models of other architectures
+
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
+                                                               dtype="auto")
+    shared = model.shared_keys()
+    return {f"model.{key}": tensor.detach().clone() for key, tensor in loaded.state_dict().items()
+            if f"model.{key}" not in shared}
 
 
 def write_hf(out: str | Path, config: ModelConfig, state: dict[str, torch.Tensor]) -> Path:
@@ -289,29 +325,61 @@ def write_hf(out: str | Path, config: ModelConfig, state: dict[str, torch.Tensor
     return out
 
 
-def import_run(directory: str | Path, run_dir: str | Path, config: RunConfig, step: int = 0, tokens: int = 0) -> Path:
-    """Make a run directory from a local ``LlamaForCausalLM`` or ``GPT2LMHeadModel`` directory:
-    ``resolved.yaml`` (the
-    model section from its config.json, data and training from ``config``), the weights as
-    ``epoch-000.safetensors`` (metadata step and tokens as given) and ``imported.json``.
+def import_run(directories: list[str | Path], run_dir: str | Path, config: RunConfig,
+               steps: list[int] | None = None, tokens: list[int] | None = None) -> Path:
+    """Make a run directory from local Hugging Face checkpoint directories of one model (the
+    revisions of a training suite, or just one): ``resolved.yaml`` (the model section from their
+    config.json, data and training from ``config``), each checkpoint's weights as
+    ``epoch-NNN.safetensors`` in the order given (metadata: its step and tokens) and
+    ``imported.json``. Llama and GPT-2 become our models (every engine); another architecture
+    keeps its own weights and config.json (``hf-config.json``) for the adapter (HVP engines).
 
     Raises:
-        ValueError: anything :func:`read_hf` refuses, or ``run_dir`` exists and is not empty.
+        ValueError: anything :func:`read_hf` refuses, checkpoints of different configurations,
+            steps or tokens not one per directory, or ``run_dir`` exists and is not empty.
     """
-    from tiny_llm.io import sha256_file
-    from tiny_llm.model.checkpoint import save_weights
+    from tiny_llm.model.adapter import HFCausalLM
+    from tiny_llm.model.checkpoint import check_state_dict, save_weights
 
-    run_dir, directory = Path(run_dir), Path(directory)
+    run_dir, paths = Path(run_dir), [Path(d) for d in directories]
+    steps, tokens = steps or [0] * len(paths), tokens or [0] * len(paths)
+    if not paths or len(steps) != len(paths) or len(tokens) != len(paths):
+        raise ValueError(f"give one step and one token count per checkpoint directory ({len(paths)} directories, "
+                         f"{len(steps)} steps, {len(tokens)} token counts)")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ValueError(f"{run_dir} exists and is not empty; import into a new run directory")
-    model_config, state = read_hf(directory)
-    resolved = config_from_dict({**config_to_dict(config), "model": config_to_dict(model_config)})
+    read = [_read_directory(path) for path in paths]
+    first_config = {k: v for k, v in read[0][1].items() if k not in ("torch_dtype", "dtype", "transformers_version")}
+    for path, data, _ in read[1:]:
+        if {k: v for k, v in data.items() if k not in ("torch_dtype", "dtype", "transformers_version")} != first_config:
+            raise ValueError(f"{path / 'config.json'} differs from {paths[0] / 'config.json'}; import the checkpoints "
+                             "of one model configuration into one run directory")
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_weights(run_dir / "epoch-000.safetensors", state, {"step": step, "tokens": tokens, "epoch": 0})
-    atomic_write_text(run_dir / "resolved.yaml", dump_config(resolved))
-    files = sorted(p for p in directory.iterdir() if p.suffix in (".json", ".safetensors"))
-    atomic_write_json(run_dir / IMPORTED, {"source": str(directory.resolve()), "step": step, "tokens": tokens,
-                                           "files": {p.name: sha256_file(p) for p in files}})
+    try:
+        if read[0][1].get("model_type") in FORMATS:
+            model_config = model_config_from_hf(read[0][1], str(paths[0] / "config.json"))
+            states = [from_hf_state(hf_state, model_config, str(path)) for path, _, hf_state in read]
+        else:
+            atomic_write_text(run_dir / HF_CONFIG, (paths[0] / "config.json").read_text())
+            model_config = adapter_config(read[0][1], run_dir / HF_CONFIG)
+            model = HFCausalLM(model_config)
+            states = [_adapter_state(model, path) for path in paths]
+            for path, state in zip(paths, states):
+                check_state_dict(model, state, str(path))
+        resolved = config_from_dict({**config_to_dict(config), "model": config_to_dict(model_config)})
+        for index, (state, step, count) in enumerate(zip(states, steps, tokens)):
+            save_weights(run_dir / f"epoch-{index:03d}.safetensors", state, {"step": step, "tokens": count, "epoch": 0})
+        atomic_write_text(run_dir / "resolved.yaml", dump_config(resolved))
+    except BaseException:
+        for file in run_dir.iterdir():  # nothing half-made is left: the run directory was empty
+            file.unlink()
+        raise
+    checkpoints = []
+    for index, (path, step, count) in enumerate(zip(paths, steps, tokens)):
+        files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors"))
+        checkpoints.append({"checkpoint": f"epoch-{index:03d}.safetensors", "source": str(path.resolve()),
+                            "step": step, "tokens": count, "files": {p.name: sha256_file(p) for p in files}})
+    atomic_write_json(run_dir / IMPORTED, {"architecture": model_config.architecture, "checkpoints": checkpoints})
     return run_dir
 
 
@@ -329,4 +397,13 @@ def export_run(run_dir: str | Path, checkpoint: str, out: str | Path) -> Path:
     config = load_config(run_dir / "resolved.yaml")
     state, _ = load_weights(run_dir / checkpoint)
     check_state_dict(build_model(config.model), state, str(run_dir / checkpoint))
-    return write_hf(out, config.model, state)
+    if config.model.architecture != "hf":
+        return write_hf(out, config.model, state)
+    out = Path(out)  # another architecture: its own config.json and tensor names, as imported
+    if out.exists():
+        raise ValueError(f"{out} exists; choose a new directory (nothing is overwritten)")
+    with atomic_directory(out) as tmp:
+        save_file({k.removeprefix("model."): t.contiguous() for k, t in state.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        (tmp / "config.json").write_text(Path(config.model.hf_config).read_text())
+    return out

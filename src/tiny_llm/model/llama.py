@@ -398,6 +398,8 @@ def check_jet_rules(model: nn.Module) -> None:
     Raises:
         ValueError: naming the layer, its type and what to do.
     """
+    if refusal := getattr(model, "jet_refusal", None):
+        raise ValueError(refusal)
     for name, module in model.named_modules():
         if not isinstance(module, _JET_LEAVES) and not callable(getattr(type(module), "jet", None)):
             raise ValueError(f"layer {name or '<model>'} ({type(module).__name__}) has no second-order rule, so the "

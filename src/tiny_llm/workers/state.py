@@ -21,15 +21,17 @@ from typing import Any, Literal
 
 import torch
 
-from tiny_llm.config import RunConfig, config_to_dict, load_config
+from tiny_llm.config import ModelConfig, RunConfig, config_to_dict, load_config
 from tiny_llm.curvature.hessian import ENGINES, HVP_ENGINES, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan, device_budget, plan_analysis
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.data.order import order_report
-from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, unseen_plan
+from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, offset_plan, unseen_plan
 from tiny_llm.io import atomic_write_json, check_writable_file, exclusive, remove_leftovers
 from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
+from tiny_llm.model.adapter import HFCausalLM
 from tiny_llm.model.architectures import build_model
+from tiny_llm.model.hf import IMPORTED
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, source_hash
 from tiny_llm.runtime import compile_record, resolve_device
 from tiny_llm.training.loop import average_states
@@ -40,7 +42,10 @@ __all__ = ["AnalysisSettings", "CASES", "EXECUTION_SETTINGS", "LoadedState", "an
 
 log = logging.getLogger(__name__)
 
-CASES = ("seen", "unseen")
+CASES = ("seen", "unseen", "offset")
+"""seen: epoch 1 as trained; unseen: one epoch after training's final shuffle group; offset: one
+batch-aligned epoch of the cache from ``data_offset`` batches on (the case of imported runs,
+whose training stream is not known)."""
 EXECUTION_SETTINGS = ("memory_budget_gb",)
 """Settings that change how the work is cut, not its numbers: not part of identities or bindings."""
 RESULT_SCHEMA = 1
@@ -87,6 +92,9 @@ class AnalysisSettings:
     """Audited noise directions and random directions (each; ḡᵀHḡ is always audited)."""
     audit_batches: int = 4
     """Curvature micro-batches (seeded) over which the audit compares production and float64."""
+    data_offset: int = 0
+    """Case offset: the epoch starts this many batches (of training.batch_size sequences) into the
+    cache, in cache order."""
     memory_budget_gb: float | None = None
     """Memory (GiB) a job may use on its device; every pass is cut into groups of sequences that the
     memory model says fit it (the numbers do not change, so it is not part of a result's identity).
@@ -236,11 +244,22 @@ class _Resolved:
     hvp_compiled: bool
 
 
-def quadratic_form_engine(settings: AnalysisSettings) -> str:
+def quadratic_form_engine(settings: AnalysisSettings, model: ModelConfig | None = None) -> str:
     """The engine of the quadratic forms: ``settings.engine``, with auto as adjoint (K > 1 directions
-    per pass) or taylor (K = 1), the fastest exact engines measured (benchmarks/README.md)."""
+    per pass) or taylor (K = 1), the fastest exact engines measured (benchmarks/README.md); for a
+    Hugging Face model of another architecture (``model.architecture: hf``, no second-order rules)
+    auto is double_backward, and taylor or adjoint are refused.
+
+    Raises:
+        ValueError: a quadratic-form engine for an ``hf`` model, before any work.
+    """
+    adapted = model is not None and model.architecture == "hf"
     if settings.engine != "auto":
+        if adapted and settings.engine not in HVP_ENGINES:
+            raise ValueError(f"engine {settings.engine}: {HFCausalLM.jet_refusal}")
         return settings.engine
+    if adapted:
+        return "double_backward"
     return "adjoint" if settings.directions_per_pass > 1 else "taylor"
 
 
@@ -252,7 +271,7 @@ def _compiled(settings: AnalysisSettings, engine: str, cuda: bool) -> bool:
 def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
     device = resolve_device(settings.device)
     cuda = device.type == "cuda"
-    engine = quadratic_form_engine(settings)
+    engine = quadratic_form_engine(settings, config.model)
     hvp_engine = engine if engine in HVP_ENGINES else ("pearlmutter" if cuda and settings.compile_hvp
                                                         else "double_backward")
     return _Resolved(device=device, dtype=getattr(torch, settings.dtype), engine=engine,
@@ -275,7 +294,7 @@ def memory_plan(settings: AnalysisSettings, config: RunConfig, budget_bytes: int
     Raises:
         ValueError: a pass that does not fit even one sequence at a time (nothing is computed).
     """
-    engine = quadratic_form_engine(settings)
+    engine = quadratic_form_engine(settings, config.model)
     return plan_analysis(config.model, config.data.seq_len, engine=engine, K=settings.directions_per_pass,
                          hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
                          micro_batch_size=config.training.micro_batch_size,
@@ -316,9 +335,15 @@ def _reusable(output: Path, identity: dict, key: str, case: str) -> dict | None:
     return old
 
 
-def _case_plan(config: RunConfig, cache: TokenCache, case: str):
+def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, offset: int):
     if case not in CASES:
         raise ValueError(f"case: expected one of {', '.join(CASES)}, got {case!r}")
+    if case == "offset":
+        return offset_plan(config, cache, offset)
+    if (run_dir / IMPORTED).exists():
+        raise ValueError(f"case {case}: {run_dir} holds imported weights, trained elsewhere on a stream this "
+                         "project does not know, so seen and unseen do not apply; analyse the offset case "
+                         "(a batch-aligned epoch of the cache from data_offset)")
     check_capacity(cache, config, "unseen" if case == "unseen" else "train")
     return epoch_plan(config, 1) if case == "seen" else unseen_plan(config)
 
@@ -335,7 +360,7 @@ def prepare_inputs(run_dir: str | Path, checkpoints: list[str], case: str, setti
     resolved = _resolve(settings, config)
     cache = TokenCache(config.data.cache)
     cache.check_layout(config)
-    plan = _case_plan(config, cache, case)
+    plan = _case_plan(config, cache, case, run_dir, settings.data_offset)
     state = load_state(run_dir, resolve_checkpoints(run_dir, checkpoints), config, settings.consensus)
     if expect_key is not None and state.key != expect_key:
         raise ValueError(f"checkpoints {checkpoints} hash to state key {state.key}, expected {expect_key}; "
