@@ -114,11 +114,24 @@ def _statistics(workdir: Path) -> dict:
 
 
 def test_workflow_through_slurm_equals_local(cluster, trained, tmp_path):
+    """The whole campaign through Slurm (training too) gives a local run's numbers. It also runs the
+    code it started with: a numerical module edited once the first job is submitted changes
+    nothing for the jobs still to come (they import the run's frozen copy), and the next campaign
+    sees the edit and the identity guard refuses to mix it into the existing results."""
+    source = tmp_path / "src"
+    shutil.copytree(REPO / "src/tiny_llm", source / "tiny_llm", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": str(source)}
     slurm = _workdir(tmp_path / "slurm", SETTINGS)
-    done = _run(slurm, "--profile", str(REPO / "profiles/test-slurm"))
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    log = slurm / "campaign.log"
+    campaign = _start(slurm, log, "--profile", str(REPO / "profiles/test-slurm"), env=env)
+    _until(lambda: "has been submitted with SLURM jobid" in log.read_text(), 120, "the first Slurm job")
+    noise = source / "tiny_llm/curvature/noise.py"
+    noise.write_text(noise.read_text() + "\n# edited while the campaign runs\n")
+    assert campaign.wait(timeout=900) == 0, log.read_text()[-4000:]
     results = sorted((slurm / "results/tiny/states").glob("*/seen.json"))
     assert len(results) == 3
+    assert {json.loads(p.read_text())["identity"]["source"] for p in (slurm / "results/tiny/states").glob("*/*.json")
+            if p.stem != "done"} == {source_hash()}  # the code as it was at the start
     jobs = set()
     for seen in results:
         a, b = (json.loads((seen.parent / f"{case}.json").read_text())["slurm"] for case in ("seen", "unseen"))
@@ -135,6 +148,10 @@ def test_workflow_through_slurm_equals_local(cluster, trained, tmp_path):
     assert len(jobs) == 6 and all(j["slurm_job_id"] and j["node"] and j["attempt"] == 1 for j in jobs)
     assert all(j["requested"]["runtime"] > 0 and j["requested"]["cpus_per_task"] == 1 and j["requested"]["threads"] == 1
                and j["requested"]["slurm_account"] == "naiss2026-3-205-gpu" for j in jobs)
+    again = subprocess.run(_command(slurm, "--profile", str(REPO / "profiles/test-slurm"), "-n"), capture_output=True,
+                           text=True, cwd=slurm,
+                           env={**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}", **env})
+    assert again.returncode != 0 and "the tiny_llm source code changed" in again.stderr + again.stdout
 
 
 def _queued(name_prefix: str = "tinyllm_") -> list[str]:
@@ -339,27 +356,3 @@ def test_ctrl_c_leaves_running_jobs_running(cluster, trained, tmp_path):
     assert all(_sacct_state(job) == "COMPLETED" for job in running)
     jobs = _result_jobs(workdir)
     assert len(jobs) == 6 and set(running) <= set(jobs.values())
-
-
-def test_a_campaign_runs_the_code_it_started_with(cluster, trained, tmp_path):
-    """Editing a numerical module of the checkout mid-campaign changes nothing for the jobs
-    still to come (they import the run's frozen copy); the next campaign sees the edit and the
-    identity guard refuses to mix it into the existing results."""
-    source = tmp_path / "src"
-    shutil.copytree(REPO / "src/tiny_llm", source / "tiny_llm", ignore=shutil.ignore_patterns("__pycache__"))
-    env = {"PYTHONPATH": str(source)}
-    workdir = _workdir(tmp_path / "frozen", SETTINGS, trained)
-    profile = ["--profile", str(REPO / "profiles/test-slurm")]
-    log = workdir / "campaign.log"
-    campaign = _start(workdir, log, *profile, env=env)
-    _until(lambda: "has been submitted with SLURM jobid" in log.read_text(), 120, "the first Slurm job")
-    noise = source / "tiny_llm/curvature/noise.py"
-    noise.write_text(noise.read_text() + "\n# edited while the campaign runs\n")
-    assert campaign.wait(timeout=600) == 0, log.read_text()[-4000:]
-    results = [json.loads(p.read_text()) for p in (workdir / "results/tiny/states").glob("*/*.json")
-               if p.stem != "done"]
-    assert len(results) == 6
-    assert {r["identity"]["source"] for r in results} == {source_hash()}  # the code as it was at the start
-    again = subprocess.run(_command(workdir, *profile, "-n"), capture_output=True, text=True, cwd=workdir,
-                           env={**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}", **env})
-    assert again.returncode != 0 and "the tiny_llm source code changed" in again.stderr + again.stdout
