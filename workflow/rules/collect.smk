@@ -16,9 +16,7 @@ rule collect:
     conda:
         "../../envs/tiny-llm.yaml"
     params:
-        cases=lookup(
-            dpath="{analysis}/cases", within=ANALYSES, default=["seen", "unseen"]
-        ),
+        cases=get_analysis_cases,
         audit_threshold=lookup(
             dpath="{analysis}/audit_threshold", within=ANALYSES, default=0.01
         ),

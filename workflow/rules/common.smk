@@ -69,7 +69,7 @@ wildcard_constraints:
     comparison="|".join(SEED_COMPARISONS) or "NONE",
     checkpoint="epoch-[0-9]{3}",
     key="[0-9a-f]{64}",
-    case="seen|unseen",
+    case="seen|unseen|offset",
 
 
 def _by(wildcard, answer):
@@ -99,6 +99,7 @@ get_analysis_selection = _by(
     "analysis", lambda analysis: ANALYSES[analysis].get("checkpoints", "all")
 )
 get_analysis_settings = _by("analysis", PLAN.settings_dict)
+get_analysis_cases = _by("analysis", PLAN.cases)
 get_analysis_binding = _by("analysis", PLAN.binding)
 get_spectrum_settings = _by("analysis", lambda a: ANALYSES[a].get("spectrum", {}))
 get_analyze_runtime = _by("analysis", PLAN.analyze_runtime)

@@ -40,9 +40,7 @@ rule collect_spectrum:
     conda:
         "../../envs/tiny-llm.yaml"
     params:
-        cases=lookup(
-            dpath="{analysis}/cases", within=ANALYSES, default=["seen", "unseen"]
-        ),
+        cases=get_analysis_cases,
     script:
         "../scripts/collect_spectrum.py"
 

@@ -112,7 +112,7 @@ def expected_states(config: RunConfig | None, run_dir: str | Path, selection: st
         return len(selection), "listed checkpoints"
     run_dir = Path(run_dir)
     existing = sorted(p.name for p in run_dir.glob("*") if _ROOT.fullmatch(p.name)) if run_dir.is_dir() else []
-    if config is None or (existing and (run_dir / "final.pt").exists()):
+    if config is None or (existing and ((run_dir / "final.pt").exists() or (run_dir / "imported.json").exists())):
         epochs = [name for name in existing if name.startswith("epoch-")]
         return max(1, len(epochs) or len(existing)), "checkpoints in the run"
     if config.training.checkpoint_policy == "interval":
