@@ -285,7 +285,7 @@ def _parser() -> argparse.ArgumentParser:
     ih.add_argument("--run-dir", required=True, type=Path, help="new run directory, e.g. runs/imported")
     add_config(ih)
     ih.add_argument("--step", type=int, nargs="+", help="training step of each directory's weights (recorded; "
-                    "default 0)")
+                    "default: a Trainer's trainer_state.json global_step there, else 0)")
     ih.add_argument("--tokens", type=int, nargs="+", help="training tokens of each directory's weights (recorded; "
                     "default 0)")
     ih.set_defaults(func=_import_hf)

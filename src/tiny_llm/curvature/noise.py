@@ -374,12 +374,14 @@ def precision_audit(model: Llama, batches: list[torch.Tensor], g_bar: torch.Tens
     production = EpochHessian(model, rows, batch_size=h, engine=inputs.engine, precision=precision,
                               directions_per_pass=len(V), compile=False,
                               group_rows=inputs.rows("forms")).quadratic_forms(V).tolist()
-    float64 = EpochHessian(reference, rows, batch_size=h, engine="adjoint", precision=exact, directions_per_pass=len(V),
-                           compile=False, group_rows=inputs.rows("audit")).quadratic_forms(V64).tolist()
+    exact_engine = "double_backward" if getattr(model, "jet_refusal", None) else "adjoint"  # no rules: an HVP engine
+    float64 = EpochHessian(reference, rows, batch_size=h, engine=exact_engine, precision=exact,
+                           directions_per_pass=len(V), compile=False,
+                           group_rows=inputs.rows("audit")).quadratic_forms(V64).tolist()
     for record, q, q64 in zip(records, production, float64):
         record.update(production=q, float64=q64, relative_error=abs(_relative(q, q64)))
     statistics = _implied_errors(records, (float(g_bar.norm()), float(g_bar64.norm())), (epoch_loss, loss64))
-    return {"reference": "float64: ḡ and loss over the whole epoch, the audited batch gradients, adjoint-engine forms",
+    return {"reference": f"float64: ḡ and loss over the whole epoch, the audited batch gradients, {exact_engine}-engine forms",
             "micro_batches": micro, "tokens_audited": int(rows[:, 1:].numel()), "directions": records,
             "loss": {"production": epoch_loss, "float64": loss64},
             "full_grad_norm": {"production": float(g_bar.norm()), "float64": float(g_bar64.norm())},

@@ -239,11 +239,16 @@ def model_config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict[str, Any
             "tie_word_embeddings": config.tie_embeddings, "torch_dtype": str(dtype).removeprefix("torch.")}
 
 
-def _read_directory(directory: str | Path) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor]]:
-    """A local Hugging Face model directory's config.json and weights (safetensors only)."""
+def _read_config(directory: str | Path) -> tuple[Path, dict[str, Any]]:
+    """A local Hugging Face model directory and its config.json."""
     path = local_directory(directory)
     if not (path / "config.json").exists():
         raise ValueError(f"{path} has no config.json; give a Hugging Face model directory")
+    return path, json.loads((path / "config.json").read_text())
+
+
+def _weight_files(path: Path) -> list[str]:
+    """A Hugging Face model directory's safetensors files (pickled weights are refused)."""
     index = path / "model.safetensors.index.json"
     if index.exists():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -254,10 +259,15 @@ def _read_directory(directory: str | Path) -> tuple[Path, dict[str, Any], dict[s
                          "(model.save_pretrained(DIR, safe_serialization=True))")
     else:
         raise ValueError(f"{path} has no model.safetensors")
+    return files
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A Hugging Face model directory's weights (safetensors only), as saved."""
     hf_state: dict[str, torch.Tensor] = {}
-    for file in files:
+    for file in _weight_files(path):
         hf_state.update(load_file(path / file))
-    return path, json.loads((path / "config.json").read_text()), hf_state
+    return hf_state
 
 
 def read_hf(directory: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -267,9 +277,9 @@ def read_hf(directory: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
         ValueError: a hub id or missing directory, pickled weights, or a configuration or weights
             our models cannot represent, each naming what to do.
     """
-    path, data, hf_state = _read_directory(directory)
+    path, data = _read_config(directory)
     config = model_config_from_hf(data, str(path / "config.json"))
-    return config, from_hf_state(hf_state, config, str(path))
+    return config, from_hf_state(_read_weights(path), config, str(path))
 
 
 HF_CONFIG = "hf-config.json"
@@ -325,12 +335,22 @@ def write_hf(out: str | Path, config: ModelConfig, state: dict[str, torch.Tensor
     return out
 
 
+def _trainer_step(path: Path) -> int:
+    """The step a Hugging Face Trainer recorded beside its checkpoint (trainer_state.json's
+    global_step), else 0."""
+    try:
+        return int(json.loads((path / "trainer_state.json").read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
 def import_run(directories: list[str | Path], run_dir: str | Path, config: RunConfig,
                steps: list[int] | None = None, tokens: list[int] | None = None) -> Path:
     """Make a run directory from local Hugging Face checkpoint directories of one model (the
     revisions of a training suite, or just one): ``resolved.yaml`` (the model section from their
     config.json, data and training from ``config``), each checkpoint's weights as
-    ``epoch-NNN.safetensors`` in the order given (metadata: its step and tokens) and
+    ``epoch-NNN.safetensors`` in the order given (metadata: its step, given or read from a
+    Trainer's trainer_state.json, and tokens) and
     ``imported.json``. Llama and GPT-2 become our models (every engine); another architecture
     keeps its own weights and config.json (``hf-config.json``) for the adapter (HVP engines).
 
@@ -342,15 +362,15 @@ def import_run(directories: list[str | Path], run_dir: str | Path, config: RunCo
     from tiny_llm.model.checkpoint import check_state_dict, save_weights
 
     run_dir, paths = Path(run_dir), [Path(d) for d in directories]
-    steps, tokens = steps or [0] * len(paths), tokens or [0] * len(paths)
+    steps, tokens = steps or [_trainer_step(path) for path in paths], tokens or [0] * len(paths)
     if not paths or len(steps) != len(paths) or len(tokens) != len(paths):
         raise ValueError(f"give one step and one token count per checkpoint directory ({len(paths)} directories, "
                          f"{len(steps)} steps, {len(tokens)} token counts)")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ValueError(f"{run_dir} exists and is not empty; import into a new run directory")
-    read = [_read_directory(path) for path in paths]
+    read = [_read_config(path) for path in paths]
     first_config = {k: v for k, v in read[0][1].items() if k not in ("torch_dtype", "dtype", "transformers_version")}
-    for path, data, _ in read[1:]:
+    for path, data in read[1:]:
         if {k: v for k, v in data.items() if k not in ("torch_dtype", "dtype", "transformers_version")} != first_config:
             raise ValueError(f"{path / 'config.json'} differs from {paths[0] / 'config.json'}; import the checkpoints "
                              "of one model configuration into one run directory")
@@ -358,11 +378,13 @@ def import_run(directories: list[str | Path], run_dir: str | Path, config: RunCo
     try:
         if read[0][1].get("model_type") in FORMATS:
             model_config = model_config_from_hf(read[0][1], str(paths[0] / "config.json"))
-            states = [from_hf_state(hf_state, model_config, str(path)) for path, _, hf_state in read]
+            states = [from_hf_state(_read_weights(path), model_config, str(path)) for path in paths]
         else:
             atomic_write_text(run_dir / HF_CONFIG, (paths[0] / "config.json").read_text())
             model_config = adapter_config(read[0][1], run_dir / HF_CONFIG)
             model = HFCausalLM(model_config)
+            for path in paths:
+                _weight_files(path)  # safetensors only, refused by name otherwise
             states = [_adapter_state(model, path) for path in paths]
             for path, state in zip(paths, states):
                 check_state_dict(model, state, str(path))

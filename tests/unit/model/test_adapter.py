@@ -127,3 +127,11 @@ def test_quadratic_form_engines_refuse_it_by_name(imported, tmp_path):
     again = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).eval()
     original = transformers.AutoModelForCausalLM.from_pretrained(imported / "step-200", dtype=torch.float64).eval()
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), original.state_dict().values()))
+
+
+def test_the_step_is_read_from_a_trainers_state_when_not_given(imported, tmp_path):
+    (imported / "step-200/trainer_state.json").write_text(json.dumps({"global_step": 200, "epoch": 1.0}))
+    assert main(["--quiet", "import-hf", str(imported / "step-200"), "--run-dir", str(tmp_path / "run"),
+                 "--config", str(imported / "run.yaml")]) == 0
+    assert load_weights(tmp_path / "run/epoch-000.safetensors")[1]["step"] == "200"
+    (imported / "step-200/trainer_state.json").unlink()

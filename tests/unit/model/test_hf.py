@@ -137,7 +137,9 @@ def test_import_and_export_through_the_command_line(tmp_path, capsys):
     assert config.model.d_model == 16 and config.data.seq_len == 12
     state, metadata = load_weights(run / "epoch-000.safetensors")
     assert metadata["step"] == "300" and metadata["tokens"] == "9600"
-    assert json.loads((run / "imported.json").read_text())["files"].keys() >= {"config.json", "model.safetensors"}
+    imported = json.loads((run / "imported.json").read_text())["checkpoints"]
+    assert [c["checkpoint"] for c in imported] == ["epoch-000.safetensors"] and imported[0]["step"] == 300
+    assert imported[0]["files"].keys() >= {"config.json", "model.safetensors"}
     assert main(["--quiet", "export-hf", "--run", str(run), "--checkpoint", "epoch-000.safetensors",
                  "--out", str(tmp_path / "back")]) == 0
     original, back = load_file(path / "model.safetensors"), load_file(tmp_path / "back/model.safetensors")
