@@ -1,7 +1,8 @@
 """The workflow on models trained elsewhere: two saved checkpoints of a tiny GPT-NeoX (Pythia's
-architecture, neither Llama nor GPT-2) that the test creates with transformers, imported with
-their steps, analysed on the offset case of a cache prepared with a tokenizer the test trains,
-with an HVP engine; results, summary.csv with the given steps, figures and the report."""
+architecture, neither Llama nor GPT-2) that the test creates with transformers, listed with their
+steps in an analysis (hf_checkpoints), imported by the workflow and analysed on the offset case of
+a cache prepared with a tokenizer the test trains, with an HVP engine; results, summary.csv with
+the given steps, figures; a rerun does nothing."""
 
 import csv
 import json
@@ -54,12 +55,12 @@ def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_p
     os.chdir(tmp_path)
     assert main(["--quiet", "prepare-data", "--config", "run.yaml", "--source", "text", "--tokenizer", "tokenizer",
                  "corpus.txt"]) == 0
-    assert main(["--quiet", "import-hf", "pythia-step100", "pythia-step200", "--run-dir", "runs/pythia", "--config",
-                 "run.yaml", "--step", "100", "200", "--tokens", "4800", "9600"]) == 0
     settings = {"device": "cpu", "dtype": "float64", "engine": "double_backward", "noise_samples": 2,
                 "random_samples": 2, "directions_per_pass": 2, "data_offset": 2}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"analyses": {"pythia": {"run": "runs/pythia",
-                                                                                  "settings": settings}}}))
+    checkpoints = [{"path": "pythia-step100", "step": 100, "tokens": 4800},
+                   {"path": "pythia-step200", "step": 200, "tokens": 9600}]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"analyses": {"pythia": {
+        "hf_checkpoints": checkpoints, "config": "run.yaml", "settings": settings}}}))
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
     done = subprocess.run([str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
                            "--configfile", str(tmp_path / "config.yaml"), "-c2"], capture_output=True, text=True,
@@ -81,5 +82,10 @@ def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_p
     direct = json.loads((tmp_path / "direct.json").read_text())["statistics"]
     assert direct.keys() == result["statistics"].keys()
     assert all(v == pytest.approx(result["statistics"][k], rel=1e-9) for k, v in direct.items() if v is not None)
+    assert json.loads((tmp_path / "runs/pythia/imported.json").read_text())["architecture"] == "hf"
+    again = subprocess.run([str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                            "--configfile", str(tmp_path / "config.yaml"), "-c2", "-n"], capture_output=True,
+                           text=True, env=env, cwd=REPO)
+    assert "Nothing to be done" in again.stdout + again.stderr, (again.stdout + again.stderr)[-3000:]
     figures = sorted(p.name for p in (results / "figures").glob("*.png"))
     assert {"loss.png", "noise_alignment.png", "batch_sizes.png"} <= set(figures), figures

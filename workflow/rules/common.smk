@@ -63,6 +63,7 @@ if workflow.is_main_process:
 
 wildcard_constraints:
     run="|".join(PLAN.run_configs) or "NONE",
+    imported="|".join(PLAN.imported_runs) or "NONE",
     cache="|".join(PLAN.run_of_cache) or "NONE",
     analysis="|".join(ANALYSES) or "NONE",
     experiment="|".join(SEED_EXPERIMENTS) or "NONE",
@@ -100,19 +101,19 @@ get_analysis_selection = _by(
 )
 get_analysis_settings = _by("analysis", PLAN.settings_dict)
 get_analysis_cases = _by("analysis", PLAN.cases)
+get_import_spec = _by("imported", PLAN.import_spec)
+get_import_inputs = _by("imported", PLAN.import_inputs)
 get_analysis_binding = _by("analysis", PLAN.binding)
 get_spectrum_settings = _by("analysis", lambda a: ANALYSES[a].get("spectrum", {}))
 get_analyze_runtime = _by("analysis", PLAN.analyze_runtime)
 get_finish_runtime = _by("analysis", PLAN.finish_runtime)
 
 
-def get_attempt(wildcards, attempt):
-    """Snakemake's attempt number (1 + retries so far), recorded in each result."""
+def get_attempt(wildcards, attempt):  # 1 + retries so far, recorded in each result
     return attempt
 
 
-def _states(analysis):
-    """states.json of an analysis (after its index checkpoint has run)."""
+def _states(analysis):  # states.json, once its index checkpoint has run
     path = checkpoints.index_states.get(analysis=analysis).output.states
     return json.loads(Path(path).read_text())["states"]
 

@@ -21,3 +21,21 @@ rule train_run:
         device=config.get("train_device", "cpu"),
     script:
         "../scripts/train.py"
+
+
+# Hugging Face checkpoints an analysis lists (hf_checkpoints): imported into its run directory.
+rule import_hf:
+    input:
+        get_import_inputs,
+    output:
+        # A receipt, written last (see train_run): the run directory belongs to tiny-llm.
+        receipt="runs/{imported}/imported.json",
+    log:
+        "logs/import_hf/{imported}.log",
+    localrule: True
+    conda:
+        "../../envs/tiny-llm.yaml"
+    params:
+        spec=get_import_spec,
+    script:
+        "../scripts/import_hf.py"

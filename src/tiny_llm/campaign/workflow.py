@@ -44,7 +44,7 @@ from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.training.loop import epoch_file
 from tiny_llm.workers.index import check_selection
 from tiny_llm.curvature.memory import GiB, MemoryPlan
-from tiny_llm.model.hf import IMPORTED
+from tiny_llm.model.hf import IMPORTED, imported_config
 from tiny_llm.workers.state import (AnalysisSettings, check_output_binding, memory_plan, output_binding,
                                     settings_from_dict, settings_record)
 
@@ -293,6 +293,10 @@ class WorkflowPlan:
                 raise ValueError(f"seed_comparisons.{name}: {unknown} are not seed_experiments "
                                  f"(known: {sorted(self.seed_experiments)})")
         self.run_configs = {name: load_run_config(entry) for name, entry in self.train_runs.items()}
+        self.imports = {name: self._check_import(name) for name, entry in self.analyses.items()
+                        if "hf_checkpoints" in entry}
+        """Analyses of Hugging Face checkpoint lists: their run directory (imported by the workflow)
+        and the run configuration importing them gives."""
         self.cache_of_run: dict[str, str] = {}
         for name, run in self.run_configs.items():
             cache = Path(run.data.cache)
@@ -316,6 +320,59 @@ class WorkflowPlan:
             except ValueError as error:
                 raise ValueError(f"analyses.{name}.settings: {error}") from None
         self._pending: dict[str, bool] = {}
+
+    def _check_import(self, name: str) -> RunConfig:
+        """An analysis's ``hf_checkpoints``: its run directory (``run``, default runs/<name>) must be
+        no trained run's, and the list must import (checked before any work, nothing written).
+
+        Raises:
+            ValueError: naming the config key.
+        """
+        entry = self.analyses[name]
+        entry.setdefault("run", f"runs/{name}")
+        run = Path(entry["run"])
+        if run.parent != Path("runs"):
+            raise ValueError(f"analyses.{name}.run: the workflow imports hf_checkpoints into runs/<name>, got {run}")
+        if run.name in self.run_configs:
+            raise ValueError(f"analyses.{name}.run: {run} is trained by train_runs.{run.name}; import the "
+                             "hf_checkpoints into another run directory")
+        if "config" not in entry:
+            raise ValueError(f"analyses.{name}.config: hf_checkpoints need a run configuration (its data section "
+                             "names the prepared cache; training.batch_size, micro_batch_size, tokens and epochs "
+                             "cut the offset epoch)")
+        try:
+            return imported_config([c["path"] for c in entry["hf_checkpoints"]],
+                                   load_run_config({"config": entry["config"], "set": entry.get("set", {})}))
+        except ValueError as error:
+            raise ValueError(f"analyses.{name}.hf_checkpoints: {error}") from None
+
+    def import_spec(self, run: str) -> dict[str, Any]:
+        """What the import of runs/``run`` (an analysis's hf_checkpoints) writes (a change imports again)."""
+        entry = self.analyses[self.importing(run)]
+        checkpoints = entry["hf_checkpoints"]
+        return {"directories": [c["path"] for c in checkpoints], "steps": [c.get("step", 0) for c in checkpoints],
+                "tokens": [c.get("tokens", 0) for c in checkpoints],
+                "config": config_to_dict(load_run_config({"config": entry["config"], "set": entry.get("set", {})}))}
+
+    def _expected_states(self, analysis: str, run: RunConfig) -> tuple[int, str]:
+        """States an analysis will measure, for its cost line (an import not yet made: its list)."""
+        entry = self.analyses[analysis]
+        selection = entry.get("checkpoints", "all")
+        if analysis in self.imports and selection == "all" and not (Path(entry["run"]) / IMPORTED).exists():
+            return len(entry["hf_checkpoints"]), "hf_checkpoints"
+        return cost.expected_states(run, entry["run"], selection, analysis_dir=f"results/{analysis}")
+
+    def importing(self, run: str) -> str:
+        """The analysis whose hf_checkpoints are imported into runs/``run``."""
+        return next(a for a in self.imports if Path(self.analyses[a]["run"]).name == run)
+
+    def import_inputs(self, run: str) -> list[str]:
+        return [str(Path(c["path"]) / "config.json") for c in self.analyses[self.importing(run)]["hf_checkpoints"]]
+
+    @property
+    def imported_runs(self) -> list[str]:
+        """Names of the run directories (runs/<name>) the workflow imports hf_checkpoints into."""
+        return [Path(self.analyses[a]["run"]).name for a in self.imports]
 
     def _check_analysis(self, name: str) -> AnalysisSettings:
         """An analysis's settings, and its output directory checked against them before any work."""
@@ -430,17 +487,24 @@ class WorkflowPlan:
         return run.name if run.parent == Path("runs") and run.name in self.run_configs else None
 
     def run_ready(self, analysis: str) -> str:
-        """The trained run's receipt when the workflow trains it, else its resolved.yaml."""
+        """The trained run's receipt when the workflow trains it, the import's when it imports it,
+        else its resolved.yaml."""
         name = self.trained_here(analysis)
-        return f"runs/{name}/trained.json" if name else str(Path(self.analyses[analysis]["run"]) / "resolved.yaml")
+        if name:
+            return f"runs/{name}/trained.json"
+        run = Path(self.analyses[analysis]["run"])
+        return str(run / IMPORTED) if analysis in self.imports else str(run / "resolved.yaml")
 
     def calibration_inputs(self, analysis: str) -> list[str]:
         """Calibration needs only the run's shapes: a run trained here is not waited for."""
-        return [] if self.trained_here(analysis) else [str(Path(self.analyses[analysis]["run"]) / "resolved.yaml")]
+        return [] if self.trained_here(analysis) else [self.run_ready(analysis)]
 
     def run_config(self, analysis: str) -> RunConfig:
         name = self.trained_here(analysis)
-        return self.run_configs[name] if name else load_config(Path(self.analyses[analysis]["run"]) / "resolved.yaml")
+        if name:
+            return self.run_configs[name]
+        resolved = Path(self.analyses[analysis]["run"]) / "resolved.yaml"
+        return self.imports[analysis] if analysis in self.imports and not resolved.exists() else load_config(resolved)
 
     def settings_dict(self, analysis: str) -> dict[str, Any]:
         """An analysis's settings as configured; a profile's ``settings_override`` wins."""
@@ -454,7 +518,7 @@ class WorkflowPlan:
         entry = self.analyses[analysis]
         if "cases" in entry:
             return entry["cases"]
-        imported = (Path(entry["run"]) / IMPORTED).exists() and not self.trained_here(analysis)
+        imported = analysis in self.imports or (Path(entry["run"]) / IMPORTED).exists() and not self.trained_here(analysis)
         return ["offset"] if imported else ["seen", "unseen"]
 
     def spectrum_enabled(self, analysis: str) -> bool:
@@ -601,13 +665,12 @@ class WorkflowPlan:
     def cost_line(self, analysis: str) -> str | None:
         """What an unfinished analysis will cost: jobs, the work of each, and the estimated time
         (None for an existing run without resolved.yaml: refused later, with its reason)."""
-        entry, settings = self.analyses[analysis], self.analysis_settings[analysis]
+        settings = self.analysis_settings[analysis]
         try:
             run = self.run_config(analysis)
         except ValueError:
             return None
-        states = cost.expected_states(run, entry["run"], entry.get("checkpoints", "all"),
-                                      analysis_dir=f"results/{analysis}")
+        states = self._expected_states(analysis, run)
         workers = run.training.workers if settings.consensus else 0
         work = cost.case_work(run, settings, workers)
         kind = "cpu" if settings.device == "cpu" else self.cluster.get("gpu_kind") or "cuda"
@@ -630,13 +693,11 @@ class WorkflowPlan:
 
     def _requested_hours(self, analysis: str) -> float | None:
         """GPU-hours Slurm is asked for by an analysis's state jobs (None before its calibration)."""
-        entry = self.analyses[analysis]
         try:
             run = self.run_config(analysis)
         except ValueError:
             return None
-        count = cost.expected_states(run, entry["run"], entry.get("checkpoints", "all"),
-                                     analysis_dir=f"results/{analysis}")[0]
+        count = self._expected_states(analysis, run)[0]
         if self.cluster.get("walltime_hours"):
             return count * float(self.cluster["walltime_hours"])
         timing_entry = self.timing_entry(analysis, self.cluster.get("gpu_kind"))

@@ -39,7 +39,7 @@ from safetensors.torch import load_file, save_file
 from tiny_llm.config import ModelConfig, RunConfig, config_from_dict, config_to_dict, dump_config, load_config
 from tiny_llm.io import atomic_directory, atomic_write_json, atomic_write_text, local_directory, sha256_file
 
-__all__ = ["FORMATS", "GPT2_LAYER_KEYS", "GPT2_MODEL_KEYS", "IMPORTED", "LLAMA_LAYER_KEYS", "LLAMA_MODEL_KEYS",
+__all__ = ["FORMATS", "GPT2_LAYER_KEYS", "GPT2_MODEL_KEYS", "IMPORTED", "imported_config", "LLAMA_LAYER_KEYS", "LLAMA_MODEL_KEYS",
            "export_run", "from_hf_state", "import_run", "model_config_from_hf", "model_config_to_hf", "read_hf",
            "to_hf_state", "write_hf"]
 
@@ -344,6 +344,31 @@ def _trainer_step(path: Path) -> int:
         return 0
 
 
+def imported_config(directories: list[str | Path], config: RunConfig) -> RunConfig:
+    """The run configuration importing ``directories`` gives (before anything is written): the model
+    section from their config.json, which must agree (dtype aside), data and training from
+    ``config``. For another architecture ``model.hf_config`` names the first directory's
+    config.json (the import then points it at the run's copy).
+
+    Raises:
+        ValueError: a missing directory or config.json, disagreeing configurations, or one our
+            models cannot represent.
+    """
+    paths = [Path(d) for d in directories]
+    read = [_read_config(path) for path in paths]
+
+    def essential(data: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in data.items() if k not in ("torch_dtype", "dtype", "transformers_version")}
+    for path, data in read[1:]:
+        if essential(data) != essential(read[0][1]):
+            raise ValueError(f"{path / 'config.json'} differs from {paths[0] / 'config.json'}; import the checkpoints "
+                             "of one model configuration into one run directory")
+    data = read[0][1]
+    model = (model_config_from_hf(data, str(paths[0] / "config.json")) if data.get("model_type") in FORMATS
+             else adapter_config(data, paths[0] / "config.json"))
+    return config_from_dict({**config_to_dict(config), "model": config_to_dict(model)})
+
+
 def import_run(directories: list[str | Path], run_dir: str | Path, config: RunConfig,
                steps: list[int] | None = None, tokens: list[int] | None = None) -> Path:
     """Make a run directory from local Hugging Face checkpoint directories of one model (the
@@ -368,20 +393,15 @@ def import_run(directories: list[str | Path], run_dir: str | Path, config: RunCo
                          f"{len(steps)} steps, {len(tokens)} token counts)")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ValueError(f"{run_dir} exists and is not empty; import into a new run directory")
-    read = [_read_config(path) for path in paths]
-    first_config = {k: v for k, v in read[0][1].items() if k not in ("torch_dtype", "dtype", "transformers_version")}
-    for path, data in read[1:]:
-        if {k: v for k, v in data.items() if k not in ("torch_dtype", "dtype", "transformers_version")} != first_config:
-            raise ValueError(f"{path / 'config.json'} differs from {paths[0] / 'config.json'}; import the checkpoints "
-                             "of one model configuration into one run directory")
+    planned = imported_config(paths, config)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        if read[0][1].get("model_type") in FORMATS:
-            model_config = model_config_from_hf(read[0][1], str(paths[0] / "config.json"))
+        if planned.model.architecture != "hf":
+            model_config = planned.model
             states = [from_hf_state(_read_weights(path), model_config, str(path)) for path in paths]
         else:
             atomic_write_text(run_dir / HF_CONFIG, (paths[0] / "config.json").read_text())
-            model_config = adapter_config(read[0][1], run_dir / HF_CONFIG)
+            model_config = adapter_config(json.loads((paths[0] / "config.json").read_text()), run_dir / HF_CONFIG)
             model = HFCausalLM(model_config)
             for path in paths:
                 _weight_files(path)  # safetensors only, refused by name otherwise
