@@ -190,3 +190,31 @@ def test_the_plan_states_the_memory_of_each_job_and_refuses_one_that_cannot_fit(
     with pytest.raises(ValueError, match=r"analyses.gpu.settings: gradient: one sequence of 16 tokens needs ~.* "
                                          r"more than memory_budget_gb = 10.5 KiB; lower data.seq_len"):
         WorkflowPlan(tiny)
+
+
+def test_hf_checkpoint_lists_are_imported_then_measured_on_the_offset_case(project):
+    """An analysis's hf_checkpoints: the plan knows the run's shape, the states and the case before
+    the import, waits for the import's receipt, and refuses by key what cannot work."""
+    import transformers
+
+    for step in (1, 2):
+        transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=256, n_embd=8, n_layer=1, n_head=2,
+                                                             n_positions=16)).save_pretrained(f"hf/step{step}")
+    checkpoints = [{"path": "hf/step1", "step": 1}, {"path": "hf/step2", "step": 2, "tokens": 64}]
+    entry = {"hf_checkpoints": checkpoints, "config": "run.yaml", "settings": {**SETTINGS, "device": "cpu"}}
+    plan = WorkflowPlan({"analyses": {"suite": dict(entry)}})
+    assert plan.run_ready("suite") == "runs/suite/imported.json" and plan.cases("suite") == ["offset"]
+    assert plan.run_config("suite").model.architecture == "gpt2" and plan.imported_runs == ["suite"]
+    assert plan.import_spec("suite")["steps"] == [1, 2] and plan.import_spec("suite")["tokens"] == [0, 64]
+    assert plan.import_inputs("suite") == ["hf/step1/config.json", "hf/step2/config.json"]
+    assert plan._expected_states("suite", plan.run_config("suite")) == (2, "hf_checkpoints")
+    for change, message in [({"run": "elsewhere/suite"}, "analyses.suite.run: the workflow imports hf_checkpoints "
+                                                         "into runs/<name>"),
+                            ({"config": None}, "analyses.suite.config: hf_checkpoints need a run configuration"),
+                            ({"hf_checkpoints": [{"path": "hf/missing"}]},
+                             "analyses.suite.hf_checkpoints: hf/missing is not a local directory")]:
+        bad = {k: v for k, v in {**entry, **change}.items() if v is not None}
+        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+            WorkflowPlan({"analyses": {"suite": bad}})
+    with pytest.raises(ValueError, match="analyses.tiny.run: runs/tiny is trained by train_runs.tiny"):
+        WorkflowPlan({"train_runs": {"tiny": {"config": "run.yaml"}}, "analyses": {"tiny": {**entry, "run": "runs/tiny"}}})
