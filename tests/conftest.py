@@ -116,6 +116,24 @@ def check_module_jet(module, jet_of, x0, *, second_order_input=True, seed=0):
         torch.testing.assert_close(out.z2[k], y2, rtol=0, atol=1e-11)
 
 
+def check_whole_model_jet(model) -> None:
+    """model.jet + loss_jet in Taylor mode = d²/dt² of the summed loss along θ + t v (torch.func jvp
+    of jvp) for JET_K directions, with ignored targets."""
+    inputs = torch.randint(0, 16, (3, 6), generator=jet_generator(40))
+    targets = torch.randint(0, 16, (3, 6), generator=jet_generator(41))
+    targets[1, 2:4] = -100
+    jets = JetPass({p: jet_randn(JET_K, *p.shape, seed=i) for i, p in enumerate(model.parameters())})
+    with torch.no_grad():
+        taylor = model.loss_jet(model.jet(inputs, jets), targets, jets)
+    names = [n for n, _ in model.named_parameters()]
+    for k in range(JET_K):
+        def f(t, _):
+            params = {n: p + t * jets.directions[p][k] for n, p in zip(names, model.parameters())}
+            return token_losses(functional_call(model, params, (inputs,)), targets).sum()
+        _, second = reference_jet(f, torch.zeros(()), torch.zeros(()), torch.zeros(()))
+        assert float(taylor[k]) == pytest.approx(float(second.detach()), rel=1e-11, abs=1e-11)
+
+
 @pytest.fixture(scope="session")
 def dense_problem():
     """The float64 TINY_MODEL, 7 epoch rows (uneven for every batch size) and its explicit Hessian."""

@@ -165,28 +165,11 @@ class GPT2(CausalLM):
 
     def __init__(self, config: ModelConfig, attention_backend: AttentionBackend = "reference"):
         super().__init__()
-        if attention_backend not in ("reference", "sdpa"):
-            raise ValueError(f"attention_backend: expected 'reference' or 'sdpa', got {attention_backend!r}")
-        self.config, self.attention_backend = config, attention_backend
-        self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+        self._begin(config, attention_backend)
         self.pos_embeddings = nn.Embedding(config.max_seq_len, config.d_model)
         self.layers = nn.ModuleList(GPT2Block(config, attention_backend) for _ in range(config.n_layers))
         self.norm = LayerNorm(config.d_model, config.norm_eps)
-        self.output = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """GPT-2's initialisation: weights N(0, 0.02), residual projections N(0, 0.02/√(2 n_layers)),
-        biases 0, LayerNorm weights 1."""
-        for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
-                nn.init.ones_(p)
-            elif name.endswith(".bias"):
-                nn.init.zeros_(p)
-            elif name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layers))
-            else:
-                nn.init.normal_(p, std=0.02)
+        self._end()
 
     def _positions(self, T: int, device: torch.device) -> torch.Tensor:
         return torch.arange(T, device=device).unsqueeze(0)  # (1, T): broadcasts over the batch

@@ -280,6 +280,33 @@ class CausalLM(nn.Module):
     config: ModelConfig
     attention_backend: AttentionBackend
 
+    def _begin(self, config: ModelConfig, attention_backend: AttentionBackend) -> None:
+        """The first modules of every architecture (the token embedding), after the backend check."""
+        if attention_backend not in ("reference", "sdpa"):
+            raise ValueError(f"attention_backend: expected 'reference' or 'sdpa', got {attention_backend!r}")
+        self.config, self.attention_backend = config, attention_backend
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+
+    def _end(self) -> None:
+        """The last module (an untied head; tied: logits use tok_embeddings.weight directly, so the
+        state dict holds the tensor once), then the initialisation."""
+        self.output = None if self.config.tie_embeddings else nn.Linear(self.config.d_model, self.config.vocab_size,
+                                                                        bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation: weights N(0, 0.02), residual projections (wo, w2) N(0, 0.02/√(2 n_layers)),
+        norm weights 1, biases 0."""
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layers))
+            else:
+                nn.init.normal_(p, std=0.02)
+
     def _check_length(self, T: int) -> None:
         if T > self.config.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.config.max_seq_len}")
@@ -346,25 +373,10 @@ class Llama(CausalLM):
 
     def __init__(self, config: ModelConfig, attention_backend: AttentionBackend = "reference"):
         super().__init__()
-        if attention_backend not in ("reference", "sdpa"):
-            raise ValueError(f"attention_backend: expected 'reference' or 'sdpa', got {attention_backend!r}")
-        self.config, self.attention_backend = config, attention_backend
-        self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+        self._begin(config, attention_backend)
         self.layers = nn.ModuleList(TransformerBlock(config, attention_backend) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
-        # Tied: logits use tok_embeddings.weight directly, so the state dict holds the tensor once.
-        self.output = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/√(2 n_layers)."""
-        for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
-                nn.init.ones_(p)
-            elif name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layers))
-            else:
-                nn.init.normal_(p, std=0.02)
+        self._end()
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape

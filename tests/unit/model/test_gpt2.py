@@ -4,17 +4,17 @@ against each other, and the architecture switch."""
 
 import pytest
 import torch
-from torch.func import functional_call
 
 from tiny_llm.config import ModelConfig, config_from_dict
 from tiny_llm.curvature.hessian import EpochHessian, Precision
 from tiny_llm.model.architectures import build_model
 from tiny_llm.model.gpt2 import GPT2, gelu, gelu_jet
-from tiny_llm.model.jets import Jet, JetPass
-from tiny_llm.model.llama import Llama, check_jet_rules, count_parameters, token_losses
+from tiny_llm.model.jets import Jet
+from tiny_llm.model.llama import Llama, check_jet_rules, count_parameters
 
 from conftest import JET_K as K
-from conftest import check_module_jet, dense_epoch_hessian, jet_generator, jet_randn, reference_jet
+from conftest import (check_module_jet, check_whole_model_jet, dense_epoch_hessian, jet_generator, jet_randn,
+                      reference_jet)
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 GPT2_MODEL = ModelConfig(architecture="gpt2", vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16,
@@ -63,20 +63,7 @@ def test_attention_mlp_and_block_rules():
 def test_whole_model_jet_is_the_second_directional_derivative(tie):
     """GPT2.jet + loss_jet in Taylor mode = d²/dt² of the summed loss along θ + t v, with ignored
     targets, tied and untied head."""
-    model = _model(tie)
-    inputs = torch.randint(0, 16, (3, 6), generator=jet_generator(40))
-    targets = torch.randint(0, 16, (3, 6), generator=jet_generator(41))
-    targets[1, 2:4] = -100
-    jets = JetPass({p: jet_randn(K, *p.shape, seed=i) for i, p in enumerate(model.parameters())})
-    with torch.no_grad():
-        taylor = model.loss_jet(model.jet(inputs, jets), targets, jets)
-    names = [n for n, _ in model.named_parameters()]
-    for k in range(K):
-        def f(t, _):
-            params = {n: p + t * jets.directions[p][k] for n, p in zip(names, model.parameters())}
-            return token_losses(functional_call(model, params, (inputs,)), targets).sum()
-        _, second = reference_jet(f, torch.zeros(()), torch.zeros(()), torch.zeros(()))
-        assert float(taylor[k]) == pytest.approx(float(second.detach()), rel=1e-11, abs=1e-11)
+    check_whole_model_jet(_model(tie))
 
 
 @pytest.mark.parametrize("tie", [True, False])

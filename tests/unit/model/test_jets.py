@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.hessian import EpochHessian, Precision
@@ -21,10 +20,10 @@ from tiny_llm.model.llama import (
     rope_tables,
     silu,
     silu_jet,
-    token_losses,
 )
 
 from conftest import JET_K as K
+from conftest import check_whole_model_jet
 from conftest import check_module_jet as _check_module_jet
 from conftest import jet_generator as _gen
 from conftest import jet_randn as _randn
@@ -127,20 +126,7 @@ def test_whole_model_jet_is_the_second_directional_derivative(tie):
     with ignored targets, tied and untied output head."""
     config = ModelConfig(**{**MODEL.__dict__, "tie_embeddings": tie})
     torch.manual_seed(0)
-    model = Llama(config).double()
-    inputs = torch.randint(0, 16, (3, 6), generator=_gen(40))
-    targets = torch.randint(0, 16, (3, 6), generator=_gen(41))
-    targets[1, 2:4] = -100
-    jets = JetPass({p: _randn(K, *p.shape, seed=i) for i, p in enumerate(model.parameters())})
-    with torch.no_grad():
-        taylor = model.loss_jet(model.jet(inputs, jets), targets, jets)
-    names = [n for n, _ in model.named_parameters()]
-    for k in range(K):
-        def f(t, _):
-            params = {n: p + t * jets.directions[p][k] for n, p in zip(names, model.parameters())}
-            return token_losses(functional_call(model, params, (inputs,)), targets).sum()
-        _, second = _reference_jet(f, torch.zeros(()), torch.zeros(()), torch.zeros(()))
-        assert float(taylor[k]) == pytest.approx(float(second.detach()), rel=1e-11, abs=1e-11)
+    check_whole_model_jet(Llama(config).double())
 
 
 def test_every_layer_type_has_a_rule_and_others_are_refused():
