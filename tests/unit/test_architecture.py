@@ -12,7 +12,7 @@ import tiny_llm
 PACKAGE = Path(tiny_llm.__file__).resolve().parent
 
 LAYERS = [
-    {"config", "io", "provenance", "runtime"},
+    {"config", "distributed", "io", "provenance", "runtime"},
     {"model", "data"},
     {"training"},
     {"curvature"},

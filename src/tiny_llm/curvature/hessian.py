@@ -42,6 +42,7 @@ import torch
 from torch.func import functional_call, grad, jvp, vmap
 
 from tiny_llm.model.jets import JetPass
+from tiny_llm.distributed import all_reduce_sum, shard
 from tiny_llm.model.llama import IGNORE_INDEX, Llama, check_jet_rules, token_losses
 
 __all__ = ["ENGINES", "EpochHessian", "FORM_ENGINES", "HVP_ENGINES", "FlatParameters", "Precision", "pad_sequences"]
@@ -316,7 +317,7 @@ class EpochHessian:
             if self.compile and 1 < real < self.K:  # one graph for K: pad a short chunk with zero directions
                 chunk = torch.cat([chunk, chunk.new_zeros(self.K - real, chunk.size(1))])
             started = time.perf_counter()
-            for inputs, targets in self.batches:
+            for inputs, targets in shard(self.batches):  # this rank's micro-batches (all of them alone)
                 yield start, real, per_batch(chunk, inputs, targets)
             self.passes += 1
             self.progress(f"{self.engine} pass over {len(self.batches)} micro-batches for directions "
@@ -328,7 +329,7 @@ class EpochHessian:
         out = torch.zeros(len(V), dtype=torch.float64, device=self.precision.device)
         for start, real, forms in self._passes(V, self.batch_forms):
             out[start:start + real] += forms[:real]
-        return out
+        return all_reduce_sum(out)
 
     def split_quadratic_forms(self, V: torch.Tensor) -> torch.Tensor:
         """dᵀHd and its generalised Gauss–Newton part dᵀGd for each row d of V (K', D): (2, K')
@@ -337,7 +338,7 @@ class EpochHessian:
         out = torch.zeros(2, len(V), dtype=torch.float64, device=self.precision.device)
         for start, real, forms in self._passes(V, self.batch_split_forms):
             out[:, start:start + real] += forms[:, :real]
-        return out
+        return all_reduce_sum(out)
 
     def hvp(self, V: torch.Tensor) -> torch.Tensor:
         """H V for the rows of V (K', D), accumulated over micro-batches in float64."""
@@ -345,7 +346,7 @@ class EpochHessian:
         out = torch.zeros(V.shape, dtype=torch.float64, device=self.precision.device)
         for start, real, HV in self._passes(V, self.batch_products):
             out[start:start + real] += HV[:real].double()
-        return out
+        return all_reduce_sum(out)
 
 
 @contextlib.contextmanager

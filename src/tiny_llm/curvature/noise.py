@@ -70,6 +70,7 @@ import torch
 from tiny_llm.curvature.hessian import FORM_ENGINES, EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.data.tokens import BatchPlan, TokenCache, derive_seed, group_permutation
+from tiny_llm.distributed import all_reduce_sum, shard
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import accumulate_batch_gradient
 
@@ -119,13 +120,13 @@ def mean_gradient_and_loss(model: Llama, flat: FlatParameters, batches: list[tor
     """ḡ = Σ_b (N_b / N) g_b over every batch of the epoch, accumulated in float64, and the epoch
     loss L = Σ_b (N_b / N) L_b, the token-mean cross-entropy over every target of the epoch."""
     n_total = sum(int(b[:, 1:].numel()) for b in batches)
-    g = torch.zeros(flat.D, dtype=torch.float64, device=precision.device)
-    loss = 0.0
-    for tokens in batches:
+    g = torch.zeros(flat.D + 1, dtype=torch.float64, device=precision.device)  # ḡ and the loss, reduced together
+    for tokens in shard(batches):  # this rank's batches (all of them alone)
         g_b, loss_b = batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision)
-        g += g_b * (tokens[:, 1:].numel() / n_total)
-        loss += loss_b * (tokens[:, 1:].numel() / n_total)
-    return g, loss
+        g[:-1] += g_b * (tokens[:, 1:].numel() / n_total)
+        g[-1] += loss_b * (tokens[:, 1:].numel() / n_total)
+    all_reduce_sum(g)
+    return g[:-1], float(g[-1])
 
 
 def mean_gradient(model: Llama, flat: FlatParameters, batches: list[torch.Tensor], micro_batch_size: int,
