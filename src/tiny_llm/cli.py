@@ -91,11 +91,14 @@ def _samples(text: str) -> int | None:
 
 
 def _analyze_state(args: argparse.Namespace) -> None:
+    from tiny_llm.distributed import init_from_environment, is_writer
     from tiny_llm.workers.state import analyze_state
 
+    init_from_environment(args.device)  # under torchrun: one rank of the data-parallel passes
     result = analyze_state(args.run, args.checkpoint, args.case, _analysis_settings(args), args.output,
                            expect_key=args.expect_key)
-    print(json.dumps(result["statistics"], indent=1))
+    if is_writer():
+        print(json.dumps(result["statistics"], indent=1))
 
 
 def _summarize(args: argparse.Namespace) -> None:
@@ -163,8 +166,10 @@ def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
 
 
 def _analyze_spectrum(args: argparse.Namespace) -> None:
+    from tiny_llm.distributed import init_from_environment, is_writer
     from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum
 
+    init_from_environment(args.device)  # under torchrun: one rank of the data-parallel passes
     spectrum = SpectrumSettings(top_k=args.top_k, lanczos_steps=args.lanczos_steps,
                                 lanczos_tolerance=args.lanczos_tolerance, lanczos_basis=args.lanczos_basis,
                                 lanczos_reduction=args.lanczos_reduction, slq_vectors=args.slq_vectors, slq_steps=args.slq_steps,
@@ -172,7 +177,8 @@ def _analyze_spectrum(args: argparse.Namespace) -> None:
                                 cg_max_iterations=args.cg_max_iterations)
     result = analyze_spectrum(args.run, args.checkpoint, args.case, _analysis_settings(args), spectrum, args.output,
                               expect_key=args.expect_key)
-    print(json.dumps({"top_eigenvalues": result["top_eigenvalues"], "cg": result["cg"]}, indent=1))
+    if is_writer():
+        print(json.dumps({"top_eigenvalues": result["top_eigenvalues"], "cg": result["cg"]}, indent=1))
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

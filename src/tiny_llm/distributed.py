@@ -11,13 +11,15 @@ the single-process pass uses.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_reduce_sum", "is_writer", "shard", "world"]
+__all__ = ["all_reduce_sum", "barrier", "broadcast", "init_from_environment", "is_writer", "record", "shard", "world"]
 
 T = TypeVar("T")
 
@@ -45,3 +47,39 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 def is_writer() -> bool:
     """Whether this rank writes results (rank 0: one writer however many ranks compute)."""
     return world()[0] == 0
+
+
+def broadcast(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (a decision taken once, e.g. whether a result is reused)."""
+    if world()[1] == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (no-op alone)."""
+    if world()[1] > 1:
+        dist.barrier()
+
+
+def init_from_environment(device: str) -> None:
+    """Join the process group torchrun (or srun with its variables) describes: ``WORLD_SIZE`` > 1
+    in the environment; gloo on CPU, NCCL for a CUDA ``device``, each rank on ``cuda:LOCAL_RANK``.
+    Ranks other than 0 log warnings only. Nothing happens for one process or an existing group."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
+        return
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    if dist.get_rank() != 0:
+        logging.getLogger("tiny_llm").setLevel(logging.WARNING)
+
+
+def record() -> dict[str, Any]:
+    """How many ranks computed a result, and over which backend (recorded, not part of its identity:
+    the numbers are the same)."""
+    size = world()[1]
+    return {"ranks": size, "backend": dist.get_backend() if size > 1 else None}

@@ -1,6 +1,13 @@
 """Data-parallel passes: 2 and 3 CPU ranks (gloo, a file rendezvous) give the single-process
 quadratic forms, Hessian-vector products, Gauss–Newton split, mean gradient and loss in float64
-(an uneven number of micro-batches and a padded last one included)."""
+(an uneven number of micro-batches and a padded last one included), and a whole analysis whose
+result one rank writes; torchrun runs the command line unchanged."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,10 +18,15 @@ from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.noise import mean_gradient_and_loss
 from tiny_llm.distributed import is_writer, shard, world
 from tiny_llm.model.llama import Llama
+from tiny_llm.training.loop import train
+from tiny_llm.workers.state import AnalysisSettings, analyze_state
 
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, make_oracle_run
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
+SETTINGS = AnalysisSettings(noise_samples=3, random_samples=4, device="cpu", dtype="float64", directions_per_pass=3,
+                            hvp_batch_size=2)
+"""5 batches of 3 sequences, curvature micro-batches of 2: 8 micro-batches, the last padded."""
 
 
 def _measure() -> dict[str, torch.Tensor]:
@@ -60,3 +72,67 @@ def test_ranks_give_the_single_process_numbers(tmp_path, ranks):
         for name, value in single.items():
             scale = float(value.abs().max())
             assert float((parallel[name] - value).abs().max()) <= 1e-12 * scale, (name, rank)
+
+
+def _analyze(rank: int, size: int, store: str, run: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        result = analyze_state(run, ["epoch-002.safetensors"], "seen", SETTINGS, out)
+        torch.save({"statistics": result["statistics"], "standard_errors": result["standard_errors"],
+                    "noise": [r["noise_curvature"] for r in result["noise_samples"]],
+                    "parallel": result["parallel"]}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def oracle_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dp")
+    train(make_oracle_run(path, tokens=3 * 6 * 5 * 2), path / "run")  # 5 batches per epoch
+    return path
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_an_analysis_on_ranks_gives_the_single_process_result_written_once(oracle_run, tmp_path, ranks):
+    """analyze_state on 2 and 3 ranks: every statistic, standard error and noise sample of the
+    single-process result to 1e-12 on every rank; rank 0 writes it, with the rank count recorded
+    outside the identity (which is the single process's)."""
+    single = analyze_state(oracle_run / "run", ["epoch-002.safetensors"], "seen", SETTINGS, tmp_path / "single.json")
+    assert single["parallel"] == {"ranks": 1, "backend": None}
+    out = tmp_path / "parallel.json"
+    mp.start_processes(_analyze, args=(ranks, str(tmp_path / "store"), str(oracle_run / "run"), str(out)),
+                       nprocs=ranks, start_method="spawn")
+    written = json.loads(out.read_text())
+    assert written["parallel"] == {"ranks": ranks, "backend": "gloo"}
+    assert written["identity"] == single["identity"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("parallel.json")) == \
+        ["parallel.json", *(f"parallel.json.{r}" for r in range(ranks))]  # one result file, no leftovers
+    for rank in range(ranks):
+        got = torch.load(f"{out}.{rank}", weights_only=False)
+        for block in ("statistics", "standard_errors"):
+            for name, value in single[block].items():
+                if value is None:
+                    assert got[block][name] is None, name
+                else:
+                    assert got[block][name] == pytest.approx(value, rel=1e-12, abs=1e-15), (block, name, rank)
+        assert got["noise"] == pytest.approx([r["noise_curvature"] for r in single["noise_samples"]], rel=1e-12)
+
+
+def test_torchrun_runs_the_command_line_unchanged(oracle_run, tmp_path):
+    """tiny-llm analyze-state under torchrun --nproc-per-node 2 (CPU, gloo): the single-process
+    statistics, printed once."""
+    single = analyze_state(oracle_run / "run", ["epoch-002.safetensors"], "seen", SETTINGS, tmp_path / "single.json")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    # "--" ends torchrun's options: its own --run-path would otherwise claim --run.
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "tiny_llm.cli", "--", "--quiet",
+                           "analyze-state", "--run", str(oracle_run / "run"), "--checkpoint", "epoch-002.safetensors",
+                           "--case", "seen", "--output", str(tmp_path / "torchrun.json"), "--device", "cpu",
+                           "--dtype", "float64", "--noise-samples", "3", "--random-samples", "4",
+                           "--directions-per-pass", "3", "--hvp-batch-size", "2"],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads((tmp_path / "torchrun.json").read_text())
+    assert written["parallel"] == {"ranks": 2, "backend": "gloo"} and done.stdout.count('"b_noise"') == 1
+    for name, value in single["statistics"].items():
+        assert written["statistics"][name] == (None if value is None else pytest.approx(value, rel=1e-12)), name

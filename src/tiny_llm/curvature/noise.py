@@ -61,7 +61,7 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +70,7 @@ import torch
 from tiny_llm.curvature.hessian import FORM_ENGINES, EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.data.tokens import BatchPlan, TokenCache, derive_seed, group_permutation
-from tiny_llm.distributed import all_reduce_sum, shard
+from tiny_llm.distributed import all_reduce_sum, shard, world
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import accumulate_batch_gradient
 
@@ -430,6 +430,30 @@ def _implied_errors(records: list[dict], grad_norms: tuple[float, float],
     }
 
 
+def _sampled_gradients(selected: list[int], known: dict[int, tuple[torch.Tensor, float]],
+                       compute: Callable[[int], tuple[torch.Tensor, float]], D: int,
+                       device: torch.device) -> Iterator[tuple[torch.Tensor, float]]:
+    """(gᵢ, loss) of the selected batches in order, ``known`` ones reused. With several ranks, each
+    group of N batches is spread over the N ranks and gathered by a float64 sum (every row filled
+    by one rank), so at most N gradients are held at once."""
+    size = world()[1]
+    if size == 1:
+        for i in selected:
+            yield known.pop(i, None) or compute(i)
+        return
+    rank = world()[0]
+    for start in range(0, len(selected), size):
+        group = selected[start:start + size]
+        rows = torch.zeros(len(group), D + 1, dtype=torch.float64, device=device)
+        if rank < len(group):
+            g, loss = known.get(group[rank]) or compute(group[rank])
+            rows[rank, :-1], rows[rank, -1] = g, loss
+        all_reduce_sum(rows)
+        for position, i in enumerate(group):
+            known.pop(i, None)
+            yield rows[position, :-1], float(rows[position, -1])
+
+
 def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
                  progress: Callable[[str], None] = log.info) -> dict[str, Any]:
     """Every statistic of one (state, case): records, statistics, counts, timing (plain data)."""
@@ -463,10 +487,11 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     runner = _DirectionRunner(operator, precision, total, progress)
     noise, random, consensus = [], [], []
     sample_seconds = 0.0
+    gradients = _sampled_gradients(selected, sampled, lambda i: batch_gradient_and_loss(
+        model, flat, batches[i], inputs.gradient_micro_batch, precision), flat.D, precision.device)
     for i in selected:
         started = time.perf_counter()
-        g, batch_loss = sampled.pop(i, None) or batch_gradient_and_loss(model, flat, batches[i],
-                                                                        inputs.gradient_micro_batch, precision)
+        g, batch_loss = next(gradients)
         sample_seconds += time.perf_counter() - started
         record = {"batch_index": i, "stream_batch": int(plan.stream_batches[i]), "positions": plan.positions(cache, i),
                   "grad_norm": float(g.norm()), "loss": batch_loss}

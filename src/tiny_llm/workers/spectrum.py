@@ -27,13 +27,14 @@ from tiny_llm.curvature.spectrum import (
     tensor_blocks,
     top_eigenpairs,
 )
-from tiny_llm.io import atomic_write_json, check_writable_file, remove_leftovers
+from tiny_llm.distributed import is_writer, record as parallel_record
+from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.model.architectures import build_model
 from tiny_llm.model.llama import CausalLM
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
-from tiny_llm.workers.state import (AnalysisSettings, _exclusive, _identity, _Resolved, _reusable, explain_out_of_memory,
-                                    prepare_inputs, settings_record)
+from tiny_llm.workers.state import (AnalysisSettings, _identity, _Resolved, _reusable, explain_out_of_memory,
+                                    prepare_inputs, settings_record, single_writer)
 
 __all__ = ["SpectrumSettings", "analyze_spectrum", "lanczos_tolerance", "spectrum_settings_from_dict"]
 
@@ -216,9 +217,8 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
     identity["spectrum"] = asdict(spectrum)
     identity["hash"] = canonical_hash(identity)
     memory = spectrum_memory(settings, spectrum, config, resolved, len(plan))
-    with _exclusive(output):
-        remove_leftovers(output.parent, output.name)  # temporary files of a killed write
-        if (old := _reusable(output, identity, state.key, case)) is not None:
+    with single_writer(output) as reuse:  # every rank computes, rank 0 writes
+        if (old := reuse(lambda: _reusable(output, identity, state.key, case))) is not None:
             return old
         precision = Precision(resolved.device, resolved.dtype, settings.amp)
         model = build_model(config.model, attention_backend="reference")
@@ -236,6 +236,8 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
                   "precision": {"device": str(resolved.device), "dtype": settings.dtype, "engine": resolved.hvp_engine,
                                 "lanczos_basis": spectrum.lanczos_basis,
                                 "lanczos_reduction": spectrum.lanczos_reduction, **runtime},
-                  **measured, "memory": memory.record(), "software": software(), "hardware": hardware(resolved.device), "slurm": slurm_job()}
-        atomic_write_json(output, result)
+                  **measured, "memory": memory.record(), "software": software(), "hardware": hardware(resolved.device),
+                  "parallel": parallel_record(), "slurm": slurm_job()}
+        if is_writer():
+            atomic_write_json(output, result)
     return result

@@ -15,7 +15,7 @@ import logging
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +29,7 @@ from tiny_llm.data.order import order_report
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, offset_plan, unseen_plan
 from tiny_llm.io import atomic_write_json, check_writable_file, exclusive, remove_leftovers
 from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
+from tiny_llm.distributed import barrier, broadcast, is_writer, record as parallel_record
 from tiny_llm.model.adapter import HFCausalLM
 from tiny_llm.model.architectures import build_model
 from tiny_llm.model.hf import IMPORTED
@@ -38,7 +39,8 @@ from tiny_llm.training.loop import average_states
 
 __all__ = ["AnalysisSettings", "CASES", "EXECUTION_SETTINGS", "LoadedState", "analyze_state", "check_output_binding",
            "explain_out_of_memory", "holds_results", "memory_plan", "numerical_settings", "settings_record",
-           "load_state", "output_binding", "quadratic_form_engine", "resolve_checkpoints", "settings_from_dict"]
+           "load_state", "output_binding", "quadratic_form_engine", "resolve_checkpoints", "settings_from_dict",
+           "single_writer"]
 
 log = logging.getLogger(__name__)
 
@@ -381,15 +383,36 @@ def analyze_state(run_dir: str | Path, checkpoints: list[str], case: str, settin
     identity = _identity(settings, resolved, config, cache)
     memory = memory_plan(settings, config, device_budget(resolved.device, settings.memory_budget_gb),
                          cuda=resolved.device.type == "cuda")
-    with _exclusive(output):
-        remove_leftovers(output.parent, output.name)  # temporary files of a killed write
-        if (old := _reusable(output, identity, state.key, case)) is not None:
+    with single_writer(output) as reuse:
+        if (old := reuse(lambda: _reusable(output, identity, state.key, case))) is not None:
             log.info("reusing %s (same identity)", output)
             return old
         log.info("%s", memory.describe())
         result = _measure(config, cache, plan, state, case, settings, resolved, identity, memory)
-        atomic_write_json(output, result)
+        if is_writer():
+            atomic_write_json(output, result)
     return result
+
+
+@contextlib.contextmanager
+def single_writer(output: Path) -> Iterator[Callable[[Callable[[], Any]], Any]]:
+    """The write of ``output`` by one rank: rank 0 holds its lock (and clears a killed write's
+    temporary files) while every rank computes; the decision to reuse a finished result is rank
+    0's, shared with all (they must all compute, or none). Every rank leaves together, after the
+    write. Yields ``reuse(check)``: the value of ``check()`` on rank 0, on every rank."""
+    lock = _exclusive(output) if is_writer() else contextlib.nullcontext()
+    failed = False
+    with lock:
+        if is_writer():
+            remove_leftovers(output.parent, output.name)
+        try:
+            yield lambda check: broadcast(check() if is_writer() else None)
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            if not failed:
+                barrier()
 
 
 @contextlib.contextmanager
@@ -458,6 +481,7 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
                  "seq_len": config.data.seq_len, "order": order_report(cache, plan)},
         "software": software(),
         "hardware": hardware(resolved.device),
+        "parallel": parallel_record(),
         "slurm": slurm_job(),
     }
 
