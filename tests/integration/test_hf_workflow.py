@@ -59,8 +59,10 @@ def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_p
                 "random_samples": 2, "directions_per_pass": 2, "data_offset": 2}
     checkpoints = [{"path": "pythia-step100", "step": 100, "tokens": 4800},
                    {"path": "pythia-step200", "step": 200, "tokens": 9600}]
+    spectrum = {"enabled": True, "top_k": 1, "lanczos_steps": 4, "slq_vectors": 1, "slq_steps": 3, "block_samples": 1,
+                "cg_max_iterations": 3}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"analyses": {"pythia": {
-        "hf_checkpoints": checkpoints, "config": "run.yaml", "settings": settings}}}))
+        "hf_checkpoints": checkpoints, "config": "run.yaml", "settings": settings, "spectrum": spectrum}}}))
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
     done = subprocess.run([str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
                            "--configfile", str(tmp_path / "config.yaml"), "-c2"], capture_output=True, text=True,
@@ -87,5 +89,13 @@ def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_p
                             "--configfile", str(tmp_path / "config.yaml"), "-c2", "-n"], capture_output=True,
                            text=True, env=env, cwd=REPO)
     assert "Nothing to be done" in again.stdout + again.stderr, (again.stdout + again.stderr)[-3000:]
+    spectra = list(csv.DictReader((results / "spectrum.csv").open()))
+    assert sorted(int(r["step"]) for r in spectra) == [100, 200] and all(r["case"] == "offset" for r in spectra)
+    # float32 with its precision audit, whose float64 reference uses an HVP engine here
+    assert main(["--quiet", "analyze-state", "--run", "runs/pythia", "--checkpoint", alias, "--case", "offset",
+                 "--output", str(tmp_path / "audited.json"), "--device", "cpu", "--dtype", "float32",
+                 "--noise-samples", "2", "--random-samples", "2", "--directions-per-pass", "2"]) == 0
+    audit = json.loads((tmp_path / "audited.json").read_text())["audit"]
+    assert "double_backward-engine forms" in audit["reference"] and audit["max_statistic_relative_error"] < 1e-3
     figures = sorted(p.name for p in (results / "figures").glob("*.png"))
     assert {"loss.png", "noise_alignment.png", "batch_sizes.png"} <= set(figures), figures
