@@ -86,10 +86,9 @@ class HFCausalLM(nn.Module):
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True, assign: bool = False):
-        """Tied keys may be absent (they are loaded through the tensor they share)."""
-        result = super().load_state_dict(state, strict=False, assign=assign)
-        missing = [k for k in result.missing_keys if k not in self.shared_keys()]
-        if strict and (missing or result.unexpected_keys):
-            raise RuntimeError(f"state dict does not match the model: missing {missing[:4]}, "
-                               f"unexpected {result.unexpected_keys[:4]}")
-        return result
+        """Tied keys may be absent: they take the tensor of the key they share (then loaded strictly)."""
+        full = dict(state)
+        for key, owner in self.shared_keys().items():
+            if owner in state:
+                full.setdefault(key, state[owner])
+        return super().load_state_dict(full, strict=strict, assign=assign)
