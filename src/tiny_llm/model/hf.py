@@ -227,8 +227,9 @@ def model_config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
     """
     model_type = data.get("model_type")
     if model_type not in FORMATS:
-        raise _refusal(source)("model_type", model_type, f"only {' and '.join(FORMATS)} convert exactly; other causal "
-                               "LMs are analysed where they are with the HVP engines (model.hf_directory)")
+        raise _refusal(source)("model_type", model_type, f"only {' and '.join(FORMATS)} convert to this project's "
+                               "models; tiny-llm import-hf brings any other causal LM in as it is, measured through "
+                               "the adapter with the HVP engines")
     return FORMATS[model_type].config_from(data, source)
 
 
