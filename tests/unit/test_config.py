@@ -14,7 +14,7 @@ def test_defaults_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"model": {"widht": 3}}, "unknown key model.widht; allowed keys: model.architecture, model.vocab_size"),
+    ({"model": {"widht": 3}}, "unknown key model.widht; allowed keys: model.architecture, model.hf_config, model.vocab_size"),
     ({"optimiser": {}}, "unknown key optimiser; allowed keys: model, data, training"),
     ({"model": {"d_model": "32"}}, "model.d_model: expected an integer, got '32'"),
     ({"model": {"tie_embeddings": 1}}, "model.tie_embeddings: expected true or false"),
