@@ -2,6 +2,8 @@
 whole model's jet and every curvature engine against the dense Hessian, the attention backends
 against each other, and the architecture switch."""
 
+import functools
+
 import pytest
 import torch
 
@@ -66,15 +68,21 @@ def test_whole_model_jet_is_the_second_directional_derivative(tie):
     check_whole_model_jet(_model(tie))
 
 
+@functools.cache
+def _dense(tie):
+    """A random float64 GPT-2, 5 sequences and their explicit epoch Hessian (once per head kind)."""
+    model = _model(tie, seed=1)
+    tokens = torch.randint(0, 16, (5, 7), generator=jet_generator(2))
+    return model, tokens, dense_epoch_hessian(model, tokens)
+
+
 @pytest.mark.parametrize("tie", [True, False])
 @pytest.mark.parametrize("engine", ["taylor", "adjoint", "double_backward", "pearlmutter"])
 def test_every_engine_equals_the_dense_hessian(tie, engine):
     """Quadratic forms (and, for the HVP engines, products) of the epoch Hessian of a GPT-2 in
     float64, uneven micro-batches, K = 3: the explicit torch.func Hessian to 1e-10."""
-    model = _model(tie, seed=1)
+    model, tokens, H = _dense(tie)
     check_jet_rules(model)
-    tokens = torch.randint(0, 16, (5, 7), generator=jet_generator(2))
-    H = dense_epoch_hessian(model, tokens)
     V = torch.randn(4, H.shape[0], dtype=torch.float64, generator=jet_generator(3))
     op = EpochHessian(model, tokens, batch_size=2, engine=engine, precision=CPU64, directions_per_pass=3)
     torch.testing.assert_close(op.quadratic_forms(V), ((V @ H) * V).sum(1), rtol=0, atol=1e-10)
