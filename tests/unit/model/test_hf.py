@@ -62,17 +62,38 @@ def _assert_logits_equal(ours, theirs):
     assert error < 1e-12, error
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_imported_llama_gives_transformers_logits(tmp_path, tied):
-    hf, path = _hf_model(tmp_path, tied)
+def _assert_imported_exactly(path, hf, expected, cls):
+    """read_hf of ``path`` gives the ``expected`` config, and our ``cls`` model with its weights gives
+    transformers' logits."""
     config, state = read_hf(path)
-    assert config == ModelConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4, d_ff=24, max_seq_len=12,
-                                 rope_theta=500.0, norm_eps=1e-6, tie_embeddings=tied)
-    model = Llama(config, attention_backend="reference").double()
+    assert config == expected
+    model = cls(config, attention_backend="reference").double()
     model.load_state_dict(state, strict=True)
     x = _tokens()
     with torch.no_grad():
         _assert_logits_equal(model(x), hf(x).logits)
+
+
+def _assert_exported_exactly(out, config, model, hf_class):
+    """write_hf of ``model``: transformers opens it as ``hf_class`` with our logits, and reading it
+    back gives the same config and bit-identical tensors."""
+    write_hf(out, config, model.state_dict())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).eval()
+    assert type(hf).__name__ == hf_class
+    x = _tokens()
+    with torch.no_grad():
+        _assert_logits_equal(hf(x).logits, model(x))
+    again, state = read_hf(out)
+    assert again == config and state.keys() == model.state_dict().keys()
+    assert all(torch.equal(state[k], v) and state[k].dtype == v.dtype for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_imported_llama_gives_transformers_logits(tmp_path, tied):
+    hf, path = _hf_model(tmp_path, tied)
+    _assert_imported_exactly(path, hf, ModelConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4, d_ff=24,
+                                                   max_seq_len=12, rope_theta=500.0, norm_eps=1e-6,
+                                                   tie_embeddings=tied), Llama)
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -81,16 +102,9 @@ def test_exported_llama_gives_our_logits_in_transformers_and_round_trips_exactly
                          rope_theta=500.0, norm_eps=1e-6, tie_embeddings=tied)
     torch.manual_seed(4)
     model = Llama(config, attention_backend="reference").double()
-    out = write_hf(tmp_path / "out", config, model.state_dict())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).eval()
-    x = _tokens()
-    with torch.no_grad():
-        _assert_logits_equal(hf(x).logits, model(x))
-    again, state = read_hf(out)
-    assert again == config and state.keys() == model.state_dict().keys()
-    assert all(torch.equal(state[k], v) and state[k].dtype == v.dtype for k, v in model.state_dict().items())
+    _assert_exported_exactly(tmp_path / "out", config, model, "LlamaForCausalLM")
     with pytest.raises(ValueError, match="exists; choose a new directory"):
-        write_hf(out, config, model.state_dict())
+        write_hf(tmp_path / "out", config, model.state_dict())
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -174,13 +188,7 @@ def _hf_gpt2(tmp_path, tied, **changes):
 @pytest.mark.parametrize("tied", [True, False])
 def test_imported_gpt2_gives_transformers_logits(tmp_path, tied):
     hf, path = _hf_gpt2(tmp_path, tied)
-    config, state = read_hf(path)
-    assert config == ModelConfig(**GPT2_CONFIG, tie_embeddings=tied)
-    model = GPT2(config, attention_backend="reference").double()
-    model.load_state_dict(state, strict=True)
-    x = _tokens()
-    with torch.no_grad():
-        _assert_logits_equal(model(x), hf(x).logits)
+    _assert_imported_exactly(path, hf, ModelConfig(**GPT2_CONFIG, tie_embeddings=tied), GPT2)
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -191,15 +199,7 @@ def test_exported_gpt2_gives_our_logits_in_transformers_and_round_trips_exactly(
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    out = write_hf(tmp_path / "out", config, model.state_dict())
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).eval()
-    assert type(hf).__name__ == "GPT2LMHeadModel"
-    x = _tokens()
-    with torch.no_grad():
-        _assert_logits_equal(hf(x).logits, model(x))
-    again, state = read_hf(out)
-    assert again == config and state.keys() == model.state_dict().keys()
-    assert all(torch.equal(state[k], v) and state[k].dtype == v.dtype for k, v in model.state_dict().items())
+    _assert_exported_exactly(tmp_path / "out", config, model, "GPT2LMHeadModel")
 
 
 @pytest.mark.parametrize("changes, message", [
