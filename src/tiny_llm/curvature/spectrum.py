@@ -4,6 +4,12 @@ Every method here takes ``matvec``: a function mapping directions (K, D) to H·d
 in float64, so Lanczos, stochastic Lanczos quadrature, conjugate gradients and the block-diagonal
 comparison all run on the same full-epoch, token-weighted operator and engines as the noise
 statistics (never a private second implementation).
+
+Vectors may also be sharded: with a ``Layout`` of this rank's entries (FSDP-sharded parameters),
+every vector a method holds is this rank's part only, ``matvec`` maps parts to parts, and every
+inner product and norm is a local sum all-reduced over the ranks (one reduction per
+reorthogonalisation sweep, in the reduction dtype). Random starting vectors are the ones a single
+process draws, so a sharded run follows the same Krylov sequence.
 """
 
 from __future__ import annotations
@@ -15,11 +21,42 @@ from dataclasses import dataclass
 import torch
 
 from tiny_llm.curvature.hessian import FlatParameters
+from tiny_llm.distributed import all_reduce_sum
 
-__all__ = ["LanczosResult", "block_diagonal_error", "conjugate_gradient", "lanczos", "layer_blocks",
+__all__ = ["Layout", "LanczosResult", "block_diagonal_error", "conjugate_gradient", "lanczos", "layer_blocks",
            "slq", "slq_density", "tensor_blocks", "top_eigenpairs"]
 
 MatVec = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which entries of a D-vector this process holds: all of them (``indices`` None, one process
+    or data-parallel ranks that each hold everything), or this rank's shard, ``indices`` being the
+    global positions of its entries in order (FSDP). Inner products of shards are all-reduced."""
+
+    D: int
+    indices: torch.Tensor | None = None
+
+    def local(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's entries of ``full`` (..., D) (the whole of it unsharded)."""
+        return full if self.indices is None else full[..., self.indices.to(full.device)]
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """Sum per-rank partial sums over the ranks (unchanged unsharded)."""
+        return partial if self.indices is None else all_reduce_sum(partial)
+
+    def dots(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        """Row-wise inner products ⟨a_i, b_i⟩ of (K, d) parts, reduced: (K,)."""
+        return self.reduce((A * B).sum(-1))
+
+    def norms(self, A: torch.Tensor) -> torch.Tensor:
+        """Row-wise norms of (K, d) parts, reduced: (K,)."""
+        return self.dots(A, A).sqrt()
+
+
+def _whole(D: int, layout: Layout | None) -> Layout:
+    return layout if layout is not None else Layout(D)
 
 
 @dataclass
@@ -39,28 +76,29 @@ class LanczosResult:
 
 def lanczos(matvec: MatVec, start: torch.Tensor, steps: int, *, basis_dtype: torch.dtype = torch.float64,
             reduction_dtype: torch.dtype = torch.float64, breakdown: float = 1e-12,
-            done: Callable[[LanczosResult, float], bool] | None = None) -> LanczosResult:
+            done: Callable[[LanczosResult, float], bool] | None = None, layout: Layout | None = None) -> LanczosResult:
     """Up to ``steps`` Lanczos iterations from ``start`` with full reorthogonalisation.
 
     The basis is stored in ``basis_dtype`` (bf16 saves memory; bf16 Lanczos vectors are known to
     suffice for Hessian spectra at foundation-model scale); projections and norms
     run in ``reduction_dtype``. Stops early at an invariant subspace (β below ``breakdown``·‖H‖),
-    or when ``done(result so far, next β)`` says the wanted Ritz pairs have converged.
+    or when ``done(result so far, next β)`` says the wanted Ritz pairs have converged. With a sharded
+    ``layout``, ``start`` and the basis are this rank's parts.
     """
-    q = (start / start.norm()).to(reduction_dtype)
+    layout = _whole(start.size(-1), layout)
+    q = (start / layout.norms(start.unsqueeze(0))[0]).to(reduction_dtype)
     basis, alphas, betas = [], [], []
     scale = 0.0
     for _ in range(steps):
         stored = q.to(basis_dtype)
         basis.append(stored)
         w = matvec(stored.to(torch.float64).unsqueeze(0))[0].to(reduction_dtype)
-        alpha = torch.dot(stored.to(reduction_dtype), w)
+        alpha = layout.dots(stored.to(reduction_dtype).unsqueeze(0), w.unsqueeze(0))[0]
         alphas.append(float(alpha))
-        for _ in range(2):  # twice is enough (Kahan–Parlett)
-            for b in basis:
-                b = b.to(reduction_dtype)
-                w = w - torch.dot(b, w) * b
-        beta = float(w.norm())
+        for _ in range(2):  # classical Gram–Schmidt twice is enough (Kahan–Parlett); one reduction a sweep
+            Q = torch.stack(basis).to(reduction_dtype)
+            w = w - layout.reduce(Q @ w) @ Q
+        beta = float(layout.norms(w.unsqueeze(0))[0])
         scale = max(scale, abs(alphas[-1]), beta)
         if len(basis) == steps or beta <= breakdown * max(scale, 1e-300):
             break
@@ -80,7 +118,7 @@ def _wanted(theta: torch.Tensor, kind: str, k: int) -> torch.Tensor:
 
 def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0, which: str | tuple[str, ...] = "LA",
                    basis_dtype: torch.dtype = torch.float64, reduction_dtype: torch.dtype = torch.float64,
-                   device: str | torch.device = "cpu", tolerance: float | None = None):
+                   device: str | torch.device = "cpu", tolerance: float | None = None, layout: Layout | None = None):
     """The k largest-algebraic (``LA``) or largest-magnitude (``LM``) eigenpairs from Lanczos.
 
     With ``tolerance``, Lanczos stops as soon as every wanted Ritz pair's residual estimate
@@ -88,8 +126,10 @@ def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0,
     ``steps``. Returns ``(eigenvalues (k,), eigenvectors (k, D), residuals (k,), converged (k,))``
     with honest residual norms ‖Hu − λu‖ from one more application of H, and ``converged`` when
     that residual is at most ``tolerance``·|λ| (all False without a tolerance). With
-    ``which=("LA", "LM")`` one Lanczos run serves both, and a dict of such tuples is returned.
+    ``which=("LA", "LM")`` one Lanczos run serves both, and a dict of such tuples is returned. With a
+    sharded ``layout`` the eigenvectors are this rank's parts.
     """
+    layout = _whole(D, layout)
     kinds = (which,) if isinstance(which, str) else tuple(which)
     if any(kind not in ("LA", "LM") for kind in kinds):
         raise ValueError(f"which: expected 'LA' or 'LM', got {which!r}")
@@ -101,16 +141,17 @@ def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0,
         return all(bool((beta * S[-1, i].abs() <= tolerance * theta[i].abs()).all())
                    for i in (_wanted(theta, kind, k) for kind in kinds))
 
-    start = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(device)
-    result = lanczos(matvec, start, steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype, done=done)
+    start = layout.local(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))).to(device)
+    result = lanczos(matvec, start, steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype, done=done,
+                     layout=layout)
     theta, S = torch.linalg.eigh(result.tridiagonal())
     pairs = {}
     for kind in kinds:
         order = _wanted(theta, kind, k)
         values = theta[order]
         vectors = S[:, order].T.to(device) @ result.basis.to(torch.float64)  # (k, D)
-        vectors = vectors / vectors.norm(dim=1, keepdim=True)
-        residuals = (matvec(vectors) - values.to(device)[:, None] * vectors).norm(dim=1).cpu()
+        vectors = vectors / layout.norms(vectors)[:, None]
+        residuals = layout.norms(matvec(vectors) - values.to(device)[:, None] * vectors).cpu()
         converged = (residuals <= tolerance * values.abs()) if tolerance is not None else torch.zeros(len(values), dtype=torch.bool)
         pairs[kind] = (values, vectors, residuals, converged)
     return pairs[which] if isinstance(which, str) else pairs
@@ -118,15 +159,17 @@ def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0,
 
 def slq(matvec: MatVec, D: int, n_vectors: int, steps: int, *, seed: int = 0,
         basis_dtype: torch.dtype = torch.float64, reduction_dtype: torch.dtype = torch.float64,
-        device: str | torch.device = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+        device: str | torch.device = "cpu", layout: Layout | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Stochastic Lanczos quadrature (Ghorbani et al. 2019; Papyan): for each of ``n_vectors``
     Rademacher starts, the Ritz values θ and weights τ² (squared first components of T's
     eigenvectors). Σ_v Σ_i τ²θ^p / n_v estimates tr(H^p)/D."""
+    layout = _whole(D, layout)
     nodes = []
     for index in range(n_vectors):
         generator = torch.Generator().manual_seed(seed * 100_003 + index)
-        start = (torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1).to(device)
-        result = lanczos(matvec, start, steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype)
+        start = layout.local(torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1)
+        result = lanczos(matvec, start.to(device), steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype,
+                         layout=layout)
         theta, S = torch.linalg.eigh(result.tridiagonal())
         nodes.append((theta, S[0] ** 2))
     return nodes
@@ -143,25 +186,30 @@ def slq_density(nodes: list[tuple[torch.Tensor, torch.Tensor]], grid: torch.Tens
 
 
 def conjugate_gradient(matvec: MatVec, b: torch.Tensor, damping: float = 0.0, *, rtol: float = 1e-8,
-                       max_iterations: int = 1000) -> tuple[torch.Tensor, int, float]:
+                       max_iterations: int = 1000, layout: Layout | None = None) -> tuple[torch.Tensor, int, float]:
     """Solve (H + λI)x = b by conjugate gradients (H + λI must be positive definite on the
-    Krylov space); stops when ‖b − (H + λI)x‖ ≤ rtol·‖b‖. Returns (x, iterations, relative residual)."""
+    Krylov space); stops when ‖b − (H + λI)x‖ ≤ rtol·‖b‖. Returns (x, iterations, relative residual);
+    with a sharded ``layout``, b and x are this rank's parts."""
+    layout = _whole(b.size(-1), layout)
+
+    def dot(u: torch.Tensor, v: torch.Tensor) -> float:
+        return float(layout.dots(u.unsqueeze(0), v.unsqueeze(0))[0])
     b = b.to(torch.float64)
     x = torch.zeros_like(b)
     r = b.clone()
     p = r.clone()
-    rr = float(r @ r)
-    norm_b = math.sqrt(float(b @ b)) or 1.0
+    rr = dot(r, r)
+    norm_b = math.sqrt(dot(b, b)) or 1.0
     for iteration in range(1, max_iterations + 1):
         Ap = matvec(p.unsqueeze(0))[0] + damping * p
-        curvature = float(p @ Ap)
+        curvature = dot(p, Ap)
         if curvature <= 0:
             raise ValueError(f"H + {damping}·I is not positive definite along a CG direction "
                              f"(pᵀ(H + λI)p = {curvature:.3g}); increase the damping")
         step = rr / curvature
         x += step * p
         r -= step * Ap
-        rr_new = float(r @ r)
+        rr_new = dot(r, r)
         if math.sqrt(rr_new) <= rtol * norm_b:
             return x, iteration, math.sqrt(rr_new) / norm_b
         p = r + (rr_new / rr) * p
@@ -189,23 +237,27 @@ def layer_blocks(flat: FlatParameters) -> list[tuple[str, list[slice]]]:
     return list(groups.items())
 
 
-def block_diagonal_error(matvec: MatVec, V: torch.Tensor, blocks: list[tuple[str, slice | list[slice]]]) -> dict:
+def block_diagonal_error(matvec: MatVec, V: torch.Tensor, blocks: list[tuple[str, slice | list[slice]]],
+                         layout: Layout | None = None) -> dict:
     """How wrong the block-diagonal approximation H_bd is along directions V (K, D).
 
     H_bd v concatenates, for each block b, the block's own HVP restricted to it: (H (P_b v))|_b,
     computed with the exact operator. Returns per-direction ‖Hv − H_bd v‖/‖Hv‖ and cos(Hv, H_bd v).
+    Blocks are global slices; with a sharded ``layout`` V is this rank's parts.
     """
+    layout = _whole(V.size(1), layout)
     V = V.to(torch.float64)
     masks = []
     for _, block in blocks:
-        mask = torch.zeros(V.shape[1], dtype=torch.bool, device=V.device)
+        mask = torch.zeros(layout.D, dtype=torch.bool)
         for piece in block if isinstance(block, list) else [block]:
             mask[piece] = True
-        masks.append(mask)
+        masks.append(layout.local(mask).to(V.device))
     full = matvec(V)
     approx = torch.zeros_like(full)
     for mask in masks:
         approx[:, mask] += matvec(V * mask)[:, mask]
-    error = (full - approx).norm(dim=1) / full.norm(dim=1)
-    cosine = (full * approx).sum(1) / (full.norm(dim=1) * approx.norm(dim=1))
+    norms = layout.norms(full)
+    error = layout.norms(full - approx) / norms
+    cosine = layout.dots(full, approx) / (norms * layout.norms(approx))
     return {"relative_error": error, "cosine": cosine}

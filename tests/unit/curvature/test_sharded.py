@@ -1,0 +1,133 @@
+"""FSDP-sharded curvature on 2 and 3 CPU ranks (gloo): shard-local finite-difference products,
+quadratic forms, the gradient, Lanczos (float64 and a bf16 basis), SLQ, CG and the block-diagonal
+error on sharded vectors, against the dense float64 Hessian and the single-process
+finite-difference engine."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.sharded import ShardedHessian, shard_layout
+from tiny_llm.curvature.spectrum import Layout, block_diagonal_error, conjugate_gradient, layer_blocks, slq, top_eigenpairs
+from tiny_llm.model.llama import Llama, token_losses
+
+from conftest import TINY_MODEL
+
+CPU64 = Precision(torch.device("cpu"), torch.float64)
+
+
+def _model() -> Llama:
+    torch.manual_seed(0)
+    return Llama(TINY_MODEL, attention_backend="reference").double()
+
+
+def _tokens() -> torch.Tensor:
+    """The dense problem's epoch: 7 rows, micro-batches of 2 (4 of them, the last padded)."""
+    return torch.randint(0, 16, (7, 7), generator=torch.Generator().manual_seed(2))
+
+
+def _directions(D: int) -> torch.Tensor:
+    return torch.randn(3, D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+
+
+def _measure(op, layout, D: int, damping: float, spectra: bool) -> dict:
+    """What a spectrum job computes, on whatever vectors ``layout`` says this process holds: the
+    products, forms and gradient; with ``spectra`` also Lanczos, SLQ, CG and the block errors."""
+    V = layout.local(_directions(D))
+    out = {"indices": layout.indices, "hvp": op.hvp(V), "forms": op.quadratic_forms(V),
+           "gradient": op.gradient() if hasattr(op, "layout") else None}
+    if not spectra:
+        return out
+    values, vectors, residuals, _ = top_eigenpairs(op.hvp, D, 3, 40, seed=4, layout=layout)
+    low, *_ = top_eigenpairs(op.hvp, D, 3, 20, seed=4, layout=layout, basis_dtype=torch.bfloat16,
+                             reduction_dtype=torch.float32)
+    nodes = slq(op.hvp, D, 2, 6, seed=5, layout=layout)
+    blocks = block_diagonal_error(op.hvp, V[:2], layer_blocks(FlatParameters(_model())), layout=layout)
+    x = conjugate_gradient(op.hvp, V[0], damping, rtol=1e-10, layout=layout)[0]
+    return {**out, "values": values, "vectors": vectors, "residuals": residuals, "bf16 values": low, "blocks": blocks,
+            "slq": torch.stack([torch.cat(node) for node in nodes]), "cg": x}
+
+
+def _rank(rank: int, size: int, store: str, out: str, damping: float) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        op = ShardedHessian(_model(), _tokens(), batch_size=2, precision=CPU64)
+        torch.save(_measure(op, op.layout, op.D, damping, spectra=size == 2), f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _gather(parts: list[dict], key: str, D: int) -> torch.Tensor:
+    """The full vectors from every rank's shards (each entry appears on exactly one rank)."""
+    first = parts[0][key]
+    full = torch.full((*first.shape[:-1], D), float("nan"), dtype=first.dtype)
+    for part in parts:
+        full[..., part["indices"]] = part[key]
+    assert not full.isnan().any()
+    return full
+
+
+def test_the_layout_is_fsdp_row_chunks():
+    shapes = [torch.Size([5, 2]), torch.Size([3]), torch.Size([1, 4])]
+    parts = [shard_layout(shapes, rank, 3).indices.tolist() for rank in range(3)]
+    assert parts == [[0, 1, 2, 3, 10, 13, 14, 15, 16], [4, 5, 6, 7, 11], [8, 9, 12]]
+    assert sorted(sum(parts, [])) == list(range(17))
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_sharded_curvature_is_the_finite_difference_engine_on_shards(tmp_path, dense_problem, ranks):
+    model, tokens, H = dense_problem
+    assert torch.equal(tokens, _tokens())
+    D = H.shape[0]
+    damping = 2 * float(torch.linalg.eigvalsh(H).abs().max())  # H + λI positive definite
+    unsharded = EpochHessian(_model(), _tokens(), batch_size=2, engine="finite_difference", precision=CPU64)
+    single = _measure(unsharded, Layout(D), D, damping, spectra=ranks == 2)
+    mp.start_processes(_rank, args=(ranks, str(tmp_path / "store"), str(tmp_path / "out"), damping), nprocs=ranks,
+                       start_method="spawn")
+    parts = [torch.load(tmp_path / f"out.{rank}", weights_only=True) for rank in range(ranks)]
+    assert sorted(torch.cat([p["indices"] for p in parts]).tolist()) == list(range(D))  # each entry once
+
+    V = _directions(D)
+    exact = V @ H
+    hvp = _gather(parts, "hvp", D)
+    # the same products as the single-process engine, to rounding of the differences ...
+    assert float((hvp - single["hvp"]).abs().max()) <= 1e-9 * float(single["hvp"].abs().max())
+    # ... so within the finite-difference error of that engine against the dense Hessian
+    fd_error = float((single["hvp"] - exact).abs().max())
+    assert float((hvp - exact).abs().max()) <= 2 * fd_error + 1e-12 and fd_error < 1e-7 * float(exact.abs().max())
+    forms = (V * exact).sum(1)
+    for part in parts:  # every rank holds the reduced scalars
+        torch.testing.assert_close(part["forms"], forms, rtol=1e-7, atol=0)
+        torch.testing.assert_close(part["forms"], single["forms"], rtol=1e-9, atol=0)
+
+    flat = FlatParameters(model)
+    model.zero_grad()
+    token_losses(model(tokens[:, :-1]), tokens[:, 1:]).mean().backward()
+    g = flat.flatten([p.grad for p in model.parameters()])
+    model.zero_grad()
+    torch.testing.assert_close(_gather(parts, "gradient", D), g, rtol=1e-12, atol=1e-15)  # the epoch gradient
+    if ranks != 2:  # 3 ranks: uneven shards and micro-batches for the products; the spectra at 2
+        return
+
+    # Lanczos on shards: the dense top eigenpairs, as unsharded; a bf16 basis with float32 reductions too
+    top = torch.linalg.eigvalsh(H).flip(0)[:3]
+    for part in parts:
+        torch.testing.assert_close(part["values"], top, rtol=1e-7, atol=0)
+        torch.testing.assert_close(part["values"], single["values"], rtol=1e-9, atol=0)
+        torch.testing.assert_close(part["bf16 values"], top, rtol=1e-2, atol=0)
+        torch.testing.assert_close(part["residuals"], single["residuals"], rtol=1e-3, atol=1e-9)
+        torch.testing.assert_close(part["slq"], single["slq"], rtol=1e-7, atol=1e-9)
+        for key in ("relative_error", "cosine"):
+            torch.testing.assert_close(part["blocks"][key], single["blocks"][key], rtol=1e-8, atol=1e-12)
+    vectors = _gather(parts, "vectors", D)
+    torch.testing.assert_close((vectors @ H * vectors).sum(1), top, rtol=1e-7, atol=0)
+
+    # CG on shards solves (H + λI)x = b as the dense solve does
+    b = V[0]
+    x = _gather(parts, "cg", D)
+    dense = torch.linalg.solve(H + damping * torch.eye(D, dtype=torch.float64), b)
+    assert float((x - dense).norm()) <= 1e-6 * float(dense.norm())
+
