@@ -174,7 +174,7 @@ def _analyze_spectrum(args: argparse.Namespace) -> None:
                                 lanczos_tolerance=args.lanczos_tolerance, lanczos_basis=args.lanczos_basis,
                                 lanczos_reduction=args.lanczos_reduction, slq_vectors=args.slq_vectors, slq_steps=args.slq_steps,
                                 block_samples=args.block_samples, cg_damping=args.cg_damping, cg_rtol=args.cg_rtol,
-                                cg_max_iterations=args.cg_max_iterations)
+                                cg_max_iterations=args.cg_max_iterations, sharded=args.sharded)
     result = analyze_spectrum(args.run, args.checkpoint, args.case, _analysis_settings(args), spectrum, args.output,
                               expect_key=args.expect_key)
     if is_writer():
@@ -266,6 +266,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--cg-damping", type=float, help="λ of (H + λI)x = ḡ (default: 2 x largest |eigenvalue|)")
     sp.add_argument("--cg-rtol", type=float, default=defaults["cg_rtol"], help="CG relative residual target")
     sp.add_argument("--cg-max-iterations", type=int, default=defaults["cg_max_iterations"], help="CG iteration cap")
+    sp.add_argument("--sharded", action="store_true",
+                    help="under torchrun: shard the model and every vector over the ranks (FSDP2); the products are "
+                    "finite differences of gradients")
     sp.set_defaults(func=_analyze_spectrum)
 
     pl = sub.add_parser("plot-analysis", formatter_class=_HelpFormatter,

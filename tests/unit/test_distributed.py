@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from tiny_llm.curvature.noise import mean_gradient_and_loss
 from tiny_llm.distributed import is_writer, shard, world
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
+from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum
 from tiny_llm.workers.state import AnalysisSettings, analyze_state
 
 from conftest import TINY_MODEL, make_oracle_run
@@ -136,3 +138,70 @@ def test_torchrun_runs_the_command_line_unchanged(oracle_run, tmp_path):
     assert written["parallel"] == {"ranks": 2, "backend": "gloo"} and done.stdout.count('"b_noise"') == 1
     for name, value in single["statistics"].items():
         assert written["statistics"][name] == (None if value is None else pytest.approx(value, rel=1e-12)), name
+
+
+SPECTRUM = SpectrumSettings(top_k=2, lanczos_steps=12, slq_vectors=1, slq_steps=5, block_samples=1,
+                            cg_max_iterations=5)
+FD = replace(SETTINGS, engine="finite_difference")
+
+
+def _spectrum(rank: int, size: int, store: str, run: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        result = analyze_spectrum(run, ["epoch-002.safetensors"], "seen", FD, SPECTRUM, out)
+        torch.save(json.loads(json.dumps(result)), f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _spectral_numbers(result: dict) -> list[float]:
+    """Every number of a spectrum result that the ranks compute."""
+    numbers = [p["eigenvalue"] for p in result["top_eigenvalues"] + result["top_magnitude_eigenvalues"]]
+    numbers += [v for nodes in result["slq"]["nodes"] for v in nodes] + [result["slq"]["trace_over_D"]]
+    numbers += result["alignment"]["gradient_top"] + result["alignment"]["noise_top_mean"]
+    numbers += [result["cg"]["g_inverse_g"], result["cg"]["relative_residual"]]
+    return numbers + [x for kind in result["block_diagonal"].values() for x in kind["relative_error"] + kind["cosine"]]
+
+
+def test_a_spectrum_on_ranks_data_parallel_and_sharded(oracle_run, tmp_path):
+    """analyze_spectrum on 2 ranks with every parameter on each (data-parallel products), then under
+    torchrun with the model and vectors sharded (FSDP2, shard-local finite differences): every
+    spectral number of the single-process finite-difference result, one result file each."""
+    single = analyze_spectrum(oracle_run / "run", ["epoch-002.safetensors"], "seen", FD, SPECTRUM,
+                              tmp_path / "single.json")
+    assert single["parallel"] == {"ranks": 1, "backend": None, "sharded": False}
+    out = tmp_path / "parallel.json"
+    mp.start_processes(_spectrum, args=(2, str(tmp_path / "store"), str(oracle_run / "run"), str(out)), nprocs=2,
+                       start_method="spawn")
+    written = json.loads(out.read_text())
+    assert written["parallel"] == {"ranks": 2, "backend": "gloo", "sharded": False}
+    assert written["identity"] == single["identity"]
+    for rank in range(2):
+        assert _spectral_numbers(torch.load(f"{out}.{rank}", weights_only=False)) == \
+            pytest.approx(_spectral_numbers(single), rel=1e-10, abs=1e-12)
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "tiny_llm.cli", "--", "--quiet",
+                           "analyze-spectrum", "--sharded", "--run", str(oracle_run / "run"), "--checkpoint",
+                           "epoch-002.safetensors", "--case", "seen", "--output", str(tmp_path / "sharded.json"),
+                           "--device", "cpu", "--dtype", "float64", "--engine", "finite_difference",
+                           "--noise-samples", "3", "--directions-per-pass", "3", "--hvp-batch-size", "2",
+                           "--top-k", "2", "--lanczos-steps", "12", "--slq-vectors", "1", "--slq-steps", "5",
+                           "--block-samples", "1", "--cg-max-iterations", "5"],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    sharded = json.loads((tmp_path / "sharded.json").read_text())
+    assert sharded["parallel"] == {"ranks": 2, "backend": "gloo", "sharded": True}
+    assert sharded["precision"]["engine"] == "finite_difference" and sharded["precision"]["finite_difference_scale"] == 1e-6
+    assert done.stdout.count('"top_eigenvalues"') == 1
+    assert _spectral_numbers(sharded) == pytest.approx(_spectral_numbers(single), rel=1e-7, abs=1e-9)
+
+
+def test_a_sharded_spectrum_refuses_another_product_engine(oracle_run, tmp_path):
+    with pytest.raises(ValueError, match="spectrum.sharded: sharded products are finite differences of gradients; "
+                                         "set engine to finite_difference or auto, not double_backward"):
+        analyze_spectrum(oracle_run / "run", ["epoch-002.safetensors"], "seen",
+                         replace(SETTINGS, engine="double_backward"), replace(SPECTRUM, sharded=True),
+                         tmp_path / "out.json")
+    assert not (tmp_path / "out.json").exists()

@@ -331,15 +331,17 @@ def plan_analysis(config: ModelConfig, seq_len: int, *, engine: str, K: int, hvp
 
 def plan_spectrum(config: ModelConfig, seq_len: int, *, engine: str, K: int, hvp_batch_size: int,
                   micro_batch_size: int, itemsize: int, compiled: bool, basis_bytes: int, extra_vectors: int,
-                  budget_bytes: int | None) -> MemoryPlan:
+                  budget_bytes: int | None, shards: int = 1) -> MemoryPlan:
     """The grouping of a spectrum job's passes: gradients, and Hessian-vector products of at most K
-    directions (one for Lanczos, SLQ and CG), beside the Lanczos basis (``basis_bytes``) and
-    ``extra_vectors`` float64 vectors (the sampled noise directions).
+    directions (one for Lanczos, SLQ and CG), beside the Lanczos basis (``basis_bytes``, this
+    rank's) and ``extra_vectors`` float64 vectors (the sampled noise directions). Sharded over
+    ``shards`` ranks, every parameter-sized term is a rank's 1/shards (FSDP gathers one block's
+    parameters at a time, small beside the activations).
 
     Raises:
         ValueError: a pass that does not fit ``budget_bytes`` even one sequence at a time.
     """
-    D = parameter_count(config)
+    D = -(-parameter_count(config) // shards)
     resident = resident_bytes(D, K, itemsize, extra_vectors) + basis_bytes
     return MemoryPlan(budget_bytes, (
         choose_group_rows("gradient", GRADIENT, config, micro_batch_size, 1, seq_len, itemsize, budget_bytes,

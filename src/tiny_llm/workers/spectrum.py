@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from tiny_llm.config import RunConfig
-from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, runtime_settings
+from tiny_llm.curvature.hessian import FD_SCALE, HVP_ENGINES, EpochHessian, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan, device_budget, parameter_count, plan_spectrum
 from tiny_llm.curvature.noise import batch_gradient, mean_gradient, noise_batch_indices, rademacher
+from tiny_llm.curvature.sharded import ShardedHessian
 from tiny_llm.curvature.spectrum import (
+    Layout,
     block_diagonal_error,
     conjugate_gradient,
     layer_blocks,
@@ -27,7 +29,7 @@ from tiny_llm.curvature.spectrum import (
     tensor_blocks,
     top_eigenpairs,
 )
-from tiny_llm.distributed import is_writer, record as parallel_record
+from tiny_llm.distributed import is_writer, record as parallel_record, world
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.model.architectures import build_model
 from tiny_llm.model.llama import CausalLM
@@ -36,7 +38,7 @@ from tiny_llm.runtime import compile_record
 from tiny_llm.workers.state import (AnalysisSettings, _identity, _Resolved, _reusable, explain_out_of_memory,
                                     prepare_inputs, settings_record, single_writer)
 
-__all__ = ["SpectrumSettings", "analyze_spectrum", "lanczos_tolerance", "spectrum_settings_from_dict"]
+__all__ = ["SpectrumSettings", "analyze_spectrum", "lanczos_tolerance", "sharded_engine", "spectrum_settings_from_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,10 @@ class SpectrumSettings:
     """Relative residual at which CG stops."""
     cg_max_iterations: int = 50
     """CG iteration cap (the residual reached is reported)."""
+    sharded: bool = False
+    """Shard the model, directions and Lanczos vectors over the job's ranks with FSDP2 (a model that
+    does not fit one device); the products are then shard-local finite differences of gradients
+    (engine auto or finite_difference). With one rank it runs the same products unsharded."""
 
     def __post_init__(self) -> None:
         for name in ("top_k", "lanczos_steps", "slq_vectors", "slq_steps", "block_samples", "cg_max_iterations"):
@@ -109,8 +115,22 @@ def lanczos_tolerance(spectrum: SpectrumSettings, dtype: torch.dtype) -> float:
     return 1e-6 if dtype == torch.float64 else 1e-3
 
 
-def _cosines(vectors: torch.Tensor, u: torch.Tensor) -> list[float]:
-    return ((vectors @ u.T) / (vectors.norm(dim=1, keepdim=True) * u.norm(dim=1)[None, :])).abs().tolist()
+def _cosines(vectors: torch.Tensor, u: torch.Tensor, layout: Layout) -> list[float]:
+    return (layout.reduce(vectors @ u.T) / (layout.norms(vectors)[:, None] * layout.norms(u)[None, :])).abs().tolist()
+
+
+def sharded_engine(settings: AnalysisSettings, spectrum: SpectrumSettings) -> str | None:
+    """The products of a sharded spectrum (finite differences), or None unsharded.
+
+    Raises:
+        ValueError: another Hessian-vector-product engine asked for by name.
+    """
+    if not spectrum.sharded:
+        return None
+    if settings.engine in HVP_ENGINES and settings.engine != "finite_difference":
+        raise ValueError(f"spectrum.sharded: sharded products are finite differences of gradients; set engine to "
+                         f"finite_difference or auto, not {settings.engine}")
+    return "finite_difference"
 
 
 def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], settings: AnalysisSettings,
@@ -120,10 +140,24 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
     groups of sequences (the same numbers)."""
     started = time.perf_counter()
     flat = FlatParameters(model)
-    operator = EpochHessian(model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, engine=engine,
-                            precision=precision, directions_per_pass=settings.directions_per_pass, compile=compile,
-                            group_rows=memory.rows("products") if memory else None)
     micro_batch_size = (memory.rows("gradient") if memory else None) or micro_batch_size
+    if spectrum.sharded and world()[1] > 1:  # the model is sharded in place; vectors are this rank's parts
+        operator = ShardedHessian(model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, precision=precision,
+                                  progress=log.info)
+        layout = operator.layout
+
+        def gradient(tokens: torch.Tensor) -> torch.Tensor:
+            return operator.gradient(tokens, micro_batch_size)
+        g_bar = gradient(torch.cat(tokens_by_batch))
+    else:
+        operator = EpochHessian(model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, engine=engine,
+                                precision=precision, directions_per_pass=settings.directions_per_pass,
+                                compile=compile, group_rows=memory.rows("products") if memory else None)
+        layout = Layout(flat.D)
+
+        def gradient(tokens: torch.Tensor) -> torch.Tensor:
+            return batch_gradient(model, flat, tokens, micro_batch_size, precision)
+        g_bar = mean_gradient(model, flat, tokens_by_batch, micro_batch_size, precision)
     basis, reduction = _BASIS[spectrum.lanczos_basis], _BASIS[spectrum.lanczos_reduction]
     device = precision.device
     tolerance = lanczos_tolerance(spectrum, precision.dtype)
@@ -134,7 +168,7 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
         return operator.hvp(V)
     pairs = top_eigenpairs(counted, flat.D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed,
                            which=("LA", "LM"), basis_dtype=basis, reduction_dtype=reduction, device=device,
-                           tolerance=tolerance)
+                           tolerance=tolerance, layout=layout)
     values, vectors, residuals, converged = pairs["LA"]
     mag_values, _, mag_residuals, mag_converged = pairs["LM"]
     steps = len(products) - 2  # the last two products measure the residuals of LA and LM
@@ -145,25 +179,27 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
                     float(torch.cat([residuals / values.abs(), mag_residuals / mag_values.abs()]).max()))
     t_lanczos = time.perf_counter() - started
     nodes = slq(operator.hvp, flat.D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed,
-                basis_dtype=basis, reduction_dtype=reduction, device=device)
+                basis_dtype=basis, reduction_dtype=reduction, device=device, layout=layout)
     moments = {f"m{p}": sum(float((w * t**p).sum()) for t, w in nodes) / len(nodes) for p in (1, 2)}
-    g_bar = mean_gradient(model, flat, tokens_by_batch, micro_batch_size, precision)
-    noise = [batch_gradient(model, flat, tokens_by_batch[i], micro_batch_size, precision) - g_bar
+    noise = [gradient(tokens_by_batch[i]) - g_bar
              for i in noise_batch_indices(len(tokens_by_batch), settings.noise_samples, settings.seed)]
     # Default λ: twice the largest |Ritz value| (a few Lanczos steps can underestimate |λ_min|).
     damping = spectrum.cg_damping if spectrum.cg_damping is not None else 2 * float(mag_values.abs().max())
     try:
         x, iterations, residual = conjugate_gradient(operator.hvp, g_bar, damping, rtol=spectrum.cg_rtol,
-                                                     max_iterations=spectrum.cg_max_iterations)
+                                                     max_iterations=spectrum.cg_max_iterations, layout=layout)
         cg = {"damping": damping, "status": "ok" if residual <= spectrum.cg_rtol else "max_iterations",
-              "iterations": iterations, "relative_residual": residual, "g_inverse_g": float(g_bar @ x)}
+              "iterations": iterations, "relative_residual": residual,
+              "g_inverse_g": float(layout.dots(g_bar[None], x[None])[0])}
     except ValueError as error:  # H + λI indefinite along a CG direction: report, do not guess
         cg = {"damping": damping, "status": "indefinite", "message": str(error), "iterations": None,
               "relative_residual": None, "g_inverse_g": None}
-    V = torch.stack([rademacher(flat.D, settings.seed + 1, i) for i in range(spectrum.block_samples)]).to(device)
-    blocks = {kind: block_diagonal_error(operator.hvp, V, make(flat))
+    V = torch.stack([layout.local(rademacher(flat.D, settings.seed + 1, i))
+                     for i in range(spectrum.block_samples)]).to(device)
+    blocks = {kind: block_diagonal_error(operator.hvp, V, make(flat), layout=layout)
               for kind, make in (("tensor", tensor_blocks), ("layer", layer_blocks))}
-    noise_cos = _cosines(torch.stack(noise), vectors) if noise and float(torch.stack(noise).norm()) > 0 else None
+    noise_cos = (_cosines(torch.stack(noise), vectors, layout)
+                 if noise and float(layout.norms(torch.stack(noise)).sum()) > 0 else None)
     return {
         "top_eigenvalues": _pairs(values, residuals, converged, tolerance),
         "top_magnitude_eigenvalues": _pairs(mag_values, mag_residuals, mag_converged, tolerance),
@@ -171,7 +207,7 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
                     "converged": unconverged == 0},
         "slq": {"nodes": [t.tolist() for t, _ in nodes], "weights": [w.tolist() for _, w in nodes],
                 "trace_over_D": moments["m1"], "second_moment_over_D": moments["m2"]},
-        "alignment": {"gradient_top": _cosines(g_bar.unsqueeze(0), vectors)[0],
+        "alignment": {"gradient_top": _cosines(g_bar.unsqueeze(0), vectors, layout)[0],
                       "noise_top_mean": ([sum(c[j] for c in noise_cos) / len(noise_cos) for j in range(len(values))]
                                          if noise_cos else None)},
         "cg": cg,
@@ -185,18 +221,28 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
     }
 
 
+def _steps(resolved: _Resolved) -> dict[str, Any]:
+    """The finite-difference step's relative scale (ε = scale · max(1, ‖θ‖) / ‖v‖), when that engine runs."""
+    if resolved.hvp_engine != "finite_difference":
+        return {}
+    return {"finite_difference_scale": FD_SCALE.get(resolved.dtype, 3e-3)}
+
+
 def spectrum_memory(settings: AnalysisSettings, spectrum: SpectrumSettings, config: RunConfig,
-                    resolved: _Resolved, n_batches: int) -> MemoryPlan:
-    """The grouping of a spectrum job's passes under its memory budget (see ``memory_budget_gb``).
+                    resolved: _Resolved, n_batches: int, ranks: int | None = None) -> MemoryPlan:
+    """The grouping of a spectrum job's passes under its memory budget (see ``memory_budget_gb``);
+    sharded over ``ranks`` (default: this job's), each rank holds 1/ranks of every
+    parameter-sized vector and of the Lanczos basis.
 
     Raises:
         ValueError: a pass that does not fit even one sequence at a time (nothing is computed).
     """
     itemsize = torch.finfo(resolved.dtype).bits // 8
     D = parameter_count(config.model)
-    basis = spectrum.lanczos_steps * D * torch.finfo(_BASIS[spectrum.lanczos_basis]).bits // 8
+    shards = (ranks or world()[1]) if spectrum.sharded else 1
+    basis = spectrum.lanczos_steps * -(-D // shards) * torch.finfo(_BASIS[spectrum.lanczos_basis]).bits // 8
     noise = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
-    return plan_spectrum(config.model, config.data.seq_len, engine=resolved.hvp_engine,
+    return plan_spectrum(config.model, config.data.seq_len, engine=resolved.hvp_engine, shards=shards,
                          K=min(settings.directions_per_pass, max(spectrum.block_samples, 1)),
                          hvp_batch_size=resolved.hvp_batch_size, micro_batch_size=config.training.micro_batch_size,
                          itemsize=itemsize, compiled=resolved.hvp_compiled, basis_bytes=basis, extra_vectors=noise,
@@ -213,6 +259,8 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
     output = Path(output)
     check_writable_file(output)
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
+    if (engine := sharded_engine(settings, spectrum)) is not None:
+        resolved = replace(resolved, hvp_engine=engine, hvp_compiled=False)
     identity = {k: v for k, v in _identity(settings, resolved, config, cache).items() if k != "hash"}
     identity["spectrum"] = asdict(spectrum)
     identity["hash"] = canonical_hash(identity)
@@ -223,7 +271,9 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
         precision = Precision(resolved.device, resolved.dtype, settings.amp)
         model = build_model(config.model, attention_backend="reference")
         model.load_state_dict(state.root, strict=True)
-        model.to(device=resolved.device, dtype=resolved.dtype)
+        sharded = spectrum.sharded and world()[1] > 1
+        # sharded, the model stays on the host until FSDP moves each block's shards to the device
+        model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
         batches = [cache.tokens(blocks) for blocks in plan.blocks]
         with runtime_settings(resolved.device, resolved.tf32) as runtime, \
                 explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass):
@@ -235,9 +285,9 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
                   "case": case, "settings": settings_record(settings), "spectrum_settings": asdict(spectrum),
                   "precision": {"device": str(resolved.device), "dtype": settings.dtype, "engine": resolved.hvp_engine,
                                 "lanczos_basis": spectrum.lanczos_basis,
-                                "lanczos_reduction": spectrum.lanczos_reduction, **runtime},
+                                "lanczos_reduction": spectrum.lanczos_reduction, **_steps(resolved), **runtime},
                   **measured, "memory": memory.record(), "software": software(), "hardware": hardware(resolved.device),
-                  "parallel": parallel_record(), "slurm": slurm_job()}
+                  "parallel": {**parallel_record(), "sharded": sharded}, "slurm": slurm_job()}
         if is_writer():
             atomic_write_json(output, result)
     return result
