@@ -42,7 +42,8 @@ def _write_config(workdir: Path, lr: float = 0.003, seed: int = 42) -> None:
                 "cg_max_iterations": 5}
     analyses = {"tiny": {"run": "runs/tiny", "settings": {**SETTINGS, "seed": seed}, "spectrum": spectrum},
                 "packed": {"run": "runs/packed", "checkpoints": ["epoch-001.safetensors", "final.pt"],
-                           "cases": ["seen"], "settings": SETTINGS}}
+                           "cases": ["seen"], "settings": SETTINGS, "gpus_per_job": 2,
+                           "spectrum": {**spectrum, "top_k": 1, "sharded": True}}}
     config = {"train_runs": runs, "analyses": analyses, "plots": {"training_norms": True}}
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
 
@@ -141,6 +142,26 @@ def test_packed_consensus_columns(workdir):
     assert all(float(r["consensus_mean_norm"]) > 0 for r in rows)
     manifest = json.loads((workdir / "results/packed/manifest.json").read_text())
     assert manifest["consensus"] and manifest["states"][0]["worker_hashes"] and manifest["workers"] == 2
+
+
+def test_gpus_per_job_runs_each_job_on_ranks(workdir, tmp_path):
+    """gpus_per_job: 2 runs each (state, case) job of packed under torchrun on 2 CPU processes: the
+    statistics of a single-process call, and its spectra sharded over both ranks (FSDP2)."""
+    state = json.loads(next((workdir / "results/packed/states").glob("*/seen.json")).read_text())
+    assert state["parallel"] == {"ranks": 2, "backend": "gloo"}
+    spectrum = json.loads(next((workdir / "results/packed/spectra").glob("*/seen.json")).read_text())
+    assert spectrum["parallel"] == {"ranks": 2, "backend": "gloo", "sharded": True}
+    assert spectrum["precision"]["engine"] == "finite_difference"
+    os.chdir(workdir)
+    try:
+        direct = analyze_state("runs/packed", [a["file"] for a in state["state"]["aliases"]], "seen",
+                               settings_from_dict(SETTINGS), tmp_path / "direct.json")
+    finally:
+        os.chdir(REPO)
+    for key, value in direct["statistics"].items():
+        assert state["statistics"][key] == (None if value is None else pytest.approx(value, rel=1e-10, abs=1e-14)), key
+    cost = json.loads((workdir / "results/packed/campaign.json").read_text())["events"][0]["cost"]
+    assert "split over 2 GPUs" in cost
 
 
 def test_rerun_is_a_no_op(workdir):

@@ -20,6 +20,9 @@ rule analyze_state:
     resources:
         runtime=get_analyze_runtime,
         attempt=get_attempt,
+        gpu=get_gpus,
+        nodes=get_nodes,
+        state_slot=1,
     params:
         run=get_analysis_run,
         settings=get_analysis_settings,

@@ -96,9 +96,7 @@ get_calibration_inputs = _by("analysis", PLAN.calibration_inputs)
 get_calibration = _by("analysis", PLAN.calibration)
 get_analysis_run_config = _by("analysis", lambda a: config_to_dict(PLAN.run_config(a)))
 get_analysis_run = _by("analysis", lambda analysis: ANALYSES[analysis]["run"])
-get_analysis_selection = _by(
-    "analysis", lambda analysis: ANALYSES[analysis].get("checkpoints", "all")
-)
+get_analysis_selection = _by("analysis", PLAN.selection)
 get_analysis_settings = _by("analysis", PLAN.settings_dict)
 get_analysis_cases = _by("analysis", PLAN.cases)
 get_import_spec = _by("imported", PLAN.import_spec)
@@ -106,6 +104,8 @@ get_import_inputs = _by("imported", PLAN.import_inputs)
 get_analysis_binding = _by("analysis", PLAN.binding)
 get_spectrum_settings = _by("analysis", lambda a: ANALYSES[a].get("spectrum", {}))
 get_analyze_runtime = _by("analysis", PLAN.analyze_runtime)
+get_gpus = _by("analysis", PLAN.gpus_requested)  # every rank's GPU, over its nodes
+get_nodes = _by("analysis", lambda analysis: PLAN.ranks(analysis)["nodes"])
 get_finish_runtime = _by("analysis", PLAN.finish_runtime)
 
 

@@ -19,6 +19,9 @@ rule analyze_spectrum:
     resources:
         runtime=get_analyze_runtime,
         attempt=get_attempt,
+        gpu=get_gpus,
+        nodes=get_nodes,
+        state_slot=1,
     params:
         run=get_analysis_run,
         settings=get_analysis_settings,

@@ -9,11 +9,13 @@ import torch  # noqa: E402
 torch.set_num_threads(snakemake.threads)  # the rule's threads, not every core of a shared node
 
 from tiny_llm.runtime import announce_job, node_local_compile_cache  # noqa: E402
-from tiny_llm.workers.spectrum import analyze_spectrum, spectrum_settings_from_dict  # noqa: E402
-from tiny_llm.workers.state import settings_from_dict  # noqa: E402
+from tiny_llm.workers.ranks import run_on_ranks  # noqa: E402
 
 announce_job(snakemake.resources, snakemake.threads)  # attempt and requested resources, in the result
 with node_local_compile_cache(shared_by=snakemake.wildcards.key):  # both cases of the state
-    analyze_spectrum(snakemake.params.run, list(snakemake.params.aliases), snakemake.wildcards.case,
-                     settings_from_dict(snakemake.params.settings), spectrum_settings_from_dict(snakemake.params.spectrum),
-                     snakemake.output.result, expect_key=snakemake.wildcards.key)
+    # gpus_per_job > 1: torchrun starts that many ranks (threads each); rank 0 writes the result
+    run_on_ranks("analyze_spectrum", {"run_dir": snakemake.params.run, "checkpoints": list(snakemake.params.aliases),
+                                      "case": snakemake.wildcards.case, "settings": dict(snakemake.params.settings),
+                                      "spectrum": dict(snakemake.params.spectrum), "expect_key": snakemake.wildcards.key},
+                 snakemake.output.result, ranks=snakemake.resources.gpu // snakemake.resources.nodes,
+                 nodes=snakemake.resources.nodes, threads=snakemake.threads)

@@ -19,11 +19,19 @@ from typing import Any
 from tiny_llm.config import RunConfig
 from tiny_llm.workers.state import AnalysisSettings
 
-__all__ = ["MAX_HOURS", "CaseWork", "case_work", "cost_line", "estimate_seconds", "expected_states", "format_seconds",
-           "job_minutes"]
+__all__ = ["MAX_HOURS", "PARALLEL_EFFICIENCY", "CaseWork", "case_work", "cost_line", "estimate_seconds",
+           "expected_states", "format_seconds", "job_minutes", "parallel_seconds"]
 
 MAX_HOURS = 72
 """The partition's walltime limit."""
+PARALLEL_EFFICIENCY = 0.8
+"""Speed-up each rank beyond the first adds to a job's passes: measured 1.8× at 2 ranks
+(benchmarks/distributed.py, data-parallel quadratic-form and product passes, one thread per rank)."""
+
+
+def parallel_seconds(seconds: float, ranks: int) -> float:
+    """A job's time on ``ranks`` ranks from its time on one: ``seconds / (1 + (ranks − 1) · efficiency)``."""
+    return seconds / (1 + (ranks - 1) * PARALLEL_EFFICIENCY)
 
 
 @dataclass(frozen=True)
@@ -129,20 +137,28 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _times(gpus: int) -> str:
+    return f" × {gpus} GPUs" if gpus > 1 else ""
+
+
 def cost_line(name: str, states: tuple[int, str], cases: list[str], work: CaseWork, device: str,
-              timing: dict[str, Any] | None, cluster: dict[str, Any] | None = None) -> str:
+              timing: dict[str, Any] | None, cluster: dict[str, Any] | None = None, gpus: int = 1) -> str:
     """One line for the console before a run: jobs, the work of each, and the estimated time.
 
     ``timing`` is a timing entry (``{"seconds": ..., "measured": ...}``) or None. With ``cluster``
     (the workflow's cluster settings) under a walltime rule, the line adds what Slurm will be
     asked for: one job per state holding both cases, its walltime, and the GPU-hours requested.
+    With ``gpus`` ranks per job, its time is scaled by :func:`parallel_seconds` and every hour of
+    it holds that many GPUs.
     """
     count, source = states
     jobs = count * len(cases)
     line = (f"analysis {name}: ≤ {count} states ({source}) × {len(cases)} cases = {jobs} (state, case) jobs; each: "
             f"{work.gradient_microbatches} gradient micro-batches, {work.directions} quadratic forms in "
             f"{work.passes} passes × {work.hvp_microbatches} curvature micro-batches")
-    each = None if timing is None else work.seconds(timing["seconds"])
+    if gpus > 1:
+        line += f", split over {gpus} GPUs"
+    each = None if timing is None else parallel_seconds(work.seconds(timing["seconds"]), gpus)
     if each is None:
         line += f"; time: no timing entry for this setup on {device}"
     else:
@@ -152,16 +168,16 @@ def cost_line(name: str, states: tuple[int, str], cases: list[str], work: CaseWo
     cluster = cluster or {}
     if cluster.get("walltime_hours"):
         hours = float(cluster["walltime_hours"])
-        line += (f"; Slurm: ≤ {count} jobs × {hours:g} h (cluster.walltime_hours) = "
-                 f"{count * hours:g} GPU-hours requested")
+        line += (f"; Slurm: ≤ {count} jobs × {hours:g} h (cluster.walltime_hours){_times(gpus)} = "
+                 f"{count * hours * gpus:g} GPU-hours requested")
     elif cluster.get("walltime") == "estimate":
         if each is None:
             line += (f"; Slurm walltime: from the calibration job, which runs first on the target node "
                      f"(results/timing/{name}.json; or set cluster.walltime_hours)")
         else:
             hours = job_minutes(len(cases) * each) / 60
-            line += (f"; Slurm: ≤ {count} jobs × {hours:g} h walltime (2 × work + 30 min) = "
-                     f"{count * hours:g} GPU-hours requested")
+            line += (f"; Slurm: ≤ {count} jobs × {hours:g} h walltime (2 × work + 30 min){_times(gpus)} = "
+                     f"{count * hours * gpus:g} GPU-hours requested")
     elif each is None:
         line += " (`snakemake calibrate` measures one)"
     return line

@@ -521,6 +521,21 @@ class WorkflowPlan:
         imported = analysis in self.imports or (Path(entry["run"]) / IMPORTED).exists() and not self.trained_here(analysis)
         return ["offset"] if imported else ["seen", "unseen"]
 
+    def selection(self, analysis: str) -> str | list[str]:
+        """The analysis's checkpoints: ``all`` or a list of root checkpoint files."""
+        return self.analyses[analysis].get("checkpoints", "all")
+
+    def ranks(self, analysis: str) -> dict[str, int]:
+        """How each (state, case) job of an analysis runs: ``gpus`` processes per node (GPUs on the
+        cluster, CPU processes locally) on ``nodes`` nodes."""
+        entry = self.analyses[analysis]
+        return {"gpus": int(entry.get("gpus_per_job", 1)), "nodes": int(entry.get("nodes_per_job", 1))}
+
+    def gpus_requested(self, analysis: str) -> int:
+        """GPUs one (state, case) job holds: every rank's, over its nodes."""
+        ranks = self.ranks(analysis)
+        return ranks["gpus"] * ranks["nodes"]
+
     def spectrum_enabled(self, analysis: str) -> bool:
         return bool(self.analyses[analysis].get("spectrum", {}).get("enabled", False))
 
@@ -630,7 +645,8 @@ class WorkflowPlan:
                              "`snakemake --profile <profile> calibrate` on the target node first, or set "
                              "cluster.walltime_hours to request an explicit walltime")
         workers = run.training.workers if settings.consensus else 0
-        return cost.estimate_seconds(run, settings, entry["seconds"], workers=workers if workers > 1 else 0)
+        one = cost.estimate_seconds(run, settings, entry["seconds"], workers=workers if workers > 1 else 0)
+        return cost.parallel_seconds(one, self.gpus_requested(analysis))
 
     def _explicit_minutes(self, analysis: str) -> tuple[int, int]:
         """``cluster.walltime_hours`` as minutes per state job, split over its group's jobs: each
@@ -675,7 +691,7 @@ class WorkflowPlan:
         work = cost.case_work(run, settings, workers)
         kind = "cpu" if settings.device == "cpu" else self.cluster.get("gpu_kind") or "cuda"
         line = cost.cost_line(analysis, states, self.cases(analysis), work, settings.device,
-                              self.timing_entry(analysis, kind), self.cluster)
+                              self.timing_entry(analysis, kind), self.cluster, self.gpus_requested(analysis))
         memory = self.memory(analysis).describe()
         if settings.memory_budget_gb is None and settings.device != "cpu":
             memory = memory.replace("no budget", "budget: the GPU's free memory at run time, cut to fit")
@@ -698,15 +714,16 @@ class WorkflowPlan:
         except ValueError:
             return None
         count = self._expected_states(analysis, run)[0]
+        gpus = self.gpus_requested(analysis)
         if self.cluster.get("walltime_hours"):
-            return count * float(self.cluster["walltime_hours"])
+            return count * float(self.cluster["walltime_hours"]) * gpus
         timing_entry = self.timing_entry(analysis, self.cluster.get("gpu_kind"))
         if timing_entry is None:
             return None
         settings = self.analysis_settings[analysis]
         workers = run.training.workers if settings.consensus else 0
-        each = cost.case_work(run, settings, workers).seconds(timing_entry["seconds"])
-        return count * cost.job_minutes(len(self.cases(analysis)) * each) / 60
+        each = cost.parallel_seconds(cost.case_work(run, settings, workers).seconds(timing_entry["seconds"]), gpus)
+        return count * cost.job_minutes(len(self.cases(analysis)) * each) / 60 * gpus
 
     def experiment_cost_line(self, experiment: str) -> str:
         """What a seed experiment will cost: runs × checkpoints measured, and the time."""

@@ -1,0 +1,109 @@
+"""Run one (state, case) job on several ranks: ``run_on_ranks`` starts ``torchrun`` with N processes
+(one per GPU; CPU processes with gloo on a machine without one), each of which joins the process
+group and makes the same worker call; rank 0 writes the result, and the caller reads it back.
+
+On one node torchrun's standalone rendezvous is used. A Slurm job over several nodes starts one
+torchrun per node with ``srun``, all meeting at the first node of the allocation (c10d rendezvous,
+keyed by the Slurm job id). Each rank gets ``threads`` CPU threads.
+
+``python -m tiny_llm.workers.ranks SPEC`` is what every rank runs: SPEC is a JSON file naming the
+worker and its arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["launch_command", "run_on_ranks"]
+
+PORT = 29_431
+"""The rendezvous port on the first node of a multi-node job."""
+
+
+def launch_command(spec: Path, ranks: int, nodes: int = 1) -> list[str]:
+    """The command that runs ``spec`` on ``ranks`` processes per node over ``nodes`` nodes."""
+    module = [sys.executable, "-m", "torch.distributed.run"]
+    worker = ["-m", "tiny_llm.workers.ranks", str(spec)]
+    if nodes == 1:
+        return [*module, "--standalone", "--nproc-per-node", str(ranks), *worker]
+    head = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True,
+                          text=True, check=True).stdout.split()[0]
+    return ["srun", "--nodes", str(nodes), "--ntasks-per-node", "1", *module, "--nnodes", str(nodes),
+            "--nproc-per-node", str(ranks), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:{PORT}",
+            "--rdzv-id", os.environ.get("SLURM_JOB_ID", "tiny-llm"), *worker]
+
+
+def run_on_ranks(worker: str, arguments: dict[str, Any], output: str | Path, *, ranks: int, nodes: int = 1,
+                 threads: int = 1) -> dict[str, Any]:
+    """``worker`` (``analyze_state`` or ``analyze_spectrum``) with ``arguments`` on ``ranks`` processes
+    per node; returns the result rank 0 wrote to ``output``. One rank in all: a plain call here.
+
+    Raises:
+        ValueError: a rank refused its inputs (the message of rank 0's error).
+        RuntimeError: the ranks failed otherwise (their output is in this job's log).
+    """
+    output = Path(output)
+    if ranks * nodes == 1:
+        return _worker(worker)(**arguments, output=output)
+    spec = output.with_name(f".{output.name}.ranks.json")
+    error = spec.with_suffix(".error")
+    spec.write_text(json.dumps({"worker": worker, "arguments": arguments, "output": str(output),
+                                "error": str(error)}))
+    error.unlink(missing_ok=True)
+    try:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        sys.stderr.flush()
+        done = subprocess.run(launch_command(spec, ranks, nodes), stdout=sys.stderr, stderr=sys.stderr, env=env)
+        if error.exists():
+            raise ValueError(error.read_text().strip())
+        if done.returncode != 0:
+            raise RuntimeError(f"{ranks * nodes} ranks of {worker} failed (exit status {done.returncode}); their "
+                               "output is above in this log")
+        return json.loads(output.read_text())
+    finally:
+        spec.unlink(missing_ok=True)
+        error.unlink(missing_ok=True)
+
+
+def _worker(name: str):
+    if name == "analyze_state":
+        from tiny_llm.workers.state import analyze_state
+        return lambda settings, **kw: analyze_state(settings=_settings(settings), **kw)
+    if name == "analyze_spectrum":
+        from tiny_llm.workers.spectrum import analyze_spectrum, spectrum_settings_from_dict
+        return lambda settings, spectrum, **kw: analyze_spectrum(settings=_settings(settings),
+                                                                 spectrum=spectrum_settings_from_dict(spectrum), **kw)
+    raise ValueError(f"unknown worker {name!r}")
+
+
+def _settings(data: dict[str, Any]):
+    from tiny_llm.workers.state import settings_from_dict
+    return settings_from_dict(data)
+
+
+def main(spec_path: str) -> None:
+    """One rank: join the group torchrun describes, make the call; rank 0 records a refusal."""
+    import torch
+
+    from tiny_llm.distributed import init_from_environment, is_writer
+    spec = json.loads(Path(spec_path).read_text())
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    init_from_environment(spec["arguments"]["settings"].get("device", "auto"))
+    try:
+        _worker(spec["worker"])(**spec["arguments"], output=spec["output"])
+    except ValueError as refusal:
+        if is_writer():
+            Path(spec["error"]).write_text(" ".join(str(refusal).split()))
+        raise
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
