@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tiny_llm.campaign.plan import estimate_seconds, job_minutes
+from tiny_llm.campaign.plan import estimate_seconds, job_minutes, parallel_seconds
 from tiny_llm.config import config_from_dict
 from tiny_llm.workers.state import settings_from_dict
 
@@ -71,13 +71,31 @@ def test_dry_run_shows_gh200_resources_and_walltime(indexed):
     for resources in analyze_blocks:
         assert "gpu=1" in resources and "gpu_model=gh200" in resources and f"runtime={analyze}" in resources
         assert "slurm_account=naiss2026-3-205-gpu" in resources and "slurm_partition=gpu" in resources
-        assert "cpus_per_task=72" in resources
+        assert "cpus_per_task=0" in resources and "cpus_per_gpu=72" in resources and "mem_mb_per_cpu=1527" in resources
     finish_blocks = [r for rule, r in blocks if rule == "finish_state"]
     assert finish_blocks and all(f"runtime={finish}" in r for r in finish_blocks)
     # torch's CPU threads per job (a dry run caps threads at --cores, 1 by default)
     plan = _snakemake(indexed, "--profile", str(REPO / "profiles/naiss"), "-n", "--rerun-triggers", "mtime",
                       "--cores", "100")
     assert re.findall(r"rule analyze_state:.*?threads: (\d+)", plan.stdout + plan.stderr, re.S) == ["72"] * 6
+
+
+def test_gpus_per_job_asks_for_that_many_gh200s_and_scales_the_walltime(indexed):
+    """gpus_per_job: 2: every analysis job asks for 2 GPUs (CPUs and memory per GPU follow), its
+    walltime is the measured scaling's share of the one-GPU work, and the GPU-hours count both."""
+    config = yaml.safe_load((indexed / "config.yaml").read_text())
+    config["analyses"]["gpu"]["gpus_per_job"] = 2
+    (indexed / "two.yaml").write_text(yaml.safe_dump(config))
+    plan = _snakemake(indexed, "--profile", str(REPO / "profiles/naiss"), "-n", "--rerun-triggers", "mtime",
+                      "--configfile", str(indexed / "two.yaml"))
+    text = plan.stdout + plan.stderr
+    assert plan.returncode == 0, text[-3000:]
+    work = parallel_seconds(estimate_seconds(config_from_dict(RUN), settings_from_dict({**SETTINGS, **GPU}), SECONDS), 2)
+    analyze = re.findall(r"rule analyze_state:.*?resources: ([^\n]*)", text, re.S)
+    assert len(analyze) == 6 and all("gpu=2" in r and "nodes=1" in r and "cpus_per_gpu=72" in r and
+                                     f"runtime={math.ceil(2 * work / 60)}" in r for r in analyze)
+    hours = 3 * job_minutes(2 * work) / 60 * 2
+    assert "split over 2 GPUs" in text and f"× 2 GPUs = {hours:g} GPU-hours requested" in text
 
 
 def test_uncovered_setup_is_calibrated_first(indexed):

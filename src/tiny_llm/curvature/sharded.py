@@ -49,6 +49,7 @@ def shard_model(model: nn.Module) -> nn.Module:
     for module in model.modules():
         if hasattr(module, "set_gradient_divide_factor"):
             module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
     return model
 
 
@@ -100,7 +101,7 @@ class ShardedHessian:
         self.fd_scale = fd_scale if fd_scale is not None else FD_SCALE.get(precision.dtype, 3e-3)
         self.progress = progress or (lambda message: None)
         self.passes = 0
-        self.theta_norm = float(self.layout.norms(self._flat([self._local(p) for p in self.params])[None])[0])
+        self.theta_norm = float(self.layout.norms(self._flat([self._local(p).detach() for p in self.params])[None])[0])
 
     @staticmethod
     def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -87,28 +87,30 @@ def lanczos(matvec: MatVec, start: torch.Tensor, steps: int, *, basis_dtype: tor
     """
     layout = _whole(start.size(-1), layout)
     q = (start / layout.norms(start.unsqueeze(0))[0]).to(reduction_dtype)
-    basis, alphas, betas = [], [], []
+    basis = torch.empty(steps, start.size(-1), dtype=basis_dtype, device=start.device)  # the only copy
+    alphas, betas = [], []
     scale = 0.0
-    for _ in range(steps):
-        stored = q.to(basis_dtype)
-        basis.append(stored)
+    for j in range(steps):
+        basis[j] = q
+        stored = basis[j]
         w = matvec(stored.to(torch.float64).unsqueeze(0))[0].to(reduction_dtype)
         alpha = layout.dots(stored.to(reduction_dtype).unsqueeze(0), w.unsqueeze(0))[0]
         alphas.append(float(alpha))
+        Q = basis[:j + 1].to(reduction_dtype)  # a view when the basis is stored in the reduction dtype
         for _ in range(2):  # classical Gram–Schmidt twice is enough (Kahan–Parlett); one reduction a sweep
-            Q = torch.stack(basis).to(reduction_dtype)
             w = w - layout.reduce(Q @ w) @ Q
+        del Q
         beta = float(layout.norms(w.unsqueeze(0))[0])
         scale = max(scale, abs(alphas[-1]), beta)
-        if len(basis) == steps or beta <= breakdown * max(scale, 1e-300):
+        if j + 1 == steps or beta <= breakdown * max(scale, 1e-300):
             break
         if done is not None and done(LanczosResult(torch.tensor(alphas, dtype=torch.float64),
-                                                   torch.tensor(betas, dtype=torch.float64), basis), beta):
+                                                   torch.tensor(betas, dtype=torch.float64), basis[:j + 1]), beta):
             break
         betas.append(beta)
         q = w / beta
     return LanczosResult(torch.tensor(alphas, dtype=torch.float64), torch.tensor(betas, dtype=torch.float64),
-                         torch.stack(basis))
+                         basis[:len(alphas)])
 
 
 def _wanted(theta: torch.Tensor, kind: str, k: int) -> torch.Tensor:
@@ -149,7 +151,8 @@ def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0,
     for kind in kinds:
         order = _wanted(theta, kind, k)
         values = theta[order]
-        vectors = S[:, order].T.to(device) @ result.basis.to(torch.float64)  # (k, D)
+        combined = torch.promote_types(result.basis.dtype, torch.float32)  # no float64 copy of a float32 basis
+        vectors = (S[:, order].T.to(device, combined) @ result.basis.to(combined)).double()  # (k, D)
         vectors = vectors / layout.norms(vectors)[:, None]
         residuals = layout.norms(matvec(vectors) - values.to(device)[:, None] * vectors).cpu()
         converged = (residuals <= tolerance * values.abs()) if tolerance is not None else torch.zeros(len(values), dtype=torch.bool)
