@@ -156,28 +156,6 @@ def test_the_profile_runs_its_own_configuration_beside_a_finished_demo(tmp_path)
     assert "demo" not in text.replace("cache_source: demo", "")
 
 
-def test_a_campaign_without_timings_calibrates_then_runs_with_measured_walltimes(tmp_path):
-    """Locally (no Slurm), with walltimes estimated and no timing entry: the calibration job runs
-    first (without waiting for training), the index waits for it, and every analysis job gets the
-    walltime its measured timings give; the workflow completes."""
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
-    config = {"train_runs": {"tiny": {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64}},
-              "analyses": {"cpu": {"run": "runs/tiny", "settings": {**SETTINGS, "device": "cpu", "dtype": "float64"}}},
-              "cluster": {"walltime": "estimate", "timing_profiles": ["results/timing"]}}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    run = _snakemake(tmp_path, "-c2", "--printshellcmds")
-    text = run.stdout + run.stderr
-    assert run.returncode == 0, text[-3000:]
-    entry = json.loads((tmp_path / "results/timing/cpu.json").read_text())["entries"][0]
-    work = estimate_seconds(config_from_dict(RUN), settings_from_dict(config["analyses"]["cpu"]["settings"]),
-                            entry["seconds"])
-    runtimes = re.findall(r"rule analyze_state:.*?resources: [^\n]*runtime=(\d+)", text, re.S)
-    assert len(runtimes) == 6 and set(runtimes) == {str(math.ceil(2 * work / 60))}
-    order = [m.group(1) for m in re.finditer(r"^(?:local)?(?:rule|checkpoint) (\w+):", text, re.M)]
-    assert order.index("calibrate_timing") < order.index("index_states") < order.index("analyze_state")
-    assert (tmp_path / "results/cpu/summary.csv").exists()
-
-
 def test_seed_experiments_run_through_the_naiss_profile(tmp_path):
     """A seed experiment under the profile (walltimes not estimated): its runs are trained and its
     checkpoints measured by GPU jobs (72 threads, the experiment's walltime); reference and
@@ -224,29 +202,41 @@ def test_seed_experiment_walltime_from_a_timing_entry(tmp_path):
     assert runtimes == {str(expected)}
 
 
-def test_a_seed_experiment_without_timings_calibrates_then_measures_with_measured_walltimes(tmp_path):
-    """Locally, with walltimes estimated and no timing entry: the dry run plans the calibration
-    first, the experiment's calibration runs before its reference set, and every measurement job
-    gets the walltime its measured timings give; the experiment completes."""
+def test_a_campaign_without_timings_calibrates_then_runs_with_measured_walltimes(tmp_path):
+    """Locally (no Slurm), with walltimes estimated and no timing entry, an analysis and a seed
+    experiment: the dry run plans the calibrations first; the analysis's index waits for its
+    calibration; the experiment's calibration runs before its
+    reference set; every analysis and measurement job gets the walltime its measured timings give,
+    and both complete."""
     from tiny_llm.geometry.experiment import geometry_settings_from_dict, measurement_seconds
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
-    settings = {"reference_rows": 4, "cov_num_batches": 2, "cov_batch_size": 2, "top_k": 1,
+    geometry = {"reference_rows": 4, "cov_num_batches": 2, "cov_batch_size": 2, "top_k": 1,
                 "hutchinson_samples": 2, "lanczos_steps": 4, "hvp_batch_size": 4}
     experiment = {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64, "seeds": [1, 2], "controls": [],
-                  "settings": settings}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({
-        "train_runs": {}, "analyses": {}, "seed_experiments": {"pair": experiment},
-        "cluster": {"walltime": "estimate", "timing_profiles": ["results/timing"]}}))
+                  "settings": geometry}
+    config = {"train_runs": {"tiny": {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64}},
+              "analyses": {"cpu": {"run": "runs/tiny", "settings": {**SETTINGS, "device": "cpu", "dtype": "float64"}}},
+              "seed_experiments": {"pair": experiment},
+              "cluster": {"walltime": "estimate", "timing_profiles": ["results/timing"]}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     plan = _snakemake(tmp_path, "-n", "-c2")
     assert re.search(r"^calibrate_geometry +1$", plan.stdout, re.M) and "measure_geometry" not in plan.stdout
-    run = _snakemake(tmp_path, "-c2")
+    assert re.search(r"^calibrate_timing +1$", plan.stdout, re.M)
+    run = _snakemake(tmp_path, "-c2", "--printshellcmds")
     text = run.stdout + run.stderr
     assert run.returncode == 0, text[-3000:]
+    entry = json.loads((tmp_path / "results/timing/cpu.json").read_text())["entries"][0]
+    work = estimate_seconds(config_from_dict(RUN), settings_from_dict(config["analyses"]["cpu"]["settings"]),
+                            entry["seconds"])
+    runtimes = re.findall(r"rule analyze_state:.*?resources: [^\n]*runtime=(\d+)", text, re.S)
+    assert len(runtimes) == 6 and set(runtimes) == {str(math.ceil(2 * work / 60))}
+    order = [m.group(1) for m in re.finditer(r"^(?:local)?(?:rule|checkpoint) (\w+):", text, re.M)]
+    assert order.index("calibrate_timing") < order.index("index_states") < order.index("analyze_state")
+    assert (tmp_path / "results/cpu/summary.csv").exists()
     entry = json.loads((tmp_path / "results/timing/pair.json").read_text())["entries"][0]
     run_config = config_from_dict({**RUN, "training": {**RUN["training"], "seed": 1}})
-    expected = job_minutes(measurement_seconds(run_config, geometry_settings_from_dict(settings), entry["seconds"]))
+    expected = job_minutes(measurement_seconds(run_config, geometry_settings_from_dict(geometry), entry["seconds"]))
     runtimes = re.findall(r"rule measure_geometry:\n(?:    .*\n)*?    resources: [^\n]*runtime=(\d+)", text)
     assert len(runtimes) == 6 and set(runtimes) == {str(expected)}
-    order = [m.group(1) for m in re.finditer(r"^(?:local)?(?:rule|checkpoint) (\w+):", text, re.M)]
     assert order.index("calibrate_geometry") < order.index("geometry_reference") < order.index("measure_geometry")
     assert (tmp_path / "results/pair/comparison.csv").exists()

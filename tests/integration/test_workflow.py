@@ -190,19 +190,6 @@ def test_changed_settings_stop_before_any_work(workdir):
     assert _snakemake(workdir).returncode == 0  # restored settings: only receipts are rewritten
 
 
-def test_deleted_result_is_recomputed_alone(workdir):
-    results = workdir / "results/tiny/states"
-    target = next(results.glob("*/unseen.json"))
-    others = {p: p.stat().st_mtime_ns for p in results.glob("*/*.json") if p != target}
-    target.unlink()
-    dry = _snakemake(workdir, "-n")
-    plan = dry.stdout + dry.stderr
-    assert re.search(r"^analyze_state +1$", plan, re.M) and re.search(r"^finish_state +1$", plan, re.M), plan[-2000:]
-    assert "analyze_spectrum" not in plan  # the state's spectra are kept
-    assert _snakemake(workdir).returncode == 0 and target.exists()
-    assert all(p.stat().st_mtime_ns == t for p, t in others.items() if p.name != "done.json")
-
-
 def test_plot_target_redraws_without_recomputing(workdir):
     results = workdir / "results/tiny"
     figure = results / "figures/noise_alignment.png"
@@ -350,14 +337,21 @@ def test_damaged_binding_is_named(workdir, tmp_path):
     assert "results/tiny/identity.json is damaged" in result.stdout + result.stderr
 
 
-def test_killed_collect_is_repaired_by_a_rerun(workdir):
-    """SIGKILL of the whole workflow while collect runs (Snakemake has already removed the old
-    manifest.json and summary.csv): a plain rerun restores both, with the same contents."""
+def test_a_deleted_result_is_recomputed_alone_and_a_killed_collect_repaired(workdir):
+    """A deleted result is planned alone (its state's spectra kept). The workflow that recomputes
+    it is SIGKILLed while collect runs (Snakemake has already removed the old manifest.json and
+    summary.csv): a plain rerun restores both, with the same contents, and nothing else is redone."""
     import signal
     import time
     results = workdir / "results/tiny"
     before = (results / "summary.csv").read_text()
-    next(results.glob("states/*/unseen.json")).unlink()  # so that collect runs again
+    target = next(results.glob("states/*/unseen.json"))
+    others = {p: p.stat().st_mtime_ns for p in results.glob("states/*/*.json") if p != target}
+    target.unlink()
+    dry = _snakemake(workdir, "-n")
+    plan = dry.stdout + dry.stderr
+    assert re.search(r"^analyze_state +1$", plan, re.M) and re.search(r"^finish_state +1$", plan, re.M), plan[-2000:]
+    assert "analyze_spectrum" not in plan  # the state's spectra are kept
     collect_log = workdir / "logs/collect/tiny.log"
     collect_log.unlink(missing_ok=True)
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
@@ -370,9 +364,11 @@ def test_killed_collect_is_repaired_by_a_rerun(workdir):
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert collect_log.exists(), "collect never started"
+    assert target.exists()
     assert _snakemake(workdir, "--unlock").returncode == 0  # a SIGKILLed Snakemake leaves its lock (README)
     rerun = _snakemake(workdir)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert (results / "summary.csv").read_text() == before and (results / "manifest.json").exists()
+    assert all(p.stat().st_mtime_ns == t for p, t in others.items() if p.name != "done.json")
     dry = _snakemake(workdir, "-n")
     assert "Nothing to be done" in dry.stdout + dry.stderr
