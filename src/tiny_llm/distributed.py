@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -64,10 +64,28 @@ def barrier() -> None:
         dist.barrier()
 
 
+def _from_slurm(environ: MutableMapping[str, str]) -> None:
+    """Under ``srun`` with several tasks (and no torchrun), torch's variables from those srun sets for
+    each task of a step: the rank and local rank of the task, the number of tasks of the step, and
+    the first node of the job as the rendezvous (port 20000 + job id mod 10000). A batch script's
+    own process (no step of several tasks) stays one process."""
+    if "WORLD_SIZE" in environ or int(environ.get("SLURM_STEP_NUM_TASKS", "1")) <= 1 or "SLURM_PROCID" not in environ:
+        return
+    nodes = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "localhost")
+    if any(c in nodes for c in "[,"):
+        import subprocess
+        nodes = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True,
+                               check=True).stdout.split()[0]
+    environ.update(RANK=environ["SLURM_PROCID"], WORLD_SIZE=environ["SLURM_STEP_NUM_TASKS"],
+                   LOCAL_RANK=environ.get("SLURM_LOCALID", "0"), MASTER_ADDR=environ.get("MASTER_ADDR", nodes),
+                   MASTER_PORT=environ.get("MASTER_PORT", str(20000 + int(environ.get("SLURM_JOB_ID", "0")) % 10000)))
+
+
 def init_from_environment(device: str) -> None:
-    """Join the process group torchrun (or srun with its variables) describes: ``WORLD_SIZE`` > 1
+    """Join the process group torchrun (or srun, from Slurm's variables) describes: ``WORLD_SIZE`` > 1
     in the environment; gloo on CPU, NCCL for a CUDA ``device``, each rank on ``cuda:LOCAL_RANK``.
     Ranks other than 0 log warnings only. Nothing happens for one process or an existing group."""
+    _from_slurm(os.environ)
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
         return
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
