@@ -214,3 +214,13 @@ def smallest_budget_gb(plan) -> float:
         except ValueError:
             low = middle
     return high
+
+
+_FIRST = {"slurm": 0, "integration": 1}
+
+
+def pytest_collection_modifyitems(config, items):
+    """The Slurm tests first, then the integration tests, then the rest (each file's tests in their
+    order): with `make test`'s two workers, the Slurm tests, which mostly wait on the cluster,
+    overlap the others instead of running alone at the end."""
+    items.sort(key=lambda item: _FIRST.get(Path(str(item.fspath)).parent.name, 2))

@@ -161,7 +161,7 @@ def test_gpus_per_job_runs_each_job_on_ranks(workdir, tmp_path):
     for key, value in direct["statistics"].items():
         assert state["statistics"][key] == (None if value is None else pytest.approx(value, rel=1e-10, abs=1e-14)), key
     cost = json.loads((workdir / "results/packed/campaign.json").read_text())["events"][0]["cost"]
-    assert "split over 2 GPUs" in cost
+    assert "split over 2 CPU processes" in cost
 
 
 def test_rerun_is_a_no_op(workdir):

@@ -106,11 +106,9 @@ get_spectrum_settings = _by("analysis", lambda a: ANALYSES[a].get("spectrum", {}
 get_analyze_runtime = _by("analysis", PLAN.analyze_runtime)
 get_gpus = _by("analysis", PLAN.gpus_requested)  # every rank's GPU, over its nodes
 get_nodes = _by("analysis", lambda analysis: PLAN.ranks(analysis)["nodes"])
+get_ranks = _by("analysis", lambda analysis: PLAN.ranks(analysis)["gpus"])  # a node's
 get_finish_runtime = _by("analysis", PLAN.finish_runtime)
-
-
-def get_attempt(wildcards, attempt):  # 1 + retries so far, recorded in each result
-    return attempt
+get_attempt = lambda wildcards, attempt: attempt  # 1 + retries so far, in each result
 
 
 def _states(analysis):  # states.json, once its index checkpoint has run

@@ -21,6 +21,7 @@ rule analyze_spectrum:
         attempt=get_attempt,
         gpu=get_gpus,
         nodes=get_nodes,
+        ranks=get_ranks,
         state_slot=1,
     params:
         run=get_analysis_run,

@@ -17,5 +17,5 @@ with node_local_compile_cache(shared_by=snakemake.wildcards.key):  # both cases 
     run_on_ranks("analyze_state", {"run_dir": snakemake.params.run, "checkpoints": list(snakemake.params.aliases),
                                    "case": snakemake.wildcards.case, "settings": dict(snakemake.params.settings),
                                    "expect_key": snakemake.wildcards.key},
-                 snakemake.output.result, ranks=snakemake.resources.gpu // snakemake.resources.nodes,
+                 snakemake.output.result, ranks=snakemake.resources.ranks,
                  nodes=snakemake.resources.nodes, threads=snakemake.threads)

@@ -149,8 +149,8 @@ def cost_line(name: str, states: tuple[int, str], cases: list[str], work: CaseWo
     ``timing`` is a timing entry (``{"seconds": ..., "measured": ...}``) or None. With ``cluster``
     (the workflow's cluster settings) under a walltime rule, the line adds what Slurm will be
     asked for: one job per state holding both cases, its walltime, and the GPU-hours requested.
-    With ``gpus`` ranks per job, its time is scaled by :func:`parallel_seconds` and every hour of
-    it holds that many GPUs.
+    With ``gpus`` ranks per job (GPUs, or CPU processes on ``cpu``), its time is scaled by
+    :func:`parallel_seconds` and every hour of it holds that many GPUs.
     """
     count, source = states
     jobs = count * len(cases)
@@ -158,7 +158,7 @@ def cost_line(name: str, states: tuple[int, str], cases: list[str], work: CaseWo
             f"{work.gradient_microbatches} gradient micro-batches, {work.directions} quadratic forms in "
             f"{work.passes} passes × {work.hvp_microbatches} curvature micro-batches")
     if gpus > 1:
-        line += f", split over {gpus} GPUs"
+        line += f", split over {gpus} {'CPU processes' if device == 'cpu' else 'GPUs'}"
     each = None if timing is None else parallel_seconds(work.seconds(timing["seconds"]), gpus)
     if each is None:
         line += f"; time: no timing entry for this setup on {device}"

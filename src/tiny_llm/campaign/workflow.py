@@ -531,10 +531,14 @@ class WorkflowPlan:
         entry = self.analyses[analysis]
         return {"gpus": int(entry.get("gpus_per_job", 1)), "nodes": int(entry.get("nodes_per_job", 1))}
 
-    def gpus_requested(self, analysis: str) -> int:
-        """GPUs one (state, case) job holds: every rank's, over its nodes."""
+    def job_ranks(self, analysis: str) -> int:
+        """Ranks of one (state, case) job: ``gpus_per_job`` on each of ``nodes_per_job`` nodes."""
         ranks = self.ranks(analysis)
         return ranks["gpus"] * ranks["nodes"]
+
+    def gpus_requested(self, analysis: str) -> int:
+        """GPUs one (state, case) job holds: every rank's, over its nodes (none on a CPU device)."""
+        return 0 if self.analysis_settings[analysis].device == "cpu" else self.job_ranks(analysis)
 
     def spectrum_enabled(self, analysis: str) -> bool:
         return bool(self.analyses[analysis].get("spectrum", {}).get("enabled", False))
@@ -646,7 +650,7 @@ class WorkflowPlan:
                              "cluster.walltime_hours to request an explicit walltime")
         workers = run.training.workers if settings.consensus else 0
         one = cost.estimate_seconds(run, settings, entry["seconds"], workers=workers if workers > 1 else 0)
-        return cost.parallel_seconds(one, self.gpus_requested(analysis))
+        return cost.parallel_seconds(one, self.job_ranks(analysis))
 
     def _explicit_minutes(self, analysis: str) -> tuple[int, int]:
         """``cluster.walltime_hours`` as minutes per state job, split over its group's jobs: each
@@ -691,7 +695,7 @@ class WorkflowPlan:
         work = cost.case_work(run, settings, workers)
         kind = "cpu" if settings.device == "cpu" else self.cluster.get("gpu_kind") or "cuda"
         line = cost.cost_line(analysis, states, self.cases(analysis), work, settings.device,
-                              self.timing_entry(analysis, kind), self.cluster, self.gpus_requested(analysis))
+                              self.timing_entry(analysis, kind), self.cluster, self.job_ranks(analysis))
         memory = self.memory(analysis).describe()
         if settings.memory_budget_gb is None and settings.device != "cpu":
             memory = memory.replace("no budget", "budget: the GPU's free memory at run time, cut to fit")
@@ -714,7 +718,7 @@ class WorkflowPlan:
         except ValueError:
             return None
         count = self._expected_states(analysis, run)[0]
-        gpus = self.gpus_requested(analysis)
+        gpus = self.job_ranks(analysis)
         if self.cluster.get("walltime_hours"):
             return count * float(self.cluster["walltime_hours"]) * gpus
         timing_entry = self.timing_entry(analysis, self.cluster.get("gpu_kind"))

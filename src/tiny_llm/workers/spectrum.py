@@ -148,7 +148,9 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
 
         def gradient(tokens: torch.Tensor) -> torch.Tensor:
             return operator.gradient(tokens, micro_batch_size)
-        g_bar = gradient(torch.cat(tokens_by_batch))
+
+        def epoch_gradient() -> torch.Tensor:
+            return gradient(torch.cat(tokens_by_batch))
     else:
         operator = EpochHessian(model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, engine=engine,
                                 precision=precision, directions_per_pass=settings.directions_per_pass,
@@ -157,7 +159,9 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
 
         def gradient(tokens: torch.Tensor) -> torch.Tensor:
             return batch_gradient(model, flat, tokens, micro_batch_size, precision)
-        g_bar = mean_gradient(model, flat, tokens_by_batch, micro_batch_size, precision)
+
+        def epoch_gradient() -> torch.Tensor:
+            return mean_gradient(model, flat, tokens_by_batch, micro_batch_size, precision)
     basis, reduction = _BASIS[spectrum.lanczos_basis], _BASIS[spectrum.lanczos_reduction]
     device = precision.device
     tolerance = lanczos_tolerance(spectrum, precision.dtype)
@@ -181,6 +185,7 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
     nodes = slq(operator.hvp, flat.D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed,
                 basis_dtype=basis, reduction_dtype=reduction, device=device, layout=layout)
     moments = {f"m{p}": sum(float((w * t**p).sum()) for t, w in nodes) / len(nodes) for p in (1, 2)}
+    g_bar = epoch_gradient()
     noise = [gradient(tokens_by_batch[i]) - g_bar
              for i in noise_batch_indices(len(tokens_by_batch), settings.noise_samples, settings.seed)]
     # Default λ: twice the largest |Ritz value| (a few Lanczos steps can underestimate |λ_min|).
