@@ -28,9 +28,10 @@ demo: $(STAMP)
 seeds-demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake -c1 --configfile config/seeds-demo.yaml --replace-workflow-config
 
-# Two workers, each taking whole test files (a file's tests share its fixtures, in order).
+# Two workers, each taking whole test files (a file's tests share its fixtures, in order), in the
+# order tests/conftest.py collects them: the Slurm tests, which mostly wait, first.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
