@@ -88,11 +88,11 @@ class ShardedHessian:
     def __init__(self, model: nn.Module, tokens: torch.Tensor, *, batch_size: int, precision: Precision,
                  fd_scale: float | None = None, progress: Callable[[str], None] | None = None):
         flat = FlatParameters(model)
-        self.names, self.D = flat.names, flat.D
-        rank, self.ranks = world()
+        self.names, self.D, self._flat = flat.names, flat.D, flat.flatten  # flatten: any tensors, in order
+        self.rank, self.ranks = world()
         self.model = shard_model(model)
         self.precision = precision
-        self.layout = shard_layout(flat.shapes, rank, self.ranks)
+        self.layout = shard_layout(flat.shapes, self.rank, self.ranks)
         self.params = list(self.model.parameters())
         if sum(self._local(p).numel() for p in self.params) != len(self.layout.indices):
             raise RuntimeError("FSDP's shards do not follow Shard(0) row chunks; this layout cannot describe them")
@@ -107,24 +107,18 @@ class ShardedHessian:
     def _local(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
-    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        return torch.cat([t.reshape(-1) for t in tensors])
-
     def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
         sizes = [self._local(p).numel() for p in self.params]
         return [piece.view_as(self._local(p)) for piece, p in zip(flat.split(sizes), self.params)]
 
     def _my_batches(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's micro-batches, padded with an all-ignored one to the longest rank's count."""
-        mine = batches[self._rank()::self.ranks]
+        mine = batches[self.rank::self.ranks]
         rounds = -(-len(batches) // self.ranks)
         if len(mine) < rounds:
             inputs, targets = batches[0]
             mine.append((inputs, torch.full_like(targets, IGNORE_INDEX)))
         return mine
-
-    def _rank(self) -> int:
-        return world()[0]
 
     def _batch_gradient(self, inputs: torch.Tensor, targets: torch.Tensor, n_targets: int) -> torch.Tensor:
         """This rank's shard of the gradient of Σ_ranks (this micro-batch's loss sum) / n_targets."""
