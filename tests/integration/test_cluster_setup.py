@@ -83,10 +83,12 @@ def test_gpu_check_runs_with_the_given_interpreter_as_it_is(tmp_path):
     out = checkout / "benchmarks/out/gpu-check"
     assert result.returncode == 1, result.stderr[-2000:]  # the fake GPU fails its steps: reported, not fatal
     assert "gpu-check: cuda-tests (at most" in result.stderr and not (checkout / ".venv").exists()
-    assert "test_" in (out / "cuda-tests.log").read_text()  # pytest ran with that interpreter
+    log = (out / "cuda-tests.log").read_text()
+    # pytest ran with that interpreter: its progress line (or, given the time, its summary) is there
+    assert re.match(r"[.sFEx]+", log) or "test_" in log, log[-2000:]
     report = (out / "report.md").read_text()
     assert "| cuda-tests | failed" in report and "skipped (no time left)" in report, report
-    assert "No module named 'snakemake'" not in (out / "cuda-tests.log").read_text()
+    assert "No module named 'snakemake'" not in log
 
 
 def test_benchmark_scripts_document_their_options():
