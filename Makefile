@@ -31,7 +31,7 @@ seeds-demo: $(STAMP)
 # Two workers, each taking whole test files (a file's tests share its fixtures, in order), in the
 # order tests/conftest.py collects them: the Slurm tests, which mostly wait, first.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
