@@ -124,7 +124,7 @@ def slurm_job() -> dict[str, Any] | None:
 
     ``attempt`` is the workflow's attempt (Snakemake resubmissions, via ``TINY_LLM_ATTEMPT``);
     ``restarts`` counts Slurm's own requeues of this job; ``requested`` is what the workflow asked
-    for it (walltime minutes, CPUs, memory, GPUs, threads; ``TINY_LLM_REQUESTED``), or None.
+    for it (walltime minutes, CPUs, memory, GPUs, nodes, threads; ``TINY_LLM_REQUESTED``), or None.
     """
     if "SLURM_JOB_ID" not in os.environ:
         return None

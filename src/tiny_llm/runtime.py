@@ -11,8 +11,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["announce_job", "compile_cache_base", "compile_record", "node_local_compile_cache", "remove_shared_compile_cache",
-           "resolve_device"]
+__all__ = ["GROUP_JOB", "announce_job", "compile_cache_base", "compile_record", "devices_of_the_job",
+           "node_local_compile_cache", "remove_shared_compile_cache", "resolve_device"]
+
+GROUP_JOB = "TINY_LLM_GROUP_JOB"
+"""Set (to the Slurm job id) in the Snakemake process that runs a cluster job's rules."""
 
 def resolve_device(name: str) -> "torch.device":
     """``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available) as a torch device.
@@ -41,7 +44,8 @@ def resolve_device(name: str) -> "torch.device":
     return device
 
 
-_REQUESTED = ("runtime", "cpus_per_task", "mem_mb", "gpu", "gpu_model", "slurm_partition", "slurm_account")
+_REQUESTED = ("runtime", "cpus_per_task", "cpus_per_gpu", "mem_mb", "mem_mb_per_cpu", "gpu", "gpu_model", "nodes",
+              "slurm_partition", "slurm_account")
 
 
 def announce_job(resources, threads: int) -> None:
@@ -63,6 +67,38 @@ def compile_cache_base() -> Path:
         if os.environ.get(variable):
             return Path(os.environ[variable])
     return Path("/tmp")
+
+
+@contextlib.contextmanager
+def devices_of_the_job(what: str) -> Iterator[None]:
+    """Inside a cluster job's Snakemake (``TINY_LLM_GROUP_JOB`` set): hold the job's device lock
+    while ``what`` runs. Snakemake starts the cases of a state side by side in their group job,
+    while the job holds the GPUs (and CPUs) for one of them at a time; with the lock they run one
+    after another, as the job was sized. Elsewhere (a local run, an interactive allocation) nothing:
+    there Snakemake's own resources decide what runs at once.
+
+    Example:
+        >>> with devices_of_the_job("a local step"):
+        ...     pass
+    """
+    job = os.environ.get(GROUP_JOB)
+    if not job:
+        yield
+        return
+    import fcntl
+    import sys
+
+    with open(compile_cache_base() / f"tiny-llm-devices-{job}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"{what}: waiting until this job's devices are free (its other case is running)", file=sys.stderr,
+                  flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _terminate(signum, frame):  # noqa: ARG001 - signal handler signature

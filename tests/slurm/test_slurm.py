@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tiny_llm.provenance import source_hash
+from tiny_llm.workers.state import analyze_state, settings_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -152,6 +153,54 @@ def test_workflow_through_slurm_equals_local(cluster, trained, tmp_path):
                            text=True, cwd=slurm,
                            env={**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}", **env})
     assert again.returncode != 0 and "the tiny_llm source code changed" in again.stderr + again.stdout
+
+
+GPU_JOB = ("--set-resource-scopes", "gpu=local", "state_slot=local", "--resources", "gpu=4", "state_slot=1",
+           "--set-resources", *(f"{rule}:{key}={value}" for rule in ("analyze_state", "finish_state")
+                                 for key, value in (("gpu_model", "gh200"), ("cpus_per_task", 0), ("cpus_per_gpu", 1),
+                                                    ("mem_mb_per_cpu", 400))),
+           "analyze_state:gpu=2")
+"""The naiss profile's GPU request for a group job, sized for this node: its scopes and state slot,
+GH200s by type, CPUs and memory per GPU. The analysis runs on CPU, so the workflow itself asks for
+no GPU (gpu=0); the request is imposed, as a GPU analysis would make it."""
+
+
+def test_group_job_holds_its_gpus_and_runs_its_ranks(cluster, trained, tmp_path):
+    """gpus_per_job: 2 through sbatch as profiles/naiss asks for it (--gpus=gh200:2 --cpus-per-gpu):
+    Slurm accepts the request and gives the state's one job two GPUs (fake ones here); both cases
+    run on two torchrun ranks, one after another (Snakemake starts them together inside the job;
+    the second waits for the job's device lock), and the numbers are a one-process local run's."""
+    workdir = _workdir(tmp_path / "gpus", SETTINGS, trained)
+    checkpoint = sorted(p.name for p in (workdir / "runs/tiny").glob("epoch-*.safetensors"))[0]
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    config["analyses"]["tiny"].update(checkpoints=[checkpoint], gpus_per_job=2)
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    done = _run(workdir, "--profile", str(REPO / "profiles/test-slurm"), *GPU_JOB)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    results = {p.stem: json.loads(p.read_text()) for p in (workdir / "results/tiny/states").glob("*/*.json")
+               if p.stem != "done"}
+    assert sorted(results) == ["seen", "unseen"]
+    jobs = {r["slurm"]["job_id"] for r in results.values()}
+    assert len(jobs) == 1  # the state's cases in one job, one after another on its GPUs
+    logs = [p.read_text() for p in (workdir / "logs/analyze_state/tiny").glob("*/*.log")]
+    assert sum("waiting until this job's devices are free" in log for log in logs) == 1, logs
+    for result in results.values():
+        assert result["parallel"] == {"ranks": 2, "backend": "gloo"}
+        assert result["slurm"]["gpus"] == "0,1"  # the two GPUs Slurm gave the job
+        assert {key: result["slurm"]["requested"][key] for key in ("gpu", "gpu_model", "cpus_per_gpu")} \
+            == {"gpu": 2, "gpu_model": "gh200", "cpus_per_gpu": 1}
+    allocated = subprocess.run(["sacct", "-X", "-n", "-P", "-j", jobs.pop(), "-o", "State,AllocTRES"],
+                               capture_output=True, text=True).stdout
+    assert allocated.startswith("COMPLETED|") and "gres/gpu=2" in allocated and "cpu=2" in allocated, allocated
+    os.chdir(workdir)
+    try:
+        for case, result in results.items():  # the same state and case in this process, alone
+            alone = analyze_state("runs/tiny", [a["file"] for a in result["state"]["aliases"]], case,
+                                  settings_from_dict(SETTINGS), tmp_path / f"{case}.json")
+            for key, value in alone["statistics"].items():
+                assert result["statistics"][key] == (None if value is None else pytest.approx(value, rel=1e-10, abs=1e-14)), key
+    finally:
+        os.chdir(REPO)
 
 
 def _queued(name_prefix: str = "tinyllm_") -> list[str]:

@@ -1,11 +1,14 @@
-"""The node-local compile cache: unique per job, removed on exit, failure and SIGTERM."""
+"""The node-local compile cache (unique per job, removed on exit, failure and SIGTERM) and the
+device lock of a cluster job."""
 
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
+from tiny_llm import runtime
 from tiny_llm.runtime import compile_cache_base, compile_record, node_local_compile_cache, remove_shared_compile_cache
 
 
@@ -79,3 +82,29 @@ def test_compile_record_counts_graphs_and_seconds():
     after = compile_record()
     assert after["graphs"] == before["graphs"] + 1 and after["seconds"] > before["seconds"]
     assert set(after) == {"graphs", "seconds", "cache_hits", "cache_misses"}
+
+
+def test_the_cases_in_one_cluster_job_take_its_devices_one_at_a_time(monkeypatch, tmp_path, capsys):
+    """Marked as a cluster job's Snakemake: a second case waits until the first lets go; unmarked
+    (a local run, an interactive allocation), nothing is locked."""
+    monkeypatch.setenv("SLURM_TMPDIR", str(tmp_path))
+    monkeypatch.setenv(runtime.GROUP_JOB, "123")
+    order = []
+
+    def second():
+        with runtime.devices_of_the_job("unseen"):
+            order.append("unseen starts")
+
+    with runtime.devices_of_the_job("seen"):
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join(timeout=1)
+        assert thread.is_alive()  # waiting for the lock
+        order.append("seen ends")
+    thread.join(timeout=10)
+    assert order == ["seen ends", "unseen starts"]
+    assert "unseen: waiting until this job's devices are free" in capsys.readouterr().err
+    assert (tmp_path / "tiny-llm-devices-123.lock").exists()
+    monkeypatch.delenv(runtime.GROUP_JOB)
+    with runtime.devices_of_the_job("seen"), runtime.devices_of_the_job("unseen"):
+        pass  # not held: no wait

@@ -10,10 +10,6 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from tiny_llm.campaign import jobs, slurm_jobs
-from tiny_llm.campaign.slurm_states import (
-    keep_running_jobs_on_interrupt,
-    normalise_plugin_states,
-)
 from tiny_llm.campaign.workflow import (
     AWAITABLE,
     STANDS_IN,
@@ -25,7 +21,7 @@ from tiny_llm.campaign.workflow import (
     unknown_keys,
 )
 from tiny_llm.config import config_to_dict, parse_yaml
-from tiny_llm.provenance import source_hash, use_frozen_source
+from tiny_llm.provenance import source_hash
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.results.record import append_event
 
@@ -52,13 +48,8 @@ SEED_COMPARISONS = PLAN.seed_comparisons
 CLUSTER = PLAN.cluster
 NOT_AWAITED = ".snakemake/tiny-llm/no earlier Slurm job writes this"  # made by no rule
 
-if workflow.is_main_process:
-    # The plugin's view of Slurm states and of Ctrl-C: see tiny_llm.campaign.slurm_states.
-    normalise_plugin_states()
-    keep_running_jobs_on_interrupt(CLUSTER.get("on_interrupt", "keep-running"))
-    # Every job of this run, Slurm jobs starting hours later included, imports this copy of
-    # tiny_llm: editing the checkout meanwhile neither changes nor blocks them.
-    use_frozen_source(".snakemake/tiny-llm-source")
+# The controller: Slurm states, Ctrl-C, the frozen source; a cluster job: its devices one case at a time.
+jobs.set_up_process(workflow, CLUSTER.get("on_interrupt", "keep-running"))
 
 
 wildcard_constraints:

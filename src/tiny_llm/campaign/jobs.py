@@ -20,10 +20,32 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ERROR_PREFIX", "config_keys", "failed_jobs", "job_log", "print_failed_jobs", "refuse", "refusing",
-           "print_cost_lines", "requested_minutes", "uses_devices"]
+           "print_cost_lines", "requested_minutes", "set_up_process", "uses_devices"]
 
 ERROR_PREFIX = "error: "
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
+
+
+def set_up_process(workflow: Any, on_interrupt: str) -> None:
+    """What each Snakemake process of a run sets up first. The controller: the plugin's view of
+    Slurm states and of Ctrl-C (:mod:`tiny_llm.campaign.slurm_states`), and the frozen copy of
+    tiny_llm that every job of the run imports, Slurm jobs starting hours later included (editing
+    the checkout meanwhile neither changes nor blocks them). A process that runs a cluster job's
+    rules: marks them, so that the (state, case) jobs it starts side by side take the job's
+    devices one at a time (:func:`tiny_llm.runtime.devices_of_the_job`)."""
+    import os
+
+    if workflow.is_main_process:
+        from tiny_llm.campaign.slurm_states import keep_running_jobs_on_interrupt, normalise_plugin_states
+        from tiny_llm.provenance import use_frozen_source
+
+        normalise_plugin_states()
+        keep_running_jobs_on_interrupt(on_interrupt)
+        use_frozen_source(".snakemake/tiny-llm-source")
+    elif workflow.remote_exec:
+        from tiny_llm.runtime import GROUP_JOB
+
+        os.environ.setdefault(GROUP_JOB, os.environ.get("SLURM_JOB_ID", str(os.getpid())))
 
 
 def _fields(kind: str) -> set[str]:

@@ -33,7 +33,8 @@ def launch_command(spec: Path, ranks: int, nodes: int = 1) -> list[str]:
         return [*module, "--standalone", "--nproc-per-node", str(ranks), *worker]
     head = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True,
                           text=True, check=True).stdout.split()[0]
-    return ["srun", "--nodes", str(nodes), "--ntasks-per-node", "1", *module, "--nnodes", str(nodes),
+    # --overlap: the job's own step (Snakemake's, on the first node) holds its CPUs and GPUs meanwhile
+    return ["srun", "--overlap", "--nodes", str(nodes), "--ntasks-per-node", "1", *module, "--nnodes", str(nodes),
             "--nproc-per-node", str(ranks), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:{PORT}",
             "--rdzv-id", os.environ.get("SLURM_JOB_ID", "tiny-llm"), *worker]
 
