@@ -17,6 +17,7 @@ __all__ = ["GROUP_JOB", "announce_job", "compile_cache_base", "compile_record", 
 GROUP_JOB = "TINY_LLM_GROUP_JOB"
 """Set (to the Slurm job id) in the Snakemake process that runs a cluster job's rules."""
 
+
 def resolve_device(name: str) -> "torch.device":
     """``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available) as a torch device.
 
@@ -92,8 +93,8 @@ def devices_of_the_job(what: str) -> Iterator[None]:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"{what}: waiting until this job's devices are free (its other case is running)", file=sys.stderr,
-                  flush=True)
+            print(f"{what}: waiting until this job's devices are free (another case or spectrum has them)",
+                  file=sys.stderr, flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
