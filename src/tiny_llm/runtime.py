@@ -1,12 +1,15 @@
-"""The runtime of a job: the device it asked for, and a private, disposable torch.compile cache."""
+"""The runtime of a job: the device it asked for, a cluster job's device lock, and a private, disposable
+torch.compile cache."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +18,7 @@ __all__ = ["GROUP_JOB", "announce_job", "compile_cache_base", "compile_record", 
            "node_local_compile_cache", "remove_shared_compile_cache", "resolve_device"]
 
 GROUP_JOB = "TINY_LLM_GROUP_JOB"
-"""Set (to the Slurm job id) in the Snakemake process that runs a cluster job's rules."""
+"""Set in the Snakemake process that runs a cluster job's rules: the Slurm job id (else its process id)."""
 
 
 def resolve_device(name: str) -> "torch.device":
@@ -86,9 +89,6 @@ def devices_of_the_job(what: str) -> Iterator[None]:
     if not job:
         yield
         return
-    import fcntl
-    import sys
-
     with open(compile_cache_base() / f"tiny-llm-devices-{job}.lock", "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
