@@ -46,6 +46,8 @@ def _prepare_data(args: argparse.Namespace) -> None:
     from tiny_llm.data.corpus import default_capacity, prepare_source_cache
 
     config = _config(args)
+    if args.tokenizer is not None:
+        _check_tokenizer_fits(args)
     # Demo: what this run plus one unseen epoch need; files: every whole group, unless set.
     capacity = default_capacity(config) if args.source == "demo" else config.data.prepare_train_tokens
     out = prepare_source_cache(config.data, args.source, args.inputs, capacity=capacity, out=args.out,
@@ -54,6 +56,29 @@ def _prepare_data(args: argparse.Namespace) -> None:
                                vocab_size=args.vocab_size, tokenizer_description=args.tokenizer_description,
                                keep_order=args.keep_order, tokenizer_dir=args.tokenizer)
     log.info("token cache ready: %s", out)
+
+
+def _check_tokenizer_fits(args: argparse.Namespace) -> None:
+    """A tokenizer whose vocabulary exceeds the model's is refused before anything is encoded: the
+    model.vocab_size the configuration sets, and the config.json of a model directory given as
+    the tokenizer."""
+    from tiny_llm.data.corpus import read_tokenizer
+    from tiny_llm.model.hf import read_json_object
+
+    _, record = read_tokenizer(args.tokenizer)
+    data = apply_overrides(load_config_dict(args.config) if args.config else {}, args.set)
+    limits = []
+    if isinstance(data.get("model"), dict) and "vocab_size" in data["model"]:
+        limits.append((data["model"]["vocab_size"], f"model.vocab_size of {args.config or '--set'}"))
+    if (Path(args.tokenizer) / "config.json").is_file():
+        hf = read_json_object(Path(args.tokenizer) / "config.json")
+        if isinstance(hf.get("vocab_size"), int):
+            limits.append((hf["vocab_size"], f"vocab_size of {Path(args.tokenizer) / 'config.json'}"))
+    for limit, where in limits:
+        if record["vocab_size"] > limit:
+            raise ValueError(f"--tokenizer {args.tokenizer}: its vocabulary ({record['vocab_size']} tokens) exceeds the "
+                             f"{where} ({limit}); the model could not read its ids. Use the model's own tokenizer or "
+                             "raise vocab_size")
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -67,13 +92,14 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _import_hf(args: argparse.Namespace) -> None:
-    from tiny_llm.model.hf import import_run
+    from tiny_llm.model.hf_runs import import_run
 
-    print(import_run(args.directories, args.run_dir, _config(args), steps=args.step, tokens=args.tokens))
+    print(import_run(args.directories, args.run_dir, _config(args), steps=args.step, tokens=args.tokens,
+                     tokens_per_step=args.tokens_per_step))
 
 
 def _export_hf(args: argparse.Namespace) -> None:
-    from tiny_llm.model.hf import export_run
+    from tiny_llm.model.hf_runs import export_run
 
     print(export_run(args.run, args.checkpoint, args.out))
 
@@ -110,7 +136,7 @@ def _summarize(args: argparse.Namespace) -> None:
 def _plot_analysis(args: argparse.Namespace) -> None:
     from tiny_llm.results.figures import plot_analysis
 
-    for path in plot_analysis(args.output, training_norms=args.training_norms):
+    for path in plot_analysis(args.output, training_norms=args.training_norms, x_axis=args.x_axis):
         print(path)
 
 
@@ -141,8 +167,9 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
     an.add_argument("--no-tf32", action="store_true", help="IEEE float32 matmuls on CUDA")
     an.add_argument("--amp", action="store_true", help="bf16 autocast in the forward (requires float32)")
     an.add_argument("--no-consensus", action="store_true", help="packed runs: skip consensus errors")
-    an.add_argument("--audit", choices=["auto", "on", "off"], default="auto",
-                    help="precision audit in float64 (auto: unless the analysis runs in float64 without --amp)")
+    an.add_argument("--audit", choices=["auto", "on", "off", "true", "false"], default="auto",
+                    help="precision audit in float64: on (true), off (false) or auto (on unless the analysis runs in "
+                    "float64 without --amp)")
     an.add_argument("--audit-directions", type=int, default=AUDIT_DEFAULTS["audit_directions"],
                     help="audited noise and random directions (each; ḡ is always audited)")
     an.add_argument("--audit-batches", type=int, default=AUDIT_DEFAULTS["audit_batches"],
@@ -161,7 +188,7 @@ def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
         hvp_batch_size=args.hvp_batch_size, directions_per_pass=args.directions_per_pass, engine=args.engine,
         compile_hvp=not args.no_compile_hvp, device=args.device, dtype=args.dtype, tf32=not args.no_tf32,
         amp=args.amp, consensus=not args.no_consensus,
-        audit={"auto": "auto", "on": True, "off": False}[args.audit], audit_directions=args.audit_directions,
+        audit={"auto": "auto", "on": True, "true": True, "off": False, "false": False}[args.audit], audit_directions=args.audit_directions,
         audit_batches=args.audit_batches, data_offset=args.data_offset, memory_budget_gb=args.memory_budget_gb)
 
 
@@ -277,6 +304,8 @@ def _parser() -> argparse.ArgumentParser:
                         "manifest.json, without computing anything.")
     pl.add_argument("--output", required=True, type=Path, help="analysis directory (holds summary.csv)")
     pl.add_argument("--training-norms", action="store_true", help="add the logged pre-clipping training norms")
+    pl.add_argument("--x-axis", choices=["auto", "tokens", "step"], default="auto",
+                    help="training tokens or steps on the x-axis (auto: tokens when every checkpoint's are known)")
     pl.set_defaults(func=_plot_analysis)
 
     ih = sub.add_parser("import-hf", formatter_class=_HelpFormatter,
@@ -284,7 +313,9 @@ def _parser() -> argparse.ArgumentParser:
                         description="Read local Hugging Face causal-LM directories (config.json and safetensors "
                         "weights; no download), the checkpoints of one model, into a new run directory: "
                         "resolved.yaml (model from config.json, data and training from --config), "
-                        "epoch-000.safetensors, epoch-001.safetensors, ... in the order given, and imported.json. "
+                        "epoch-000.safetensors, epoch-001.safetensors, ... in the order given (oldest first; each "
+                        "records its source directory, step and tokens), the tokenizer they carry and imported.json; "
+                        "written whole or not at all. "
                         "LlamaForCausalLM and GPT2LMHeadModel become this project's models (every engine); a "
                         "configuration they cannot represent is refused by name. Any other architecture keeps "
                         "its weights and config.json (hf-config.json) and is measured through an adapter with the "
@@ -294,9 +325,13 @@ def _parser() -> argparse.ArgumentParser:
     ih.add_argument("--run-dir", required=True, type=Path, help="new run directory, e.g. runs/imported")
     add_config(ih)
     ih.add_argument("--step", type=int, nargs="+", help="training step of each directory's weights (recorded; "
-                    "default: a Trainer's trainer_state.json global_step there, else 0)")
+                    "default: a Trainer's trainer_state.json global_step there; one directory without either: 0, "
+                    "recorded as unknown); steps must increase in the order given")
     ih.add_argument("--tokens", type=int, nargs="+", help="training tokens of each directory's weights (recorded; "
-                    "default 0)")
+                    "the figures' x-axis; default: trainer_state.json num_input_tokens_seen, else step x "
+                    "--tokens-per-step, else unknown (a warning; the figures then use steps)")
+    ih.add_argument("--tokens-per-step", type=int, help="training tokens per optimizer step (batch size x sequence "
+                    "length x gradient accumulation x devices), for tokens derived from the step")
     ih.set_defaults(func=_import_hf)
 
     eh = sub.add_parser("export-hf", formatter_class=_HelpFormatter,

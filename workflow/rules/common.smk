@@ -55,7 +55,7 @@ jobs.set_up_process(workflow, CLUSTER.get("on_interrupt", "keep-running"))
 wildcard_constraints:
     run="|".join(PLAN.run_configs) or "NONE",
     imported="|".join(PLAN.imported_runs) or "NONE",
-    cache="|".join(PLAN.run_of_cache) or "NONE",
+    cache="|".join(PLAN.caches) or "NONE",
     analysis="|".join(ANALYSES) or "NONE",
     experiment="|".join(SEED_EXPERIMENTS) or "NONE",
     comparison="|".join(SEED_COMPARISONS) or "NONE",

@@ -17,6 +17,7 @@ rule plot:
         "../../envs/tiny-llm.yaml"
     params:
         training_norms=lookup(dpath="training_norms", within=PLOTS, default=False),
+        x_axis=lookup(dpath="x_axis", within=PLOTS, default="auto"),
     script:
         "../scripts/plot.py"
 
@@ -34,5 +35,7 @@ rule plot_audit:
     localrule: True
     conda:
         "../../envs/tiny-llm.yaml"
+    params:
+        x_axis=lookup(dpath="x_axis", within=PLOTS, default="auto"),
     script:
         "../scripts/plot.py"

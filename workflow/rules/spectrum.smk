@@ -60,5 +60,7 @@ rule plot_spectrum:
     localrule: True
     conda:
         "../../envs/tiny-llm.yaml"
+    params:
+        x_axis=lookup(dpath="x_axis", within=PLOTS, default="auto"),
     script:
         "../scripts/plot_spectrum.py"

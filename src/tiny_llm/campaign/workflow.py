@@ -36,7 +36,7 @@ from tiny_llm.config import (
     load_config_dict,
     parse_yaml,
 )
-from tiny_llm.data.corpus import default_capacity
+from tiny_llm.data.corpus import default_capacity, describe_tokenizer, same_tokenizer
 from tiny_llm.data.tokens import capacity_blocks
 from tiny_llm.geometry.experiment import (as_analysis_settings, geometry_settings_from_dict, measurement_seconds,
                                          measurement_work)
@@ -45,6 +45,7 @@ from tiny_llm.training.loop import epoch_file
 from tiny_llm.workers.index import check_selection
 from tiny_llm.curvature.memory import GiB, MemoryPlan
 from tiny_llm.model.hf import IMPORTED, imported_config
+from tiny_llm.model.hf_runs import checkpoint_positions, checkpoint_tokenizer
 from tiny_llm.workers.state import (AnalysisSettings, check_output_binding, memory_plan, output_binding,
                                     settings_from_dict, settings_record)
 
@@ -307,6 +308,11 @@ class WorkflowPlan:
         self.run_of_cache: dict[str, str] = {}
         for name, cache in self.cache_of_run.items():
             self.run_of_cache.setdefault(cache, name)
+        self.analysis_caches: dict[str, str] = {}
+        """Caches the workflow prepares for hf_checkpoints analyses (``cache_inputs``) -> the analysis."""
+        for name, planned in self.imports.items():
+            if self.analyses[name].get("cache_inputs"):
+                self.analysis_caches[self._analysis_cache(name, planned)] = name
         experiment_of = {run: name for name, runs in self.experiment_runs.items() for run in runs}
         for name, run in self.run_configs.items():
             analysed = any(self.trained_here(a) == name and "unseen" in self.cases(a) for a in self.analyses)
@@ -340,18 +346,65 @@ class WorkflowPlan:
             raise ValueError(f"analyses.{name}.config: hf_checkpoints need a run configuration (its data section "
                              "names the prepared cache; training.batch_size, micro_batch_size, tokens and epochs "
                              "cut the offset epoch)")
+        checkpoints = entry["hf_checkpoints"]
         try:
-            return imported_config([c["path"] for c in entry["hf_checkpoints"]],
-                                   load_run_config({"config": entry["config"], "set": entry.get("set", {})}))
+            paths = [Path(c["path"]) for c in checkpoints]
+            planned = imported_config(paths, load_run_config({"config": entry["config"], "set": entry.get("set", {})}))
+            checkpoint_positions(paths, [c.get("step") for c in checkpoints], [c.get("tokens") for c in checkpoints],
+                                 entry.get("tokens_per_step"))
+            carried = checkpoint_tokenizer(paths, planned.model.vocab_size)
         except ValueError as error:
             raise ValueError(f"analyses.{name}.hf_checkpoints: {error}") from None
+        self._check_cache_tokenizer(name, planned, carried)
+        return planned
+
+    def _analysis_cache(self, name: str, planned: RunConfig) -> str:
+        """The cache an hf_checkpoints analysis with ``cache_inputs`` has the workflow prepare: its
+        data.cache, cache/<name> of no trained run."""
+        cache = Path(planned.data.cache)
+        if cache.parent != Path("cache"):
+            raise ValueError(f"analyses.{name}.config: with cache_inputs the workflow prepares data.cache, which must "
+                             f"be cache/<name>, got {cache}")
+        if cache.name in self.run_of_cache:
+            raise ValueError(f"analyses.{name}.config: data.cache {cache} is prepared for train_runs."
+                             f"{self.run_of_cache[cache.name]}; name another cache/<name>")
+        if cache.name in self.analysis_caches:
+            raise ValueError(f"analyses.{name}.config: data.cache {cache} is prepared for analyses."
+                             f"{self.analysis_caches[cache.name]} too; name another cache/<name>")
+        return cache.name
+
+    def _analysis_tokenizer(self, name: str) -> str | None:
+        """The tokenizer an hf_checkpoints analysis's cache is encoded with: ``cache_tokenizer``, by
+        default the first checkpoint directory's own (when it has a tokenizer.json), else bytes."""
+        entry = self.analyses[name]
+        if entry.get("cache_tokenizer"):
+            return entry["cache_tokenizer"]
+        first = Path(entry["hf_checkpoints"][0]["path"])
+        return str(first) if (first / "tokenizer.json").exists() else None
+
+    @staticmethod
+    def _check_cache_tokenizer(name: str, planned: RunConfig, carried: dict[str, Any] | None) -> None:
+        """A prepared cache encoded with another tokenizer than the checkpoints carry is refused at
+        start-up (the analysis would refuse it too, after the import)."""
+        meta = Path(planned.data.cache) / "meta.json"
+        if carried is None or not meta.exists():
+            return
+        try:
+            recorded = json.loads(meta.read_text()).get("tokenizer")
+        except (OSError, ValueError, AttributeError):
+            return  # the analysis reads the cache and says what is wrong with it
+        if not same_tokenizer(carried, recorded):
+            raise ValueError(f"analyses.{name}.config: the checkpoints carry {describe_tokenizer(carried)}, but "
+                             f"data.cache {planned.data.cache} was encoded with {describe_tokenizer(recorded)}; "
+                             f"prepare a cache with theirs (tiny-llm prepare-data --source text --tokenizer "
+                             f"{carried['path']} ...) and name it in data.cache")
 
     def import_spec(self, run: str) -> dict[str, Any]:
         """What the import of runs/``run`` (an analysis's hf_checkpoints) writes (a change imports again)."""
         entry = self.analyses[self.importing(run)]
         checkpoints = entry["hf_checkpoints"]
-        return {"directories": [c["path"] for c in checkpoints], "steps": [c.get("step", 0) for c in checkpoints],
-                "tokens": [c.get("tokens", 0) for c in checkpoints],
+        return {"directories": [c["path"] for c in checkpoints], "steps": [c.get("step") for c in checkpoints],
+                "tokens": [c.get("tokens") for c in checkpoints], "tokens_per_step": entry.get("tokens_per_step"),
                 "config": config_to_dict(load_run_config({"config": entry["config"], "set": entry.get("set", {})}))}
 
     def _expected_states(self, analysis: str, run: RunConfig) -> tuple[int, str]:
@@ -367,7 +420,10 @@ class WorkflowPlan:
         return next(a for a in self.imports if Path(self.analyses[a]["run"]).name == run)
 
     def import_inputs(self, run: str) -> list[str]:
-        return [str(Path(c["path"]) / "config.json") for c in self.analyses[self.importing(run)]["hf_checkpoints"]]
+        """The checkpoints' config.json files, and the cache receipt when the workflow prepares it."""
+        analysis = self.importing(run)
+        cache = [f"cache/{c}.prepared.json" for c, a in self.analysis_caches.items() if a == analysis]
+        return [str(Path(c["path"]) / "config.json") for c in self.analyses[analysis]["hf_checkpoints"]] + cache
 
     @property
     def imported_runs(self) -> list[str]:
@@ -463,6 +519,14 @@ class WorkflowPlan:
 
     def cache_spec(self, cache: str) -> dict[str, Any]:
         """Everything that determines a cache's contents (a change reruns prepare_data)."""
+        if cache in self.analysis_caches:
+            analysis = self.analysis_caches[cache]
+            entry, tokenizer = self.analyses[analysis], self._analysis_tokenizer(analysis)
+            return {"cache_source": entry.get("cache_source", "text"), "cache_inputs": entry["cache_inputs"],
+                    "shard_tokens": entry.get("shard_tokens", 1 << 20),
+                    "data": config_to_dict(self.imports[analysis].data),
+                    "keep_order": entry.get("cache_order", "shuffle") == "keep", "capacity": None,
+                    **({"tokenizer": tokenizer} if tokenizer else {})}
         name = self.run_of_cache[cache]
         entry, run = self.train_runs[name], self.run_configs[name]
         source = entry.get("cache_source", "demo")
@@ -477,7 +541,14 @@ class WorkflowPlan:
         return f"cache/{self.cache_of_run[run]}.prepared.json"
 
     def cache_inputs(self, cache: str) -> list[str]:
+        if cache in self.analysis_caches:
+            return list(self.analyses[self.analysis_caches[cache]]["cache_inputs"])
         return self.train_runs[self.run_of_cache[cache]].get("cache_inputs", [])
+
+    @property
+    def caches(self) -> list[str]:
+        """Every cache the workflow prepares: the trained runs' and the hf_checkpoints analyses'."""
+        return [*self.run_of_cache, *self.analysis_caches]
 
     # --- analyses ---------------------------------------------------------------------------
 

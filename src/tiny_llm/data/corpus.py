@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,9 @@ from tiny_llm.config import DataConfig, RunConfig
 from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks, prepare_cache
 from tiny_llm.io import local_directory, sha256_file
 
-__all__ = ["BYTE_TOKENIZER", "DEMO_GENERATOR_VERSION", "default_capacity", "demo_corpus", "prepare_source_cache",
-           "read_text_files", "read_token_files", "read_tokenizer"]
+__all__ = ["BYTE_TOKENIZER", "DEMO_GENERATOR_VERSION", "TOKENIZER_FILES", "byte_tokenizer", "default_capacity",
+           "demo_corpus", "describe_tokenizer", "prepare_source_cache", "read_text_files", "read_token_files",
+           "read_tokenizer", "same_tokenizer", "tokenizer_files", "write_hf_tokenizer"]
 
 BYTE_TOKENIZER = {"type": "byte", "vocab_size": 256, "description": "UTF-8 bytes; token id = byte value"}
 DEMO_GENERATOR_VERSION = 1
@@ -67,14 +69,27 @@ def demo_corpus(n_tokens: int, seed: int) -> np.ndarray:
     return np.frombuffer("".join(parts).encode("ascii")[:n_tokens], dtype=np.uint8).copy()
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "chat_template.jinja")
+"""The files of a Hugging Face tokenizer (what ``save_pretrained`` writes); a model directory's
+other files (weights, optimizer state) are not the tokenizer's."""
+
+
+def tokenizer_files(directory: str | Path) -> dict[str, str]:
+    """The sha256 of each tokenizer file in a directory (:data:`TOKENIZER_FILES` present there)."""
+    path = Path(directory)
+    return {name: sha256_file(path / name) for name in TOKENIZER_FILES if (path / name).is_file()}
+
+
 def read_tokenizer(directory: str | Path) -> tuple[Any, dict]:
     """A Hugging Face tokenizer from a local directory's ``tokenizer.json`` (what every fast
     tokenizer's ``save_pretrained`` writes), and its record for meta.json: type, name, vocabulary
-    size (added tokens included) and the sha256 of the directory's files.
+    size (added tokens included) and the sha256 of its tokenizer files (not of the directory's
+    other files).
 
     Raises:
-        ValueError: not a local directory (a hub id is refused with how to fetch it), or no
-            tokenizer.json.
+        ValueError: not a local directory (a hub id is refused with how to fetch it), no
+            tokenizer.json, or one that tokenizers cannot read (corrupt, truncated).
     """
     from tokenizers import Tokenizer  # noqa: PLC0415 - only for --tokenizer (it comes with transformers)
 
@@ -82,12 +97,93 @@ def read_tokenizer(directory: str | Path) -> tuple[Any, dict]:
     if not (path / "tokenizer.json").exists():
         raise ValueError(f"tokenizer {path} has no tokenizer.json; save a fast tokenizer there "
                          "(AutoTokenizer.from_pretrained(...).save_pretrained(DIR), or tokenizers' Tokenizer.save)")
-    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-    files = {p.name: sha256_file(p) for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")}
+    try:
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception as error:  # tokenizers raises its own Exception for any unreadable file
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"{path / 'tokenizer.json'} cannot be read as a tokenizer ({first[:200]}); is it truncated? "
+                         "save the tokenizer again") from None
     return tokenizer, {"type": "huggingface", "name": path.name, "path": str(path.resolve()),
-                       "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True), "files": files,
+                       "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True), "files": tokenizer_files(path),
                        "description": "tokenizer.json of a Hugging Face tokenizer; each file encoded whole, "
                                       "no special tokens added"}
+
+
+def same_tokenizer(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two tokenizer records (a cache's meta.json, an imported run's) encode alike: both
+    bytes, or Hugging Face tokenizers with the same tokenizer.json."""
+    if not a or not b or a.get("type") != b.get("type"):
+        return False
+    if a["type"] == "huggingface":
+        return a.get("files", {}).get("tokenizer.json") == b.get("files", {}).get("tokenizer.json") is not None
+    return a["type"] == "byte"
+
+
+def describe_tokenizer(record: dict[str, Any] | None) -> str:
+    """A tokenizer record in a few words, for errors."""
+    if not record:
+        return "an unknown tokenizer"
+    if record.get("type") == "huggingface":
+        digest = record.get("files", {}).get("tokenizer.json", "?")[:12]
+        return f"the tokenizer {record.get('path', record.get('name'))} (tokenizer.json sha256 {digest}...)"
+    return {"byte": "bytes (UTF-8, id = byte value)"}.get(record.get("type"), f"{record.get('type')} tokens")
+
+
+def byte_tokenizer() -> Any:
+    """A ``tokenizers`` tokenizer whose ids are the UTF-8 byte values (this project's byte-level
+    encoding): byte-level pre-tokenisation, a vocabulary of the 256 byte symbols, no merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
+
+    symbols = pre_tokenizers.ByteLevel.alphabet()
+    table = _bytes_to_unicode()
+    vocab = {table[b]: b for b in range(256)}
+    assert set(vocab) == set(symbols)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte (what byte-level pre-tokenisation maps bytes to)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def write_hf_tokenizer(directory: Path, record: dict[str, Any] | None, vocab_size: int) -> bool:
+    """Write the tokenizer a record describes into a Hugging Face model directory (its
+    tokenizer files, or a byte-level tokenizer for bytes) so that ``AutoTokenizer`` opens it;
+    False when the record names none that can be written (external token ids, a tokenizer
+    directory that is gone)."""
+    import shutil
+
+    directory = Path(directory)
+    if record and record.get("type") == "huggingface":
+        source = Path(record.get("path", ""))
+        files = [name for name in record.get("files", {}) if (source / name).is_file()]
+        if "tokenizer.json" not in files:
+            return False
+        for name in files:
+            shutil.copyfile(source / name, directory / name)
+        if "tokenizer_config.json" not in files:
+            (directory / "tokenizer_config.json").write_text(json.dumps(
+                {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1_000_000}, indent=2) + "\n")
+        return True
+    if record and record.get("type") == "byte":
+        byte_tokenizer().save(str(directory / "tokenizer.json"))
+        (directory / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1_000_000, "clean_up_tokenization_spaces":
+             False, "description": "UTF-8 bytes; token id = byte value"}, indent=2) + "\n")
+        return True
+    return False
 
 
 def read_text_files(paths: list[Path], tokenizer: Any = None) -> tuple[list[np.ndarray], list[dict]]:

@@ -36,12 +36,13 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from tiny_llm.config import ModelConfig, RunConfig, config_from_dict, config_to_dict, dump_config, load_config
-from tiny_llm.io import atomic_directory, atomic_write_json, atomic_write_text, local_directory, sha256_file
+from tiny_llm.config import ModelConfig, RunConfig, config_from_dict, config_to_dict
+from tiny_llm.io import atomic_directory, local_directory
 
-__all__ = ["FORMATS", "GPT2_LAYER_KEYS", "GPT2_MODEL_KEYS", "IMPORTED", "imported_config", "LLAMA_LAYER_KEYS", "LLAMA_MODEL_KEYS",
-           "export_run", "from_hf_state", "import_run", "model_config_from_hf", "model_config_to_hf", "read_hf",
-           "to_hf_state", "write_hf"]
+__all__ = ["FORMATS", "GPT2_LAYER_KEYS", "GPT2_MODEL_KEYS", "HF_CONFIG", "IMPORTED", "LLAMA_LAYER_KEYS",
+           "LLAMA_MODEL_KEYS", "adapter_config", "from_hf_state", "imported_config", "model_config_from_hf",
+           "model_config_to_hf", "read_hf", "read_json_object", "read_weights", "to_hf_state", "write_hf",
+           "write_hf_files"]
 
 IMPORTED = "imported.json"
 """Marks a run directory made by ``import_run``: training refuses it (it would overwrite the weights)."""
@@ -230,7 +231,13 @@ def model_config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         raise _refusal(source)("model_type", model_type, f"only {' and '.join(FORMATS)} convert to this project's "
                                "models; tiny-llm import-hf brings any other causal LM in as it is, measured through "
                                "the adapter with the HVP engines")
-    return FORMATS[model_type].config_from(data, source)
+    try:
+        return FORMATS[model_type].config_from(data, source)
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{source}: key {error} is missing or malformed; not a complete {model_type} "
+                         "config.json (save the model again)") from None
+    except ValueError as error:
+        raise ValueError(str(error) if str(error).startswith(source) else f"{source}: {error}") from None
 
 
 def model_config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
@@ -240,19 +247,39 @@ def model_config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict[str, Any
             "tie_word_embeddings": config.tie_embeddings, "torch_dtype": str(dtype).removeprefix("torch.")}
 
 
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file that must hold an object.
+
+    Raises:
+        ValueError: naming the file: unreadable, not JSON (truncated, say) or not an object.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} cannot be read ({error})") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); is it truncated? save it again") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not an object; save it again")
+    return data
+
+
 def _read_config(directory: str | Path) -> tuple[Path, dict[str, Any]]:
     """A local Hugging Face model directory and its config.json."""
     path = local_directory(directory)
     if not (path / "config.json").exists():
         raise ValueError(f"{path} has no config.json; give a Hugging Face model directory")
-    return path, json.loads((path / "config.json").read_text())
+    return path, read_json_object(path / "config.json")
 
 
 def _weight_files(path: Path) -> list[str]:
     """A Hugging Face model directory's safetensors files (pickled weights are refused)."""
     index = path / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index} has no weight_map; save the model again")
+        files = sorted(set(weight_map.values()))
     elif (path / "model.safetensors").exists():
         files = ["model.safetensors"]
     elif any(path.glob("*.bin")):
@@ -263,11 +290,20 @@ def _weight_files(path: Path) -> list[str]:
     return files
 
 
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """A Hugging Face model directory's weights (safetensors only), as saved."""
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A Hugging Face model directory's weights (safetensors only), as saved.
+
+    Raises:
+        ValueError: pickled weights only, or a missing, truncated or corrupt safetensors file, named.
+    """
+    from safetensors import SafetensorError
+
     hf_state: dict[str, torch.Tensor] = {}
     for file in _weight_files(path):
-        hf_state.update(load_file(path / file))
+        try:
+            hf_state.update(load_file(path / file))
+        except (SafetensorError, OSError, ValueError) as error:
+            raise ValueError(f"{path / file} is truncated or corrupt ({error}); save or download it again") from None
     return hf_state
 
 
@@ -280,7 +316,7 @@ def read_hf(directory: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
     """
     path, data = _read_config(directory)
     config = model_config_from_hf(data, str(path / "config.json"))
-    return config, from_hf_state(_read_weights(path), config, str(path))
+    return config, from_hf_state(read_weights(path), config, str(path))
 
 
 HF_CONFIG = "hf-config.json"
@@ -303,20 +339,6 @@ def adapter_config(data: dict[str, Any], hf_config: Path) -> ModelConfig:
                        tie_embeddings=bool(data.get("tie_word_embeddings", True)))
 
 
-def _adapter_state(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]:
-    """The weights of a local directory under the adapter's keys (its module ``model.``), read by
-    ``transformers`` itself (safetensors, local files only), so that the renames and conversions
-    it applies to saved names (``embed_out`` to ``lm_head``, say) are the ones it computes with;
-    tied tensors once, in the file's dtype."""
-    import transformers  # noqa: PLC0415 - only for models of other architectures
-
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
-                                                               dtype="auto")
-    shared = model.shared_keys()
-    return {f"model.{key}": tensor.detach().clone() for key, tensor in loaded.state_dict().items()
-            if f"model.{key}" not in shared}
-
-
 def write_hf(out: str | Path, config: ModelConfig, state: dict[str, torch.Tensor]) -> Path:
     """Write a Hugging Face directory (config.json, model.safetensors) for ``config``'s
     architecture atomically: a
@@ -329,20 +351,16 @@ def write_hf(out: str | Path, config: ModelConfig, state: dict[str, torch.Tensor
     if out.exists():
         raise ValueError(f"{out} exists; choose a new directory (nothing is overwritten)")
     with atomic_directory(out) as tmp:
-        tensors = {k: t.detach().to("cpu").contiguous() for k, t in to_hf_state(state, config).items()}
-        dtype = next(iter(tensors.values())).dtype
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(model_config_to_hf(config, dtype), indent=2) + "\n")
+        write_hf_files(tmp, config, state)
     return out
 
 
-def _trainer_step(path: Path) -> int:
-    """The step a Hugging Face Trainer recorded beside its checkpoint (trainer_state.json's
-    global_step), else 0."""
-    try:
-        return int(json.loads((path / "trainer_state.json").read_text())["global_step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
+def write_hf_files(directory: Path, config: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+    """config.json and model.safetensors of ``config``'s architecture into an existing ``directory``."""
+    tensors = {k: t.detach().to("cpu").contiguous() for k, t in to_hf_state(state, config).items()}
+    dtype = next(iter(tensors.values())).dtype
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(model_config_to_hf(config, dtype), indent=2) + "\n")
 
 
 def imported_config(directories: list[str | Path], config: RunConfig) -> RunConfig:
@@ -365,88 +383,12 @@ def imported_config(directories: list[str | Path], config: RunConfig) -> RunConf
             raise ValueError(f"{path / 'config.json'} differs from {paths[0] / 'config.json'}; import the checkpoints "
                              "of one model configuration into one run directory")
     data = read[0][1]
-    model = (model_config_from_hf(data, str(paths[0] / "config.json")) if data.get("model_type") in FORMATS
-             else adapter_config(data, paths[0] / "config.json"))
+    if data.get("model_type") in FORMATS:
+        model = model_config_from_hf(data, str(paths[0] / "config.json"))
+    else:
+        try:
+            model = adapter_config(data, paths[0] / "config.json")
+        except (TypeError, ValueError) as error:
+            raise ValueError(str(error) if str(paths[0]) in str(error) else f"{paths[0] / 'config.json'}: {error}") \
+                from None
     return config_from_dict({**config_to_dict(config), "model": config_to_dict(model)})
-
-
-def import_run(directories: list[str | Path], run_dir: str | Path, config: RunConfig,
-               steps: list[int] | None = None, tokens: list[int] | None = None) -> Path:
-    """Make a run directory from local Hugging Face checkpoint directories of one model (the
-    revisions of a training suite, or just one): ``resolved.yaml`` (the model section from their
-    config.json, data and training from ``config``), each checkpoint's weights as
-    ``epoch-NNN.safetensors`` in the order given (metadata: its step, given or read from a
-    Trainer's trainer_state.json, and tokens) and
-    ``imported.json``. Llama and GPT-2 become our models (every engine); another architecture
-    keeps its own weights and config.json (``hf-config.json``) for the adapter (HVP engines).
-
-    Raises:
-        ValueError: anything :func:`read_hf` refuses, checkpoints of different configurations,
-            steps or tokens not one per directory, or ``run_dir`` exists and is not empty.
-    """
-    from tiny_llm.model.adapter import HFCausalLM
-    from tiny_llm.model.checkpoint import check_state_dict, save_weights
-
-    run_dir, paths = Path(run_dir), [Path(d) for d in directories]
-    steps, tokens = steps or [_trainer_step(path) for path in paths], tokens or [0] * len(paths)
-    if not paths or len(steps) != len(paths) or len(tokens) != len(paths):
-        raise ValueError(f"give one step and one token count per checkpoint directory ({len(paths)} directories, "
-                         f"{len(steps)} steps, {len(tokens)} token counts)")
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ValueError(f"{run_dir} exists and is not empty; import into a new run directory")
-    planned = imported_config(paths, config)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        if planned.model.architecture != "hf":
-            model_config = planned.model
-            states = [from_hf_state(_read_weights(path), model_config, str(path)) for path in paths]
-        else:
-            atomic_write_text(run_dir / HF_CONFIG, (paths[0] / "config.json").read_text())
-            model_config = adapter_config(json.loads((paths[0] / "config.json").read_text()), run_dir / HF_CONFIG)
-            model = HFCausalLM(model_config)
-            for path in paths:
-                _weight_files(path)  # safetensors only, refused by name otherwise
-            states = [_adapter_state(model, path) for path in paths]
-            for path, state in zip(paths, states):
-                check_state_dict(model, state, str(path))
-        resolved = config_from_dict({**config_to_dict(config), "model": config_to_dict(model_config)})
-        for index, (state, step, count) in enumerate(zip(states, steps, tokens)):
-            save_weights(run_dir / f"epoch-{index:03d}.safetensors", state, {"step": step, "tokens": count, "epoch": 0})
-        atomic_write_text(run_dir / "resolved.yaml", dump_config(resolved))
-    except BaseException:
-        for file in run_dir.iterdir():  # nothing half-made is left: the run directory was empty
-            file.unlink()
-        raise
-    checkpoints = []
-    for index, (path, step, count) in enumerate(zip(paths, steps, tokens)):
-        files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors"))
-        checkpoints.append({"checkpoint": f"epoch-{index:03d}.safetensors", "source": str(path.resolve()),
-                            "step": step, "tokens": count, "files": {p.name: sha256_file(p) for p in files}})
-    atomic_write_json(run_dir / IMPORTED, {"architecture": model_config.architecture, "checkpoints": checkpoints})
-    return run_dir
-
-
-def export_run(run_dir: str | Path, checkpoint: str, out: str | Path) -> Path:
-    """Write a run's checkpoint (``epoch-NNN.safetensors`` or ``final.pt``) as a
-    Hugging Face directory of its architecture, in the checkpoint's dtype.
-
-    Raises:
-        ValueError: an unreadable or mismatched checkpoint, or ``out`` exists.
-    """
-    from tiny_llm.model.checkpoint import check_state_dict, load_weights
-    from tiny_llm.model.architectures import build_model
-
-    run_dir = Path(run_dir)
-    config = load_config(run_dir / "resolved.yaml")
-    state, _ = load_weights(run_dir / checkpoint)
-    check_state_dict(build_model(config.model), state, str(run_dir / checkpoint))
-    if config.model.architecture != "hf":
-        return write_hf(out, config.model, state)
-    out = Path(out)  # another architecture: its own config.json and tensor names, as imported
-    if out.exists():
-        raise ValueError(f"{out} exists; choose a new directory (nothing is overwritten)")
-    with atomic_directory(out) as tmp:
-        save_file({k.removeprefix("model."): t.contiguous() for k, t in state.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
-        (tmp / "config.json").write_text(Path(config.model.hf_config).read_text())
-    return out

@@ -30,7 +30,7 @@ GAUSS_NEWTON = ["noise_gauss_newton", "random_gauss_newton", "grad_gauss_newton"
 """The Gauss–Newton parts of noise_curvature, random_curvature and grad_curvature (form engines)."""
 CONSENSUS_COLUMNS = ["consensus_mean_curvature", "consensus_normalized_alignment", "consensus_mean_norm"]
 ERROR_COLUMNS = [f"{name}_se" for name in STANDARD_ERRORS]
-SUMMARY_COLUMNS = ["file", "state_key", "case", "step", "tokens", "loss", *STATISTICS, *GAUSS_NEWTON, *ERROR_COLUMNS,
+SUMMARY_COLUMNS = ["file", "state_key", "case", "step", "tokens", "source", "loss", *STATISTICS, *GAUSS_NEWTON, *ERROR_COLUMNS,
                    "audit_statistic_error", "audit_max_relative_error", *CONSENSUS_COLUMNS]
 """One row per checkpoint file × case; ``loss`` is the epoch loss of the state on the case,
 ``<statistic>_se`` the standard error of a sampled statistic, ``audit_statistic_error`` the largest
@@ -148,7 +148,8 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
                 result = results[state["key"], case]
                 aggregate = (result.get("consensus") or {}).get("aggregate") or {}
                 rows.append({"file": alias["file"], "state_key": state["key"], "case": case, "step": alias["step"],
-                             "tokens": alias["tokens"], "loss": _cell(result["statistics"].get("loss")),
+                             "tokens": _cell(alias["tokens"]), "source": alias.get("source", ""),
+                             "loss": _cell(result["statistics"].get("loss")),
                              **{k: _cell(result["statistics"][k]) for k in STATISTICS},
                              **{k: _cell(result["statistics"].get(k)) for k in GAUSS_NEWTON},
                              **{k: _cell(result["standard_errors"].get(k)) for k in ERROR_COLUMNS},
@@ -156,8 +157,12 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
                                  _cell((result.get("audit") or {}).get("max_statistic_relative_error")),
                              "audit_max_relative_error": _cell((result.get("audit") or {}).get("max_relative_error")),
                              **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS}})
-    rows.sort(key=lambda r: (r["tokens"], r["file"], cases.index(r["case"])))
+    rows.sort(key=lambda r: (r["step"], r["file"], cases.index(r["case"])))
     csv_text = _csv(rows, SUMMARY_COLUMNS)
+    unknown = sorted({r["source"] or r["file"] for r in rows if r["tokens"] == ""})
+    if unknown:
+        log.warning("analysis %s: training tokens unknown for %s; the figures use steps (give the tokens with "
+                    "hf_checkpoints[].tokens or tokens_per_step, or import-hf --tokens)", name, ", ".join(unknown))
 
     first = next(iter(results.values()))
     audited = [r for r in rows if r["audit_statistic_error"] != ""]
@@ -237,8 +242,8 @@ def collect_spectrum(analysis_dir: str | Path, states: dict[str, Any], cases: li
         values = _spectrum_row(result)
         for alias in state["aliases"]:
             rows.append({"file": alias["file"], "state_key": state["key"], "case": case, "step": alias["step"],
-                         "tokens": alias["tokens"], **values})
-    rows.sort(key=lambda r: (r["tokens"], r["file"], cases.index(r["case"])))
+                         "tokens": _cell(alias["tokens"]), "source": alias.get("source", ""), **values})
+    rows.sort(key=lambda r: (r["step"], r["file"], cases.index(r["case"])))
     atomic_write_text(analysis_dir / "spectrum.csv", _csv(rows, list(rows[0])))
     unconverged = sorted({(r["file"], r["case"]) for r in rows
                           if any(v is False for k, v in r.items() if "_converged_" in k)})

@@ -1,6 +1,7 @@
 """Figures from saved results only (summary.csv + manifest.json, optionally the training log).
 
-Every figure plots against training tokens, seen solid and unseen dashed on shared axes, one
+Every figure plots against training tokens (or optimizer steps: ``x_axis``; steps when a
+checkpoint's tokens are unknown), ticks in engineering notation (50k, 1.2M, 3.4B), seen solid and unseen dashed on shared axes, one
 point per unique parameter state (aliases are drawn once), with ±1 standard-error bars on sampled
 statistics; packed runs add the aggregate consensus curve. Each figure carries the analysis name
 and its key settings, notes whatever it could not draw (nulls, values off a log axis, clipped
@@ -22,7 +23,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-__all__ = ["AUDIT_FIGURES", "FIGURES", "SPECTRUM_FIGURES", "plot_analysis", "plot_audit", "plot_spectrum"]
+__all__ = ["AUDIT_FIGURES", "FIGURES", "SPECTRUM_FIGURES", "X_AXES", "engineering", "plot_analysis", "plot_audit",
+           "plot_spectrum"]
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +38,37 @@ _RC = {"font.size": 8, "axes.labelsize": 8, "legend.fontsize": 6.5, "xtick.label
        "savefig.bbox": "tight", "savefig.dpi": 200}
 
 
-def _states(summary: pd.DataFrame) -> pd.DataFrame:
-    """One row per (state, case): the earliest alias."""
-    return summary.sort_values(["tokens", "file"]).drop_duplicates(["state_key", "case"]).sort_values("tokens")
+X_AXES = ("auto", "tokens", "step")
+"""The figures' x-axis: training tokens, optimizer steps, or auto (tokens when all are known)."""
+
+
+def engineering(value: float, _position: object = None) -> str:
+    """A tick label in engineering notation: 0, 800, 50k, 1.2M, 3.4B, 2T.
+
+    Example:
+        >>> [engineering(v) for v in (0, 800, 50_000, 1_200_000, 3.4e9, 120_000)]
+        ['0', '800', '50k', '1.2M', '3.4B', '120k']
+    """
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _states(summary: pd.DataFrame, x_axis: str = "auto") -> pd.DataFrame:
+    """One row per (state, case): the earliest alias; column ``x`` holds the x-axis value (tokens
+    or steps) and ``attrs["xlabel"]`` its label."""
+    if x_axis not in X_AXES:
+        raise ValueError(f"plots.x_axis: expected one of {', '.join(X_AXES)}, got {x_axis!r}")
+    table = summary.sort_values(["step", "file"]).drop_duplicates(["state_key", "case"]).copy()
+    tokens = pd.to_numeric(table["tokens"], errors="coerce") if "tokens" in table else pd.Series(dtype=float)
+    known = bool(len(table)) and bool(tokens.notna().all()) and bool((tokens >= 0).all())
+    use_tokens = x_axis != "step" and known
+    table["x"] = tokens if use_tokens else table["step"].astype(float)
+    table.attrs["xlabel"] = "training tokens" if use_tokens else "training step"
+    table.attrs["x_note"] = ("training tokens unknown for some checkpoints: x-axis in steps"
+                             if x_axis == "tokens" and not known else "")
+    return table
 
 
 class Notes:
@@ -73,7 +103,7 @@ def _curves(ax, table: pd.DataFrame, column: str, label: str, color: str, log: b
     omitted = 0
     for case, rows in table.groupby("case", sort=False):
         y = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
-        x = rows["tokens"].to_numpy(dtype=float)
+        x = (rows["x"] if "x" in rows else rows["tokens"]).to_numpy(dtype=float)
         keep = np.isfinite(y) & (y > 0 if log else True)
         short = f"{label.split('  ')[0]} ({case})"
         notes.add(Notes.NULL, short, int((~np.isfinite(y)).sum()))
@@ -123,9 +153,14 @@ def _stamp(context: dict) -> str:
 
 
 def _finish(fig, ax, out_dir: Path, name: str, ylabel: str, context: dict, note: str = "", legend_ax=None,
-            xlabel: str = "training tokens") -> list[Path]:
-    """Label, title (analysis and settings, then the note), a legend below the axes, PDF and PNG."""
-    ax.set_xlabel(xlabel)
+            xlabel: str | None = None) -> list[Path]:
+    """Label, title (analysis and settings, then the note), a legend below the axes, PDF and PNG;
+    x ticks in engineering notation."""
+    if xlabel is None:
+        for axis in fig.axes:
+            axis.xaxis.set_major_formatter(FuncFormatter(engineering))
+        note = "; ".join(n for n in (note, context.get("x_note", "")) if n)
+    ax.set_xlabel(xlabel or context.get("xlabel", "training tokens"))
     ax.set_ylabel(ylabel)
     top = fig.axes[0]
     title = "\n".join(line for line in (_stamp(context), note) if line)
@@ -167,37 +202,52 @@ def _noise_alignment(table, context, out_dir) -> list[Path]:
     return _finish(fig, ax, out_dir, "noise_alignment", "mean vᵀHv along noise (nats³)", context, notes.text())
 
 
-def _training_norms(ax, run_dir: Path, packed: bool) -> None:
+def _training_log(run_dir: Path, context: dict) -> list[dict]:
+    """The run's train-log.jsonl records with an x value on the figures' axis; none (and a note in
+    ``context``) for a run without one (an imported run: trained elsewhere)."""
     log_path = run_dir / "train-log.jsonl"
-    records = [json.loads(line) for line in log_path.read_text().splitlines() if line]
-    label = "max worker pre-clipping norm (training)" if packed else "pre-clipping norm (training)"
-    ax.plot([r["tokens"] for r in records], [r["grad_norm"] for r in records], color="0.6", lw=0.6, label=label)
+    if not log_path.exists():
+        context["missing_log"] = f"no training log in {run_dir} (trained elsewhere): training curves not drawn"
+        return []
+    key = "tokens" if context.get("xlabel", "training tokens") == "training tokens" else "step"
+    return [r for r in (json.loads(line) for line in log_path.read_text().splitlines() if line) if key in r]
+
+
+def _log_x(record: dict, context: dict) -> float:
+    return record["tokens"] if context.get("xlabel", "training tokens") == "training tokens" else record["step"]
+
+
+def _training_norms(ax, run_dir: Path, context: dict) -> str:
+    """The logged pre-clipping norms behind the measured ones; returns a note when there are none."""
+    records = [r for r in _training_log(run_dir, context) if "grad_norm" in r]
+    label = "max worker pre-clipping norm (training)" if context["packed"] else "pre-clipping norm (training)"
+    if records:
+        ax.plot([_log_x(r, context) for r in records], [r["grad_norm"] for r in records], color="0.6", lw=0.6,
+                label=label)
+    return context.get("missing_log", "")
 
 
 def _gradient_norms(table, context, out_dir, run_dir: Path | None) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
     notes = Notes()
-    if run_dir is not None:
-        _training_norms(ax, run_dir, context["packed"])
+    missing = _training_norms(ax, run_dir, context) if run_dir is not None else ""
     _curves(ax, table, "mean_grad_norm", "mean ‖gᵢ‖", "C0", log=True, notes=notes)
     _curves(ax, table, "mean_noise_norm", "mean ‖vᵢ‖", "C1", log=True, notes=notes)
     _curves(ax, table, "full_grad_norm", "‖ḡ‖ (full epoch)", "C2", log=True, notes=notes)
     if context["consensus"]:
         _curves(ax, table, "consensus_mean_norm", "consensus mean ‖eᵢ‖", "C3", log=True, notes=notes)
     _log_axis(ax)
-    return _finish(fig, ax, out_dir, "gradient_norms", "gradient norm (nats)", context, notes.text())
+    note = "; ".join(n for n in (notes.text(), missing) if n)
+    return _finish(fig, ax, out_dir, "gradient_norms", "gradient norm (nats)", context, note)
 
 
-def _training_losses(ax, run_dir: Path, packed: bool) -> None:
+def _training_losses(ax, run_dir: Path, context: dict) -> None:
     """The per-step training loss the run logged (each optimizer batch), behind the epoch losses."""
-    log_path = run_dir / "train-log.jsonl"
-    if not log_path.exists():
-        return
-    records = [r for r in (json.loads(line) for line in log_path.read_text().splitlines() if line) if "loss" in r]
+    records = [r for r in _training_log(run_dir, context) if "loss" in r]
     if records:
-        label = "training loss per step (mean over workers)" if packed else "training loss per step"
-        ax.plot([r["tokens"] for r in records], [r["loss"] for r in records], color="0.7", lw=0.6, label=label,
-                zorder=0)
+        label = "training loss per step (mean over workers)" if context["packed"] else "training loss per step"
+        ax.plot([_log_x(r, context) for r in records], [r["loss"] for r in records], color="0.7", lw=0.6,
+                label=label, zorder=0)
 
 
 def _loss(table, context, out_dir) -> list[Path]:
@@ -206,10 +256,11 @@ def _loss(table, context, out_dir) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
     notes = Notes()
     if context.get("run"):
-        _training_losses(ax, Path(context["run"]), context["packed"])
+        _training_losses(ax, Path(context["run"]), context)
     if "loss" in table:
         _curves(ax, table, "loss", "epoch loss", "C0", notes=notes)
-    return _finish(fig, ax, out_dir, "loss", "token-mean cross-entropy (nats)", context, notes.text())
+    note = "; ".join(n for n in (notes.text(), context.pop("missing_log", "")) if n)
+    return _finish(fig, ax, out_dir, "loss", "token-mean cross-entropy (nats)", context, note)
 
 
 def _batch_sizes(table, context, out_dir) -> list[Path]:
@@ -227,10 +278,12 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     return _finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)", context, note)
 
 
-def _precision_mode(settings: dict) -> str:
+def _precision_mode(settings: dict, device: str = "") -> str:
+    """The arithmetic the analysis ran in; TF32 only where it ran on a CUDA device."""
     dtype = settings.get("dtype", "?")
+    device = device or str(settings.get("device", ""))
     extras = [name for name, on in (("TF32", dtype == "float32" and settings.get("tf32")
-                                     and str(settings.get("device", "")).startswith(("cuda", "auto"))),
+                                     and device.startswith("cuda")),
                                     ("bf16 autocast", settings.get("amp"))) if on]
     return " + ".join([dtype, *extras])
 
@@ -243,7 +296,7 @@ def _precision_audit(table, context, out_dir) -> list[Path]:
     column = "audit_statistic_error"
     audited = column in table and pd.to_numeric(table[column], errors="coerce").notna().any()
     if audited:
-        mode = _precision_mode(context.get("settings") or {})
+        mode = _precision_mode(context.get("settings") or {}, (context.get("precision") or {}).get("device", ""))
         _curves(ax, table, column, f"largest statistic error, {mode}", "C0", log=True, notes=notes)
         _curves(ax, table, "audit_max_relative_error", "largest single-form error", "0.6", log=True, notes=notes)
         threshold = (context.get("audit") or {}).get("threshold")
@@ -263,46 +316,51 @@ def _context(analysis_dir: Path) -> dict:
     manifest = json.loads(path.read_text()) if path.exists() else {}
     return {"analysis": manifest.get("analysis", analysis_dir.name), "settings": manifest.get("settings"),
             "batch_sizes": manifest.get("batch_sizes"), "consensus": bool(manifest.get("consensus")),
-            "packed": bool(manifest.get("packed")), "run": manifest.get("run"), "audit": manifest.get("audit")}
+            "packed": bool(manifest.get("packed")), "run": manifest.get("run"), "audit": manifest.get("audit"),
+            "precision": manifest.get("precision")}
 
 
-def _collected(analysis_dir: str | Path, out_dir: str | Path | None) -> tuple[pd.DataFrame, dict, Path]:
+def _collected(analysis_dir: str | Path, out_dir: str | Path | None, x_axis: str = "auto",
+               table_name: str = "summary.csv") -> tuple[pd.DataFrame, dict, Path]:
     analysis_dir = Path(analysis_dir)
     out_dir = Path(out_dir) if out_dir else analysis_dir / "figures"
-    if not (analysis_dir / "summary.csv").exists():
-        raise ValueError(f"{analysis_dir} has no summary.csv; run the workflow (or collect) first")
-    table = _states(pd.read_csv(analysis_dir / "summary.csv"))
+    if not (analysis_dir / table_name).exists():
+        raise ValueError(f"{analysis_dir} has no {table_name}; run the workflow (or collect) first")
+    table = _states(pd.read_csv(analysis_dir / table_name), x_axis)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return table, _context(analysis_dir), out_dir
+    context = {**_context(analysis_dir), "xlabel": table.attrs["xlabel"], "x_note": table.attrs["x_note"]}
+    return table, context, out_dir
 
 
 def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
-                  training_norms: bool = False, audit: bool = True) -> list[Path]:
+                  training_norms: bool = False, audit: bool = True, x_axis: str = "auto") -> list[Path]:
     """Draw every figure of an analysis directory (summary.csv + manifest.json), with ``audit``
-    the precision audit's too when the analysis was audited; returns the files.
+    the precision audit's too when the analysis was audited; returns the files. The training
+    norms (``training_norms``) come from the run's train-log.jsonl; a run without one (imported)
+    is drawn without them, with a note.
 
     Raises:
-        ValueError: the analysis has no collected results yet.
+        ValueError: the analysis has no collected results yet, or an unknown ``x_axis``.
     """
-    table, context, out_dir = _collected(analysis_dir, out_dir)
+    table, context, out_dir = _collected(analysis_dir, out_dir, x_axis)
     run_dir = Path(context["run"]) if training_norms else None
     with plt.rc_context(_RC):
         paths = (_loss(table, context, out_dir) + _normalized_alignment(table, context, out_dir)
                  + _noise_alignment(table, context, out_dir) + _gradient_norms(table, context, out_dir, run_dir)
                  + _batch_sizes(table, context, out_dir))
     if audit and ((context.get("audit") or {}).get("audited_rows") or 0) > 0:
-        paths += plot_audit(analysis_dir, out_dir)
+        paths += plot_audit(analysis_dir, out_dir, x_axis)
     log.info("figures written to %s", out_dir)
     return paths
 
 
-def plot_audit(analysis_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+def plot_audit(analysis_dir: str | Path, out_dir: str | Path | None = None, x_axis: str = "auto") -> list[Path]:
     """Draw the precision audit's figure of an audited analysis; returns the files.
 
     Raises:
         ValueError: the analysis has no collected results yet.
     """
-    table, context, out_dir = _collected(analysis_dir, out_dir)
+    table, context, out_dir = _collected(analysis_dir, out_dir, x_axis)
     with plt.rc_context(_RC):
         return _precision_audit(table, context, out_dir)
 
@@ -320,7 +378,7 @@ def _top_eigenvalues(table, context, out_dir) -> list[Path]:
         flag = column.replace("eigenvalue", "converged")
         bad = table[flag].astype(str) == "False" if flag in table else pd.Series(False, index=table.index)
         if bad.any():
-            ax.plot(table["tokens"][bad], pd.to_numeric(table[column][bad]), "o", mfc="none", mec="C3", ms=9,
+            ax.plot(table["x"][bad], pd.to_numeric(table[column][bad]), "o", mfc="none", mec="C3", ms=9,
                     label=None if unconverged else "not converged")
             unconverged += int(bad.sum())
     note = notes.text()
@@ -329,23 +387,25 @@ def _top_eigenvalues(table, context, out_dir) -> list[Path]:
     return _finish(fig, ax, out_dir, "top_eigenvalues", "top Hessian eigenvalues", context, note)
 
 
-def _slq_density(spectra: list[tuple[int, str, dict]], context, out_dir, name: str = "slq_density",
+def _slq_density(spectra: list[tuple[float, str, dict]], context, out_dir, name: str = "slq_density",
                  sigma_fraction: float = 0.01) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
     everything = [t for _, _, r in spectra for nodes in r["slq"]["nodes"] for t in nodes]
     low, high = min(everything), max(everything)
     sigma = sigma_fraction * (high - low or 1.0)
     grid = np.linspace(low - 5 * sigma, high + 5 * sigma, 2000)
-    cmap = plt.get_cmap("viridis")
-    tokens = sorted({t for t, _, _ in spectra})
+    cmap = plt.get_cmap("viridis")  # its dark-to-green part: the yellow end is illegible on white
+    positions = sorted({t for t, _, _ in spectra})
+    unit = "tokens" if context.get("xlabel", "training tokens") == "training tokens" else "steps"
     for t, case, result in spectra:
         density = np.zeros_like(grid)
         for nodes, weights in zip(result["slq"]["nodes"], result["slq"]["weights"]):
             z = (grid[:, None] - np.array(nodes)[None, :]) / sigma
             density += (np.array(weights)[None, :] * np.exp(-0.5 * z**2)).sum(1) / (sigma * np.sqrt(2 * np.pi))
         density /= len(result["slq"]["nodes"])
-        color = cmap(tokens.index(t) / max(1, len(tokens) - 1))
-        ax.plot(grid, np.maximum(density, 1e-12), STYLE.get(case, ":"), color=color, lw=0.9, label=f"{t} tokens ({case})")
+        color = cmap(0.8 * positions.index(t) / max(1, len(positions) - 1))
+        ax.plot(grid, np.maximum(density, 1e-12), STYLE.get(case, ":"), color=color, lw=0.9,
+                label=f"{engineering(t)} {unit} ({case})")
     ax.set_yscale("log")
     ax.set_ylim(bottom=1e-6)
     return _finish(fig, ax, out_dir, name, "spectral density", context,
@@ -360,18 +420,15 @@ def _block_error(table, context, out_dir) -> list[Path]:
     return _finish(fig, ax, out_dir, "block_diagonal_error", "‖Hv − H_bd v‖ / ‖Hv‖", context, notes.text())
 
 
-def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None, x_axis: str = "auto") -> list[Path]:
     """Spectral figures from spectrum.csv and the saved SLQ nodes (spectra/<key>/<case>.json)."""
     analysis_dir = Path(analysis_dir)
-    out_dir = Path(out_dir) if out_dir else analysis_dir / "figures"
     if not (analysis_dir / "spectrum.csv").exists():
         raise ValueError(f"{analysis_dir} has no spectrum.csv; run the workflow with spectrum enabled first")
-    table = _states(pd.read_csv(analysis_dir / "spectrum.csv"))
-    spectra = [(int(row.tokens), row.case,
+    table, context, out_dir = _collected(analysis_dir, out_dir, x_axis, "spectrum.csv")
+    spectra = [(float(row.x), row.case,
                 json.loads((analysis_dir / "spectra" / row.state_key / f"{row.case}.json").read_text()))
                for row in table.itertuples()]
-    context = _context(analysis_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     per_state = out_dir / "slq_states"
     per_state.mkdir(exist_ok=True)
     with plt.rc_context(_RC):
@@ -379,5 +436,6 @@ def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None) -
                  + _block_error(table, context, out_dir))
         for key in table["state_key"].unique():  # one density figure per state (both cases)
             mine = [entry for entry, row in zip(spectra, table.itertuples()) if row.state_key == key]
-            paths += _slq_density(mine, context, per_state, name=f"{mine[0][0]:012d}-tokens-{key[:12]}")
+            unit = "tokens" if context["xlabel"] == "training tokens" else "step"
+            paths += _slq_density(mine, context, per_state, name=f"{int(mine[0][0]):012d}-{unit}-{key[:12]}")
     return paths

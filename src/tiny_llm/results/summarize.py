@@ -38,6 +38,8 @@ def _number(text: str) -> float | None:
 def _cell(value: float | None, error: float | None) -> str:
     if value is None:
         return "–"
+    if error == 0:  # every batch measured: no sampling error
+        return f"{value:.3g} (exact)"
     return f"{value:.3g}" if error is None else f"{value:.3g} ± {error:.2g}"
 
 
@@ -97,15 +99,17 @@ def summarize(folder: str | Path) -> str:
         with open(folder / "spectrum.csv", newline="") as handle:
             spectrum = list(csv.DictReader(handle))
     shown = [c for c in COLUMNS if any(r.get(c[0]) not in ("", None) for r in rows)]
-    table = [["checkpoint", "case", "tokens", *(header for _, header, _ in shown)]]
-    for row in rows:
-        table.append([row["file"], row["case"], f"{int(row['tokens']):,}",
+    table = [["checkpoint", "case", "step", "tokens", *(header for _, header, _ in shown)]]
+    for row in rows:  # an imported checkpoint is named by its source directory
+        tokens = f"{int(float(row['tokens'])):,}" if row.get("tokens") not in ("", None) else "unknown"
+        step = f"{int(float(row['step'])):,}" if row.get("step") not in ("", None) else "?"
+        table.append([row.get("source") or row["file"], row["case"], step, tokens,
                       *(_cell(_number(row.get(name)), _number(row.get(se)) if se else None) for name, _, se in shown)])
     precision = manifest.get("precision") or {}
     head = (f"analysis {manifest.get('analysis', folder.name)}: run {manifest.get('run')}, {len(manifest['states'])} "
             f"states × {len(manifest['cases'])} cases; {precision.get('dtype', '?')} on {precision.get('device', '?')}, "
             f"engine {precision.get('engine', '?')}. Values ± one standard error; vᵀHv and vᵀGv are means over noise "
-            "directions, align = Σvᵀ Hv/Σ‖v‖².")
+            "directions, align = Σvᵀ Hv/Σ‖v‖²; (exact): every batch measured, no sampling error.")
     flags = _flags(rows, manifest, spectrum)
     tail = ["", "Flags:", *(f"- {flag}" for flag in flags)] if flags else ["", "No flags."]
     return "\n".join([head, "", _table(table), *tail])

@@ -88,7 +88,7 @@ def index_states(run_dir: str | Path, selection: str | list[str], consensus: boo
                                               "worker_hashes": state.worker_hashes or None, "aliases": []})
         entry["aliases"].append(state.aliases[0])  # file names relative to the run: a moved project still works
         log.info("%s -> state %s", path.name, state.key[:12])
-    states = sorted(by_key.values(), key=lambda s: (min(a["tokens"] for a in s["aliases"]), s["aliases"][0]["file"]))
+    states = sorted(by_key.values(), key=lambda s: (min(a["step"] for a in s["aliases"]), s["aliases"][0]["file"]))
     return {"format": STATES_FORMAT, "run": str(run_dir), "packed": config.training.packed is not None,
             "workers": config.training.workers, "consensus": consensus and config.training.packed is not None,
             "states": states}

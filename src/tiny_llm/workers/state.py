@@ -32,7 +32,8 @@ from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_w
 from tiny_llm.distributed import barrier, broadcast, is_writer, record as parallel_record
 from tiny_llm.model.adapter import HFCausalLM
 from tiny_llm.model.architectures import build_model
-from tiny_llm.model.hf import IMPORTED
+from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
+from tiny_llm.model.hf_runs import IMPORTED, run_tokenizer
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, source_hash
 from tiny_llm.runtime import compile_record, resolve_device
 from tiny_llm.training.loop import average_states
@@ -121,13 +122,15 @@ class AnalysisSettings:
             raise ValueError(f"engine: expected one of auto, {', '.join(ENGINES)}, got {self.engine!r}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype: expected float32 or float64, got {self.dtype!r}")
+        if self.audit in ("on", "off"):  # the command line's words, in a configuration too
+            object.__setattr__(self, "audit", self.audit == "on")
         if not (self.audit == "auto" or isinstance(self.audit, bool)):
             raise ValueError(f"audit: expected auto, true or false, got {self.audit!r}")
         for name in ("audit_directions", "audit_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
         if self.memory_budget_gb is not None and not (isinstance(self.memory_budget_gb, (int, float))
-                                                       and self.memory_budget_gb > 0):
+                                                       and 0 < self.memory_budget_gb < float("inf")):
             raise ValueError(f"memory_budget_gb: expected a positive number of GiB or null, got {self.memory_budget_gb!r}")
         if self.amp and self.dtype != "float32":
             raise ValueError("--amp requires --dtype float32 (bf16 autocast with float32 parameters)")
@@ -209,7 +212,9 @@ def load_state(run_dir: Path, paths: list[Path], config: RunConfig, consensus: b
     for path in paths:
         root, metadata = load_weights(path)
         check_state_dict(model, root, source=str(path))
-        alias = {"file": path.name, "step": int(metadata.get("step", -1)), "tokens": int(metadata.get("tokens", -1))}
+        alias = {"file": path.name, "step": int(metadata.get("step", -1)),
+                 "tokens": int(metadata["tokens"]) if "tokens" in metadata else None,
+                 **({"source": metadata["source"]} if "source" in metadata else {})}
         digest = state_hash(root)
         if loaded is None:
             loaded = LoadedState(root=root, weights_hash=digest, aliases=[alias])
@@ -350,6 +355,22 @@ def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, o
     return epoch_plan(config, 1) if case == "seen" else unseen_plan(config)
 
 
+def check_tokenizer(run_dir: Path, cache: TokenCache) -> None:
+    """Refuse to measure a run's checkpoints on a cache encoded with another tokenizer than the one
+    they came with (imported runs that carry one), naming both; a run directory whose import did
+    not finish is refused too.
+
+    Raises:
+        ValueError: before any work.
+    """
+    carried = run_tokenizer(run_dir)
+    if carried is not None and not same_tokenizer(carried, cache.meta.get("tokenizer")):
+        raise ValueError(f"{run_dir}'s checkpoints came with {describe_tokenizer(carried)}, but the cache "
+                         f"{cache.path} was encoded with {describe_tokenizer(cache.meta.get('tokenizer'))}; prepare "
+                         f"the cache with the checkpoints' tokenizer (prepare-data --source text --tokenizer "
+                         f"{carried.get('path')} ...) and point data.cache at it")
+
+
 def prepare_inputs(run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings,
                    expect_key: str | None = None):
     """Everything a worker checks before computing: configuration, resolved precision, cache and
@@ -362,6 +383,7 @@ def prepare_inputs(run_dir: str | Path, checkpoints: list[str], case: str, setti
     resolved = _resolve(settings, config)
     cache = TokenCache(config.data.cache)
     cache.check_layout(config)
+    check_tokenizer(run_dir, cache)
     plan = _case_plan(config, cache, case, run_dir, settings.data_offset)
     state = load_state(run_dir, resolve_checkpoints(run_dir, checkpoints), config, settings.consensus)
     if expect_key is not None and state.key != expect_key:

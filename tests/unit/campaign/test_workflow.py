@@ -2,6 +2,7 @@
 seed experiments, targets, walltimes, the calibration-first order, the cost line, re-attaching."""
 
 import json
+import re
 import math
 from pathlib import Path
 
@@ -205,16 +206,24 @@ def test_hf_checkpoint_lists_are_imported_then_measured_on_the_offset_case(proje
     plan = WorkflowPlan({"analyses": {"suite": dict(entry)}})
     assert plan.run_ready("suite") == "runs/suite/imported.json" and plan.cases("suite") == ["offset"]
     assert plan.run_config("suite").model.architecture == "gpt2" and plan.imported_runs == ["suite"]
-    assert plan.import_spec("suite")["steps"] == [1, 2] and plan.import_spec("suite")["tokens"] == [0, 64]
+    assert plan.import_spec("suite")["steps"] == [1, 2] and plan.import_spec("suite")["tokens"] == [None, 64]
     assert plan.import_inputs("suite") == ["hf/step1/config.json", "hf/step2/config.json"]
     assert plan._expected_states("suite", plan.run_config("suite")) == (2, "hf_checkpoints")
     for change, message in [({"run": "elsewhere/suite"}, "analyses.suite.run: the workflow imports hf_checkpoints "
                                                          "into runs/<name>"),
                             ({"config": None}, "analyses.suite.config: hf_checkpoints need a run configuration"),
                             ({"hf_checkpoints": [{"path": "hf/missing"}]},
-                             "analyses.suite.hf_checkpoints: hf/missing is not a local directory")]:
+                             "analyses.suite.hf_checkpoints: hf/missing is not a local directory"),
+                            ({"hf_checkpoints": checkpoints[::-1]}, "analyses.suite.hf_checkpoints: checkpoints out "
+                             "of training order: hf/step1 (step 1) comes after hf/step2 (step 2)"),
+                            ({"hf_checkpoints": [checkpoints[0], {**checkpoints[1], "step": 1}]},
+                             "analyses.suite.hf_checkpoints: checkpoints out of training order"),
+                            ({"hf_checkpoints": [checkpoints[0], {**checkpoints[0], "path": "hf/../hf/step1"}]},
+                             "analyses.suite.hf_checkpoints: checkpoint directory hf/../hf/step1 is given twice"),
+                            ({"hf_checkpoints": [{"path": "hf/step1"}, {"path": "hf/step2"}]},
+                             "analyses.suite.hf_checkpoints: hf/step1: its training step is unknown")]:
         bad = {k: v for k, v in {**entry, **change}.items() if v is not None}
-        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        with pytest.raises(ValueError, match=re.escape(message)):
             WorkflowPlan({"analyses": {"suite": bad}})
     with pytest.raises(ValueError, match="analyses.tiny.run: runs/tiny is trained by train_runs.tiny"):
         WorkflowPlan({"train_runs": {"tiny": {"config": "run.yaml"}}, "analyses": {"tiny": {**entry, "run": "runs/tiny"}}})

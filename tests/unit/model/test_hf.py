@@ -162,7 +162,7 @@ def test_import_and_export_through_the_command_line(tmp_path, capsys):
     assert main(["train", "--run-dir", str(run)]) == 2
     assert "holds imported weights (imported.json); training would overwrite them" in capsys.readouterr().err
     assert main(["import-hf", str(path), "--run-dir", str(run)]) == 2
-    assert "exists and is not empty; import into a new run directory" in capsys.readouterr().err
+    assert "holds an import already; import into a new run directory" in capsys.readouterr().err
 
 
 GPT2_SHAPE = dict(vocab_size=40, n_embd=16, n_inner=40, n_layer=2, n_head=4, n_positions=12, layer_norm_epsilon=1e-5,

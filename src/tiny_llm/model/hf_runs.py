@@ -1,0 +1,413 @@
+"""Run directories made from local Hugging Face checkpoints (``tiny-llm import-hf``, the workflow's
+``hf_checkpoints``), and a run's checkpoint written back as one (``tiny-llm export-hf``).
+
+An import is all or nothing. Everything is read and checked before anything is written: each
+directory's config.json (one model configuration), its weights (every tensor's name, shape,
+dtype and finiteness against the model the configuration builds; the vocabulary against the
+embedding), its tokenizer (the checkpoints of one suite share it; its vocabulary fits the
+model's) and where it stands in training (steps strictly increasing; tokens given, read from a
+Trainer's ``trainer_state.json`` or derived from the step, each saying which, or unknown). The run
+is then written into a hidden temporary directory beside the run directory, whose first file is
+the ``imported.json`` marker (so that nothing ever takes it for a run trained here), and renamed
+into place only when complete. A kill at any point leaves either no run directory or a complete
+import; the next import removes what the killed one left.
+
+An imported run's ``resolved.yaml`` holds the model, the data section and the four training keys
+that cut its analysis epoch (batch_size, micro_batch_size, tokens, epochs); the hyper-parameters
+it was trained with elsewhere are unknown and are not written (``imported.json`` says so).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, load_config
+from tiny_llm.io import atomic_directory, atomic_write_json, fsync_dir, local_directory, sha256_file
+from tiny_llm.model.hf import (
+    HF_CONFIG,
+    IMPORTED,
+    adapter_config,
+    from_hf_state,
+    imported_config,
+    read_json_object,
+    read_weights,
+    write_hf_files,
+)
+
+__all__ = ["IMPORTED", "TOKENIZER_DIR", "CheckpointPosition", "checkpoint_positions", "checkpoint_tokenizer",
+           "export_run", "import_run", "imported_record", "read_trainer_state", "run_tokenizer"]
+
+log = logging.getLogger("tiny_llm")
+
+TOKENIZER_DIR = "tokenizer"
+"""A run's copy of the tokenizer files its checkpoints came with (imported runs)."""
+IMPORTED_TRAINING_KEYS = ("batch_size", "micro_batch_size", "tokens", "epochs")
+"""The training keys an imported run's resolved.yaml holds: they cut the offset epoch it is measured on."""
+
+
+@dataclass(frozen=True)
+class CheckpointPosition:
+    """Where an imported checkpoint stands in its training, and where each number came from."""
+
+    step: int
+    step_source: str
+    tokens: int | None
+    """Training tokens seen; None when unknown."""
+    tokens_source: str
+
+    def record(self) -> dict[str, Any]:
+        return {"step": self.step, "step_source": self.step_source, "tokens": self.tokens,
+                "tokens_source": self.tokens_source}
+
+
+def read_trainer_state(directory: Path) -> dict[str, Any] | None:
+    """A Trainer's ``trainer_state.json`` beside a checkpoint, or None when there is none.
+
+    Raises:
+        ValueError: the file is there but is not a JSON object with an integer global_step.
+    """
+    path = Path(directory) / "trainer_state.json"
+    if not path.exists():
+        return None
+    data = read_json_object(path)
+    step = data.get("global_step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"{path}: global_step {step!r} is not a non-negative integer; fix the file or give the "
+                         "step (--step, hf_checkpoints[].step)")
+    return data
+
+
+def _count(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{what}: expected a non-negative integer, got {value!r}")
+    return value
+
+
+def checkpoint_positions(paths: list[Path], steps: list[int | None] | None = None,
+                         tokens: list[int | None] | None = None,
+                         tokens_per_step: int | None = None) -> list[CheckpointPosition]:
+    """Each directory's step and training tokens, in the order given (oldest first).
+
+    A step is given, or a Trainer's ``trainer_state.json`` global_step; tokens are given, or its
+    ``num_input_tokens_seen``, or step × ``tokens_per_step``, or unknown (None; a warning). A
+    single directory without a step gets step 0, said to be unknown.
+
+    Raises:
+        ValueError: counts not one per directory, a directory given twice, steps unknown for
+            several directories, or steps (tokens) that do not increase in the order given.
+    """
+    n = len(paths)
+    steps, tokens = list(steps or [None] * n), list(tokens or [None] * n)
+    if not n or len(steps) != n or len(tokens) != n:
+        raise ValueError(f"give one step and one token count per checkpoint directory ({n} directories, "
+                         f"{len(steps)} steps, {len(tokens)} token counts)")
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        if (resolved := Path(path).resolve()) in seen:
+            raise ValueError(f"checkpoint directory {path} is given twice (as {seen[resolved]} too); list each once")
+        seen[resolved] = path
+    if tokens_per_step is not None:
+        _count(tokens_per_step, "tokens_per_step")
+    positions = []
+    for path, step, count in zip(paths, steps, tokens, strict=True):
+        state = read_trainer_state(path)
+        if step is not None:
+            step, step_source = _count(step, f"step of {path}"), "given"
+        elif state is not None:
+            step, step_source = state["global_step"], "trainer_state.json global_step"
+        elif n > 1:
+            raise ValueError(f"{path}: its training step is unknown (no trainer_state.json); give the step of "
+                             "every checkpoint (--step S1 S2 ..., hf_checkpoints[].step)")
+        else:
+            step, step_source = 0, "unknown"
+        seen_tokens = (state or {}).get("num_input_tokens_seen")
+        if count is not None:
+            count, tokens_source = _count(count, f"tokens of {path}"), "given"
+        elif isinstance(seen_tokens, int) and not isinstance(seen_tokens, bool) and seen_tokens > 0:
+            count, tokens_source = seen_tokens, "trainer_state.json num_input_tokens_seen"
+        elif tokens_per_step is not None and step_source != "unknown":
+            count, tokens_source = step * tokens_per_step, f"step x tokens_per_step ({tokens_per_step})"
+        else:
+            count, tokens_source = None, "unknown"
+        positions.append(CheckpointPosition(step, step_source, count, tokens_source))
+    for (a, p), (b, q) in zip(zip(paths, positions), zip(paths[1:], positions[1:]), strict=False):
+        if q.step <= p.step:
+            raise ValueError(f"checkpoints out of training order: {b} (step {q.step}) comes after {a} (step {p.step}); "
+                             "list them oldest first, each step once")
+        if p.tokens is not None and q.tokens is not None and q.tokens < p.tokens:
+            raise ValueError(f"checkpoints out of training order: {b} ({q.tokens} tokens) comes after {a} "
+                             f"({p.tokens} tokens); list them oldest first")
+    unknown = [str(path) for path, p in zip(paths, positions, strict=True) if p.tokens is None]
+    if unknown:
+        batch = next((s.get("train_batch_size") for s in map(read_trainer_state, paths) if s), None)
+        hint = (f"; trainer_state.json says train_batch_size {batch} per device, so tokens_per_step = {batch} x "
+                "sequence length x gradient accumulation steps x devices" if batch else "")
+        log.warning("training tokens unknown for %s: the figures will use steps; give them (--tokens, "
+                    "--tokens-per-step, hf_checkpoints[].tokens or tokens_per_step)%s", ", ".join(unknown), hint)
+    return positions
+
+
+def checkpoint_tokenizer(paths: list[Path], vocab_size: int) -> dict[str, Any] | None:
+    """The tokenizer the checkpoint directories carry (their ``tokenizer.json``), as a token cache
+    records it; None when none carries one.
+
+    Raises:
+        ValueError: directories with different tokenizers, an unreadable tokenizer.json, or a
+            vocabulary larger than the model's.
+    """
+    from tiny_llm.data.corpus import read_tokenizer, tokenizer_files
+
+    carrying = [Path(p) for p in paths if (Path(p) / "tokenizer.json").exists()]
+    if not carrying:
+        return None
+    first = tokenizer_files(carrying[0])
+    for path in carrying[1:]:
+        if tokenizer_files(path) != first:
+            raise ValueError(f"{path} and {carrying[0]} carry different tokenizers; import the checkpoints of one "
+                             "model and tokenizer into one run directory")
+    if len(carrying) != len(paths):
+        missing = next(str(p) for p in paths if Path(p) not in carrying)
+        log.warning("%s carries no tokenizer; taking that of %s for every checkpoint", missing, carrying[0])
+    _, record = read_tokenizer(carrying[0])
+    if record["vocab_size"] > vocab_size:
+        raise ValueError(f"{carrying[0] / 'tokenizer.json'}: its vocabulary ({record['vocab_size']} tokens) exceeds "
+                         f"the model's vocab_size {vocab_size}; these are not the model's tokenizer files")
+    return record
+
+
+def _checked_states(paths: list[Path], planned: RunConfig) -> list[dict[str, torch.Tensor]]:
+    """Every directory's weights under our keys, checked against the model ``planned`` builds
+    (names, shapes, dtypes, finite values); nothing is written."""
+    from tiny_llm.model.architectures import build_model
+    from tiny_llm.model.checkpoint import check_state_dict
+
+    model = build_model(planned.model)
+    states = []
+    for path in paths:
+        if planned.model.architecture == "hf":
+            state = _adapter_state(model, path)
+        else:
+            state = from_hf_state(read_weights(path), planned.model, str(path))
+        embedding = state.get("tok_embeddings.weight", state.get(_adapter_embedding(model)))
+        if embedding is not None and embedding.shape[0] != planned.model.vocab_size:
+            raise ValueError(f"{path / 'config.json'}: vocab_size {planned.model.vocab_size} disagrees with the "
+                             f"embedding's {embedding.shape[0]} rows in the weights; the config.json does not belong "
+                             "to these weights")
+        check_state_dict(model, state, str(path))
+        states.append(state)
+    return states
+
+
+def _adapter_embedding(model: torch.nn.Module) -> str:
+    """The adapter's state key of the input embedding (``model.`` + transformers' own name)."""
+    getter = getattr(getattr(model, "model", None), "get_input_embeddings", None)
+    if getter is None:
+        return ""
+    embedding = getter()
+    return next((f"model.{name}" for name, p in model.model.named_parameters() if p is embedding.weight), "")
+
+
+def _adapter_state(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]:
+    """The weights of a local directory under the adapter's keys (its module ``model.``), read by
+    ``transformers`` itself (safetensors, local files only), so that the renames and conversions
+    it applies to saved names (``embed_out`` to ``lm_head``, say) are the ones it computes with;
+    tied tensors once, in the file's dtype."""
+    import transformers  # noqa: PLC0415 - only for models of other architectures
+
+    read_weights(path)  # safetensors only, refused by name otherwise; a truncated file is named
+    try:
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
+                                                                   dtype="auto")
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"{path}: transformers cannot load these weights with their config.json ({first[:300]})") \
+            from None
+    shared = model.shared_keys()
+    return {f"model.{key}": tensor.detach().clone() for key, tensor in loaded.state_dict().items()
+            if f"model.{key}" not in shared}
+
+
+def _resolved_text(config: RunConfig) -> str:
+    """resolved.yaml of an imported run: the model and data sections and the training keys that cut
+    its analysis epoch; what the run was trained with elsewhere is unknown and not written."""
+    data = config_to_dict(config)
+    data["training"] = {key: data["training"][key] for key in IMPORTED_TRAINING_KEYS}
+    return ("# Imported (imported.json): trained elsewhere. Only the training keys that cut the analysis epoch\n"
+            "# are recorded; its learning rate, optimizer and other hyper-parameters are unknown.\n"
+            + yaml.safe_dump(data, sort_keys=False))
+
+
+def _leftovers(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.parent.glob(f".{run_dir.name}.import-*")) if run_dir.parent.is_dir() else []
+
+
+def _check_target(run_dir: Path) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"{run_dir} is a file; import into a new run directory")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        marker = run_dir / IMPORTED
+        what = ("holds an import already" if marker.exists() else
+                "holds a run trained here" if (run_dir / "resolved.yaml").exists() else
+                "is not empty (it holds no run: a half-made import of an earlier version? remove it)")
+        raise ValueError(f"{run_dir} {what}; import into a new run directory")
+
+
+def import_run(directories: list[str | Path], run_dir: str | Path, config: RunConfig,
+               steps: list[int | None] | None = None, tokens: list[int | None] | None = None,
+               tokens_per_step: int | None = None) -> Path:
+    """Make a run directory from local Hugging Face checkpoint directories of one model (the
+    revisions of a training suite, oldest first, or just one): ``resolved.yaml`` (the model
+    section from their config.json; data and the analysis epoch's training keys from ``config``),
+    each checkpoint's weights as ``epoch-NNN.safetensors`` in the order given (metadata: its step,
+    tokens and source directory), the tokenizer they carry (``tokenizer/``) and ``imported.json``.
+    Llama and GPT-2 become our models (every engine); another architecture keeps its own weights
+    and config.json (``hf-config.json``) for the adapter (HVP engines). All or nothing (see the
+    module docstring); ``run_dir`` must not exist or be empty.
+
+    Raises:
+        ValueError: anything :func:`read_hf`, :func:`checkpoint_positions` or
+            :func:`checkpoint_tokenizer` refuses, weights that do not match their config.json,
+            or a ``run_dir`` that holds something.
+    """
+    run_dir, paths = Path(run_dir), [Path(d) for d in directories]
+    _check_target(run_dir)
+    for path in paths:
+        local_directory(path, "checkpoint directory")
+    positions = checkpoint_positions(paths, steps, tokens, tokens_per_step)
+    planned = imported_config(paths, config)
+    tokenizer = checkpoint_tokenizer(paths, planned.model.vocab_size)
+    states = _checked_states(paths, planned)
+    for stale in _leftovers(run_dir):
+        log.info("removing %s, left by an interrupted import", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.import-", dir=run_dir.parent))
+    try:
+        _write_import(tmp, run_dir, paths, planned, positions, tokenizer, states)
+        os.chmod(tmp, 0o777 & ~_umask())
+        fsync_dir(tmp)
+        os.rename(tmp, run_dir)  # onto a missing or empty directory only
+        fsync_dir(run_dir.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("imported %d checkpoint(s) into %s", len(paths), run_dir)
+    return run_dir
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_import(tmp: Path, run_dir: Path, paths: list[Path], planned: RunConfig,
+                  positions: list[CheckpointPosition], tokenizer: dict[str, Any] | None,
+                  states: list[dict[str, torch.Tensor]]) -> None:
+    """The import's files in ``tmp`` (renamed onto ``run_dir`` by the caller): the marker first,
+    the full record last."""
+    from tiny_llm.model.checkpoint import save_weights
+
+    record: dict[str, Any] = {"complete": False, "architecture": planned.model.architecture}
+    atomic_write_json(tmp / IMPORTED, record)  # first: this directory is never a run trained here
+    model = planned.model
+    if model.architecture == "hf":
+        (tmp / HF_CONFIG).write_text((paths[0] / "config.json").read_text())
+        model = adapter_config(json.loads((paths[0] / "config.json").read_text()), run_dir / HF_CONFIG)
+    if tokenizer is not None:
+        (tmp / TOKENIZER_DIR).mkdir()
+        for name in tokenizer["files"]:
+            shutil.copyfile(Path(tokenizer["path"]) / name, tmp / TOKENIZER_DIR / name)
+        tokenizer = {**tokenizer, "path": str((run_dir / TOKENIZER_DIR).resolve()), "name": paths[0].name}
+    checkpoints = []
+    for index, (path, position, state) in enumerate(zip(paths, positions, states, strict=True)):
+        name = f"epoch-{index:03d}.safetensors"
+        metadata = {"step": position.step, "epoch": 0, "source": path.name,
+                    **({"tokens": position.tokens} if position.tokens is not None else {})}
+        save_weights(tmp / name, state, metadata)
+        files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors"))
+        checkpoints.append({"checkpoint": name, "source": str(path.resolve()), **position.record(),
+                            "files": {p.name: sha256_file(p) for p in files}})
+    resolved = config_from_dict({**config_to_dict(planned), "model": config_to_dict(model)})
+    (tmp / "resolved.yaml").write_text(_resolved_text(resolved))
+    record.update({"complete": True, "checkpoints": checkpoints, "tokenizer": tokenizer,
+                   "training": "trained elsewhere: hyper-parameters unknown; resolved.yaml holds only "
+                               + ", ".join(IMPORTED_TRAINING_KEYS)})
+    atomic_write_json(tmp / IMPORTED, record)
+
+
+def imported_record(run_dir: str | Path) -> dict[str, Any] | None:
+    """A run's ``imported.json``, or None for a run trained here.
+
+    Raises:
+        ValueError: an unreadable or incomplete record (an import that did not finish).
+    """
+    path = Path(run_dir) / IMPORTED
+    if not path.exists():
+        return None
+    record = read_json_object(path)
+    if record.get("complete") is False:
+        raise ValueError(f"{path}: the import did not finish; import again into a new run directory")
+    return record
+
+
+def run_tokenizer(run_dir: str | Path) -> dict[str, Any] | None:
+    """The tokenizer a run's checkpoints came with (imported runs), as a cache records it; None
+    when unknown (trained here: its cache's, or imported without one)."""
+    record = imported_record(run_dir)
+    return None if record is None else record.get("tokenizer")
+
+
+def export_run(run_dir: str | Path, checkpoint: str, out: str | Path) -> Path:
+    """Write a run's checkpoint (``epoch-NNN.safetensors`` or ``final.pt``) as a Hugging Face
+    directory of its architecture, in the checkpoint's dtype, with the tokenizer its token cache
+    was encoded with (an imported run: the one it came with; a byte-level cache: a byte-level
+    tokenizer whose ids are the byte values) so that transformers can generate text with it.
+
+    Raises:
+        ValueError: an unreadable or mismatched checkpoint, or ``out`` exists.
+    """
+    from tiny_llm.data.corpus import write_hf_tokenizer
+    from tiny_llm.model.architectures import build_model
+    from tiny_llm.model.checkpoint import check_state_dict, load_weights
+
+    run_dir, out = Path(run_dir), Path(out)
+    if out.exists():
+        raise ValueError(f"{out} exists; choose a new directory (nothing is overwritten)")
+    config = load_config(run_dir / "resolved.yaml")
+    state, _ = load_weights(run_dir / checkpoint)
+    check_state_dict(build_model(config.model), state, str(run_dir / checkpoint))
+    tokenizer = run_tokenizer(run_dir) or _cache_tokenizer(config)
+    with atomic_directory(out) as tmp:
+        if config.model.architecture != "hf":
+            write_hf_files(tmp, config.model, state)
+        else:  # another architecture: its own config.json and tensor names, as imported
+            save_file({k.removeprefix("model."): t.contiguous() for k, t in state.items()},
+                      str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            (tmp / "config.json").write_text(Path(config.model.hf_config).read_text())
+        written = write_hf_tokenizer(tmp, tokenizer, config.model.vocab_size)
+    if not written:
+        log.warning("%s: no tokenizer written (the run's cache records none that can be written: %s); give the "
+                    "export the tokenizer its cache was encoded with", out, (tokenizer or {}).get("type", "unknown"))
+    return out
+
+
+def _cache_tokenizer(config: RunConfig) -> dict[str, Any] | None:
+    """The tokenizer record of the run's token cache (meta.json), or None when it cannot be read."""
+    meta = Path(config.data.cache) / "meta.json"
+    try:
+        return json.loads(meta.read_text()).get("tokenizer")
+    except (OSError, ValueError, AttributeError):
+        return None
+
