@@ -380,8 +380,10 @@ def imported_config(directories: list[str | Path], config: RunConfig) -> RunConf
         return {k: v for k, v in data.items() if k not in ("torch_dtype", "dtype", "transformers_version")}
     for path, data in read[1:]:
         if essential(data) != essential(read[0][1]):
-            raise ValueError(f"{path / 'config.json'} differs from {paths[0] / 'config.json'}; import the checkpoints "
-                             "of one model configuration into one run directory")
+            mine, first = essential(data), essential(read[0][1])
+            keys = sorted(k for k in set(mine) | set(first) if mine.get(k) != first.get(k))
+            raise ValueError(f"{path / 'config.json'} differs from {paths[0] / 'config.json'} (in {', '.join(keys[:3])}); "
+                             "import the checkpoints of one model configuration into one run directory")
     data = read[0][1]
     if data.get("model_type") in FORMATS:
         model = model_config_from_hf(data, str(paths[0] / "config.json"))

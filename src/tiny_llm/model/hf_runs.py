@@ -174,6 +174,7 @@ def checkpoint_tokenizer(paths: list[Path], vocab_size: int) -> dict[str, Any] |
     first = tokenizer_files(carrying[0])
     for path in carrying[1:]:
         if tokenizer_files(path) != first:
+            read_tokenizer(path)  # a corrupt one is named as such
             raise ValueError(f"{path} and {carrying[0]} carry different tokenizers; import the checkpoints of one "
                              "model and tokenizer into one run directory")
     if len(carrying) != len(paths):
@@ -226,13 +227,23 @@ def _adapter_state(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor
     import transformers  # noqa: PLC0415 - only for models of other architectures
 
     read_weights(path)  # safetensors only, refused by name otherwise; a truncated file is named
-    try:
-        loaded = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
-                                                                   dtype="auto")
+    transformers.utils.logging.disable_progress_bar()  # a progress bar per checkpoint is noise in a log
+    try:  # mismatches are reported below, by name, rather than in transformers' multi-line report
+        loaded, info = transformers.AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, use_safetensors=True, dtype="auto", ignore_mismatched_sizes=True,
+            output_loading_info=True)
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(f"{path}: transformers cannot load these weights with their config.json ({first[:300]})") \
             from None
+    mismatched = sorted((key, tuple(saved), tuple(built)) for key, saved, built in info.get("mismatched_keys", ()))
+    problems = [f"{key}: shape {saved} in the weights, {built} by config.json" for key, saved, built in mismatched]
+    problems += [f"missing {sorted(info['missing_keys'])[:4]}"] if info.get("missing_keys") else []
+    if problems:
+        vocab = [p for p in problems if "embed" in p]
+        hint = (" (config.json's vocab_size disagrees with the embedding: the config.json does not belong to these "
+                "weights)" if vocab else "")
+        raise ValueError(f"{path}: weights do not match config.json{hint}: " + "; ".join(problems[:3]))
     shared = model.shared_keys()
     return {f"model.{key}": tensor.detach().clone() for key, tensor in loaded.state_dict().items()
             if f"model.{key}" not in shared}

@@ -355,7 +355,7 @@ def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, o
     return epoch_plan(config, 1) if case == "seen" else unseen_plan(config)
 
 
-def check_tokenizer(run_dir: Path, cache: TokenCache) -> None:
+def check_tokenizer(run_dir: Path, cache: TokenCache, carried: dict[str, Any] | None = None) -> None:
     """Refuse to measure a run's checkpoints on a cache encoded with another tokenizer than the one
     they came with (imported runs that carry one), naming both; a run directory whose import did
     not finish is refused too.
@@ -363,7 +363,7 @@ def check_tokenizer(run_dir: Path, cache: TokenCache) -> None:
     Raises:
         ValueError: before any work.
     """
-    carried = run_tokenizer(run_dir)
+    carried = carried or run_tokenizer(run_dir)
     if carried is not None and not same_tokenizer(carried, cache.meta.get("tokenizer")):
         raise ValueError(f"{run_dir}'s checkpoints came with {describe_tokenizer(carried)}, but the cache "
                          f"{cache.path} was encoded with {describe_tokenizer(cache.meta.get('tokenizer'))}; prepare "
@@ -380,10 +380,11 @@ def prepare_inputs(run_dir: str | Path, checkpoints: list[str], case: str, setti
     """
     run_dir = Path(run_dir)
     config = load_config(run_dir / "resolved.yaml")
+    carried = run_tokenizer(run_dir)  # an import that did not finish is refused first
     resolved = _resolve(settings, config)
     cache = TokenCache(config.data.cache)
     cache.check_layout(config)
-    check_tokenizer(run_dir, cache)
+    check_tokenizer(run_dir, cache, carried)
     plan = _case_plan(config, cache, case, run_dir, settings.data_offset)
     state = load_state(run_dir, resolve_checkpoints(run_dir, checkpoints), config, settings.consensus)
     if expect_key is not None and state.key != expect_key:

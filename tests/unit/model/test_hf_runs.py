@@ -1,0 +1,289 @@
+"""Models trained elsewhere, measured right or refused: Trainer-style suites (GPT-NeoX through the
+adapter, Llama natively) imported with their steps, tokens and tokenizer; an import that is whole
+or absent whatever kills it; bad inputs refused in one line with nothing written; the cache bound
+to the checkpoints' tokenizer; an export that transformers can generate text with."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import transformers  # installed by make test (envs/requirements.txt)
+from safetensors.torch import load_file, save_file
+
+from tiny_llm.cli import main
+from tiny_llm.config import load_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hf_suites import BATCH, SEQ, corpus_text, make_suite, run_config_text  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def suites(tmp_path_factory):
+    """A GPT-NeoX suite with num_input_tokens_seen and a Llama suite without, made once."""
+    root = tmp_path_factory.mktemp("suites")
+    return {"neox": make_suite(root / "neox"), "llama": make_suite(root / "llama", "llama", tokens_seen=False)}
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text(run_config_text())
+    return tmp_path
+
+
+def _refused(capsys, argv, *fragments):
+    """exit 2, one line on stderr naming what is wrong."""
+    capsys.readouterr()
+    assert main(["--quiet", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err
+
+
+def test_a_trainer_suite_imports_with_its_steps_tokens_and_tokenizer_and_nothing_it_did_not_have(suites, project,
+                                                                                                 caplog):
+    neox = [str(p) for p in suites["neox"]]
+    assert main(["--quiet", "import-hf", *neox, "--run-dir", "runs/neox", "--config", "run.yaml"]) == 0
+    record = json.loads(Path("runs/neox/imported.json").read_text())
+    assert record["complete"] and record["architecture"] == "hf"
+    assert [(c["step"], c["tokens"], c["tokens_source"]) for c in record["checkpoints"]] == [
+        (s, s * BATCH * SEQ, "trainer_state.json num_input_tokens_seen") for s in (50, 100, 150)]
+    assert record["tokenizer"]["type"] == "huggingface"
+    assert set(record["tokenizer"]["files"]) == {"tokenizer.json", "tokenizer_config.json"}  # not the weights
+    assert sorted(p.name for p in Path("runs/neox/tokenizer").iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    text = Path("runs/neox/resolved.yaml").read_text()
+    assert "lr:" not in text and "weight_decay" not in text and "grad_clip" not in text and "batch_size: 4" in text
+    from tiny_llm.model.checkpoint import load_weights
+    _, metadata = load_weights(Path("runs/neox/epoch-002.safetensors"))
+    assert metadata["source"] == "checkpoint-150" and metadata["step"] == "150" and metadata["tokens"] == "7200"
+    # Llama without num_input_tokens_seen: tokens derived from the step when told how, else unknown (a warning)
+    llama = [str(p) for p in suites["llama"]]
+    assert main(["--quiet", "import-hf", *llama, "--run-dir", "runs/derived", "--config", "run.yaml",
+                 "--tokens-per-step", "96"]) == 0
+    record = json.loads(Path("runs/derived/imported.json").read_text())
+    assert record["architecture"] == "llama"
+    assert [(c["tokens"], c["tokens_source"]) for c in record["checkpoints"]][0] == (
+        4800, "step x tokens_per_step (96)")
+    caplog.clear()
+    assert main(["import-hf", *llama, "--run-dir", "runs/unknown", "--config", "run.yaml"]) == 0
+    assert "training tokens unknown for" in caplog.text and "train_batch_size 4 per device" in caplog.text
+    _, metadata = load_weights(Path("runs/unknown/epoch-000.safetensors"))
+    assert "tokens" not in metadata and metadata["step"] == "50"
+
+
+def _corrupt(kind, path: Path):
+    """Break one file of a copied checkpoint directory the way ``kind`` says."""
+    config = json.loads((path / "config.json").read_text())
+    weights = path / "model.safetensors"
+    if kind == "config-not-json":
+        (path / "config.json").write_text("{not json")
+    elif kind == "config-truncated":
+        (path / "config.json").write_text((path / "config.json").read_text()[:40])
+    elif kind == "config-not-object":
+        (path / "config.json").write_text("[1, 2]")
+    elif kind == "config-vocab":
+        (path / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 8}))
+    elif kind == "weights-truncated":
+        weights.write_bytes(weights.read_bytes()[:200])
+    elif kind in ("weights-shape", "weights-nan"):
+        state = load_file(weights)
+        key = next(k for k in state if "mlp" in k or "dense_h_to_4h" in k)
+        state[key] = state[key][:-1] if kind == "weights-shape" else state[key].fill_(float("nan"))
+        save_file(state, str(weights), metadata={"format": "pt"})
+    elif kind == "tokenizer-corrupt":
+        (path / "tokenizer.json").write_text((path / "tokenizer.json").read_text()[:100])
+    elif kind == "trainer-state-corrupt":
+        (path / "trainer_state.json").write_text("{\"global_step\": ")
+    elif kind == "tokenizer-other":
+        other = json.loads((path / "tokenizer.json").read_text())
+        other["model"]["vocab"] = {k: v for k, v in list(other["model"]["vocab"].items())[:-1]}
+        other["model"]["merges"] = other["model"]["merges"][:-1]
+        (path / "tokenizer.json").write_text(json.dumps(other))
+
+
+@pytest.mark.parametrize("architecture", ["neox", "llama"])
+@pytest.mark.parametrize("kind, fragments", [
+    ("config-not-json", ["config.json is not valid JSON"]),
+    ("config-truncated", ["config.json is not valid JSON"]),
+    ("config-not-object", ["config.json holds a JSON list, not an object"]),
+    ("config-vocab", ["config.json", "vocab_size"]),
+    ("weights-truncated", ["model.safetensors"]),
+    ("weights-shape", ["checkpoint-100"]),
+    ("weights-nan", ["checkpoint-100", "non-finite"]),
+    ("tokenizer-corrupt", ["tokenizer.json"]),
+    ("trainer-state-corrupt", ["trainer_state.json is not valid JSON"]),
+    ("tokenizer-other", ["carry different tokenizers"]),
+])
+def test_a_bad_checkpoint_is_refused_in_one_line_and_nothing_is_written(suites, project, capsys, architecture, kind,
+                                                                       fragments):
+    copies = []
+    for path in suites[architecture][:2]:
+        shutil.copytree(path, project / "in" / path.name)
+        copies.append(project / "in" / path.name)
+    for copy in copies if kind == "config-vocab" else copies[1:]:  # one configuration, not the weights'
+        _corrupt(kind, copy)
+    _refused(capsys, ["import-hf", *map(str, copies), "--run-dir", "runs/bad", "--config", "run.yaml"], *fragments)
+    assert not Path("runs/bad").exists() and not list(Path("runs").glob(".*")) if Path("runs").exists() else True
+
+
+def test_order_duplicates_and_counts_are_refused_by_name(suites, project, capsys):
+    a, b, c = map(str, suites["neox"])
+    run = ["--run-dir", "runs/x", "--config", "run.yaml"]
+    _refused(capsys, ["import-hf", c, a, *run], "out of training order", "checkpoint-50 (step 50) comes after")
+    _refused(capsys, ["import-hf", a, a, *run], "is given twice")
+    _refused(capsys, ["import-hf", a, b, *run, "--step", "100", "100"], "out of training order")
+    _refused(capsys, ["import-hf", a, b, *run, "--tokens", "900", "800"], "out of training order", "800 tokens")
+    _refused(capsys, ["import-hf", a, *run, "--step", "-5"], "expected a non-negative integer, got -5")
+    _refused(capsys, ["import-hf", a, b, *run, "--step", "5"], "one step and one token count per checkpoint")
+    _refused(capsys, ["import-hf", a, "hf/missing", *run], "hf/missing is not a local directory")
+    assert not Path("runs").exists()
+
+
+_KILLED_IMPORT = """
+import sys, time
+import tiny_llm.model.hf_runs as runs
+from tiny_llm.cli import main
+original = runs.save_weights if hasattr(runs, "save_weights") else None
+import tiny_llm.model.checkpoint as checkpoint
+save = checkpoint.save_weights
+def slow(*args, **kwargs):
+    save(*args, **kwargs)
+    time.sleep(0.3)  # widen the window between files so that a kill lands inside the import
+checkpoint.save_weights = slow
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_import_killed_anywhere_leaves_nothing_or_all_and_never_a_run_train_would_take(suites, project, capsys):
+    """SIGKILL at several points of the write: afterwards the run directory is absent or a complete
+    import; train and a seen analysis refuse whatever is there; the rerun completes."""
+    neox = [str(p) for p in suites["neox"]]
+    argv = ["import-hf", *neox, "--run-dir", "runs/killed", "--config", "run.yaml"]
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", _KILLED_IMPORT, "--quiet", *argv, "--run-dir", "runs/timing"], check=True)
+    whole = time.perf_counter() - start
+    outcomes = set()
+    for fraction in (0.2, 0.45, 0.6, 0.75, 0.9):
+        shutil.rmtree("runs/killed", ignore_errors=True)
+        process = subprocess.Popen([sys.executable, "-c", _KILLED_IMPORT, "--quiet", *argv])
+        time.sleep(fraction * whole)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        run = Path("runs/killed")
+        if run.exists():
+            record = json.loads((run / "imported.json").read_text())
+            assert record["complete"] and len(record["checkpoints"]) == 3
+            assert all((run / c["checkpoint"]).exists() for c in record["checkpoints"])
+            outcomes.add("complete")
+        else:
+            outcomes.add("absent")
+        for leftover in Path("runs").glob(".killed.import-*"):  # what a killed import leaves: marked imported
+            assert (leftover / "imported.json").exists()
+            _refused(capsys, ["train", "--run-dir", str(leftover)], "holds imported weights")
+        if run.exists():
+            _refused(capsys, ["train", "--run-dir", str(run)], "holds imported weights")
+    assert "absent" in outcomes, outcomes
+    shutil.rmtree("runs/killed", ignore_errors=True)
+    assert main(["--quiet", *argv]) == 0  # the rerun removes what the killed ones left, and completes
+    assert not list(Path("runs").glob(".killed.import-*"))
+    assert json.loads(Path("runs/killed/imported.json").read_text())["complete"]
+
+
+def test_a_cache_of_another_tokenizer_is_refused_before_any_work(suites, project, capsys):
+    (project / "corpus.txt").write_text(corpus_text())
+    neox = [str(p) for p in suites["neox"]]
+    assert main(["--quiet", "import-hf", *neox, "--run-dir", "runs/neox", "--config", "run.yaml"]) == 0
+    analysis = ["analyze-state", "--run", "runs/neox", "--checkpoint", "epoch-000.safetensors", "--case", "offset",
+                "--output", "out/r.json", "--device", "cpu", "--dtype", "float64", "--engine", "double_backward",
+                "--noise-samples", "2", "--random-samples", "2", "--directions-per-pass", "2"]
+    # bytes
+    assert main(["--quiet", "prepare-data", "--config", "run.yaml", "--source", "text", "corpus.txt"]) == 0
+    _refused(capsys, analysis, "came with the tokenizer", "was encoded with bytes", "--tokenizer")
+    assert not Path("out").exists()
+    # another BPE
+    from hf_suites import train_tokenizer
+    train_tokenizer(project / "other", corpus_text(seed=9), vocab_size=290)
+    shutil.rmtree("cache")
+    assert main(["--quiet", "prepare-data", "--config", "run.yaml", "--source", "text", "--tokenizer", "other",
+                 "corpus.txt"]) == 0
+    _refused(capsys, analysis, "came with the tokenizer", "was encoded with the tokenizer", "other")
+    # their own: measured (a seen analysis is refused for an imported run)
+    shutil.rmtree("cache")
+    assert main(["--quiet", "prepare-data", "--config", "run.yaml", "--source", "text", "--tokenizer", neox[0],
+                 "corpus.txt"]) == 0
+    assert main(["--quiet", *analysis]) == 0
+    _refused(capsys, [*analysis[:6], "seen", *analysis[7:8], "out/seen.json", *analysis[9:]], "seen and unseen do not "
+             "apply")
+
+
+def test_prepare_data_refuses_a_tokenizer_larger_than_the_model(suites, project, capsys):
+    (project / "corpus.txt").write_text(corpus_text(2000))
+    _refused(capsys, ["prepare-data", "--config", "run.yaml", "--set", "model.vocab_size=256", "--source", "text",
+                      "--tokenizer", str(suites["neox"][0]), "corpus.txt"], "exceeds the model.vocab_size")
+    (project / "empty").mkdir()
+    _refused(capsys, ["prepare-data", "--config", "run.yaml", "--source", "text", "--tokenizer", "empty",
+                      "corpus.txt"], "has no tokenizer.json")
+    assert not Path("cache").exists()
+
+
+def test_an_export_carries_its_tokenizer_and_generates_text_in_transformers(suites, project, tmp_path):
+    neox = [str(p) for p in suites["neox"]]
+    assert main(["--quiet", "import-hf", *neox, "--run-dir", "runs/neox", "--config", "run.yaml"]) == 0
+    assert main(["--quiet", "export-hf", "--run", "runs/neox", "--checkpoint", "epoch-002.safetensors",
+                 "--out", "hf/neox"]) == 0
+    tokenizer = transformers.AutoTokenizer.from_pretrained("hf/neox")
+    ids = tokenizer("ada sees the red cat", return_tensors="pt").input_ids
+    assert ids.numel() > 0
+    model = transformers.AutoModelForCausalLM.from_pretrained("hf/neox")
+    out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert out.shape[1] == ids.shape[1] + 4 and isinstance(tokenizer.decode(out[0]), str)
+
+
+def test_a_byte_level_export_opens_as_a_tokenizer_whose_ids_are_the_bytes(project):
+    """The demo's byte cache: the export's tokenizer encodes text to its UTF-8 bytes and back."""
+    from tiny_llm.config import config_from_dict
+    from tiny_llm.data.corpus import prepare_source_cache
+    from tiny_llm.model.checkpoint import save_weights
+    from tiny_llm.model.llama import Llama
+
+    config = config_from_dict({"model": {"max_seq_len": 16}, "data": {"cache": "cache/bytes", "seq_len": 12,
+                                                                       "shuffle_group_blocks": 4},
+                               "training": {"batch_size": 4, "micro_batch_size": 4, "tokens": 96, "epochs": 1}})
+    (project / "text.txt").write_text(corpus_text(4000))
+    prepare_source_cache(config.data, "text", [project / "text.txt"])
+    Path("runs/bytes").mkdir(parents=True)
+    from tiny_llm.config import dump_config
+    Path("runs/bytes/resolved.yaml").write_text(dump_config(config))
+    torch.manual_seed(0)
+    save_weights("runs/bytes/epoch-000.safetensors", Llama(config.model).state_dict(), {"step": 0, "tokens": 0})
+    assert main(["--quiet", "export-hf", "--run", "runs/bytes", "--checkpoint", "epoch-000.safetensors",
+                 "--out", "hf/bytes"]) == 0
+    tokenizer = transformers.AutoTokenizer.from_pretrained("hf/bytes")
+    text = "ada sees 12 + 3 = 15.\n\tdone ö"
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    assert ids == list(text.encode()) and tokenizer.decode(ids) == text
+    model = transformers.AutoModelForCausalLM.from_pretrained("hf/bytes")
+    out = model.generate(torch.tensor([ids[:5]]), max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (1, 8)
+
+
+def test_a_half_made_directory_and_an_unfinished_record_are_named(project, suites, capsys):
+    Path("runs/old").mkdir(parents=True)
+    Path("runs/old/epoch-000.safetensors").write_bytes(b"x")
+    _refused(capsys, ["import-hf", str(suites["neox"][0]), "--run-dir", "runs/old", "--config", "run.yaml"],
+             "half-made import")
+    Path("runs/half").mkdir()
+    Path("runs/half/imported.json").write_text(json.dumps({"complete": False, "architecture": "hf"}))
+    Path("runs/half/resolved.yaml").write_text(run_config_text())
+    _refused(capsys, ["analyze-state", "--run", "runs/half", "--checkpoint", "epoch-000.safetensors", "--case",
+                      "offset", "--output", "out/r.json"], "the import did not finish")
+    assert load_config("run.yaml").training.batch_size == BATCH and os.path.exists("run.yaml")
