@@ -88,6 +88,9 @@ def init_from_environment(device: str) -> None:
     _from_slurm(os.environ)
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
         return
+    from tiny_llm.runtime import die_with_parent
+
+    die_with_parent()  # a rank of a killed launcher (torchrun) stops instead of computing on
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

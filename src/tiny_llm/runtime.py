@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["GROUP_JOB", "announce_job", "compile_cache_base", "compile_record", "devices_of_the_job",
+__all__ = ["GROUP_JOB", "announce_job", "compile_cache_base", "compile_record", "devices_of_the_job", "die_with_parent",
            "node_local_compile_cache", "remove_shared_compile_cache", "resolve_device"]
 
 GROUP_JOB = "TINY_LLM_GROUP_JOB"
@@ -46,6 +46,24 @@ def resolve_device(name: str) -> "torch.device":
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA devices")
     return device
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies (Linux; elsewhere nothing):
+    a rank whose launcher was killed stops instead of computing on. Exits at once when the parent
+    is already gone."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the request took effect
+        os.kill(os.getpid(), sig)
 
 
 _REQUESTED = ("runtime", "cpus_per_task", "cpus_per_gpu", "mem_mb", "mem_mb_per_cpu", "gpu", "gpu_model", "nodes",

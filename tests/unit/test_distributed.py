@@ -218,3 +218,21 @@ def test_a_sharded_spectrum_refuses_another_product_engine(oracle_run, tmp_path)
                          replace(SETTINGS, engine="double_backward"), replace(SPECTRUM, sharded=True),
                          tmp_path / "out.json")
     assert not (tmp_path / "out.json").exists()
+
+
+def test_a_job_on_ranks_logs_rank_zero_progress_once_and_ends_with_a_ranks_refusal(oracle_run, tmp_path, capfd):
+    """run_on_ranks (what a gpus_per_job job calls): rank 0's progress lines reach the job's log,
+    each once; a rank's refusal is raised as its own one line, after the launcher's report."""
+    from tiny_llm.workers.ranks import run_on_ranks
+    from tiny_llm.workers.state import settings_record
+
+    arguments = {"run_dir": str(oracle_run / "run"), "checkpoints": ["epoch-002.safetensors"], "case": "seen",
+                 "settings": settings_record(SETTINGS)}
+    result = run_on_ranks("analyze_state", {**arguments, "expect_key": None}, tmp_path / "r.json", ranks=2)
+    log = capfd.readouterr().err
+    label = f"[{result['state']['key'][:12]} seen]"
+    lines = [line.split(": ", 1)[1] for line in log.splitlines() if label in line]
+    assert lines and len(lines) == len(set(lines)), log[-2000:]
+    with pytest.raises(ValueError, match=r"^checkpoints \['epoch-002.safetensors'\] hash to state key"):
+        run_on_ranks("analyze_state", {**arguments, "expect_key": "0" * 64}, tmp_path / "refused.json", ranks=2)
+    assert not (tmp_path / "refused.json").exists()

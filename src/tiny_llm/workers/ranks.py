@@ -59,8 +59,8 @@ def run_on_ranks(worker: str, arguments: dict[str, Any], output: str | Path, *, 
     try:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         sys.stderr.flush()
-        done = subprocess.run(launch_command(spec, ranks, nodes), stdout=sys.stderr, stderr=sys.stderr, env=env)
-        if error.exists():
+        done = _launch(launch_command(spec, ranks, nodes), env)
+        if error.exists():  # the rank's own line, after the launcher's report: the last line of the log
             raise ValueError(error.read_text().strip())
         if done.returncode != 0:
             raise RuntimeError(f"{ranks * nodes} ranks of {worker} failed (exit status {done.returncode}); their "
@@ -69,6 +69,32 @@ def run_on_ranks(worker: str, arguments: dict[str, Any], output: str | Path, *, 
     finally:
         spec.unlink(missing_ok=True)
         error.unlink(missing_ok=True)
+
+
+def _launch(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run the launcher, its output into this job's log. Stopping this job stops the ranks: SIGTERM,
+    SIGINT and SIGHUP are passed on to the launcher, which stops its ranks, and the launcher (like
+    each rank) gets SIGTERM from the kernel if this process dies."""
+    import signal
+
+    from tiny_llm.runtime import die_with_parent
+
+    process = subprocess.Popen(command, stdout=sys.stderr, stderr=sys.stderr, env=env,
+                               preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
+    forward = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda number, _frame: process.send_signal(number)) for sig in forward}
+    try:
+        process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if process.poll() is None:
+            process.terminate()
+            process.wait()
+    if process.returncode in (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP) or any(
+            process.returncode == 128 + sig for sig in forward):
+        raise KeyboardInterrupt(f"stopped (the launcher ended with status {process.returncode})")
+    return subprocess.CompletedProcess(command, process.returncode)
 
 
 def _worker(name: str):
@@ -89,9 +115,15 @@ def _settings(data: dict[str, Any]):
 
 def main(spec_path: str) -> None:
     """One rank: join the group torchrun describes, make the call; rank 0 records a refusal."""
+    import logging
+
     import torch
 
     from tiny_llm.distributed import init_from_environment, is_writer
+    from tiny_llm.runtime import die_with_parent
+
+    die_with_parent()  # the launcher killed: this rank stops too
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     init_from_environment(spec["arguments"]["settings"].get("device", "auto"))

@@ -133,6 +133,36 @@ def sharded_engine(settings: AnalysisSettings, spectrum: SpectrumSettings) -> st
     return "finite_difference"
 
 
+class ProductProgress:
+    """Progress of a spectrum job, counted in Hessian-vector products (every stage's unit of work):
+    a line at each stage and at most every ``every`` seconds, with the products done, the most the
+    job can take and the time that leaves at the rate so far (an upper bound: Lanczos stops early
+    once converged)."""
+
+    def __init__(self, most: int, every: float = 10.0, clock=time.perf_counter):
+        self.most, self.every, self.clock = most, every, clock
+        self.done, self.started, self.last, self.stage = 0, clock(), None, ""
+
+    def enter(self, stage: str) -> None:
+        self.stage = stage
+        log.info("spectrum: %s (%d of at most %d products done)", stage, self.done, self.most)
+
+    def __call__(self, count: int) -> None:
+        self.done += count
+        now = self.clock()
+        if self.last is None or now - self.last >= self.every:
+            self.last = now
+            rate = (now - self.started) / self.done
+            log.info("spectrum: %s: %d of at most %d products, %.2g s each, at most %s left", self.stage,
+                     self.done, self.most, rate, _duration(rate * max(0, self.most - self.done)))
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
 def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], settings: AnalysisSettings,
                      spectrum: SpectrumSettings, precision: Precision, hvp_batch_size: int, engine: str,
                      compile: bool, micro_batch_size: int, memory: MemoryPlan | None = None) -> dict[str, Any]:
@@ -166,10 +196,19 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
     device = precision.device
     tolerance = lanczos_tolerance(spectrum, precision.dtype)
     products = []
+    block_products = spectrum.block_samples * (2 + len(tensor_blocks(flat)) + len(layer_blocks(flat)))
+    progress = ProductProgress(spectrum.lanczos_steps + 2 + spectrum.slq_vectors * spectrum.slq_steps
+                               + spectrum.cg_max_iterations + 1 + block_products)
 
     def counted(V: torch.Tensor) -> torch.Tensor:
         products.append(len(V))
-        return operator.hvp(V)
+        return tracked(V)
+
+    def tracked(V: torch.Tensor) -> torch.Tensor:
+        result = operator.hvp(V)
+        progress(len(V))
+        return result
+    progress.enter(f"Lanczos, top {spectrum.top_k} eigenpairs (at most {spectrum.lanczos_steps} steps)")
     pairs = top_eigenpairs(counted, flat.D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed,
                            which=("LA", "LM"), basis_dtype=basis, reduction_dtype=reduction, device=device,
                            tolerance=tolerance, layout=layout)
@@ -182,7 +221,8 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
                     "residual %.2g); raise spectrum.lanczos_steps", unconverged, tolerance, steps,
                     float(torch.cat([residuals / values.abs(), mag_residuals / mag_values.abs()]).max()))
     t_lanczos = time.perf_counter() - started
-    nodes = slq(operator.hvp, flat.D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed,
+    progress.enter(f"SLQ density ({spectrum.slq_vectors} x {spectrum.slq_steps} steps)")
+    nodes = slq(tracked, flat.D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed,
                 basis_dtype=basis, reduction_dtype=reduction, device=device, layout=layout)
     moments = {f"m{p}": sum(float((w * t**p).sum()) for t, w in nodes) / len(nodes) for p in (1, 2)}
     g_bar = epoch_gradient()
@@ -190,8 +230,9 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
              for i in noise_batch_indices(len(tokens_by_batch), settings.noise_samples, settings.seed)]
     # Default λ: twice the largest |Ritz value| (a few Lanczos steps can underestimate |λ_min|).
     damping = spectrum.cg_damping if spectrum.cg_damping is not None else 2 * float(mag_values.abs().max())
+    progress.enter(f"CG solve of (H + {damping:.3g} I) x = ḡ")
     try:
-        x, iterations, residual = conjugate_gradient(operator.hvp, g_bar, damping, rtol=spectrum.cg_rtol,
+        x, iterations, residual = conjugate_gradient(tracked, g_bar, damping, rtol=spectrum.cg_rtol,
                                                      max_iterations=spectrum.cg_max_iterations, layout=layout)
         cg = {"damping": damping, "status": "ok" if residual <= spectrum.cg_rtol else "max_iterations",
               "iterations": iterations, "relative_residual": residual,
@@ -201,7 +242,8 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
               "relative_residual": None, "g_inverse_g": None}
     V = torch.stack([layout.local(rademacher(flat.D, settings.seed + 1, i))
                      for i in range(spectrum.block_samples)]).to(device)
-    blocks = {kind: block_diagonal_error(operator.hvp, V, make(flat), layout=layout)
+    progress.enter("block-diagonal errors")
+    blocks = {kind: block_diagonal_error(tracked, V, make(flat), layout=layout)
               for kind, make in (("tensor", tensor_blocks), ("layer", layer_blocks))}
     noise_cos = (_cosines(torch.stack(noise), vectors, layout)
                  if noise and float(layout.norms(torch.stack(noise)).sum()) > 0 else None)
