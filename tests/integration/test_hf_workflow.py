@@ -68,6 +68,13 @@ def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_p
                             "--configfile", str(tmp_path / "config.yaml"), "-c2", "-n"], capture_output=True,
                            text=True, env=env, cwd=REPO)
     assert "Nothing to be done" in again.stdout + again.stderr, (again.stdout + again.stderr)[-3000:]
+    # an offset epoch past the prepared cache is refused at start-up, by key
+    from tiny_llm.campaign.workflow import WorkflowPlan
+    far = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    entry = far["analyses"].pop("pythia")
+    far["analyses"]["far"] = {**entry, "settings": {**settings, "data_offset": 10**6}}
+    with pytest.raises(ValueError, match=r"analyses.far.settings.data_offset=1000000: the offset epoch"):
+        WorkflowPlan(far)
     spectra = list(csv.DictReader((results / "spectrum.csv").open()))
     assert sorted(int(r["step"]) for r in spectra) == [100, 200] and all(r["case"] == "offset" for r in spectra)
     # float32 with its precision audit, whose float64 reference uses an HVP engine here

@@ -37,12 +37,13 @@ from tiny_llm.config import (
     parse_yaml,
 )
 from tiny_llm.data.corpus import default_capacity, describe_tokenizer, same_tokenizer
-from tiny_llm.data.tokens import capacity_blocks
+from tiny_llm.data.tokens import TokenCache, capacity_blocks, offset_plan
 from tiny_llm.geometry.experiment import (as_analysis_settings, geometry_settings_from_dict, measurement_seconds,
                                          measurement_work)
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.training.loop import epoch_file
 from tiny_llm.workers.index import check_selection
+from tiny_llm.curvature.hessian import HVP_ENGINES
 from tiny_llm.curvature.memory import GiB, MemoryPlan
 from tiny_llm.model.hf import IMPORTED, imported_config
 from tiny_llm.model.hf_runs import checkpoint_positions, checkpoint_tokenizer
@@ -129,6 +130,27 @@ def _source_tokens(path: Path) -> int:
     return path.stat().st_size // (2 if path.suffix == ".bin" else 1)
 
 
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_tokenizer_directory(key: str, directory: str) -> None:
+    """A configured tokenizer directory must exist here and hold a tokenizer.json.
+
+    Raises:
+        ValueError: naming ``key``.
+    """
+    path = Path(directory)
+    if not path.is_dir():
+        raise ValueError(f"{key}: {directory} is not a local directory (paths are relative to the project "
+                         "directory); give a directory holding the tokenizer's tokenizer.json")
+    if not (path / "tokenizer.json").is_file():
+        raise ValueError(f"{key}: {directory} has no tokenizer.json; save a fast tokenizer there "
+                         "(AutoTokenizer.from_pretrained(...).save_pretrained(DIR))")
+
+
 def check_corpus(name: str, entry: dict[str, Any], run: RunConfig, need: str, key: str = "train_runs") -> None:
     """Refuse, before the cache is built, input files that are missing or hold too little for
     training (``need="train"``) or training plus one unseen epoch (``"unseen"``).
@@ -136,6 +158,8 @@ def check_corpus(name: str, entry: dict[str, Any], run: RunConfig, need: str, ke
     Raises:
         ValueError: naming the config keys, the tokens there are and needed, and both ways out.
     """
+    if entry.get("cache_tokenizer") is not None:
+        check_tokenizer_directory(f"{key}.{name}.cache_tokenizer", entry["cache_tokenizer"])
     if entry.get("cache_source", "demo") == "demo":
         return
     counted = entry.get("cache_tokenizer") is None  # bytes are tokens; a tokenizer's count is known only after encoding
@@ -378,6 +402,7 @@ class WorkflowPlan:
         default the first checkpoint directory's own (when it has a tokenizer.json), else bytes."""
         entry = self.analyses[name]
         if entry.get("cache_tokenizer"):
+            check_tokenizer_directory(f"analyses.{name}.cache_tokenizer", entry["cache_tokenizer"])
             return entry["cache_tokenizer"]
         first = Path(entry["hf_checkpoints"][0]["path"])
         return str(first) if (first / "tokenizer.json").exists() else None
@@ -442,7 +467,50 @@ class WorkflowPlan:
             writes = {"final.pt", *(epoch_file(e) for e in range(training.epochs + 1) if interval)}
         check_selection(f"analyses.{name}.checkpoints", entry["run"], entry.get("checkpoints", "all"), writes)
         check_output_binding(f"results/{name}", output_binding(settings, entry["run"], entry.get("spectrum", {})))
+        spectrum = entry.get("spectrum") or {}
+        if spectrum.get("enabled") and spectrum.get("sharded") and settings.engine in HVP_ENGINES \
+                and settings.engine != "finite_difference":
+            raise ValueError(f"analyses.{name}.spectrum.sharded: sharded products are finite differences of "
+                             f"gradients; set settings.engine to finite_difference or auto, not {settings.engine}")
+        self._check_offset(name, settings)
         return settings
+
+    def _check_offset(self, name: str, settings: AnalysisSettings) -> None:
+        """An offset epoch that reaches past a cache already prepared is refused at start-up."""
+        if "offset" not in self.cases(name):
+            return
+        try:
+            run = self.run_config(name)
+            cache = TokenCache(run.data.cache)
+        except (ValueError, OSError):
+            return  # not there yet: the analysis checks it when it runs
+        offset_plan(run, cache, settings.data_offset, key=f"analyses.{name}.settings.data_offset")
+
+    def check_ranks(self, analyses: Iterable[str]) -> None:
+        """Ranks of jobs that run on this machine: several nodes need a Slurm allocation, and N CPU
+        processes need N usable cores (N GPUs: N CUDA devices).
+
+        Raises:
+            ValueError: naming the key and what to set instead.
+        """
+        import os
+
+        for name in analyses:
+            ranks = self.ranks(name)
+            if ranks["nodes"] > 1 and not os.environ.get("SLURM_JOB_NODELIST"):
+                raise ValueError(f"analyses.{name}.nodes_per_job: {ranks['nodes']} nodes need a Slurm allocation "
+                                 "(run with --profile profiles/naiss, or inside salloc); set 1 to run here")
+            if ranks["gpus"] <= 1:
+                continue
+            device = self.analysis_settings[name].device
+            cuda = device.startswith("cuda") or (device == "auto" and _cuda_devices() > 0)
+            usable = _cuda_devices() if cuda else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+                else (os.cpu_count() or 1)
+            if ranks["gpus"] > usable:
+                what = "CUDA devices" if cuda else "usable CPU cores"
+                raise ValueError(f"analyses.{name}.gpus_per_job: {ranks['gpus']} ranks per job, but this machine has "
+                                 f"{usable} {what}; set at most {usable} to run here (on the cluster each rank is a "
+                                 "GPU)")
 
     def check_devices(self, train: bool, analyses: Iterable[str]) -> None:
         """For jobs that run on this machine (not on a cluster's nodes): refuse a CUDA device it
@@ -454,9 +522,11 @@ class WorkflowPlan:
         """
         if train:
             check_device("train_device", self.train_device)
+        analyses = list(analyses)
         for name in analyses:
             where = "settings_override" if "device" in self.settings_override else f"analyses.{name}.settings"
             check_device(f"{where}.device", self.analysis_settings[name].device)
+        self.check_ranks(analyses)
 
     def memory(self, analysis: str) -> MemoryPlan | None:
         """The memory plan of the analysis's (state, case) jobs under ``memory_budget_gb`` (none

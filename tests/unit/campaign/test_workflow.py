@@ -227,3 +227,29 @@ def test_hf_checkpoint_lists_are_imported_then_measured_on_the_offset_case(proje
             WorkflowPlan({"analyses": {"suite": bad}})
     with pytest.raises(ValueError, match="analyses.tiny.run: runs/tiny is trained by train_runs.tiny"):
         WorkflowPlan({"train_runs": {"tiny": {"config": "run.yaml"}}, "analyses": {"tiny": {**entry, "run": "runs/tiny"}}})
+
+
+def test_what_cannot_run_here_is_refused_at_start_up_by_key(project, monkeypatch):
+    """Local ranks beyond the usable cores, several nodes without Slurm, a tokenizer directory that
+    is not one, a sharded spectrum with another HVP engine: each refused naming its key."""
+    import os
+
+    cpu = {"train_runs": {"tiny": {"config": "run.yaml"}},
+           "analyses": {"local": {"run": "runs/tiny", "settings": {**SETTINGS, "device": "cpu"}}}}
+
+    def with_analysis(**changes):
+        return {**cpu, "analyses": {"local": {**cpu["analyses"]["local"], **changes}}}
+    usable = len(os.sched_getaffinity(0))
+    with pytest.raises(ValueError, match=rf"analyses.local.gpus_per_job: {usable + 1} ranks per job, but this machine "
+                                         rf"has {usable} usable CPU cores"):
+        WorkflowPlan(with_analysis(gpus_per_job=usable + 1)).check_devices(False, ["local"])
+    WorkflowPlan(with_analysis(gpus_per_job=usable)).check_devices(False, ["local"])
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    with pytest.raises(ValueError, match="analyses.local.nodes_per_job: 2 nodes need a Slurm allocation"):
+        WorkflowPlan(with_analysis(nodes_per_job=2)).check_devices(False, ["local"])
+    with pytest.raises(ValueError, match="analyses.local.spectrum.sharded: sharded products are finite differences"):
+        WorkflowPlan(with_analysis(settings={**SETTINGS, "device": "cpu", "engine": "double_backward"},
+                                   spectrum={"enabled": True, "sharded": True}))
+    for directory, message in [("nowhere", "nowhere is not a local directory"), (".", ". has no tokenizer.json")]:
+        with pytest.raises(ValueError, match=re.escape(f"train_runs.tiny.cache_tokenizer: {message}")):
+            WorkflowPlan({**cpu, "train_runs": {"tiny": {"config": "run.yaml", "cache_tokenizer": directory}}})
