@@ -1,18 +1,18 @@
-"""Tiny training suites laid out as transformers' ``Trainer`` saves them (no download): one
-``checkpoint-<step>`` directory per save with config.json, model.safetensors, a byte-level BPE
-tokenizer (tokenizer.json and tokenizer_config.json, saved by ``PreTrainedTokenizerFast``) and
-trainer_state.json (global_step, train_batch_size and, when asked, num_input_tokens_seen)."""
+"""Tiny training suites saved by transformers' own ``Trainer`` (no download): one
+``checkpoint-<step>`` directory per save with config.json, model.safetensors, the byte-level BPE
+tokenizer it was trained with (tokenizer.json and tokenizer_config.json), trainer_state.json
+(global_step, train_batch_size and, when asked, num_input_tokens_seen) and the Trainer's pickled
+optimizer, scheduler and arguments (which an import never reads)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from tiny_llm.data.corpus import demo_corpus
 
-STEPS = (50, 100, 150)
+STEPS = (2, 4, 6)
 BATCH, SEQ = 4, 12
 """The suite's per-device batch and sequence length: tokens per step = 48."""
 
@@ -38,39 +38,41 @@ def train_tokenizer(path: Path, text: str, vocab_size: int = 300):
 
 def make_suite(root: Path, architecture: str = "gpt_neox", steps=STEPS, tokens_seen: bool = True,
                text: str | None = None) -> list[Path]:
-    """Save a tiny model of ``architecture`` (gpt_neox or llama) at each step, Trainer-style, under
-    ``root``; returns the checkpoint directories, oldest first."""
+    """Train a tiny model of ``architecture`` (gpt_neox or llama) on ``text`` with transformers'
+    own ``Trainer`` (CPU, a few seconds), saving at each of ``steps`` (evenly spaced) under
+    ``root``/out, with ``num_input_tokens_seen`` counted or not; returns the checkpoint
+    directories, oldest first."""
     import transformers
 
     root.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(root / "tokenizer", text or corpus_text())
-    vocab = len(tokenizer)
-    if architecture == "gpt_neox":
-        config = transformers.GPTNeoXConfig(vocab_size=vocab, hidden_size=8, num_hidden_layers=1,
-                                            num_attention_heads=2, intermediate_size=16, max_position_embeddings=16,
-                                            rotary_pct=0.5, tie_word_embeddings=False)
-        model = transformers.GPTNeoXForCausalLM(config)
-    else:
-        config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                                          num_key_value_heads=2, intermediate_size=16, max_position_embeddings=16,
-                                          tie_word_embeddings=False)
-        model = transformers.LlamaForCausalLM(config)
+    text = text or corpus_text()
+    tokenizer = train_tokenizer(root / "tokenizer", text)
+    tokenizer.pad_token = tokenizer.eos_token
+    ids = tokenizer(text).input_ids
+    blocks = [ids[i:i + SEQ] for i in range(0, len(ids) - SEQ, SEQ)]
+
+    class Blocks(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(blocks)
+
+        def __getitem__(self, i):
+            return {"input_ids": torch.tensor(blocks[i]), "labels": torch.tensor(blocks[i])}
+
+    shape = dict(vocab_size=len(tokenizer), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=16, max_position_embeddings=16, tie_word_embeddings=False)
     torch.manual_seed(0)
-    paths = []
-    for step in steps:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.02 * torch.randn_like(p))
-        path = root / f"checkpoint-{step}"
-        model.save_pretrained(path, safe_serialization=True)
-        tokenizer.save_pretrained(path)
-        state = {"global_step": step, "epoch": step / 100, "train_batch_size": BATCH, "max_steps": steps[-1],
-                 "log_history": [{"step": step, "loss": 5.0 - step / 100}]}
-        if tokens_seen:
-            state["num_input_tokens_seen"] = step * BATCH * SEQ
-        (path / "trainer_state.json").write_text(json.dumps(state, indent=2))
-        paths.append(path)
-    return paths
+    if architecture == "gpt_neox":
+        model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**shape, rotary_pct=0.5))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape, num_key_value_heads=2))
+    every = steps[0]
+    assert list(steps) == [every * (i + 1) for i in range(len(steps))], "evenly spaced saves"
+    args = transformers.TrainingArguments(
+        output_dir=str(root / "out"), per_device_train_batch_size=BATCH, max_steps=steps[-1], save_steps=every,
+        logging_steps=every, learning_rate=1e-2, report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+        include_num_input_tokens_seen=tokens_seen, dataloader_num_workers=0)
+    transformers.Trainer(model=model, args=args, train_dataset=Blocks(), processing_class=tokenizer).train()
+    return [root / "out" / f"checkpoint-{step}" for step in steps]
 
 
 def run_config_text(cache: str = "cache/corpus") -> str:

@@ -26,12 +26,12 @@ SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 
 def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_path):
     (tmp_path / "corpus.txt").write_text(corpus_text())
-    make_suite(tmp_path / "suite", steps=(100, 200))
+    make_suite(tmp_path / "suite", steps=(3, 6))
     (tmp_path / "run.yaml").write_text(run_config_text("cache/pythia"))
     os.chdir(tmp_path)
     settings = {"device": "cpu", "dtype": "float64", "engine": "double_backward", "noise_samples": 2,
                 "random_samples": 2, "directions_per_pass": 2, "data_offset": 2}
-    checkpoints = [{"path": "suite/checkpoint-100"}, {"path": "suite/checkpoint-200"}]
+    checkpoints = [{"path": "suite/out/checkpoint-3"}, {"path": "suite/out/checkpoint-6"}]
     spectrum = {"enabled": True, "top_k": 1, "lanczos_steps": 4, "slq_vectors": 1, "slq_steps": 3, "block_samples": 1,
                 "cg_max_iterations": 3}
     shipped = yaml.safe_load((REPO / "config/config.yaml").read_text())["plots"]
@@ -47,7 +47,7 @@ def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_p
     results = tmp_path / "results/pythia"
     rows = list(csv.DictReader((results / "summary.csv").open()))
     assert [(r["case"], int(r["step"]), int(r["tokens"]), r["source"]) for r in rows] == [
-        ("offset", s, s * BATCH * SEQ, f"checkpoint-{s}") for s in (100, 200)]
+        ("offset", s, s * BATCH * SEQ, f"checkpoint-{s}") for s in (3, 6)]
     assert all(float(r["noise_curvature"]) != 0 and r["noise_gauss_newton"] == "" for r in rows)
     result = json.loads(next(results.glob("states/*/offset.json")).read_text())
     assert result["data"]["plan"] == "offset-2" and result["precision"]["engine"] == "double_backward"
@@ -76,7 +76,7 @@ def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_p
     with pytest.raises(ValueError, match=r"analyses.far.settings.data_offset=1000000: the offset epoch"):
         WorkflowPlan(far)
     spectra = list(csv.DictReader((results / "spectrum.csv").open()))
-    assert sorted(int(r["step"]) for r in spectra) == [100, 200] and all(r["case"] == "offset" for r in spectra)
+    assert sorted(int(r["step"]) for r in spectra) == [3, 6] and all(r["case"] == "offset" for r in spectra)
     # float32 with its precision audit, whose float64 reference uses an HVP engine here
     assert main(["--quiet", "analyze-state", "--run", "runs/pythia", "--checkpoint", alias, "--case", "offset",
                  "--output", str(tmp_path / "audited.json"), "--device", "cpu", "--dtype", "float32",

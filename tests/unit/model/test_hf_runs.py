@@ -56,7 +56,7 @@ def test_a_trainer_suite_imports_with_its_steps_tokens_and_tokenizer_and_nothing
     record = json.loads(Path("runs/neox/imported.json").read_text())
     assert record["complete"] and record["architecture"] == "hf"
     assert [(c["step"], c["tokens"], c["tokens_source"]) for c in record["checkpoints"]] == [
-        (s, s * BATCH * SEQ, "trainer_state.json num_input_tokens_seen") for s in (50, 100, 150)]
+        (s, s * BATCH * SEQ, "trainer_state.json num_input_tokens_seen") for s in (2, 4, 6)]
     assert record["tokenizer"]["type"] == "huggingface"
     assert set(record["tokenizer"]["files"]) == {"tokenizer.json", "tokenizer_config.json"}  # not the weights
     assert sorted(p.name for p in Path("runs/neox/tokenizer").iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
@@ -64,7 +64,7 @@ def test_a_trainer_suite_imports_with_its_steps_tokens_and_tokenizer_and_nothing
     assert "lr:" not in text and "weight_decay" not in text and "grad_clip" not in text and "batch_size: 4" in text
     from tiny_llm.model.checkpoint import load_weights
     _, metadata = load_weights(Path("runs/neox/epoch-002.safetensors"))
-    assert metadata["source"] == "checkpoint-150" and metadata["step"] == "150" and metadata["tokens"] == "7200"
+    assert metadata["source"] == "checkpoint-6" and metadata["step"] == "6" and metadata["tokens"] == str(6 * BATCH * SEQ)
     # Llama without num_input_tokens_seen: tokens derived from the step when told how, else unknown (a warning)
     llama = [str(p) for p in suites["llama"]]
     assert main(["--quiet", "import-hf", *llama, "--run-dir", "runs/derived", "--config", "run.yaml",
@@ -72,12 +72,12 @@ def test_a_trainer_suite_imports_with_its_steps_tokens_and_tokenizer_and_nothing
     record = json.loads(Path("runs/derived/imported.json").read_text())
     assert record["architecture"] == "llama"
     assert [(c["tokens"], c["tokens_source"]) for c in record["checkpoints"]][0] == (
-        4800, "step x tokens_per_step (96)")
+        192, "step x tokens_per_step (96)")
     caplog.clear()
     assert main(["import-hf", *llama, "--run-dir", "runs/unknown", "--config", "run.yaml"]) == 0
     assert "training tokens unknown for" in caplog.text and "train_batch_size 4 per device" in caplog.text
     _, metadata = load_weights(Path("runs/unknown/epoch-000.safetensors"))
-    assert "tokens" not in metadata and metadata["step"] == "50"
+    assert "tokens" not in metadata and metadata["step"] == "2"
 
 
 def _corrupt(kind, path: Path):
@@ -117,8 +117,8 @@ def _corrupt(kind, path: Path):
     ("config-not-object", ["config.json holds a JSON list, not an object"]),
     ("config-vocab", ["config.json", "vocab_size"]),
     ("weights-truncated", ["model.safetensors"]),
-    ("weights-shape", ["checkpoint-100"]),
-    ("weights-nan", ["checkpoint-100", "non-finite"]),
+    ("weights-shape", ["checkpoint-4"]),
+    ("weights-nan", ["checkpoint-4", "non-finite"]),
     ("tokenizer-corrupt", ["tokenizer.json"]),
     ("trainer-state-corrupt", ["trainer_state.json is not valid JSON"]),
     ("tokenizer-other", ["carry different tokenizers"]),
@@ -138,7 +138,7 @@ def test_a_bad_checkpoint_is_refused_in_one_line_and_nothing_is_written(suites, 
 def test_order_duplicates_and_counts_are_refused_by_name(suites, project, capsys):
     a, b, c = map(str, suites["neox"])
     run = ["--run-dir", "runs/x", "--config", "run.yaml"]
-    _refused(capsys, ["import-hf", c, a, *run], "out of training order", "checkpoint-50 (step 50) comes after")
+    _refused(capsys, ["import-hf", c, a, *run], "out of training order", "checkpoint-2 (step 2) comes after")
     _refused(capsys, ["import-hf", a, a, *run], "is given twice")
     _refused(capsys, ["import-hf", a, b, *run, "--step", "100", "100"], "out of training order")
     _refused(capsys, ["import-hf", a, b, *run, "--tokens", "900", "800"], "out of training order", "800 tokens")
