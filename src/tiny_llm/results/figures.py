@@ -403,7 +403,7 @@ def _slq_density(spectra: list[tuple[float, str, dict]], context, out_dir, name:
             z = (grid[:, None] - np.array(nodes)[None, :]) / sigma
             density += (np.array(weights)[None, :] * np.exp(-0.5 * z**2)).sum(1) / (sigma * np.sqrt(2 * np.pi))
         density /= len(result["slq"]["nodes"])
-        color = cmap(0.8 * positions.index(t) / max(1, len(positions) - 1))
+        color = cmap(0.7 * positions.index(t) / max(1, len(positions) - 1))
         ax.plot(grid, np.maximum(density, 1e-12), STYLE.get(case, ":"), color=color, lw=0.9,
                 label=f"{engineering(t)} {unit} ({case})")
     ax.set_yscale("log")

@@ -99,3 +99,37 @@ def test_figures_explain_themselves(tmp_path, monkeypatch):
 def test_missing_summary_is_explained(tmp_path):
     with pytest.raises(ValueError, match="has no summary.csv; run the workflow"):
         plot_analysis(tmp_path)
+
+
+def test_the_x_axis_is_tokens_when_known_else_steps_in_engineering_notation(tmp_path, monkeypatch):
+    """Tokens of 1e5 and more read as 100k, 1.2M; unknown tokens (blank cells) or x_axis step put
+    steps on the axis; a run without a training log is drawn without its curves, with a note."""
+    _write(tmp_path)
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    summary["tokens"] = summary["tokens"] * 60_000
+    summary.to_csv(tmp_path / "summary.csv", index=False)
+    figures = {}
+    original = plots._finish
+
+    def spy(fig, ax, out_dir, name, *args, **kwargs):
+        paths = original(fig, ax, out_dir, name, *args, **kwargs)
+        fig.canvas.draw()
+        figures[name] = (ax.get_xlabel(), [t.get_text() for t in ax.get_xticklabels()],
+                         " ".join(fig.axes[0].get_title(loc="left").split()))
+        return paths
+    monkeypatch.setattr(plots, "_finish", spy)
+    plot_analysis(tmp_path, training_norms=True)
+    _, ticks, _ = figures["loss"]
+    assert any(t.endswith("M") for t in ticks) and all(len(t) <= 5 for t in ticks), ticks
+    assert figures["loss"][0] == "training tokens"
+    (tmp_path / "train-log.jsonl").unlink()  # an imported run: no training log
+    summary["tokens"] = summary["tokens"].astype(object)
+    summary.loc[summary["file"] == "epoch-001.safetensors", "tokens"] = ""
+    summary.to_csv(tmp_path / "summary.csv", index=False)
+    plot_analysis(tmp_path, training_norms=True)
+    assert figures["loss"][0] == figures["gradient_norms"][0] == "training step"
+    assert "no training log in" in figures["gradient_norms"][2] and "no training log in" in figures["loss"][2]
+    table = plots._states(pd.read_csv(tmp_path / "summary.csv"), "tokens")
+    assert table.attrs["xlabel"] == "training step" and "tokens unknown" in table.attrs["x_note"]
+    with pytest.raises(ValueError, match="plots.x_axis: expected one of auto, tokens, step"):
+        plots._states(summary, "epochs")
