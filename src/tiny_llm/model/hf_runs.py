@@ -399,7 +399,10 @@ def export_run(run_dir: str | Path, checkpoint: str, out: str | Path) -> Path:
     config = load_config(run_dir / "resolved.yaml")
     state, _ = load_weights(run_dir / checkpoint)
     check_state_dict(build_model(config.model), state, str(run_dir / checkpoint))
-    tokenizer = run_tokenizer(run_dir) or _cache_tokenizer(config)
+    tokenizer = run_tokenizer(run_dir)
+    if tokenizer is not None:  # the run's own copy, wherever the project has moved since
+        tokenizer = {**tokenizer, "path": str(run_dir / TOKENIZER_DIR)}
+    tokenizer = tokenizer or _cache_tokenizer(config)
     with atomic_directory(out) as tmp:
         if config.model.architecture != "hf":
             write_hf_files(tmp, config.model, state)

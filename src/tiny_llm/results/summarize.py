@@ -38,9 +38,7 @@ def _number(text: str) -> float | None:
 def _cell(value: float | None, error: float | None) -> str:
     if value is None:
         return "–"
-    if error == 0:  # every batch measured: no sampling error
-        return f"{value:.3g} (exact)"
-    return f"{value:.3g}" if error is None else f"{value:.3g} ± {error:.2g}"
+    return f"{value:.3g}" if not error else f"{value:.3g} ± {error:.2g}"  # error 0: every batch, exact
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -109,7 +107,8 @@ def summarize(folder: str | Path) -> str:
     head = (f"analysis {manifest.get('analysis', folder.name)}: run {manifest.get('run')}, {len(manifest['states'])} "
             f"states × {len(manifest['cases'])} cases; {precision.get('dtype', '?')} on {precision.get('device', '?')}, "
             f"engine {precision.get('engine', '?')}. Values ± one standard error; vᵀHv and vᵀGv are means over noise "
-            "directions, align = Σvᵀ Hv/Σ‖v‖²; (exact): every batch measured, no sampling error.")
+            "directions, align = Σvᵀ Hv/Σ‖v‖². A value without ± has no sampling error: a full-epoch quantity, or every "
+            "batch measured (S_v = all).")
     flags = _flags(rows, manifest, spectrum)
     tail = ["", "Flags:", *(f"- {flag}" for flag in flags)] if flags else ["", "No flags."]
     return "\n".join([head, "", _table(table), *tail])
