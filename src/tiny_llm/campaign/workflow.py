@@ -419,10 +419,12 @@ class WorkflowPlan:
         except (OSError, ValueError, AttributeError):
             return  # the analysis reads the cache and says what is wrong with it
         if not same_tokenizer(carried, recorded):
+            remedy = (f"prepare a cache with theirs (tiny-llm prepare-data --source text --tokenizer {carried['path']} "
+                      "...) and name it in data.cache, or list the text in cache_inputs and name a new cache/<name> "
+                      "for the workflow to prepare")
             raise ValueError(f"analyses.{name}.config: the checkpoints carry {describe_tokenizer(carried)}, but "
                              f"data.cache {planned.data.cache} was encoded with {describe_tokenizer(recorded)}; "
-                             f"prepare a cache with theirs (tiny-llm prepare-data --source text --tokenizer "
-                             f"{carried['path']} ...) and name it in data.cache")
+                             f"{remedy}")
 
     def import_spec(self, run: str) -> dict[str, Any]:
         """What the import of runs/``run`` (an analysis's hf_checkpoints) writes (a change imports again)."""

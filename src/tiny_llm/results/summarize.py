@@ -48,6 +48,11 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
+def _name(row: dict[str, str]) -> str:
+    """How a row's checkpoint is shown: an imported one by its source directory."""
+    return row.get("source") or row["file"]
+
+
 def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[dict[str, str]]) -> list[str]:
     flags = []
     batch = (manifest.get("batch_sizes") or {}).get(manifest["cases"][0], {}).get("effective_batch_size")
@@ -55,13 +60,13 @@ def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[
     if above:
         first = above[0]
         flags.append(f"B_noise exceeds the training batch of {batch} in {len(above)} of {len(rows)} rows (first: "
-                     f"{first['file']} {first['case']}, B_noise {float(first['b_noise']):.3g}): a larger batch would "
+                     f"{_name(first)} {first['case']}, B_noise {float(first['b_noise']):.3g}): a larger batch would "
                      "still cut the steps to a given loss almost in proportion")
     for name, samples in CURVATURES.items():
         unsure = [r for r in rows if _number(r.get(name)) is not None and _number(r.get(f"{name}_se")) is not None
                   and abs(float(r[name])) <= float(r[f"{name}_se"])]
         if unsure:
-            flags.append(f"{name} is within one standard error of 0 in {len(unsure)} rows (e.g. {unsure[0]['file']} "
+            flags.append(f"{name} is within one standard error of 0 in {len(unsure)} rows (e.g. {_name(unsure[0])} "
                          f"{unsure[0]['case']}): its sign is not known there; raise settings.{samples}")
     audit = manifest.get("audit") or {}
     if audit.get("exceeded"):
@@ -69,7 +74,7 @@ def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[
         flags.append(f"precision audit: in {len(audit['exceeded'])} rows a statistic's error exceeds "
                      f"{audit['threshold']:g} (worst {worst['relative_error']:.2g} at {worst['file']} {worst['case']}: "
                      f"{', '.join(worst['statistics'])}); do not use those statistics")
-    unconverged = sorted({(r["file"], r["case"]) for r in spectrum
+    unconverged = sorted({(_name(r), r["case"]) for r in spectrum
                           if any(v == "False" for k, v in r.items() if "_converged_" in k)})
     if unconverged:
         flags.append(f"top eigenvalues did not converge in {len(unconverged)} rows (e.g. {' '.join(unconverged[0])}); "
@@ -101,7 +106,7 @@ def summarize(folder: str | Path) -> str:
     for row in rows:  # an imported checkpoint is named by its source directory
         tokens = f"{int(float(row['tokens'])):,}" if row.get("tokens") not in ("", None) else "unknown"
         step = f"{int(float(row['step'])):,}" if row.get("step") not in ("", None) else "?"
-        table.append([row.get("source") or row["file"], row["case"], step, tokens,
+        table.append([_name(row), row["case"], step, tokens,
                       *(_cell(_number(row.get(name)), _number(row.get(se)) if se else None) for name, _, se in shown)])
     precision = manifest.get("precision") or {}
     head = (f"analysis {manifest.get('analysis', folder.name)}: run {manifest.get('run')}, {len(manifest['states'])} "
