@@ -267,9 +267,12 @@ def _check_target(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"{run_dir} is a file; import into a new run directory")
     if run_dir.is_dir() and any(run_dir.iterdir()):
-        marker = run_dir / IMPORTED
+        marker, resolved = run_dir / IMPORTED, run_dir / "resolved.yaml"
+        earlier = resolved.exists() and resolved.read_text(errors="replace").startswith("# Imported")
         what = ("holds an import already" if marker.exists() else
-                "holds a run trained here" if (run_dir / "resolved.yaml").exists() else
+                "holds an earlier import whose imported.json is gone (the workflow removes it when the "
+                "import's settings change; remove the directory to import again)" if earlier else
+                "holds a run trained here" if resolved.exists() else
                 "is not empty (it holds no run: a half-made import of an earlier version? remove it)")
         raise ValueError(f"{run_dir} {what}; import into a new run directory")
 
