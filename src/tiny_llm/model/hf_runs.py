@@ -171,9 +171,9 @@ def checkpoint_tokenizer(paths: list[Path], vocab_size: int) -> dict[str, Any] |
     carrying = [Path(p) for p in paths if (Path(p) / "tokenizer.json").exists()]
     if not carrying:
         return None
-    first = tokenizer_files(carrying[0])
+    first = tokenizer_files(carrying[0]).get("tokenizer.json")  # what encodes; configs may differ in names
     for path in carrying[1:]:
-        if tokenizer_files(path) != first:
+        if tokenizer_files(path).get("tokenizer.json") != first:
             read_tokenizer(path)  # a corrupt one is named as such
             raise ValueError(f"{path} and {carrying[0]} carry different tokenizers; import the checkpoints of one "
                              "model and tokenizer into one run directory")
