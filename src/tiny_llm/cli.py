@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
+from tiny_llm.layout import RESOLVED
 
 if TYPE_CHECKING:
     from tiny_llm.workers.state import AnalysisSettings
@@ -85,7 +86,7 @@ def _train(args: argparse.Namespace) -> None:
     from tiny_llm.training.loop import train
 
     run_dir = Path(args.run_dir)
-    resolved = run_dir / "resolved.yaml"
+    resolved = run_dir / RESOLVED
     config = _config(args, fallback=resolved if resolved.exists() else None)
     final = train(config, run_dir, device=args.device, stop_after_epoch=args.stop_after_epoch)
     print(final)

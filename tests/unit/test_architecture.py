@@ -12,7 +12,7 @@ import tiny_llm
 PACKAGE = Path(tiny_llm.__file__).resolve().parent
 
 LAYERS = [
-    {"config", "distributed", "io", "provenance", "runtime"},
+    {"config", "distributed", "io", "layout", "provenance", "runtime"},
     {"model", "data"},
     {"training"},
     {"curvature"},
@@ -127,3 +127,23 @@ def test_the_command_line_parses_without_importing_torch():
             "assert tiny_llm.Llama.__name__ == 'Llama' and 'torch' in sys.modules")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_file_layout_is_spelled_in_one_module():
+    """Run and result file names live in tiny_llm.layout: no other module spells them as literals,
+    and the workflow's rules write the result paths it names."""
+    from tiny_llm import layout
+
+    names = [layout.RESOLVED, layout.IMPORTED, layout.TRAIN_LOG, layout.FINAL, layout.RESUME, layout.SUMMARY,
+             layout.MANIFEST, layout.STATES]
+    for module, path in _modules().items():
+        if module == "tiny_llm.layout":
+            continue
+        code = "\n".join(line for line in path.read_text().splitlines()
+                         if not line.lstrip().startswith(("#", '"""')) and "help=" not in line)
+        for name in names:
+            assert f'"{name}"' not in code, f"{module} spells {name!r}; use tiny_llm.layout"
+        assert 'f"epoch-{' not in code, f"{module} formats an epoch file name; use layout.epoch_file"
+    rules = "\n".join(p.read_text() for p in (PACKAGE.parents[1] / "workflow/rules").glob("*.smk"))
+    for pattern in (layout.STATE_RESULT, layout.STATE_DONE):
+        assert f'"{pattern}"' in rules, pattern

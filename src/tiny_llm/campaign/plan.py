@@ -18,6 +18,7 @@ from typing import Any
 
 from tiny_llm.config import RunConfig
 from tiny_llm.workers.state import AnalysisSettings
+from tiny_llm.layout import FINAL, IMPORTED, STATES
 
 __all__ = ["MAX_HOURS", "PARALLEL_EFFICIENCY", "CaseWork", "case_work", "cost_line", "estimate_seconds",
            "expected_states", "format_seconds", "job_minutes", "parallel_seconds"]
@@ -114,14 +115,14 @@ def expected_states(config: RunConfig | None, run_dir: str | Path, selection: st
     configuration will write (interval: the initialisation and one per virtual epoch, final.pt an
     alias of the last; final: one). Identical checkpoints can only make the number smaller.
     """
-    index = Path(analysis_dir) / "states.json" if analysis_dir is not None else None
+    index = Path(analysis_dir) / STATES if analysis_dir is not None else None
     if index is not None and index.exists():
         return len(json.loads(index.read_text())["states"]), "indexed"
     if isinstance(selection, list):
         return len(selection), "listed checkpoints"
     run_dir = Path(run_dir)
     existing = sorted(p.name for p in run_dir.glob("*") if _ROOT.fullmatch(p.name)) if run_dir.is_dir() else []
-    if config is None or (existing and ((run_dir / "final.pt").exists() or (run_dir / "imported.json").exists())):
+    if config is None or (existing and ((run_dir / FINAL).exists() or (run_dir / IMPORTED).exists())):
         epochs = [name for name in existing if name.startswith("epoch-")]
         return max(1, len(epochs) or len(existing)), "checkpoints in the run"
     if config.training.checkpoint_policy == "interval":

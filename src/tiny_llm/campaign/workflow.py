@@ -41,21 +41,21 @@ from tiny_llm.data.tokens import TokenCache, capacity_blocks, offset_plan
 from tiny_llm.geometry.experiment import (as_analysis_settings, geometry_settings_from_dict, measurement_seconds,
                                          measurement_work)
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
-from tiny_llm.training.loop import epoch_file
 from tiny_llm.workers.index import check_selection
 from tiny_llm.curvature.hessian import HVP_ENGINES
 from tiny_llm.curvature.memory import GiB, MemoryPlan
-from tiny_llm.model.hf import IMPORTED, imported_config
+from tiny_llm.model.hf import imported_config
 from tiny_llm.model.hf_runs import checkpoint_positions, checkpoint_tokenizer
 from tiny_llm.workers.state import (AnalysisSettings, check_output_binding, memory_plan, output_binding,
                                     settings_from_dict, settings_record)
+from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, STATE_DONE, STATE_RESULT, epoch_file, epoch_stem, state_result
 
 __all__ = ["AWAITABLE", "STANDS_IN", "WorkflowPlan", "awaited_outputs", "check_corpus", "check_device",
            "expand_seed_experiments", "schema_errors", "sort_earlier_jobs", "typed_profile_values", "unknown_keys"]
 
 AWAITABLE = {
-    "analyze_state": "results/{analysis}/states/{key}/{case}.json",
-    "finish_state": "results/{analysis}/states/{key}/done.json",
+    "analyze_state": STATE_RESULT,
+    "finish_state": STATE_DONE,
     "analyze_spectrum": "results/{analysis}/spectra/{key}/{case}.json",
 }
 """Outputs of the rules that a local job can stand in for while an earlier controller's job computes them."""
@@ -466,7 +466,7 @@ class WorkflowPlan:
         if run is not None:
             training = self.run_configs[run].training
             interval = training.checkpoint_policy == "interval"
-            writes = {"final.pt", *(epoch_file(e) for e in range(training.epochs + 1) if interval)}
+            writes = {FINAL, *(epoch_file(e) for e in range(training.epochs + 1) if interval)}
         check_selection(f"analyses.{name}.checkpoints", entry["run"], entry.get("checkpoints", "all"), writes)
         check_output_binding(f"results/{name}", output_binding(settings, entry["run"], entry.get("spectrum", {})))
         spectrum = entry.get("spectrum") or {}
@@ -571,7 +571,7 @@ class WorkflowPlan:
             targets += [f"results/{name}/figures/{figure}.{ext}" for figure in figures for ext in ("pdf", "png")]
             index = Path(f"results/{name}/states.json")
             if index.exists() and not self.calibration_pending(name):
-                targets += [f"results/{name}/states/{state['key']}/{case}.json"
+                targets += [state_result(name, state["key"], case)
                             for state in json.loads(index.read_text())["states"] for case in self.cases(name)]
         return targets
 
@@ -636,7 +636,7 @@ class WorkflowPlan:
         if name:
             return f"runs/{name}/trained.json"
         run = Path(self.analyses[analysis]["run"])
-        return str(run / IMPORTED) if analysis in self.imports else str(run / "resolved.yaml")
+        return str(run / IMPORTED) if analysis in self.imports else str(run / RESOLVED)
 
     def calibration_inputs(self, analysis: str) -> list[str]:
         """Calibration needs only the run's shapes: a run trained here is not waited for."""
@@ -646,7 +646,7 @@ class WorkflowPlan:
         name = self.trained_here(analysis)
         if name:
             return self.run_configs[name]
-        resolved = Path(self.analyses[analysis]["run"]) / "resolved.yaml"
+        resolved = Path(self.analyses[analysis]["run"]) / RESOLVED
         return self.imports[analysis] if analysis in self.imports and not resolved.exists() else load_config(resolved)
 
     def settings_dict(self, analysis: str) -> dict[str, Any]:
@@ -700,7 +700,7 @@ class WorkflowPlan:
 
     def experiment_checkpoints(self, run: str) -> list[str]:
         """The interval checkpoints a run of an experiment writes: epoch-000 (initialisation) to the last epoch."""
-        return [f"epoch-{i:03d}" for i in range(self.run_configs[run].training.epochs + 1)]
+        return [epoch_stem(i) for i in range(self.run_configs[run].training.epochs + 1)]
 
     def experiment_records(self, experiment: str) -> list[str]:
         return [f"results/{experiment}/geometry/{run}/{checkpoint}.json"

@@ -36,6 +36,7 @@ import torch
 
 from tiny_llm.config import RunConfig
 from tiny_llm.io import atomic_directory, atomic_write_json, sha256_file
+from tiny_llm.layout import epoch_stem
 
 __all__ = [
     "BatchPlan",
@@ -307,7 +308,7 @@ def epoch_plan(config: RunConfig, epoch: int) -> BatchPlan:
         raise ValueError(f"epoch must lie in [1, {config.training.epochs}], got {epoch}")
     S = config.steps_per_epoch
     first = (epoch - 1) * S
-    return BatchPlan(f"epoch-{epoch:03d}", stream_batches(config, first, S), np.arange(first, first + S))
+    return BatchPlan(epoch_stem(epoch), stream_batches(config, first, S), np.arange(first, first + S))
 
 
 def unseen_plan(config: RunConfig) -> BatchPlan:

@@ -43,6 +43,7 @@ from tiny_llm.model.architectures import build_model
 from tiny_llm.provenance import canonical_hash, source_hash
 from tiny_llm.runtime import resolve_device
 from tiny_llm.workers.state import AnalysisSettings, load_state, resolve_checkpoints
+from tiny_llm.layout import RESOLVED, TRAIN_LOG
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ def make_reference(run_config: RunConfig, settings: GeometrySettings) -> dict[st
 
 def _training_loss(run_dir: Path, step: int, steps_per_epoch: int) -> float | None:
     """The mean logged training loss over the epoch that ended at ``step`` (None at step 0)."""
-    log = run_dir / "train-log.jsonl"
+    log = run_dir / TRAIN_LOG
     if step <= 0 or not log.exists():
         return None
     losses = [record["loss"] for record in map(json.loads, log.read_text().splitlines())
@@ -204,7 +205,7 @@ def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, referen
     """Measure ``checkpoint`` (the ``index``-th of its run, 0 for initialisation) on the reference
     set; write ``output`` (.json) and its vectors beside it (.safetensors); returns the record."""
     run_dir, output = Path(run_dir), Path(output)
-    config = load_config(run_dir / "resolved.yaml")
+    config = load_config(run_dir / RESOLVED)
     state = load_state(run_dir, resolve_checkpoints(run_dir, [checkpoint]), config, consensus=False)
     device = resolve_device(settings.device)
     precision = Precision(device, getattr(torch, settings.dtype))

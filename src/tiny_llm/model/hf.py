@@ -38,14 +38,13 @@ from safetensors.torch import load_file, save_file
 
 from tiny_llm.config import ModelConfig, RunConfig, config_from_dict, config_to_dict
 from tiny_llm.io import atomic_directory, local_directory
+from tiny_llm.layout import IMPORTED
 
 __all__ = ["FORMATS", "GPT2_LAYER_KEYS", "GPT2_MODEL_KEYS", "HF_CONFIG", "IMPORTED", "LLAMA_LAYER_KEYS",
            "LLAMA_MODEL_KEYS", "adapter_config", "from_hf_state", "imported_config", "model_config_from_hf",
            "model_config_to_hf", "read_hf", "read_json_object", "read_weights", "to_hf_state", "write_hf",
            "write_hf_files"]
 
-IMPORTED = "imported.json"
-"""Marks a run directory made by ``import_run``: training refuses it (it would overwrite the weights)."""
 
 LLAMA_LAYER_KEYS = {
     "attention_norm.weight": "input_layernorm.weight",

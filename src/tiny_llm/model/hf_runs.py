@@ -36,7 +36,6 @@ from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, load_co
 from tiny_llm.io import atomic_directory, atomic_write_json, fsync_dir, local_directory, sha256_file
 from tiny_llm.model.hf import (
     HF_CONFIG,
-    IMPORTED,
     adapter_config,
     from_hf_state,
     imported_config,
@@ -44,6 +43,7 @@ from tiny_llm.model.hf import (
     read_weights,
     write_hf_files,
 )
+from tiny_llm.layout import IMPORTED, RESOLVED, epoch_file
 
 __all__ = ["IMPORTED", "TOKENIZER_DIR", "CheckpointPosition", "checkpoint_positions", "checkpoint_tokenizer",
            "export_run", "import_run", "imported_record", "read_trainer_state", "run_tokenizer"]
@@ -267,7 +267,7 @@ def _check_target(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"{run_dir} is a file; import into a new run directory")
     if run_dir.is_dir() and any(run_dir.iterdir()):
-        marker, resolved = run_dir / IMPORTED, run_dir / "resolved.yaml"
+        marker, resolved = run_dir / IMPORTED, run_dir / RESOLVED
         earlier = resolved.exists() and resolved.read_text(errors="replace").startswith("# Imported")
         what = ("holds an import already" if marker.exists() else
                 "holds an earlier import whose imported.json is gone (the workflow removes it when the "
@@ -346,7 +346,7 @@ def _write_import(tmp: Path, run_dir: Path, paths: list[Path], planned: RunConfi
         tokenizer = {**tokenizer, "path": str((run_dir / TOKENIZER_DIR).resolve()), "name": paths[0].name}
     checkpoints = []
     for index, (path, position, state) in enumerate(zip(paths, positions, states, strict=True)):
-        name = f"epoch-{index:03d}.safetensors"
+        name = epoch_file(index)
         metadata = {"step": position.step, "epoch": 0, "source": path.name,
                     **({"tokens": position.tokens} if position.tokens is not None else {})}
         save_weights(tmp / name, state, metadata)
@@ -354,7 +354,7 @@ def _write_import(tmp: Path, run_dir: Path, paths: list[Path], planned: RunConfi
         checkpoints.append({"checkpoint": name, "source": str(path.resolve()), **position.record(),
                             "files": {p.name: sha256_file(p) for p in files}})
     resolved = config_from_dict({**config_to_dict(planned), "model": config_to_dict(model)})
-    (tmp / "resolved.yaml").write_text(_resolved_text(resolved))
+    (tmp / RESOLVED).write_text(_resolved_text(resolved))
     record.update({"complete": True, "checkpoints": checkpoints, "tokenizer": tokenizer,
                    "training": "trained elsewhere: hyper-parameters unknown; resolved.yaml holds only "
                                + ", ".join(IMPORTED_TRAINING_KEYS)})
@@ -399,7 +399,7 @@ def export_run(run_dir: str | Path, checkpoint: str, out: str | Path) -> Path:
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():
         raise ValueError(f"{out} exists; choose a new directory (nothing is overwritten)")
-    config = load_config(run_dir / "resolved.yaml")
+    config = load_config(run_dir / RESOLVED)
     state, _ = load_weights(run_dir / checkpoint)
     check_state_dict(build_model(config.model), state, str(run_dir / checkpoint))
     tokenizer = run_tokenizer(run_dir)

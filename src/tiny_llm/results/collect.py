@@ -19,6 +19,7 @@ from tiny_llm.curvature.noise import STANDARD_ERRORS, standard_errors, summarise
 from tiny_llm.data.order import order_warnings
 from tiny_llm.io import atomic_write_json, atomic_write_text
 from tiny_llm.results.record import append_event, job_records
+from tiny_llm.layout import MANIFEST, SUMMARY
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +202,8 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
                     "worker_files": results[state["key"], cases[0]]["state"].get("worker_files")}
                    for state in states["states"]],
     }
-    atomic_write_text(analysis_dir / "summary.csv", csv_text)
-    atomic_write_json(analysis_dir / "manifest.json", manifest)
+    atomic_write_text(analysis_dir / SUMMARY, csv_text)
+    atomic_write_json(analysis_dir / MANIFEST, manifest)
     append_event(analysis_dir, {"event": "collected", "source": identity.get("source"),
                                 "jobs": job_records(name, results), "audit_exceeded": len(exceeded)})
     return manifest

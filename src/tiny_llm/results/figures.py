@@ -23,6 +23,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from tiny_llm.layout import MANIFEST, SUMMARY, TRAIN_LOG  # noqa: E402
+
 __all__ = ["AUDIT_FIGURES", "FIGURES", "SPECTRUM_FIGURES", "X_AXES", "engineering", "plot_analysis", "plot_audit",
            "plot_spectrum"]
 
@@ -205,7 +207,7 @@ def _noise_alignment(table, context, out_dir) -> list[Path]:
 def _training_log(run_dir: Path, context: dict) -> list[dict]:
     """The run's train-log.jsonl records with an x value on the figures' axis; none (and a note in
     ``context``) for a run without one (an imported run: trained elsewhere)."""
-    log_path = run_dir / "train-log.jsonl"
+    log_path = run_dir / TRAIN_LOG
     if not log_path.exists():
         context["missing_log"] = f"no training log in {run_dir} (trained elsewhere): training curves not drawn"
         return []
@@ -312,7 +314,7 @@ def _precision_audit(table, context, out_dir) -> list[Path]:
 
 def _context(analysis_dir: Path) -> dict:
     """What the figures need from manifest.json (empty when an analysis has none yet)."""
-    path = analysis_dir / "manifest.json"
+    path = analysis_dir / MANIFEST
     manifest = json.loads(path.read_text()) if path.exists() else {}
     return {"analysis": manifest.get("analysis", analysis_dir.name), "settings": manifest.get("settings"),
             "batch_sizes": manifest.get("batch_sizes"), "consensus": bool(manifest.get("consensus")),
@@ -321,7 +323,7 @@ def _context(analysis_dir: Path) -> dict:
 
 
 def _collected(analysis_dir: str | Path, out_dir: str | Path | None, x_axis: str = "auto",
-               table_name: str = "summary.csv") -> tuple[pd.DataFrame, dict, Path]:
+               table_name: str = SUMMARY) -> tuple[pd.DataFrame, dict, Path]:
     analysis_dir = Path(analysis_dir)
     out_dir = Path(out_dir) if out_dir else analysis_dir / "figures"
     if not (analysis_dir / table_name).exists():

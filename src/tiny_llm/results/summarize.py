@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tiny_llm.layout import MANIFEST, SUMMARY
+
 __all__ = ["COLUMNS", "summarize"]
 
 COLUMNS = [("loss", "loss", None), ("noise_curvature", "vᵀHv", "noise_curvature_se"),
@@ -90,7 +92,7 @@ def summarize(folder: str | Path) -> str:
         ValueError: the folder holds no collected analysis, saying how to make one.
     """
     folder = Path(folder)
-    summary, manifest_path = folder / "summary.csv", folder / "manifest.json"
+    summary, manifest_path = folder / SUMMARY, folder / MANIFEST
     if not summary.exists() or not manifest_path.exists():
         raise ValueError(f"{folder} holds no collected analysis (summary.csv and manifest.json); run the workflow "
                          "(snakemake -c1) to make it, or name a folder results/<analysis>")

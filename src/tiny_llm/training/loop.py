@@ -37,6 +37,7 @@ from tiny_llm.model.checkpoint import load_train_state, save_train_state, save_w
 from tiny_llm.model.architectures import build_model
 from tiny_llm.model.llama import CausalLM, token_losses
 from tiny_llm.runtime import resolve_device
+from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, RESUME, TRAIN_LOG, epoch_file
 
 __all__ = ["accumulate_batch_gradient", "average_states", "learning_rate", "run_summary", "train"]
 
@@ -48,8 +49,6 @@ TRAIN_LOCK = ".train.lock"
 """Settings that may change between a run and its resumption."""
 
 
-def epoch_file(epoch: int) -> str:
-    return f"epoch-{epoch:03d}.safetensors"
 
 
 def worker_dir(worker: int) -> str:
@@ -242,7 +241,7 @@ class _Trainer:
             if self.step % spe == 0:
                 self.write_epoch_checkpoint()
                 if self.step < self.total_steps:
-                    self.save_state("resume.pt", complete=False)
+                    self.save_state(RESUME, complete=False)
                 if stop_after_epoch is not None and self.epoch >= stop_after_epoch and self.step < self.total_steps:
                     log.info("stopping after epoch %d as asked; rerun the same command to resume", self.epoch)
                     return
@@ -250,7 +249,7 @@ class _Trainer:
 
 def _check_run_dir(config: RunConfig, run_dir: Path) -> None:
     """Refuse a run directory made with a different scientific setting (writes nothing)."""
-    resolved = run_dir / "resolved.yaml"
+    resolved = run_dir / RESOLVED
     if resolved.exists():
         old = load_config(resolved)
         changed = _changed_settings(config_to_dict(old), config_to_dict(config))
@@ -298,7 +297,7 @@ def train(config: RunConfig, run_dir: str | Path, *, device: str = "cpu", stop_a
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"run directory {run_dir} is a file; choose another path")
-    if (run_dir / "imported.json").exists():
+    if (run_dir / IMPORTED).exists():
         raise ValueError(f"{run_dir} holds imported weights (imported.json); training would overwrite them: "
                          "train into a new run directory")
     _check_run_dir(config, run_dir)
@@ -311,7 +310,7 @@ def train(config: RunConfig, run_dir: str | Path, *, device: str = "cpu", stop_a
 def _train_locked(trainer: _Trainer, config: RunConfig, run_dir: Path, stop_after_epoch: int | None) -> Path:
     """Train while holding the run directory's lock; every state and the log are read (and
     refused when unreadable) before anything is written."""
-    final, resume, log_path = run_dir / "final.pt", run_dir / "resume.pt", run_dir / "train-log.jsonl"
+    final, resume, log_path = run_dir / FINAL, run_dir / RESUME, run_dir / TRAIN_LOG
     for folder in [run_dir, *sorted(run_dir.glob("node-*"))]:
         for path in remove_leftovers(folder):  # temporary files of a killed write
             log.info("removed %s, left by an interrupted write", path)
@@ -325,7 +324,7 @@ def _train_locked(trainer: _Trainer, config: RunConfig, run_dir: Path, stop_afte
         trainer.restore(resume)
         log.info("resuming %s from step %d", run_dir, trainer.step)
     kept_log = _kept_log(log_path, trainer.step)
-    atomic_write_text(run_dir / "resolved.yaml", dump_config(config))
+    atomic_write_text(run_dir / RESOLVED, dump_config(config))
     if not resume.exists():
         trainer.write_epoch_checkpoint()  # epoch-000: the initialisation
     if kept_log is not None:
@@ -333,7 +332,7 @@ def _train_locked(trainer: _Trainer, config: RunConfig, run_dir: Path, stop_afte
     with open(log_path, "a") as log_file:
         trainer.run(stop_after_epoch, log_file)
     if trainer.step == trainer.total_steps:
-        trainer.save_state("final.pt", complete=True)
+        trainer.save_state(FINAL, complete=True)
         resume.unlink(missing_ok=True)
         log.info("finished %s: %d steps, %d tokens", run_dir, trainer.step, trainer.tokens)
     return final
@@ -342,10 +341,10 @@ def _train_locked(trainer: _Trainer, config: RunConfig, run_dir: Path, stop_afte
 def run_summary(run_dir: str | Path) -> dict[str, Any]:
     """What a finished run holds: position, root checkpoints and worker folders (plain data)."""
     run_dir = Path(run_dir)
-    state = load_train_state(run_dir / "final.pt")
+    state = load_train_state(run_dir / FINAL)
     if not state["position"].get("complete"):
         raise ValueError(f"{run_dir / 'final.pt'} is not a finished training state")
-    return {"run": str(run_dir), "final": "final.pt", "position": state["position"],
+    return {"run": str(run_dir), "final": FINAL, "position": state["position"],
             "workers": len(state["workers"]),
             "checkpoints": sorted(p.name for p in run_dir.glob("epoch-*.safetensors")),
             "worker_dirs": sorted(p.name for p in run_dir.glob("node-*") if p.is_dir())}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.config import load_config
+from tiny_llm.layout import EPOCH_FILE, FINAL, RESOLVED
 from tiny_llm.workers.state import ROOT_CHECKPOINT, load_state, resolve_checkpoints
 
 __all__ = ["check_selection", "index_states", "select_checkpoints"]
@@ -20,7 +21,6 @@ __all__ = ["check_selection", "index_states", "select_checkpoints"]
 log = logging.getLogger(__name__)
 
 STATES_FORMAT = 1
-_EPOCH = re.compile(r"^epoch-(\d+)\.safetensors$")
 
 
 def select_checkpoints(run_dir: str | Path, selection: str | list[str]) -> list[Path]:
@@ -32,9 +32,9 @@ def select_checkpoints(run_dir: str | Path, selection: str | list[str]) -> list[
     """
     run_dir = Path(run_dir)
     if selection == "all":
-        names = sorted((p.name for p in run_dir.glob("epoch-*.safetensors") if _EPOCH.match(p.name)),
-                       key=lambda n: int(_EPOCH.match(n).group(1)))
-        names += ["final.pt"] if (run_dir / "final.pt").exists() else []
+        names = sorted((p.name for p in run_dir.glob("epoch-*.safetensors") if EPOCH_FILE.match(p.name)),
+                       key=lambda n: int(EPOCH_FILE.match(n).group(1)))
+        names += [FINAL] if (run_dir / FINAL).exists() else []
         if not names:
             raise ValueError(f"{run_dir} holds no checkpoints (epoch-NNN.safetensors or final.pt); "
                              "train with training.checkpoint_policy=interval or select files explicitly")
@@ -80,7 +80,7 @@ def index_states(run_dir: str | Path, selection: str | list[str], consensus: boo
     "states": [{"key", "weights_hash", "worker_hashes", "aliases": [{"file", "step", "tokens"}]}]}``.
     """
     run_dir = Path(run_dir)
-    config = load_config(run_dir / "resolved.yaml")
+    config = load_config(run_dir / RESOLVED)
     by_key: dict[str, dict[str, Any]] = {}
     for path in select_checkpoints(run_dir, selection):
         state = load_state(run_dir, [path], config, consensus)

@@ -33,7 +33,8 @@ from tiny_llm.distributed import barrier, broadcast, is_writer, record as parall
 from tiny_llm.model.adapter import HFCausalLM
 from tiny_llm.model.architectures import build_model
 from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
-from tiny_llm.model.hf_runs import IMPORTED, run_tokenizer
+from tiny_llm.layout import IMPORTED, RESOLVED, SUMMARY
+from tiny_llm.model.hf_runs import run_tokenizer
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, source_hash
 from tiny_llm.runtime import compile_record, resolve_device
 from tiny_llm.training.loop import average_states
@@ -379,7 +380,7 @@ def prepare_inputs(run_dir: str | Path, checkpoints: list[str], case: str, setti
     Returns ``(config, resolved, cache, plan, state)``.
     """
     run_dir = Path(run_dir)
-    config = load_config(run_dir / "resolved.yaml")
+    config = load_config(run_dir / RESOLVED)
     carried = run_tokenizer(run_dir)  # an import that did not finish is refused first
     resolved = _resolve(settings, config)
     cache = TokenCache(config.data.cache)
@@ -545,7 +546,7 @@ def holds_results(output_dir: str | Path) -> bool:
     """Whether an output directory holds any finished measurement (state or spectrum results, or a
     collected summary)."""
     root = Path(output_dir)
-    return (root / "summary.csv").exists() or any(root.glob("states/*/*.json")) or any(root.glob("spectra/*/*.json"))
+    return (root / SUMMARY).exists() or any(root.glob("states/*/*.json")) or any(root.glob("spectra/*/*.json"))
 
 
 def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write: bool = False) -> None:

@@ -1,0 +1,61 @@
+"""The file layout of run directories and analysis folders: every name they hold and the paths the
+workflow's rules write, in one place (the rules' output patterns are checked against it by a test).
+
+A run directory (``runs/<name>``) holds ``resolved.yaml``, ``epoch-NNN.safetensors`` (NNN = the
+virtual epoch, 000 the initialisation), ``final.pt`` and ``resume.pt``, ``train-log.jsonl``,
+``node-NNN/`` (the workers of packed runs) and, when the workflow trained it, ``trained.json``; an
+imported one ``imported.json`` (and ``tokenizer/``, ``hf-config.json``). An analysis folder
+(``results/<name>``) holds ``states.json``, ``states/<key>/<case>.json``, ``manifest.json``,
+``summary.csv`` and ``figures/``.
+
+Example:
+    >>> epoch_file(3), state_result("demo", "ab12", "seen")
+    ('epoch-003.safetensors', 'results/demo/states/ab12/seen.json')
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["EPOCH_FILE", "FINAL", "IMPORTED", "MANIFEST", "RESOLVED", "RESUME", "STATES", "STATE_DONE",
+           "STATE_RESULT", "SUMMARY", "TRAINED", "TRAIN_LOG", "epoch_file", "epoch_stem", "state_result"]
+
+RESOLVED = "resolved.yaml"
+"""A run's complete configuration."""
+IMPORTED = "imported.json"
+"""Marks a run directory made by an import: training refuses it (it would overwrite the weights)."""
+TRAIN_LOG = "train-log.jsonl"
+"""A run's log of every optimizer step (step, tokens, loss, pre-clipping gradient norm)."""
+FINAL = "final.pt"
+"""A finished run's training state (weights, optimizer, position)."""
+RESUME = "resume.pt"
+"""An unfinished run's training state, from which the same command resumes."""
+TRAINED = "trained.json"
+"""The workflow's receipt of a run it trained."""
+STATES = "states.json"
+"""An analysis's index of unique parameter states."""
+MANIFEST = "manifest.json"
+"""An analysis's collected settings, provenance and states."""
+SUMMARY = "summary.csv"
+"""An analysis's table: one row per checkpoint file and case."""
+EPOCH_FILE = re.compile(r"^epoch-(\d+)\.safetensors$")
+"""A root checkpoint written at a virtual epoch (or an imported checkpoint, in its order)."""
+STATE_RESULT = "results/{analysis}/states/{key}/{case}.json"
+"""One state's result on one case (the analyze_state rule's output pattern)."""
+STATE_DONE = "results/{analysis}/states/{key}/done.json"
+"""The receipt that every case of a state is measured (the finish_state rule's output pattern)."""
+
+
+def epoch_stem(epoch: int) -> str:
+    """``epoch-NNN``: a virtual epoch's checkpoint name without its suffix."""
+    return f"epoch-{epoch:03d}"
+
+
+def epoch_file(epoch: int) -> str:
+    """``epoch-NNN.safetensors``: the root weights after virtual epoch ``epoch`` (0: initialisation)."""
+    return f"{epoch_stem(epoch)}.safetensors"
+
+
+def state_result(analysis: str, key: str, case: str) -> str:
+    """The result file of state ``key`` on ``case`` in analysis ``analysis`` (relative to the project)."""
+    return STATE_RESULT.format(analysis=analysis, key=key, case=case)
