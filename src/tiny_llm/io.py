@@ -62,15 +62,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary folder next to ``path`` (with the umask's permissions); on success fsync
-    its files and itself and rename it onto ``path``, which must not exist (or be an empty folder).
-    On any exception the temporary folder is removed, so readers see the whole folder or none."""
+def atomic_directory(path: str | Path, kind: str = "") -> Iterator[Path]:
+    """Yield a temporary folder next to ``path`` (``.<name>.<kind>-*``, with the umask's
+    permissions); on success fsync its files and itself and rename it onto ``path``, which must not
+    exist (or be an empty folder). On any exception the temporary folder is removed, so readers see
+    the whole folder or none (a killed process leaves the hidden folder, which ``kind`` names)."""
     import shutil
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.{kind + '-' if kind else ''}", dir=path.parent))
     os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp makes 0700: a shared folder must be readable by the group
     try:
         yield tmp

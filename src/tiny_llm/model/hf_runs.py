@@ -19,12 +19,12 @@ it was trained with elsewhere are unknown and are not written (``imported.json``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,9 @@ import yaml
 from safetensors.torch import save_file
 
 from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, load_config
-from tiny_llm.io import atomic_directory, atomic_write_json, fsync_dir, local_directory, sha256_file
+from tiny_llm.io import atomic_directory, atomic_write_json, local_directory, sha256_file
 from tiny_llm.model.hf import (
     HF_CONFIG,
-    adapter_config,
     from_hf_state,
     imported_config,
     read_json_object,
@@ -119,9 +118,9 @@ def checkpoint_positions(paths: list[Path], steps: list[int | None] | None = Non
         seen[resolved] = path
     if tokens_per_step is not None:
         _count(tokens_per_step, "tokens_per_step")
+    states = [read_trainer_state(path) for path in paths]
     positions = []
-    for path, step, count in zip(paths, steps, tokens, strict=True):
-        state = read_trainer_state(path)
+    for path, state, step, count in zip(paths, states, steps, tokens, strict=True):
         if step is not None:
             step, step_source = _count(step, f"step of {path}"), "given"
         elif state is not None:
@@ -141,7 +140,7 @@ def checkpoint_positions(paths: list[Path], steps: list[int | None] | None = Non
         else:
             count, tokens_source = None, "unknown"
         positions.append(CheckpointPosition(step, step_source, count, tokens_source))
-    for (a, p), (b, q) in zip(zip(paths, positions), zip(paths[1:], positions[1:]), strict=False):
+    for (a, p), (b, q) in pairwise(zip(paths, positions, strict=True)):
         if q.step <= p.step:
             raise ValueError(f"checkpoints out of training order: {b} (step {q.step}) comes after {a} (step {p.step}); "
                              "list them oldest first, each step once")
@@ -150,7 +149,7 @@ def checkpoint_positions(paths: list[Path], steps: list[int | None] | None = Non
                              f"({p.tokens} tokens); list them oldest first")
     unknown = [str(path) for path, p in zip(paths, positions, strict=True) if p.tokens is None]
     if unknown:
-        batch = next((s.get("train_batch_size") for s in map(read_trainer_state, paths) if s), None)
+        batch = next((s.get("train_batch_size") for s in states if s), None)
         hint = (f"; trainer_state.json says train_batch_size {batch} per device, so tokens_per_step = {batch} x "
                 "sequence length x gradient accumulation steps x devices" if batch else "")
         log.warning("training tokens unknown for %s: the figures will use steps; give them (--tokens, "
@@ -200,7 +199,7 @@ def _checked_states(paths: list[Path], planned: RunConfig) -> list[dict[str, tor
             state = _adapter_state(model, path)
         else:
             state = from_hf_state(read_weights(path), planned.model, str(path))
-        embedding = state.get("tok_embeddings.weight", state.get(_adapter_embedding(model)))
+        embedding = state.get("tok_embeddings.weight")  # the adapter's mismatches: _adapter_state names them
         if embedding is not None and embedding.shape[0] != planned.model.vocab_size:
             raise ValueError(f"{path / 'config.json'}: vocab_size {planned.model.vocab_size} disagrees with the "
                              f"embedding's {embedding.shape[0]} rows in the weights; the config.json does not belong "
@@ -208,15 +207,6 @@ def _checked_states(paths: list[Path], planned: RunConfig) -> list[dict[str, tor
         check_state_dict(model, state, str(path))
         states.append(state)
     return states
-
-
-def _adapter_embedding(model: torch.nn.Module) -> str:
-    """The adapter's state key of the input embedding (``model.`` + transformers' own name)."""
-    getter = getattr(getattr(model, "model", None), "get_input_embeddings", None)
-    if getter is None:
-        return ""
-    embedding = getter()
-    return next((f"model.{name}" for name, p in model.model.named_parameters() if p is embedding.weight), "")
 
 
 def _adapter_state(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]:
@@ -305,25 +295,10 @@ def import_run(directories: list[str | Path], run_dir: str | Path, config: RunCo
     for stale in _leftovers(run_dir):
         log.info("removing %s, left by an interrupted import", stale)
         shutil.rmtree(stale, ignore_errors=True)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.import-", dir=run_dir.parent))
-    try:
+    with atomic_directory(run_dir, kind="import") as tmp:  # renamed onto a missing or empty directory only
         _write_import(tmp, run_dir, paths, planned, positions, tokenizer, states)
-        os.chmod(tmp, 0o777 & ~_umask())
-        fsync_dir(tmp)
-        os.rename(tmp, run_dir)  # onto a missing or empty directory only
-        fsync_dir(run_dir.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("imported %d checkpoint(s) into %s", len(paths), run_dir)
     return run_dir
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _write_import(tmp: Path, run_dir: Path, paths: list[Path], planned: RunConfig,
@@ -336,9 +311,9 @@ def _write_import(tmp: Path, run_dir: Path, paths: list[Path], planned: RunConfi
     record: dict[str, Any] = {"complete": False, "architecture": planned.model.architecture}
     atomic_write_json(tmp / IMPORTED, record)  # first: this directory is never a run trained here
     model = planned.model
-    if model.architecture == "hf":
+    if model.architecture == "hf":  # the run's own copy of the config.json
         (tmp / HF_CONFIG).write_text((paths[0] / "config.json").read_text())
-        model = adapter_config(json.loads((paths[0] / "config.json").read_text()), run_dir / HF_CONFIG)
+        model = dataclasses.replace(model, hf_config=str(run_dir / HF_CONFIG))
     if tokenizer is not None:
         (tmp / TOKENIZER_DIR).mkdir()
         for name in tokenizer["files"]:

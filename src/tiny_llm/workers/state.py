@@ -356,15 +356,13 @@ def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, o
     return epoch_plan(config, 1) if case == "seen" else unseen_plan(config)
 
 
-def check_tokenizer(run_dir: Path, cache: TokenCache, carried: dict[str, Any] | None = None) -> None:
+def check_tokenizer(run_dir: Path, cache: TokenCache, carried: dict[str, Any] | None) -> None:
     """Refuse to measure a run's checkpoints on a cache encoded with another tokenizer than the one
-    they came with (imported runs that carry one), naming both; a run directory whose import did
-    not finish is refused too.
+    they came with (``carried``: :func:`run_tokenizer` of an imported run), naming both.
 
     Raises:
         ValueError: before any work.
     """
-    carried = carried or run_tokenizer(run_dir)
     if carried is not None and not same_tokenizer(carried, cache.meta.get("tokenizer")):
         raise ValueError(f"{run_dir}'s checkpoints came with {describe_tokenizer(carried)}, but the cache "
                          f"{cache.path} was encoded with {describe_tokenizer(cache.meta.get('tokenizer'))}; prepare "
