@@ -30,7 +30,10 @@ seeds-demo: $(STAMP)
 
 # Two workers, each taking whole test files (a file's tests share its fixtures, in order), in the
 # order tests/conftest.py collects them: the Slurm tests, which mostly wait, first.
+# ruff (settings and the reasons for its rules in pyproject.toml) first: a style finding fails fast.
 test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 test-slow: $(STAMP)

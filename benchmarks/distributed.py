@@ -36,12 +36,18 @@ from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import StoragePeak
 from tiny_llm.curvature.sharded import ShardedHessian
-from tiny_llm.curvature.spectrum import Layout, top_eigenpairs
+from tiny_llm.curvature.spectrum import top_eigenpairs
 from tiny_llm.model.llama import Llama
 
 CPU32 = Precision(torch.device("cpu"), torch.float32)
-_COUNTED = ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_gather_into_tensor",
-            "reduce_scatter_tensor", "broadcast")
+_COUNTED = (
+    "all_reduce",
+    "all_gather_single",
+    "reduce_scatter_single",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "broadcast",
+)
 
 
 def _count_collectives(counter: dict[str, int]) -> None:
@@ -53,17 +59,25 @@ def _count_collectives(counter: dict[str, int]) -> None:
             continue
 
         def counted(*args, _original=original, _name=name, **kwargs):
-            tensors = [a for a in args if isinstance(a, torch.Tensor)] + \
-                [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+            tensors = [a for a in args if isinstance(a, torch.Tensor)] + [
+                v for v in kwargs.values() if isinstance(v, torch.Tensor)
+            ]
             counter[_name] = counter.get(_name, 0) + max((t.numel() * t.element_size() for t in tensors), default=0)
             return _original(*args, **kwargs)
+
         setattr(dist, name, counted)
 
 
 def _model(args: argparse.Namespace) -> Llama:
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_heads=args.heads, d_ff=args.d_ff,
-                         n_layers=args.layers, max_seq_len=args.seq_len)
+    config = ModelConfig(
+        vocab_size=args.vocab,
+        d_model=args.d_model,
+        n_heads=args.heads,
+        d_ff=args.d_ff,
+        n_layers=args.layers,
+        max_seq_len=args.seq_len,
+    )
     return Llama(config, attention_backend="reference")
 
 
@@ -76,34 +90,59 @@ def _memory_rank(rank: int, size: int, store: str, out: str, args: argparse.Name
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
     try:
         counter: dict[str, int] = {}
-        op = ShardedHessian(_model(args), _tokens(args, args.memory_rows), batch_size=args.memory_rows,
-                            precision=CPU32)
+        op = ShardedHessian(_model(args), _tokens(args, args.memory_rows), batch_size=args.memory_rows, precision=CPU32)
         d = len(op.layout.indices)
         _count_collectives(counter)
         with StoragePeak() as peak:
             started = time.perf_counter()
-            top_eigenpairs(op.hvp, op.D, 1, args.lanczos_steps, layout=op.layout, basis_dtype=torch.float32,
-                           reduction_dtype=torch.float32)
+            top_eigenpairs(
+                op.hvp,
+                op.D,
+                1,
+                args.lanczos_steps,
+                layout=op.layout,
+                basis_dtype=torch.float32,
+                reduction_dtype=torch.float32,
+            )
             seconds = time.perf_counter() - started
         products = args.lanczos_steps + 1
-        record = {"ranks": size, "rank": rank, "D": op.D, "local_entries": d,
-                  "parameters_bytes": 4 * d, "gradient_bytes": 4 * d, "direction_bytes": 8 * d,
-                  "basis_bytes": 4 * d * args.lanczos_steps, "peak_bytes": peak.peak,
-                  "seconds_per_product": seconds / products,
-                  "bytes_per_product": {k: v / products for k, v in counter.items()}}
+        record = {
+            "ranks": size,
+            "rank": rank,
+            "D": op.D,
+            "local_entries": d,
+            "parameters_bytes": 4 * d,
+            "gradient_bytes": 4 * d,
+            "direction_bytes": 8 * d,
+            "basis_bytes": 4 * d * args.lanczos_steps,
+            "peak_bytes": peak.peak,
+            "seconds_per_product": seconds / products,
+            "bytes_per_product": {k: v / products for k, v in counter.items()},
+        }
         Path(f"{out}.{rank}").write_text(json.dumps(record))
     finally:
         dist.destroy_process_group()
 
 
 def _unsharded_memory(args: argparse.Namespace) -> dict:
-    op = EpochHessian(_model(args), _tokens(args, args.memory_rows), batch_size=args.memory_rows,
-                      engine="finite_difference", precision=CPU32)
+    op = EpochHessian(
+        _model(args),
+        _tokens(args, args.memory_rows),
+        batch_size=args.memory_rows,
+        engine="finite_difference",
+        precision=CPU32,
+    )
     with StoragePeak() as peak:
-        top_eigenpairs(op.hvp, op.flat.D, 1, args.lanczos_steps, basis_dtype=torch.float32,
-                       reduction_dtype=torch.float32)
-    return {"ranks": 1, "sharded": False, "D": op.flat.D, "peak_bytes": peak.peak,
-            "basis_bytes": 4 * op.flat.D * args.lanczos_steps}
+        top_eigenpairs(
+            op.hvp, op.flat.D, 1, args.lanczos_steps, basis_dtype=torch.float32, reduction_dtype=torch.float32
+        )
+    return {
+        "ranks": 1,
+        "sharded": False,
+        "D": op.flat.D,
+        "peak_bytes": peak.peak,
+        "basis_bytes": 4 * op.flat.D * args.lanczos_steps,
+    }
 
 
 def _speed_rank(rank: int, size: int, store: str, out: str, args: argparse.Namespace) -> None:
@@ -119,8 +158,9 @@ def _speed_rank(rank: int, size: int, store: str, out: str, args: argparse.Names
         V = torch.randn(args.K, D, generator=torch.Generator().manual_seed(2))
         record = {"ranks": size, "D": D}
         for kind, engine, method in (("hvp", "double_backward", "hvp"), ("forms", "adjoint", "quadratic_forms")):
-            op = EpochHessian(model, tokens, batch_size=args.micro_batch, engine=engine, precision=CPU32,
-                              directions_per_pass=args.K)
+            op = EpochHessian(
+                model, tokens, batch_size=args.micro_batch, engine=engine, precision=CPU32, directions_per_pass=args.K
+            )
             getattr(op, method)(V[:1])  # warm-up
             counter.clear()
             times = []
@@ -141,8 +181,9 @@ def _speed_rank(rank: int, size: int, store: str, out: str, args: argparse.Names
 def _spawn(target, size: int, args: argparse.Namespace) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out")
-        mp.start_processes(target, args=(size, os.path.join(tmp, "store"), out, args), nprocs=size,
-                           start_method="spawn")
+        mp.start_processes(
+            target, args=(size, os.path.join(tmp, "store"), out, args), nprocs=size, start_method="spawn"
+        )
         return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(size)]
 
 
@@ -166,21 +207,27 @@ def main() -> None:
     MiB = 2**20
     results = {"unsharded": _unsharded_memory(args)}
     print(f"model: D = {results['unsharded']['D']:,} parameters; Lanczos {args.lanczos_steps} steps, float32")
-    print(f"unsharded, one process: peak {results['unsharded']['peak_bytes'] / MiB:.1f} MiB "
-          f"(basis {results['unsharded']['basis_bytes'] / MiB:.1f} MiB)")
-    print("| ranks | entries per rank | parameters | gradient | direction | basis | peak per rank | s per HVP | "
-          "all-gather per HVP | reduce-scatter per HVP | all-reduce per HVP |")
+    print(
+        f"unsharded, one process: peak {results['unsharded']['peak_bytes'] / MiB:.1f} MiB "
+        f"(basis {results['unsharded']['basis_bytes'] / MiB:.1f} MiB)"
+    )
+    print(
+        "| ranks | entries per rank | parameters | gradient | direction | basis | peak per rank | s per HVP | "
+        "all-gather per HVP | reduce-scatter per HVP | all-reduce per HVP |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for size in (1, 2, 4):
         ranks = _spawn(_memory_rank, size, args)
         results[f"sharded_{size}"] = ranks
         worst = max(ranks, key=lambda r: r["peak_bytes"])
         moved = worst["bytes_per_product"]
-        print(f"| {size} | {worst['local_entries']:,} | {worst['parameters_bytes'] / MiB:.1f} MiB | "
-              f"{worst['gradient_bytes'] / MiB:.1f} MiB | {worst['direction_bytes'] / MiB:.1f} MiB | "
-              f"{worst['basis_bytes'] / MiB:.1f} MiB | {worst['peak_bytes'] / MiB:.1f} MiB | "
-              f"{worst['seconds_per_product']:.2f} | {moved.get('all_gather_single', 0) / MiB:.1f} MiB | "
-              f"{moved.get('reduce_scatter_single', 0) / MiB:.1f} MiB | {moved.get('all_reduce', 0) / MiB:.3f} MiB |")
+        print(
+            f"| {size} | {worst['local_entries']:,} | {worst['parameters_bytes'] / MiB:.1f} MiB | "
+            f"{worst['gradient_bytes'] / MiB:.1f} MiB | {worst['direction_bytes'] / MiB:.1f} MiB | "
+            f"{worst['basis_bytes'] / MiB:.1f} MiB | {worst['peak_bytes'] / MiB:.1f} MiB | "
+            f"{worst['seconds_per_product']:.2f} | {moved.get('all_gather_single', 0) / MiB:.1f} MiB | "
+            f"{moved.get('reduce_scatter_single', 0) / MiB:.1f} MiB | {moved.get('all_reduce', 0) / MiB:.3f} MiB |"
+        )
     print()
     print("| ranks | s per HVP pass (K directions) | speed-up | s per form pass | speed-up | all-reduce per pass |")
     print("|---|---|---|---|---|---|")
@@ -189,10 +236,12 @@ def main() -> None:
         record = _spawn(_speed_rank, size, args)[0] if size > 1 else _speed_in_process(args)
         results[f"data_parallel_{size}"] = record
         base = base or record
-        print(f"| {size} | {record['hvp_seconds']:.2f} | {base['hvp_seconds'] / record['hvp_seconds']:.2f}× | "
-              f"{record['forms_seconds']:.2f} | {base['forms_seconds'] / record['forms_seconds']:.2f}× | "
-              f"{record['hvp_bytes'].get('all_reduce', 0) / MiB:.2f} MiB (HVP), "
-              f"{record['forms_bytes'].get('all_reduce', 0)} B (forms) |")
+        print(
+            f"| {size} | {record['hvp_seconds']:.2f} | {base['hvp_seconds'] / record['hvp_seconds']:.2f}× | "
+            f"{record['forms_seconds']:.2f} | {base['forms_seconds'] / record['forms_seconds']:.2f}× | "
+            f"{record['hvp_bytes'].get('all_reduce', 0) / MiB:.2f} MiB (HVP), "
+            f"{record['forms_bytes'].get('all_reduce', 0)} B (forms) |"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

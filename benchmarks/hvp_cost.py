@@ -80,15 +80,22 @@ def _seconds(fn, device) -> float:
 
 
 def _operator(args, model, tokens, hvp_batch, precision, engine, K) -> EpochHessian:
-    return EpochHessian(model, tokens, batch_size=hvp_batch, engine=engine, precision=precision,
-                        directions_per_pass=K, compile=args.compile and engine == "pearlmutter")
+    return EpochHessian(
+        model,
+        tokens,
+        batch_size=hvp_batch,
+        engine=engine,
+        precision=precision,
+        directions_per_pass=K,
+        compile=args.compile and engine == "pearlmutter",
+    )
 
 
 def _paired_ratios(args, name: str) -> dict:
     precision, model, tokens, hvp_batch = _setup(args, name)
     batches = [(x.to(precision.device), y.to(precision.device)) for x, y in pad_sequences(tokens, hvp_batch)]
     n_targets = tokens[:, 1:].numel()
-    gradient = lambda: _gradient_pass(model, batches, n_targets, precision)  # noqa: E731
+    gradient = lambda: _gradient_pass(model, batches, n_targets, precision)
     ks = [int(k) for k in args.ks.split(",")]
     cases = {}
     engines = args.engines.split(",")
@@ -104,24 +111,41 @@ def _paired_ratios(args, name: str) -> dict:
     for trial in range(args.trials):
         for (engine, K), (op, V) in cases.items():
             g = _seconds(gradient, precision.device)
-            q = _seconds(lambda: op.quadratic_forms(V), precision.device)
+            q = _seconds(lambda op=op, V=V: op.quadratic_forms(V), precision.device)
             gradient_seconds.append(g)
             ratios[(engine, K)].append(q / K / g)
         print(f"  {name}: trial {trial + 1}/{args.trials} done", file=sys.stderr, flush=True)
-    rows = [{"engine": e, "K": K, "per_direction_over_gradient": statistics.median(r),
-             "range": [min(r), max(r)]} for (e, K), r in ratios.items()]
+    rows = [
+        {"engine": e, "K": K, "per_direction_over_gradient": statistics.median(r), "range": [min(r), max(r)]}
+        for (e, K), r in ratios.items()
+    ]
     memory = {"gradient": _peak_memory_mb(args, name, "gradient")}
     for engine in engines:
         for K in sorted({min(ks), max(ks)}):
             memory[f"{engine} K={K}"] = _peak_memory_mb(args, name, f"{engine}:{K}")
-    return {"parameters_D": count_parameters(model), "epoch_sequences": len(tokens), "seq_len": tokens.size(1) - 1,
-            "hvp_batch_size": hvp_batch, "gradient_seconds_median": statistics.median(gradient_seconds),
-            "rows": rows, "peak_memory_mb": memory}
+    return {
+        "parameters_D": count_parameters(model),
+        "epoch_sequences": len(tokens),
+        "seq_len": tokens.size(1) - 1,
+        "hvp_batch_size": hvp_batch,
+        "gradient_seconds_median": statistics.median(gradient_seconds),
+        "rows": rows,
+        "peak_memory_mb": memory,
+    }
 
 
 def _peak_memory_mb(args, name: str, what: str) -> float:
     """Peak memory of one pass, measured in a fresh process (CUDA: allocator peak; CPU: RSS growth)."""
-    command = [sys.executable, __file__, "--device", args.device, "--dtype", args.dtype, "--memory-of", f"{name}:{what}"]
+    command = [
+        sys.executable,
+        __file__,
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+        "--memory-of",
+        f"{name}:{what}",
+    ]
     command += ["--amp"] * args.amp + ["--compile"] * args.compile
     return float(subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip())
 
@@ -143,7 +167,9 @@ def _memory_of(args) -> None:
         _gradient_pass(model, batches, tokens[:, 1:].numel(), precision)
     else:
         op.quadratic_forms(V)
-    peak = torch.cuda.max_memory_allocated(precision.device) - base if precision.device.type == "cuda" else sampler.stop()
+    peak = (
+        torch.cuda.max_memory_allocated(precision.device) - base if precision.device.type == "cuda" else sampler.stop()
+    )
     print(peak / 2**20)
 
 
@@ -173,25 +199,34 @@ class _RssSampler:
 
 
 def _print_report(report: dict) -> None:
-    print(f"{report['device']} {report['dtype']}{' amp' if report['amp'] else ''}"
-          f"{' compiled pearlmutter' if report['compile'] else ''}, torch {report['torch']}, "
-          f"{report['threads']} threads, {report['trials']} paired trials")
+    print(
+        f"{report['device']} {report['dtype']}{' amp' if report['amp'] else ''}"
+        f"{' compiled pearlmutter' if report['compile'] else ''}, torch {report['torch']}, "
+        f"{report['threads']} threads, {report['trials']} paired trials"
+    )
     for name, model in report["models"].items():
-        print(f"\n{name}: D = {model['parameters_D']:,}, epoch {model['epoch_sequences']} sequences x "
-              f"{model['seq_len']} tokens, curvature micro-batch {model['hvp_batch_size']}, "
-              f"gradient pass {model['gradient_seconds_median'] * 1e3:.0f} ms (median)")
+        print(
+            f"\n{name}: D = {model['parameters_D']:,}, epoch {model['epoch_sequences']} sequences x "
+            f"{model['seq_len']} tokens, curvature micro-batch {model['hvp_batch_size']}, "
+            f"gradient pass {model['gradient_seconds_median'] * 1e3:.0f} ms (median)"
+        )
         print("| engine | K | per direction ÷ gradient (median) | range |\n| --- | ---: | ---: | --- |")
         for r in model["rows"]:
-            print(f"| {r['engine']} | {r['K']} | {r['per_direction_over_gradient']:.2f} | "
-                  f"{r['range'][0]:.2f}–{r['range'][1]:.2f} |")
+            print(
+                f"| {r['engine']} | {r['K']} | {r['per_direction_over_gradient']:.2f} | "
+                f"{r['range'][0]:.2f}–{r['range'][1]:.2f} |"
+            )
         memory = model["peak_memory_mb"]
         print("peak memory of one pass (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
         one = [r["per_direction_over_gradient"] for r in model["rows"] if r["K"] == 1]
         k16 = [r["per_direction_over_gradient"] for r in model["rows"] if r["K"] == 16 and r["engine"] == "adjoint"]
-        print("targets: " + (f"one direction {min(one):.2f} (≤ 1.5); " if one else "")
-              + (f"adjoint K=16 {k16[0]:.2f} (≤ {TARGET_K16[name]}); " if k16 else "")
-              + "memory ÷ gradient: " + ", ".join(f"{k} {v / memory['gradient']:.1f}"
-                                                  for k, v in memory.items() if k != "gradient"))
+        print(
+            "targets: "
+            + (f"one direction {min(one):.2f} (≤ 1.5); " if one else "")
+            + (f"adjoint K=16 {k16[0]:.2f} (≤ {TARGET_K16[name]}); " if k16 else "")
+            + "memory ÷ gradient: "
+            + ", ".join(f"{k} {v / memory['gradient']:.1f}" for k, v in memory.items() if k != "gradient")
+        )
 
 
 def main() -> None:
@@ -211,10 +246,17 @@ def main() -> None:
         sys.exit("--device cuda: no CUDA device is available here")
     if args.memory_of:
         return _memory_of(args)
-    report = {"device": args.device, "dtype": args.dtype, "amp": args.amp, "compile": args.compile,
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "trials": args.trials,
-              "at": time.strftime("%Y-%m-%d"), "models": {name: _paired_ratios(args, name)
-                                                          for name in args.models.split(",")}}
+    report = {
+        "device": args.device,
+        "dtype": args.dtype,
+        "amp": args.amp,
+        "compile": args.compile,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "trials": args.trials,
+        "at": time.strftime("%Y-%m-%d"),
+        "models": {name: _paired_ratios(args, name) for name in args.models.split(",")},
+    }
     _print_report(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))

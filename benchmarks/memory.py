@@ -33,8 +33,18 @@ import torch
 
 from tiny_llm.config import ModelConfig, load_config
 from tiny_llm.curvature.hessian import EpochHessian, Precision
-from tiny_llm.curvature.memory import (COEFFICIENTS, GRADIENT, PHASES, GiB, StoragePeak, features, measure_pass,
-                                       pass_bytes, plan_analysis, size)
+from tiny_llm.curvature.memory import (
+    COEFFICIENTS,
+    GRADIENT,
+    PHASES,
+    GiB,
+    StoragePeak,
+    features,
+    measure_pass,
+    pass_bytes,
+    plan_analysis,
+    size,
+)
 from tiny_llm.model.llama import Llama
 
 ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference", GRADIENT)
@@ -42,19 +52,32 @@ ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter", "finite_differ
 
 def small_grid(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
-    return [dict(L=rng.choice([1, 2, 3]), d=rng.choice([16, 32, 64]), h=rng.choice([1, 2, 4, 8]),
-                 f=rng.choice([24, 48, 96, 172]), V=rng.choice([16, 64, 256]), T=rng.choice([16, 64, 128, 256]),
-                 B=rng.choice([1, 2, 3]), K=rng.choice([1, 2, 4, 8])) for _ in range(n)]
+    return [
+        dict(
+            L=rng.choice([1, 2, 3]),
+            d=rng.choice([16, 32, 64]),
+            h=rng.choice([1, 2, 4, 8]),
+            f=rng.choice([24, 48, 96, 172]),
+            V=rng.choice([16, 64, 256]),
+            T=rng.choice([16, 64, 128, 256]),
+            B=rng.choice([1, 2, 3]),
+            K=rng.choice([1, 2, 4, 8]),
+        )
+        for _ in range(n)
+    ]
 
 
 def wide_grid() -> list[dict]:
-    return [dict(L=L, d=512, h=8, f=1368, V=256, T=T, B=1, K=K)
-            for T, L, K in itertools.product([256, 1024], [1, 2], [1, 4])]
+    return [
+        dict(L=L, d=512, h=8, f=1368, V=256, T=T, B=1, K=K)
+        for T, L, K in itertools.product([256, 1024], [1, 2], [1, 4])
+    ]
 
 
 def config_of(p: dict) -> ModelConfig:
-    return ModelConfig(vocab_size=p["V"], d_model=p["d"], n_heads=p["h"], d_ff=p["f"], n_layers=p["L"],
-                       max_seq_len=p["T"])
+    return ModelConfig(
+        vocab_size=p["V"], d_model=p["d"], n_heads=p["h"], d_ff=p["f"], n_layers=p["L"], max_seq_len=p["T"]
+    )
 
 
 def measure(engine: str, points: list[dict], dtype: torch.dtype = torch.float32) -> list[dict]:
@@ -87,21 +110,25 @@ def fit(points: list[dict], itemsize: int = 4, iterations: int = 100) -> tuple[d
             if chosen.sum() >= x.shape[1] // 2:
                 w = 1 / y[chosen]
                 coefficients[k] = np.linalg.lstsq(x[chosen] * w[:, None], y[chosen] * w, rcond=None)[0]
-        new = np.stack([x @ c for x, c in zip(X, coefficients)], axis=1).argmax(axis=1)
+        new = np.stack([x @ c for x, c in zip(X, coefficients, strict=True)], axis=1).argmax(axis=1)
         if (new == assign).all():
             break
         assign = new
-    return tuple({name: (round(float(c[2 * i]), 3), round(float(c[2 * i + 1]), 3)) for i, name in enumerate(phase)}
-                 for phase, c in zip(PHASES, coefficients))
+    return tuple(
+        {name: (round(float(c[2 * i]), 3), round(float(c[2 * i + 1]), 3)) for i, name in enumerate(phase)}
+        for phase, c in zip(PHASES, coefficients, strict=True)
+    )
 
 
 def report(engine: str, measured: list[dict], itemsize: int = 4, label: str = "") -> float:
     ratios = [pass_bytes(engine, config_of(p), p["B"], p["K"], p["T"], itemsize) / p["peak"] for p in measured]
     worst = max(abs(r - 1) for r in ratios)
-    wide = [r for r, p in zip(ratios, measured) if p["d"] == 512]
-    print(f"{engine + label:>22}: predicted/measured over {len(ratios)} shapes: min {min(ratios):.3f}, "
-          f"max {max(ratios):.3f}, worst {worst:.1%}" + (f"; at d=512: {min(wide):.3f}-{max(wide):.3f}" if wide else ""),
-          flush=True)
+    wide = [r for r, p in zip(ratios, measured, strict=True) if p["d"] == 512]
+    print(
+        f"{engine + label:>22}: predicted/measured over {len(ratios)} shapes: min {min(ratios):.3f}, "
+        f"max {max(ratios):.3f}, worst {worst:.1%}" + (f"; at d=512: {min(wide):.3f}-{max(wide):.3f}" if wide else ""),
+        flush=True,
+    )
     return worst
 
 
@@ -125,13 +152,38 @@ def shape_check(config_path: Path, device: str, out: Path | None) -> list[dict]:
                 torch.cuda.empty_cache()
             rows.append({"engine": engine, "B": B, "K": K, "predicted": predicted, "measured": measured})
             ratio = "out of memory" if measured is None else f"{predicted / measured:.3f}"
-            print(f"{engine:>17} B={B} K={K:>2}: predicted {size(predicted):>9}, measured "
-                  f"{'-' if measured is None else size(measured):>9}, ratio {ratio}", flush=True)
-    unbounded = plan_analysis(config.model, T, engine="adjoint", K=16, hvp_batch_size=64, micro_batch_size=32,
-                              itemsize=4, compiled=False, audit_directions=None, extra_vectors=0, budget_bytes=None)
+            print(
+                f"{engine:>17} B={B} K={K:>2}: predicted {size(predicted):>9}, measured "
+                f"{'-' if measured is None else size(measured):>9}, ratio {ratio}",
+                flush=True,
+            )
+    unbounded = plan_analysis(
+        config.model,
+        T,
+        engine="adjoint",
+        K=16,
+        hvp_batch_size=64,
+        micro_batch_size=32,
+        itemsize=4,
+        compiled=False,
+        audit_directions=None,
+        extra_vectors=0,
+        budget_bytes=None,
+    )
     budget = min(40 * GiB, unbounded.peak_bytes // 3)
-    plan = plan_analysis(config.model, T, engine="adjoint", K=16, hvp_batch_size=64, micro_batch_size=32,
-                         itemsize=4, compiled=False, audit_directions=None, extra_vectors=0, budget_bytes=budget)
+    plan = plan_analysis(
+        config.model,
+        T,
+        engine="adjoint",
+        K=16,
+        hvp_batch_size=64,
+        micro_batch_size=32,
+        itemsize=4,
+        compiled=False,
+        audit_directions=None,
+        extra_vectors=0,
+        budget_bytes=budget,
+    )
     forms = next(p for p in plan.passes if p.name == "forms")
     target = torch.device(device)
     if target.type == "cuda":
@@ -140,16 +192,26 @@ def shape_check(config_path: Path, device: str, out: Path | None) -> list[dict]:
     with StoragePeak() if target.type == "cpu" else contextlib.nullcontext() as counter:
         model = Llama(config.model, attention_backend="reference").to(target)
         tokens = torch.randint(0, config.model.vocab_size, (64, T + 1), device=target)
-        H = EpochHessian(model, tokens, batch_size=64, engine="adjoint", directions_per_pass=16,
-                         precision=Precision(target, torch.float32, amp=True), group_rows=plan.rows("forms"))
+        H = EpochHessian(
+            model,
+            tokens,
+            batch_size=64,
+            engine="adjoint",
+            directions_per_pass=16,
+            precision=Precision(target, torch.float32, amp=True),
+            group_rows=plan.rows("forms"),
+        )
         H.quadratic_forms(torch.randn(16, H.flat.D, device=target))
     peak = counter.peak if target.type == "cpu" else torch.cuda.max_memory_allocated(target)
-    print(f"micro-batch of 64 sequences, K = 16, adjoint, bf16 autocast, budget {size(budget)}: groups of "
-          f"{forms.rows}, predicted job peak {size(forms.peak_bytes)}, measured {size(peak)} "
-          f"({peak / forms.peak_bytes:.3f} of predicted; {'within' if peak <= budget else 'OVER'} the budget)",
-          flush=True)
-    rows.append({"micro_batch": {"budget": budget, "group_rows": forms.rows, "predicted": forms.peak_bytes,
-                                 "measured": peak}})
+    print(
+        f"micro-batch of 64 sequences, K = 16, adjoint, bf16 autocast, budget {size(budget)}: groups of "
+        f"{forms.rows}, predicted job peak {size(forms.peak_bytes)}, measured {size(peak)} "
+        f"({peak / forms.peak_bytes:.3f} of predicted; {'within' if peak <= budget else 'OVER'} the budget)",
+        flush=True,
+    )
+    rows.append(
+        {"micro_batch": {"budget": budget, "group_rows": forms.rows, "predicted": forms.peak_bytes, "measured": peak}}
+    )
     if out:
         name = torch.cuda.get_device_name(0) if target.type == "cuda" else "cpu"
         out.write_text(json.dumps({"device": name, "config": str(config_path), "rows": rows}, indent=1))
@@ -162,8 +224,11 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=150, help="random small shapes per engine")
     parser.add_argument("--engines", default=",".join(ENGINES), help="engines to fit or check (default all)")
     parser.add_argument("--device", default="cpu", help="cpu (storage counts) or cuda (allocator peaks)")
-    parser.add_argument("--shape", type=Path, help="check at this run configuration's real shape (default on "
-                        "cuda: config/runs/20m.yaml)")
+    parser.add_argument(
+        "--shape",
+        type=Path,
+        help="check at this run configuration's real shape (default on cuda: config/runs/20m.yaml)",
+    )
     parser.add_argument("--out", type=Path, help="JSON of the shape check")
     args = parser.parse_args()
     if args.device == "cuda" or args.shape:

@@ -32,8 +32,17 @@ from tiny_llm.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks/out"
-STATISTICS = ["loss", "noise_curvature", "normalized_alignment", "random_curvature", "grad_curvature",
-              "mean_noise_norm", "full_grad_norm", "b_simple", "b_noise"]
+STATISTICS = [
+    "loss",
+    "noise_curvature",
+    "normalized_alignment",
+    "random_curvature",
+    "grad_curvature",
+    "mean_noise_norm",
+    "full_grad_norm",
+    "b_simple",
+    "b_noise",
+]
 
 
 def _run_config(name: str, folder: Path):
@@ -53,14 +62,16 @@ def _trained(name: str) -> tuple[object, Path]:
     folder = OUT / "precision" / name
     config = _run_config(name, folder)
     if not (folder / "cache").exists():
-        prepare_source_cache(config.data, "demo", [], capacity=default_capacity(config), out=folder / "cache",
-                             shard_tokens=1 << 20)
+        prepare_source_cache(
+            config.data, "demo", [], capacity=default_capacity(config), out=folder / "cache", shard_tokens=1 << 20
+        )
     train(config, folder / "run")
     return config, folder / "run"
 
 
 def _model(config, path: Path, precision: Precision) -> Llama:
     from safetensors.torch import load_file
+
     model = Llama(config.model, attention_backend="reference")
     model.load_state_dict(load_file(path))
     return model.to(precision.device, precision.dtype)
@@ -72,16 +83,28 @@ def _modes(device: torch.device) -> dict[str, tuple[Precision, bool]]:
     if device.type == "cuda":
         modes["float32 + TF32"] = (Precision(device, torch.float32), True)
     modes["bf16 autocast" + (" + TF32" if device.type == "cuda" else "")] = (
-        Precision(device, torch.float32, amp=True), device.type == "cuda")
+        Precision(device, torch.float32, amp=True),
+        device.type == "cuda",
+    )
     return modes
 
 
-def _measure(config, run: Path, checkpoint: str, precision: Precision, tf32: bool, samples: int,
-             lanczos_steps: int) -> dict:
+def _measure(
+    config, run: Path, checkpoint: str, precision: Precision, tf32: bool, samples: int, lanczos_steps: int
+) -> dict:
     cache = TokenCache(config.data.cache)
-    inputs = CaseInputs(cache=cache, plan=epoch_plan(config, 1), micro_batch_size=config.training.micro_batch_size,
-                        hvp_batch_size=8, noise_samples=samples, random_samples=samples, seed=42, engine="adjoint",
-                        directions_per_pass=16, compile=False)
+    inputs = CaseInputs(
+        cache=cache,
+        plan=epoch_plan(config, 1),
+        micro_batch_size=config.training.micro_batch_size,
+        hvp_batch_size=8,
+        noise_samples=samples,
+        random_samples=samples,
+        seed=42,
+        engine="adjoint",
+        directions_per_pass=16,
+        compile=False,
+    )
     model = _model(config, run / checkpoint, precision)
     with runtime_settings(precision.device, tf32):
         started = time.perf_counter()
@@ -89,13 +112,26 @@ def _measure(config, run: Path, checkpoint: str, precision: Precision, tf32: boo
         tokens = torch.cat([cache.tokens(b) for b in inputs.plan.blocks])
         values = {}
         for basis, reduction in ((torch.float64, torch.float64), (torch.bfloat16, torch.float32)):
-            operator = EpochHessian(model, tokens, batch_size=8, engine="double_backward", precision=precision,
-                                    directions_per_pass=1)
-            top = top_eigenpairs(operator.hvp, operator.flat.D, 1, lanczos_steps, seed=42, basis_dtype=basis,
-                                 reduction_dtype=reduction, device=precision.device)
+            operator = EpochHessian(
+                model, tokens, batch_size=8, engine="double_backward", precision=precision, directions_per_pass=1
+            )
+            top = top_eigenpairs(
+                operator.hvp,
+                operator.flat.D,
+                1,
+                lanczos_steps,
+                seed=42,
+                basis_dtype=basis,
+                reduction_dtype=reduction,
+                device=precision.device,
+            )
             values[str(basis).removeprefix("torch.")] = float(top[0][0])
-    return {**result["statistics"], "lambda_max": values["float64"], "lambda_max_bf16_basis": values["bfloat16"],
-            "seconds": time.perf_counter() - started}
+    return {
+        **result["statistics"],
+        "lambda_max": values["float64"],
+        "lambda_max_bf16_basis": values["bfloat16"],
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def main() -> None:
@@ -112,10 +148,14 @@ def main() -> None:
     for name in args.models.split(","):
         config, run = _trained(name)
         epochs = config.training.epochs
-        for checkpoint in (f"epoch-000.safetensors", f"epoch-{epochs // 2:03d}.safetensors",
-                           f"epoch-{epochs:03d}.safetensors"):
-            reference = _measure(config, run, checkpoint, Precision(device, torch.float64), False, args.samples,
-                                 args.lanczos_steps)
+        for checkpoint in (
+            "epoch-000.safetensors",
+            f"epoch-{epochs // 2:03d}.safetensors",
+            f"epoch-{epochs:03d}.safetensors",
+        ):
+            reference = _measure(
+                config, run, checkpoint, Precision(device, torch.float64), False, args.samples, args.lanczos_steps
+            )
             print(f"{name} {checkpoint} float64 reference: {reference['seconds']:.0f} s", flush=True)
             for mode, (precision, tf32) in _modes(device).items():
                 measured = _measure(config, run, checkpoint, precision, tf32, args.samples, args.lanczos_steps)
@@ -123,23 +163,47 @@ def main() -> None:
                 for key in STATISTICS + ["lambda_max"]:
                     exact, value = reference.get(key), measured.get(key)
                     errors[key] = None if exact in (None, 0) or value is None else abs(value - exact) / abs(exact)
-                errors["lambda_max_bf16_basis"] = abs(measured["lambda_max_bf16_basis"] - reference["lambda_max"]) / abs(
-                    reference["lambda_max"])
-                rows.append({"model": name, "parameters": count_parameters(_model(config, run / checkpoint, precision)),
-                             "checkpoint": checkpoint, "mode": mode, "relative_error": errors,
-                             "reference": reference, "measured": measured})
-                print(f"{name} {checkpoint} {mode}: " + ", ".join(
-                    f"{k} {v:.1e}" for k, v in errors.items() if v is not None), flush=True)
-    columns = ["loss", "noise_curvature", "normalized_alignment", "random_curvature", "grad_curvature", "b_simple",
-               "b_noise", "lambda_max", "lambda_max_bf16_basis"]
+                errors["lambda_max_bf16_basis"] = abs(
+                    measured["lambda_max_bf16_basis"] - reference["lambda_max"]
+                ) / abs(reference["lambda_max"])
+                rows.append(
+                    {
+                        "model": name,
+                        "parameters": count_parameters(_model(config, run / checkpoint, precision)),
+                        "checkpoint": checkpoint,
+                        "mode": mode,
+                        "relative_error": errors,
+                        "reference": reference,
+                        "measured": measured,
+                    }
+                )
+                print(
+                    f"{name} {checkpoint} {mode}: "
+                    + ", ".join(f"{k} {v:.1e}" for k, v in errors.items() if v is not None),
+                    flush=True,
+                )
+    columns = [
+        "loss",
+        "noise_curvature",
+        "normalized_alignment",
+        "random_curvature",
+        "grad_curvature",
+        "b_simple",
+        "b_noise",
+        "lambda_max",
+        "lambda_max_bf16_basis",
+    ]
     lines = ["| model | checkpoint | mode | " + " | ".join(columns) + " |", "|" + " --- |" * (3 + len(columns))]
     for row in rows:
         cells = ["–" if row["relative_error"][c] is None else f"{row['relative_error'][c]:.1e}" for c in columns]
-        lines.append(f"| {row['model']} | {row['checkpoint'].split('.')[0]} | {row['mode']} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {row['model']} | {row['checkpoint'].split('.')[0]} | {row['mode']} | " + " | ".join(cells) + " |"
+        )
     OUT.mkdir(parents=True, exist_ok=True)
     label = "cpu" if device.type == "cpu" else torch.cuda.get_device_name(device).replace(" ", "-")
-    (OUT / f"precision-{label}.json").write_text(json.dumps({"device": label, "samples": args.samples, "rows": rows},
-                                                            indent=1))
+    (OUT / f"precision-{label}.json").write_text(
+        json.dumps({"device": label, "samples": args.samples, "rows": rows}, indent=1)
+    )
     (OUT / f"precision-{label}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

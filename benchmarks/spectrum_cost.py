@@ -30,8 +30,9 @@ def main() -> None:
     config = load_config(REPO / "config/runs/demo.yaml")
     torch.manual_seed(0)
     precision = Precision(torch.device(args.device), getattr(torch, args.dtype))
-    tokens = torch.randint(0, config.model.vocab_size, (128, config.data.seq_len + 1),
-                           generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(
+        0, config.model.vocab_size, (128, config.data.seq_len + 1), generator=torch.Generator().manual_seed(1)
+    )
     model = Llama(config.model, attention_backend="reference").to(precision.device, precision.dtype)
     fused = Llama(config.model, attention_backend="sdpa").to(precision.device, precision.dtype)
     fused.load_state_dict(model.state_dict())
@@ -58,12 +59,16 @@ def main() -> None:
     top = torch.linalg.eigvalsh(result.tridiagonal())[-3:]
     top_low = torch.linalg.eigvalsh(low.tridiagonal())[-3:]
     print(f"D = {exact.flat.D}, {args.device} {args.dtype}, {args.steps} Lanczos steps")
-    print(f"exact HVP (double backward): {hvp * 1e3:.1f} ms; finite-difference HVP (sdpa): {fd_time * 1e3:.1f} ms "
-          f"-> FD / exact = {fd_time / hvp:.2f}")
+    print(
+        f"exact HVP (double backward): {hvp * 1e3:.1f} ms; finite-difference HVP (sdpa): {fd_time * 1e3:.1f} ms "
+        f"-> FD / exact = {fd_time / hvp:.2f}"
+    )
     print(f"Lanczos step (float64 basis): {step * 1e3:.1f} ms -> step / HVP = {step / hvp:.3f}")
     print(f"Lanczos step (bf16 basis, fp32 reductions): {low_step * 1e3:.1f} ms -> step / HVP = {low_step / hvp:.3f}")
-    print(f"top-3 Ritz values float64 basis {top.tolist()}; bf16 basis {top_low.tolist()}; "
-          f"max relative difference {float(((top - top_low) / top).abs().max()):.2e}")
+    print(
+        f"top-3 Ritz values float64 basis {top.tolist()}; bf16 basis {top_low.tolist()}; "
+        f"max relative difference {float(((top - top_low) / top).abs().max()):.2e}"
+    )
 
 
 if __name__ == "__main__":

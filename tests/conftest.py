@@ -51,6 +51,7 @@ def dense_epoch_hessian(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
     def loss(x):
         logits = functional_call(model, flat.unflatten(x), (tokens[:, :-1],))
         return token_losses(logits, tokens[:, 1:]).mean()
+
     return hessian(loss)(theta)
 
 
@@ -86,11 +87,13 @@ def jet_randn(*shape, seed):
 
 def reference_jet(f, x0, x1, x2):
     """(y1, y2) of t ↦ f(t, x0 + t·x1 + ½t²·x2) at t = 0, by forward mode twice (torch.func)."""
+
     def path(t):
         return f(t, x0 + t * x1 + 0.5 * t * t * x2)
 
     def first(t):
         return jvp(path, (t,), (torch.ones((), dtype=torch.float64),))[1]
+
     zero = torch.zeros((), dtype=torch.float64)
     return first(zero), jvp(first, (zero,), (torch.ones((), dtype=torch.float64),))[1]
 
@@ -101,17 +104,23 @@ def check_module_jet(module, jet_of, x0, *, second_order_input=True, seed=0):
     names = [n for n, _ in module.named_parameters()]
     dirs = {n: jet_randn(JET_K, *p.shape, seed=seed + i) for i, (n, p) in enumerate(module.named_parameters())}
     x1 = jet_randn(JET_K, *x0.shape, seed=seed + 50)
-    x2 = (jet_randn(JET_K, *x0.shape, seed=seed + 60) if second_order_input
-          else torch.zeros(JET_K, *x0.shape, dtype=torch.float64))
+    x2 = (
+        jet_randn(JET_K, *x0.shape, seed=seed + 60)
+        if second_order_input
+        else torch.zeros(JET_K, *x0.shape, dtype=torch.float64)
+    )
     jets = JetPass({p: dirs[n] for n, p in module.named_parameters()})
     out = jet_of(module, Jet(x0, x1, x2 if second_order_input else None), jets)
     for k in range(JET_K):
-        def f(t, x):
-            params = {n: p + t * dirs[n][k] for n, p in zip(names, module.parameters())}
+
+        def f(t, x, k=k):
+            params = {n: p + t * dirs[n][k] for n, p in zip(names, module.parameters(), strict=True)}
             return functional_call(module, params, (x,))
+
         y1, y2 = reference_jet(f, x0, x1[k], x2[k])
-        torch.testing.assert_close(out.z0, functional_call(module, dict(module.named_parameters()), (x0,)),
-                                   rtol=0, atol=1e-13)
+        torch.testing.assert_close(
+            out.z0, functional_call(module, dict(module.named_parameters()), (x0,)), rtol=0, atol=1e-13
+        )
         torch.testing.assert_close(out.z1[k], y1, rtol=0, atol=1e-11)
         torch.testing.assert_close(out.z2[k], y2, rtol=0, atol=1e-11)
 
@@ -127,9 +136,11 @@ def check_whole_model_jet(model) -> None:
         taylor = model.loss_jet(model.jet(inputs, jets), targets, jets)
     names = [n for n, _ in model.named_parameters()]
     for k in range(JET_K):
-        def f(t, _):
-            params = {n: p + t * jets.directions[p][k] for n, p in zip(names, model.parameters())}
+
+        def f(t, _, k=k):
+            params = {n: p + t * jets.directions[p][k] for n, p in zip(names, model.parameters(), strict=True)}
             return token_losses(functional_call(model, params, (inputs,)), targets).sum()
+
         _, second = reference_jet(f, torch.zeros(()), torch.zeros(()), torch.zeros(()))
         assert float(taylor[k]) == pytest.approx(float(second.detach()), rel=1e-11, abs=1e-11)
 
@@ -145,29 +156,47 @@ def dense_problem():
 
 def make_run_config(cache: Path, **training) -> RunConfig:
     """A fast training setup: byte vocab, width 8, seq_len 8, B=4 with micro-batch 3 (a remainder)."""
-    base = {"batch_size": 4, "micro_batch_size": 3, "tokens": 4 * 8 * 3 * 2, "epochs": 2, "warmup_steps": 1,
-            "checkpoint_policy": "interval", "log_every": 1000}
+    base = {
+        "batch_size": 4,
+        "micro_batch_size": 3,
+        "tokens": 4 * 8 * 3 * 2,
+        "epochs": 2,
+        "warmup_steps": 1,
+        "checkpoint_policy": "interval",
+        "log_every": 1000,
+    }
     base.update(training)
-    return config_from_dict({
-        "model": {"vocab_size": 256, "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16, "max_seq_len": 8},
-        "data": {"cache": str(cache), "seq_len": 8, "shuffle_group_blocks": 4, "seed": 7},
-        "training": base,
-    })
+    return config_from_dict(
+        {
+            "model": {"vocab_size": 256, "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16, "max_seq_len": 8},
+            "data": {"cache": str(cache), "seq_len": 8, "shuffle_group_blocks": 4, "seed": 7},
+            "training": base,
+        }
+    )
 
 
 def make_demo_cache(path: Path, config: RunConfig, shard_blocks: int = 5) -> Path:
     """Prepare a demo cache with exactly the capacity training plus one unseen epoch need."""
     tokens = capacity_blocks(config)["unseen"] * config.data.seq_len
     blocks = blocks_for_tokens(tokens, config.data.seq_len, config.data.shuffle_group_blocks)
-    return prepare_cache(path, [demo_corpus(blocks * config.data.seq_len + 1, seed=3)], tokenizer=BYTE_TOKENIZER,
-                         vocab_size=256, seq_len=config.data.seq_len,
-                         shuffle_group_blocks=config.data.shuffle_group_blocks, data_seed=config.data.seed,
-                         prepare_train_tokens=tokens, shard_blocks=shard_blocks, source={"kind": "demo", "seed": 3})
+    return prepare_cache(
+        path,
+        [demo_corpus(blocks * config.data.seq_len + 1, seed=3)],
+        tokenizer=BYTE_TOKENIZER,
+        vocab_size=256,
+        seq_len=config.data.seq_len,
+        shuffle_group_blocks=config.data.shuffle_group_blocks,
+        data_seed=config.data.seed,
+        prepare_train_tokens=tokens,
+        shard_blocks=shard_blocks,
+        source={"kind": "demo", "seed": 3},
+    )
 
 
 @pytest.fixture
 def make_config(tmp_path: Path):
     """make_config(**training) -> a RunConfig whose (exactly sized) demo cache exists under tmp_path."""
+
     def make(**training) -> RunConfig:
         probe = make_run_config(tmp_path / "cache", **training)
         cache = tmp_path / f"cache-{capacity_blocks(probe)['unseen']}"
@@ -175,6 +204,7 @@ def make_config(tmp_path: Path):
         if not cache.exists():
             make_demo_cache(cache, config)
         return config
+
     return make
 
 
@@ -182,17 +212,40 @@ def make_oracle_run(path: Path, model: dict | None = None, **training) -> RunCon
     """A cache of random ids < 16 and a config for the 1.4k-parameter TINY_MODEL (``model``: keys
     changed): seq_len 6, B=3 with micro-batch 2 (a remainder), 3 batches per epoch, 2 epochs,
     shuffle groups of 4."""
-    base = {"batch_size": 3, "micro_batch_size": 2, "tokens": 3 * 6 * 3 * 2, "epochs": 2, "warmup_steps": 1,
-            "checkpoint_policy": "interval", "lr": 0.05, "attention_backend": "reference"}
+    base = {
+        "batch_size": 3,
+        "micro_batch_size": 2,
+        "tokens": 3 * 6 * 3 * 2,
+        "epochs": 2,
+        "warmup_steps": 1,
+        "checkpoint_policy": "interval",
+        "lr": 0.05,
+        "attention_backend": "reference",
+    }
     base.update(training)
-    config = config_from_dict({"model": {**TINY_MODEL.__dict__, **(model or {})}, "training": base,
-                               "data": {"cache": str(path / "cache"), "seq_len": 6, "shuffle_group_blocks": 4, "seed": 3}})
+    config = config_from_dict(
+        {
+            "model": {**TINY_MODEL.__dict__, **(model or {})},
+            "training": base,
+            "data": {"cache": str(path / "cache"), "seq_len": 6, "shuffle_group_blocks": 4, "seed": 3},
+        }
+    )
     if not (path / "cache").exists():
-        ids = torch.randint(0, 16, (capacity_blocks(config)["unseen"] * 6 + 1,), generator=torch.Generator().manual_seed(5))
-        prepare_cache(path / "cache", [ids.numpy()], tokenizer={"type": "external", "vocab_size": 16},
-                      vocab_size=16, seq_len=6, shuffle_group_blocks=4, data_seed=3,
-                      prepare_train_tokens=capacity_blocks(config)["unseen"] * 6, shard_blocks=7,
-                      source={"kind": "test"})
+        ids = torch.randint(
+            0, 16, (capacity_blocks(config)["unseen"] * 6 + 1,), generator=torch.Generator().manual_seed(5)
+        )
+        prepare_cache(
+            path / "cache",
+            [ids.numpy()],
+            tokenizer={"type": "external", "vocab_size": 16},
+            vocab_size=16,
+            seq_len=6,
+            shuffle_group_blocks=4,
+            data_seed=3,
+            prepare_train_tokens=capacity_blocks(config)["unseen"] * 6,
+            shard_blocks=7,
+            source={"kind": "test"},
+        )
     return config
 
 

@@ -29,15 +29,22 @@ def train_tokenizer(path: Path, text: str, vocab_size: int = 300):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator([text], trainer=trainers.BpeTrainer(
-        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|endoftext|>"]))
+    tokenizer.train_from_iterator(
+        [text],
+        trainer=trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=["<|endoftext|>"],
+        ),
+    )
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
     fast.save_pretrained(path)
     return fast
 
 
-def make_suite(root: Path, architecture: str = "gpt_neox", steps=STEPS, tokens_seen: bool = True,
-               text: str | None = None) -> list[Path]:
+def make_suite(
+    root: Path, architecture: str = "gpt_neox", steps=STEPS, tokens_seen: bool = True, text: str | None = None
+) -> list[Path]:
     """Train a tiny model of ``architecture`` (gpt_neox or llama) on ``text`` with transformers'
     own ``Trainer`` (CPU, a few seconds), saving at each of ``steps`` (evenly spaced) under
     ``root``/out, with ``num_input_tokens_seen`` counted or not; returns the checkpoint
@@ -49,7 +56,7 @@ def make_suite(root: Path, architecture: str = "gpt_neox", steps=STEPS, tokens_s
     tokenizer = train_tokenizer(root / "tokenizer", text)
     tokenizer.pad_token = tokenizer.eos_token
     ids = tokenizer(text).input_ids
-    blocks = [ids[i:i + SEQ] for i in range(0, len(ids) - SEQ, SEQ)]
+    blocks = [ids[i : i + SEQ] for i in range(0, len(ids) - SEQ, SEQ)]
 
     class Blocks(torch.utils.data.Dataset):
         def __len__(self):
@@ -58,8 +65,15 @@ def make_suite(root: Path, architecture: str = "gpt_neox", steps=STEPS, tokens_s
         def __getitem__(self, i):
             return {"input_ids": torch.tensor(blocks[i]), "labels": torch.tensor(blocks[i])}
 
-    shape = dict(vocab_size=len(tokenizer), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                 intermediate_size=16, max_position_embeddings=16, tie_word_embeddings=False)
+    shape = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=16,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     if architecture == "gpt_neox":
         model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**shape, rotary_pct=0.5))
@@ -68,14 +82,26 @@ def make_suite(root: Path, architecture: str = "gpt_neox", steps=STEPS, tokens_s
     every = steps[0]
     assert list(steps) == [every * (i + 1) for i in range(len(steps))], "evenly spaced saves"
     args = transformers.TrainingArguments(
-        output_dir=str(root / "out"), per_device_train_batch_size=BATCH, max_steps=steps[-1], save_steps=every,
-        logging_steps=every, learning_rate=1e-2, report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
-        include_num_input_tokens_seen=tokens_seen, dataloader_num_workers=0)
+        output_dir=str(root / "out"),
+        per_device_train_batch_size=BATCH,
+        max_steps=steps[-1],
+        save_steps=every,
+        logging_steps=every,
+        learning_rate=1e-2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        include_num_input_tokens_seen=tokens_seen,
+        dataloader_num_workers=0,
+    )
     transformers.Trainer(model=model, args=args, train_dataset=Blocks(), processing_class=tokenizer).train()
     return [root / "out" / f"checkpoint-{step}" for step in steps]
 
 
 def run_config_text(cache: str = "cache/corpus") -> str:
     """A run configuration for the suite's analyses: data and the offset epoch's training keys."""
-    return (f"data: {{cache: {cache}, seq_len: {SEQ}, shuffle_group_blocks: 4}}\n"
-            f"training: {{batch_size: {BATCH}, micro_batch_size: 3, tokens: {BATCH * SEQ * 3}, epochs: 1}}\n")
+    return (
+        f"data: {{cache: {cache}, seq_len: {SEQ}, shuffle_group_blocks: 4}}\n"
+        f"training: {{batch_size: {BATCH}, micro_batch_size: 3, tokens: {BATCH * SEQ * 3}, epochs: 1}}\n"
+    )

@@ -12,7 +12,7 @@ def __getattr__(name: str):
     """The model's names, imported on first use: ``import tiny_llm`` (and the command line's
     ``--help``) does not import torch."""
     if name in _MODEL:
-        from tiny_llm.model import llama  # noqa: PLC0415
+        from tiny_llm.model import llama
 
         return getattr(llama, name)
     raise AttributeError(f"module 'tiny_llm' has no attribute {name!r}")

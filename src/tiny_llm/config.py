@@ -34,8 +34,11 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"""^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-               |[0-9][0-9_]*[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
+    re.compile(
+        r"""^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+               |[0-9][0-9_]*[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
     list("-+0123456789."),
 )
 
@@ -91,8 +94,18 @@ class ModelConfig:
     """Share the input embedding with the output projection (counted once in D)."""
 
     def __post_init__(self) -> None:
-        _require_positive(self.SECTION, self, "vocab_size", "d_model", "n_layers", "n_heads", "d_ff",
-                          "max_seq_len", "rope_theta", "norm_eps")
+        _require_positive(
+            self.SECTION,
+            self,
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "d_ff",
+            "max_seq_len",
+            "rope_theta",
+            "norm_eps",
+        )
         if self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             _fail("model.n_heads", f"a divisor of model.d_model={self.d_model} ({divisors})", self.n_heads)
@@ -197,11 +210,11 @@ class TrainingConfig:
     """Progress line every this many steps (not scientific)."""
 
     def __post_init__(self) -> None:
-        _require_positive(self.SECTION, self, "batch_size", "micro_batch_size", "tokens", "epochs", "lr",
-                          "adam_eps", "log_every")
+        _require_positive(
+            self.SECTION, self, "batch_size", "micro_batch_size", "tokens", "epochs", "lr", "adam_eps", "log_every"
+        )
         if self.micro_batch_size > self.batch_size:
-            _fail("training.micro_batch_size", f"at most training.batch_size={self.batch_size}",
-                  self.micro_batch_size)
+            _fail("training.micro_batch_size", f"at most training.batch_size={self.batch_size}", self.micro_batch_size)
         for name in ("warmup_steps", "weight_decay", "grad_clip", "momentum", "seed"):
             if getattr(self, name) < 0:
                 _fail(f"training.{name}", "a non-negative number", getattr(self, name))
@@ -231,8 +244,12 @@ class RunConfig:
             need = self.training.epochs * self.batch_tokens
             _fail("training.tokens", f"at least epochs x batch_size x seq_len = {need}", self.training.tokens)
         if self.steps_per_epoch % self.training.workers:
-            _fail("training.tokens", f"a budget giving whole rounds of {self.training.workers} workers per epoch "
-                  f"(stream batches per epoch = {self.steps_per_epoch})", self.training.tokens)
+            _fail(
+                "training.tokens",
+                f"a budget giving whole rounds of {self.training.workers} workers per epoch "
+                f"(stream batches per epoch = {self.steps_per_epoch})",
+                self.training.tokens,
+            )
 
     @property
     def batch_tokens(self) -> int:
@@ -256,6 +273,7 @@ class RunConfig:
 
 
 # --- dict <-> dataclass ---------------------------------------------------------------------
+
 
 def _describe(tp: Any) -> str:
     origin = typing.get_origin(tp)

@@ -74,11 +74,17 @@ def _from_slurm(environ: MutableMapping[str, str]) -> None:
     nodes = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "localhost")
     if any(c in nodes for c in "[,"):
         import subprocess
-        nodes = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True,
-                               check=True).stdout.split()[0]
-    environ.update(RANK=environ["SLURM_PROCID"], WORLD_SIZE=environ["SLURM_STEP_NUM_TASKS"],
-                   LOCAL_RANK=environ.get("SLURM_LOCALID", "0"), MASTER_ADDR=environ.get("MASTER_ADDR", nodes),
-                   MASTER_PORT=environ.get("MASTER_PORT", str(20000 + int(environ.get("SLURM_JOB_ID", "0")) % 10000)))
+
+        nodes = subprocess.run(
+            ["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, check=True
+        ).stdout.split()[0]
+    environ.update(
+        RANK=environ["SLURM_PROCID"],
+        WORLD_SIZE=environ["SLURM_STEP_NUM_TASKS"],
+        LOCAL_RANK=environ.get("SLURM_LOCALID", "0"),
+        MASTER_ADDR=environ.get("MASTER_ADDR", nodes),
+        MASTER_PORT=environ.get("MASTER_PORT", str(20000 + int(environ.get("SLURM_JOB_ID", "0")) % 10000)),
+    )
 
 
 def init_from_environment(device: str) -> None:

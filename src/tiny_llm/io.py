@@ -16,8 +16,18 @@ from typing import Any
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
-__all__ = ["atomic_directory", "atomic_path", "atomic_write_json", "atomic_write_text", "check_writable_file", "exclusive", "fsync_dir",
-           "local_directory", "remove_leftovers", "sha256_file"]
+__all__ = [
+    "atomic_directory",
+    "atomic_path",
+    "atomic_write_json",
+    "atomic_write_text",
+    "check_writable_file",
+    "exclusive",
+    "fsync_dir",
+    "local_directory",
+    "remove_leftovers",
+    "sha256_file",
+]
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -125,8 +135,10 @@ def exclusive(lock: str | Path, what: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise ValueError(f"another process (pid {holder}) is {what} (lock {lock} is held); wait for it to "
-                             f"finish, or stop it (kill {holder}) if it is a leftover of an interrupted run") from None
+            raise ValueError(
+                f"another process (pid {holder}) is {what} (lock {lock} is held); wait for it to "
+                f"finish, or stop it (kill {holder}) if it is a leftover of an interrupted run"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         try:
@@ -174,7 +186,11 @@ def local_directory(directory: str | Path, what: str = "") -> Path:
     """
     path = Path(directory)
     if not path.is_dir():
-        hint = (f"; it looks like a hub id: fetch it first (huggingface-cli download {directory} --local-dir DIR) "
-                "and give DIR" if re.fullmatch(r"[\w.-]+/[\w.-]+", str(directory)) else "")
+        hint = (
+            f"; it looks like a hub id: fetch it first (huggingface-cli download {directory} --local-dir DIR) "
+            "and give DIR"
+            if re.fullmatch(r"[\w.-]+/[\w.-]+", str(directory))
+            else ""
+        )
         raise ValueError(f"{what + ' ' if what else ''}{directory} is not a local directory{hint}")
     return path

@@ -17,8 +17,23 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["EPOCH_FILE", "FINAL", "IMPORTED", "MANIFEST", "RESOLVED", "RESUME", "STATES", "STATE_DONE",
-           "STATE_RESULT", "SUMMARY", "TRAINED", "TRAIN_LOG", "epoch_file", "epoch_stem", "state_result"]
+__all__ = [
+    "EPOCH_FILE",
+    "FINAL",
+    "IMPORTED",
+    "MANIFEST",
+    "RESOLVED",
+    "RESUME",
+    "STATES",
+    "STATE_DONE",
+    "STATE_RESULT",
+    "SUMMARY",
+    "TRAINED",
+    "TRAIN_LOG",
+    "epoch_file",
+    "epoch_stem",
+    "state_result",
+]
 
 RESOLVED = "resolved.yaml"
 """A run's complete configuration."""

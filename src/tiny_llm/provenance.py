@@ -102,20 +102,35 @@ def _version(package: str) -> str | None:
 
 
 def software() -> dict[str, Any]:
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-            **{name: _version(name) for name in ("numpy", "safetensors", "snakemake", "tiny-llm-curvature")},
-            "tiny_llm_source": source_hash()}
+    """Versions of Python, torch, CUDA and the packages a result depends on, and our source hash."""
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        **{name: _version(name) for name in ("numpy", "safetensors", "snakemake", "tiny-llm-curvature")},
+        "tiny_llm_source": source_hash(),
+    }
 
 
 def hardware(device: torch.device) -> dict[str, Any]:
-    info: dict[str, Any] = {"hostname": socket.gethostname(), "machine": platform.machine(),
-                            "processor": platform.processor() or None, "cpu_count": os.cpu_count(),
-                            "torch_threads": torch.get_num_threads(), "device": str(device)}
+    """The host, its CPUs and, on CUDA, the GPU a result was computed on."""
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info.update(gpu=props.name, gpu_capability=f"{props.major}.{props.minor}",
-                    gpu_memory_bytes=props.total_memory, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        info.update(
+            gpu=props.name,
+            gpu_capability=f"{props.major}.{props.minor}",
+            gpu_memory_bytes=props.total_memory,
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )
     return info
 
 
@@ -128,9 +143,14 @@ def slurm_job() -> dict[str, Any] | None:
     """
     if "SLURM_JOB_ID" not in os.environ:
         return None
-    return {"job_id": os.environ["SLURM_JOB_ID"], "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
-            "node": os.environ.get("SLURMD_NODENAME"), "partition": os.environ.get("SLURM_JOB_PARTITION"),
-            "account": os.environ.get("SLURM_JOB_ACCOUNT"), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "attempt": int(os.environ.get("TINY_LLM_ATTEMPT", "1")),
-            "restarts": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
-            "requested": json.loads(os.environ.get("TINY_LLM_REQUESTED", "null"))}
+    return {
+        "job_id": os.environ["SLURM_JOB_ID"],
+        "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
+        "node": os.environ.get("SLURMD_NODENAME"),
+        "partition": os.environ.get("SLURM_JOB_PARTITION"),
+        "account": os.environ.get("SLURM_JOB_ACCOUNT"),
+        "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "attempt": int(os.environ.get("TINY_LLM_ATTEMPT", "1")),
+        "restarts": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+        "requested": json.loads(os.environ.get("TINY_LLM_REQUESTED", "null")),
+    }

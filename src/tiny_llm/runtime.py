@@ -13,15 +13,28 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["GROUP_JOB", "announce_job", "compile_cache_base", "compile_record", "devices_of_the_job", "die_with_parent",
-           "node_local_compile_cache", "remove_shared_compile_cache", "resolve_device"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "GROUP_JOB",
+    "announce_job",
+    "compile_cache_base",
+    "compile_record",
+    "devices_of_the_job",
+    "die_with_parent",
+    "node_local_compile_cache",
+    "remove_shared_compile_cache",
+    "resolve_device",
+]
 
 GROUP_JOB = "TINY_LLM_GROUP_JOB"
 """Set in the Snakemake process that runs a cluster job's rules: the Slurm job id (else its process id)."""
 
 
-def resolve_device(name: str) -> "torch.device":
+def resolve_device(name: str) -> torch.device:
     """``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available) as a torch device.
 
     Raises:
@@ -66,8 +79,18 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         os.kill(os.getpid(), sig)
 
 
-_REQUESTED = ("runtime", "cpus_per_task", "cpus_per_gpu", "mem_mb", "mem_mb_per_cpu", "gpu", "gpu_model", "nodes",
-              "slurm_partition", "slurm_account")
+_REQUESTED = (
+    "runtime",
+    "cpus_per_task",
+    "cpus_per_gpu",
+    "mem_mb",
+    "mem_mb_per_cpu",
+    "gpu",
+    "gpu_model",
+    "nodes",
+    "slurm_partition",
+    "slurm_account",
+)
 
 
 def announce_job(resources, threads: int) -> None:
@@ -111,8 +134,11 @@ def devices_of_the_job(what: str) -> Iterator[None]:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"{what}: waiting until this job's devices are free (another case or spectrum has them)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{what}: waiting until this job's devices are free (another case or spectrum has them)",
+                file=sys.stderr,
+                flush=True,
+            )
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -120,7 +146,7 @@ def devices_of_the_job(what: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _terminate(signum, frame):  # noqa: ARG001 - signal handler signature
+def _terminate(signum, frame):
     raise SystemExit(128 + signum)
 
 
@@ -143,10 +169,12 @@ def compile_record() -> dict[str, float | int]:
     same job compiled)."""
     from torch._dynamo.utils import compilation_time_metrics, counters
 
-    return {"graphs": int(counters["stats"]["unique_graphs"]),
-            "seconds": float(sum(compilation_time_metrics.get("_compile.compile_inner", []))),
-            "cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
-            "cache_misses": int(counters["inductor"]["fxgraph_cache_miss"])}
+    return {
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "seconds": float(sum(compilation_time_metrics.get("_compile.compile_inner", []))),
+        "cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "cache_misses": int(counters["inductor"]["fxgraph_cache_miss"]),
+    }
 
 
 @contextlib.contextmanager

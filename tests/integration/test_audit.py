@@ -34,10 +34,16 @@ def test_the_audit_reports_the_error_of_every_statistic(demo, checkpoint, monkey
     checkpoint bf16 moves grad_curvature by ~2.5 % and b_noise by ~2.6 % through ḡ itself."""
     monkeypatch.chdir(demo)
     common = dict(noise_samples=None, random_samples=32, device="cpu", directions_per_pass=16)
-    amp = analyze_state("runs/demo", [checkpoint], "seen", AnalysisSettings(dtype="float32", amp=True, **common),
-                        f"amp-{checkpoint}.json")
-    exact = analyze_state("runs/demo", [checkpoint], "seen", AnalysisSettings(dtype="float64", **common),
-                           f"f64-{checkpoint}.json")
+    amp = analyze_state(
+        "runs/demo",
+        [checkpoint],
+        "seen",
+        AnalysisSettings(dtype="float32", amp=True, **common),
+        f"amp-{checkpoint}.json",
+    )
+    exact = analyze_state(
+        "runs/demo", [checkpoint], "seen", AnalysisSettings(dtype="float64", **common), f"f64-{checkpoint}.json"
+    )
     implied = amp["audit"]["statistics_signed_error"]
     checked = 0
     for name, estimate in implied.items():

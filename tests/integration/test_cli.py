@@ -10,14 +10,36 @@ from safetensors.torch import load_file
 from torch.func import functional_call, grad, jvp
 
 from tiny_llm.cli import main
-from tiny_llm.data.tokens import TokenCache
 from tiny_llm.config import load_config
+from tiny_llm.data.tokens import TokenCache
 from tiny_llm.model.llama import Llama, token_losses
 
-TINY = ["--set", "model.d_model=8", "--set", "model.n_heads=2", "--set", "model.d_ff=16", "--set", "model.n_layers=1",
-        "--set", "model.max_seq_len=16", "--set", "data.seq_len=16", "--set", "data.shuffle_group_blocks=4",
-        "--set", "training.batch_size=4", "--set", "training.micro_batch_size=4", "--set", "training.tokens=512",
-        "--set", "training.epochs=2", "--set", "training.checkpoint_policy=interval"]
+TINY = [
+    "--set",
+    "model.d_model=8",
+    "--set",
+    "model.n_heads=2",
+    "--set",
+    "model.d_ff=16",
+    "--set",
+    "model.n_layers=1",
+    "--set",
+    "model.max_seq_len=16",
+    "--set",
+    "data.seq_len=16",
+    "--set",
+    "data.shuffle_group_blocks=4",
+    "--set",
+    "training.batch_size=4",
+    "--set",
+    "training.micro_batch_size=4",
+    "--set",
+    "training.tokens=512",
+    "--set",
+    "training.epochs=2",
+    "--set",
+    "training.checkpoint_policy=interval",
+]
 
 
 @pytest.fixture
@@ -40,16 +62,17 @@ def test_seed_analysis_api_runs_as_written(trained_run, monkeypatch):
     parameters = tuple(model.parameters())
     gradient = torch.autograd.grad(loss, parameters, create_graph=True)
     direction = tuple(torch.randn_like(p) for p in parameters)
-    directional_gradient = sum((g * v).sum() for g, v in zip(gradient, direction))
+    directional_gradient = sum((g * v).sum() for g, v in zip(gradient, direction, strict=True))
     hvp = torch.autograd.grad(directional_gradient, parameters)
     # --- end of the seed's code ---
     assert all(h.dtype == torch.float64 for h in hvp)
     names = [n for n, _ in model.named_parameters()]
 
     def f(params):
-        return token_losses(functional_call(model, dict(zip(names, params)), (inputs,)), targets).mean()
+        return token_losses(functional_call(model, dict(zip(names, params, strict=True)), (inputs,)), targets).mean()
+
     _, expected = jvp(grad(f), (tuple(p.detach() for p in parameters),), (direction,))
-    for h, e in zip(hvp, expected):
+    for h, e in zip(hvp, expected, strict=True):
         torch.testing.assert_close(h, e, rtol=0, atol=1e-10)
 
 
@@ -89,8 +112,10 @@ def test_text_and_token_sources(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     text = "The quick brown fox jumps over the lazy dog. Ünïcode too.\n" * 40
     (tmp_path / "a.txt").write_text(text, encoding="utf-8")
-    assert main(["--quiet", "prepare-data", *TINY, "--out", "cache/text", "--source", "text", "a.txt",
-                 "--keep-order"]) == 0
+    assert (
+        main(["--quiet", "prepare-data", *TINY, "--out", "cache/text", "--source", "text", "a.txt", "--keep-order"])
+        == 0
+    )
     meta = json.loads((tmp_path / "cache/text/meta.json").read_text())
     shard = np.fromfile(tmp_path / "cache/text" / meta["shards"][0]["file"], dtype="<u2")
     assert bytes(shard.astype(np.uint8))[:20] == text.encode()[:20] and meta["order"] == {"shuffled": False}
@@ -98,14 +123,34 @@ def test_text_and_token_sources(tmp_path, monkeypatch):
     assert main(["--quiet", "prepare-data", *TINY, "--out", "cache/shuffled", "--source", "text", "a.txt"]) == 0
     shuffled = TokenCache(tmp_path / "cache/shuffled")
     source, offset = shuffled.block_sources()[0][0]
-    assert shuffled.shuffled and bytes(shuffled.tokens([0])[0].numpy().astype(np.uint8)) == (
-        text.encode()[offset:offset + shuffled.seq_len + 1])
+    assert (
+        shuffled.shuffled
+        and bytes(shuffled.tokens([0])[0].numpy().astype(np.uint8))
+        == (text.encode()[offset : offset + shuffled.seq_len + 1])
+    )
     np.save(tmp_path / "ids.npy", np.arange(5000) % 300)
-    assert main(["--quiet", "prepare-data", *TINY, "--out", "cache/ids", "--source", "tokens", "ids.npy",
-                 "--vocab-size", "300"]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "prepare-data",
+                *TINY,
+                "--out",
+                "cache/ids",
+                "--source",
+                "tokens",
+                "ids.npy",
+                "--vocab-size",
+                "300",
+            ]
+        )
+        == 0
+    )
     meta = json.loads((tmp_path / "cache/ids/meta.json").read_text())
     assert meta["tokenizer"]["type"] == "external" and meta["vocab_size"] == 300
-    assert main(["prepare-data", *TINY, "--out", "cache/bad", "--source", "tokens", "ids.npy", "--vocab-size", "256"]) == 2
+    assert (
+        main(["prepare-data", *TINY, "--out", "cache/bad", "--source", "tokens", "ids.npy", "--vocab-size", "256"]) == 2
+    )
     assert not (tmp_path / "cache/bad").exists()
 
 
@@ -113,14 +158,31 @@ def test_errors_are_one_line_and_debug_shows_the_traceback(trained_run, tmp_path
     """Unwritable outputs and bad devices: one line on stderr, exit status 2, nothing written;
     --debug (or TINY_LLM_DEBUG=1) re-raises for a bug report."""
     run = str(trained_run)
-    state = ["analyze-state", "--run", run, "--checkpoint", "epoch-001.safetensors", "--case", "seen",
-             "--device", "cpu", "--dtype", "float64", "--noise-samples", "1", "--random-samples", "1"]
+    state = [
+        "analyze-state",
+        "--run",
+        run,
+        "--checkpoint",
+        "epoch-001.safetensors",
+        "--case",
+        "seen",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float64",
+        "--noise-samples",
+        "1",
+        "--random-samples",
+        "1",
+    ]
     (tmp_path / "afile").write_text("x")
     (tmp_path / "adir.json").mkdir()
-    cases = [([*state, "--output", str(tmp_path / "afile" / "out.json")], "afile is a file, not a folder"),
-             ([*state, "--output", str(tmp_path / "adir.json")], "adir.json is a directory; give a file path"),
-             (["train", *TINY, "--run-dir", str(tmp_path / "afile")], "is a file; choose another path"),
-             (["train", *TINY, "--run-dir", str(tmp_path / "new"), "--device", "bogus"], "--device: expected cpu")]
+    cases = [
+        ([*state, "--output", str(tmp_path / "afile" / "out.json")], "afile is a file, not a folder"),
+        ([*state, "--output", str(tmp_path / "adir.json")], "adir.json is a directory; give a file path"),
+        (["train", *TINY, "--run-dir", str(tmp_path / "afile")], "is a file; choose another path"),
+        (["train", *TINY, "--run-dir", str(tmp_path / "new"), "--device", "bogus"], "--device: expected cpu"),
+    ]
     for argv, message in cases:
         capsys.readouterr()
         assert main(["--quiet", *argv]) == 2

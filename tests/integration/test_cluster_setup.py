@@ -21,10 +21,13 @@ def _cluster_section() -> str:
 
 
 def test_every_file_the_cluster_setup_names_exists():
-    named = set(re.findall(r"(?<![\w/.-])((?:envs|profiles|config|benchmarks|workflow)/[\w./+-]*[\w])", _cluster_section()))
+    named = set(
+        re.findall(r"(?<![\w/.-])((?:envs|profiles|config|benchmarks|workflow)/[\w./+-]*[\w])", _cluster_section())
+    )
     assert "envs/cluster-aarch64.txt" in named and "envs/tiny-llm.yaml" in named
-    missing = sorted(path for path in named if not (REPO / path).exists()
-                     and not path.startswith("benchmarks/out/"))  # outputs the set-up makes
+    missing = sorted(
+        path for path in named if not (REPO / path).exists() and not path.startswith("benchmarks/out/")
+    )  # outputs the set-up makes
     assert not missing, f"the cluster set-up (docs/cluster.md, README) names files that do not exist: {missing}"
     requirements = (REPO / "envs/cluster-aarch64.txt").read_text()
     for line in re.findall(r"^-r (\S+)$", requirements, re.M):
@@ -33,8 +36,11 @@ def test_every_file_the_cluster_setup_names_exists():
 
 
 def test_one_torch_everywhere():
-    pins = {path.name: re.findall(r"torch==([\d.]+)", path.read_text())
-            for path in (REPO / "envs").iterdir() if path.suffix in (".txt", ".yaml")}
+    pins = {
+        path.name: re.findall(r"torch==([\d.]+)", path.read_text())
+        for path in (REPO / "envs").iterdir()
+        if path.suffix in (".txt", ".yaml")
+    }
     versions = {v for found in pins.values() for v in found}
     assert len(versions) == 1, pins
     assert torch.__version__.split("+")[0] in versions
@@ -43,8 +49,9 @@ def test_one_torch_everywhere():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no GPU")
 def test_gpu_check_fails_fast_and_clearly_without_cuda():
     env = {**os.environ, "PYTHON": sys.executable}
-    result = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
     assert "gpu-check: no CUDA device is visible" in result.stderr and "GPU node" in result.stderr
 
@@ -78,8 +85,9 @@ def test_gpu_check_runs_with_the_given_interpreter_as_it_is(tmp_path):
     python.chmod(0o755)
     assert subprocess.run([str(python), "-c", "import snakemake"], capture_output=True).returncode != 0
     env = {**os.environ, "PYTHON": str(python), "GPU_CHECK_SECONDS": "25"}
-    result = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=checkout, env=env, capture_output=True,
-                            text=True, timeout=240)
+    result = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"], cwd=checkout, env=env, capture_output=True, text=True, timeout=240
+    )
     out = checkout / "benchmarks/out/gpu-check"
     assert result.returncode == 1, result.stderr[-2000:]  # the fake GPU fails its steps: reported, not fatal
     assert "gpu-check: cuda-tests (at most" in result.stderr and not (checkout / ".venv").exists()
@@ -93,6 +101,7 @@ def test_gpu_check_runs_with_the_given_interpreter_as_it_is(tmp_path):
 
 def test_benchmark_scripts_document_their_options():
     for script in ("hvp_cost.py", "precision.py", "spectrum_cost.py", "memory.py"):
-        result = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], cwd=REPO, capture_output=True,
-                                text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, f"benchmarks/{script}", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0 and "--device" in result.stdout, script + result.stderr

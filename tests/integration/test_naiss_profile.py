@@ -11,18 +11,19 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import PROJECT, project_view
 
 from tiny_llm.campaign.plan import estimate_seconds, job_minutes, parallel_seconds
 from tiny_llm.config import config_from_dict
 from tiny_llm.workers.state import settings_from_dict
 
-from conftest import PROJECT, project_view
-
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
-RUN = {"model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
-       "data": {"cache": "cache/tiny", "seq_len": 16, "shuffle_group_blocks": 4},
-       "training": {"batch_size": 4, "micro_batch_size": 3, "tokens": 512, "epochs": 2, "checkpoint_policy": "interval"}}
+RUN = {
+    "model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
+    "data": {"cache": "cache/tiny", "seq_len": 16, "shuffle_group_blocks": 4},
+    "training": {"batch_size": 4, "micro_batch_size": 3, "tokens": 512, "epochs": 2, "checkpoint_policy": "interval"},
+}
 SETTINGS = {"noise_samples": 2, "random_samples": 2, "directions_per_pass": 4}
 GPU = {"device": "cuda", "dtype": "float32", "tf32": True, "compile_hvp": True, "engine": "auto"}
 SECONDS = {"startup": 120.0, "gradient_microbatch": 0.5, "hvp_microbatch_pass": 40.0}
@@ -30,9 +31,22 @@ SECONDS = {"startup": 120.0, "gradient_microbatch": 0.5, "hvp_microbatch_pass": 
 
 def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
-    return subprocess.run([str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-                           "--configfile", str(workdir / "config.yaml"), *args],
-                          capture_output=True, text=True, env=env, cwd=workdir)
+    return subprocess.run(
+        [
+            str(SNAKEMAKE),
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--configfile",
+            str(workdir / "config.yaml"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=workdir,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +54,32 @@ def indexed(tmp_path_factory):
     """A trained tiny run and the index of a GPU analysis, made locally (no Slurm)."""
     path = tmp_path_factory.mktemp("naiss")
     (path / "run.yaml").write_text(yaml.safe_dump(RUN))
-    key = {"d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16, "vocab_size": 256, "seq_len": 16, "batch_size": 4,
-           "micro_batch_size": 3, "hvp_batch_size": 3, "directions_per_pass": 4, "dtype": "float32", "amp": False,
-           "tf32": True, "engine": "adjoint", "compile_hvp": True, "device_kind": "cuda:NVIDIA GH200 480GB"}
+    key = {
+        "d_model": 8,
+        "n_layers": 1,
+        "n_heads": 2,
+        "d_ff": 16,
+        "vocab_size": 256,
+        "seq_len": 16,
+        "batch_size": 4,
+        "micro_batch_size": 3,
+        "hvp_batch_size": 3,
+        "directions_per_pass": 4,
+        "dtype": "float32",
+        "amp": False,
+        "tf32": True,
+        "engine": "adjoint",
+        "compile_hvp": True,
+        "device_kind": "cuda:NVIDIA GH200 480GB",
+    }
     (path / "timing.json").write_text(json.dumps({"entries": [{"key": key, "seconds": SECONDS}]}))
-    config = {"train_runs": {"tiny": {"config": str(path / "run.yaml"), "shard_tokens": 64}},
-              "analyses": {"gpu": {"run": "runs/tiny", "settings": SETTINGS}},
-              "cluster": {"timing_profiles": [str(path / "timing.json")]}}
+    config = {
+        "train_runs": {"tiny": {"config": str(path / "run.yaml"), "shard_tokens": 64}},
+        "analyses": {"gpu": {"run": "runs/tiny", "settings": SETTINGS}},
+        "cluster": {"timing_profiles": [str(path / "timing.json")]},
+    }
     (path / "config.yaml").write_text(yaml.safe_dump(config))
-    local = _snakemake(path, "-c2", "--config", f"settings_override={json.dumps(GPU)}", "--",
-                       "results/gpu/states.json")
+    local = _snakemake(path, "-c2", "--config", f"settings_override={json.dumps(GPU)}", "--", "results/gpu/states.json")
     assert local.returncode == 0, local.stderr[-3000:]
     return path
 
@@ -75,8 +105,9 @@ def test_dry_run_shows_gh200_resources_and_walltime(indexed):
     finish_blocks = [r for rule, r in blocks if rule == "finish_state"]
     assert finish_blocks and all(f"runtime={finish}" in r for r in finish_blocks)
     # torch's CPU threads per job (a dry run caps threads at --cores, 1 by default)
-    plan = _snakemake(indexed, "--profile", str(REPO / "profiles/naiss"), "-n", "--rerun-triggers", "mtime",
-                      "--cores", "100")
+    plan = _snakemake(
+        indexed, "--profile", str(REPO / "profiles/naiss"), "-n", "--rerun-triggers", "mtime", "--cores", "100"
+    )
     assert re.findall(r"rule analyze_state:.*?threads: (\d+)", plan.stdout + plan.stderr, re.S) == ["72"] * 6
 
 
@@ -86,14 +117,26 @@ def test_gpus_per_job_asks_for_that_many_gh200s_and_scales_the_walltime(indexed)
     config = yaml.safe_load((indexed / "config.yaml").read_text())
     config["analyses"]["gpu"]["gpus_per_job"] = 2
     (indexed / "two.yaml").write_text(yaml.safe_dump(config))
-    plan = _snakemake(indexed, "--profile", str(REPO / "profiles/naiss"), "-n", "--rerun-triggers", "mtime",
-                      "--configfile", str(indexed / "two.yaml"))
+    plan = _snakemake(
+        indexed,
+        "--profile",
+        str(REPO / "profiles/naiss"),
+        "-n",
+        "--rerun-triggers",
+        "mtime",
+        "--configfile",
+        str(indexed / "two.yaml"),
+    )
     text = plan.stdout + plan.stderr
     assert plan.returncode == 0, text[-3000:]
-    work = parallel_seconds(estimate_seconds(config_from_dict(RUN), settings_from_dict({**SETTINGS, **GPU}), SECONDS), 2)
+    work = parallel_seconds(
+        estimate_seconds(config_from_dict(RUN), settings_from_dict({**SETTINGS, **GPU}), SECONDS), 2
+    )
     analyze = re.findall(r"rule analyze_state:.*?resources: ([^\n]*)", text, re.S)
-    assert len(analyze) == 6 and all("gpu=2" in r and "nodes=1" in r and "cpus_per_gpu=72" in r and
-                                     f"runtime={math.ceil(2 * work / 60)}" in r for r in analyze)
+    assert len(analyze) == 6 and all(
+        "gpu=2" in r and "nodes=1" in r and "cpus_per_gpu=72" in r and f"runtime={math.ceil(2 * work / 60)}" in r
+        for r in analyze
+    )
     hours = 3 * job_minutes(2 * work) / 60 * 2
     assert "split over 2 GPUs" in text and f"× 2 GPUs = {hours:g} GPU-hours requested" in text
 
@@ -106,8 +149,15 @@ def test_uncovered_setup_is_calibrated_first(indexed):
     config["analyses"]["gpu"]["settings"]["hvp_batch_size"] = 2  # a setup no timing entry covers
     (indexed / "other.yaml").write_text(yaml.safe_dump(config))
     (indexed / "results/gpu/identity.json").unlink()  # let the changed settings through to planning
-    args = ["--profile", str(REPO / "profiles/naiss"), "-n", "--rerun-triggers", "mtime",
-            "--configfile", str(indexed / "other.yaml")]
+    args = [
+        "--profile",
+        str(REPO / "profiles/naiss"),
+        "-n",
+        "--rerun-triggers",
+        "mtime",
+        "--configfile",
+        str(indexed / "other.yaml"),
+    ]
     plan = _snakemake(indexed, *args)
     text = plan.stdout + plan.stderr
     assert plan.returncode == 0, text[-3000:]
@@ -139,12 +189,26 @@ def test_the_profile_runs_its_own_configuration_beside_a_finished_demo(tmp_path)
     config/naiss.yaml (the 20M run and its analysis) and neither plans nor rebinds the demo."""
     project_view(tmp_path)  # the project as it stands: its own corpus files resolve
     (tmp_path / "results/demo").mkdir(parents=True)
-    (tmp_path / "results/demo/identity.json").write_text(json.dumps(
-        {"run": "runs/demo", "settings": {"device": "cpu"}, "spectrum": {}, "source": "local"}))
+    (tmp_path / "results/demo/identity.json").write_text(
+        json.dumps({"run": "runs/demo", "settings": {"device": "cpu"}, "spectrum": {}, "source": "local"})
+    )
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
-    plan = subprocess.run([str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-                           "--profile", str(REPO / "profiles/naiss"), "-n"], capture_output=True, text=True, env=env,
-                          cwd=tmp_path)
+    plan = subprocess.run(
+        [
+            str(SNAKEMAKE),
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--profile",
+            str(REPO / "profiles/naiss"),
+            "-n",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     text = plan.stdout + plan.stderr
     assert plan.returncode == 0, text[-3000:]
     assert "Config file config/config.yaml is replaced" in text
@@ -161,12 +225,26 @@ def test_seed_experiments_run_through_the_naiss_profile(tmp_path):
     checkpoints measured by GPU jobs (72 threads, the experiment's walltime); reference and
     comparison stay local."""
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
-    experiment = {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64, "seeds": [1, 2], "controls": [],
-                  "walltime_minutes": 45}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"train_runs": {}, "analyses": {},
-                                                          "seed_experiments": {"pair": experiment}}))
-    plan = _snakemake(tmp_path, "--profile", str(REPO / "profiles/naiss"), "-n", "--cores", "100",
-                      "--config", "cluster={'walltime': 'none'}")
+    experiment = {
+        "config": str(tmp_path / "run.yaml"),
+        "shard_tokens": 64,
+        "seeds": [1, 2],
+        "controls": [],
+        "walltime_minutes": 45,
+    }
+    (tmp_path / "config.yaml").write_text(
+        yaml.safe_dump({"train_runs": {}, "analyses": {}, "seed_experiments": {"pair": experiment}})
+    )
+    plan = _snakemake(
+        tmp_path,
+        "--profile",
+        str(REPO / "profiles/naiss"),
+        "-n",
+        "--cores",
+        "100",
+        "--config",
+        "cluster={'walltime': 'none'}",
+    )
     text = plan.stdout + plan.stderr
     assert plan.returncode == 0, text[-3000:]
     jobs = {name: block for name, block in re.findall(r"\n(?:rule|checkpoint) (\w+):\n((?:    .*\n)+)", text)}
@@ -183,16 +261,34 @@ def test_seed_experiment_walltime_from_a_timing_entry(tmp_path):
     (2 x work + 30 min, rounded up to the hour); without one, walltime_minutes applies."""
     from tiny_llm.campaign.timing import timing_key
     from tiny_llm.geometry.experiment import GeometrySettings, as_analysis_settings, measurement_seconds
+
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
     settings = GeometrySettings(device="cuda", dtype="float32", reference_rows=64, lanczos_steps=200)
     run_config = config_from_dict({**RUN, "training": {**RUN["training"], "seed": 1}})
     key = timing_key(run_config, as_analysis_settings(settings), "cuda:NVIDIA GH200 480GB")
     (tmp_path / "timing.json").write_text(json.dumps({"entries": [{"key": key, "seconds": SECONDS}]}))
-    experiment = {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64, "seeds": [1, 2], "controls": [],
-                  "walltime_minutes": 45, "settings": {"reference_rows": 64, "lanczos_steps": 200}}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({
-        "train_runs": {}, "analyses": {}, "seed_experiments": {"pair": experiment},
-        "cluster": {"walltime": "estimate", "gpu_kind": "GH200", "timing_profiles": [str(tmp_path / "timing.json")]}}))
+    experiment = {
+        "config": str(tmp_path / "run.yaml"),
+        "shard_tokens": 64,
+        "seeds": [1, 2],
+        "controls": [],
+        "walltime_minutes": 45,
+        "settings": {"reference_rows": 64, "lanczos_steps": 200},
+    }
+    (tmp_path / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "train_runs": {},
+                "analyses": {},
+                "seed_experiments": {"pair": experiment},
+                "cluster": {
+                    "walltime": "estimate",
+                    "gpu_kind": "GH200",
+                    "timing_profiles": [str(tmp_path / "timing.json")],
+                },
+            }
+        )
+    )
     plan = _snakemake(tmp_path, "--profile", str(REPO / "profiles/naiss"), "-n", "--cores", "100")
     text = plan.stdout + plan.stderr
     assert plan.returncode == 0, text[-3000:]
@@ -209,15 +305,30 @@ def test_a_campaign_without_timings_calibrates_then_runs_with_measured_walltimes
     reference set; every analysis and measurement job gets the walltime its measured timings give,
     and both complete."""
     from tiny_llm.geometry.experiment import geometry_settings_from_dict, measurement_seconds
+
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
-    geometry = {"reference_rows": 4, "cov_num_batches": 2, "cov_batch_size": 2, "top_k": 1,
-                "hutchinson_samples": 2, "lanczos_steps": 4, "hvp_batch_size": 4}
-    experiment = {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64, "seeds": [1, 2], "controls": [],
-                  "settings": geometry}
-    config = {"train_runs": {"tiny": {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64}},
-              "analyses": {"cpu": {"run": "runs/tiny", "settings": {**SETTINGS, "device": "cpu", "dtype": "float64"}}},
-              "seed_experiments": {"pair": experiment},
-              "cluster": {"walltime": "estimate", "timing_profiles": ["results/timing"]}}
+    geometry = {
+        "reference_rows": 4,
+        "cov_num_batches": 2,
+        "cov_batch_size": 2,
+        "top_k": 1,
+        "hutchinson_samples": 2,
+        "lanczos_steps": 4,
+        "hvp_batch_size": 4,
+    }
+    experiment = {
+        "config": str(tmp_path / "run.yaml"),
+        "shard_tokens": 64,
+        "seeds": [1, 2],
+        "controls": [],
+        "settings": geometry,
+    }
+    config = {
+        "train_runs": {"tiny": {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64}},
+        "analyses": {"cpu": {"run": "runs/tiny", "settings": {**SETTINGS, "device": "cpu", "dtype": "float64"}}},
+        "seed_experiments": {"pair": experiment},
+        "cluster": {"walltime": "estimate", "timing_profiles": ["results/timing"]},
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     plan = _snakemake(tmp_path, "-n", "-c2")
     assert re.search(r"^calibrate_geometry +1$", plan.stdout, re.M) and "measure_geometry" not in plan.stdout
@@ -226,8 +337,9 @@ def test_a_campaign_without_timings_calibrates_then_runs_with_measured_walltimes
     text = run.stdout + run.stderr
     assert run.returncode == 0, text[-3000:]
     entry = json.loads((tmp_path / "results/timing/cpu.json").read_text())["entries"][0]
-    work = estimate_seconds(config_from_dict(RUN), settings_from_dict(config["analyses"]["cpu"]["settings"]),
-                            entry["seconds"])
+    work = estimate_seconds(
+        config_from_dict(RUN), settings_from_dict(config["analyses"]["cpu"]["settings"]), entry["seconds"]
+    )
     runtimes = re.findall(r"rule analyze_state:.*?resources: [^\n]*runtime=(\d+)", text, re.S)
     assert len(runtimes) == 6 and set(runtimes) == {str(math.ceil(2 * work / 60))}
     order = [m.group(1) for m in re.finditer(r"^(?:local)?(?:rule|checkpoint) (\w+):", text, re.M)]

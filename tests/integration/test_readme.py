@@ -19,8 +19,21 @@ def test_the_readme_python_runs_against_the_demo_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     demo = str(REPO / "config/runs/demo.yaml")
     assert main(["--quiet", "prepare-data", "--config", demo]) == 0
-    assert main(["--quiet", "train", "--config", demo, "--run-dir", "runs/demo",
-                 "--set", "training.checkpoint_policy=interval"]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "train",
+                "--config",
+                demo,
+                "--run-dir",
+                "runs/demo",
+                "--set",
+                "training.checkpoint_policy=interval",
+            ]
+        )
+        == 0
+    )
     snippets = _snippets(REPO / "README.md")
     assert len(snippets) >= 2
     namespace: dict = {}
@@ -29,8 +42,14 @@ def test_the_readme_python_runs_against_the_demo_run(tmp_path, monkeypatch):
     assert torch.isfinite(namespace["loss"]) and 1 < namespace["loss"].item() < 10
     # the quadratic forms it prints are those of an independent engine (double backward) on the same epoch
     model, tokens, V = namespace["model"], namespace["tokens"], namespace["V"]
-    reference = EpochHessian(model, tokens, batch_size=len(tokens), engine="double_backward",
-                             precision=Precision(torch.device("cpu"), torch.float64), directions_per_pass=2)
+    reference = EpochHessian(
+        model,
+        tokens,
+        batch_size=len(tokens),
+        engine="double_backward",
+        precision=Precision(torch.device("cpu"), torch.float64),
+        directions_per_pass=2,
+    )
     torch.testing.assert_close(namespace["forms"], reference.quadratic_forms(V), rtol=1e-10, atol=0)
 
 

@@ -27,23 +27,59 @@ SETTINGS = {"noise_samples": 2, "random_samples": 2, "device": "cpu", "dtype": "
 
 def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
-    return subprocess.run([str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-                           "--configfile", str(workdir / "config.yaml"), "-c2", *args],
-                          capture_output=True, text=True, env=env, cwd=REPO)
+    return subprocess.run(
+        [
+            str(SNAKEMAKE),
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--configfile",
+            str(workdir / "config.yaml"),
+            "-c2",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def _write_config(workdir: Path, lr: float = 0.003, seed: int = 42) -> None:
     (workdir / "run.yaml").write_text(yaml.safe_dump(TINY_RUN))
-    runs = {"tiny": {"config": str(workdir / "run.yaml"), "set": {"training.lr": lr}, "shard_tokens": 64},
-            "packed": {"config": str(workdir / "run.yaml"),
-                       "set": {"data.cache": "cache/packed", "training.tokens": 1024,
-                               "training.packed": {"workers": 2, "sync_every": 3}}, "shard_tokens": 64}}
-    spectrum = {"enabled": True, "top_k": 2, "lanczos_steps": 6, "slq_vectors": 1, "slq_steps": 5, "block_samples": 1,
-                "cg_max_iterations": 5}
-    analyses = {"tiny": {"run": "runs/tiny", "settings": {**SETTINGS, "seed": seed}, "spectrum": spectrum},
-                "packed": {"run": "runs/packed", "checkpoints": ["epoch-001.safetensors", "final.pt"],
-                           "cases": ["seen"], "settings": SETTINGS, "gpus_per_job": 2,
-                           "spectrum": {**spectrum, "top_k": 1, "sharded": True}}}
+    runs = {
+        "tiny": {"config": str(workdir / "run.yaml"), "set": {"training.lr": lr}, "shard_tokens": 64},
+        "packed": {
+            "config": str(workdir / "run.yaml"),
+            "set": {
+                "data.cache": "cache/packed",
+                "training.tokens": 1024,
+                "training.packed": {"workers": 2, "sync_every": 3},
+            },
+            "shard_tokens": 64,
+        },
+    }
+    spectrum = {
+        "enabled": True,
+        "top_k": 2,
+        "lanczos_steps": 6,
+        "slq_vectors": 1,
+        "slq_steps": 5,
+        "block_samples": 1,
+        "cg_max_iterations": 5,
+    }
+    analyses = {
+        "tiny": {"run": "runs/tiny", "settings": {**SETTINGS, "seed": seed}, "spectrum": spectrum},
+        "packed": {
+            "run": "runs/packed",
+            "checkpoints": ["epoch-001.safetensors", "final.pt"],
+            "cases": ["seen"],
+            "settings": SETTINGS,
+            "gpus_per_job": 2,
+            "spectrum": {**spectrum, "top_k": 1, "sharded": True},
+        },
+    }
     config = {"train_runs": runs, "analyses": analyses, "plots": {"training_norms": True}}
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
 
@@ -64,13 +100,19 @@ def workdir(tmp_path_factory):
 
 def test_end_to_end_outputs(workdir):
     run = workdir / "runs/tiny"
-    assert sorted(p.name for p in run.glob("epoch-*.safetensors")) == ["epoch-000.safetensors", "epoch-001.safetensors",
-                                                                     "epoch-002.safetensors"]
+    assert sorted(p.name for p in run.glob("epoch-*.safetensors")) == [
+        "epoch-000.safetensors",
+        "epoch-001.safetensors",
+        "epoch-002.safetensors",
+    ]
     assert json.loads((run / "trained.json").read_text())["position"]["step"] == 8
     results = workdir / "results/tiny"
     states = json.loads((results / "states.json").read_text())["states"]
-    assert [[a["file"] for a in s["aliases"]] for s in states] == [["epoch-000.safetensors"], ["epoch-001.safetensors"],
-                                                                   ["epoch-002.safetensors", "final.pt"]]
+    assert [[a["file"] for a in s["aliases"]] for s in states] == [
+        ["epoch-000.safetensors"],
+        ["epoch-001.safetensors"],
+        ["epoch-002.safetensors", "final.pt"],
+    ]
     for figure in ("normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"):
         assert (results / "figures" / f"{figure}.pdf").stat().st_size > 1000
         assert (results / "figures" / f"{figure}.png").stat().st_size > 1000
@@ -92,8 +134,10 @@ def test_spectra_are_collected_and_plotted(workdir):
     results = workdir / "results/tiny"
     with open(results / "spectrum.csv") as handle:
         rows = list(csv.DictReader(handle))
-    assert [(r["file"], r["case"]) for r in rows][:2] == [("epoch-000.safetensors", "seen"),
-                                                          ("epoch-000.safetensors", "unseen")]
+    assert [(r["file"], r["case"]) for r in rows][:2] == [
+        ("epoch-000.safetensors", "seen"),
+        ("epoch-000.safetensors", "unseen"),
+    ]
     assert len(rows) == 8 and float(rows[-1]["la_eigenvalue_1"]) >= float(rows[-1]["la_eigenvalue_2"])
     assert all(0 <= float(r["block_tensor_relative_error"]) for r in rows)
     for figure in ("top_eigenvalues", "slq_density", "block_diagonal_error"):
@@ -107,16 +151,19 @@ def test_spectra_are_collected_and_plotted(workdir):
 
 def test_aliases_are_measured_once_and_listed_by_name(workdir):
     rows = _summary(workdir, "tiny")
-    assert [(r["file"], r["case"]) for r in rows][-4:] == [("epoch-002.safetensors", "seen"),
-                                                           ("epoch-002.safetensors", "unseen"),
-                                                           ("final.pt", "seen"), ("final.pt", "unseen")]
+    assert [(r["file"], r["case"]) for r in rows][-4:] == [
+        ("epoch-002.safetensors", "seen"),
+        ("epoch-002.safetensors", "unseen"),
+        ("final.pt", "seen"),
+        ("final.pt", "unseen"),
+    ]
     assert rows[-1]["state_key"] == rows[-3]["state_key"] and rows[-1]["noise_curvature"] == rows[-3]["noise_curvature"]
     assert len(list((workdir / "results/tiny/states").glob("*/seen.json"))) == 3
     assert rows[0]["consensus_mean_curvature"] == ""  # blank for an ordinary run
     # Every result lists the aliases the manifest lists for its state (the last state has two).
     manifest = json.loads((workdir / "results/tiny/manifest.json").read_text())
     for state in manifest["states"]:
-        for case, path in state["results"].items():
+        for path in state["results"].values():
             result = json.loads((workdir / "results/tiny" / path).read_text())
             assert [a["file"] for a in result["state"]["aliases"]] == [a["file"] for a in state["aliases"]]
     assert [a["file"] for a in manifest["states"][-1]["aliases"]] == ["epoch-002.safetensors", "final.pt"]
@@ -129,8 +176,9 @@ def test_summary_matches_the_worker(workdir, tmp_path):
         assert rows[0][key] == ("" if value is None else repr(value))
     os.chdir(workdir)  # the run's resolved.yaml names its cache relative to the workflow directory
     try:
-        direct = analyze_state("runs/tiny", ["epoch-001.safetensors"], "unseen", settings_from_dict(SETTINGS),
-                               tmp_path / "direct.json")
+        direct = analyze_state(
+            "runs/tiny", ["epoch-001.safetensors"], "unseen", settings_from_dict(SETTINGS), tmp_path / "direct.json"
+        )
     finally:
         os.chdir(REPO)
     assert direct["statistics"] == saved["statistics"]
@@ -154,8 +202,13 @@ def test_gpus_per_job_runs_each_job_on_ranks(workdir, tmp_path):
     assert spectrum["precision"]["engine"] == "finite_difference"
     os.chdir(workdir)
     try:
-        direct = analyze_state("runs/packed", [a["file"] for a in state["state"]["aliases"]], "seen",
-                               settings_from_dict(SETTINGS), tmp_path / "direct.json")
+        direct = analyze_state(
+            "runs/packed",
+            [a["file"] for a in state["state"]["aliases"]],
+            "seen",
+            settings_from_dict(SETTINGS),
+            tmp_path / "direct.json",
+        )
     finally:
         os.chdir(REPO)
     for key, value in direct["statistics"].items():
@@ -194,8 +247,10 @@ def test_plot_target_redraws_without_recomputing(workdir):
     results = workdir / "results/tiny"
     figure = results / "figures/noise_alignment.png"
     figure.unlink()
-    saved = {p: p.stat().st_mtime_ns for p in [results / "summary.csv", results / "manifest.json",
-                                               *results.glob("states/*/*.json")]}
+    saved = {
+        p: p.stat().st_mtime_ns
+        for p in [results / "summary.csv", results / "manifest.json", *results.glob("states/*/*.json")]
+    }
     redraw = _snakemake(workdir, "results/tiny/figures/noise_alignment.png")
     assert redraw.returncode == 0 and figure.exists()
     log = redraw.stdout + redraw.stderr
@@ -234,6 +289,7 @@ def test_lost_collected_files_are_restored(workdir):
 
 def test_a_moved_project_recomputes_a_deleted_result(workdir, tmp_path):
     import shutil
+
     moved = tmp_path / "moved"
     shutil.copytree(workdir, moved, symlinks=True)
     _write_config(moved)  # the configuration names its own folder's run.yaml
@@ -245,13 +301,20 @@ def test_a_moved_project_recomputes_a_deleted_result(workdir, tmp_path):
     assert json.loads(target.read_text())["statistics"] == expected
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"checkpoints": ["node-000/epoch-001.safetensors"]},
-     "analyses.packed.checkpoints: node-000/epoch-001.safetensors is a worker checkpoint; list the root"),
-    ({"checkpoints": ["epoch-001.pt"]}, "analyses.packed.checkpoints: epoch-001.pt is not a root checkpoint"),
-    ({"run": "elsewhere/run", "checkpoints": ["epoch-001.safetensors"]},
-     "analyses.packed.checkpoints: epoch-001.safetensors does not exist in elsewhere/run"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"checkpoints": ["node-000/epoch-001.safetensors"]},
+            "analyses.packed.checkpoints: node-000/epoch-001.safetensors is a worker checkpoint; list the root",
+        ),
+        ({"checkpoints": ["epoch-001.pt"]}, "analyses.packed.checkpoints: epoch-001.pt is not a root checkpoint"),
+        (
+            {"run": "elsewhere/run", "checkpoints": ["epoch-001.safetensors"]},
+            "analyses.packed.checkpoints: epoch-001.safetensors does not exist in elsewhere/run",
+        ),
+    ],
+)
 def test_bad_checkpoint_lists_stop_with_the_config_key(tmp_path, change, message):
     _write_config(tmp_path)
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())
@@ -269,25 +332,43 @@ def _small_corpus(tmp_path, config):
 
 def _no_cuda_device(tmp_path, config):
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
     config["analyses"]["tiny"]["settings"]["device"] = "cuda"
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda t, c: c["analyses"]["tiny"]["settings"].update(noise_sample=3),
-     "error: analyses.tiny.settings: unknown key 'noise_sample' (allowed: amp, audit,"),
-    (lambda t, c: c["analyses"]["tiny"]["settings"].update(noise_samples=-3),
-     "error: analyses.tiny.settings.noise_samples: -3 is not valid"),
-    (lambda t, c: c["analyses"]["tiny"].update(checkpoints=["epoch-007.safetensors"]),
-     "error: analyses.tiny.checkpoints: epoch-007.safetensors is not a checkpoint that training runs/tiny writes "
-     "(epoch-000.safetensors, epoch-001.safetensors, epoch-002.safetensors, final.pt)"),
-    (_small_corpus, "error: train_runs.tiny.cache_inputs: the corpus holds about 448 bytes in whole sequences, but "
-     "training and one unseen epoch at training.tokens=512 need about 768; add text to train_runs.tiny.cache_inputs, "
-     "or lower training.tokens to at most 256 (train_runs.tiny.set: {training.tokens: 256})"),
-    (_no_cuda_device, "error: analyses.tiny.settings.device: cuda, but this machine has no CUDA device and the jobs "
-     "run here; set analyses.tiny.settings.device to cpu or auto"),
-], ids=["unknown settings key", "bad value", "checkpoint training never writes", "corpus too small", "no such device"])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda t, c: c["analyses"]["tiny"]["settings"].update(noise_sample=3),
+            "error: analyses.tiny.settings: unknown key 'noise_sample' (allowed: amp, audit,",
+        ),
+        (
+            lambda t, c: c["analyses"]["tiny"]["settings"].update(noise_samples=-3),
+            "error: analyses.tiny.settings.noise_samples: -3 is not valid",
+        ),
+        (
+            lambda t, c: c["analyses"]["tiny"].update(checkpoints=["epoch-007.safetensors"]),
+            "error: analyses.tiny.checkpoints: epoch-007.safetensors is not a checkpoint that training "
+            "runs/tiny writes (epoch-000.safetensors, epoch-001.safetensors, epoch-002.safetensors, final.pt)",
+        ),
+        (
+            _small_corpus,
+            "error: train_runs.tiny.cache_inputs: the corpus holds about 448 bytes in whole sequences, but "
+            "training and one unseen epoch at training.tokens=512 need about 768; add text to "
+            "train_runs.tiny.cache_inputs, or lower training.tokens to at most 256 "
+            "(train_runs.tiny.set: {training.tokens: 256})",
+        ),
+        (
+            _no_cuda_device,
+            "error: analyses.tiny.settings.device: cuda, but this machine has no CUDA device and the jobs "
+            "run here; set analyses.tiny.settings.device to cpu or auto",
+        ),
+    ],
+    ids=["unknown settings key", "bad value", "checkpoint training never writes", "corpus too small", "no such device"],
+)
 def test_start_up_refuses_with_one_line_naming_the_key(tmp_path, change, message):
     """Before any job: one line naming the config key, exit status 2, nothing written."""
     _write_config(tmp_path)
@@ -305,6 +386,7 @@ def test_a_failed_job_ends_the_run_with_one_line_naming_config_keys(workdir, tmp
     """A job that fails keeps its traceback in its log; the console ends with one line per failed
     job, its message and its log."""
     import shutil
+
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy, symlinks=True)
     _write_config(copy)
@@ -316,11 +398,13 @@ def test_a_failed_job_ends_the_run_with_one_line_naming_config_keys(workdir, tmp
         result.unlink()
     done = _snakemake(copy)
     assert done.returncode != 0
-    summary = done.stderr[done.stderr.index("job(s) failed:"):].splitlines()
+    summary = done.stderr[done.stderr.index("job(s) failed:") :].splitlines()
     failed = [line for line in summary[1:] if line.startswith("  analyze_state results/tiny/states/")]
     assert len(failed) == len(list((copy / "results/tiny/states").iterdir())), done.stderr[-3000:]
-    assert all("cache shard cache/tiny/shard-00000.bin changed after preparation" in line and "[log: logs/" in line
-               for line in failed)
+    assert all(
+        "cache shard cache/tiny/shard-00000.bin changed after preparation" in line and "[log: logs/" in line
+        for line in failed
+    )
     assert "Traceback" not in done.stderr
     log = failed[0].split("[log: ")[1].rstrip("]")
     assert "Traceback" in (copy / log).read_text()
@@ -328,6 +412,7 @@ def test_a_failed_job_ends_the_run_with_one_line_naming_config_keys(workdir, tmp
 
 def test_damaged_binding_is_named(workdir, tmp_path):
     import shutil
+
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy, symlinks=True)
     _write_config(copy)
@@ -343,6 +428,7 @@ def test_a_deleted_result_is_recomputed_alone_and_a_killed_collect_repaired(work
     summary.csv): a plain rerun restores both, with the same contents, and nothing else is redone."""
     import signal
     import time
+
     results = workdir / "results/tiny"
     before = (results / "summary.csv").read_text()
     target = next(results.glob("states/*/unseen.json"))
@@ -355,9 +441,23 @@ def test_a_deleted_result_is_recomputed_alone_and_a_killed_collect_repaired(work
     collect_log = workdir / "logs/collect/tiny.log"
     collect_log.unlink(missing_ok=True)
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
-    process = subprocess.Popen([str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-                                "--configfile", str(workdir / "config.yaml"), "-c2"], cwd=REPO, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        [
+            str(SNAKEMAKE),
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--configfile",
+            str(workdir / "config.yaml"),
+            "-c2",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     while not collect_log.exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.01)

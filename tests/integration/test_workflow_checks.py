@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import PROJECT, project_view
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +27,9 @@ def test_workflow_is_snakefmt_formatted():
 
 def test_lint_has_no_findings(tmp_path):
     project_view(tmp_path)
-    result = _run(str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--lint")
+    result = _run(
+        str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--lint"
+    )
     assert result.returncode == 0 and "Congratulations" in result.stdout + result.stderr, result.stdout + result.stderr
 
 
@@ -49,8 +50,13 @@ def test_default_config_plans_the_demo(tmp_path):
 
 def _uncomment_own_corpus(text: str) -> str:
     """config/config.yaml with its commented text-example entries uncommented, as the README says."""
-    return "\n".join(line.replace("# ", "", 1) if line.startswith(("  # text-example:", "  #   ")) else line
-                     for line in text.splitlines()) + "\n"
+    return (
+        "\n".join(
+            line.replace("# ", "", 1) if line.startswith(("  # text-example:", "  #   ")) else line
+            for line in text.splitlines()
+        )
+        + "\n"
+    )
 
 
 def test_the_configuration_tests_pass_after_the_readme_own_corpus_edit(tmp_path):
@@ -64,12 +70,18 @@ def test_the_configuration_tests_pass_after_the_readme_own_corpus_edit(tmp_path)
     (project / "config/config.yaml").write_text(edited.replace("data/my-corpus.txt", "corpus/plays.txt"))
     (project / "corpus").mkdir()
     (project / "corpus/plays.txt").write_text("ACT I. Enter two players, talking. " * 10_000)
-    tests = ["tests/integration/test_workflow_checks.py::test_default_config_plans_the_demo",
-             "tests/integration/test_workflow_checks.py::test_own_corpus_example_sizes_and_plans",
-             "tests/integration/test_workflow_checks.py::test_lint_has_no_findings"]
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-                            capture_output=True, text=True, cwd=REPO,
-                            env={**os.environ, "TINY_LLM_TEST_PROJECT": str(project)})
+    tests = [
+        "tests/integration/test_workflow_checks.py::test_default_config_plans_the_demo",
+        "tests/integration/test_workflow_checks.py::test_own_corpus_example_sizes_and_plans",
+        "tests/integration/test_workflow_checks.py::test_lint_has_no_findings",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "TINY_LLM_TEST_PROJECT": str(project)},
+    )
     assert result.returncode == 0 and "3 passed" in result.stdout, (result.stdout + result.stderr)[-4000:]
 
 
@@ -79,6 +91,7 @@ def test_own_corpus_example_sizes_and_plans(tmp_path):
     cache, training and its analysis."""
     from tiny_llm.config import load_config
     from tiny_llm.data.tokens import capacity_blocks
+
     example = load_config(PROJECT / "config/runs/text-example.yaml")
     needed = capacity_blocks(example)["unseen"] * example.data.seq_len + 1
     assert 327_680 <= needed <= 330_000 and example.training.checkpoint_policy == "interval"
@@ -91,16 +104,40 @@ def test_own_corpus_example_sizes_and_plans(tmp_path):
     config["train_runs"]["text-example"]["cache_inputs"] = ["data/my-corpus.txt"]
     project_view(tmp_path)
     (tmp_path / "own.yaml").write_text(yaml.safe_dump(config))
-    result = _run(str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-                  "--configfile", str(tmp_path / "own.yaml"), "-n", "runs/text-example/trained.json")
+    result = _run(
+        str(BIN / "snakemake"),
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--configfile",
+        str(tmp_path / "own.yaml"),
+        "-n",
+        "runs/text-example/trained.json",
+    )
     plan = result.stdout + result.stderr
     assert result.returncode == 0, plan[-3000:]
     assert re.search(r"^prepare_data +1$", plan, re.M) and re.search(r"^train_run +1$", plan, re.M)
     # The stated size suffices: a 338 KB corpus covers training and the unseen epoch.
     from tiny_llm.cli import main
     from tiny_llm.data.tokens import TokenCache, check_capacity
-    assert main(["--quiet", "prepare-data", "--config", str(REPO / "config/runs/text-example.yaml"), "--source",
-                 "text", str(tmp_path / "data/my-corpus.txt"), "--out", str(tmp_path / "cache/own")]) == 0
+
+    assert (
+        main(
+            [
+                "--quiet",
+                "prepare-data",
+                "--config",
+                str(REPO / "config/runs/text-example.yaml"),
+                "--source",
+                "text",
+                str(tmp_path / "data/my-corpus.txt"),
+                "--out",
+                str(tmp_path / "cache/own"),
+            ]
+        )
+        == 0
+    )
     check_capacity(TokenCache(tmp_path / "cache/own"), example, "unseen")
 
 
@@ -108,20 +145,38 @@ def test_workflow_runs_default_to_interval_checkpoints_and_print_their_cost(tmp_
     """A run the workflow trains writes a state per virtual epoch unless its configuration says
     otherwise; the dry run prints the analysis's cost line before any job."""
     import yaml
+
     demo = yaml.safe_load((REPO / "config/runs/demo.yaml").read_text())
     del demo["training"]["checkpoint_policy"]
     (tmp_path / "config/runs").mkdir(parents=True)
-    (tmp_path / "config/runs/mine.yaml").write_text(yaml.safe_dump({**demo, "data": {**demo["data"], "cache": "cache/mine"}}))
-    (tmp_path / "config/config.yaml").write_text(yaml.safe_dump({
-        "train_runs": {"mine": {"config": "config/runs/mine.yaml", "cache_source": "demo"},
-                       "last": {"config": "config/runs/mine.yaml", "set": {"training.checkpoint_policy": "final"},
-                                "cache_source": "demo"}},
-        "analyses": {"mine": {"run": "runs/mine", "settings": {"device": "cpu", "noise_samples": 3}},
-                     "last": {"run": "runs/last", "settings": {"device": "cpu"}}}}))
+    (tmp_path / "config/runs/mine.yaml").write_text(
+        yaml.safe_dump({**demo, "data": {**demo["data"], "cache": "cache/mine"}})
+    )
+    (tmp_path / "config/config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "train_runs": {
+                    "mine": {"config": "config/runs/mine.yaml", "cache_source": "demo"},
+                    "last": {
+                        "config": "config/runs/mine.yaml",
+                        "set": {"training.checkpoint_policy": "final"},
+                        "cache_source": "demo",
+                    },
+                },
+                "analyses": {
+                    "mine": {"run": "runs/mine", "settings": {"device": "cpu", "noise_samples": 3}},
+                    "last": {"run": "runs/last", "settings": {"device": "cpu"}},
+                },
+            }
+        )
+    )
     result = _run(str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
-    assert "analysis mine: ≤ 5 states (interval checkpoints: initialisation + 4 epochs) × 2 cases = 10 (state, case) jobs" in out
+    assert (
+        "analysis mine: ≤ 5 states (interval checkpoints: initialisation + 4 epochs) × 2 cases = 10 (state, case) jobs"
+        in out
+    )
     assert "analysis last: ≤ 1 states (final checkpoint only" in out
     assert "each: 22 gradient micro-batches, 36 quadratic forms in 3 passes × 16 curvature micro-batches" in out
 
@@ -137,6 +192,7 @@ def test_the_await_rules_have_the_params_of_the_rules_they_stand_in_for():
         block = re.search(rf"rule {rule}:\n(.*?)(?=\n\s*rule |\n\s*ruleorder|\Z)", text, re.S).group(1)
         found = re.search(r"\n(\s*)params:\n((?:\1\s+.*\n)+)", block)
         return set() if found is None else set(re.findall(r"^\s+(\w+)=", found.group(2), re.M))
+
     for waiting, stood_in in STANDS_IN.items():
         assert params(waiting) == params(stood_in), (waiting, stood_in)
     assert "aliases" in params("await_result")

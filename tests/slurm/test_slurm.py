@@ -25,9 +25,11 @@ from tiny_llm.workers.state import analyze_state, settings_from_dict
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
-RUN = {"model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
-       "data": {"cache": "cache/tiny", "seq_len": 16, "shuffle_group_blocks": 4},
-       "training": {"batch_size": 4, "micro_batch_size": 3, "tokens": 512, "epochs": 2, "checkpoint_policy": "interval"}}
+RUN = {
+    "model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
+    "data": {"cache": "cache/tiny", "seq_len": 16, "shuffle_group_blocks": 4},
+    "training": {"batch_size": 4, "micro_batch_size": 3, "tokens": 512, "epochs": 2, "checkpoint_policy": "interval"},
+}
 SETTINGS = {"noise_samples": 2, "random_samples": 2, "directions_per_pass": 4, "device": "cpu", "dtype": "float64"}
 
 pytestmark = pytest.mark.slurm
@@ -41,8 +43,11 @@ def _local_cluster_answers() -> bool:
     if not shutil.which("scontrol"):
         return False
     shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
-    return shown.returncode == 0 and any(line.split("=", 1)[-1].strip() == LOCAL_CLUSTER
-                                         for line in shown.stdout.splitlines() if line.startswith("ClusterName"))
+    return shown.returncode == 0 and any(
+        line.split("=", 1)[-1].strip() == LOCAL_CLUSTER
+        for line in shown.stdout.splitlines()
+        if line.startswith("ClusterName")
+    )
 
 
 def _unavailable() -> str | None:
@@ -50,8 +55,10 @@ def _unavailable() -> str | None:
     if flag == "0":
         return "TINY_LLM_SLURM_TESTS=0"
     if flag != "1" and not _local_cluster_answers():
-        return ("not asked: TINY_LLM_SLURM_TESTS=1 make test installs and starts a local one-node Slurm "
-                "(root, Debian), as CI does")
+        return (
+            "not asked: TINY_LLM_SLURM_TESTS=1 make test installs and starts a local one-node Slurm "
+            "(root, Debian), as CI does"
+        )
     if os.geteuid() != 0 and not _local_cluster_answers():
         return "bringing up the local Slurm needs root (CI runs as root)"
     if not shutil.which("apt-get") and not shutil.which("slurmctld"):
@@ -64,10 +71,14 @@ def cluster():
     reason = _unavailable()
     if reason:
         pytest.skip(f"Slurm tests skipped: {reason}")
-    was_running = subprocess.run(["scontrol", "ping"], capture_output=True).returncode == 0 if shutil.which("scontrol") else False
+    was_running = (
+        subprocess.run(["scontrol", "ping"], capture_output=True).returncode == 0 if shutil.which("scontrol") else False
+    )
     started = subprocess.run(["bash", str(HERE / "start-local-slurm.sh")], capture_output=True, text=True)
     if started.returncode != 0:
-        pytest.skip(f"Slurm tests skipped: the local cluster did not start:\n{started.stdout[-1500:]}{started.stderr[-1500:]}")
+        pytest.skip(
+            f"Slurm tests skipped: the local cluster did not start:\n{started.stdout[-1500:]}{started.stderr[-1500:]}"
+        )
     yield
     if not was_running:
         subprocess.run(["bash", str(HERE / "stop-local-slurm.sh")], capture_output=True)
@@ -83,15 +94,25 @@ def _workdir(path: Path, analysis_settings: dict, trained: Path | None = None) -
         shutil.copy2(trained / "run.yaml", path / "run.yaml")
     else:
         (path / "run.yaml").write_text(yaml.safe_dump(RUN))
-    config = {"train_runs": {"tiny": {"config": str(path / "run.yaml"), "shard_tokens": 64}},
-              "analyses": {"tiny": {"run": "runs/tiny", "settings": analysis_settings}}}
+    config = {
+        "train_runs": {"tiny": {"config": str(path / "run.yaml"), "shard_tokens": 64}},
+        "analyses": {"tiny": {"run": "runs/tiny", "settings": analysis_settings}},
+    }
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     return path
 
 
 def _command(workdir: Path, *args: str) -> list[str]:
-    return [str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-            "--configfile", str(workdir / "config.yaml"), *args]
+    return [
+        str(SNAKEMAKE),
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(workdir / "config.yaml"),
+        *args,
+    ]
 
 
 def _run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
@@ -110,8 +131,11 @@ def trained(cluster, tmp_path_factory) -> Path:
 
 
 def _statistics(workdir: Path) -> dict:
-    return {(p.parent.name, p.stem): json.loads(p.read_text())["statistics"]
-            for p in sorted((workdir / "results/tiny/states").glob("*/*.json")) if p.stem != "done"}
+    return {
+        (p.parent.name, p.stem): json.loads(p.read_text())["statistics"]
+        for p in sorted((workdir / "results/tiny/states").glob("*/*.json"))
+        if p.stem != "done"
+    }
 
 
 def test_workflow_through_slurm_equals_local(cluster, trained, tmp_path):
@@ -131,15 +155,19 @@ def test_workflow_through_slurm_equals_local(cluster, trained, tmp_path):
     assert campaign.wait(timeout=900) == 0, log.read_text()[-4000:]
     results = sorted((slurm / "results/tiny/states").glob("*/seen.json"))
     assert len(results) == 3
-    assert {json.loads(p.read_text())["identity"]["source"] for p in (slurm / "results/tiny/states").glob("*/*.json")
-            if p.stem != "done"} == {source_hash()}  # the code as it was at the start
+    assert {
+        json.loads(p.read_text())["identity"]["source"]
+        for p in (slurm / "results/tiny/states").glob("*/*.json")
+        if p.stem != "done"
+    } == {source_hash()}  # the code as it was at the start
     jobs = set()
     for seen in results:
         a, b = (json.loads((seen.parent / f"{case}.json").read_text())["slurm"] for case in ("seen", "unseen"))
         assert a["job_id"] == b["job_id"] and a["partition"] == "gpu"  # both cases of a state in one job
         jobs.add(a["job_id"])
-    sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(jobs), "-o", "JobID,State,Account"],
-                           capture_output=True, text=True).stdout
+    sacct = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", ",".join(jobs), "-o", "JobID,State,Account"], capture_output=True, text=True
+    ).stdout
     assert sacct.count("COMPLETED|naiss2026-3-205-gpu") == 3, sacct
     local = _workdir(tmp_path / "local", SETTINGS, trained)  # trained locally
     assert _run(local, "-c2").returncode == 0
@@ -147,19 +175,38 @@ def test_workflow_through_slurm_equals_local(cluster, trained, tmp_path):
     assert (slurm / "results/tiny/summary.csv").read_text() == (local / "results/tiny/summary.csv").read_text()
     jobs = json.loads((slurm / "results/tiny/campaign.json").read_text())["events"][-1]["jobs"]
     assert len(jobs) == 6 and all(j["slurm_job_id"] and j["node"] and j["attempt"] == 1 for j in jobs)
-    assert all(j["requested"]["runtime"] > 0 and j["requested"]["cpus_per_task"] == 1 and j["requested"]["threads"] == 1
-               and j["requested"]["slurm_account"] == "naiss2026-3-205-gpu" for j in jobs)
-    again = subprocess.run(_command(slurm, "--profile", str(REPO / "profiles/test-slurm"), "-n"), capture_output=True,
-                           text=True, cwd=slurm,
-                           env={**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}", **env})
+    assert all(
+        j["requested"]["runtime"] > 0
+        and j["requested"]["cpus_per_task"] == 1
+        and j["requested"]["threads"] == 1
+        and j["requested"]["slurm_account"] == "naiss2026-3-205-gpu"
+        for j in jobs
+    )
+    again = subprocess.run(
+        _command(slurm, "--profile", str(REPO / "profiles/test-slurm"), "-n"),
+        capture_output=True,
+        text=True,
+        cwd=slurm,
+        env={**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}", **env},
+    )
     assert again.returncode != 0 and "the tiny_llm source code changed" in again.stderr + again.stdout
 
 
-GPU_JOB = ("--set-resource-scopes", "gpu=local", "state_slot=local", "--resources", "gpu=4", "state_slot=1",
-           "--set-resources", *(f"{rule}:{key}={value}" for rule in ("analyze_state", "finish_state")
-                                 for key, value in (("gpu_model", "gh200"), ("cpus_per_task", 0), ("cpus_per_gpu", 1),
-                                                    ("mem_mb_per_cpu", 400))),
-           "analyze_state:gpu=2")
+GPU_JOB = (
+    "--set-resource-scopes",
+    "gpu=local",
+    "state_slot=local",
+    "--resources",
+    "gpu=4",
+    "state_slot=1",
+    "--set-resources",
+    *(
+        f"{rule}:{key}={value}"
+        for rule in ("analyze_state", "finish_state")
+        for key, value in (("gpu_model", "gh200"), ("cpus_per_task", 0), ("cpus_per_gpu", 1), ("mem_mb_per_cpu", 400))
+    ),
+    "analyze_state:gpu=2",
+)
 """The naiss profile's GPU request for a group job, sized for this node: its scopes and state slot,
 GH200s by type, CPUs and memory per GPU. The analysis runs on CPU, so the workflow itself asks for
 no GPU (gpu=0); the request is imposed, as a GPU analysis would make it."""
@@ -177,8 +224,11 @@ def test_group_job_holds_its_gpus_and_runs_its_ranks(cluster, trained, tmp_path)
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     done = _run(workdir, "--profile", str(REPO / "profiles/test-slurm"), *GPU_JOB)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    results = {p.stem: json.loads(p.read_text()) for p in (workdir / "results/tiny/states").glob("*/*.json")
-               if p.stem != "done"}
+    results = {
+        p.stem: json.loads(p.read_text())
+        for p in (workdir / "results/tiny/states").glob("*/*.json")
+        if p.stem != "done"
+    }
     assert sorted(results) == ["seen", "unseen"]
     jobs = {r["slurm"]["job_id"] for r in results.values()}
     assert len(jobs) == 1  # the state's cases in one job, one after another on its GPUs
@@ -187,18 +237,29 @@ def test_group_job_holds_its_gpus_and_runs_its_ranks(cluster, trained, tmp_path)
     for result in results.values():
         assert result["parallel"] == {"ranks": 2, "backend": "gloo"}
         assert result["slurm"]["gpus"] == "0,1"  # the two GPUs Slurm gave the job
-        assert {key: result["slurm"]["requested"][key] for key in ("gpu", "gpu_model", "cpus_per_gpu")} \
-            == {"gpu": 2, "gpu_model": "gh200", "cpus_per_gpu": 1}
-    allocated = subprocess.run(["sacct", "-X", "-n", "-P", "-j", jobs.pop(), "-o", "State,AllocTRES"],
-                               capture_output=True, text=True).stdout
+        assert {key: result["slurm"]["requested"][key] for key in ("gpu", "gpu_model", "cpus_per_gpu")} == {
+            "gpu": 2,
+            "gpu_model": "gh200",
+            "cpus_per_gpu": 1,
+        }
+    allocated = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", jobs.pop(), "-o", "State,AllocTRES"], capture_output=True, text=True
+    ).stdout
     assert allocated.startswith("COMPLETED|") and "gres/gpu=2" in allocated and "cpu=2" in allocated, allocated
     os.chdir(workdir)
     try:
         for case, result in results.items():  # the same state and case in this process, alone
-            alone = analyze_state("runs/tiny", [a["file"] for a in result["state"]["aliases"]], case,
-                                  settings_from_dict(SETTINGS), tmp_path / f"{case}.json")
+            alone = analyze_state(
+                "runs/tiny",
+                [a["file"] for a in result["state"]["aliases"]],
+                case,
+                settings_from_dict(SETTINGS),
+                tmp_path / f"{case}.json",
+            )
             for key, value in alone["statistics"].items():
-                assert result["statistics"][key] == (None if value is None else pytest.approx(value, rel=1e-10, abs=1e-14)), key
+                assert result["statistics"][key] == (
+                    None if value is None else pytest.approx(value, rel=1e-10, abs=1e-14)
+                ), key
     finally:
         os.chdir(REPO)
 
@@ -215,8 +276,9 @@ def test_cancelled_job_is_retried_and_the_campaign_completes(cluster, trained, t
     workdir = _workdir(tmp_path / "cancel", SETTINGS, trained)
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
     profile = ["--profile", str(REPO / "profiles/test-slurm"), "--retries", "1"]
-    process = subprocess.Popen(_command(workdir, *profile), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=env, cwd=workdir)
+    process = subprocess.Popen(
+        _command(workdir, *profile), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=workdir
+    )
     cancelled = None
     deadline = time.time() + 300
     while cancelled is None and time.time() < deadline and process.poll() is None:
@@ -235,8 +297,9 @@ def test_cancelled_job_is_retried_and_the_campaign_completes(cluster, trained, t
         raise AssertionError(f"the controller did not finish after the scancel:\n{output[-4000:]}") from None
     assert cancelled, f"no analysis job was seen running:\n{output[-3000:]}"
     assert process.returncode == 0, output[-4000:]
-    state = subprocess.run(["sacct", "-X", "-n", "-P", "-j", cancelled, "-o", "State"], capture_output=True,
-                           text=True).stdout
+    state = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", cancelled, "-o", "State"], capture_output=True, text=True
+    ).stdout
     assert state.startswith("CANCELLED by")  # what sacct really says
     # The controller saw the failure: its error block names the cancelled job's Slurm log (the
     # log's own text, CANCELLED, is no longer echoed: show-failed-logs is off).
@@ -255,10 +318,17 @@ def test_accounting_outage_is_survived(cluster, trained, tmp_path):
     it out instead of forgetting its jobs (plugin issue #207), and the run completes."""
     workdir = _workdir(tmp_path / "outage", SETTINGS, trained)
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
-    args = ["--profile", str(REPO / "profiles/test-slurm"), "--max-status-checks-per-second", "0.1",
-            "--slurm-status-attempts", "10"]
-    process = subprocess.Popen(_command(workdir, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=env, cwd=workdir)
+    args = [
+        "--profile",
+        str(REPO / "profiles/test-slurm"),
+        "--max-status-checks-per-second",
+        "0.1",
+        "--slurm-status-attempts",
+        "10",
+    ]
+    process = subprocess.Popen(
+        _command(workdir, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=workdir
+    )
     deadline = time.time() + 300
     while not any("analysis" in line for line in _queued()) and time.time() < deadline and process.poll() is None:
         time.sleep(0.5)
@@ -280,8 +350,15 @@ def _start(workdir: Path, log: Path, *args: str, env: dict | None = None) -> sub
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}", **(env or {})}
     # Ctrl-C must reach it even when the tests themselves run in the background, where the shell
     # starts them with SIGINT ignored (a state that children inherit).
-    return subprocess.Popen(_command(workdir, *args), stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=workdir, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        _command(workdir, *args),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=workdir,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def _until(condition, seconds: float, what: str):
@@ -296,8 +373,10 @@ def _until(condition, seconds: float, what: str):
 
 def _analysis_jobs(state: str) -> list[str]:
     """Ids of the analysis jobs in ``state``, in submission order."""
-    return sorted((line.split("|")[0] for line in _queued()
-                   if line.split("|")[2] == state and "analysis" in line.split("|")[3]), key=int)
+    return sorted(
+        (line.split("|")[0] for line in _queued() if line.split("|")[2] == state and "analysis" in line.split("|")[3]),
+        key=int,
+    )
 
 
 HELD = ("--set-resources", "analyze_state:slurm_extra='--hold'")
@@ -308,8 +387,11 @@ def _two_running_one_queued() -> tuple[list[str], list[str]]:
     """With the first controller's three analysis jobs submitted held: release two, wait until they
     run, suspend them; the third stays queued. Both kinds exist whatever the timing (the test
     resumes the suspended ones)."""
-    held = _until(lambda: (lambda jobs: jobs if len(jobs) == 3 else None)(_analysis_jobs("PENDING")), 300,
-                  "three held analysis jobs")
+    held = _until(
+        lambda: (lambda jobs: jobs if len(jobs) == 3 else None)(_analysis_jobs("PENDING")),
+        300,
+        "three held analysis jobs",
+    )
     running, queued = held[:2], held[2:]
     for job in running:
         subprocess.run(["scontrol", "release", job], check=True)
@@ -328,13 +410,17 @@ def _cancel_jobs_of(workdir: Path) -> None:
 
 
 def _result_jobs(workdir: Path) -> dict[tuple[str, str], str]:
-    return {(p.parent.name, p.stem): json.loads(p.read_text())["slurm"]["job_id"]
-            for p in (workdir / "results/tiny/states").glob("*/*.json") if p.stem != "done"}
+    return {
+        (p.parent.name, p.stem): json.loads(p.read_text())["slurm"]["job_id"]
+        for p in (workdir / "results/tiny/states").glob("*/*.json")
+        if p.stem != "done"
+    }
 
 
 def _sacct_state(job: str) -> str:
-    return subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "State"], capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", job, "-o", "State"], capture_output=True, text=True
+    ).stdout.strip()
 
 
 def test_killed_controller_is_re_attached_without_duplicate_work(cluster, trained, tmp_path):
@@ -389,8 +475,10 @@ def test_ctrl_c_leaves_running_jobs_running(cluster, trained, tmp_path):
             first.send_signal(signal.SIGINT)
             first.wait(timeout=120)
             output = log.read_text()
-            assert (f"Interrupted: {len(queued)} queued Slurm job(s) cancelled; {len(running)} running job(s) "
-                    f"keep running ({' '.join(running)})") in output, output[-3000:]
+            assert (
+                f"Interrupted: {len(queued)} queued Slurm job(s) cancelled; {len(running)} running job(s) "
+                f"keep running ({' '.join(running)})"
+            ) in output, output[-3000:]
             assert all(_sacct_state(job).startswith("CANCELLED") for job in queued)
             assert set(running) <= set(_analysis_jobs("SUSPENDED"))  # still there, not cancelled
         finally:

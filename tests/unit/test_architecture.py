@@ -93,12 +93,14 @@ def test_no_import_cycles_between_modules():
 def test_every_module_imports_first_and_alone():
     """Each module imported as the first tiny_llm module of a process (torch already loaded), so an
     import that works only after another one fails here."""
-    code = ("import sys, importlib, torch\n"
-            f"for name in {sorted(_modules())!r}:\n"
-            "    for loaded in [m for m in sys.modules if m == 'tiny_llm' or m.startswith('tiny_llm.')]:\n"
-            "        del sys.modules[loaded]\n"
-            "    importlib.import_module(name)\n"
-            "print('ok')\n")
+    code = (
+        "import sys, importlib, torch\n"
+        f"for name in {sorted(_modules())!r}:\n"
+        "    for loaded in [m for m in sys.modules if m == 'tiny_llm' or m.startswith('tiny_llm.')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    importlib.import_module(name)\n"
+        "print('ok')\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
@@ -107,24 +109,32 @@ def test_every_tiny_llm_import_outside_the_package_resolves():
     """The workflow's rules and scripts, the benchmarks and the GPU check import names that exist
     (a moved module fails here, not on the cluster or the GPU node)."""
     repo = PACKAGE.parents[1]
-    files = [*repo.glob("workflow/rules/*.smk"), *repo.glob("workflow/scripts/*.py"), *repo.glob("benchmarks/*.py"),
-             *repo.glob("benchmarks/*.sh"), *repo.glob("tests/**/*.py")]
+    files = [
+        *repo.glob("workflow/rules/*.smk"),
+        *repo.glob("workflow/scripts/*.py"),
+        *repo.glob("benchmarks/*.py"),
+        *repo.glob("benchmarks/*.sh"),
+        *repo.glob("tests/**/*.py"),
+    ]
     statements = set()
     for path in files:
         text = re.sub(r"\(\s*([^)]*?)\s*\)", lambda m: " ".join(m.group(1).split()).rstrip(","), path.read_text())
-        statements |= set(re.findall(r"^\s*(from tiny_llm[\w.]* import [\w, ]+|import tiny_llm[\w.]*(?: as \w+)?)",
-                                     text, re.M))
+        statements |= set(
+            re.findall(r"^\s*(from tiny_llm[\w.]* import [\w, ]+|import tiny_llm[\w.]*(?: as \w+)?)", text, re.M)
+        )
     assert len(statements) > 50
     for statement in sorted(statements):
-        exec(statement, {})  # noqa: S102 - import statements read from our own files
+        exec(statement, {})
 
 
 def test_the_command_line_parses_without_importing_torch():
     """``tiny-llm --help`` (and every subcommand's) builds its parser without torch, so it answers at
     once; the commands import what they run, and ``tiny_llm.Llama`` is still there on first use."""
-    code = ("import sys, tiny_llm, tiny_llm.cli as cli; parser = cli._parser(); "
-            "assert 'torch' not in sys.modules, 'torch imported'; "
-            "assert tiny_llm.Llama.__name__ == 'Llama' and 'torch' in sys.modules")
+    code = (
+        "import sys, tiny_llm, tiny_llm.cli as cli; parser = cli._parser(); "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert tiny_llm.Llama.__name__ == 'Llama' and 'torch' in sys.modules"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 
@@ -134,13 +144,24 @@ def test_the_file_layout_is_spelled_in_one_module():
     and the workflow's rules write the result paths it names."""
     from tiny_llm import layout
 
-    names = [layout.RESOLVED, layout.IMPORTED, layout.TRAIN_LOG, layout.FINAL, layout.RESUME, layout.SUMMARY,
-             layout.MANIFEST, layout.STATES]
+    names = [
+        layout.RESOLVED,
+        layout.IMPORTED,
+        layout.TRAIN_LOG,
+        layout.FINAL,
+        layout.RESUME,
+        layout.SUMMARY,
+        layout.MANIFEST,
+        layout.STATES,
+    ]
     for module, path in _modules().items():
         if module == "tiny_llm.layout":
             continue
-        code = "\n".join(line for line in path.read_text().splitlines()
-                         if not line.lstrip().startswith(("#", '"""')) and "help=" not in line)
+        code = "\n".join(
+            line
+            for line in path.read_text().splitlines()
+            if not line.lstrip().startswith(("#", '"""')) and "help=" not in line
+        )
         for name in names:
             assert f'"{name}"' not in code, f"{module} spells {name!r}; use tiny_llm.layout"
         assert 'f"epoch-{' not in code, f"{module} formats an epoch file name; use layout.epoch_file"

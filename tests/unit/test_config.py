@@ -13,21 +13,33 @@ def test_defaults_round_trip(tmp_path):
     assert config.training.packed.workers == 2 and config.model.tie_embeddings
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"model": {"widht": 3}}, "unknown key model.widht; allowed keys: model.architecture, model.hf_config, model.vocab_size"),
-    ({"optimiser": {}}, "unknown key optimiser; allowed keys: model, data, training"),
-    ({"model": {"d_model": "32"}}, "model.d_model: expected an integer, got '32'"),
-    ({"model": {"tie_embeddings": 1}}, "model.tie_embeddings: expected true or false"),
-    ({"model": {"d_model": 30, "n_heads": 4}}, "model.n_heads: expected a divisor of model.d_model=30 ([1, 2, 3, 5, 6, 10, 15, 30])"),
-    ({"model": {"d_model": 12, "n_heads": 4}}, "even head_dim"),
-    ({"training": {"batch_size": 4, "micro_batch_size": 8}}, "training.micro_batch_size: expected at most training.batch_size=4, got 8"),
-    ({"training": {"optimizer": "adam"}}, "training.optimizer: expected one of 'adamw', 'sgd', got 'adam'"),
-    ({"training": {"packed": {"workers": 1}}}, "training.packed.workers: expected an integer >= 2"),
-    ({"training": {"tokens": 10}}, "training.tokens: expected at least epochs x batch_size x seq_len"),
-    ({"training": {"tokens": 3 * 4 * 16 * 64, "epochs": 4, "packed": {"workers": 2}}}, "whole rounds of 2 workers"),
-    ({"data": {"seq_len": 128}}, "data.seq_len: expected at most model.max_seq_len=64"),
-    ({"training": {"lr": -1.0}}, "training.lr: expected a positive number"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (
+            {"model": {"widht": 3}},
+            "unknown key model.widht; allowed keys: model.architecture, model.hf_config, model.vocab_size",
+        ),
+        ({"optimiser": {}}, "unknown key optimiser; allowed keys: model, data, training"),
+        ({"model": {"d_model": "32"}}, "model.d_model: expected an integer, got '32'"),
+        ({"model": {"tie_embeddings": 1}}, "model.tie_embeddings: expected true or false"),
+        (
+            {"model": {"d_model": 30, "n_heads": 4}},
+            "model.n_heads: expected a divisor of model.d_model=30 ([1, 2, 3, 5, 6, 10, 15, 30])",
+        ),
+        ({"model": {"d_model": 12, "n_heads": 4}}, "even head_dim"),
+        (
+            {"training": {"batch_size": 4, "micro_batch_size": 8}},
+            "training.micro_batch_size: expected at most training.batch_size=4, got 8",
+        ),
+        ({"training": {"optimizer": "adam"}}, "training.optimizer: expected one of 'adamw', 'sgd', got 'adam'"),
+        ({"training": {"packed": {"workers": 1}}}, "training.packed.workers: expected an integer >= 2"),
+        ({"training": {"tokens": 10}}, "training.tokens: expected at least epochs x batch_size x seq_len"),
+        ({"training": {"tokens": 3 * 4 * 16 * 64, "epochs": 4, "packed": {"workers": 2}}}, "whole rounds of 2 workers"),
+        ({"data": {"seq_len": 128}}, "data.seq_len: expected at most model.max_seq_len=64"),
+        ({"training": {"lr": -1.0}}, "training.lr: expected a positive number"),
+    ],
+)
 def test_bad_values_name_the_key(data, message):
     with pytest.raises(ValueError) as error:
         config_from_dict(data)
@@ -42,14 +54,21 @@ def test_load_config_names_the_file(tmp_path):
 
 
 def test_overrides_parse_yaml_values():
-    data = apply_overrides({"training": {"lr": 0.1}}, ["training.lr=1e-3", "training.packed.workers=4", "model.tie_embeddings=false"])
+    data = apply_overrides(
+        {"training": {"lr": 0.1}}, ["training.lr=1e-3", "training.packed.workers=4", "model.tie_embeddings=false"]
+    )
     assert data == {"training": {"lr": 1e-3, "packed": {"workers": 4}}, "model": {"tie_embeddings": False}}
     with pytest.raises(ValueError, match="expected section.key=value"):
         apply_overrides({}, ["training.lr"])
 
 
 def test_derived_sizes():
-    config = config_from_dict({"data": {"seq_len": 8}, "model": {"max_seq_len": 8},
-                                "training": {"batch_size": 4, "micro_batch_size": 4, "tokens": 1000, "epochs": 3}})
+    config = config_from_dict(
+        {
+            "data": {"seq_len": 8},
+            "model": {"max_seq_len": 8},
+            "training": {"batch_size": 4, "micro_batch_size": 4, "tokens": 1000, "epochs": 3},
+        }
+    )
     assert config.steps_per_epoch == 1000 // (3 * 32) == 10
     assert config.total_batches == 30

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import TINY_MODEL, make_oracle_run
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.noise import mean_gradient_and_loss
@@ -23,11 +24,10 @@ from tiny_llm.training.loop import train
 from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum
 from tiny_llm.workers.state import AnalysisSettings, analyze_state
 
-from conftest import TINY_MODEL, make_oracle_run
-
 CPU64 = Precision(torch.device("cpu"), torch.float64)
-SETTINGS = AnalysisSettings(noise_samples=3, random_samples=4, device="cpu", dtype="float64", directions_per_pass=3,
-                            hvp_batch_size=2)
+SETTINGS = AnalysisSettings(
+    noise_samples=3, random_samples=4, device="cpu", dtype="float64", directions_per_pass=3, hvp_batch_size=2
+)
 """5 batches of 3 sequences, curvature micro-batches of 2: 8 micro-batches, the last padded."""
 
 
@@ -42,11 +42,13 @@ def _measure() -> dict[str, torch.Tensor]:
     for engine in ("adjoint", "double_backward"):
         op = EpochHessian(model, tokens, batch_size=3, engine=engine, precision=CPU64, directions_per_pass=2)
         out[f"{engine} forms"] = op.quadratic_forms(V)
-    out["split"] = EpochHessian(model, tokens, batch_size=3, engine="taylor", precision=CPU64,
-                                directions_per_pass=2).split_quadratic_forms(V)
-    out["hvp"] = EpochHessian(model, tokens, batch_size=3, engine="pearlmutter", precision=CPU64,
-                              directions_per_pass=2).hvp(V)
-    batches = [tokens[i:i + 2] for i in range(0, 7, 2)]  # 4 batches, the last of 1 sequence
+    out["split"] = EpochHessian(
+        model, tokens, batch_size=3, engine="taylor", precision=CPU64, directions_per_pass=2
+    ).split_quadratic_forms(V)
+    out["hvp"] = EpochHessian(
+        model, tokens, batch_size=3, engine="pearlmutter", precision=CPU64, directions_per_pass=2
+    ).hvp(V)
+    batches = [tokens[i : i + 2] for i in range(0, 7, 2)]  # 4 batches, the last of 1 sequence
     g, loss = mean_gradient_and_loss(model, FlatParameters(model), batches, 2, CPU64)
     out["gradient"], out["loss"] = g, torch.tensor(loss, dtype=torch.float64)
     return out
@@ -67,8 +69,9 @@ def _rank(rank: int, size: int, store: str, results: str) -> None:
 def test_ranks_give_the_single_process_numbers(tmp_path, ranks):
     single = _measure()
     assert world() == (0, 1) and is_writer()
-    mp.start_processes(_rank, args=(ranks, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=ranks,
-                       start_method="spawn")
+    mp.start_processes(
+        _rank, args=(ranks, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=ranks, start_method="spawn"
+    )
     for rank in range(ranks):  # every rank holds the same numbers
         parallel = torch.load(tmp_path / f"out.{rank}", weights_only=True)
         for name, value in single.items():
@@ -81,9 +84,15 @@ def _analyze(rank: int, size: int, store: str, run: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
     try:
         result = analyze_state(run, ["epoch-002.safetensors"], "seen", SETTINGS, out)
-        torch.save({"statistics": result["statistics"], "standard_errors": result["standard_errors"],
-                    "noise": [r["noise_curvature"] for r in result["noise_samples"]],
-                    "parallel": result["parallel"]}, f"{out}.{rank}")
+        torch.save(
+            {
+                "statistics": result["statistics"],
+                "standard_errors": result["standard_errors"],
+                "noise": [r["noise_curvature"] for r in result["noise_samples"]],
+                "parallel": result["parallel"],
+            },
+            f"{out}.{rank}",
+        )
     finally:
         dist.destroy_process_group()
 
@@ -103,13 +112,19 @@ def test_an_analysis_on_ranks_gives_the_single_process_result_written_once(oracl
     single = analyze_state(oracle_run / "run", ["epoch-002.safetensors"], "seen", SETTINGS, tmp_path / "single.json")
     assert single["parallel"] == {"ranks": 1, "backend": None}
     out = tmp_path / "parallel.json"
-    mp.start_processes(_analyze, args=(ranks, str(tmp_path / "store"), str(oracle_run / "run"), str(out)),
-                       nprocs=ranks, start_method="spawn")
+    mp.start_processes(
+        _analyze,
+        args=(ranks, str(tmp_path / "store"), str(oracle_run / "run"), str(out)),
+        nprocs=ranks,
+        start_method="spawn",
+    )
     written = json.loads(out.read_text())
     assert written["parallel"] == {"ranks": ranks, "backend": "gloo"}
     assert written["identity"] == single["identity"]
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("parallel.json")) == \
-        ["parallel.json", *(f"parallel.json.{r}" for r in range(ranks))]  # one result file, no leftovers
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("parallel.json")) == [
+        "parallel.json",
+        *(f"parallel.json.{r}" for r in range(ranks)),
+    ]  # one result file, no leftovers
     for rank in range(ranks):
         got = torch.load(f"{out}.{rank}", weights_only=False)
         for block in ("statistics", "standard_errors"):
@@ -125,24 +140,72 @@ def test_torchrun_and_srun_run_the_command_line_unchanged(oracle_run, tmp_path):
     """tiny-llm analyze-state under torchrun --nproc-per-node 2 (CPU, gloo), and as two tasks the way
     srun starts them (Slurm's variables only): the single-process statistics, printed once."""
     single = analyze_state(oracle_run / "run", ["epoch-002.safetensors"], "seen", SETTINGS, tmp_path / "single.json")
-    arguments = ["--quiet", "analyze-state", "--run", str(oracle_run / "run"), "--checkpoint", "epoch-002.safetensors",
-                 "--case", "seen", "--device", "cpu", "--dtype", "float64", "--noise-samples", "3",
-                 "--random-samples", "4", "--directions-per-pass", "3", "--hvp-batch-size", "2"]
+    arguments = [
+        "--quiet",
+        "analyze-state",
+        "--run",
+        str(oracle_run / "run"),
+        "--checkpoint",
+        "epoch-002.safetensors",
+        "--case",
+        "seen",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float64",
+        "--noise-samples",
+        "3",
+        "--random-samples",
+        "4",
+        "--directions-per-pass",
+        "3",
+        "--hvp-batch-size",
+        "2",
+    ]
     torchrun = Path(sys.executable).with_name("torchrun")
     # "--" ends torchrun's options: its own --run-path would otherwise claim --run.
-    done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "tiny_llm.cli", "--",
-                           *arguments, "--output", str(tmp_path / "torchrun.json")],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "tiny_llm.cli",
+            "--",
+            *arguments,
+            "--output",
+            str(tmp_path / "torchrun.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count('"b_noise"') == 1
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    tasks = [subprocess.Popen([sys.executable, "-m", "tiny_llm.cli", *arguments, "--output", str(tmp_path / "srun.json")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**clean, "OMP_NUM_THREADS": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": str(task),
-                                   "SLURM_LOCALID": str(task), "SLURM_JOB_NODELIST": "localhost",
-                                   "SLURM_JOB_ID": str(os.getpid())})
-             for task in range(2)]
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tiny_llm.cli", *arguments, "--output", str(tmp_path / "srun.json")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **clean,
+                "OMP_NUM_THREADS": "1",
+                "SLURM_STEP_NUM_TASKS": "2",
+                "SLURM_PROCID": str(task),
+                "SLURM_LOCALID": str(task),
+                "SLURM_JOB_NODELIST": "localhost",
+                "SLURM_JOB_ID": str(os.getpid()),
+            },
+        )
+        for task in range(2)
+    ]
     outputs = [task.communicate(timeout=300) for task in tasks]
     assert all(task.returncode == 0 for task in tasks), outputs[0][1][-3000:] + outputs[1][1][-3000:]
     assert sum(out.count('"b_noise"') for out, _ in outputs) == 1
@@ -153,8 +216,7 @@ def test_torchrun_and_srun_run_the_command_line_unchanged(oracle_run, tmp_path):
             assert written["statistics"][key] == (None if value is None else pytest.approx(value, rel=1e-12)), key
 
 
-SPECTRUM = SpectrumSettings(top_k=2, lanczos_steps=12, slq_vectors=1, slq_steps=5, block_samples=1,
-                            cg_max_iterations=5)
+SPECTRUM = SpectrumSettings(top_k=2, lanczos_steps=12, slq_vectors=1, slq_steps=5, block_samples=1, cg_max_iterations=5)
 FD = replace(SETTINGS, engine="finite_difference")
 
 
@@ -181,42 +243,97 @@ def test_a_spectrum_on_ranks_data_parallel_and_sharded(oracle_run, tmp_path):
     """analyze_spectrum on 2 ranks with every parameter on each (data-parallel products), then under
     torchrun with the model and vectors sharded (FSDP2, shard-local finite differences): every
     spectral number of the single-process finite-difference result, one result file each."""
-    single = analyze_spectrum(oracle_run / "run", ["epoch-002.safetensors"], "seen", FD, SPECTRUM,
-                              tmp_path / "single.json")
+    single = analyze_spectrum(
+        oracle_run / "run", ["epoch-002.safetensors"], "seen", FD, SPECTRUM, tmp_path / "single.json"
+    )
     assert single["parallel"] == {"ranks": 1, "backend": None, "sharded": False}
     out = tmp_path / "parallel.json"
-    mp.start_processes(_spectrum, args=(2, str(tmp_path / "store"), str(oracle_run / "run"), str(out)), nprocs=2,
-                       start_method="spawn")
+    mp.start_processes(
+        _spectrum, args=(2, str(tmp_path / "store"), str(oracle_run / "run"), str(out)), nprocs=2, start_method="spawn"
+    )
     written = json.loads(out.read_text())
     assert written["parallel"] == {"ranks": 2, "backend": "gloo", "sharded": False}
     assert written["identity"] == single["identity"]
     for rank in range(2):
-        assert _spectral_numbers(torch.load(f"{out}.{rank}", weights_only=False)) == \
-            pytest.approx(_spectral_numbers(single), rel=1e-12, abs=1e-14)
+        assert _spectral_numbers(torch.load(f"{out}.{rank}", weights_only=False)) == pytest.approx(
+            _spectral_numbers(single), rel=1e-12, abs=1e-14
+        )
 
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "tiny_llm.cli", "--", "--quiet",
-                           "analyze-spectrum", "--sharded", "--run", str(oracle_run / "run"), "--checkpoint",
-                           "epoch-002.safetensors", "--case", "seen", "--output", str(tmp_path / "sharded.json"),
-                           "--device", "cpu", "--dtype", "float64", "--engine", "finite_difference",
-                           "--noise-samples", "3", "--directions-per-pass", "3", "--hvp-batch-size", "2",
-                           "--top-k", "2", "--lanczos-steps", "12", "--slq-vectors", "1", "--slq-steps", "5",
-                           "--block-samples", "1", "--cg-max-iterations", "5"],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "tiny_llm.cli",
+            "--",
+            "--quiet",
+            "analyze-spectrum",
+            "--sharded",
+            "--run",
+            str(oracle_run / "run"),
+            "--checkpoint",
+            "epoch-002.safetensors",
+            "--case",
+            "seen",
+            "--output",
+            str(tmp_path / "sharded.json"),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float64",
+            "--engine",
+            "finite_difference",
+            "--noise-samples",
+            "3",
+            "--directions-per-pass",
+            "3",
+            "--hvp-batch-size",
+            "2",
+            "--top-k",
+            "2",
+            "--lanczos-steps",
+            "12",
+            "--slq-vectors",
+            "1",
+            "--slq-steps",
+            "5",
+            "--block-samples",
+            "1",
+            "--cg-max-iterations",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     sharded = json.loads((tmp_path / "sharded.json").read_text())
     assert sharded["parallel"] == {"ranks": 2, "backend": "gloo", "sharded": True}
-    assert sharded["precision"]["engine"] == "finite_difference" and sharded["precision"]["finite_difference_scale"] == 1e-6
+    assert (
+        sharded["precision"]["engine"] == "finite_difference"
+        and sharded["precision"]["finite_difference_scale"] == 1e-6
+    )
     assert done.stdout.count('"top_eigenvalues"') == 1
     assert _spectral_numbers(sharded) == pytest.approx(_spectral_numbers(single), rel=1e-7, abs=1e-9)
 
 
 def test_a_sharded_spectrum_refuses_another_product_engine(oracle_run, tmp_path):
-    with pytest.raises(ValueError, match="spectrum.sharded: sharded products are finite differences of gradients; "
-                                         "set engine to finite_difference or auto, not double_backward"):
-        analyze_spectrum(oracle_run / "run", ["epoch-002.safetensors"], "seen",
-                         replace(SETTINGS, engine="double_backward"), replace(SPECTRUM, sharded=True),
-                         tmp_path / "out.json")
+    with pytest.raises(
+        ValueError,
+        match="spectrum.sharded: sharded products are finite differences of gradients; "
+        "set engine to finite_difference or auto, not double_backward",
+    ):
+        analyze_spectrum(
+            oracle_run / "run",
+            ["epoch-002.safetensors"],
+            "seen",
+            replace(SETTINGS, engine="double_backward"),
+            replace(SPECTRUM, sharded=True),
+            tmp_path / "out.json",
+        )
     assert not (tmp_path / "out.json").exists()
 
 
@@ -226,8 +343,12 @@ def test_a_job_on_ranks_logs_rank_zero_progress_once_and_ends_with_a_ranks_refus
     from tiny_llm.workers.ranks import run_on_ranks
     from tiny_llm.workers.state import settings_record
 
-    arguments = {"run_dir": str(oracle_run / "run"), "checkpoints": ["epoch-002.safetensors"], "case": "seen",
-                 "settings": settings_record(SETTINGS)}
+    arguments = {
+        "run_dir": str(oracle_run / "run"),
+        "checkpoints": ["epoch-002.safetensors"],
+        "case": "seen",
+        "settings": settings_record(SETTINGS),
+    }
     result = run_on_ranks("analyze_state", {**arguments, "expect_key": None}, tmp_path / "r.json", ranks=2)
     log = capfd.readouterr().err
     label = f"[{result['state']['key'][:12]} seen]"

@@ -52,7 +52,7 @@ def _table_defaults() -> dict[str, object]:
             names = [n.strip() for n in group.group(2).split(",")]
             values = [v.strip() for v in default.split(",")]
             assert len(names) == len(values), line
-            rows.update({f"{group.group(1)}.{n}": _value(v) for n, v in zip(names, values)})
+            rows.update({f"{group.group(1)}.{n}": _value(v) for n, v in zip(names, values, strict=True)})
         else:
             rows[key] = _value(default)
     return rows
@@ -104,6 +104,7 @@ def test_config_comments_state_the_spectrum_defaults():
 def test_cli_defaults_are_the_code_defaults_and_every_subcommand_is_described():
     from tiny_llm import cli
     from tiny_llm.curvature.hessian import ENGINES
+
     assert cli.ENGINES == ENGINES  # the parser's copy (it imports no torch)
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -136,13 +137,21 @@ def test_report_captions_are_the_reading_guides_figure_texts():
         assert match, f"docs/reading-results.md has no section for {figure}"
         caption = (REPO / "workflow/report/figures" / f"{figure}.rst").read_text()
         assert " ".join(caption.split()) == " ".join(match.group(1).split()), (
-            f"workflow/report/figures/{figure}.rst differs from its paragraph in docs/reading-results.md; copy it")
+            f"workflow/report/figures/{figure}.rst differs from its paragraph in docs/reading-results.md; copy it"
+        )
 
 
 def test_docs_stand_on_their_own():
     """No reference to documents a user of the repository does not have."""
-    texts = {path: path.read_text() for path in [REPO / "README.md", REPO / "benchmarks/README.md",
-                                                  *REPO.glob("docs/*.md"), *REPO.glob("src/tiny_llm/**/*.py")]}
+    texts = {
+        path: path.read_text()
+        for path in [
+            REPO / "README.md",
+            REPO / "benchmarks/README.md",
+            *REPO.glob("docs/*.md"),
+            *REPO.glob("src/tiny_llm/**/*.py"),
+        ]
+    }
     for path, text in texts.items():
         for phrase in ("DESIGN.md", "seed reference", "reference document", "the issue", "STYLE.md"):
             assert phrase not in text, f"{path.relative_to(REPO)} mentions {phrase!r}"
@@ -150,6 +159,7 @@ def test_docs_stand_on_their_own():
 
 def test_the_docs_state_the_geometry_settings_defaults():
     from tiny_llm.geometry.experiment import GeometrySettings
+
     paragraph = CROSS_SEED.split("**Settings** (`seed_experiments.<name>.settings`", 1)[1].split("(a\nprofile's", 1)[0]
     documented = {key: _value(value) for key, value in re.findall(r"`(\w+)` ([\w.]+)", paragraph)}
     defaults = {f.name: f.default for f in dataclasses.fields(GeometrySettings)}

@@ -34,10 +34,10 @@ def test_checkpoints_and_caches_get_the_users_umask(tmp_path):
     """Files and folders the project writes are as readable as the user's umask allows, whatever
     mode the writing library chose (safetensors, mkdtemp)."""
     import torch
+    from conftest import make_oracle_run
 
     from tiny_llm.model.checkpoint import save_weights
 
-    from conftest import make_oracle_run
     umask = os.umask(0)
     os.umask(umask)
     save_weights(tmp_path / "w.safetensors", {"x": torch.zeros(2)}, {"step": 0})

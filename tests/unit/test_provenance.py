@@ -16,13 +16,31 @@ def _freeze_from(source: Path, root: Path) -> tuple[Path, str, str]:
     """freeze_source run by the tiny_llm under ``source`` (a fresh process); then what a process
     with the frozen copy first on PYTHONPATH imports: (frozen dir, its tiny_llm file, its hash)."""
     env = {**os.environ, "PYTHONPATH": str(source)}
-    frozen = Path(subprocess.run([sys.executable, "-c", f"from tiny_llm.provenance import freeze_source; "
-                                  f"print(freeze_source({str(root)!r}))"], env=env, check=True,
-                                 capture_output=True, text=True).stdout.strip())
+    frozen = Path(
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"from tiny_llm.provenance import freeze_source; print(freeze_source({str(root)!r}))",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     env["PYTHONPATH"] = f"{frozen}{os.pathsep}{source}"
-    imported = subprocess.run([sys.executable, "-c", "import tiny_llm, tiny_llm.provenance as p; "
-                               "print(tiny_llm.__file__); print(p.source_hash())"], env=env, check=True,
-                              capture_output=True, text=True).stdout.split()
+    imported = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import tiny_llm, tiny_llm.provenance as p; print(tiny_llm.__file__); print(p.source_hash())",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     return frozen, imported[0], imported[1]
 
 
@@ -44,8 +62,13 @@ def test_jobs_import_the_copy_made_at_the_start_whatever_happens_to_the_checkout
     noise.write_text(noise.read_text() + "\n# edited\n")
     # the frozen copy still imports the old code; a new run freezes the new code elsewhere
     env = {**os.environ, "PYTHONPATH": f"{frozen}{os.pathsep}{checkout}"}
-    again = subprocess.run([sys.executable, "-c", "import tiny_llm.provenance as p; print(p.source_hash())"],
-                           env=env, check=True, capture_output=True, text=True).stdout.strip()
+    again = subprocess.run(
+        [sys.executable, "-c", "import tiny_llm.provenance as p; print(p.source_hash())"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     assert again == source_hash()
     edited, _, edited_digest = _freeze_from(checkout, tmp_path / "frozen")
     assert edited != frozen and edited_digest != source_hash()
@@ -53,6 +76,7 @@ def test_jobs_import_the_copy_made_at_the_start_whatever_happens_to_the_checkout
 
 def test_the_copy_goes_first_on_pythonpath_once(monkeypatch, tmp_path):
     from tiny_llm.provenance import use_frozen_source
+
     monkeypatch.setenv("PYTHONPATH", f"/elsewhere{os.pathsep}")
     frozen = use_frozen_source(tmp_path / "frozen")
     assert use_frozen_source(tmp_path / "frozen") == frozen
@@ -61,15 +85,27 @@ def test_the_copy_goes_first_on_pythonpath_once(monkeypatch, tmp_path):
 
 def _hash_of(source: Path) -> str:
     env = {**os.environ, "PYTHONPATH": str(source)}
-    return subprocess.run([sys.executable, "-c", "import tiny_llm.provenance as p; print(p.source_hash())"],
-                          env=env, check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", "import tiny_llm.provenance as p; print(p.source_hash())"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def test_the_source_hash_covers_every_numerical_wing_and_nothing_else(tmp_path):
     from tiny_llm.provenance import numerical_files
+
     files = {path.relative_to(PACKAGE).as_posix() for path in numerical_files(PACKAGE)}
-    assert {"config.py", "model/jets.py", "curvature/spectrum.py", "workers/state.py", "training/loop.py",
-            "data/tokens.py"} <= files
+    assert {
+        "config.py",
+        "model/jets.py",
+        "curvature/spectrum.py",
+        "workers/state.py",
+        "training/loop.py",
+        "data/tokens.py",
+    } <= files
     assert not any(name.startswith(("results/", "campaign/", "geometry/", "cli")) for name in files)
     checkout = tmp_path / "src"
     shutil.copytree(PACKAGE, checkout / "tiny_llm", ignore=shutil.ignore_patterns("__pycache__"))

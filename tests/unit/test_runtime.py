@@ -34,14 +34,21 @@ def test_removed_after_failure_and_environment_restored(monkeypatch, tmp_path):
 
 
 def test_removed_on_sigterm(tmp_path):
-    code = ("import os, signal, sys, time\n"
-            "from tiny_llm.runtime import node_local_compile_cache\n"
-            "with node_local_compile_cache() as path:\n"
-            "    print(path, flush=True)\n"
-            "    os.kill(os.getpid(), signal.SIGTERM)\n"
-            "    time.sleep(10)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=60)
+    code = (
+        "import os, signal, sys, time\n"
+        "from tiny_llm.runtime import node_local_compile_cache\n"
+        "with node_local_compile_cache() as path:\n"
+        "    print(path, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(10)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        timeout=60,
+    )
     path = result.stdout.strip()
     assert result.returncode == 128 + 15 and path and not os.path.exists(path)
 
@@ -76,6 +83,7 @@ def test_outside_slurm_a_shared_cache_is_still_private(monkeypatch, tmp_path):
 
 def test_compile_record_counts_graphs_and_seconds():
     import torch
+
     before = compile_record()
     square = torch.compile(lambda x: (x * x).sum(), backend="eager")
     square(torch.ones(3))

@@ -19,8 +19,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ERROR_PREFIX", "config_keys", "failed_jobs", "job_log", "print_failed_jobs", "refuse", "refusing",
-           "print_cost_lines", "requested_minutes", "set_up_process", "uses_devices"]
+__all__ = [
+    "ERROR_PREFIX",
+    "config_keys",
+    "failed_jobs",
+    "job_log",
+    "print_failed_jobs",
+    "refuse",
+    "refusing",
+    "print_cost_lines",
+    "requested_minutes",
+    "set_up_process",
+    "uses_devices",
+]
 
 ERROR_PREFIX = "error: "
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
@@ -51,8 +62,10 @@ def set_up_process(workflow: Any, on_interrupt: str) -> None:
 def _fields(kind: str) -> set[str]:
     if kind == "settings":
         from tiny_llm.workers.state import AnalysisSettings
+
         return set(AnalysisSettings.__dataclass_fields__)
     from tiny_llm.workers.spectrum import SpectrumSettings
+
     return set(SpectrumSettings.__dataclass_fields__)
 
 
@@ -66,6 +79,7 @@ def config_keys(message: str, analysis: str | None) -> str:
         >>> config_keys("use --device cpu", None)
         'use train_device cpu'
     """
+
     def key(match: re.Match) -> str:
         name = match.group(1).replace("-", "_")
         if analysis is None:
@@ -74,6 +88,7 @@ def config_keys(message: str, analysis: str | None) -> str:
             if name in _fields(kind):
                 return f"analyses.{analysis}.{kind}.{name}"
         return match.group(0)
+
     return _FLAG.sub(key, message)
 
 
@@ -90,6 +105,7 @@ def job_log(snakemake: Any, mode: str = "w") -> None:
         if not isinstance(error, ValueError):
             message = f"{kind.__name__}: {message}"
         print(f"{ERROR_PREFIX}{config_keys(message, analysis)}", file=sys.stderr, flush=True)
+
     sys.excepthook = report
 
 
@@ -170,7 +186,9 @@ def requested_minutes(workflow: Any, rule: str) -> int | None:
 def print_cost_lines(plan: Any, workflow: Any) -> None:
     """Print the plan's cost lines before any job, with the walltimes the profile gives training
     and calibration jobs (counted in a cluster campaign's total)."""
-    for line in plan.cost_lines(requested_minutes(workflow, "train_run"), requested_minutes(workflow, "calibrate_timing")):
+    for line in plan.cost_lines(
+        requested_minutes(workflow, "train_run"), requested_minutes(workflow, "calibrate_timing")
+    ):
         print(line, file=sys.stderr)
 
 

@@ -17,11 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.config import RunConfig
-from tiny_llm.workers.state import AnalysisSettings
 from tiny_llm.layout import FINAL, IMPORTED, STATES
+from tiny_llm.workers.state import AnalysisSettings
 
-__all__ = ["MAX_HOURS", "PARALLEL_EFFICIENCY", "CaseWork", "case_work", "cost_line", "estimate_seconds",
-           "expected_states", "format_seconds", "job_minutes", "parallel_seconds"]
+__all__ = [
+    "MAX_HOURS",
+    "PARALLEL_EFFICIENCY",
+    "CaseWork",
+    "case_work",
+    "cost_line",
+    "estimate_seconds",
+    "expected_states",
+    "format_seconds",
+    "job_minutes",
+    "parallel_seconds",
+]
 
 MAX_HOURS = 72
 """The partition's walltime limit."""
@@ -59,11 +69,16 @@ class CaseWork:
         """Estimated seconds of the job from a timing entry: the process's start (interpreter and
         imports), the model's set-up, the gradient micro-batches, the passes, and the audit (each
         where the entry has it; entries measured before they were added lack them)."""
-        audit = (self.audit_gradient_microbatches * timing.get("audit_gradient_microbatch", 0.0)
-                 + self.audit_microbatches * (timing["hvp_microbatch_pass"] + timing.get("audit_microbatch_pass", 0.0)))
-        return (timing.get("process", 0.0) + timing["startup"]
-                + self.gradient_microbatches * timing["gradient_microbatch"]
-                + self.passes * self.hvp_microbatches * timing["hvp_microbatch_pass"] + audit)
+        audit = self.audit_gradient_microbatches * timing.get(
+            "audit_gradient_microbatch", 0.0
+        ) + self.audit_microbatches * (timing["hvp_microbatch_pass"] + timing.get("audit_microbatch_pass", 0.0))
+        return (
+            timing.get("process", 0.0)
+            + timing["startup"]
+            + self.gradient_microbatches * timing["gradient_microbatch"]
+            + self.passes * self.hvp_microbatches * timing["hvp_microbatch_pass"]
+            + audit
+        )
 
 
 def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -> CaseWork:
@@ -78,14 +93,20 @@ def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -
     if settings.audited:
         audit_gradients = (n_batches + min(settings.audit_directions, S_v)) * math.ceil(B / mb)
         audit_microbatches = min(settings.audit_batches, hvp_microbatches)
-    return CaseWork(noise_samples=S_v, gradient_microbatches=(n_batches + S_v) * math.ceil(B / mb),
-                    directions=directions, passes=math.ceil(directions / settings.directions_per_pass),
-                    hvp_microbatches=hvp_microbatches, audit_gradient_microbatches=audit_gradients,
-                    audit_microbatches=audit_microbatches)
+    return CaseWork(
+        noise_samples=S_v,
+        gradient_microbatches=(n_batches + S_v) * math.ceil(B / mb),
+        directions=directions,
+        passes=math.ceil(directions / settings.directions_per_pass),
+        hvp_microbatches=hvp_microbatches,
+        audit_gradient_microbatches=audit_gradients,
+        audit_microbatches=audit_microbatches,
+    )
 
 
-def estimate_seconds(config: RunConfig, settings: AnalysisSettings, seconds: dict[str, float],
-                     workers: int = 0) -> float:
+def estimate_seconds(
+    config: RunConfig, settings: AnalysisSettings, seconds: dict[str, float], workers: int = 0
+) -> float:
     """Estimated work of one (state, case) job, from the actual full-epoch counts and samples."""
     return case_work(config, settings, workers).seconds(seconds)
 
@@ -98,16 +119,19 @@ def job_minutes(work_seconds: float) -> int:
     """
     hours = math.ceil((2 * work_seconds + 1800) / 3600)
     if hours > MAX_HOURS:
-        raise ValueError(f"estimated walltime {hours} h exceeds the partition limit of {MAX_HOURS} h; "
-                         "analyse fewer samples per job or split the checkpoints over several analyses")
+        raise ValueError(
+            f"estimated walltime {hours} h exceeds the partition limit of {MAX_HOURS} h; "
+            "analyse fewer samples per job or split the checkpoints over several analyses"
+        )
     return hours * 60
 
 
 _ROOT = re.compile(r"epoch-\d{3}\.safetensors|final\.pt")
 
 
-def expected_states(config: RunConfig | None, run_dir: str | Path, selection: str | list[str],
-                    analysis_dir: str | Path | None = None) -> tuple[int, str]:
+def expected_states(
+    config: RunConfig | None, run_dir: str | Path, selection: str | list[str], analysis_dir: str | Path | None = None
+) -> tuple[int, str]:
     """At most how many unique states an analysis measures, and where the number comes from.
 
     The analysis's index (states.json), once written, is exact. Before it, a listed selection
@@ -143,8 +167,16 @@ def _times(gpus: int) -> str:
     return f" × {gpus} GPUs" if gpus > 1 else ""
 
 
-def cost_line(name: str, states: tuple[int, str], cases: list[str], work: CaseWork, device: str,
-              timing: dict[str, Any] | None, cluster: dict[str, Any] | None = None, gpus: int = 1) -> str:
+def cost_line(
+    name: str,
+    states: tuple[int, str],
+    cases: list[str],
+    work: CaseWork,
+    device: str,
+    timing: dict[str, Any] | None,
+    cluster: dict[str, Any] | None = None,
+    gpus: int = 1,
+) -> str:
     """One line for the console before a run: jobs, the work of each, and the estimated time.
 
     ``timing`` is a timing entry (``{"seconds": ..., "measured": ...}``) or None. With ``cluster``
@@ -155,9 +187,11 @@ def cost_line(name: str, states: tuple[int, str], cases: list[str], work: CaseWo
     """
     count, source = states
     jobs = count * len(cases)
-    line = (f"analysis {name}: ≤ {count} states ({source}) × {len(cases)} cases = {jobs} (state, case) jobs; each: "
-            f"{work.gradient_microbatches} gradient micro-batches, {work.directions} quadratic forms in "
-            f"{work.passes} passes × {work.hvp_microbatches} curvature micro-batches")
+    line = (
+        f"analysis {name}: ≤ {count} states ({source}) × {len(cases)} cases = {jobs} (state, case) jobs; each: "
+        f"{work.gradient_microbatches} gradient micro-batches, {work.directions} quadratic forms in "
+        f"{work.passes} passes × {work.hvp_microbatches} curvature micro-batches"
+    )
     if gpus > 1:
         line += f", split over {gpus} {'CPU processes' if device == 'cpu' else 'GPUs'}"
     each = None if timing is None else parallel_seconds(work.seconds(timing["seconds"]), gpus)
@@ -165,21 +199,29 @@ def cost_line(name: str, states: tuple[int, str], cases: list[str], work: CaseWo
         line += f"; time: no timing entry for this setup on {device}"
     else:
         measured, kind = timing.get("measured", {}), (timing.get("key") or {}).get("device_kind", device)
-        line += (f"; about {format_seconds(each)} per job, {format_seconds(jobs * each)} in all on {device} "
-                 f"(timings measured on {kind}, {measured.get('at', '?')[:10]})")
+        line += (
+            f"; about {format_seconds(each)} per job, {format_seconds(jobs * each)} in all on {device} "
+            f"(timings measured on {kind}, {measured.get('at', '?')[:10]})"
+        )
     cluster = cluster or {}
     if cluster.get("walltime_hours"):
         hours = float(cluster["walltime_hours"])
-        line += (f"; Slurm: ≤ {count} jobs × {hours:g} h (cluster.walltime_hours){_times(gpus)} = "
-                 f"{count * hours * gpus:g} GPU-hours requested")
+        line += (
+            f"; Slurm: ≤ {count} jobs × {hours:g} h (cluster.walltime_hours){_times(gpus)} = "
+            f"{count * hours * gpus:g} GPU-hours requested"
+        )
     elif cluster.get("walltime") == "estimate":
         if each is None:
-            line += (f"; Slurm walltime: from the calibration job, which runs first on the target node "
-                     f"(results/timing/{name}.json; or set cluster.walltime_hours)")
+            line += (
+                f"; Slurm walltime: from the calibration job, which runs first on the target node "
+                f"(results/timing/{name}.json; or set cluster.walltime_hours)"
+            )
         else:
             hours = job_minutes(len(cases) * each) / 60
-            line += (f"; Slurm: ≤ {count} jobs × {hours:g} h walltime (2 × work + 30 min){_times(gpus)} = "
-                     f"{count * hours * gpus:g} GPU-hours requested")
+            line += (
+                f"; Slurm: ≤ {count} jobs × {hours:g} h walltime (2 × work + 30 min){_times(gpus)} = "
+                f"{count * hours * gpus:g} GPU-hours requested"
+            )
     elif each is None:
         line += " (`snakemake calibrate` measures one)"
     return line

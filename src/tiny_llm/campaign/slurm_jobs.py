@@ -28,8 +28,7 @@ __all__ = ["EarlierJob", "cancel", "earlier_jobs", "job_state", "parse_target_jo
 
 QUEUED = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 """States of a job that has not started: cancelling it loses nothing."""
-ACTIVE = QUEUED | {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT",
-                   "RESIZING"}
+ACTIVE = QUEUED | {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"}
 """States of a job that may still write results."""
 
 Runner = Callable[..., subprocess.CompletedProcess]
@@ -59,7 +58,7 @@ def parse_target_jobs(script: str) -> list[tuple[str, dict[str, str]]]:
     if "--target-jobs" not in tokens:
         return []
     targets = []
-    for token in tokens[tokens.index("--target-jobs") + 1:]:
+    for token in tokens[tokens.index("--target-jobs") + 1 :]:
         if token.startswith("--"):
             break
         rule, _, wildcards = token.partition(":")
@@ -82,8 +81,9 @@ def earlier_jobs(workdir: str | Path, runner: Runner = subprocess.run) -> tuple[
     workdir = Path(workdir).resolve()
     queue = _run(["squeue", "--me", "-h", "-o", "%i|%T|%Z"], runner)
     if queue.returncode != 0:
-        return [], [f"squeue failed ({queue.stderr.strip()[:200]}); jobs of an earlier controller, "
-                    "if any, are not re-attached"]
+        return [], [
+            f"squeue failed ({queue.stderr.strip()[:200]}); jobs of an earlier controller, if any, are not re-attached"
+        ]
     jobs, warnings = [], []
     for line in queue.stdout.splitlines():
         job_id, state, directory = (line.split("|", 2) + ["", ""])[:3]
@@ -91,9 +91,11 @@ def earlier_jobs(workdir: str | Path, runner: Runner = subprocess.run) -> tuple[
             continue
         script = _run(["scontrol", "write", "batch_script", job_id, "-"], runner)
         if script.returncode != 0:
-            warnings.append(f"Slurm job {job_id} ({state}) runs in this directory, but its batch script "
-                            f"cannot be read ({script.stderr.strip()[:200]}): if it computes results of "
-                            "this workflow they may be computed twice")
+            warnings.append(
+                f"Slurm job {job_id} ({state}) runs in this directory, but its batch script "
+                f"cannot be read ({script.stderr.strip()[:200]}): if it computes results of "
+                "this workflow they may be computed twice"
+            )
             continue
         targets = parse_target_jobs(script.stdout)
         if targets:
@@ -122,9 +124,16 @@ def _final_state(job_id: str, runner: Runner) -> str:
     return state or "unknown (no accounting)"
 
 
-def wait_for_job(job_id: str, outputs: list[str], *, poll_seconds: float = 30, latency_seconds: float = 60,
-                 log: Callable[[str], None] = print, runner: Runner = subprocess.run,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+def wait_for_job(
+    job_id: str,
+    outputs: list[str],
+    *,
+    poll_seconds: float = 30,
+    latency_seconds: float = 60,
+    log: Callable[[str], None] = print,
+    runner: Runner = subprocess.run,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """Wait until Slurm job ``job_id`` leaves the queue, then until ``outputs`` exist.
 
     Raises:
@@ -146,6 +155,7 @@ def wait_for_job(job_id: str, outputs: list[str], *, poll_seconds: float = 30, l
             raise RuntimeError(
                 f"Slurm job {job_id}, submitted by an earlier controller, ended "
                 f"({_final_state(job_id, runner)}) without writing {', '.join(missing)}; run the same "
-                "command again to compute it (the job's log is under logs/slurm/)")
+                "command again to compute it (the job's log is under logs/slurm/)"
+            )
         sleep(min(poll_seconds, 1.0))
     log(f"Slurm job {job_id} wrote {', '.join(outputs)}")

@@ -51,8 +51,9 @@ def normalise_plugin_states() -> bool:
 
 
 def _queue_states(job_ids: list[str]) -> dict[str, str]:
-    done = subprocess.run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T"], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        ["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T"], capture_output=True, text=True, timeout=60
+    )
     if done.returncode != 0:
         return {}
     return dict(line.split("|", 1) for line in done.stdout.split() if "|" in line)
@@ -88,8 +89,10 @@ def keep_running_jobs_on_interrupt(policy: str = "keep-running") -> bool:
         active_jobs += [job for job in getattr(self, "_tiny_llm_checking", []) if job not in active_jobs]
         ids = [job.external_jobid for job in active_jobs if job.external_jobid]
         states = _queue_states(ids) if ids and policy == "keep-running" else {}
-        running = sorted((job_id for job_id in ids if states.get(job_id) not in (None, "PENDING")),
-                         key=lambda job_id: (len(job_id), job_id))
+        running = sorted(
+            (job_id for job_id in ids if states.get(job_id) not in (None, "PENDING")),
+            key=lambda job_id: (len(job_id), job_id),
+        )
         if not running:
             return cancel_all(self, active_jobs)
         queued = [job for job in active_jobs if job.external_jobid not in running]
@@ -100,10 +103,13 @@ def keep_running_jobs_on_interrupt(policy: str = "keep-running") -> bool:
             # would delete it and fail a job just starting. It stays; a fresh empty one goes instead.
             self._tmpdir = tempfile.mkdtemp(dir=os.path.dirname(self._tmpdir), prefix="tmp.")
         # Straight to stderr: Snakemake's logging may already be shutting down after Ctrl-C.
-        print(f"Interrupted: {len(queued)} queued Slurm job(s) cancelled; {len(running)} running job(s) keep "
-              f"running ({' '.join(running)}). Run the same command again to re-attach to them (their "
-              f"results are awaited, not recomputed), or stop them with: scancel {' '.join(running)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"Interrupted: {len(queued)} queued Slurm job(s) cancelled; {len(running)} running job(s) keep "
+            f"running ({' '.join(running)}). Run the same command again to re-attach to them (their "
+            f"results are awaited, not recomputed), or stop them with: scancel {' '.join(running)}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     executor.cancel_jobs = cancel_jobs
     executor.check_active_jobs = check_active_jobs

@@ -28,8 +28,14 @@ from tiny_llm.curvature.memory import MemoryPlan, device_budget
 from tiny_llm.curvature.noise import batch_gradient
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model.architectures import build_model
-from tiny_llm.workers.state import (AnalysisSettings, _resolve, _Resolved, explain_out_of_memory, memory_plan,
-                                    quadratic_form_engine)
+from tiny_llm.workers.state import (
+    AnalysisSettings,
+    _resolve,
+    _Resolved,
+    explain_out_of_memory,
+    memory_plan,
+    quadratic_form_engine,
+)
 
 __all__ = ["calibrate", "load_profiles", "lookup", "lookup_entry", "timing_key", "write_profile"]
 
@@ -37,13 +43,24 @@ __all__ = ["calibrate", "load_profiles", "lookup", "lookup_entry", "timing_key",
 def timing_key(config: RunConfig, settings: AnalysisSettings, device_kind: str) -> dict[str, Any]:
     """The setup a timing entry is valid for."""
     m = config.model
-    return {"d_model": m.d_model, "n_layers": m.n_layers, "n_heads": m.n_heads, "d_ff": m.d_ff,
-            "vocab_size": m.vocab_size, "seq_len": config.data.seq_len, "batch_size": config.training.batch_size,
-            "micro_batch_size": config.training.micro_batch_size,
-            "hvp_batch_size": settings.hvp_batch_size or config.training.micro_batch_size,
-            "directions_per_pass": settings.directions_per_pass, "dtype": settings.dtype, "amp": settings.amp,
-            "tf32": settings.tf32, "engine": quadratic_form_engine(settings, m), "compile_hvp": settings.compile_hvp,
-            "device_kind": device_kind}
+    return {
+        "d_model": m.d_model,
+        "n_layers": m.n_layers,
+        "n_heads": m.n_heads,
+        "d_ff": m.d_ff,
+        "vocab_size": m.vocab_size,
+        "seq_len": config.data.seq_len,
+        "batch_size": config.training.batch_size,
+        "micro_batch_size": config.training.micro_batch_size,
+        "hvp_batch_size": settings.hvp_batch_size or config.training.micro_batch_size,
+        "directions_per_pass": settings.directions_per_pass,
+        "dtype": settings.dtype,
+        "amp": settings.amp,
+        "tf32": settings.tf32,
+        "engine": quadratic_form_engine(settings, m),
+        "compile_hvp": settings.compile_hvp,
+        "device_kind": device_kind,
+    }
 
 
 def load_profiles(paths: list[str | Path]) -> list[dict[str, Any]]:
@@ -58,14 +75,17 @@ def load_profiles(paths: list[str | Path]) -> list[dict[str, Any]]:
     return entries
 
 
-def lookup_entry(entries: list[dict[str, Any]], key: dict[str, Any],
-                 gpu_kind: str | None = None) -> dict[str, Any] | None:
+def lookup_entry(
+    entries: list[dict[str, Any]], key: dict[str, Any], gpu_kind: str | None = None
+) -> dict[str, Any] | None:
     """The last entry measured for this setup (device kind containing ``gpu_kind`` when given:
     the login node that plans jobs cannot see the compute nodes' GPU)."""
+
     def same(entry: dict[str, Any]) -> bool:
         other = entry["key"]
         fields_match = all(other.get(k) == v for k, v in key.items() if k != "device_kind")
         return fields_match and (gpu_kind is None or gpu_kind in str(other.get("device_kind")))
+
     matches = [e for e in entries if same(e)]
     return matches[-1] if matches else None
 
@@ -100,47 +120,85 @@ def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -
         ValueError: the setup does not fit the device's memory, naming the settings to lower.
     """
     resolved = _resolve(settings, config)
-    memory = memory_plan(settings, config, device_budget(resolved.device, settings.memory_budget_gb),
-                         cuda=resolved.device.type == "cuda")
-    with runtime_settings(resolved.device, resolved.tf32) as runtime, \
-            explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass):
+    memory = memory_plan(
+        settings, config, device_budget(resolved.device, settings.memory_budget_gb), cuda=resolved.device.type == "cuda"
+    )
+    with (
+        runtime_settings(resolved.device, resolved.tf32) as runtime,
+        explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
+    ):
         seconds = _measure_seconds(config, settings, resolved, repeats, memory)
     device_kind = "cpu" if resolved.device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(resolved.device)}"
-    return {"key": timing_key(config, settings, device_kind), "seconds": seconds,
-            "measured": {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "repeats": repeats,
-                         "host": socket.gethostname(), "runtime": runtime, "memory": memory.record()}}
+    return {
+        "key": timing_key(config, settings, device_kind),
+        "seconds": seconds,
+        "measured": {
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "repeats": repeats,
+            "host": socket.gethostname(),
+            "runtime": runtime,
+            "memory": memory.record(),
+        },
+    }
 
 
-def _measure_seconds(config: RunConfig, settings: AnalysisSettings, resolved: _Resolved,
-                     repeats: int, memory: MemoryPlan) -> dict[str, float]:
+def _measure_seconds(
+    config: RunConfig, settings: AnalysisSettings, resolved: _Resolved, repeats: int, memory: MemoryPlan
+) -> dict[str, float]:
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     started = time.perf_counter()
     model = build_model(config.model, attention_backend="reference").to(resolved.device, resolved.dtype)
-    B, T, mb, hvp_rows = (config.training.batch_size, config.data.seq_len, config.training.micro_batch_size,
-                          resolved.hvp_batch_size)
-    tokens = torch.randint(0, config.model.vocab_size, (max(B, hvp_rows), T + 1),
-                           generator=torch.Generator().manual_seed(0))
+    B, T, mb, hvp_rows = (
+        config.training.batch_size,
+        config.data.seq_len,
+        config.training.micro_batch_size,
+        resolved.hvp_batch_size,
+    )
+    tokens = torch.randint(
+        0, config.model.vocab_size, (max(B, hvp_rows), T + 1), generator=torch.Generator().manual_seed(0)
+    )
     flat = FlatParameters(model)
-    operator = EpochHessian(model, tokens[:hvp_rows], batch_size=hvp_rows, engine=resolved.engine, precision=precision,
-                            directions_per_pass=settings.directions_per_pass, compile=resolved.compiled,
-                            group_rows=memory.rows("forms"))
+    operator = EpochHessian(
+        model,
+        tokens[:hvp_rows],
+        batch_size=hvp_rows,
+        engine=resolved.engine,
+        precision=precision,
+        directions_per_pass=settings.directions_per_pass,
+        compile=resolved.compiled,
+        group_rows=memory.rows("forms"),
+    )
     V = torch.randn(settings.directions_per_pass, flat.D, device=resolved.device, dtype=resolved.dtype)
     operator.quadratic_forms(V)  # compilation happens here and counts as start-up
     startup = time.perf_counter() - started
     hvp = _timed(lambda: operator.quadratic_forms(V), resolved.device, repeats)
     micro = math.ceil(B / mb)
     rows = memory.rows("gradient") or mb  # the analysis's backward passes, as cut for its memory budget
-    gradient = _timed(lambda: batch_gradient(model, flat, tokens[:B], rows, precision), resolved.device, repeats) / micro
-    seconds = {"process": _process_seconds(), "startup": startup, "gradient_microbatch": gradient,
-               "hvp_microbatch_pass": hvp}
+    gradient = (
+        _timed(lambda: batch_gradient(model, flat, tokens[:B], rows, precision), resolved.device, repeats) / micro
+    )
+    seconds = {
+        "process": _process_seconds(),
+        "startup": startup,
+        "gradient_microbatch": gradient,
+        "hvp_microbatch_pass": hvp,
+    }
     if settings.audited:  # the audit's float64 gradients and adjoint forms of its 2a + 1 directions
         exact = Precision(resolved.device, torch.float64)
         reference = model.to(torch.float64)
         rows64 = memory.rows("audit_gradient") or mb
-        seconds["audit_gradient_microbatch"] = _timed(
-            lambda: batch_gradient(reference, flat, tokens[:B], rows64, exact), resolved.device, repeats) / micro
-        audit = EpochHessian(reference, tokens[:hvp_rows], batch_size=hvp_rows, engine="adjoint", precision=exact,
-                             directions_per_pass=2 * settings.audit_directions + 1, group_rows=memory.rows("audit"))
+        seconds["audit_gradient_microbatch"] = (
+            _timed(lambda: batch_gradient(reference, flat, tokens[:B], rows64, exact), resolved.device, repeats) / micro
+        )
+        audit = EpochHessian(
+            reference,
+            tokens[:hvp_rows],
+            batch_size=hvp_rows,
+            engine="adjoint",
+            precision=exact,
+            directions_per_pass=2 * settings.audit_directions + 1,
+            group_rows=memory.rows("audit"),
+        )
         V64 = torch.randn(2 * settings.audit_directions + 1, flat.D, device=resolved.device, dtype=torch.float64)
         seconds["audit_microbatch_pass"] = _timed(lambda: audit.quadratic_forms(V64), resolved.device, repeats)
     return seconds
@@ -150,8 +208,11 @@ def _process_seconds() -> float:
     """A job's own start: a new interpreter importing torch and the analysis code (not counted
     by the measurements in this process, which has them loaded)."""
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch, tiny_llm.workers.state"], capture_output=True,
-                   env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    subprocess.run(
+        [sys.executable, "-c", "import torch, tiny_llm.workers.state"],
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+    )
     return time.perf_counter() - started
 
 

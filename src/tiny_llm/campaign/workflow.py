@@ -36,22 +36,43 @@ from tiny_llm.config import (
     load_config_dict,
     parse_yaml,
 )
-from tiny_llm.data.corpus import default_capacity, describe_tokenizer, same_tokenizer
-from tiny_llm.data.tokens import TokenCache, capacity_blocks, offset_plan
-from tiny_llm.geometry.experiment import (as_analysis_settings, geometry_settings_from_dict, measurement_seconds,
-                                         measurement_work)
-from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
-from tiny_llm.workers.index import check_selection
 from tiny_llm.curvature.hessian import HVP_ENGINES
 from tiny_llm.curvature.memory import GiB, MemoryPlan
+from tiny_llm.data.corpus import default_capacity, describe_tokenizer, same_tokenizer
+from tiny_llm.data.tokens import TokenCache, capacity_blocks, offset_plan
+from tiny_llm.geometry.experiment import (
+    as_analysis_settings,
+    geometry_settings_from_dict,
+    measurement_seconds,
+    measurement_work,
+)
+from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, STATE_DONE, STATE_RESULT, epoch_file, epoch_stem, state_result
 from tiny_llm.model.hf import imported_config
 from tiny_llm.model.hf_runs import checkpoint_positions, checkpoint_tokenizer
-from tiny_llm.workers.state import (AnalysisSettings, check_output_binding, memory_plan, output_binding,
-                                    settings_from_dict, settings_record)
-from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, STATE_DONE, STATE_RESULT, epoch_file, epoch_stem, state_result
+from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
+from tiny_llm.workers.index import check_selection
+from tiny_llm.workers.state import (
+    AnalysisSettings,
+    check_output_binding,
+    memory_plan,
+    output_binding,
+    settings_from_dict,
+    settings_record,
+)
 
-__all__ = ["AWAITABLE", "STANDS_IN", "WorkflowPlan", "awaited_outputs", "check_corpus", "check_device",
-           "expand_seed_experiments", "schema_errors", "sort_earlier_jobs", "typed_profile_values", "unknown_keys"]
+__all__ = [
+    "AWAITABLE",
+    "STANDS_IN",
+    "WorkflowPlan",
+    "awaited_outputs",
+    "check_corpus",
+    "check_device",
+    "expand_seed_experiments",
+    "schema_errors",
+    "sort_earlier_jobs",
+    "typed_profile_values",
+    "unknown_keys",
+]
 
 AWAITABLE = {
     "analyze_state": STATE_RESULT,
@@ -84,7 +105,9 @@ def unknown_keys(config: Any, schema: dict[str, Any], path: str = "") -> list[st
         elif isinstance(extra, dict):
             lines += unknown_keys(value, extra, where)
         elif extra is False:
-            lines.append(f"{path or 'the configuration'}: unknown key {key!r} (allowed: {', '.join(sorted(properties))})")
+            lines.append(
+                f"{path or 'the configuration'}: unknown key {key!r} (allowed: {', '.join(sorted(properties))})"
+            )
     return lines
 
 
@@ -117,8 +140,10 @@ def check_device(key: str, device: str) -> None:
     index = int(device.partition(":")[2] or 0)
     if index >= count:
         have = f"only {count} CUDA device{'s' if count != 1 else ''}" if count else "no CUDA device"
-        raise ValueError(f"{key}: {device}, but this machine has {have} and the jobs run here; set {key} to cpu "
-                         "or auto, or run on the cluster (--profile profiles/naiss)")
+        raise ValueError(
+            f"{key}: {device}, but this machine has {have} and the jobs run here; set {key} to cpu "
+            "or auto, or run on the cluster (--profile profiles/naiss)"
+        )
 
 
 def _source_tokens(path: Path) -> int:
@@ -144,11 +169,15 @@ def check_tokenizer_directory(key: str, directory: str) -> None:
     """
     path = Path(directory)
     if not path.is_dir():
-        raise ValueError(f"{key}: {directory} is not a local directory (paths are relative to the project "
-                         "directory); give a directory holding the tokenizer's tokenizer.json")
+        raise ValueError(
+            f"{key}: {directory} is not a local directory (paths are relative to the project "
+            "directory); give a directory holding the tokenizer's tokenizer.json"
+        )
     if not (path / "tokenizer.json").is_file():
-        raise ValueError(f"{key}: {directory} has no tokenizer.json; save a fast tokenizer there "
-                         "(AutoTokenizer.from_pretrained(...).save_pretrained(DIR))")
+        raise ValueError(
+            f"{key}: {directory} has no tokenizer.json; save a fast tokenizer there "
+            "(AutoTokenizer.from_pretrained(...).save_pretrained(DIR))"
+        )
 
 
 def check_corpus(name: str, entry: dict[str, Any], run: RunConfig, need: str, key: str = "train_runs") -> None:
@@ -168,8 +197,9 @@ def check_corpus(name: str, entry: dict[str, Any], run: RunConfig, need: str, ke
     for file in entry.get("cache_inputs", []):
         path = Path(file)
         if not path.is_file():
-            raise ValueError(f"{key}.{name}.cache_inputs: {file} does not exist (paths are relative to the "
-                             "project directory)")
+            raise ValueError(
+                f"{key}.{name}.cache_inputs: {file} does not exist (paths are relative to the project directory)"
+            )
         total += max(_source_tokens(path) - 1, 0) // T
     available = total // G * G
     needed = capacity_blocks(run)[need]
@@ -184,16 +214,22 @@ def check_corpus(name: str, entry: dict[str, Any], run: RunConfig, need: str, ke
         if capacity_blocks(smaller)[need] <= available:
             fits = tokens
             break
-    lower = (f"lower training.tokens to at most {fits:,} ({key}.{name}.set: {{training.tokens: {fits}}})"
-             if fits else "use a smaller model batch or context")
-    raise ValueError(f"{key}.{name}.cache_inputs: the corpus holds about {available * T:,} {unit} in whole "
-                     f"sequences, but {what} at training.tokens={run.training.tokens:,} need about "
-                     f"{needed * T:,}; add text to {key}.{name}.cache_inputs, or {lower}")
+    lower = (
+        f"lower training.tokens to at most {fits:,} ({key}.{name}.set: {{training.tokens: {fits}}})"
+        if fits
+        else "use a smaller model batch or context"
+    )
+    raise ValueError(
+        f"{key}.{name}.cache_inputs: the corpus holds about {available * T:,} {unit} in whole "
+        f"sequences, but {what} at training.tokens={run.training.tokens:,} need about "
+        f"{needed * T:,}; add text to {key}.{name}.cache_inputs, or {lower}"
+    )
 
 
 def typed_profile_values(config: dict[str, Any], keys: Iterable[str] = ("settings_override", "cluster")) -> None:
     """Read a profile's ``config:`` values, which arrive as strings ('True', '64'), as YAML scalars,
     in place, so that schema validation sees numbers and booleans (``cluster.walltime_hours: '12'``)."""
+
     def typed(value: Any) -> Any:
         if isinstance(value, dict):
             return {key: typed(item) for key, item in value.items()}
@@ -208,8 +244,9 @@ def _overrides(settings: dict[str, Any]) -> list[str]:
     return [f"{key}={value}" for key, value in settings.items()]
 
 
-def expand_seed_experiments(experiments: dict[str, Any], train_runs: dict[str, Any],
-                            analyses: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+def expand_seed_experiments(
+    experiments: dict[str, Any], train_runs: dict[str, Any], analyses: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
     """The training runs of every seed experiment, beside ``train_runs``.
 
     Each experiment trains ``<experiment>-seed-<s>`` per seed, and the controls
@@ -225,10 +262,14 @@ def expand_seed_experiments(experiments: dict[str, Any], train_runs: dict[str, A
     runs, roles = dict(train_runs), {}
     for name, entry in experiments.items():
         if name in analyses:
-            raise ValueError(f"seed_experiments.{name}: an analysis has the same name (both write results/{name}/); "
-                             "rename one")
-        base = {key: entry[key] for key in ("config", "cache_source", "cache_inputs", "shard_tokens", "cache_order",
-                                            "cache_tokenizer") if key in entry}
+            raise ValueError(
+                f"seed_experiments.{name}: an analysis has the same name (both write results/{name}/); rename one"
+            )
+        base = {
+            key: entry[key]
+            for key in ("config", "cache_source", "cache_inputs", "shard_tokens", "cache_order", "cache_tokenizer")
+            if key in entry
+        }
         fixed = {**entry.get("set", {}), "training.checkpoint_policy": "interval"}
         data_seed = config_from_dict(apply_overrides(load_config_dict(entry["config"]), _overrides(fixed))).data.seed
         first = entry["seeds"][0]
@@ -266,15 +307,17 @@ def awaited_outputs(jobs: list[EarlierJob], analyses: Iterable[str]) -> dict[str
     analyses, awaited = set(analyses), {}
     for job in jobs:
         targets = [(name, dict(wildcards)) for name, wildcards in job.targets]
-        if not job.queued and all(name in AWAITABLE and wildcards.get("analysis") in analyses
-                                  for name, wildcards in targets):
+        if not job.queued and all(
+            name in AWAITABLE and wildcards.get("analysis") in analyses for name, wildcards in targets
+        ):
             for name, wildcards in targets:
                 awaited[AWAITABLE[name].format(**wildcards)] = job.job_id
     return awaited
 
 
-def sort_earlier_jobs(jobs: list[EarlierJob], needed: set[tuple[str, tuple[tuple[str, str], ...]]],
-                      awaited: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+def sort_earlier_jobs(
+    jobs: list[EarlierJob], needed: set[tuple[str, tuple[tuple[str, str], ...]]], awaited: dict[str, str]
+) -> tuple[list[str], list[str], list[str]]:
     """The earlier controllers' jobs that compute something this run needs, by what to do:
     (queued jobs to cancel, running jobs awaited by a local job, running jobs to wait for first).
 
@@ -311,23 +354,28 @@ class WorkflowPlan:
         """Settings a profile imposes on every analysis (profiles/naiss: CUDA, float32, TF32, compiled HVPs)."""
         self.cluster: dict[str, Any] = config.get("cluster") or {}
         self.train_runs, self.experiment_runs = expand_seed_experiments(
-            self.seed_experiments, dict(config.get("train_runs") or {}), self.analyses)
+            self.seed_experiments, dict(config.get("train_runs") or {}), self.analyses
+        )
         for name, entry in self.seed_comparisons.items():
             unknown = sorted(set(entry["experiments"]) - set(self.seed_experiments))
             if unknown:
-                raise ValueError(f"seed_comparisons.{name}: {unknown} are not seed_experiments "
-                                 f"(known: {sorted(self.seed_experiments)})")
+                raise ValueError(
+                    f"seed_comparisons.{name}: {unknown} are not seed_experiments "
+                    f"(known: {sorted(self.seed_experiments)})"
+                )
         self.run_configs = {name: load_run_config(entry) for name, entry in self.train_runs.items()}
-        self.imports = {name: self._check_import(name) for name, entry in self.analyses.items()
-                        if "hf_checkpoints" in entry}
+        self.imports = {
+            name: self._check_import(name) for name, entry in self.analyses.items() if "hf_checkpoints" in entry
+        }
         """Analyses of Hugging Face checkpoint lists: their run directory (imported by the workflow)
         and the run configuration importing them gives."""
         self.cache_of_run: dict[str, str] = {}
         for name, run in self.run_configs.items():
             cache = Path(run.data.cache)
             if cache.parent != Path("cache"):
-                raise ValueError(f"train_runs.{name}: data.cache must be cache/<name> for the workflow to prepare it, "
-                                 f"got {cache}")
+                raise ValueError(
+                    f"train_runs.{name}: data.cache must be cache/<name> for the workflow to prepare it, got {cache}"
+                )
             self.cache_of_run[name] = cache.name
         self.run_of_cache: dict[str, str] = {}
         for name, cache in self.cache_of_run.items():
@@ -364,18 +412,26 @@ class WorkflowPlan:
         if run.parent != Path("runs"):
             raise ValueError(f"analyses.{name}.run: the workflow imports hf_checkpoints into runs/<name>, got {run}")
         if run.name in self.run_configs:
-            raise ValueError(f"analyses.{name}.run: {run} is trained by train_runs.{run.name}; import the "
-                             "hf_checkpoints into another run directory")
+            raise ValueError(
+                f"analyses.{name}.run: {run} is trained by train_runs.{run.name}; import the "
+                "hf_checkpoints into another run directory"
+            )
         if "config" not in entry:
-            raise ValueError(f"analyses.{name}.config: hf_checkpoints need a run configuration (its data section "
-                             "names the prepared cache; training.batch_size, micro_batch_size, tokens and epochs "
-                             "cut the offset epoch)")
+            raise ValueError(
+                f"analyses.{name}.config: hf_checkpoints need a run configuration (its data section "
+                "names the prepared cache; training.batch_size, micro_batch_size, tokens and epochs "
+                "cut the offset epoch)"
+            )
         checkpoints = entry["hf_checkpoints"]
         try:
             paths = [Path(c["path"]) for c in checkpoints]
             planned = imported_config(paths, load_run_config({"config": entry["config"], "set": entry.get("set", {})}))
-            checkpoint_positions(paths, [c.get("step") for c in checkpoints], [c.get("tokens") for c in checkpoints],
-                                 entry.get("tokens_per_step"))
+            checkpoint_positions(
+                paths,
+                [c.get("step") for c in checkpoints],
+                [c.get("tokens") for c in checkpoints],
+                entry.get("tokens_per_step"),
+            )
             carried = checkpoint_tokenizer(paths, planned.model.vocab_size)
         except ValueError as error:
             raise ValueError(f"analyses.{name}.hf_checkpoints: {error}") from None
@@ -387,14 +443,20 @@ class WorkflowPlan:
         data.cache, cache/<name> of no trained run."""
         cache = Path(planned.data.cache)
         if cache.parent != Path("cache"):
-            raise ValueError(f"analyses.{name}.config: with cache_inputs the workflow prepares data.cache, which must "
-                             f"be cache/<name>, got {cache}")
+            raise ValueError(
+                f"analyses.{name}.config: with cache_inputs the workflow prepares data.cache, which must "
+                f"be cache/<name>, got {cache}"
+            )
         if cache.name in self.run_of_cache:
-            raise ValueError(f"analyses.{name}.config: data.cache {cache} is prepared for train_runs."
-                             f"{self.run_of_cache[cache.name]}; name another cache/<name>")
+            raise ValueError(
+                f"analyses.{name}.config: data.cache {cache} is prepared for train_runs."
+                f"{self.run_of_cache[cache.name]}; name another cache/<name>"
+            )
         if cache.name in self.analysis_caches:
-            raise ValueError(f"analyses.{name}.config: data.cache {cache} is prepared for analyses."
-                             f"{self.analysis_caches[cache.name]} too; name another cache/<name>")
+            raise ValueError(
+                f"analyses.{name}.config: data.cache {cache} is prepared for analyses."
+                f"{self.analysis_caches[cache.name]} too; name another cache/<name>"
+            )
         return cache.name
 
     def _analysis_tokenizer(self, name: str) -> str | None:
@@ -419,20 +481,28 @@ class WorkflowPlan:
         except (OSError, ValueError, AttributeError):
             return  # the analysis reads the cache and says what is wrong with it
         if not same_tokenizer(carried, recorded):
-            remedy = (f"prepare a cache with theirs (tiny-llm prepare-data --source text --tokenizer {carried['path']} "
-                      "...) and name it in data.cache, or list the text in cache_inputs and name a new cache/<name> "
-                      "for the workflow to prepare")
-            raise ValueError(f"analyses.{name}.config: the checkpoints carry {describe_tokenizer(carried)}, but "
-                             f"data.cache {planned.data.cache} was encoded with {describe_tokenizer(recorded)}; "
-                             f"{remedy}")
+            remedy = (
+                f"prepare a cache with theirs (tiny-llm prepare-data --source text --tokenizer {carried['path']} "
+                "...) and name it in data.cache, or list the text in cache_inputs and name a new cache/<name> "
+                "for the workflow to prepare"
+            )
+            raise ValueError(
+                f"analyses.{name}.config: the checkpoints carry {describe_tokenizer(carried)}, but "
+                f"data.cache {planned.data.cache} was encoded with {describe_tokenizer(recorded)}; "
+                f"{remedy}"
+            )
 
     def import_spec(self, run: str) -> dict[str, Any]:
         """What the import of runs/``run`` (an analysis's hf_checkpoints) writes (a change imports again)."""
         entry = self.analyses[self.importing(run)]
         checkpoints = entry["hf_checkpoints"]
-        return {"directories": [c["path"] for c in checkpoints], "steps": [c.get("step") for c in checkpoints],
-                "tokens": [c.get("tokens") for c in checkpoints], "tokens_per_step": entry.get("tokens_per_step"),
-                "config": config_to_dict(load_run_config({"config": entry["config"], "set": entry.get("set", {})}))}
+        return {
+            "directories": [c["path"] for c in checkpoints],
+            "steps": [c.get("step") for c in checkpoints],
+            "tokens": [c.get("tokens") for c in checkpoints],
+            "tokens_per_step": entry.get("tokens_per_step"),
+            "config": config_to_dict(load_run_config({"config": entry["config"], "set": entry.get("set", {})})),
+        }
 
     def _expected_states(self, analysis: str, run: RunConfig) -> tuple[int, str]:
         """States an analysis will measure, for its cost line (an import not yet made: its list)."""
@@ -470,10 +540,16 @@ class WorkflowPlan:
         check_selection(f"analyses.{name}.checkpoints", entry["run"], entry.get("checkpoints", "all"), writes)
         check_output_binding(f"results/{name}", output_binding(settings, entry["run"], entry.get("spectrum", {})))
         spectrum = entry.get("spectrum") or {}
-        if spectrum.get("enabled") and spectrum.get("sharded") and settings.engine in HVP_ENGINES \
-                and settings.engine != "finite_difference":
-            raise ValueError(f"analyses.{name}.spectrum.sharded: sharded products are finite differences of "
-                             f"gradients; set settings.engine to finite_difference or auto, not {settings.engine}")
+        if (
+            spectrum.get("enabled")
+            and spectrum.get("sharded")
+            and settings.engine in HVP_ENGINES
+            and settings.engine != "finite_difference"
+        ):
+            raise ValueError(
+                f"analyses.{name}.spectrum.sharded: sharded products are finite differences of "
+                f"gradients; set settings.engine to finite_difference or auto, not {settings.engine}"
+            )
         self._check_offset(name, settings)
         return settings
 
@@ -500,19 +576,28 @@ class WorkflowPlan:
         for name in analyses:
             ranks = self.ranks(name)
             if ranks["nodes"] > 1 and not os.environ.get("SLURM_JOB_NODELIST"):
-                raise ValueError(f"analyses.{name}.nodes_per_job: {ranks['nodes']} nodes need a Slurm allocation "
-                                 "(run with --profile profiles/naiss, or inside salloc); set 1 to run here")
+                raise ValueError(
+                    f"analyses.{name}.nodes_per_job: {ranks['nodes']} nodes need a Slurm allocation "
+                    "(run with --profile profiles/naiss, or inside salloc); set 1 to run here"
+                )
             if ranks["gpus"] <= 1:
                 continue
             device = self.analysis_settings[name].device
             cuda = device.startswith("cuda") or (device == "auto" and _cuda_devices() > 0)
-            usable = _cuda_devices() if cuda else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            usable = (
+                _cuda_devices()
+                if cuda
+                else len(os.sched_getaffinity(0))
+                if hasattr(os, "sched_getaffinity")
                 else (os.cpu_count() or 1)
+            )
             if ranks["gpus"] > usable:
                 what = "CUDA devices" if cuda else "usable CPU cores"
-                raise ValueError(f"analyses.{name}.gpus_per_job: {ranks['gpus']} ranks per job, but this machine has "
-                                 f"{usable} {what}; set at most {usable} to run here (on the cluster each rank is a "
-                                 "GPU)")
+                raise ValueError(
+                    f"analyses.{name}.gpus_per_job: {ranks['gpus']} ranks per job, but this machine has "
+                    f"{usable} {what}; set at most {usable} to run here (on the cluster each rank is a "
+                    "GPU)"
+                )
 
     def check_devices(self, train: bool, analyses: Iterable[str]) -> None:
         """For jobs that run on this machine (not on a cluster's nodes): refuse a CUDA device it
@@ -571,8 +656,11 @@ class WorkflowPlan:
             targets += [f"results/{name}/figures/{figure}.{ext}" for figure in figures for ext in ("pdf", "png")]
             index = Path(f"results/{name}/states.json")
             if index.exists() and not self.calibration_pending(name):
-                targets += [state_result(name, state["key"], case)
-                            for state in json.loads(index.read_text())["states"] for case in self.cases(name)]
+                targets += [
+                    state_result(name, state["key"], case)
+                    for state in json.loads(index.read_text())["states"]
+                    for case in self.cases(name)
+                ]
         return targets
 
     def experiment_targets(self) -> list[str]:
@@ -594,19 +682,27 @@ class WorkflowPlan:
         if cache in self.analysis_caches:
             analysis = self.analysis_caches[cache]
             entry, tokenizer = self.analyses[analysis], self._analysis_tokenizer(analysis)
-            return {"cache_source": entry.get("cache_source", "text"), "cache_inputs": entry["cache_inputs"],
-                    "shard_tokens": entry.get("shard_tokens", 1 << 20),
-                    "data": config_to_dict(self.imports[analysis].data),
-                    "keep_order": entry.get("cache_order", "shuffle") == "keep", "capacity": None,
-                    **({"tokenizer": tokenizer} if tokenizer else {})}
+            return {
+                "cache_source": entry.get("cache_source", "text"),
+                "cache_inputs": entry["cache_inputs"],
+                "shard_tokens": entry.get("shard_tokens", 1 << 20),
+                "data": config_to_dict(self.imports[analysis].data),
+                "keep_order": entry.get("cache_order", "shuffle") == "keep",
+                "capacity": None,
+                **({"tokenizer": tokenizer} if tokenizer else {}),
+            }
         name = self.run_of_cache[cache]
         entry, run = self.train_runs[name], self.run_configs[name]
         source = entry.get("cache_source", "demo")
-        return {"cache_source": source, "cache_inputs": entry.get("cache_inputs", []),
-                "shard_tokens": entry.get("shard_tokens", 1 << 20), "data": config_to_dict(run.data),
-                "keep_order": entry.get("cache_order", "shuffle") == "keep",
-                "capacity": default_capacity(run) if source == "demo" else None,
-                **({"tokenizer": entry["cache_tokenizer"]} if entry.get("cache_tokenizer") else {})}
+        return {
+            "cache_source": source,
+            "cache_inputs": entry.get("cache_inputs", []),
+            "shard_tokens": entry.get("shard_tokens", 1 << 20),
+            "data": config_to_dict(run.data),
+            "keep_order": entry.get("cache_order", "shuffle") == "keep",
+            "capacity": default_capacity(run) if source == "demo" else None,
+            **({"tokenizer": entry["cache_tokenizer"]} if entry.get("cache_tokenizer") else {}),
+        }
 
     def cache_receipt(self, run: str) -> str:
         """The receipt of the cache a run reads (prepare_data's output)."""
@@ -661,7 +757,9 @@ class WorkflowPlan:
         entry = self.analyses[analysis]
         if "cases" in entry:
             return entry["cases"]
-        imported = analysis in self.imports or (Path(entry["run"]) / IMPORTED).exists() and not self.trained_here(analysis)
+        imported = (
+            analysis in self.imports or (Path(entry["run"]) / IMPORTED).exists() and not self.trained_here(analysis)
+        )
         return ["offset"] if imported else ["seen", "unseen"]
 
     def selection(self, analysis: str) -> str | list[str]:
@@ -703,8 +801,11 @@ class WorkflowPlan:
         return [epoch_stem(i) for i in range(self.run_configs[run].training.epochs + 1)]
 
     def experiment_records(self, experiment: str) -> list[str]:
-        return [f"results/{experiment}/geometry/{run}/{checkpoint}.json"
-                for run in self.experiment_runs[experiment] for checkpoint in self.experiment_checkpoints(run)]
+        return [
+            f"results/{experiment}/geometry/{run}/{checkpoint}.json"
+            for run in self.experiment_runs[experiment]
+            for checkpoint in self.experiment_checkpoints(run)
+        ]
 
     def reference_run(self, experiment: str) -> str:
         return next(iter(self.experiment_runs[experiment]))
@@ -788,9 +889,11 @@ class WorkflowPlan:
         entry = self.timing_entry(analysis, self.cluster.get("gpu_kind"))
         if entry is None:
             key = timing.timing_key(run, settings, device_kind="")
-            raise ValueError(f"no timing profile covers analysis {analysis} ({key}); run "
-                             "`snakemake --profile <profile> calibrate` on the target node first, or set "
-                             "cluster.walltime_hours to request an explicit walltime")
+            raise ValueError(
+                f"no timing profile covers analysis {analysis} ({key}); run "
+                "`snakemake --profile <profile> calibrate` on the target node first, or set "
+                "cluster.walltime_hours to request an explicit walltime"
+            )
         workers = run.training.workers if settings.consensus else 0
         one = cost.estimate_seconds(run, settings, entry["seconds"], workers=workers if workers > 1 else 0)
         return cost.parallel_seconds(one, self.job_ranks(analysis))
@@ -837,8 +940,16 @@ class WorkflowPlan:
         workers = run.training.workers if settings.consensus else 0
         work = cost.case_work(run, settings, workers)
         kind = "cpu" if settings.device == "cpu" else self.cluster.get("gpu_kind") or "cuda"
-        line = cost.cost_line(analysis, states, self.cases(analysis), work, settings.device,
-                              self.timing_entry(analysis, kind), self.cluster, self.job_ranks(analysis))
+        line = cost.cost_line(
+            analysis,
+            states,
+            self.cases(analysis),
+            work,
+            settings.device,
+            self.timing_entry(analysis, kind),
+            self.cluster,
+            self.job_ranks(analysis),
+        )
         memory = self.memory(analysis).describe()
         if settings.memory_budget_gb is None and settings.device != "cpu":
             memory = memory.replace("no budget", "budget: the GPU's free memory at run time, cut to fit")
@@ -849,8 +960,11 @@ class WorkflowPlan:
         without its comparison, and under a cluster walltime rule the campaign's total request
         (``train_minutes`` and ``calibration_minutes``: the walltimes the profile asks for those jobs)."""
         lines = [self.cost_line(name) for name in self.analyses if not Path(f"results/{name}/summary.csv").exists()]
-        lines += [self.experiment_cost_line(name) for name in self.seed_experiments
-                  if not Path(f"results/{name}/comparison.csv").exists()]
+        lines += [
+            self.experiment_cost_line(name)
+            for name in self.seed_experiments
+            if not Path(f"results/{name}/comparison.csv").exists()
+        ]
         lines.append(self.campaign_line(train_minutes, calibration_minutes))
         return [line for line in lines if line]
 
@@ -879,16 +993,20 @@ class WorkflowPlan:
         settings = geometry_settings_from_dict(self.geometry_settings_dict(experiment))
         run = self.run_configs[self.reference_run(experiment)]
         work = measurement_work(run, settings)
-        line = (f"seed experiment {experiment}: {len(runs)} runs (seeds and controls) trained, {checkpoints} checkpoint "
-                f"measurements; each: {work['gradient_microbatches']} gradient micro-batches, at most "
-                f"{work['hvp_microbatch_passes']} curvature micro-batch passes")
+        line = (
+            f"seed experiment {experiment}: {len(runs)} runs (seeds and controls) trained, {checkpoints} checkpoint "
+            f"measurements; each: {work['gradient_microbatches']} gradient micro-batches, at most "
+            f"{work['hvp_microbatch_passes']} curvature micro-batch passes"
+        )
         entry = self._geometry_timing_entry(experiment)
         if entry is None:
             return line + f"; time: no timing entry for this setup on {settings.device}"
         each = measurement_seconds(run, settings, entry["seconds"])
         kind = (entry.get("key") or {}).get("device_kind", settings.device)
-        return (line + f"; at most about {cost.format_seconds(each)} each, {cost.format_seconds(checkpoints * each)} "
-                f"in all on {settings.device} (timings measured on {kind}, {entry.get('measured', {}).get('at', '?')[:10]})")
+        return (
+            line + f"; at most about {cost.format_seconds(each)} each, {cost.format_seconds(checkpoints * each)} "
+            f"in all on {settings.device} (timings measured on {kind}, {entry.get('measured', {}).get('at', '?')[:10]})"
+        )
 
     def campaign_line(self, train_minutes: int | None, calibration_minutes: int | None) -> str | None:
         """Under a cluster walltime rule: every GPU-hour the campaign asks Slurm for, training and
@@ -897,14 +1015,18 @@ class WorkflowPlan:
             return None
         untrained = [run for run in self.run_configs if not Path(f"runs/{run}/trained.json").exists()]
         open_analyses = [a for a in self.analyses if not Path(f"results/{a}/summary.csv").exists()]
-        calibrations = ([a for a in open_analyses if self.calibration_pending(a)]
-                        + [e for e in self.seed_experiments if self.geometry_calibration_pending(e)])
+        calibrations = [a for a in open_analyses if self.calibration_pending(a)] + [
+            e for e in self.seed_experiments if self.geometry_calibration_pending(e)
+        ]
         hours = {a: self._requested_hours(a) for a in open_analyses}
         parts, total = [], 0.0
         if untrained:
             each = (train_minutes or 0) / 60
-            parts.append(f"training {len(untrained)} run(s) × {each:g} h" if train_minutes
-                         else f"training {len(untrained)} run(s) (walltime not set by the profile)")
+            parts.append(
+                f"training {len(untrained)} run(s) × {each:g} h"
+                if train_minutes
+                else f"training {len(untrained)} run(s) (walltime not set by the profile)"
+            )
             total += len(untrained) * each
         if calibrations:
             each = (calibration_minutes or 60) / 60
@@ -914,12 +1036,19 @@ class WorkflowPlan:
         if known:
             parts.append(f"analyses {sum(known.values()):g} GPU-hours")
             total += sum(known.values())
-        measurements = sum(len(self.experiment_checkpoints(r)) for e in self.seed_experiments
-                           for r in self.experiment_runs[e] if not Path(f"results/{e}/comparison.csv").exists())
+        measurements = sum(
+            len(self.experiment_checkpoints(r))
+            for e in self.seed_experiments
+            for r in self.experiment_runs[e]
+            if not Path(f"results/{e}/comparison.csv").exists()
+        )
         if measurements:
-            experiment_hours = sum(len(self.experiment_checkpoints(r)) * self.geometry_runtime(e) / 60
-                                   for e in self.seed_experiments for r in self.experiment_runs[e]
-                                   if not Path(f"results/{e}/comparison.csv").exists())
+            experiment_hours = sum(
+                len(self.experiment_checkpoints(r)) * self.geometry_runtime(e) / 60
+                for e in self.seed_experiments
+                for r in self.experiment_runs[e]
+                if not Path(f"results/{e}/comparison.csv").exists()
+            )
             parts.append(f"seed experiments {experiment_hours:g} GPU-hours")
             total += experiment_hours
         if not parts:
@@ -941,6 +1070,12 @@ class WorkflowPlan:
             entry = self.timing_entry(analysis, self.cluster.get("gpu_kind"))
         except ValueError:
             entry = None
-        return {"event": "start", "command": command, "source": source, "cost": self.cost_line(analysis),
-                "walltime": self.walltime_rule(), "timing_entry": entry,
-                "settings": settings_record(self.analysis_settings[analysis])}
+        return {
+            "event": "start",
+            "command": command,
+            "source": source,
+            "cost": self.cost_line(analysis),
+            "walltime": self.walltime_rule(),
+            "timing_entry": entry,
+            "settings": settings_record(self.analysis_settings[analysis]),
+        }

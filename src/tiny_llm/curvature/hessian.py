@@ -41,8 +41,8 @@ from typing import Literal
 import torch
 from torch.func import functional_call, grad, jvp, vmap
 
-from tiny_llm.model.jets import JetPass
 from tiny_llm.distributed import all_reduce_sum, shard
+from tiny_llm.model.jets import JetPass
 from tiny_llm.model.llama import IGNORE_INDEX, Llama, check_jet_rules, token_losses
 
 __all__ = ["ENGINES", "EpochHessian", "FORM_ENGINES", "HVP_ENGINES", "FlatParameters", "Precision", "pad_sequences"]
@@ -97,7 +97,7 @@ class FlatParameters:
         return self.flatten([state[n] for n in self.names])
 
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {n: t.view(s) for n, t, s in zip(self.names, flat.split(self.sizes, dim=-1), self.shapes)}
+        return {n: t.view(s) for n, t, s in zip(self.names, flat.split(self.sizes, dim=-1), self.shapes, strict=True)}
 
     def blocks(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Split (K, D) into per-parameter (K, n_p) views."""
@@ -111,11 +111,11 @@ def pad_sequences(tokens: torch.Tensor, batch_size: int) -> list[tuple[torch.Ten
     graph serves all (and no copy of the epoch is made)."""
     batches = []
     for start in range(0, len(tokens), batch_size):
-        rows = tokens[start:start + batch_size]
+        rows = tokens[start : start + batch_size]
         if len(rows) < batch_size:
             x, y = torch.zeros(2, batch_size, rows.size(1), dtype=rows.dtype, device=rows.device).unbind()
-            x[:len(rows)], y[:len(rows)] = rows, rows
-            y[len(rows):] = IGNORE_INDEX
+            x[: len(rows)], y[: len(rows)] = rows, rows
+            y[len(rows) :] = IGNORE_INDEX
             batches.append((x[:, :-1], y[:, 1:]))
         else:
             batches.append((rows[:, :-1], rows[:, 1:]))
@@ -150,15 +150,27 @@ class EpochHessian:
         [0.0, 0.0]
     """
 
-    def __init__(self, model: Llama, tokens: torch.Tensor, *, batch_size: int, engine: Engine,
-                 precision: Precision, directions_per_pass: int = 1, compile: bool = False,
-                 progress: Callable[[str], None] | None = None, fd_scale: float | None = None,
-                 group_rows: int | None = None):
+    def __init__(
+        self,
+        model: Llama,
+        tokens: torch.Tensor,
+        *,
+        batch_size: int,
+        engine: Engine,
+        precision: Precision,
+        directions_per_pass: int = 1,
+        compile: bool = False,
+        progress: Callable[[str], None] | None = None,
+        fd_scale: float | None = None,
+        group_rows: int | None = None,
+    ):
         if engine not in ENGINES:
             raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
         if model.attention_backend != "reference" and engine != "finite_difference":
-            raise ValueError("curvature needs reference attention (second derivatives); build "
-                             "Llama(config, attention_backend='reference'), or use the finite_difference engine")
+            raise ValueError(
+                "curvature needs reference attention (second derivatives); build "
+                "Llama(config, attention_backend='reference'), or use the finite_difference engine"
+            )
         if compile and engine != "pearlmutter":
             raise ValueError("only the pearlmutter engine is compiled; use --no-compile-hvp with the other engines")
         if group_rows is not None and (not isinstance(group_rows, int) or group_rows < 1):
@@ -177,30 +189,40 @@ class EpochHessian:
         self.passes = 0
         self.fd_scale = fd_scale if fd_scale is not None else FD_SCALE.get(precision.dtype, 3e-3)
         self._workspace: dict[str, torch.Tensor] = {}
-        self._pearlmutter = torch.compile(self._pearlmutter_eager, dynamic=False) if compile else self._pearlmutter_eager
+        self._pearlmutter = (
+            torch.compile(self._pearlmutter_eager, dynamic=False) if compile else self._pearlmutter_eager
+        )
 
     # --- one micro-batch ---------------------------------------------------------------------
-    def _loss(self, params: dict[str, torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor,
-              n_targets: int | torch.Tensor | None = None) -> torch.Tensor:
+    def _loss(
+        self,
+        params: dict[str, torch.Tensor],
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        n_targets: int | torch.Tensor | None = None,
+    ) -> torch.Tensor:
         logits = self.precision.forward(lambda x: functional_call(self.model, params, (x,)), inputs)
         return token_losses(logits, targets).sum() / (self.n_targets if n_targets is None else n_targets)
 
-    def _pearlmutter_eager(self, theta: torch.Tensor, V: torch.Tensor, inputs: torch.Tensor,
-                           targets: torch.Tensor, n_targets: torch.Tensor) -> torch.Tensor:
+    def _pearlmutter_eager(
+        self, theta: torch.Tensor, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, n_targets: torch.Tensor
+    ) -> torch.Tensor:
         """H_b V by forward-over-reverse. ``n_targets`` (a 0-dim tensor) is an input, so a compiled
         graph does not depend on the epoch's target count (another epoch or audit sample reuses it)."""
+
         def loss(flat: torch.Tensor) -> torch.Tensor:
             return self._loss(self.flat.unflatten(flat), inputs, targets, n_targets)
 
         def product(v: torch.Tensor) -> torch.Tensor:
             return jvp(grad(loss), (theta,), (v,))[1]
+
         if len(V) == 1:  # vmap over a single direction only adds overhead
             return product(V[0]).unsqueeze(0)
         return vmap(product)(V)
 
     def _double_backward(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         params = tuple(self.model.parameters())
-        loss = self._loss(dict(zip(self.flat.names, params)), inputs, targets)
+        loss = self._loss(dict(zip(self.flat.names, params, strict=True)), inputs, targets)
         gradient = self.flat.flatten(torch.autograd.grad(loss, params, create_graph=True))
         if len(V) == 1:
             products = torch.autograd.grad(gradient, params, grad_outputs=V[0])
@@ -211,8 +233,10 @@ class EpochHessian:
     def _finite_difference(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Central differences of gradients, (∇L(θ + εv) − ∇L(θ − εv)) / 2ε, with
         ε = fd_scale · max(1, ‖θ‖) / ‖v‖: first derivatives only, so fused attention works."""
+
         def loss(flat: torch.Tensor) -> torch.Tensor:
             return self._loss(self.flat.unflatten(flat), inputs, targets)
+
         gradient = grad(loss)
         scale = self.fd_scale * max(1.0, float(self.theta.norm()))
         rows = []
@@ -227,7 +251,10 @@ class EpochHessian:
 
     def _directions(self, V: torch.Tensor) -> dict[torch.Tensor, torch.Tensor]:
         """Each parameter → its rows of V, shape (K, *parameter.shape) (views, no copies)."""
-        return {p: block.view(len(V), *p.shape) for p, block in zip(self.model.parameters(), self.flat.blocks(V))}
+        return {
+            p: block.view(len(V), *p.shape)
+            for p, block in zip(self.model.parameters(), self.flat.blocks(V), strict=True)
+        }
 
     def _adjoints(self, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
         """λ = ∂L_b/∂y for the output y of every node of the jet rules: a primal jet pass (zero
@@ -238,7 +265,7 @@ class EpochHessian:
             loss = token_losses(self.model.logits(h.z0), targets).sum() / self.n_targets
         keys = list(jets.recorded)
         unique = list({id(t): t for t in jets.recorded.values()}.values())
-        grads = dict(zip(map(id, unique), torch.autograd.grad(loss, unique, materialize_grads=True)))
+        grads = dict(zip(map(id, unique), torch.autograd.grad(loss, unique, materialize_grads=True), strict=True))
         return {key: grads[id(jets.recorded[key])] for key in keys}
 
     def batch_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -252,8 +279,9 @@ class EpochHessian:
         V (K, D) → (2, K) float64; taylor and adjoint engines (the loss rule computes vᵀGv on its
         way to vᵀHv, so the split costs nothing)."""
         if self.engine not in FORM_ENGINES:
-            raise ValueError(f"the Gauss–Newton split needs a quadratic-form engine ({', '.join(FORM_ENGINES)}), "
-                             f"not {self.engine}")
+            raise ValueError(
+                f"the Gauss–Newton split needs a quadratic-form engine ({', '.join(FORM_ENGINES)}), not {self.engine}"
+            )
         forms = torch.zeros(2, len(V), dtype=torch.float64, device=self.precision.device)
         for rows in self._row_groups(len(V), len(inputs)):  # a group's adjoints are freed before the next's
             forms += self._group_forms(V, inputs[rows], targets[rows])
@@ -274,8 +302,10 @@ class EpochHessian:
         if self.group_rows and self.compile:  # equal groups: one compiled graph
             rows = max(d for d in range(1, min(rows, B) + 1) if B % d == 0)
         return [slice(start, start + rows) for start in range(0, B, rows)]
-    def _jet_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor,
-                   adjoints: dict | None) -> torch.Tensor:
+
+    def _jet_forms(
+        self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, adjoints: dict | None
+    ) -> torch.Tensor:
         """(2, K): the forms and their Gauss–Newton parts (the adjoint mode's absorbed terms are
         all second-order terms of the network, so of the residual H − G)."""
         jets = JetPass(self._directions(V), adjoints, workspace=self._workspace)
@@ -287,10 +317,15 @@ class EpochHessian:
     def batch_products(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """H_b V for one curvature micro-batch (its share of the epoch loss), V of shape (K, D)."""
         if self.engine in FORM_ENGINES:
-            raise ValueError(f"the {self.engine} engine computes quadratic forms vᵀHv only; Hessian-vector products "
-                             f"(spectra) need one of {', '.join(HVP_ENGINES)}")
-        product = {"pearlmutter": self._pearlmutter_product, "finite_difference": self._finite_difference,
-                   "double_backward": self._double_backward}[self.engine]
+            raise ValueError(
+                f"the {self.engine} engine computes quadratic forms vᵀHv only; Hessian-vector products "
+                f"(spectra) need one of {', '.join(HVP_ENGINES)}"
+            )
+        product = {
+            "pearlmutter": self._pearlmutter_product,
+            "finite_difference": self._finite_difference,
+            "double_backward": self._double_backward,
+        }[self.engine]
         total = None
         for rows in self._row_groups(len(V), len(inputs)):
             part = product(V, inputs[rows], targets[rows])
@@ -312,7 +347,7 @@ class EpochHessian:
         with zero directions to K (the graph of K serves it); a single direction (Lanczos, SLQ, CG)
         runs its own graph of one, at 1/K of the work and memory."""
         for start in range(0, len(V), self.K):
-            chunk = V[start:start + self.K]
+            chunk = V[start : start + self.K]
             real = len(chunk)
             if self.compile and 1 < real < self.K:  # one graph for K: pad a short chunk with zero directions
                 chunk = torch.cat([chunk, chunk.new_zeros(self.K - real, chunk.size(1))])
@@ -320,15 +355,17 @@ class EpochHessian:
             for inputs, targets in shard(self.batches):  # this rank's micro-batches (all of them alone)
                 yield start, real, per_batch(chunk, inputs, targets)
             self.passes += 1
-            self.progress(f"{self.engine} pass over {len(self.batches)} micro-batches for directions "
-                          f"{start + 1}-{start + real} of {len(V)} took {time.perf_counter() - started:.2f} s")
+            self.progress(
+                f"{self.engine} pass over {len(self.batches)} micro-batches for directions "
+                f"{start + 1}-{start + real} of {len(V)} took {time.perf_counter() - started:.2f} s"
+            )
 
     def quadratic_forms(self, V: torch.Tensor) -> torch.Tensor:
         """dᵀ H d for each row d of V (K', D), summed over micro-batches in float64."""
         V = self._check(V)
         out = torch.zeros(len(V), dtype=torch.float64, device=self.precision.device)
         for start, real, forms in self._passes(V, self.batch_forms):
-            out[start:start + real] += forms[:real]
+            out[start : start + real] += forms[:real]
         return all_reduce_sum(out)
 
     def split_quadratic_forms(self, V: torch.Tensor) -> torch.Tensor:
@@ -337,7 +374,7 @@ class EpochHessian:
         V = self._check(V)
         out = torch.zeros(2, len(V), dtype=torch.float64, device=self.precision.device)
         for start, real, forms in self._passes(V, self.batch_split_forms):
-            out[:, start:start + real] += forms[:, :real]
+            out[:, start : start + real] += forms[:, :real]
         return all_reduce_sum(out)
 
     def hvp(self, V: torch.Tensor) -> torch.Tensor:
@@ -345,7 +382,7 @@ class EpochHessian:
         V = self._check(V)
         out = torch.zeros(V.shape, dtype=torch.float64, device=self.precision.device)
         for start, real, HV in self._passes(V, self.batch_products):
-            out[start:start + real] += HV[:real].double()
+            out[start : start + real] += HV[:real].double()
         return all_reduce_sum(out)
 
 

@@ -74,9 +74,20 @@ from tiny_llm.distributed import all_reduce_sum, shard, world
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import accumulate_batch_gradient
 
-__all__ = ["CaseInputs", "STANDARD_ERRORS", "batch_gradient", "batch_gradient_and_loss", "mean_gradient",
-           "mean_gradient_and_loss", "measure_case", "noise_batch_indices", "precision_audit", "rademacher",
-           "standard_errors", "summarise"]
+__all__ = [
+    "CaseInputs",
+    "STANDARD_ERRORS",
+    "batch_gradient",
+    "batch_gradient_and_loss",
+    "mean_gradient",
+    "mean_gradient_and_loss",
+    "measure_case",
+    "noise_batch_indices",
+    "precision_audit",
+    "rademacher",
+    "standard_errors",
+    "summarise",
+]
 
 log = logging.getLogger(__name__)
 
@@ -97,26 +108,30 @@ def rademacher(D: int, seed: int, index: int) -> torch.Tensor:
     return torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1
 
 
-def batch_gradient_and_loss(model: Llama, flat: FlatParameters, tokens: torch.Tensor, micro_batch_size: int,
-                            precision: Precision) -> tuple[torch.Tensor, float]:
+def batch_gradient_and_loss(
+    model: Llama, flat: FlatParameters, tokens: torch.Tensor, micro_batch_size: int, precision: Precision
+) -> tuple[torch.Tensor, float]:
     """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches, as float64 (D,),
     and the batch's token-mean loss (summed over micro-batches in float64)."""
     model.zero_grad(set_to_none=True)
-    loss = accumulate_batch_gradient(model, tokens.to(precision.device), micro_batch_size,
-                                     forward=lambda x: precision.forward(model, x))
+    loss = accumulate_batch_gradient(
+        model, tokens.to(precision.device), micro_batch_size, forward=lambda x: precision.forward(model, x)
+    )
     g = flat.flatten([p.grad for p in model.parameters()]).double()
     model.zero_grad(set_to_none=True)
     return g, float(loss)
 
 
-def batch_gradient(model: Llama, flat: FlatParameters, tokens: torch.Tensor, micro_batch_size: int,
-                   precision: Precision) -> torch.Tensor:
+def batch_gradient(
+    model: Llama, flat: FlatParameters, tokens: torch.Tensor, micro_batch_size: int, precision: Precision
+) -> torch.Tensor:
     """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches; float64 (D,)."""
     return batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision)[0]
 
 
-def mean_gradient_and_loss(model: Llama, flat: FlatParameters, batches: list[torch.Tensor], micro_batch_size: int,
-                           precision: Precision) -> tuple[torch.Tensor, float]:
+def mean_gradient_and_loss(
+    model: Llama, flat: FlatParameters, batches: list[torch.Tensor], micro_batch_size: int, precision: Precision
+) -> tuple[torch.Tensor, float]:
     """ḡ = Σ_b (N_b / N) g_b over every batch of the epoch, accumulated in float64, and the epoch
     loss L = Σ_b (N_b / N) L_b, the token-mean cross-entropy over every target of the epoch."""
     n_total = sum(int(b[:, 1:].numel()) for b in batches)
@@ -129,8 +144,9 @@ def mean_gradient_and_loss(model: Llama, flat: FlatParameters, batches: list[tor
     return g[:-1], float(g[-1])
 
 
-def mean_gradient(model: Llama, flat: FlatParameters, batches: list[torch.Tensor], micro_batch_size: int,
-                  precision: Precision) -> torch.Tensor:
+def mean_gradient(
+    model: Llama, flat: FlatParameters, batches: list[torch.Tensor], micro_batch_size: int, precision: Precision
+) -> torch.Tensor:
     """ḡ = Σ_b (N_b / N) g_b over every batch of the epoch, accumulated in float64."""
     return mean_gradient_and_loss(model, flat, batches, micro_batch_size, precision)[0]
 
@@ -180,8 +196,16 @@ def _mean_of(records: list[dict], key: str, scale: float = 1.0) -> float | None:
     return math.fsum(r[key] for r in records) / (len(records) * scale)
 
 
-def summarise(noise: list[dict], random: list[dict], g_bar_norm: float, grad_curvature: float, D: int,
-              B: int, M: int, grad_gauss_newton: float | None = None) -> dict[str, float | None]:
+def summarise(
+    noise: list[dict],
+    random: list[dict],
+    g_bar_norm: float,
+    grad_curvature: float,
+    D: int,
+    B: int,
+    M: int,
+    grad_gauss_newton: float | None = None,
+) -> dict[str, float | None]:
     """The statistics block of a result from per-direction records (see module docstring)."""
     S_v, S_r = len(noise), len(random)
     vhv = math.fsum(r["noise_curvature"] for r in noise)
@@ -198,16 +222,28 @@ def summarise(noise: list[dict], random: list[dict], g_bar_norm: float, grad_cur
         "random_curvature": math.fsum(r["curvature"] for r in random) / (D * S_r) if S_r else None,
         "grad_curvature": grad_curvature,
         "b_simple": None if correction is None or mean_vv is None else _ratio(B * correction * mean_vv, g_bar_norm**2),
-        "b_noise": (None if correction is None or mean_vhv is None or grad_curvature <= 0
-                    else B * correction * mean_vhv / grad_curvature),
+        "b_noise": (
+            None
+            if correction is None or mean_vhv is None or grad_curvature <= 0
+            else B * correction * mean_vhv / grad_curvature
+        ),
         "noise_gauss_newton": _mean_of(noise, "noise_gauss_newton"),
         "random_gauss_newton": _mean_of(random, "gauss_newton", scale=D),
         "grad_gauss_newton": grad_gauss_newton,
     }
 
 
-STANDARD_ERRORS = ["noise_curvature", "normalized_alignment", "mean_noise_norm", "mean_grad_norm",
-                   "random_curvature", "b_simple", "b_noise", "noise_gauss_newton", "random_gauss_newton"]
+STANDARD_ERRORS = [
+    "noise_curvature",
+    "normalized_alignment",
+    "mean_noise_norm",
+    "mean_grad_norm",
+    "random_curvature",
+    "b_simple",
+    "b_noise",
+    "noise_gauss_newton",
+    "random_gauss_newton",
+]
 """The statistics that are means over sampled directions; each has ``<name>_se``."""
 
 
@@ -229,12 +265,20 @@ def _ratio_se(a: list[float], b: list[float], population: int) -> float | None:
     if S < 2 or total_b == 0:
         return None
     R = math.fsum(a) / total_b
-    residual = math.fsum((x - R * y) ** 2 for x, y in zip(a, b)) / (S - 1)
+    residual = math.fsum((x - R * y) ** 2 for x, y in zip(a, b, strict=True)) / (S - 1)
     return math.sqrt(max(0.0, 1.0 - S / population) * residual / S) / (total_b / S)
 
 
-def standard_errors(noise: list[dict], random: list[dict], g_bar_norm: float, grad_curvature: float, D: int,
-                    B: int, M: int, grad_gauss_newton: float | None = None) -> dict[str, float | None]:
+def standard_errors(
+    noise: list[dict],
+    random: list[dict],
+    g_bar_norm: float,
+    grad_curvature: float,
+    D: int,
+    B: int,
+    M: int,
+    grad_gauss_newton: float | None = None,
+) -> dict[str, float | None]:
     """``<statistic>_se`` for every statistic in STANDARD_ERRORS (see module docstring), from the
     same per-direction records and arguments as :func:`summarise`."""
     n = M // B
@@ -250,20 +294,34 @@ def standard_errors(noise: list[dict], random: list[dict], g_bar_norm: float, gr
         "mean_grad_norm_se": _mean_se([r["grad_norm"] for r in noise], n),
         "random_curvature_se": None if se_random is None else se_random / D,
         "b_simple_se": None if scale is None or se_vv is None or g_bar_norm == 0 else scale * se_vv / g_bar_norm**2,
-        "b_noise_se": None if scale is None or se_vhv is None or grad_curvature <= 0 else scale * se_vhv / grad_curvature,
-        "noise_gauss_newton_se": (None if _mean_of(noise, "noise_gauss_newton") is None
-                                  else _mean_se([r["noise_gauss_newton"] for r in noise], n)),
-        "random_gauss_newton_se": (None if _mean_of(random, "gauss_newton") is None or (se := _mean_se(
-            [r["gauss_newton"] for r in random], None)) is None else se / D),
+        "b_noise_se": None
+        if scale is None or se_vhv is None or grad_curvature <= 0
+        else scale * se_vhv / grad_curvature,
+        "noise_gauss_newton_se": (
+            None
+            if _mean_of(noise, "noise_gauss_newton") is None
+            else _mean_se([r["noise_gauss_newton"] for r in noise], n)
+        ),
+        "random_gauss_newton_se": (
+            None
+            if _mean_of(random, "gauss_newton") is None
+            or (se := _mean_se([r["gauss_newton"] for r in random], None)) is None
+            else se / D
+        ),
     }
 
 
 def _consensus_block(records: list[dict]) -> dict[str, Any]:
     q = math.fsum(r["curvature"] for r in records)
     ee = math.fsum(r["squared_norm"] for r in records)
-    return {"workers": records, "aggregate": {
-        "mean_curvature": q / len(records), "normalized_alignment": _ratio(q, ee),
-        "mean_norm": math.fsum(r["norm"] for r in records) / len(records)}}
+    return {
+        "workers": records,
+        "aggregate": {
+            "mean_curvature": q / len(records),
+            "normalized_alignment": _ratio(q, ee),
+            "mean_norm": math.fsum(r["norm"] for r in records) / len(records),
+        },
+    }
 
 
 GAUSS_NEWTON_KEYS = {"noise_curvature": "noise_gauss_newton", "curvature": "gauss_newton"}
@@ -300,10 +358,13 @@ class _DirectionRunner:
             return
         started = time.perf_counter()
         V = torch.stack([p[0] for p in self.pending])
-        forms, parts = self.operator.split_quadratic_forms(V).tolist() if self.split else \
-            (self.operator.quadratic_forms(V).tolist(), None)
+        forms, parts = (
+            self.operator.split_quadratic_forms(V).tolist()
+            if self.split
+            else (self.operator.quadratic_forms(V).tolist(), None)
+        )
         share = (time.perf_counter() - started) / len(self.pending)
-        for i, ((_, record, key, begun), q) in enumerate(zip(self.pending, forms)):
+        for i, ((_, record, key, begun), q) in enumerate(zip(self.pending, forms, strict=True)):
             record[key], record["hvp_seconds"] = q, share
             if parts is not None:
                 record[GAUSS_NEWTON_KEYS[key]] = parts[i]
@@ -311,9 +372,11 @@ class _DirectionRunner:
         self.done += len(self.pending)
         elapsed = time.perf_counter() - self.started
         eta = elapsed / self.done * (self.total - self.done)
-        self.progress(f"directions {self.done}/{self.total} ({len(self.pending)} per pass over "
-                      f"{len(self.operator.batches)} micro-batches, {share * len(self.pending):.2f} s); "
-                      f"elapsed {elapsed:.1f} s, ETA {eta:.1f} s")
+        self.progress(
+            f"directions {self.done}/{self.total} ({len(self.pending)} per pass over "
+            f"{len(self.operator.batches)} micro-batches, {share * len(self.pending):.2f} s); "
+            f"elapsed {elapsed:.1f} s, ETA {eta:.1f} s"
+        )
         self.pending = []
 
 
@@ -327,10 +390,17 @@ def _relative(production: float, exact: float) -> float:
     return (production - exact) / max(abs(exact), torch.finfo(torch.float64).tiny)
 
 
-def precision_audit(model: Llama, batches: list[torch.Tensor], g_bar: torch.Tensor, epoch_loss: float,
-                    noise_batches: list[int], random_indices: list[int], inputs: CaseInputs,
-                    precision: Precision, sampled: dict[int, tuple[torch.Tensor, float]] | None = None,
-                    ) -> dict[str, Any]:
+def precision_audit(
+    model: Llama,
+    batches: list[torch.Tensor],
+    g_bar: torch.Tensor,
+    epoch_loss: float,
+    noise_batches: list[int],
+    random_indices: list[int],
+    inputs: CaseInputs,
+    precision: Precision,
+    sampled: dict[int, tuple[torch.Tensor, float]] | None = None,
+) -> dict[str, Any]:
     """End-to-end error of the production precision against float64 (module docstring).
 
     ``g_bar`` and ``epoch_loss`` are the job's own (production); the audit recomputes ḡ and the epoch
@@ -350,12 +420,19 @@ def precision_audit(model: Llama, batches: list[torch.Tensor], g_bar: torch.Tens
     records: list[dict[str, Any]] = []
     production_vectors, exact_vectors = [], []
     for i in noise_batches:
-        g = sampled.setdefault(i, batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch,
-                                                          precision))[0]
+        g = sampled.setdefault(
+            i, batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch, precision)
+        )[0]
         g64 = batch_gradient(reference, flat, batches[i], rows64, exact)
         v, v64 = (g - g_bar).to(precision.dtype), g64 - g_bar64
-        records.append({"kind": "noise", "batch_index": i, "grad_norm": [float(g.norm()), float(g64.norm())],
-                        "squared_norm": [float(v.double().pow(2).sum()), float(v64.pow(2).sum())]})
+        records.append(
+            {
+                "kind": "noise",
+                "batch_index": i,
+                "grad_norm": [float(g.norm()), float(g64.norm())],
+                "squared_norm": [float(v.double().pow(2).sum()), float(v64.pow(2).sum())],
+            }
+        )
         production_vectors.append(v)
         exact_vectors.append(v64)
     for index in random_indices:
@@ -370,35 +447,67 @@ def precision_audit(model: Llama, batches: list[torch.Tensor], g_bar: torch.Tens
     h = inputs.hvp_batch_size
     tokens = torch.cat(batches)
     micro = _audit_choice(math.ceil(tokens.shape[0] / h), inputs.audit[1], inputs.seed, 2)
-    rows = torch.cat([tokens[j * h:(j + 1) * h] for j in micro])
+    rows = torch.cat([tokens[j * h : (j + 1) * h] for j in micro])
     V, V64 = torch.stack(production_vectors), torch.stack(exact_vectors)
-    production = EpochHessian(model, rows, batch_size=h, engine=inputs.engine, precision=precision,
-                              directions_per_pass=len(V), compile=False,
-                              group_rows=inputs.rows("forms")).quadratic_forms(V).tolist()
+    production = (
+        EpochHessian(
+            model,
+            rows,
+            batch_size=h,
+            engine=inputs.engine,
+            precision=precision,
+            directions_per_pass=len(V),
+            compile=False,
+            group_rows=inputs.rows("forms"),
+        )
+        .quadratic_forms(V)
+        .tolist()
+    )
     exact_engine = "double_backward" if getattr(model, "jet_refusal", None) else "adjoint"  # no rules: an HVP engine
-    float64 = EpochHessian(reference, rows, batch_size=h, engine=exact_engine, precision=exact,
-                           directions_per_pass=len(V), compile=False,
-                           group_rows=inputs.rows("audit")).quadratic_forms(V64).tolist()
-    for record, q, q64 in zip(records, production, float64):
+    float64 = (
+        EpochHessian(
+            reference,
+            rows,
+            batch_size=h,
+            engine=exact_engine,
+            precision=exact,
+            directions_per_pass=len(V),
+            compile=False,
+            group_rows=inputs.rows("audit"),
+        )
+        .quadratic_forms(V64)
+        .tolist()
+    )
+    for record, q, q64 in zip(records, production, float64, strict=True):
         record.update(production=q, float64=q64, relative_error=abs(_relative(q, q64)))
     statistics = _implied_errors(records, (float(g_bar.norm()), float(g_bar64.norm())), (epoch_loss, loss64))
-    return {"reference": f"float64: ḡ and loss over the whole epoch, the audited batch gradients, {exact_engine}-engine forms",
-            "micro_batches": micro, "tokens_audited": int(rows[:, 1:].numel()), "directions": records,
-            "loss": {"production": epoch_loss, "float64": loss64},
-            "full_grad_norm": {"production": float(g_bar.norm()), "float64": float(g_bar64.norm())},
-            "statistics_signed_error": statistics,
-            "statistics_relative_error": {k: None if v is None else abs(v) for k, v in statistics.items()},
-            "max_statistic_relative_error": max((abs(v) for v in statistics.values() if v is not None), default=None),
-            "max_relative_error": max(r["relative_error"] for r in records),
-            "seconds": time.perf_counter() - started}
+    return {
+        "reference": (
+            f"float64: ḡ and loss over the whole epoch, the audited batch gradients, {exact_engine}-engine forms"
+        ),
+        "micro_batches": micro,
+        "tokens_audited": int(rows[:, 1:].numel()),
+        "directions": records,
+        "loss": {"production": epoch_loss, "float64": loss64},
+        "full_grad_norm": {"production": float(g_bar.norm()), "float64": float(g_bar64.norm())},
+        "statistics_signed_error": statistics,
+        "statistics_relative_error": {k: None if v is None else abs(v) for k, v in statistics.items()},
+        "max_statistic_relative_error": max((abs(v) for v in statistics.values() if v is not None), default=None),
+        "max_relative_error": max(r["relative_error"] for r in records),
+        "seconds": time.perf_counter() - started,
+    }
 
 
-def _implied_errors(records: list[dict], grad_norms: tuple[float, float],
-                    losses: tuple[float, float]) -> dict[str, float | None]:
+def _implied_errors(
+    records: list[dict], grad_norms: tuple[float, float], losses: tuple[float, float]
+) -> dict[str, float | None]:
     """Signed relative error of each statistic that the audited (production, float64) pairs imply:
     every statistic built as the job builds it, once from production values and once from float64."""
-    def total(kind: str, pair: Callable[[dict], Any] = lambda r: (r["production"], r["float64"]),
-              ) -> tuple[float, float] | None:
+
+    def total(
+        kind: str,
+        pair: Callable[[dict], Any] = lambda r: (r["production"], r["float64"]),
+    ) -> tuple[float, float] | None:
         """(production, float64) sums over the audited directions of ``kind`` (None if none)."""
         chosen = [pair(r) for r in records if r["kind"] == kind]
         return (math.fsum(v[0] for v in chosen), math.fsum(v[1] for v in chosen)) if chosen else None
@@ -430,9 +539,13 @@ def _implied_errors(records: list[dict], grad_norms: tuple[float, float],
     }
 
 
-def _sampled_gradients(selected: list[int], known: dict[int, tuple[torch.Tensor, float]],
-                       compute: Callable[[int], tuple[torch.Tensor, float]], D: int,
-                       device: torch.device) -> Iterator[tuple[torch.Tensor, float]]:
+def _sampled_gradients(
+    selected: list[int],
+    known: dict[int, tuple[torch.Tensor, float]],
+    compute: Callable[[int], tuple[torch.Tensor, float]],
+    D: int,
+    device: torch.device,
+) -> Iterator[tuple[torch.Tensor, float]]:
     """(gᵢ, loss) of the selected batches in order, ``known`` ones reused. With several ranks, each
     group of N batches is spread over the N ranks and gathered by a float64 sum (every row filled
     by one rank), so at most N gradients are held at once."""
@@ -443,7 +556,7 @@ def _sampled_gradients(selected: list[int], known: dict[int, tuple[torch.Tensor,
         return
     rank = world()[0]
     for start in range(0, len(selected), size):
-        group = selected[start:start + size]
+        group = selected[start : start + size]
         rows = torch.zeros(len(group), D + 1, dtype=torch.float64, device=device)
         if rank < len(group):
             g, loss = known.get(group[rank]) or compute(group[rank])
@@ -454,8 +567,9 @@ def _sampled_gradients(selected: list[int], known: dict[int, tuple[torch.Tensor,
             yield rows[position, :-1], float(rows[position, -1])
 
 
-def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
-                 progress: Callable[[str], None] = log.info) -> dict[str, Any]:
+def measure_case(
+    model: Llama, inputs: CaseInputs, precision: Precision, progress: Callable[[str], None] = log.info
+) -> dict[str, Any]:
     """Every statistic of one (state, case): records, statistics, counts, timing (plain data)."""
     t0 = time.perf_counter()
     flat, plan, cache = FlatParameters(model), inputs.plan, inputs.cache
@@ -472,29 +586,51 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
         a = inputs.audit[0]
         audited_noise = [selected[p] for p in _audit_choice(len(selected), a, inputs.seed, 0)]
         audited_random = _audit_choice(inputs.random_samples, a, inputs.seed, 1)
-        progress(f"precision audit: ḡ and loss in float64, {len(audited_noise)} noise, {len(audited_random)} random "
-                 f"directions and ḡ on {inputs.audit[1]} curvature micro-batches")
-        audit = precision_audit(model, batches, g_bar, epoch_loss, audited_noise, audited_random, inputs, precision,
-                                sampled)
-        progress(f"precision audit: largest implied statistic error {audit['max_statistic_relative_error']:.2e} "
-                 f"({audit['seconds']:.2f} s)")
+        progress(
+            f"precision audit: ḡ and loss in float64, {len(audited_noise)} noise, {len(audited_random)} random "
+            f"directions and ḡ on {inputs.audit[1]} curvature micro-batches"
+        )
+        audit = precision_audit(
+            model, batches, g_bar, epoch_loss, audited_noise, audited_random, inputs, precision, sampled
+        )
+        progress(
+            f"precision audit: largest implied statistic error {audit['max_statistic_relative_error']:.2e} "
+            f"({audit['seconds']:.2f} s)"
+        )
 
     epoch_tokens = torch.cat(batches)
-    operator = EpochHessian(model, epoch_tokens, batch_size=inputs.hvp_batch_size, engine=inputs.engine,
-                            precision=precision, directions_per_pass=inputs.directions_per_pass,
-                            compile=inputs.compile, group_rows=inputs.rows("forms"))
+    operator = EpochHessian(
+        model,
+        epoch_tokens,
+        batch_size=inputs.hvp_batch_size,
+        engine=inputs.engine,
+        precision=precision,
+        directions_per_pass=inputs.directions_per_pass,
+        compile=inputs.compile,
+        group_rows=inputs.rows("forms"),
+    )
     total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
     runner = _DirectionRunner(operator, precision, total, progress)
     noise, random, consensus = [], [], []
     sample_seconds = 0.0
-    gradients = _sampled_gradients(selected, sampled, lambda i: batch_gradient_and_loss(
-        model, flat, batches[i], inputs.gradient_micro_batch, precision), flat.D, precision.device)
+    gradients = _sampled_gradients(
+        selected,
+        sampled,
+        lambda i: batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch, precision),
+        flat.D,
+        precision.device,
+    )
     for i in selected:
         started = time.perf_counter()
         g, batch_loss = next(gradients)
         sample_seconds += time.perf_counter() - started
-        record = {"batch_index": i, "stream_batch": int(plan.stream_batches[i]), "positions": plan.positions(cache, i),
-                  "grad_norm": float(g.norm()), "loss": batch_loss}
+        record = {
+            "batch_index": i,
+            "stream_batch": int(plan.stream_batches[i]),
+            "positions": plan.positions(cache, i),
+            "grad_norm": float(g.norm()),
+            "loss": batch_loss,
+        }
         if inputs.workers > 1:
             record["worker"] = int(plan.stream_batches[i]) % inputs.workers
         noise.append(record)
@@ -502,7 +638,9 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
     for index in range(inputs.random_samples):
         record = {"index": index}
         random.append(record)
-        runner.add(rademacher(flat.D, inputs.seed, index).to(precision.device), record, "curvature", time.perf_counter())
+        runner.add(
+            rademacher(flat.D, inputs.seed, index).to(precision.device), record, "curvature", time.perf_counter()
+        )
     grad_record: dict[str, Any] = {}
     runner.add(g_bar, grad_record, "curvature", time.perf_counter())
     for worker, e in inputs.consensus:
@@ -529,18 +667,36 @@ def measure_case(model: Llama, inputs: CaseInputs, precision: Precision,
         "standard_errors": standard_errors(*arguments),
         "audit": audit,
         "noise_samples": noise,
-        "random_directions": [{"index": r["index"], "curvature": r["curvature"],
-                               **({"gauss_newton": r["gauss_newton"]} if "gauss_newton" in r else {}),
-                               "hvp_seconds": r["hvp_seconds"]} for r in random],
+        "random_directions": [
+            {
+                "index": r["index"],
+                "curvature": r["curvature"],
+                **({"gauss_newton": r["gauss_newton"]} if "gauss_newton" in r else {}),
+                "hvp_seconds": r["hvp_seconds"],
+            }
+            for r in random
+        ],
         "consensus": _consensus_block(consensus) if consensus else None,
-        "counts": {"parameters_D": flat.D, "epoch_batches": n, "epoch_sequences": M,
-                   "epoch_tokens": operator.n_targets, "noise_samples": len(noise),
-                   "random_samples": len(random), "effective_batch_size": B,
-                   "micro_batch_size": inputs.micro_batch_size, "hvp_batch_size": inputs.hvp_batch_size,
-                   "hvp_batches": len(operator.batches), "directions_per_pass": inputs.directions_per_pass,
-                   "hvp_passes": operator.passes, "finite_epoch_correction": (M - 1) / (M - B) if M > B else None},
-        "timing": {"mean_gradient_seconds": t_mean, "sample_gradient_seconds": sample_seconds,
-                   "hvp_seconds": sum(r["hvp_seconds"] for r in noise + random + consensus) + grad_record["hvp_seconds"],
-                   "audit_seconds": audit["seconds"] if audit else 0.0,
-                   "total_seconds": time.perf_counter() - t0},
+        "counts": {
+            "parameters_D": flat.D,
+            "epoch_batches": n,
+            "epoch_sequences": M,
+            "epoch_tokens": operator.n_targets,
+            "noise_samples": len(noise),
+            "random_samples": len(random),
+            "effective_batch_size": B,
+            "micro_batch_size": inputs.micro_batch_size,
+            "hvp_batch_size": inputs.hvp_batch_size,
+            "hvp_batches": len(operator.batches),
+            "directions_per_pass": inputs.directions_per_pass,
+            "hvp_passes": operator.passes,
+            "finite_epoch_correction": (M - 1) / (M - B) if M > B else None,
+        },
+        "timing": {
+            "mean_gradient_seconds": t_mean,
+            "sample_gradient_seconds": sample_seconds,
+            "hvp_seconds": sum(r["hvp_seconds"] for r in noise + random + consensus) + grad_record["hvp_seconds"],
+            "audit_seconds": audit["seconds"] if audit else 0.0,
+            "total_seconds": time.perf_counter() - t0,
+        },
     }

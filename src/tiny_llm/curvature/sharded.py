@@ -85,8 +85,16 @@ class ShardedHessian:
 
     engine = "finite_difference"
 
-    def __init__(self, model: nn.Module, tokens: torch.Tensor, *, batch_size: int, precision: Precision,
-                 fd_scale: float | None = None, progress: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokens: torch.Tensor,
+        *,
+        batch_size: int,
+        precision: Precision,
+        fd_scale: float | None = None,
+        progress: Callable[[str], None] | None = None,
+    ):
         flat = FlatParameters(model)
         self.names, self.D, self._flat = flat.names, flat.D, flat.flatten  # flatten: any tensors, in order
         self.rank, self.ranks = world()
@@ -109,11 +117,11 @@ class ShardedHessian:
 
     def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
         sizes = [self._local(p).numel() for p in self.params]
-        return [piece.view_as(self._local(p)) for piece, p in zip(flat.split(sizes), self.params)]
+        return [piece.view_as(self._local(p)) for piece, p in zip(flat.split(sizes), self.params, strict=True)]
 
     def _my_batches(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's micro-batches, padded with an all-ignored one to the longest rank's count."""
-        mine = batches[self.rank::self.ranks]
+        mine = batches[self.rank :: self.ranks]
         rounds = -(-len(batches) // self.ranks)
         if len(mine) < rounds:
             inputs, targets = batches[0]
@@ -144,12 +152,12 @@ class ShardedHessian:
 
     def _shift(self, step: torch.Tensor) -> None:
         with torch.no_grad():
-            for p, piece in zip(self.params, self._split(step.to(self.precision.dtype))):
+            for p, piece in zip(self.params, self._split(step.to(self.precision.dtype)), strict=True):
                 self._local(p).add_(piece)
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
         with torch.no_grad():
-            for p, value in zip(self.params, saved):
+            for p, value in zip(self.params, saved, strict=True):
                 self._local(p).copy_(value)
 
     def hvp(self, V: torch.Tensor) -> torch.Tensor:
@@ -160,7 +168,7 @@ class ShardedHessian:
         saved = [self._local(p).detach().clone() for p in self.params]
         scale = self.fd_scale * max(1.0, self.theta_norm)
         try:
-            for row, (v, norm) in enumerate(zip(V, norms)):
+            for row, (v, norm) in enumerate(zip(V, norms, strict=True)):
                 if norm == 0:
                     continue
                 started = time.perf_counter()
@@ -175,8 +183,10 @@ class ShardedHessian:
                     self._restore(saved)
                     out[row] += ((plus - minus) / (2 * eps)).double()
                 self.passes += 1
-                self.progress(f"sharded finite-difference pass over {len(self.batches)} micro-batches for direction "
-                              f"{row + 1} of {len(V)} took {time.perf_counter() - started:.2f} s")
+                self.progress(
+                    f"sharded finite-difference pass over {len(self.batches)} micro-batches for direction "
+                    f"{row + 1} of {len(V)} took {time.perf_counter() - started:.2f} s"
+                )
         finally:
             self._restore(saved)
         return out

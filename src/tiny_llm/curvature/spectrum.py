@@ -23,8 +23,18 @@ import torch
 from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.distributed import all_reduce_sum
 
-__all__ = ["Layout", "LanczosResult", "block_diagonal_error", "conjugate_gradient", "lanczos", "layer_blocks",
-           "slq", "slq_density", "tensor_blocks", "top_eigenpairs"]
+__all__ = [
+    "Layout",
+    "LanczosResult",
+    "block_diagonal_error",
+    "conjugate_gradient",
+    "lanczos",
+    "layer_blocks",
+    "slq",
+    "slq_density",
+    "tensor_blocks",
+    "top_eigenpairs",
+]
 
 MatVec = Callable[[torch.Tensor], torch.Tensor]
 
@@ -74,9 +84,17 @@ class LanczosResult:
         return T
 
 
-def lanczos(matvec: MatVec, start: torch.Tensor, steps: int, *, basis_dtype: torch.dtype = torch.float64,
-            reduction_dtype: torch.dtype = torch.float64, breakdown: float = 1e-12,
-            done: Callable[[LanczosResult, float], bool] | None = None, layout: Layout | None = None) -> LanczosResult:
+def lanczos(
+    matvec: MatVec,
+    start: torch.Tensor,
+    steps: int,
+    *,
+    basis_dtype: torch.dtype = torch.float64,
+    reduction_dtype: torch.dtype = torch.float64,
+    breakdown: float = 1e-12,
+    done: Callable[[LanczosResult, float], bool] | None = None,
+    layout: Layout | None = None,
+) -> LanczosResult:
     """Up to ``steps`` Lanczos iterations from ``start`` with full reorthogonalisation.
 
     The basis is stored in ``basis_dtype`` (bf16 saves memory; bf16 Lanczos vectors are known to
@@ -96,7 +114,7 @@ def lanczos(matvec: MatVec, start: torch.Tensor, steps: int, *, basis_dtype: tor
         w = matvec(stored.to(torch.float64).unsqueeze(0))[0].to(reduction_dtype)
         alpha = layout.dots(stored.to(reduction_dtype).unsqueeze(0), w.unsqueeze(0))[0]
         alphas.append(float(alpha))
-        Q = basis[:j + 1].to(reduction_dtype)  # a view when the basis is stored in the reduction dtype
+        Q = basis[: j + 1].to(reduction_dtype)  # a view when the basis is stored in the reduction dtype
         for _ in range(2):  # classical Gram–Schmidt twice is enough (Kahan–Parlett); one reduction a sweep
             w = w - layout.reduce(Q @ w) @ Q
         del Q
@@ -104,13 +122,18 @@ def lanczos(matvec: MatVec, start: torch.Tensor, steps: int, *, basis_dtype: tor
         scale = max(scale, abs(alphas[-1]), beta)
         if j + 1 == steps or beta <= breakdown * max(scale, 1e-300):
             break
-        if done is not None and done(LanczosResult(torch.tensor(alphas, dtype=torch.float64),
-                                                   torch.tensor(betas, dtype=torch.float64), basis[:j + 1]), beta):
+        if done is not None and done(
+            LanczosResult(
+                torch.tensor(alphas, dtype=torch.float64), torch.tensor(betas, dtype=torch.float64), basis[: j + 1]
+            ),
+            beta,
+        ):
             break
         betas.append(beta)
         q = w / beta
-    return LanczosResult(torch.tensor(alphas, dtype=torch.float64), torch.tensor(betas, dtype=torch.float64),
-                         basis[:len(alphas)])
+    return LanczosResult(
+        torch.tensor(alphas, dtype=torch.float64), torch.tensor(betas, dtype=torch.float64), basis[: len(alphas)]
+    )
 
 
 def _wanted(theta: torch.Tensor, kind: str, k: int) -> torch.Tensor:
@@ -118,9 +141,20 @@ def _wanted(theta: torch.Tensor, kind: str, k: int) -> torch.Tensor:
     return torch.argsort(theta if kind == "LA" else theta.abs(), descending=True)[:k]
 
 
-def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0, which: str | tuple[str, ...] = "LA",
-                   basis_dtype: torch.dtype = torch.float64, reduction_dtype: torch.dtype = torch.float64,
-                   device: str | torch.device = "cpu", tolerance: float | None = None, layout: Layout | None = None):
+def top_eigenpairs(
+    matvec: MatVec,
+    D: int,
+    k: int,
+    steps: int,
+    *,
+    seed: int = 0,
+    which: str | tuple[str, ...] = "LA",
+    basis_dtype: torch.dtype = torch.float64,
+    reduction_dtype: torch.dtype = torch.float64,
+    device: str | torch.device = "cpu",
+    tolerance: float | None = None,
+    layout: Layout | None = None,
+):
     """The k largest-algebraic (``LA``) or largest-magnitude (``LM``) eigenpairs from Lanczos.
 
     With ``tolerance``, Lanczos stops as soon as every wanted Ritz pair's residual estimate
@@ -140,12 +174,15 @@ def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0,
         if tolerance is None or len(result.alpha) < k:
             return False
         theta, S = torch.linalg.eigh(result.tridiagonal())
-        return all(bool((beta * S[-1, i].abs() <= tolerance * theta[i].abs()).all())
-                   for i in (_wanted(theta, kind, k) for kind in kinds))
+        return all(
+            bool((beta * S[-1, i].abs() <= tolerance * theta[i].abs()).all())
+            for i in (_wanted(theta, kind, k) for kind in kinds)
+        )
 
     start = layout.local(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))).to(device)
-    result = lanczos(matvec, start, steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype, done=done,
-                     layout=layout)
+    result = lanczos(
+        matvec, start, steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype, done=done, layout=layout
+    )
     theta, S = torch.linalg.eigh(result.tridiagonal())
     pairs = {}
     for kind in kinds:
@@ -155,14 +192,27 @@ def top_eigenpairs(matvec: MatVec, D: int, k: int, steps: int, *, seed: int = 0,
         vectors = (S[:, order].T.to(device, combined) @ result.basis.to(combined)).double()  # (k, D)
         vectors = vectors / layout.norms(vectors)[:, None]
         residuals = layout.norms(matvec(vectors) - values.to(device)[:, None] * vectors).cpu()
-        converged = (residuals <= tolerance * values.abs()) if tolerance is not None else torch.zeros(len(values), dtype=torch.bool)
+        converged = (
+            (residuals <= tolerance * values.abs())
+            if tolerance is not None
+            else torch.zeros(len(values), dtype=torch.bool)
+        )
         pairs[kind] = (values, vectors, residuals, converged)
     return pairs[which] if isinstance(which, str) else pairs
 
 
-def slq(matvec: MatVec, D: int, n_vectors: int, steps: int, *, seed: int = 0,
-        basis_dtype: torch.dtype = torch.float64, reduction_dtype: torch.dtype = torch.float64,
-        device: str | torch.device = "cpu", layout: Layout | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def slq(
+    matvec: MatVec,
+    D: int,
+    n_vectors: int,
+    steps: int,
+    *,
+    seed: int = 0,
+    basis_dtype: torch.dtype = torch.float64,
+    reduction_dtype: torch.dtype = torch.float64,
+    device: str | torch.device = "cpu",
+    layout: Layout | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Stochastic Lanczos quadrature (Ghorbani et al. 2019; Papyan): for each of ``n_vectors``
     Rademacher starts, the Ritz values θ and weights τ² (squared first components of T's
     eigenvectors). Σ_v Σ_i τ²θ^p / n_v estimates tr(H^p)/D."""
@@ -171,8 +221,9 @@ def slq(matvec: MatVec, D: int, n_vectors: int, steps: int, *, seed: int = 0,
     for index in range(n_vectors):
         generator = torch.Generator().manual_seed(seed * 100_003 + index)
         start = layout.local(torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1)
-        result = lanczos(matvec, start.to(device), steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype,
-                         layout=layout)
+        result = lanczos(
+            matvec, start.to(device), steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype, layout=layout
+        )
         theta, S = torch.linalg.eigh(result.tridiagonal())
         nodes.append((theta, S[0] ** 2))
     return nodes
@@ -188,8 +239,15 @@ def slq_density(nodes: list[tuple[torch.Tensor, torch.Tensor]], grid: torch.Tens
     return density / len(nodes)
 
 
-def conjugate_gradient(matvec: MatVec, b: torch.Tensor, damping: float = 0.0, *, rtol: float = 1e-8,
-                       max_iterations: int = 1000, layout: Layout | None = None) -> tuple[torch.Tensor, int, float]:
+def conjugate_gradient(
+    matvec: MatVec,
+    b: torch.Tensor,
+    damping: float = 0.0,
+    *,
+    rtol: float = 1e-8,
+    max_iterations: int = 1000,
+    layout: Layout | None = None,
+) -> tuple[torch.Tensor, int, float]:
     """Solve (H + λI)x = b by conjugate gradients (H + λI must be positive definite on the
     Krylov space); stops when ‖b − (H + λI)x‖ ≤ rtol·‖b‖. Returns (x, iterations, relative residual);
     with a sharded ``layout``, b and x are this rank's parts."""
@@ -197,6 +255,7 @@ def conjugate_gradient(matvec: MatVec, b: torch.Tensor, damping: float = 0.0, *,
 
     def dot(u: torch.Tensor, v: torch.Tensor) -> float:
         return float(layout.dots(u.unsqueeze(0), v.unsqueeze(0))[0])
+
     b = b.to(torch.float64)
     x = torch.zeros_like(b)
     r = b.clone()
@@ -207,8 +266,10 @@ def conjugate_gradient(matvec: MatVec, b: torch.Tensor, damping: float = 0.0, *,
         Ap = matvec(p.unsqueeze(0))[0] + damping * p
         curvature = dot(p, Ap)
         if curvature <= 0:
-            raise ValueError(f"H + {damping}·I is not positive definite along a CG direction "
-                             f"(pᵀ(H + λI)p = {curvature:.3g}); increase the damping")
+            raise ValueError(
+                f"H + {damping}·I is not positive definite along a CG direction "
+                f"(pᵀ(H + λI)p = {curvature:.3g}); increase the damping"
+            )
         step = rr / curvature
         x += step * p
         r -= step * Ap
@@ -223,7 +284,7 @@ def conjugate_gradient(matvec: MatVec, b: torch.Tensor, damping: float = 0.0, *,
 def tensor_blocks(flat: FlatParameters) -> list[tuple[str, slice]]:
     """One block per parameter tensor."""
     blocks, start = [], 0
-    for name, size in zip(flat.names, flat.sizes):
+    for name, size in zip(flat.names, flat.sizes, strict=True):
         blocks.append((name, slice(start, start + size)))
         start += size
     return blocks
@@ -240,8 +301,9 @@ def layer_blocks(flat: FlatParameters) -> list[tuple[str, list[slice]]]:
     return list(groups.items())
 
 
-def block_diagonal_error(matvec: MatVec, V: torch.Tensor, blocks: list[tuple[str, slice | list[slice]]],
-                         layout: Layout | None = None) -> dict:
+def block_diagonal_error(
+    matvec: MatVec, V: torch.Tensor, blocks: list[tuple[str, slice | list[slice]]], layout: Layout | None = None
+) -> dict:
     """How wrong the block-diagonal approximation H_bd is along directions V (K, D).
 
     H_bd v concatenates, for each block b, the block's own HVP restricted to it: (H (P_b v))|_b,

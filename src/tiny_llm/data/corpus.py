@@ -13,18 +13,45 @@ from tiny_llm.config import DataConfig, RunConfig
 from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks, prepare_cache
 from tiny_llm.io import local_directory, sha256_file
 
-__all__ = ["BYTE_TOKENIZER", "DEMO_GENERATOR_VERSION", "TOKENIZER_FILES", "byte_tokenizer", "default_capacity",
-           "demo_corpus", "describe_tokenizer", "prepare_source_cache", "read_text_files", "read_token_files",
-           "read_tokenizer", "same_tokenizer", "tokenizer_files", "write_hf_tokenizer"]
+__all__ = [
+    "BYTE_TOKENIZER",
+    "DEMO_GENERATOR_VERSION",
+    "TOKENIZER_FILES",
+    "byte_tokenizer",
+    "default_capacity",
+    "demo_corpus",
+    "describe_tokenizer",
+    "prepare_source_cache",
+    "read_text_files",
+    "read_token_files",
+    "read_tokenizer",
+    "same_tokenizer",
+    "tokenizer_files",
+    "write_hf_tokenizer",
+]
 
 BYTE_TOKENIZER = {"type": "byte", "vocab_size": 256, "description": "UTF-8 bytes; token id = byte value"}
 DEMO_GENERATOR_VERSION = 1
 
 _NAMES = ["ada", "bo", "cy", "di", "eli", "fay", "gus", "hana", "ivo", "jo"]
-_NOUNS = {"cat": "animal", "dog": "animal", "fox": "animal", "owl": "animal", "apple": "food",
-          "bread": "food", "soup": "food", "plum": "food", "book": "thing", "lamp": "thing", "cup": "thing"}
-_VERBS = {"animal": ["sees", "chases", "feeds", "hears"], "food": ["eats", "cooks", "buys", "tastes"],
-          "thing": ["reads", "finds", "holds", "moves"]}
+_NOUNS = {
+    "cat": "animal",
+    "dog": "animal",
+    "fox": "animal",
+    "owl": "animal",
+    "apple": "food",
+    "bread": "food",
+    "soup": "food",
+    "plum": "food",
+    "book": "thing",
+    "lamp": "thing",
+    "cup": "thing",
+}
+_VERBS = {
+    "animal": ["sees", "chases", "feeds", "hears"],
+    "food": ["eats", "cooks", "buys", "tastes"],
+    "thing": ["reads", "finds", "holds", "moves"],
+}
 _ADJECTIVES = ["red", "small", "big", "old", "quick", "lazy", "warm", "green"]
 _PLACES = ["in the garden", "at home", "by the river", "on the hill", "in town"]
 
@@ -69,8 +96,17 @@ def demo_corpus(n_tokens: int, seed: int) -> np.ndarray:
     return np.frombuffer("".join(parts).encode("ascii")[:n_tokens], dtype=np.uint8).copy()
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+)
 """The files of a Hugging Face tokenizer (what ``save_pretrained`` writes); a model directory's
 other files (weights, optimizer state) are not the tokenizer's."""
 
@@ -91,22 +127,30 @@ def read_tokenizer(directory: str | Path) -> tuple[Any, dict]:
         ValueError: not a local directory (a hub id is refused with how to fetch it), no
             tokenizer.json, or one that tokenizers cannot read (corrupt, truncated).
     """
-    from tokenizers import Tokenizer  # noqa: PLC0415 - only for --tokenizer (it comes with transformers)
+    from tokenizers import Tokenizer
 
     path = local_directory(directory, "tokenizer")
     if not (path / "tokenizer.json").exists():
-        raise ValueError(f"tokenizer {path} has no tokenizer.json; save a fast tokenizer there "
-                         "(AutoTokenizer.from_pretrained(...).save_pretrained(DIR), or tokenizers' Tokenizer.save)")
+        raise ValueError(
+            f"tokenizer {path} has no tokenizer.json; save a fast tokenizer there "
+            "(AutoTokenizer.from_pretrained(...).save_pretrained(DIR), or tokenizers' Tokenizer.save)"
+        )
     try:
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     except Exception as error:  # tokenizers raises its own Exception for any unreadable file
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"{path / 'tokenizer.json'} cannot be read as a tokenizer ({first[:200]}); is it truncated? "
-                         "save the tokenizer again") from None
-    return tokenizer, {"type": "huggingface", "name": path.name, "path": str(path.resolve()),
-                       "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True), "files": tokenizer_files(path),
-                       "description": "tokenizer.json of a Hugging Face tokenizer; each file encoded whole, "
-                                      "no special tokens added"}
+        raise ValueError(
+            f"{path / 'tokenizer.json'} cannot be read as a tokenizer ({first[:200]}); is it truncated? "
+            "save the tokenizer again"
+        ) from None
+    return tokenizer, {
+        "type": "huggingface",
+        "name": path.name,
+        "path": str(path.resolve()),
+        "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
+        "files": tokenizer_files(path),
+        "description": "tokenizer.json of a Hugging Face tokenizer; each file encoded whole, no special tokens added",
+    }
 
 
 def same_tokenizer(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
@@ -132,7 +176,7 @@ def describe_tokenizer(record: dict[str, Any] | None) -> str:
 def byte_tokenizer() -> Any:
     """A ``tokenizers`` tokenizer whose ids are the UTF-8 byte values (this project's byte-level
     encoding): byte-level pre-tokenisation, a vocabulary of the 256 byte symbols, no merges."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     symbols = pre_tokenizers.ByteLevel.alphabet()
     table = _bytes_to_unicode()
@@ -146,8 +190,9 @@ def byte_tokenizer() -> Any:
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's printable stand-in for each byte (what byte-level pre-tokenisation maps bytes to)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -174,14 +219,25 @@ def write_hf_tokenizer(directory: Path, record: dict[str, Any] | None, vocab_siz
         for name in files:
             shutil.copyfile(source / name, directory / name)
         if "tokenizer_config.json" not in files:
-            (directory / "tokenizer_config.json").write_text(json.dumps(
-                {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1_000_000}, indent=2) + "\n")
+            (directory / "tokenizer_config.json").write_text(
+                json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1_000_000}, indent=2)
+                + "\n"
+            )
         return True
     if record and record.get("type") == "byte":
         byte_tokenizer().save(str(directory / "tokenizer.json"))
-        (directory / "tokenizer_config.json").write_text(json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1_000_000, "clean_up_tokenization_spaces":
-             False, "description": "UTF-8 bytes; token id = byte value"}, indent=2) + "\n")
+        (directory / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "model_max_length": 1_000_000,
+                    "clean_up_tokenization_spaces": False,
+                    "description": "UTF-8 bytes; token id = byte value",
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         return True
     return False
 
@@ -229,24 +285,38 @@ def read_token_files(paths: list[Path], dtype: str, vocab_size: int) -> tuple[li
         else:
             itemsize = np.dtype(dtype).itemsize
             if path.stat().st_size % itemsize:
-                raise ValueError(f"token file {path}: size {path.stat().st_size} bytes is not a multiple of "
-                                 f"{itemsize} ({dtype}); is --token-dtype right?")
+                raise ValueError(
+                    f"token file {path}: size {path.stat().st_size} bytes is not a multiple of "
+                    f"{itemsize} ({dtype}); is --token-dtype right?"
+                )
             array = np.fromfile(path, dtype=np.dtype(dtype).newbyteorder("<"))
         if array.ndim != 1 or array.dtype.kind not in "iu":
             raise ValueError(f"token file {path}: expected a 1-D integer array, got {array.dtype} {array.shape}")
         if array.size and (array.min() < 0 or array.max() >= vocab_size):
-            raise ValueError(f"token file {path}: ids must lie in [0, {vocab_size}) (--vocab-size), "
-                             f"found [{array.min()}, {array.max()}]")
+            raise ValueError(
+                f"token file {path}: ids must lie in [0, {vocab_size}) (--vocab-size), "
+                f"found [{array.min()}, {array.max()}]"
+            )
         segments.append(array.astype(np.int64))
         records.append({"path": str(path), "tokens": int(array.size), "sha256": sha256_file(path)})
     return segments, records
 
 
-def prepare_source_cache(data: DataConfig, source: str, inputs: list[Path] | None = None, *,
-                         capacity: int | None = None, out: str | Path | None = None, demo_seed: int = 0,
-                         shard_tokens: int = 1 << 20, token_dtype: str = "uint16", vocab_size: int = 256,
-                         tokenizer_description: str = "", keep_order: bool = False,
-                         tokenizer_dir: str | Path | None = None) -> Path:
+def prepare_source_cache(
+    data: DataConfig,
+    source: str,
+    inputs: list[Path] | None = None,
+    *,
+    capacity: int | None = None,
+    out: str | Path | None = None,
+    demo_seed: int = 0,
+    shard_tokens: int = 1 << 20,
+    token_dtype: str = "uint16",
+    vocab_size: int = 256,
+    tokenizer_description: str = "",
+    keep_order: bool = False,
+    tokenizer_dir: str | Path | None = None,
+) -> Path:
     """Prepare the cache ``data`` describes from ``source`` demo | text | tokens.
 
     Text is byte-tokenised, or encoded with the Hugging Face tokenizer in ``tokenizer_dir``
@@ -291,10 +361,19 @@ def prepare_source_cache(data: DataConfig, source: str, inputs: list[Path] | Non
         provenance = {"kind": source, "files": files}
     else:
         raise ValueError(f"source: expected one of 'demo', 'text', 'tokens', got {source!r}")
-    return prepare_cache(out or data.cache, segments, tokenizer=tokenizer, vocab_size=vocab, seq_len=data.seq_len,
-                         shuffle_group_blocks=data.shuffle_group_blocks, data_seed=data.seed,
-                         prepare_train_tokens=capacity, shard_blocks=max(1, shard_tokens // data.seq_len),
-                         source=provenance, keep_order=keep_order)
+    return prepare_cache(
+        out or data.cache,
+        segments,
+        tokenizer=tokenizer,
+        vocab_size=vocab,
+        seq_len=data.seq_len,
+        shuffle_group_blocks=data.shuffle_group_blocks,
+        data_seed=data.seed,
+        prepare_train_tokens=capacity,
+        shard_blocks=max(1, shard_tokens // data.seq_len),
+        source=provenance,
+        keep_order=keep_order,
+    )
 
 
 def default_capacity(config: RunConfig) -> int:

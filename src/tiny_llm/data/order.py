@@ -51,13 +51,16 @@ def order_report(cache: TokenCache, plan: BatchPlan) -> dict[str, Any]:
     B = plan.blocks.shape[1]
     histogram = np.histogram(position, bins=HISTOGRAM_BINS, range=(0.0, 1.0))[0] / position.size
     fractions = np.bincount(rows[..., 0].ravel(), minlength=len(lengths)) / position.size
-    return {"shuffled": cache.shuffled, "sources": int(len(lengths)),
-            "batch_span": {"median": float(np.median(span)), "min": float(span.min())},
-            "random_batch_span": (B - 1) / (B + 1),
-            "sources_per_batch": {"mean": float(per_batch.mean()), "min": int(per_batch.min())},
-            "position_range": [float(position.min()), float(position.max())],
-            "position_histogram": [round(float(x), 6) for x in histogram],
-            "source_fractions": [round(float(x), 6) for x in fractions]}
+    return {
+        "shuffled": cache.shuffled,
+        "sources": int(len(lengths)),
+        "batch_span": {"median": float(np.median(span)), "min": float(span.min())},
+        "random_batch_span": (B - 1) / (B + 1),
+        "sources_per_batch": {"mean": float(per_batch.mean()), "min": int(per_batch.min())},
+        "position_range": [float(position.min()), float(position.max())],
+        "position_histogram": [round(float(x), 6) for x in histogram],
+        "source_fractions": [round(float(x), 6) for x in fractions],
+    }
 
 
 def order_warnings(reports: dict[str, dict[str, Any]]) -> list[str]:
@@ -69,20 +72,28 @@ def order_warnings(reports: dict[str, dict[str, Any]]) -> list[str]:
             continue
         random_span = report["random_batch_span"]
         if random_span > 0 and report["batch_span"]["median"] < CONTIGUOUS_FRACTION * random_span:
-            warnings.append(f"{case}: batches are contiguous passages (median span {report['batch_span']['median']:.3f} "
-                            f"of the sources, a random batch spans {random_span:.3f}); B_noise and the other batch "
-                            "statistics mix a change of text with sampling noise. Prepare the cache shuffled "
-                            "(the default; cache_order: shuffle)")
+            warnings.append(
+                f"{case}: batches are contiguous passages (median span {report['batch_span']['median']:.3f} "
+                f"of the sources, a random batch spans {random_span:.3f}); B_noise and the other batch "
+                "statistics mix a change of text with sampling noise. Prepare the cache shuffled "
+                "(the default; cache_order: shuffle)"
+            )
         missing = [i for i, f in enumerate(report["source_fractions"]) if f == 0]
         if missing and report["sources"] > 1:
-            warnings.append(f"{case}: draws nothing from {len(missing)} of the {report['sources']} source files "
-                            f"(e.g. file {missing[0]})")
+            warnings.append(
+                f"{case}: draws nothing from {len(missing)} of the {report['sources']} source files "
+                f"(e.g. file {missing[0]})"
+            )
     seen, unseen = reports.get("seen"), reports.get("unseen")
     if seen and unseen:
-        distance = 0.5 * sum(abs(a - b) for a, b in zip(seen["position_histogram"], unseen["position_histogram"]))
+        distance = 0.5 * sum(
+            abs(a - b) for a, b in zip(seen["position_histogram"], unseen["position_histogram"], strict=True)
+        )
         if distance > DISJOINT_DISTANCE:
-            warnings.append(f"seen and unseen come from different parts of the sources (seen spans "
-                            f"{seen['position_range'][0]:.2f}–{seen['position_range'][1]:.2f}, unseen "
-                            f"{unseen['position_range'][0]:.2f}–{unseen['position_range'][1]:.2f}; distance "
-                            f"{distance:.2f}); seen − unseen mixes a change of text with generalisation")
+            warnings.append(
+                f"seen and unseen come from different parts of the sources (seen spans "
+                f"{seen['position_range'][0]:.2f}–{seen['position_range'][1]:.2f}, unseen "
+                f"{unseen['position_range'][0]:.2f}–{unseen['position_range'][1]:.2f}; distance "
+                f"{distance:.2f}); seen − unseen mixes a change of text with generalisation"
+            )
     return warnings

@@ -95,6 +95,7 @@ def group_permutation(seed: int, stream: int, group: int, size: int) -> np.ndarr
 
 # --- the cache ---------------------------------------------------------------------------------
 
+
 class TokenCache:
     """Read-only view of a prepared cache: shards as memmaps, global block numbering."""
 
@@ -109,11 +110,17 @@ class TokenCache:
             raise ValueError(f"{meta_path} is not valid JSON ({error}); prepare the cache again") from None
         if not isinstance(self.meta, dict) or self.meta.get("format") not in READ_FORMATS:
             found = self.meta.get("format") if isinstance(self.meta, dict) else None
-            raise ValueError(f"{meta_path}: unsupported cache format {found!r} (this version reads "
-                             f"{', '.join(map(str, READ_FORMATS))})")
+            raise ValueError(
+                f"{meta_path}: unsupported cache format {found!r} (this version reads "
+                f"{', '.join(map(str, READ_FORMATS))})"
+            )
         missing = [key for key in _META_KEYS if key not in self.meta]
-        missing += [f"shards[{i}].{key}" for i, entry in enumerate(self.meta.get("shards") or [])
-                    for key in ("file", "tokens", "sha256") if not isinstance(entry, dict) or key not in entry]
+        missing += [
+            f"shards[{i}].{key}"
+            for i, entry in enumerate(self.meta.get("shards") or [])
+            for key in ("file", "tokens", "sha256")
+            if not isinstance(entry, dict) or key not in entry
+        ]
         if missing:
             raise ValueError(f"{meta_path} lacks {', '.join(missing)}; prepare the cache again")
         self.seq_len: int = self.meta["seq_len"]
@@ -128,8 +135,10 @@ class TokenCache:
         expected = entry["tokens"] * self.dtype.itemsize
         if not file.exists() or file.stat().st_size != expected:
             size = file.stat().st_size if file.exists() else "missing"
-            raise ValueError(f"cache shard {file} is truncated or missing ({size} bytes, expected {expected}); "
-                             "prepare the cache again")
+            raise ValueError(
+                f"cache shard {file} is truncated or missing ({size} bytes, expected {expected}); "
+                "prepare the cache again"
+            )
         return np.memmap(file, dtype=self.dtype, mode="r")
 
     @property
@@ -162,8 +171,10 @@ class TokenCache:
             return np.stack([np.zeros_like(blocks), blocks * self.seq_len], axis=1), np.array([total])
         table = np.load(self.path / BLOCK_SOURCES, allow_pickle=False)
         if table.shape != (self.n_blocks, 2):
-            raise ValueError(f"{self.path / BLOCK_SOURCES} describes {table.shape[0]} blocks but the cache holds "
-                             f"{self.n_blocks}; prepare the cache again")
+            raise ValueError(
+                f"{self.path / BLOCK_SOURCES} describes {table.shape[0]} blocks but the cache holds "
+                f"{self.n_blocks}; prepare the cache again"
+            )
         return table.astype(np.int64), np.asarray(self.meta["source_tokens"], dtype=np.int64)
 
     def tokens(self, blocks: np.ndarray | list[int]) -> torch.Tensor:
@@ -171,7 +182,7 @@ class TokenCache:
         rows = []
         for block in blocks:
             shard, offset = self.position(int(block))
-            rows.append(np.asarray(self.shards[shard][offset:offset + self.seq_len + 1], dtype=np.int64))
+            rows.append(np.asarray(self.shards[shard][offset : offset + self.seq_len + 1], dtype=np.int64))
         return torch.from_numpy(np.stack(rows))
 
     def verify(self, vocab_size: int) -> None:
@@ -190,7 +201,7 @@ class TokenCache:
         except (OSError, ValueError):
             record = {}
         changed = False
-        for entry, shard in zip(self.meta["shards"], self.shards):
+        for entry, shard in zip(self.meta["shards"], self.shards, strict=True):
             file = self.path / entry["file"]
             stat = file.stat()
             stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": entry["sha256"]}
@@ -198,15 +209,19 @@ class TokenCache:
             if not isinstance(known, dict) or {k: known.get(k) for k in stamp} != stamp or "max_token" not in known:
                 digest = sha256_file(file)
                 if digest != entry["sha256"]:
-                    raise ValueError(f"cache shard {file} changed after preparation (sha256 {digest[:16]}…, "
-                                     f"{self.path / 'meta.json'} records {entry['sha256'][:16]}…); prepare the "
-                                     "cache again")
+                    raise ValueError(
+                        f"cache shard {file} changed after preparation (sha256 {digest[:16]}…, "
+                        f"{self.path / 'meta.json'} records {entry['sha256'][:16]}…); prepare the "
+                        "cache again"
+                    )
                 known = record[entry["file"]] = {**stamp, "max_token": int(shard.max()) if len(shard) else -1}
                 changed = True
             if known["max_token"] >= vocab_size:
-                raise ValueError(f"cache shard {file} holds token id {known['max_token']}, beyond model.vocab_size="
-                                 f"{vocab_size}; set model.vocab_size > {known['max_token']} or prepare the cache "
-                                 "with a tokenizer of this vocabulary")
+                raise ValueError(
+                    f"cache shard {file} holds token id {known['max_token']}, beyond model.vocab_size="
+                    f"{vocab_size}; set model.vocab_size > {known['max_token']} or prepare the cache "
+                    "with a tokenizer of this vocabulary"
+                )
         if changed:
             with contextlib.suppress(OSError):  # a read-only cache is verified again next time
                 atomic_write_json(record_path, record)
@@ -216,15 +231,20 @@ class TokenCache:
         after preparation (``verify``)."""
         for key, want in (("seq_len", config.data.seq_len), ("shuffle_group_blocks", config.data.shuffle_group_blocks)):
             if self.meta[key] != want:
-                raise ValueError(f"cache {self.path} was prepared with {key}={self.meta[key]} but data.{key}={want}; "
-                                 "prepare a cache for this configuration (tiny-llm prepare-data --config ...)")
+                raise ValueError(
+                    f"cache {self.path} was prepared with {key}={self.meta[key]} but data.{key}={want}; "
+                    "prepare a cache for this configuration (tiny-llm prepare-data --config ...)"
+                )
         if self.vocab_size > config.model.vocab_size:
-            raise ValueError(f"cache {self.path} has vocab_size={self.vocab_size} but model.vocab_size="
-                             f"{config.model.vocab_size}; set model.vocab_size >= {self.vocab_size}")
+            raise ValueError(
+                f"cache {self.path} has vocab_size={self.vocab_size} but model.vocab_size="
+                f"{config.model.vocab_size}; set model.vocab_size >= {self.vocab_size}"
+            )
         self.verify(config.model.vocab_size)
 
 
 # --- capacity ----------------------------------------------------------------------------------
+
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
@@ -256,13 +276,16 @@ def check_capacity(cache: TokenCache, config: RunConfig, need: str = "train") ->
     if cache.n_blocks < blocks:
         tokens = capacity_blocks(config)["unseen"] * config.data.seq_len
         what = "training" if need == "train" else "training plus one unseen epoch"
-        raise ValueError(f"cache {cache.path} holds {cache.n_blocks} blocks but {what} needs {blocks}; "
-                         f"prepare a new cache with data.prepare_train_tokens={tokens} (tiny-llm prepare-data "
-                         f"--config RUN.yaml --set data.prepare_train_tokens={tokens} --out NEW_CACHE --source "
-                         "text|tokens FILES...), or, if the corpus is too small for that, lower training.tokens")
+        raise ValueError(
+            f"cache {cache.path} holds {cache.n_blocks} blocks but {what} needs {blocks}; "
+            f"prepare a new cache with data.prepare_train_tokens={tokens} (tiny-llm prepare-data "
+            f"--config RUN.yaml --set data.prepare_train_tokens={tokens} --out NEW_CACHE --source "
+            "text|tokens FILES...), or, if the corpus is too small for that, lower training.tokens"
+        )
 
 
 # --- batch plans -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class BatchPlan:
@@ -289,8 +312,9 @@ class BatchPlan:
         return BatchPlan(f"{self.name}/worker-{worker:03d}", self.blocks[keep], self.stream_batches[keep])
 
 
-def stream_batches(config: RunConfig, first: int, count: int, stream: int = TRAIN_STREAM,
-                   start_block: int = 0) -> np.ndarray:
+def stream_batches(
+    config: RunConfig, first: int, count: int, stream: int = TRAIN_STREAM, start_block: int = 0
+) -> np.ndarray:
     """Block ids (count, B) of stream batches ``[first, first + count)``."""
     G, B, seed = config.data.shuffle_group_blocks, config.training.batch_size, config.data.seed
     positions = np.arange(first * B, (first + count) * B, dtype=np.int64)
@@ -332,24 +356,31 @@ def offset_plan(config: RunConfig, cache: TokenCache, offset: int, key: str = "d
         raise ValueError(f"{key}: expected a batch offset ≥ 0, got {offset}")
     last = (offset + S) * B
     if last > cache.n_blocks:
-        raise ValueError(f"{key}={offset}: the offset epoch ({S} batches of {B} sequences) ends at block {last}, "
-                         f"past the {cache.n_blocks} blocks of cache {cache.path}; lower {key} to at most "
-                         f"{max(cache.n_blocks // B - S, 0)}, or the epoch (training.tokens / training.epochs)")
+        raise ValueError(
+            f"{key}={offset}: the offset epoch ({S} batches of {B} sequences) ends at block {last}, "
+            f"past the {cache.n_blocks} blocks of cache {cache.path}; lower {key} to at most "
+            f"{max(cache.n_blocks // B - S, 0)}, or the epoch (training.tokens / training.epochs)"
+        )
     blocks = np.arange(offset * B, last, dtype=np.int64).reshape(S, B)
     return BatchPlan(f"offset-{offset}", blocks, np.arange(offset, offset + S, dtype=np.int64))
 
 
 # --- preparation -------------------------------------------------------------------------------
 
+
 def _source_blocks(segments: list[np.ndarray], seq_len: int) -> np.ndarray:
     """Every block the sources hold, in source order: rows ``(source, token offset)``."""
-    rows = [np.stack([np.full(n, i, dtype=np.int64), np.arange(n, dtype=np.int64) * seq_len], axis=1)
-            for i, segment in enumerate(segments) if (n := max(len(segment) - 1, 0) // seq_len)]
+    rows = [
+        np.stack([np.full(n, i, dtype=np.int64), np.arange(n, dtype=np.int64) * seq_len], axis=1)
+        for i, segment in enumerate(segments)
+        if (n := max(len(segment) - 1, 0) // seq_len)
+    ]
     return np.concatenate(rows) if rows else np.zeros((0, 2), dtype=np.int64)
 
 
-def _select_blocks(segments: list[np.ndarray], seq_len: int, blocks: int | None, G: int, shuffle_seed: int | None,
-                   what: str) -> np.ndarray:
+def _select_blocks(
+    segments: list[np.ndarray], seq_len: int, blocks: int | None, G: int, shuffle_seed: int | None, what: str
+) -> np.ndarray:
     """The ``(source, offset)`` rows of the cache's blocks in cache order: all blocks of the
     sources, permuted with ``shuffle_seed`` (None keeps source order), then the first ``blocks``
     (None: every whole shuffle group)."""
@@ -359,32 +390,41 @@ def _select_blocks(segments: list[np.ndarray], seq_len: int, blocks: int | None,
         blocks = available // G * G
     if available < blocks or blocks == 0:
         need = max(blocks, G)
-        raise ValueError(f"{what} holds {available} blocks of {seq_len + 1} tokens ({available * seq_len:,} tokens) "
-                         f"but the cache needs {need} ({need * seq_len:,} tokens); supply more data, or lower "
-                         "data.prepare_train_tokens and with it training.tokens")
+        raise ValueError(
+            f"{what} holds {available} blocks of {seq_len + 1} tokens ({available * seq_len:,} tokens) "
+            f"but the cache needs {need} ({need * seq_len:,} tokens); supply more data, or lower "
+            "data.prepare_train_tokens and with it training.tokens"
+        )
     if shuffle_seed is not None:
         table = table[group_permutation(shuffle_seed, PREPARE_STREAM, 0, available)]
     return table[:blocks]
 
 
-def _write_shards(folder: Path, segments: list[np.ndarray], table: np.ndarray, seq_len: int, shard_blocks: int,
-                  dtype: np.dtype, shuffled: bool) -> list[dict]:
+def _write_shards(
+    folder: Path,
+    segments: list[np.ndarray],
+    table: np.ndarray,
+    seq_len: int,
+    shard_blocks: int,
+    dtype: np.dtype,
+    shuffled: bool,
+) -> list[dict]:
     """Write the blocks ``table`` names as shards of at most ``shard_blocks`` blocks. In source order
     a shard is one stretch of a source (blocks share their lookahead, a new shard starts where a
     source does); shuffled, every block is written with its own lookahead token."""
     runs: list[np.ndarray] = []
     if shuffled:
         for first in range(0, len(table), shard_blocks):
-            rows = table[first:first + shard_blocks]
-            runs.append(np.concatenate([segments[i][o:o + seq_len + 1] for i, o in rows]))
+            rows = table[first : first + shard_blocks]
+            runs.append(np.concatenate([segments[i][o : o + seq_len + 1] for i, o in rows]))
     else:
         first = 0
         while first < len(table):
             source, offset = table[first]
             n = 1
-            while (n < shard_blocks and first + n < len(table) and table[first + n, 0] == source):
+            while n < shard_blocks and first + n < len(table) and table[first + n, 0] == source:
                 n += 1
-            runs.append(segments[source][offset:offset + n * seq_len + 1])
+            runs.append(segments[source][offset : offset + n * seq_len + 1])
             first += n
     entries = []
     for i, run in enumerate(runs):
@@ -397,9 +437,20 @@ def _write_shards(folder: Path, segments: list[np.ndarray], table: np.ndarray, s
     return entries
 
 
-def prepare_cache(out: str | Path, segments: list[np.ndarray], *, tokenizer: dict, vocab_size: int,
-                  seq_len: int, shuffle_group_blocks: int, data_seed: int, prepare_train_tokens: int | None,
-                  shard_blocks: int, source: dict, keep_order: bool = False) -> Path:
+def prepare_cache(
+    out: str | Path,
+    segments: list[np.ndarray],
+    *,
+    tokenizer: dict,
+    vocab_size: int,
+    seq_len: int,
+    shuffle_group_blocks: int,
+    data_seed: int,
+    prepare_train_tokens: int | None,
+    shard_blocks: int,
+    source: dict,
+    keep_order: bool = False,
+) -> Path:
     """Write a cache atomically: shards, the block map and meta.json go to a temporary folder
     renamed onto ``out``.
 
@@ -414,22 +465,39 @@ def prepare_cache(out: str | Path, segments: list[np.ndarray], *, tokenizer: dic
     out = Path(out)
     G = shuffle_group_blocks
     blocks = None if prepare_train_tokens is None else blocks_for_tokens(prepare_train_tokens, seq_len, G)
-    order = ({"shuffled": False} if keep_order else
-             {"shuffled": True, "unit": "block", "seed": data_seed, "stream": PREPARE_STREAM})
-    settings = {"vocab_size": vocab_size, "seq_len": seq_len, "shuffle_group_blocks": G, "data_seed": data_seed,
-                "prepare_train_tokens": prepare_train_tokens, "tokenizer": tokenizer, "source": source, "order": order}
+    order = (
+        {"shuffled": False}
+        if keep_order
+        else {"shuffled": True, "unit": "block", "seed": data_seed, "stream": PREPARE_STREAM}
+    )
+    settings = {
+        "vocab_size": vocab_size,
+        "seq_len": seq_len,
+        "shuffle_group_blocks": G,
+        "data_seed": data_seed,
+        "prepare_train_tokens": prepare_train_tokens,
+        "tokenizer": tokenizer,
+        "source": source,
+        "order": order,
+    }
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()  # an empty folder (Snakemake makes output folders before the job runs)
     if out.exists():
         meta_path = out / "meta.json"
         old = json.loads(meta_path.read_text()) if meta_path.exists() else None
-        if old is not None and all(old.get(k) == v for k, v in settings.items()) and old.get("shard_blocks") == shard_blocks:
+        if (
+            old is not None
+            and all(old.get(k) == v for k, v in settings.items())
+            and old.get("shard_blocks") == shard_blocks
+        ):
             TokenCache(out)  # verifies shard sizes
             return out
         differ = sorted(k for k, v in settings.items() if old is not None and old.get(k) != v)
-        raise ValueError(f"{out} already exists with other contents or settings"
-                         f"{' (' + ', '.join(differ) + ')' if differ else ''}; choose a new cache directory or "
-                         "remove the old one")
+        raise ValueError(
+            f"{out} already exists with other contents or settings"
+            f"{' (' + ', '.join(differ) + ')' if differ else ''}; choose a new cache directory or "
+            "remove the old one"
+        )
     what = "the demo source" if source.get("kind") == "demo" else "the source"
     table = _select_blocks(segments, seq_len, blocks, G, None if keep_order else data_seed, what)
     dtype = np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
@@ -439,10 +507,16 @@ def prepare_cache(out: str | Path, segments: list[np.ndarray], *, tokenizer: dic
             np.save(handle, table, allow_pickle=False)
             handle.flush()
             os.fsync(handle.fileno())
-        meta = {"format": CACHE_FORMAT, **settings, "dtype": dtype.name, "shard_blocks": shard_blocks,
-                "block_stride": seq_len if keep_order else seq_len + 1, "blocks": int(len(table)),
-                "source_tokens": [int(len(segment)) for segment in segments],
-                "block_sources": {"file": BLOCK_SOURCES, "sha256": sha256_file(tmp / BLOCK_SOURCES)},
-                "shards": entries}
+        meta = {
+            "format": CACHE_FORMAT,
+            **settings,
+            "dtype": dtype.name,
+            "shard_blocks": shard_blocks,
+            "block_stride": seq_len if keep_order else seq_len + 1,
+            "blocks": int(len(table)),
+            "source_tokens": [int(len(segment)) for segment in segments],
+            "block_sources": {"file": BLOCK_SOURCES, "sha256": sha256_file(tmp / BLOCK_SOURCES)},
+            "shards": entries,
+        }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     return out

@@ -39,16 +39,25 @@ from tiny_llm.curvature.spectrum import top_eigenpairs
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, unseen_plan
 from tiny_llm.geometry import metrics as geometry
 from tiny_llm.io import atomic_path, atomic_write_json
+from tiny_llm.layout import RESOLVED, TRAIN_LOG
 from tiny_llm.model.architectures import build_model
 from tiny_llm.provenance import canonical_hash, source_hash
 from tiny_llm.runtime import resolve_device
 from tiny_llm.workers.state import AnalysisSettings, load_state, resolve_checkpoints
-from tiny_llm.layout import RESOLVED, TRAIN_LOG
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GeometrySettings", "as_analysis_settings", "compare", "geometry_settings_from_dict", "make_reference",
-           "measure_checkpoint", "measurement_seconds", "measurement_work", "write_comparison"]
+__all__ = [
+    "GeometrySettings",
+    "as_analysis_settings",
+    "compare",
+    "geometry_settings_from_dict",
+    "make_reference",
+    "measure_checkpoint",
+    "measurement_seconds",
+    "measurement_work",
+    "write_comparison",
+]
 
 
 @dataclass(frozen=True)
@@ -97,8 +106,14 @@ class GeometrySettings:
     """float64 or float32."""
 
     def __post_init__(self):
-        for name in ("reference_rows", "cov_batch_size", "top_k", "hutchinson_samples", "lanczos_steps",
-                     "hvp_batch_size"):
+        for name in (
+            "reference_rows",
+            "cov_batch_size",
+            "top_k",
+            "hutchinson_samples",
+            "lanczos_steps",
+            "hvp_batch_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.lanczos_tolerance is not None and not self.lanczos_tolerance > 0:
@@ -128,9 +143,14 @@ def geometry_settings_from_dict(data: dict[str, Any] | None) -> GeometrySettings
 def as_analysis_settings(settings: GeometrySettings) -> AnalysisSettings:
     """The analysis setup whose timing entry prices a measurement: its device, precision, curvature
     micro-batch and the directions a Hutchinson pass carries (exact quadratic forms, adjoint)."""
-    return AnalysisSettings(device=settings.device, dtype=settings.dtype, hvp_batch_size=settings.hvp_batch_size,
-                            directions_per_pass=min(settings.hutchinson_samples, 8), engine="adjoint",
-                            compile_hvp=False)
+    return AnalysisSettings(
+        device=settings.device,
+        dtype=settings.dtype,
+        hvp_batch_size=settings.hvp_batch_size,
+        directions_per_pass=min(settings.hutchinson_samples, 8),
+        engine="adjoint",
+        compile_hvp=False,
+    )
 
 
 def measurement_work(config: RunConfig, settings: GeometrySettings) -> dict[str, int]:
@@ -141,22 +161,33 @@ def measurement_work(config: RunConfig, settings: GeometrySettings) -> dict[str,
     mb = config.training.micro_batch_size
     reference = math.ceil(settings.reference_rows / mb)
     per_batch = math.ceil(settings.cov_batch_size / mb)
-    gradient = (reference + settings.cov_num_batches * per_batch + settings.cov_num_batches * reference
-                + reference + settings.hutchinson_samples * reference)
+    gradient = (
+        reference
+        + settings.cov_num_batches * per_batch
+        + settings.cov_num_batches * reference
+        + reference
+        + settings.hutchinson_samples * reference
+    )
     curvature_batches = math.ceil(settings.reference_rows / settings.hvp_batch_size)
-    passes = (math.ceil(settings.hutchinson_samples / min(settings.hutchinson_samples, 8))
-              + settings.lanczos_steps) * curvature_batches
+    passes = (
+        math.ceil(settings.hutchinson_samples / min(settings.hutchinson_samples, 8)) + settings.lanczos_steps
+    ) * curvature_batches
     return {"gradient_microbatches": gradient, "hvp_microbatch_passes": passes}
 
 
 def measurement_seconds(config: RunConfig, settings: GeometrySettings, seconds: dict[str, float]) -> float:
     """Estimated seconds of one checkpoint's measurement from a timing entry's ``seconds``."""
     work = measurement_work(config, settings)
-    return (seconds.get("process", 0.0) + seconds["startup"] + work["gradient_microbatches"] * seconds["gradient_microbatch"]
-            + work["hvp_microbatch_passes"] * seconds["hvp_microbatch_pass"])
+    return (
+        seconds.get("process", 0.0)
+        + seconds["startup"]
+        + work["gradient_microbatches"] * seconds["gradient_microbatch"]
+        + work["hvp_microbatch_passes"] * seconds["hvp_microbatch_pass"]
+    )
 
 
 # --- the reference set ---------------------------------------------------------------------------
+
 
 def make_reference(run_config: RunConfig, settings: GeometrySettings) -> dict[str, Any]:
     """The experiment's reference set: block ids and cache positions of the reference rows and of
@@ -172,27 +203,37 @@ def make_reference(run_config: RunConfig, settings: GeometrySettings) -> dict[st
     blocks = [int(b) for b in plan.blocks.reshape(-1)]
     need = settings.reference_rows + settings.cov_num_batches * settings.cov_batch_size
     if len(blocks) < need:
-        raise ValueError(f"the reference set needs {need} sequences (reference_rows + cov_num_batches x "
-                         f"cov_batch_size) but the {'unseen stream' if settings.held_out else 'first epoch'} "
-                         f"holds {len(blocks)}; lower them, or train on more tokens")
-    rows = blocks[:settings.reference_rows]
-    cov = blocks[settings.reference_rows:need]
+        raise ValueError(
+            f"the reference set needs {need} sequences (reference_rows + cov_num_batches x "
+            f"cov_batch_size) but the {'unseen stream' if settings.held_out else 'first epoch'} "
+            f"holds {len(blocks)}; lower them, or train on more tokens"
+        )
+    rows = blocks[: settings.reference_rows]
+    cov = blocks[settings.reference_rows : need]
     size = settings.cov_batch_size
-    return {"cache": str(run_config.data.cache), "held_out": settings.held_out, "rows": rows,
-            "positions": [list(cache.position(b)) for b in rows],
-            "cov_batches": [cov[i:i + size] for i in range(0, len(cov), size)],
-            "cov_positions": [[list(cache.position(b)) for b in cov[i:i + size]] for i in range(0, len(cov), size)]}
+    return {
+        "cache": str(run_config.data.cache),
+        "held_out": settings.held_out,
+        "rows": rows,
+        "positions": [list(cache.position(b)) for b in rows],
+        "cov_batches": [cov[i : i + size] for i in range(0, len(cov), size)],
+        "cov_positions": [[list(cache.position(b)) for b in cov[i : i + size]] for i in range(0, len(cov), size)],
+    }
 
 
 # --- one checkpoint --------------------------------------------------------------------------------
+
 
 def _training_loss(run_dir: Path, step: int, steps_per_epoch: int) -> float | None:
     """The mean logged training loss over the epoch that ended at ``step`` (None at step 0)."""
     log = run_dir / TRAIN_LOG
     if step <= 0 or not log.exists():
         return None
-    losses = [record["loss"] for record in map(json.loads, log.read_text().splitlines())
-              if step - steps_per_epoch < record.get("step", -1) <= step and "loss" in record]
+    losses = [
+        record["loss"]
+        for record in map(json.loads, log.read_text().splitlines())
+        if step - steps_per_epoch < record.get("step", -1) <= step and "loss" in record
+    ]
     return sum(losses) / len(losses) if losses else None
 
 
@@ -200,8 +241,14 @@ def _due(index: int, every: int) -> bool:
     return every > 0 and index % every == 0
 
 
-def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, reference: dict[str, Any],
-                       settings: GeometrySettings, output: str | Path) -> dict[str, Any]:
+def measure_checkpoint(
+    run_dir: str | Path,
+    checkpoint: str,
+    index: int,
+    reference: dict[str, Any],
+    settings: GeometrySettings,
+    output: str | Path,
+) -> dict[str, Any]:
     """Measure ``checkpoint`` (the ``index``-th of its run, 0 for initialisation) on the reference
     set; write ``output`` (.json) and its vectors beside it (.safetensors); returns the record."""
     run_dir, output = Path(run_dir), Path(output)
@@ -235,47 +282,86 @@ def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, referen
     standard_errors: dict[str, float] = {}
     lanczos = None
     if _due(index, settings.hessian_proxy_every):
-        trace, trace_se = geometry.hessian_trace(model, rows, settings.hutchinson_samples, seed=settings.seed,
-                                                 batch_size=settings.hvp_batch_size, precision=precision)
+        trace, trace_se = geometry.hessian_trace(
+            model,
+            rows,
+            settings.hutchinson_samples,
+            seed=settings.seed,
+            batch_size=settings.hvp_batch_size,
+            precision=precision,
+        )
         jac, jac_se = geometry.jacobian_frobenius(model, rows, settings.hutchinson_samples, seed=settings.seed)
         metrics.update(hessian_trace=trace, jacobian_frobenius=jac)
         standard_errors.update(hessian_trace=trace_se, jacobian_frobenius=jac_se)
     if _due(index, settings.hessian_eig_every):
-        H = EpochHessian(model, rows, batch_size=settings.hvp_batch_size, engine="double_backward",
-                         precision=precision)
+        H = EpochHessian(model, rows, batch_size=settings.hvp_batch_size, engine="double_backward", precision=precision)
         tolerance = settings.lanczos_tolerance or (1e-6 if settings.dtype == "float64" else 1e-3)
         values, vectors, residuals, converged = top_eigenpairs(
-            H.hvp, H.flat.D, 1, min(settings.lanczos_steps, H.flat.D), seed=settings.seed, device=device,
-            tolerance=tolerance)
+            H.hvp,
+            H.flat.D,
+            1,
+            min(settings.lanczos_steps, H.flat.D),
+            seed=settings.seed,
+            device=device,
+            tolerance=tolerance,
+        )
         top = vectors[0].double()
-        metrics.update(hessian_top1_eigenvalue=float(values[0]),
-                       gradient_to_hessian_top1_alignment=abs(float(g_ref.cpu() @ top.cpu()))
-                       / max(float(g_ref.norm()), 1e-300))
-        lanczos = {"matvecs": H.passes, "tolerance": tolerance, "residual": float(residuals[0]),
-                   "converged": bool(converged[0])}
+        metrics.update(
+            hessian_top1_eigenvalue=float(values[0]),
+            gradient_to_hessian_top1_alignment=abs(float(g_ref.cpu() @ top.cpu())) / max(float(g_ref.norm()), 1e-300),
+        )
+        lanczos = {
+            "matvecs": H.passes,
+            "tolerance": tolerance,
+            "residual": float(residuals[0]),
+            "converged": bool(converged[0]),
+        }
         if not lanczos["converged"]:
-            log.warning("%s %s: the top Hessian eigenvalue did not converge in %d Lanczos steps (residual %.2g > "
-                        "%.2g·|λ|); raise settings.lanczos_steps", run_dir, checkpoint, settings.lanczos_steps,
-                        lanczos["residual"], tolerance)
+            log.warning(
+                "%s %s: the top Hessian eigenvalue did not converge in %d Lanczos steps (residual %.2g > "
+                "%.2g·|λ|); raise settings.lanczos_steps",
+                run_dir,
+                checkpoint,
+                settings.lanczos_steps,
+                lanczos["residual"],
+                tolerance,
+            )
     if _due(index, settings.llc_every):
         llc, llc_se = geometry.local_learning_coefficient(
-            model, rows, chains=settings.llc_chains, draws=settings.llc_draws, lr=settings.llc_lr,
-            n_beta=settings.llc_n_beta, localization=settings.llc_localization, batch_size=settings.hvp_batch_size,
-            seed=settings.seed)
+            model,
+            rows,
+            chains=settings.llc_chains,
+            draws=settings.llc_draws,
+            lr=settings.llc_lr,
+            n_beta=settings.llc_n_beta,
+            localization=settings.llc_localization,
+            batch_size=settings.hvp_batch_size,
+            seed=settings.seed,
+        )
         metrics["llc"] = llc
         standard_errors["llc"] = llc_se
-    vectors = {"reference_gradient": g_ref.cpu().contiguous(), "reference_logits": logits.cpu().contiguous(),
-               "parameter_basis": geometry.top_subspace(G, k).cpu().contiguous(),
-               "function_basis": geometry.top_subspace(F, k).cpu().contiguous()}
+    vectors = {
+        "reference_gradient": g_ref.cpu().contiguous(),
+        "reference_logits": logits.cpu().contiguous(),
+        "parameter_basis": geometry.top_subspace(G, k).cpu().contiguous(),
+        "function_basis": geometry.top_subspace(F, k).cpu().contiguous(),
+    }
     record = {
         "schema": "tiny-llm-geometry/1",
-        "run": str(run_dir), "checkpoint": checkpoint, "index": index, "step": state.aliases[0]["step"],
+        "run": str(run_dir),
+        "checkpoint": checkpoint,
+        "index": index,
+        "step": state.aliases[0]["step"],
         "tokens": state.aliases[0]["tokens"],
-        "state_key": state.weights_hash, "init_seed": config.training.seed, "data_seed": config.data.seed,
-        "settings": asdict(settings), "source": source_hash(),
+        "state_key": state.weights_hash,
+        "init_seed": config.training.seed,
+        "data_seed": config.data.seed,
+        "settings": asdict(settings),
+        "source": source_hash(),
         "reference": canonical_hash({"rows": reference["rows"], "cov_batches": reference["cov_batches"]}),
         "dimensions": {"parameters_D": FlatParameters(model).D, "function_F": int(logits.numel()), "k": k},
-        "metrics": metrics, "standard_errors": standard_errors,
+        "metrics": metrics,
+        "standard_errors": standard_errors,
         "lanczos": lanczos,
         "covariance_eigenvalues": covariance["eigenvalues"],
     }
@@ -289,6 +375,7 @@ def measure_checkpoint(run_dir: str | Path, checkpoint: str, index: int, referen
 
 
 # --- comparison across seeds ------------------------------------------------------------------------
+
 
 def _load(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     record = json.loads(path.read_text())
@@ -312,13 +399,22 @@ def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[di
     two seeds, the control's role for a control and the first seed (what the control varies), and
     ``other`` for any other pair with a control.
     """
-    loaded = {label: sorted((_load(Path(p)) for p in paths), key=lambda item: item[0]["step"])
-              for label, paths in records.items()}
-    unconverged = [f"{label} step {r['step']}" for label, items in loaded.items() for r, _ in items
-                   if (r.get("lanczos") or {}).get("converged") is False]
+    loaded = {
+        label: sorted((_load(Path(p)) for p in paths), key=lambda item: item[0]["step"])
+        for label, paths in records.items()
+    }
+    unconverged = [
+        f"{label} step {r['step']}"
+        for label, items in loaded.items()
+        for r, _ in items
+        if (r.get("lanczos") or {}).get("converged") is False
+    ]
     if unconverged:
-        log.warning("the top Hessian eigenvalue did not converge at %d checkpoints (%s); raise settings.lanczos_steps",
-                    len(unconverged), ", ".join(unconverged[:4]) + (" ..." if len(unconverged) > 4 else ""))
+        log.warning(
+            "the top Hessian eigenvalue did not converge at %d checkpoints (%s); raise settings.lanczos_steps",
+            len(unconverged),
+            ", ".join(unconverged[:4]) + (" ..." if len(unconverged) > 4 else ""),
+        )
     references = {r["reference"] for items in loaded.values() for r, _ in items}
     if len(references) > 1:
         raise ValueError("the records were measured on different reference sets; delete them and rerun")
@@ -343,29 +439,54 @@ def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[di
             previous = tensors["reference_logits"]
             by_step.setdefault(record["step"], {})[label] = (record, tensors, update)
             for metric, value in record["metrics"].items():
-                rows.append({"step": record["step"], "tokens": record.get("tokens"), "subject": label, "kind": "run",
-                             "role": role[label],
-                             "metric": metric, "value": value,
-                             "se": record["standard_errors"].get(metric), "baseline": None})
+                rows.append(
+                    {
+                        "step": record["step"],
+                        "tokens": record.get("tokens"),
+                        "subject": label,
+                        "kind": "run",
+                        "role": role[label],
+                        "metric": metric,
+                        "value": value,
+                        "se": record["standard_errors"].get(metric),
+                        "baseline": None,
+                    }
+                )
     for step, runs in sorted(by_step.items()):
         for a, b in itertools.combinations(sorted(runs), 2):
-            (ra, ta, ua), (rb, tb, ub) = runs[a], runs[b]
+            (ra, ta, ua), (_, tb, ub) = runs[a], runs[b]
             dims = ra["dimensions"]
             pair = {
                 "gradient_cosine": (_cosine(ta["reference_gradient"], tb["reference_gradient"]), 0.0),
-                "parameter_subspace_overlap": (geometry.subspace_overlap(ta["parameter_basis"], tb["parameter_basis"]),
-                                               geometry.random_overlap(dims["parameters_D"], dims["k"])),
-                "function_subspace_overlap": (geometry.subspace_overlap(ta["function_basis"], tb["function_basis"]),
-                                              geometry.random_overlap(dims["function_F"], dims["k"])),
+                "parameter_subspace_overlap": (
+                    geometry.subspace_overlap(ta["parameter_basis"], tb["parameter_basis"]),
+                    geometry.random_overlap(dims["parameters_D"], dims["k"]),
+                ),
+                "function_subspace_overlap": (
+                    geometry.subspace_overlap(ta["function_basis"], tb["function_basis"]),
+                    geometry.random_overlap(dims["function_F"], dims["k"]),
+                ),
                 "function_update_cosine": ((_cosine(ua, ub) if ua is not None and ub is not None else None), 0.0),
             }
             for metric, (value, baseline) in pair.items():
-                rows.append({"step": step, "tokens": ra.get("tokens"), "subject": f"{a}|{b}", "kind": "pair",
-                             "role": pair_role(a, b), "metric": metric, "value": value, "se": None,
-                             "baseline": baseline})
+                rows.append(
+                    {
+                        "step": step,
+                        "tokens": ra.get("tokens"),
+                        "subject": f"{a}|{b}",
+                        "kind": "pair",
+                        "role": pair_role(a, b),
+                        "metric": metric,
+                        "value": value,
+                        "se": None,
+                        "baseline": baseline,
+                    }
+                )
     rows += _seed_pair_summary(rows)
-    return [{**row, "value": None if row["value"] is None or not math.isfinite(row["value"]) else row["value"]}
-            for row in rows]
+    return [
+        {**row, "value": None if row["value"] is None or not math.isfinite(row["value"]) else row["value"]}
+        for row in rows
+    ]
 
 
 def _seed_pair_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -378,9 +499,19 @@ def _seed_pair_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (step, metric), members in sorted(groups.items()):
         values = [row["value"] for row in members]
         for name, value in (("mean", sum(values) / len(values)), ("min", min(values))):
-            summary.append({"step": step, "tokens": members[0].get("tokens"), "subject": f"seed pairs ({name})",
-                            "kind": "summary", "role": "seed",
-                            "metric": metric, "value": value, "se": None, "baseline": members[0]["baseline"]})
+            summary.append(
+                {
+                    "step": step,
+                    "tokens": members[0].get("tokens"),
+                    "subject": f"seed pairs ({name})",
+                    "kind": "summary",
+                    "role": "seed",
+                    "metric": metric,
+                    "value": value,
+                    "se": None,
+                    "baseline": members[0]["baseline"],
+                }
+            )
     return summary
 
 
@@ -389,9 +520,9 @@ def write_comparison(rows: list[dict[str, Any]], path: str | Path) -> None:
     import pandas as pd
 
     path = Path(path)
-    frame = pd.DataFrame(rows, columns=["step", "tokens", "subject", "kind", "role", "metric", "value", "se",
-                                        "baseline"])
+    frame = pd.DataFrame(
+        rows, columns=["step", "tokens", "subject", "kind", "role", "metric", "value", "se", "baseline"]
+    )
     staging = path.with_name(f".{path.name}.tmp")
     frame.to_csv(staging, index=False)
     staging.replace(path)
-

@@ -19,20 +19,34 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
 __all__ = ["CONTROL_LABELS", "PAIR_METRICS", "RUN_METRICS", "compare_experiments", "dashboard"]
 
-RUN_METRICS = ("eval_loss", "train_loss", "reference_grad_norm", "function_update_cross_batch_cosine",
-               "cov_top_k_share", "cov_effective_rank", "fisher_trace", "hessian_trace", "jacobian_frobenius",
-               "hessian_top1_eigenvalue", "gradient_to_hessian_top1_alignment", "llc")
-CONTROL_LABELS = {"same-seed": "control: the first seed trained twice",
-                  "data-order": "control: the first seed, another data order"}
-SYMMETRY_NOTE = {"gradient_cosine": "\n(parameter space: changed by relabelled hidden units)",
-                 "parameter_subspace_overlap": "\n(parameter space: changed by relabelled hidden units)"}
-PAIR_METRICS = ("gradient_cosine", "function_update_cosine", "parameter_subspace_overlap",
-                "function_subspace_overlap")
+RUN_METRICS = (
+    "eval_loss",
+    "train_loss",
+    "reference_grad_norm",
+    "function_update_cross_batch_cosine",
+    "cov_top_k_share",
+    "cov_effective_rank",
+    "fisher_trace",
+    "hessian_trace",
+    "jacobian_frobenius",
+    "hessian_top1_eigenvalue",
+    "gradient_to_hessian_top1_alignment",
+    "llc",
+)
+CONTROL_LABELS = {
+    "same-seed": "control: the first seed trained twice",
+    "data-order": "control: the first seed, another data order",
+}
+SYMMETRY_NOTE = {
+    "gradient_cosine": "\n(parameter space: changed by relabelled hidden units)",
+    "parameter_subspace_overlap": "\n(parameter space: changed by relabelled hidden units)",
+}
+PAIR_METRICS = ("gradient_cosine", "function_update_cosine", "parameter_subspace_overlap", "function_subspace_overlap")
 
 
 def _grid(count: int) -> tuple[plt.Figure, list[plt.Axes]]:
@@ -60,13 +74,24 @@ def _short(subject: str, prefix: str) -> str:
     return "|".join(part.removeprefix(prefix) for part in subject.split("|"))
 
 
-UNITS = {"eval_loss": "nats per token", "train_loss": "nats per token", "reference_grad_norm": "‖ḡ‖ (nats)",
-         "function_update_cross_batch_cosine": "cosine", "cov_top_k_share": "share of the variance",
-         "cov_effective_rank": "effective rank", "fisher_trace": "trace (nats²)", "hessian_trace": "tr(H) (nats)",
-         "jacobian_frobenius": "‖J‖²_F / P", "hessian_top1_eigenvalue": "λ₁ (nats)",
-         "gradient_to_hessian_top1_alignment": "|cos(ḡ, u₁)|", "llc": "LLC (nats)", "gradient_cosine": "cosine",
-         "function_update_cosine": "cosine", "parameter_subspace_overlap": "overlap (0 to 1)",
-         "function_subspace_overlap": "overlap (0 to 1)"}
+UNITS = {
+    "eval_loss": "nats per token",
+    "train_loss": "nats per token",
+    "reference_grad_norm": "‖ḡ‖ (nats)",
+    "function_update_cross_batch_cosine": "cosine",
+    "cov_top_k_share": "share of the variance",
+    "cov_effective_rank": "effective rank",
+    "fisher_trace": "trace (nats²)",
+    "hessian_trace": "tr(H) (nats)",
+    "jacobian_frobenius": "‖J‖²_F / P",
+    "hessian_top1_eigenvalue": "λ₁ (nats)",
+    "gradient_to_hessian_top1_alignment": "|cos(ḡ, u₁)|",
+    "llc": "LLC (nats)",
+    "gradient_cosine": "cosine",
+    "function_update_cosine": "cosine",
+    "parameter_subspace_overlap": "overlap (0 to 1)",
+    "function_subspace_overlap": "overlap (0 to 1)",
+}
 """The y-axis label of each metric."""
 CONTROL_COLOURS = {"same-seed": "tab:red", "data-order": "tab:green"}
 """A control has one colour in every panel: its run's line and its pair with the first seed."""
@@ -91,9 +116,18 @@ def _run_panel(ax: plt.Axes, rows: pd.DataFrame, prefix: str, colours: dict[str,
         line = line.sort_values(x)
         role = str(line["role"].iloc[0])
         errors = line["se"] if line["se"].notna().any() else None
-        ax.errorbar(line[x], line["value"], yerr=errors, marker="o", markersize=3, capsize=2,
-                    color=colours.get(subject), linestyle="-" if role == "seed" else "--", alpha=0.85,
-                    label=_short(subject, prefix) + ("" if role == "seed" else f" ({CONTROL_LABELS.get(role, role)})"))
+        ax.errorbar(
+            line[x],
+            line["value"],
+            yerr=errors,
+            marker="o",
+            markersize=3,
+            capsize=2,
+            color=colours.get(subject),
+            linestyle="-" if role == "seed" else "--",
+            alpha=0.85,
+            label=_short(subject, prefix) + ("" if role == "seed" else f" ({CONTROL_LABELS.get(role, role)})"),
+        )
 
 
 def _pair_panel(ax: plt.Axes, rows: pd.DataFrame, controls: dict[str, str]) -> None:
@@ -104,12 +138,26 @@ def _pair_panel(ax: plt.Axes, rows: pd.DataFrame, controls: dict[str, str]) -> N
         ax.plot(line[x], line["value"], color="black", alpha=0.2, linewidth=1)
     if not seeds.empty:
         mean = seeds.groupby(x)["value"].mean()
-        ax.plot(mean.index, mean.values, color="black", linewidth=2.2, marker="o", markersize=3,
-                label=f"seed pairs: mean of {seeds['subject'].nunique()} (thin: each pair)")
+        ax.plot(
+            mean.index,
+            mean.values,
+            color="black",
+            linewidth=2.2,
+            marker="o",
+            markersize=3,
+            label=f"seed pairs: mean of {seeds['subject'].nunique()} (thin: each pair)",
+        )
     for role, group in rows[~rows["role"].isin(["seed", "other"])].groupby("role", sort=True):
         line = group.sort_values(x)
-        ax.plot(line[x], line["value"], color=controls.get(role, "tab:gray"), linestyle="--", marker="o",
-                markersize=3, label=f"{CONTROL_LABELS.get(role, role)}, paired with the first seed")
+        ax.plot(
+            line[x],
+            line["value"],
+            color=controls.get(role, "tab:gray"),
+            linestyle="--",
+            marker="o",
+            markersize=3,
+            label=f"{CONTROL_LABELS.get(role, role)}, paired with the first seed",
+        )
 
 
 def dashboard(comparison: str | Path, outputs: list[str | Path], title: str) -> None:
@@ -122,7 +170,7 @@ def dashboard(comparison: str | Path, outputs: list[str | Path], title: str) -> 
     colours = _colours(frame)
     controls = {role: CONTROL_COLOURS.get(role, "tab:gray") for role in frame["role"].unique()}
     handles: dict[str, Any] = {}
-    for ax, metric in zip(axes, metrics):
+    for ax, metric in zip(axes, metrics, strict=True):
         rows = frame[(frame["metric"] == metric)].dropna(subset=["value"])
         if metric in PAIR_METRICS:
             _pair_panel(ax, rows, controls)
@@ -130,24 +178,30 @@ def dashboard(comparison: str | Path, outputs: list[str | Path], title: str) -> 
             _run_panel(ax, rows[rows["kind"] == "run"], prefix, colours)
         baseline = frame[(frame["metric"] == metric)].dropna(subset=["baseline"])
         if not baseline.empty:
-            ax.axhline(float(baseline["baseline"].iloc[0]), color="grey", linestyle=":",
-                       label="unrelated models (expected value)")
+            ax.axhline(
+                float(baseline["baseline"].iloc[0]),
+                color="grey",
+                linestyle=":",
+                label="unrelated models (expected value)",
+            )
         ax.set_title(metric.replace("_", " ") + SYMMETRY_NOTE.get(metric, ""), fontsize=10)
         ax.set_xlabel("training tokens (0 = untrained)" if _x(frame) == "tokens" else "training step (0 = untrained)")
         ax.set_ylabel(UNITS.get(metric, "value"), fontsize=9)
         ax.grid(alpha=0.3)
-        for handle, label in zip(*ax.get_legend_handles_labels()):
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
     figure.suptitle(f"{title}: seeds at matched training tokens (error bars: ±1 standard error)", fontsize=12)
-    figure.legend(handles.values(), handles.keys(), loc="lower center", ncol=min(3, len(handles)), fontsize=8,
-                  frameon=False)
+    figure.legend(
+        handles.values(), handles.keys(), loc="lower center", ncol=min(3, len(handles)), fontsize=8, frameon=False
+    )
     rows = math.ceil(len(handles) / min(3, max(len(handles), 1)))
     figure.tight_layout(rect=(0, 0.04 + 0.025 * rows, 1, 0.96))
     _save(figure, [Path(p) for p in outputs], layout=False)
 
 
-def compare_experiments(comparisons: list[str | Path], labels: list[str], metrics: list[str] | None,
-                        outputs: list[str | Path]) -> None:
+def compare_experiments(
+    comparisons: list[str | Path], labels: list[str], metrics: list[str] | None, outputs: list[str | Path]
+) -> None:
     """The mean over seeds (or seed pairs; controls left out) of each metric, per experiment.
 
     Raises:
@@ -162,18 +216,23 @@ def compare_experiments(comparisons: list[str | Path], labels: list[str], metric
     if missing:
         raise ValueError(f"no experiment has the metrics {missing}; available: {sorted(present)}")
     figure, axes = _grid(len(chosen))
-    for ax, metric in zip(axes, chosen):
-        for label, frame in zip(labels, frames):
-            rows = frame[(frame["metric"] == metric) & (frame["role"] == "seed")
-                         & frame["kind"].isin(["run", "pair"])].dropna(subset=["value"])
+    for ax, metric in zip(axes, chosen, strict=True):
+        for label, frame in zip(labels, frames, strict=True):
+            rows = frame[
+                (frame["metric"] == metric) & (frame["role"] == "seed") & frame["kind"].isin(["run", "pair"])
+            ].dropna(subset=["value"])
             if rows.empty:
                 continue
             mean = rows.groupby("step")["value"].mean()
             ax.plot(mean.index, mean.values, marker="o", markersize=3, label=label)
             baseline = rows.dropna(subset=["baseline"])
             if not baseline.empty:
-                ax.axhline(float(baseline["baseline"].iloc[0]), linestyle=":", color=ax.lines[-1].get_color(),
-                           label=f"{label}: unrelated models")
+                ax.axhline(
+                    float(baseline["baseline"].iloc[0]),
+                    linestyle=":",
+                    color=ax.lines[-1].get_color(),
+                    label=f"{label}: unrelated models",
+                )
         ax.set_title(metric.replace("_", " ") + SYMMETRY_NOTE.get(metric, ""), fontsize=10)
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)

@@ -52,9 +52,21 @@ from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.noise import mean_gradient_and_loss, rademacher
 from tiny_llm.model.llama import Llama, token_losses
 
-__all__ = ["batch_gradients", "concentration", "cosine_matrix", "cross_batch_cosine", "fisher_trace",
-           "function_gradients", "hessian_trace", "jacobian_frobenius", "local_learning_coefficient", "random_overlap",
-           "reference_gradient", "subspace_overlap", "top_subspace"]
+__all__ = [
+    "batch_gradients",
+    "concentration",
+    "cosine_matrix",
+    "cross_batch_cosine",
+    "fisher_trace",
+    "function_gradients",
+    "hessian_trace",
+    "jacobian_frobenius",
+    "local_learning_coefficient",
+    "random_overlap",
+    "reference_gradient",
+    "subspace_overlap",
+    "top_subspace",
+]
 
 
 def _theta(model: Llama, flat: FlatParameters) -> torch.Tensor:
@@ -64,21 +76,25 @@ def _theta(model: Llama, flat: FlatParameters) -> torch.Tensor:
 def _logits_of(model: Llama, flat: FlatParameters, inputs: torch.Tensor):
     def logits(theta: torch.Tensor) -> torch.Tensor:
         return functional_call(model, flat.unflatten(theta), (inputs,))
+
     return logits
 
 
-def reference_gradient(model: Llama, rows: torch.Tensor, *, micro_batch_size: int,
-                       precision: Precision) -> tuple[torch.Tensor, float]:
+def reference_gradient(
+    model: Llama, rows: torch.Tensor, *, micro_batch_size: int, precision: Precision
+) -> tuple[torch.Tensor, float]:
     """ḡ (D,) float64 and the loss: the token-mean over every target of ``rows`` (n, T+1)."""
     return mean_gradient_and_loss(model, FlatParameters(model), [rows], micro_batch_size, precision)
 
 
-def batch_gradients(model: Llama, batches: list[torch.Tensor], *, micro_batch_size: int,
-                    precision: Precision) -> torch.Tensor:
+def batch_gradients(
+    model: Llama, batches: list[torch.Tensor], *, micro_batch_size: int, precision: Precision
+) -> torch.Tensor:
     """G (m, D) float64: row i is the token-mean gradient of ``batches[i]``."""
     flat = FlatParameters(model)
-    return torch.stack([mean_gradient_and_loss(model, flat, [rows], micro_batch_size, precision)[0]
-                        for rows in batches])
+    return torch.stack(
+        [mean_gradient_and_loss(model, flat, [rows], micro_batch_size, precision)[0] for rows in batches]
+    )
 
 
 def concentration(G: torch.Tensor, k: int) -> dict[str, float | list[float]]:
@@ -92,8 +108,11 @@ def concentration(G: torch.Tensor, k: int) -> dict[str, float | list[float]]:
     if total == 0:
         return {"eigenvalues": values.tolist(), "top_k_share": None, "effective_rank": None}
     p = values[values > 0] / total
-    return {"eigenvalues": values.tolist(), "top_k_share": float(values[:k].sum()) / total,
-            "effective_rank": math.exp(float(-(p * p.log()).sum()))}
+    return {
+        "eigenvalues": values.tolist(),
+        "top_k_share": float(values[:k].sum()) / total,
+        "effective_rank": math.exp(float(-(p * p.log()).sum())),
+    }
 
 
 def function_gradients(model: Llama, directions: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
@@ -143,12 +162,21 @@ def random_overlap(d: int, k: int) -> float:
     return k / d
 
 
-def hessian_trace(model: Llama, rows: torch.Tensor, samples: int, *, seed: int, batch_size: int,
-                  precision: Precision, engine: str = "adjoint") -> tuple[float, float]:
+def hessian_trace(
+    model: Llama,
+    rows: torch.Tensor,
+    samples: int,
+    *,
+    seed: int,
+    batch_size: int,
+    precision: Precision,
+    engine: str = "adjoint",
+) -> tuple[float, float]:
     """Hutchinson's tr(H) ≈ (1/S) Σ vₛᵀHvₛ for the token-mean Hessian over ``rows``, with S
     Rademacher probes (reproducible from ``seed``); returns (estimate, standard error s/√S)."""
-    H = EpochHessian(model, rows, batch_size=batch_size, engine=engine, precision=precision,
-                     directions_per_pass=min(samples, 8))
+    H = EpochHessian(
+        model, rows, batch_size=batch_size, engine=engine, precision=precision, directions_per_pass=min(samples, 8)
+    )
     V = torch.stack([rademacher(H.flat.D, seed, i) for i in range(samples)]).to(precision.device, precision.dtype)
     forms = H.quadratic_forms(V).double()
     return float(forms.mean()), (float(forms.std()) / math.sqrt(samples) if samples > 1 else math.nan)
@@ -157,7 +185,7 @@ def hessian_trace(model: Llama, rows: torch.Tensor, samples: int, *, seed: int, 
 def fisher_trace(model: Llama, rows: torch.Tensor) -> float:
     """Empirical Fisher trace (1/n) Σ_s ‖∇θ ℓ_s‖², ℓ_s the token-mean loss of row s of ``rows``."""
     flat = FlatParameters(model)
-    params = {name: p.detach() for name, p in zip(flat.names, model.parameters())}
+    params = {name: p.detach() for name, p in zip(flat.names, model.parameters(), strict=True)}
 
     def row_loss(parameters: dict, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = functional_call(model, parameters, (inputs.unsqueeze(0),))
@@ -184,9 +212,18 @@ def jacobian_frobenius(model: Llama, rows: torch.Tensor, samples: int, *, seed: 
     return mean, spread / math.sqrt(samples)
 
 
-def local_learning_coefficient(model: Llama, rows: torch.Tensor, *, chains: int, draws: int, lr: float,
-                               n_beta: float | None, localization: float, batch_size: int,
-                               seed: int) -> tuple[float, float]:
+def local_learning_coefficient(
+    model: Llama,
+    rows: torch.Tensor,
+    *,
+    chains: int,
+    draws: int,
+    lr: float,
+    n_beta: float | None,
+    localization: float,
+    batch_size: int,
+    seed: int,
+) -> tuple[float, float]:
     """The local learning coefficient of the token-mean loss on ``rows`` at the model's parameters,
     by SGLD (devinterp 2.0.1: ``chains`` chains of ``draws`` draws, step size ``lr``, inverse
     temperature ``n_beta`` (None: N / ln N for the N reference tokens), pull ``localization``
@@ -200,8 +237,10 @@ def local_learning_coefficient(model: Llama, rows: torch.Tensor, *, chains: int,
         from datasets import Dataset
         from devinterp.slt.llc import llc
     except ImportError:
-        raise ValueError("the local learning coefficient needs devinterp 2.0.1: pip install "
-                         "'tiny-llm-curvature[llc]' (or make test-llc), or set llc_every: 0") from None
+        raise ValueError(
+            "the local learning coefficient needs devinterp 2.0.1: pip install "
+            "'tiny-llm-curvature[llc]' (or make test-llc), or set llc_every: 0"
+        ) from None
     tokens = rows[:, 1:].numel()
     beta = n_beta if n_beta is not None else tokens / math.log(tokens)
     data = Dataset.from_dict({"input_ids": rows.cpu().tolist()}).with_format("torch")
@@ -211,10 +250,24 @@ def local_learning_coefficient(model: Llama, rows: torch.Tensor, *, chains: int,
     def per_token_loss(module: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return token_losses(module(ids[:, :-1]), ids[:, 1:])
 
-    out = llc(sampled, data, {}, lr=lr, n_beta=beta, loss_fn=per_token_loss, num_chains=chains, num_draws=draws,
-              batch_size=min(batch_size, len(rows)), num_init_loss_batches=max(1, len(rows) // batch_size),
-              localization=localization, init_seed=seed, device=device)
+    out = llc(
+        sampled,
+        data,
+        {},
+        lr=lr,
+        n_beta=beta,
+        loss_fn=per_token_loss,
+        num_chains=chains,
+        num_draws=draws,
+        batch_size=min(batch_size, len(rows)),
+        num_init_loss_batches=max(1, len(rows) // batch_size),
+        localization=localization,
+        init_seed=seed,
+        device=device,
+    )
     per_chain = [float(v) for v in out["llc_per_chain"].values]
     mean = sum(per_chain) / len(per_chain)
-    spread = math.sqrt(sum((v - mean) ** 2 for v in per_chain) / (len(per_chain) - 1)) if len(per_chain) > 1 else math.nan
+    spread = (
+        math.sqrt(sum((v - mean) ** 2 for v in per_chain) / (len(per_chain) - 1)) if len(per_chain) > 1 else math.nan
+    )
     return mean, spread / math.sqrt(len(per_chain))

@@ -35,22 +35,26 @@ class HFCausalLM(nn.Module):
         attention_backend: kept for the interface; the adapter always uses eager attention.
     """
 
-    jet_refusal = ("the taylor and adjoint engines need second-order rules, which only this project's own "
-                   "architectures (llama, gpt2) have; measure a Hugging Face model of another architecture with "
-                   "engine double_backward, pearlmutter or finite_difference")
+    jet_refusal = (
+        "the taylor and adjoint engines need second-order rules, which only this project's own "
+        "architectures (llama, gpt2) have; measure a Hugging Face model of another architecture with "
+        "engine double_backward, pearlmutter or finite_difference"
+    )
 
     def __init__(self, config: ModelConfig, attention_backend: str = "reference"):
         super().__init__()
-        import transformers  # noqa: PLC0415 - the optional Hugging Face extra, only for this architecture
+        import transformers
 
         path = Path(config.hf_config)
         try:
             data: dict[str, Any] = json.loads(path.read_text())
         except (OSError, ValueError) as error:
-            raise ValueError(f"model.hf_config: cannot read {path} ({error}); import the model again "
-                             "(tiny-llm import-hf)") from None
-        data = {k: v for k, v in data.items() if k not in ("architectures", "transformers_version", "torch_dtype",
-                                                            "dtype")}
+            raise ValueError(
+                f"model.hf_config: cannot read {path} ({error}); import the model again (tiny-llm import-hf)"
+            ) from None
+        data = {
+            k: v for k, v in data.items() if k not in ("architectures", "transformers_version", "torch_dtype", "dtype")
+        }
         hf_config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
         hf_config.use_cache = False
         self.config, self.attention_backend = config, "reference"

@@ -23,7 +23,7 @@ def build_model(config: ModelConfig, attention_backend: AttentionBackend = "refe
         'GPT2'
     """
     if config.architecture == "hf":
-        from tiny_llm.model.adapter import HFCausalLM  # noqa: PLC0415 - imports transformers
+        from tiny_llm.model.adapter import HFCausalLM
 
         return HFCausalLM(config)
     return ARCHITECTURES[config.architecture](config, attention_backend=attention_backend)

@@ -42,10 +42,10 @@ def save_weights(path: str | Path, state: dict[str, torch.Tensor], metadata: dic
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
     raw = save(tensors, metadata={k: str(v) for k, v in metadata.items()})
     size = int.from_bytes(raw[:8], "little")
-    header = json.dumps(json.loads(raw[8:8 + size]), sort_keys=True, separators=(",", ":")).encode()
+    header = json.dumps(json.loads(raw[8 : 8 + size]), sort_keys=True, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)
     with atomic_path(path) as tmp:
-        tmp.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + size:])
+        tmp.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + size :])
 
 
 class _CanonicalPickler(pickle.Pickler):
@@ -84,12 +84,15 @@ def load_train_state(path: str | Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # UnpicklingError, RuntimeError (zip), EOFError, ...
-        raise ValueError(f"checkpoint {path} cannot be read as plain tensors ({type(error).__name__}: "
-                         f"{str(error).splitlines()[0] if str(error) else ''}); it is truncated, corrupt, or holds "
-                         "pickled objects that are not plain tensors, which tiny-llm refuses to unpickle") from None
+        raise ValueError(
+            f"checkpoint {path} cannot be read as plain tensors ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}); it is truncated, corrupt, or holds "
+            "pickled objects that are not plain tensors, which tiny-llm refuses to unpickle"
+        ) from None
     if not isinstance(state, dict) or state.get("kind") != TRAIN_STATE_KIND:
-        raise ValueError(f"checkpoint {path} is not a tiny-llm training state (expected a dict with "
-                         f"kind={TRAIN_STATE_KIND!r})")
+        raise ValueError(
+            f"checkpoint {path} is not a tiny-llm training state (expected a dict with kind={TRAIN_STATE_KIND!r})"
+        )
     return state
 
 
@@ -112,8 +115,9 @@ def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, s
             metadata = handle.metadata() or {}
         return load_file(path), metadata
     except (SafetensorError, OSError, ValueError) as error:
-        raise ValueError(f"checkpoint {path} is truncated or corrupt ({error}); re-export it or use another "
-                         "checkpoint") from None
+        raise ValueError(
+            f"checkpoint {path} is truncated or corrupt ({error}); re-export it or use another checkpoint"
+        ) from None
 
 
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:

@@ -104,10 +104,13 @@ class GPT2Attention(nn.Module):
         B, T, C = x.z0.shape
 
         def heads(part: int):  # (..., B, T, 3C) -> (..., B, nh, T, hs), the part-th third
-            return lambda z: z[..., part * C:(part + 1) * C].unflatten(-1, (self.n_heads, self.head_dim)).transpose(-3, -2)
+            return lambda z: (
+                z[..., part * C : (part + 1) * C].unflatten(-1, (self.n_heads, self.head_dim)).transpose(-3, -2)
+            )
 
         def merge(z: torch.Tensor) -> torch.Tensor:  # (..., B, nh, T, hs) -> (..., B, T, C)
             return z.transpose(-3, -2).reshape(*z.shape[:-4], B, T, C)
+
         qkv = linear_jet(x, self.wqkv, jets)
         q, k, v = (qkv.map(heads(part)) for part in range(3))
         y = reference_attention_jet(q, k, v, jets, key=self).map(merge)
@@ -186,7 +189,8 @@ class GPT2(CausalLM):
         self._check_jet_backend()
         self._check_length(idx.size(1))
         x = embedding_jet(idx, self.tok_embeddings, jets) + embedding_jet(
-            self._positions(idx.size(1), idx.device), self.pos_embeddings, jets)
+            self._positions(idx.size(1), idx.device), self.pos_embeddings, jets
+        )
         if jets.recorded is not None and not x.z0.requires_grad:  # the record pass needs a graph
             x = Jet(x.z0.detach().requires_grad_(), x.z1)
         for layer in self.layers:

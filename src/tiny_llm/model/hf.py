@@ -40,10 +40,26 @@ from tiny_llm.config import ModelConfig, RunConfig, config_from_dict, config_to_
 from tiny_llm.io import atomic_directory, local_directory
 from tiny_llm.layout import IMPORTED
 
-__all__ = ["FORMATS", "GPT2_LAYER_KEYS", "GPT2_MODEL_KEYS", "HF_CONFIG", "IMPORTED", "LLAMA_LAYER_KEYS",
-           "LLAMA_MODEL_KEYS", "adapter_config", "from_hf_state", "imported_config", "model_config_from_hf",
-           "model_config_to_hf", "read_hf", "read_json_object", "read_weights", "to_hf_state", "write_hf",
-           "write_hf_files"]
+__all__ = [
+    "FORMATS",
+    "GPT2_LAYER_KEYS",
+    "GPT2_MODEL_KEYS",
+    "HF_CONFIG",
+    "IMPORTED",
+    "LLAMA_LAYER_KEYS",
+    "LLAMA_MODEL_KEYS",
+    "adapter_config",
+    "from_hf_state",
+    "imported_config",
+    "model_config_from_hf",
+    "model_config_to_hf",
+    "read_hf",
+    "read_json_object",
+    "read_weights",
+    "to_hf_state",
+    "write_hf",
+    "write_hf_files",
+]
 
 
 LLAMA_LAYER_KEYS = {
@@ -58,31 +74,46 @@ LLAMA_LAYER_KEYS = {
     "feed_forward.w2.weight": "mlp.down_proj.weight",
 }
 """Llama: our key inside ``layers.{i}.`` -> theirs inside ``model.layers.{i}.``."""
-LLAMA_MODEL_KEYS = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-                    "output.weight": "lm_head.weight"}
+LLAMA_MODEL_KEYS = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 """Llama: our keys outside the layers -> theirs (``output.weight`` only for an untied head)."""
 
 GPT2_LAYER_KEYS = {
-    "attention_norm.weight": "ln_1.weight", "attention_norm.bias": "ln_1.bias",
-    "attention.wqkv.weight": "attn.c_attn.weight", "attention.wqkv.bias": "attn.c_attn.bias",
-    "attention.wo.weight": "attn.c_proj.weight", "attention.wo.bias": "attn.c_proj.bias",
-    "ffn_norm.weight": "ln_2.weight", "ffn_norm.bias": "ln_2.bias",
-    "feed_forward.w1.weight": "mlp.c_fc.weight", "feed_forward.w1.bias": "mlp.c_fc.bias",
-    "feed_forward.w2.weight": "mlp.c_proj.weight", "feed_forward.w2.bias": "mlp.c_proj.bias",
+    "attention_norm.weight": "ln_1.weight",
+    "attention_norm.bias": "ln_1.bias",
+    "attention.wqkv.weight": "attn.c_attn.weight",
+    "attention.wqkv.bias": "attn.c_attn.bias",
+    "attention.wo.weight": "attn.c_proj.weight",
+    "attention.wo.bias": "attn.c_proj.bias",
+    "ffn_norm.weight": "ln_2.weight",
+    "ffn_norm.bias": "ln_2.bias",
+    "feed_forward.w1.weight": "mlp.c_fc.weight",
+    "feed_forward.w1.bias": "mlp.c_fc.bias",
+    "feed_forward.w2.weight": "mlp.c_proj.weight",
+    "feed_forward.w2.bias": "mlp.c_proj.bias",
 }
 """GPT-2: our key inside ``layers.{i}.`` -> theirs inside ``transformer.h.{i}.``."""
-GPT2_MODEL_KEYS = {"tok_embeddings.weight": "transformer.wte.weight", "pos_embeddings.weight": "transformer.wpe.weight",
-                   "norm.weight": "transformer.ln_f.weight", "norm.bias": "transformer.ln_f.bias",
-                   "output.weight": "lm_head.weight"}
+GPT2_MODEL_KEYS = {
+    "tok_embeddings.weight": "transformer.wte.weight",
+    "pos_embeddings.weight": "transformer.wpe.weight",
+    "norm.weight": "transformer.ln_f.weight",
+    "norm.bias": "transformer.ln_f.bias",
+    "output.weight": "lm_head.weight",
+}
 """GPT-2: our keys outside the layers -> theirs (``output.weight`` only for an untied head)."""
-GPT2_TRANSPOSED = frozenset({"attention.wqkv.weight", "attention.wo.weight", "feed_forward.w1.weight",
-                             "feed_forward.w2.weight"})
+GPT2_TRANSPOSED = frozenset(
+    {"attention.wqkv.weight", "attention.wo.weight", "feed_forward.w1.weight", "feed_forward.w2.weight"}
+)
 """GPT-2 layer keys whose tensor is stored transposed there (``Conv1D``: (in, out))."""
 
 
 def _refusal(source: str) -> Callable[[str, Any, str], ValueError]:
     def refuse(key: str, found: Any, need: str) -> ValueError:
         return ValueError(f"{source}: {key}={found!r} cannot be represented here ({need})")
+
     return refuse
 
 
@@ -102,21 +133,38 @@ def _llama_config(data: dict[str, Any], source: str) -> ModelConfig:
     head_dim = data.get("head_dim") or data["hidden_size"] // heads
     if head_dim * heads != data["hidden_size"]:
         raise refuse("head_dim", head_dim, f"need hidden_size / num_attention_heads = {data['hidden_size'] // heads}")
-    return ModelConfig(vocab_size=data["vocab_size"], d_model=data["hidden_size"], n_layers=data["num_hidden_layers"],
-                       n_heads=heads, d_ff=data["intermediate_size"], max_seq_len=data["max_position_embeddings"],
-                       rope_theta=float(data.get("rope_theta") or rope.get("rope_theta", 10000.0)),
-                       norm_eps=float(data["rms_norm_eps"]), tie_embeddings=bool(data.get("tie_word_embeddings", True)))
+    return ModelConfig(
+        vocab_size=data["vocab_size"],
+        d_model=data["hidden_size"],
+        n_layers=data["num_hidden_layers"],
+        n_heads=heads,
+        d_ff=data["intermediate_size"],
+        max_seq_len=data["max_position_embeddings"],
+        rope_theta=float(data.get("rope_theta") or rope.get("rope_theta", 10000.0)),
+        norm_eps=float(data["rms_norm_eps"]),
+        tie_embeddings=bool(data.get("tie_word_embeddings", True)),
+    )
 
 
 def _llama_hf_config(config: ModelConfig) -> dict[str, Any]:
     """``rope_theta`` both where transformers 4 and 5 read it."""
-    return {"vocab_size": config.vocab_size, "hidden_size": config.d_model, "num_hidden_layers": config.n_layers,
-            "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_heads,
-            "head_dim": config.head_dim, "intermediate_size": config.d_ff,
-            "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.norm_eps,
-            "rope_theta": config.rope_theta, "rope_scaling": None,
-            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
+    return {
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_heads,
+        "head_dim": config.head_dim,
+        "intermediate_size": config.d_ff,
+        "max_position_embeddings": config.max_seq_len,
+        "rms_norm_eps": config.norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
 
 
 def _gpt2_config(data: dict[str, Any], source: str) -> ModelConfig:
@@ -129,19 +177,37 @@ def _gpt2_config(data: dict[str, Any], source: str) -> ModelConfig:
         if data.get(key):
             raise refuse(key, data[key], "need false")
     width = data.get("n_embd", 768)
-    return ModelConfig(architecture="gpt2", vocab_size=data.get("vocab_size", 50257), d_model=width,
-                       n_layers=data.get("n_layer", 12), n_heads=data.get("n_head", 12),
-                       d_ff=data.get("n_inner") or 4 * width, max_seq_len=data.get("n_positions", 1024),
-                       norm_eps=float(data.get("layer_norm_epsilon", 1e-5)),
-                       tie_embeddings=bool(data.get("tie_word_embeddings", True)))
+    return ModelConfig(
+        architecture="gpt2",
+        vocab_size=data.get("vocab_size", 50257),
+        d_model=width,
+        n_layers=data.get("n_layer", 12),
+        n_heads=data.get("n_head", 12),
+        d_ff=data.get("n_inner") or 4 * width,
+        max_seq_len=data.get("n_positions", 1024),
+        norm_eps=float(data.get("layer_norm_epsilon", 1e-5)),
+        tie_embeddings=bool(data.get("tie_word_embeddings", True)),
+    )
 
 
 def _gpt2_hf_config(config: ModelConfig) -> dict[str, Any]:
-    return {"vocab_size": config.vocab_size, "n_embd": config.d_model, "n_layer": config.n_layers,
-            "n_head": config.n_heads, "n_inner": config.d_ff, "n_positions": config.max_seq_len,
-            "n_ctx": config.max_seq_len, "layer_norm_epsilon": config.norm_eps, "activation_function": "gelu_new",
-            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    return {
+        "vocab_size": config.vocab_size,
+        "n_embd": config.d_model,
+        "n_layer": config.n_layers,
+        "n_head": config.n_heads,
+        "n_inner": config.d_ff,
+        "n_positions": config.max_seq_len,
+        "n_ctx": config.max_seq_len,
+        "layer_norm_epsilon": config.norm_eps,
+        "activation_function": "gelu_new",
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+    }
 
 
 @dataclass(frozen=True)
@@ -171,11 +237,25 @@ class _Format:
 
 
 FORMATS = {
-    "llama": _Format("LlamaForCausalLM", "model.layers", LLAMA_LAYER_KEYS, LLAMA_MODEL_KEYS, _llama_config,
-                     _llama_hf_config, derived=re.compile(r".*rotary_emb\.inv_freq")),
-    "gpt2": _Format("GPT2LMHeadModel", "transformer.h", GPT2_LAYER_KEYS, GPT2_MODEL_KEYS, _gpt2_config,
-                    _gpt2_hf_config, transposed=GPT2_TRANSPOSED,
-                    derived=re.compile(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)")),
+    "llama": _Format(
+        "LlamaForCausalLM",
+        "model.layers",
+        LLAMA_LAYER_KEYS,
+        LLAMA_MODEL_KEYS,
+        _llama_config,
+        _llama_hf_config,
+        derived=re.compile(r".*rotary_emb\.inv_freq"),
+    ),
+    "gpt2": _Format(
+        "GPT2LMHeadModel",
+        "transformer.h",
+        GPT2_LAYER_KEYS,
+        GPT2_MODEL_KEYS,
+        _gpt2_config,
+        _gpt2_hf_config,
+        transposed=GPT2_TRANSPOSED,
+        derived=re.compile(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)"),
+    ),
 }
 """model_type -> its format. Other model types are analysed through the adapter (HVP engines)."""
 
@@ -213,8 +293,11 @@ def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source
         state[theirs[key]] = tensor.t().contiguous() if form.flips(theirs[key]) else tensor
     missing = sorted(set(ours) - set(state))
     if unknown or missing:
-        raise ValueError(f"{source}: weights do not match a {form.hf_class} of config.json"
-                         + (f"; unknown {unknown[:4]}" if unknown else "") + (f"; missing {missing[:4]}" if missing else ""))
+        raise ValueError(
+            f"{source}: weights do not match a {form.hf_class} of config.json"
+            + (f"; unknown {unknown[:4]}" if unknown else "")
+            + (f"; missing {missing[:4]}" if missing else "")
+        )
     return state
 
 
@@ -227,14 +310,20 @@ def model_config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
     """
     model_type = data.get("model_type")
     if model_type not in FORMATS:
-        raise _refusal(source)("model_type", model_type, f"only {' and '.join(FORMATS)} convert to this project's "
-                               "models; tiny-llm import-hf brings any other causal LM in as it is, measured through "
-                               "the adapter with the HVP engines")
+        raise _refusal(source)(
+            "model_type",
+            model_type,
+            f"only {' and '.join(FORMATS)} convert to this project's "
+            "models; tiny-llm import-hf brings any other causal LM in as it is, measured through "
+            "the adapter with the HVP engines",
+        )
     try:
         return FORMATS[model_type].config_from(data, source)
     except (KeyError, TypeError) as error:
-        raise ValueError(f"{source}: key {error} is missing or malformed; not a complete {model_type} "
-                         "config.json (save the model again)") from None
+        raise ValueError(
+            f"{source}: key {error} is missing or malformed; not a complete {model_type} "
+            "config.json (save the model again)"
+        ) from None
     except ValueError as error:
         raise ValueError(str(error) if str(error).startswith(source) else f"{source}: {error}") from None
 
@@ -242,8 +331,13 @@ def model_config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
 def model_config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
     """The Hugging Face config.json for our ModelConfig."""
     form = FORMATS[config.architecture]
-    return {"architectures": [form.hf_class], "model_type": config.architecture, **form.config_to(config),
-            "tie_word_embeddings": config.tie_embeddings, "torch_dtype": str(dtype).removeprefix("torch.")}
+    return {
+        "architectures": [form.hf_class],
+        "model_type": config.architecture,
+        **form.config_to(config),
+        "tie_word_embeddings": config.tie_embeddings,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -282,8 +376,10 @@ def _weight_files(path: Path) -> list[str]:
     elif (path / "model.safetensors").exists():
         files = ["model.safetensors"]
     elif any(path.glob("*.bin")):
-        raise ValueError(f"{path} holds pickled .bin weights only; convert them to safetensors first "
-                         "(model.save_pretrained(DIR, safe_serialization=True))")
+        raise ValueError(
+            f"{path} holds pickled .bin weights only; convert them to safetensors first "
+            "(model.save_pretrained(DIR, safe_serialization=True))"
+        )
     else:
         raise ValueError(f"{path} has no model.safetensors")
     return files
@@ -325,17 +421,24 @@ HF_CONFIG = "hf-config.json"
 def adapter_config(data: dict[str, Any], hf_config: Path) -> ModelConfig:
     """ModelConfig ``architecture: hf`` for a config.json of another causal LM: its shape read from
     the usual keys (for the memory model and the vocabulary check)."""
+
     def first(*keys: str, default: Any = None) -> Any:
         return next((data[k] for k in keys if data.get(k) is not None), default)
+
     width = first("hidden_size", "n_embd", "d_model")
     if width is None or first("vocab_size") is None:
         raise ValueError(f"{hf_config}: no hidden_size or vocab_size; not a causal language model config.json")
-    return ModelConfig(architecture="hf", hf_config=str(hf_config), vocab_size=data["vocab_size"], d_model=width,
-                       n_layers=first("num_hidden_layers", "n_layer", "num_layers", default=1),
-                       n_heads=first("num_attention_heads", "n_head", default=1),
-                       d_ff=first("intermediate_size", "n_inner", "ffn_dim", default=None) or 4 * width,
-                       max_seq_len=first("max_position_embeddings", "n_positions", "max_seq_len", default=2048),
-                       tie_embeddings=bool(data.get("tie_word_embeddings", True)))
+    return ModelConfig(
+        architecture="hf",
+        hf_config=str(hf_config),
+        vocab_size=data["vocab_size"],
+        d_model=width,
+        n_layers=first("num_hidden_layers", "n_layer", "num_layers", default=1),
+        n_heads=first("num_attention_heads", "n_head", default=1),
+        d_ff=first("intermediate_size", "n_inner", "ffn_dim", default=None) or 4 * width,
+        max_seq_len=first("max_position_embeddings", "n_positions", "max_seq_len", default=2048),
+        tie_embeddings=bool(data.get("tie_word_embeddings", True)),
+    )
 
 
 def write_hf(out: str | Path, config: ModelConfig, state: dict[str, torch.Tensor]) -> Path:
@@ -377,12 +480,15 @@ def imported_config(directories: list[str | Path], config: RunConfig) -> RunConf
 
     def essential(data: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in data.items() if k not in ("torch_dtype", "dtype", "transformers_version")}
+
     for path, data in read[1:]:
         if essential(data) != essential(read[0][1]):
             mine, first = essential(data), essential(read[0][1])
             keys = sorted(k for k in set(mine) | set(first) if mine.get(k) != first.get(k))
-            raise ValueError(f"{path / 'config.json'} differs from {paths[0] / 'config.json'} (in {', '.join(keys[:3])}); "
-                             "import the checkpoints of one model configuration into one run directory")
+            raise ValueError(
+                f"{path / 'config.json'} differs from {paths[0] / 'config.json'} (in {', '.join(keys[:3])}); "
+                "import the checkpoints of one model configuration into one run directory"
+            )
     data = read[0][1]
     if data.get("model_type") in FORMATS:
         model = model_config_from_hf(data, str(paths[0] / "config.json"))
@@ -390,6 +496,7 @@ def imported_config(directories: list[str | Path], config: RunConfig) -> RunConf
         try:
             model = adapter_config(data, paths[0] / "config.json")
         except (TypeError, ValueError) as error:
-            raise ValueError(str(error) if str(paths[0]) in str(error) else f"{paths[0] / 'config.json'}: {error}") \
-                from None
+            raise ValueError(
+                str(error) if str(paths[0]) in str(error) else f"{paths[0] / 'config.json'}: {error}"
+            ) from None
     return config_from_dict({**config_to_dict(config), "model": config_to_dict(model)})

@@ -34,6 +34,7 @@ from safetensors.torch import save_file
 
 from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, load_config
 from tiny_llm.io import atomic_directory, atomic_write_json, local_directory, sha256_file
+from tiny_llm.layout import IMPORTED, RESOLVED, epoch_file
 from tiny_llm.model.hf import (
     HF_CONFIG,
     from_hf_state,
@@ -42,10 +43,19 @@ from tiny_llm.model.hf import (
     read_weights,
     write_hf_files,
 )
-from tiny_llm.layout import IMPORTED, RESOLVED, epoch_file
 
-__all__ = ["IMPORTED", "TOKENIZER_DIR", "CheckpointPosition", "checkpoint_positions", "checkpoint_tokenizer",
-           "export_run", "import_run", "imported_record", "read_trainer_state", "run_tokenizer"]
+__all__ = [
+    "IMPORTED",
+    "TOKENIZER_DIR",
+    "CheckpointPosition",
+    "checkpoint_positions",
+    "checkpoint_tokenizer",
+    "export_run",
+    "import_run",
+    "imported_record",
+    "read_trainer_state",
+    "run_tokenizer",
+]
 
 log = logging.getLogger("tiny_llm")
 
@@ -66,8 +76,12 @@ class CheckpointPosition:
     tokens_source: str
 
     def record(self) -> dict[str, Any]:
-        return {"step": self.step, "step_source": self.step_source, "tokens": self.tokens,
-                "tokens_source": self.tokens_source}
+        return {
+            "step": self.step,
+            "step_source": self.step_source,
+            "tokens": self.tokens,
+            "tokens_source": self.tokens_source,
+        }
 
 
 def read_trainer_state(directory: Path) -> dict[str, Any] | None:
@@ -82,8 +96,10 @@ def read_trainer_state(directory: Path) -> dict[str, Any] | None:
     data = read_json_object(path)
     step = data.get("global_step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ValueError(f"{path}: global_step {step!r} is not a non-negative integer; fix the file or give the "
-                         "step (--step, hf_checkpoints[].step)")
+        raise ValueError(
+            f"{path}: global_step {step!r} is not a non-negative integer; fix the file or give the "
+            "step (--step, hf_checkpoints[].step)"
+        )
     return data
 
 
@@ -93,9 +109,12 @@ def _count(value: Any, what: str) -> int:
     return value
 
 
-def checkpoint_positions(paths: list[Path], steps: list[int | None] | None = None,
-                         tokens: list[int | None] | None = None,
-                         tokens_per_step: int | None = None) -> list[CheckpointPosition]:
+def checkpoint_positions(
+    paths: list[Path],
+    steps: list[int | None] | None = None,
+    tokens: list[int | None] | None = None,
+    tokens_per_step: int | None = None,
+) -> list[CheckpointPosition]:
     """Each directory's step and training tokens, in the order given (oldest first).
 
     A step is given, or a Trainer's ``trainer_state.json`` global_step; tokens are given, or its
@@ -109,8 +128,10 @@ def checkpoint_positions(paths: list[Path], steps: list[int | None] | None = Non
     n = len(paths)
     steps, tokens = list(steps or [None] * n), list(tokens or [None] * n)
     if not n or len(steps) != n or len(tokens) != n:
-        raise ValueError(f"give one step and one token count per checkpoint directory ({n} directories, "
-                         f"{len(steps)} steps, {len(tokens)} token counts)")
+        raise ValueError(
+            f"give one step and one token count per checkpoint directory ({n} directories, "
+            f"{len(steps)} steps, {len(tokens)} token counts)"
+        )
     seen: dict[Path, Path] = {}
     for path in paths:
         if (resolved := Path(path).resolve()) in seen:
@@ -126,8 +147,10 @@ def checkpoint_positions(paths: list[Path], steps: list[int | None] | None = Non
         elif state is not None:
             step, step_source = state["global_step"], "trainer_state.json global_step"
         elif n > 1:
-            raise ValueError(f"{path}: its training step is unknown (no trainer_state.json); give the step of "
-                             "every checkpoint (--step S1 S2 ..., hf_checkpoints[].step)")
+            raise ValueError(
+                f"{path}: its training step is unknown (no trainer_state.json); give the step of "
+                "every checkpoint (--step S1 S2 ..., hf_checkpoints[].step)"
+            )
         else:
             step, step_source = 0, "unknown"
         seen_tokens = (state or {}).get("num_input_tokens_seen")
@@ -142,18 +165,30 @@ def checkpoint_positions(paths: list[Path], steps: list[int | None] | None = Non
         positions.append(CheckpointPosition(step, step_source, count, tokens_source))
     for (a, p), (b, q) in pairwise(zip(paths, positions, strict=True)):
         if q.step <= p.step:
-            raise ValueError(f"checkpoints out of training order: {b} (step {q.step}) comes after {a} (step {p.step}); "
-                             "list them oldest first, each step once")
+            raise ValueError(
+                f"checkpoints out of training order: {b} (step {q.step}) comes after {a} (step {p.step}); "
+                "list them oldest first, each step once"
+            )
         if p.tokens is not None and q.tokens is not None and q.tokens < p.tokens:
-            raise ValueError(f"checkpoints out of training order: {b} ({q.tokens} tokens) comes after {a} "
-                             f"({p.tokens} tokens); list them oldest first")
+            raise ValueError(
+                f"checkpoints out of training order: {b} ({q.tokens} tokens) comes after {a} "
+                f"({p.tokens} tokens); list them oldest first"
+            )
     unknown = [str(path) for path, p in zip(paths, positions, strict=True) if p.tokens is None]
     if unknown:
         batch = next((s.get("train_batch_size") for s in states if s), None)
-        hint = (f"; trainer_state.json says train_batch_size {batch} per device, so tokens_per_step = {batch} x "
-                "sequence length x gradient accumulation steps x devices" if batch else "")
-        log.warning("training tokens unknown for %s: the figures will use steps; give them (--tokens, "
-                    "--tokens-per-step, hf_checkpoints[].tokens or tokens_per_step)%s", ", ".join(unknown), hint)
+        hint = (
+            f"; trainer_state.json says train_batch_size {batch} per device, so tokens_per_step = {batch} x "
+            "sequence length x gradient accumulation steps x devices"
+            if batch
+            else ""
+        )
+        log.warning(
+            "training tokens unknown for %s: the figures will use steps; give them (--tokens, "
+            "--tokens-per-step, hf_checkpoints[].tokens or tokens_per_step)%s",
+            ", ".join(unknown),
+            hint,
+        )
     return positions
 
 
@@ -174,15 +209,19 @@ def checkpoint_tokenizer(paths: list[Path], vocab_size: int) -> dict[str, Any] |
     for path in carrying[1:]:
         if tokenizer_files(path).get("tokenizer.json") != first:
             read_tokenizer(path)  # a corrupt one is named as such
-            raise ValueError(f"{path} and {carrying[0]} carry different tokenizers; import the checkpoints of one "
-                             "model and tokenizer into one run directory")
+            raise ValueError(
+                f"{path} and {carrying[0]} carry different tokenizers; import the checkpoints of one "
+                "model and tokenizer into one run directory"
+            )
     if len(carrying) != len(paths):
         missing = next(str(p) for p in paths if Path(p) not in carrying)
         log.warning("%s carries no tokenizer; taking that of %s for every checkpoint", missing, carrying[0])
     _, record = read_tokenizer(carrying[0])
     if record["vocab_size"] > vocab_size:
-        raise ValueError(f"{carrying[0] / 'tokenizer.json'}: its vocabulary ({record['vocab_size']} tokens) exceeds "
-                         f"the model's vocab_size {vocab_size}; these are not the model's tokenizer files")
+        raise ValueError(
+            f"{carrying[0] / 'tokenizer.json'}: its vocabulary ({record['vocab_size']} tokens) exceeds "
+            f"the model's vocab_size {vocab_size}; these are not the model's tokenizer files"
+        )
     return record
 
 
@@ -201,9 +240,11 @@ def _checked_states(paths: list[Path], planned: RunConfig) -> list[dict[str, tor
             state = from_hf_state(read_weights(path), planned.model, str(path))
         embedding = state.get("tok_embeddings.weight")  # the adapter's mismatches: _adapter_state names them
         if embedding is not None and embedding.shape[0] != planned.model.vocab_size:
-            raise ValueError(f"{path / 'config.json'}: vocab_size {planned.model.vocab_size} disagrees with the "
-                             f"embedding's {embedding.shape[0]} rows in the weights; the config.json does not belong "
-                             "to these weights")
+            raise ValueError(
+                f"{path / 'config.json'}: vocab_size {planned.model.vocab_size} disagrees with the "
+                f"embedding's {embedding.shape[0]} rows in the weights; the config.json does not belong "
+                "to these weights"
+            )
         check_state_dict(model, state, str(path))
         states.append(state)
     return states
@@ -214,29 +255,41 @@ def _adapter_state(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor
     ``transformers`` itself (safetensors, local files only), so that the renames and conversions
     it applies to saved names (``embed_out`` to ``lm_head``, say) are the ones it computes with;
     tied tensors once, in the file's dtype."""
-    import transformers  # noqa: PLC0415 - only for models of other architectures
+    import transformers
 
     read_weights(path)  # safetensors only, refused by name otherwise; a truncated file is named
     transformers.utils.logging.disable_progress_bar()  # a progress bar per checkpoint is noise in a log
     try:  # mismatches are reported below, by name, rather than in transformers' multi-line report
         loaded, info = transformers.AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, use_safetensors=True, dtype="auto", ignore_mismatched_sizes=True,
-            output_loading_info=True)
+            path,
+            local_files_only=True,
+            use_safetensors=True,
+            dtype="auto",
+            ignore_mismatched_sizes=True,
+            output_loading_info=True,
+        )
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"{path}: transformers cannot load these weights with their config.json ({first[:300]})") \
-            from None
+        raise ValueError(
+            f"{path}: transformers cannot load these weights with their config.json ({first[:300]})"
+        ) from None
     mismatched = sorted((key, tuple(saved), tuple(built)) for key, saved, built in info.get("mismatched_keys", ()))
     problems = [f"{key}: shape {saved} in the weights, {built} by config.json" for key, saved, built in mismatched]
     problems += [f"missing {sorted(info['missing_keys'])[:4]}"] if info.get("missing_keys") else []
     if problems:
         vocab = [p for p in problems if "embed" in p]
-        hint = (" (config.json's vocab_size disagrees with the embedding: the config.json does not belong to these "
-                "weights)" if vocab else "")
+        hint = (
+            " (config.json's vocab_size disagrees with the embedding: the config.json does not belong to these weights)"
+            if vocab
+            else ""
+        )
         raise ValueError(f"{path}: weights do not match config.json{hint}: " + "; ".join(problems[:3]))
     shared = model.shared_keys()
-    return {f"model.{key}": tensor.detach().clone() for key, tensor in loaded.state_dict().items()
-            if f"model.{key}" not in shared}
+    return {
+        f"model.{key}": tensor.detach().clone()
+        for key, tensor in loaded.state_dict().items()
+        if f"model.{key}" not in shared
+    }
 
 
 def _resolved_text(config: RunConfig) -> str:
@@ -244,9 +297,11 @@ def _resolved_text(config: RunConfig) -> str:
     its analysis epoch; what the run was trained with elsewhere is unknown and not written."""
     data = config_to_dict(config)
     data["training"] = {key: data["training"][key] for key in IMPORTED_TRAINING_KEYS}
-    return ("# Imported (imported.json): trained elsewhere. Only the training keys that cut the analysis epoch\n"
-            "# are recorded; its learning rate, optimizer and other hyper-parameters are unknown.\n"
-            + yaml.safe_dump(data, sort_keys=False))
+    return (
+        "# Imported (imported.json): trained elsewhere. Only the training keys that cut the analysis epoch\n"
+        "# are recorded; its learning rate, optimizer and other hyper-parameters are unknown.\n"
+        + yaml.safe_dump(data, sort_keys=False)
+    )
 
 
 def _leftovers(run_dir: Path) -> list[Path]:
@@ -259,17 +314,27 @@ def _check_target(run_dir: Path) -> None:
     if run_dir.is_dir() and any(run_dir.iterdir()):
         marker, resolved = run_dir / IMPORTED, run_dir / RESOLVED
         earlier = resolved.exists() and resolved.read_text(errors="replace").startswith("# Imported")
-        what = ("holds an import already" if marker.exists() else
-                "holds an earlier import whose imported.json is gone (the workflow removes it when the "
-                "import's settings change; remove the directory to import again)" if earlier else
-                "holds a run trained here" if resolved.exists() else
-                "is not empty (it holds no run: a half-made import of an earlier version? remove it)")
+        what = (
+            "holds an import already"
+            if marker.exists()
+            else "holds an earlier import whose imported.json is gone (the workflow removes it when the "
+            "import's settings change; remove the directory to import again)"
+            if earlier
+            else "holds a run trained here"
+            if resolved.exists()
+            else "is not empty (it holds no run: a half-made import of an earlier version? remove it)"
+        )
         raise ValueError(f"{run_dir} {what}; import into a new run directory")
 
 
-def import_run(directories: list[str | Path], run_dir: str | Path, config: RunConfig,
-               steps: list[int | None] | None = None, tokens: list[int | None] | None = None,
-               tokens_per_step: int | None = None) -> Path:
+def import_run(
+    directories: list[str | Path],
+    run_dir: str | Path,
+    config: RunConfig,
+    steps: list[int | None] | None = None,
+    tokens: list[int | None] | None = None,
+    tokens_per_step: int | None = None,
+) -> Path:
     """Make a run directory from local Hugging Face checkpoint directories of one model (the
     revisions of a training suite, oldest first, or just one): ``resolved.yaml`` (the model
     section from their config.json; data and the analysis epoch's training keys from ``config``),
@@ -301,9 +366,15 @@ def import_run(directories: list[str | Path], run_dir: str | Path, config: RunCo
     return run_dir
 
 
-def _write_import(tmp: Path, run_dir: Path, paths: list[Path], planned: RunConfig,
-                  positions: list[CheckpointPosition], tokenizer: dict[str, Any] | None,
-                  states: list[dict[str, torch.Tensor]]) -> None:
+def _write_import(
+    tmp: Path,
+    run_dir: Path,
+    paths: list[Path],
+    planned: RunConfig,
+    positions: list[CheckpointPosition],
+    tokenizer: dict[str, Any] | None,
+    states: list[dict[str, torch.Tensor]],
+) -> None:
     """The import's files in ``tmp`` (renamed onto ``run_dir`` by the caller): the marker first,
     the full record last."""
     from tiny_llm.model.checkpoint import save_weights
@@ -322,17 +393,33 @@ def _write_import(tmp: Path, run_dir: Path, paths: list[Path], planned: RunConfi
     checkpoints = []
     for index, (path, position, state) in enumerate(zip(paths, positions, states, strict=True)):
         name = epoch_file(index)
-        metadata = {"step": position.step, "epoch": 0, "source": path.name,
-                    **({"tokens": position.tokens} if position.tokens is not None else {})}
+        metadata = {
+            "step": position.step,
+            "epoch": 0,
+            "source": path.name,
+            **({"tokens": position.tokens} if position.tokens is not None else {}),
+        }
         save_weights(tmp / name, state, metadata)
         files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors"))
-        checkpoints.append({"checkpoint": name, "source": str(path.resolve()), **position.record(),
-                            "files": {p.name: sha256_file(p) for p in files}})
+        checkpoints.append(
+            {
+                "checkpoint": name,
+                "source": str(path.resolve()),
+                **position.record(),
+                "files": {p.name: sha256_file(p) for p in files},
+            }
+        )
     resolved = config_from_dict({**config_to_dict(planned), "model": config_to_dict(model)})
     (tmp / RESOLVED).write_text(_resolved_text(resolved))
-    record.update({"complete": True, "checkpoints": checkpoints, "tokenizer": tokenizer,
-                   "training": "trained elsewhere: hyper-parameters unknown; resolved.yaml holds only "
-                               + ", ".join(IMPORTED_TRAINING_KEYS)})
+    record.update(
+        {
+            "complete": True,
+            "checkpoints": checkpoints,
+            "tokenizer": tokenizer,
+            "training": "trained elsewhere: hyper-parameters unknown; resolved.yaml holds only "
+            + ", ".join(IMPORTED_TRAINING_KEYS),
+        }
+    )
     atomic_write_json(tmp / IMPORTED, record)
 
 
@@ -385,13 +472,20 @@ def export_run(run_dir: str | Path, checkpoint: str, out: str | Path) -> Path:
         if config.model.architecture != "hf":
             write_hf_files(tmp, config.model, state)
         else:  # another architecture: its own config.json and tensor names, as imported
-            save_file({k.removeprefix("model."): t.contiguous() for k, t in state.items()},
-                      str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            save_file(
+                {k.removeprefix("model."): t.contiguous() for k, t in state.items()},
+                str(tmp / "model.safetensors"),
+                metadata={"format": "pt"},
+            )
             (tmp / "config.json").write_text(Path(config.model.hf_config).read_text())
         written = write_hf_tokenizer(tmp, tokenizer, config.model.vocab_size)
     if not written:
-        log.warning("%s: no tokenizer written (the run's cache records none that can be written: %s); give the "
-                    "export the tokenizer its cache was encoded with", out, (tokenizer or {}).get("type", "unknown"))
+        log.warning(
+            "%s: no tokenizer written (the run's cache records none that can be written: %s); give the "
+            "export the tokenizer its cache was encoded with",
+            out,
+            (tokenizer or {}).get("type", "unknown"),
+        )
     return out
 
 
@@ -402,4 +496,3 @@ def _cache_tokenizer(config: RunConfig) -> dict[str, Any] | None:
         return json.loads(meta.read_text()).get("tokenizer")
     except (OSError, ValueError, AttributeError):
         return None
-

@@ -53,8 +53,9 @@ def add_terms(*terms: torch.Tensor | None) -> torch.Tensor | None:
     return None if not present else present[0] if len(present) == 1 else sum(present[1:], present[0])
 
 
-def per_direction(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor | None = None,
-                  buffer: torch.Tensor | None = None) -> torch.Tensor:
+def per_direction(
+    x: torch.Tensor, V: torch.Tensor, out: torch.Tensor | None = None, buffer: torch.Tensor | None = None
+) -> torch.Tensor:
     """x Vₖᵀ for every direction k: x (..., n) shared, V (K, m, n) → (K, ..., m), contiguous.
 
     With ``out`` (K, ..., m), adds to it in place instead (one batched GEMM with β = 1: no
@@ -100,9 +101,13 @@ class JetPass:
         workspace: buffers reused across passes (see ``buffer``).
     """
 
-    def __init__(self, directions: dict[torch.Tensor, torch.Tensor],
-                 adjoints: dict[Hashable, torch.Tensor] | None = None, record: bool = False,
-                 workspace: dict[str, torch.Tensor] | None = None):
+    def __init__(
+        self,
+        directions: dict[torch.Tensor, torch.Tensor],
+        adjoints: dict[Hashable, torch.Tensor] | None = None,
+        record: bool = False,
+        workspace: dict[str, torch.Tensor] | None = None,
+    ):
         self.directions, self.adjoints = directions, adjoints
         self.workspace = {} if workspace is None else workspace
         self.recorded: dict[Hashable, torch.Tensor] | None = {} if record else None
@@ -156,8 +161,7 @@ class JetPass:
         z1 = a1∘b0 + a0∘b1, z2 = a2∘b0 + 2a1∘b1 + a0∘b2."""
         z0, z1 = op(a.z0, b.z0), op(a.z1, b.z0) + op(a.z0, b.z1)
         twice = op(2 * a.z1, b.z1) if a.z1.numel() <= b.z1.numel() else op(a.z1, 2 * b.z1)
-        z2 = add_terms(twice, None if a.z2 is None else op(a.z2, b.z0),
-                       None if b.z2 is None else op(a.z0, b.z2))
+        z2 = add_terms(twice, None if a.z2 is None else op(a.z2, b.z0), None if b.z2 is None else op(a.z0, b.z2))
         out = Jet(z0, z1, z2)
         return out if key is None else self.emit(key, out)
 

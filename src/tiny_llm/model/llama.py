@@ -164,8 +164,9 @@ def reference_attention_jet(q: Jet, k: Jet, v: Jet, jets: JetPass, key: nn.Modul
     return jets.product(probs.map(lambda z: z.to(v.z0.dtype)), v, torch.matmul, key=(key, "values"))
 
 
-def _attention_adjoint_jet(q: Jet, k: Jet, v: Jet, future: torch.Tensor, lam_s: torch.Tensor,
-                           lam_o: torch.Tensor, jets: JetPass) -> Jet:
+def _attention_adjoint_jet(
+    q: Jet, k: Jet, v: Jet, future: torch.Tensor, lam_s: torch.Tensor, lam_o: torch.Tensor, jets: JetPass
+) -> Jet:
     """The adjoint mode of ``reference_attention_jet`` (q already scaled, no input z2), fused so that
     each direction writes only two (T, T) tensors, c = s1 − ⟨p0, s1⟩ and p1 = p0 c.
 
@@ -181,9 +182,11 @@ def _attention_adjoint_jet(q: Jet, k: Jet, v: Jet, future: torch.Tensor, lam_s: 
     right = torch.cat([k.z0.expand_as(k.z1), k.z1, torch.ones_like(m)], dim=-1)
     c = torch.matmul(left, right.transpose(-2, -1), out=jets.buffer("attention c", (*left.shape[:-1], T), left))
     p1 = torch.mul(p0, c, out=jets.buffer("attention p1", c.shape, c))  # (K, B, nh, T, T)
-    jets.absorb(2 * per_direction_dot(shared_matmul(lam_s, k.z1), q.z1)
-                + c.mul_(c).flatten(1) @ lam_s.flatten().to(c.dtype)  # c² in place: c is not used again
-                + 2 * per_direction_dot(p1.transpose(-2, -1) @ lam_o.to(p1.dtype), v1))
+    jets.absorb(
+        2 * per_direction_dot(shared_matmul(lam_s, k.z1), q.z1)
+        + c.mul_(c).flatten(1) @ lam_s.flatten().to(c.dtype)  # c² in place: c is not used again
+        + 2 * per_direction_dot(p1.transpose(-2, -1) @ lam_o.to(p1.dtype), v1)
+    )
     return Jet(p0 @ v0, p1 @ v0 + shared_matmul(p0, v1)).map(lambda z: z.to(v.z0.dtype))
 
 
@@ -201,8 +204,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = (w(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-                   for w in (self.wq, self.wk, self.wv))
+        q, k, v = (
+            w(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+            for w in (self.wq, self.wk, self.wv)
+        )
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.backend == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -219,6 +224,7 @@ class Attention(nn.Module):
 
         def merge(z: torch.Tensor) -> torch.Tensor:  # (..., B, nh, T, hs) -> (..., B, T, C)
             return z.transpose(-3, -2).reshape(*z.shape[:-4], B, T, C)
+
         q, k, v = (linear_jet(x, w, jets).map(heads) for w in (self.wq, self.wk, self.wv))
         q, k = (z.map(lambda t: apply_rope(t, cos, sin)) for z in (q, k))
         y = reference_attention_jet(q, k, v, jets, key=self).map(merge)
@@ -290,8 +296,9 @@ class CausalLM(nn.Module):
     def _end(self) -> None:
         """The last module (an untied head; tied: logits use tok_embeddings.weight directly, so the
         state dict holds the tensor once), then the initialisation."""
-        self.output = None if self.config.tie_embeddings else nn.Linear(self.config.d_model, self.config.vocab_size,
-                                                                        bias=False)
+        self.output = (
+            None if self.config.tie_embeddings else nn.Linear(self.config.d_model, self.config.vocab_size, bias=False)
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -313,8 +320,9 @@ class CausalLM(nn.Module):
 
     def _check_jet_backend(self) -> None:
         if self.attention_backend != "reference":
-            raise ValueError(f"jets need reference attention; build {type(self).__name__}(config, "
-                             "attention_backend='reference')")
+            raise ValueError(
+                f"jets need reference attention; build {type(self).__name__}(config, attention_backend='reference')"
+            )
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -414,12 +422,15 @@ def check_jet_rules(model: nn.Module) -> None:
         raise ValueError(refusal)
     for name, module in model.named_modules():
         if not isinstance(module, _JET_LEAVES) and not callable(getattr(type(module), "jet", None)):
-            raise ValueError(f"layer {name or '<model>'} ({type(module).__name__}) has no second-order rule, so the "
-                             "taylor and adjoint engines cannot differentiate it; add its jet rule beside the layer "
-                             "(tiny_llm/model/) or use engine double_backward or pearlmutter")
+            raise ValueError(
+                f"layer {name or '<model>'} ({type(module).__name__}) has no second-order rule, so the "
+                "taylor and adjoint engines cannot differentiate it; add its jet rule beside the layer "
+                "(tiny_llm/model/) or use engine double_backward or pearlmutter"
+            )
     if getattr(model, "attention_backend", "reference") != "reference":
-        raise ValueError(f"jets need reference attention; build {type(model).__name__}(config, "
-                         "attention_backend='reference')")
+        raise ValueError(
+            f"jets need reference attention; build {type(model).__name__}(config, attention_backend='reference')"
+        )
 
 
 def token_losses(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:

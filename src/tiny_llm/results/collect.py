@@ -18,21 +18,53 @@ from typing import Any
 from tiny_llm.curvature.noise import STANDARD_ERRORS, standard_errors, summarise
 from tiny_llm.data.order import order_warnings
 from tiny_llm.io import atomic_write_json, atomic_write_text
-from tiny_llm.results.record import append_event, job_records
 from tiny_llm.layout import MANIFEST, SUMMARY
+from tiny_llm.results.record import append_event, job_records
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AUDIT_THRESHOLD", "CONSENSUS_COLUMNS", "ERROR_COLUMNS", "GAUSS_NEWTON", "STATISTICS", "SUMMARY_COLUMNS", "collect", "collect_spectrum", "validate_result"]
+__all__ = [
+    "AUDIT_THRESHOLD",
+    "CONSENSUS_COLUMNS",
+    "ERROR_COLUMNS",
+    "GAUSS_NEWTON",
+    "STATISTICS",
+    "SUMMARY_COLUMNS",
+    "collect",
+    "collect_spectrum",
+    "validate_result",
+]
 
-STATISTICS = ["noise_curvature", "normalized_alignment", "mean_noise_norm", "mean_grad_norm", "full_grad_norm",
-              "random_curvature", "grad_curvature", "b_simple", "b_noise"]
+STATISTICS = [
+    "noise_curvature",
+    "normalized_alignment",
+    "mean_noise_norm",
+    "mean_grad_norm",
+    "full_grad_norm",
+    "random_curvature",
+    "grad_curvature",
+    "b_simple",
+    "b_noise",
+]
 GAUSS_NEWTON = ["noise_gauss_newton", "random_gauss_newton", "grad_gauss_newton"]
 """The Gauss–Newton parts of noise_curvature, random_curvature and grad_curvature (form engines)."""
 CONSENSUS_COLUMNS = ["consensus_mean_curvature", "consensus_normalized_alignment", "consensus_mean_norm"]
 ERROR_COLUMNS = [f"{name}_se" for name in STANDARD_ERRORS]
-SUMMARY_COLUMNS = ["file", "state_key", "case", "step", "tokens", "source", "loss", *STATISTICS, *GAUSS_NEWTON, *ERROR_COLUMNS,
-                   "audit_statistic_error", "audit_max_relative_error", *CONSENSUS_COLUMNS]
+SUMMARY_COLUMNS = [
+    "file",
+    "state_key",
+    "case",
+    "step",
+    "tokens",
+    "source",
+    "loss",
+    *STATISTICS,
+    *GAUSS_NEWTON,
+    *ERROR_COLUMNS,
+    "audit_statistic_error",
+    "audit_max_relative_error",
+    *CONSENSUS_COLUMNS,
+]
 """One row per checkpoint file × case; ``loss`` is the epoch loss of the state on the case,
 ``<statistic>_se`` the standard error of a sampled statistic, ``audit_statistic_error`` the largest
 relative error of a statistic that the precision audit implies (loss and ḡ over the whole epoch in
@@ -60,32 +92,44 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
     if result.get("schema") != 1:
         raise ValueError(f"{source}: unknown result schema {result.get('schema')!r}")
     if result["state"]["key"] != key or result["case"] != case:
-        raise ValueError(f"{source}: holds state {result['state']['key'][:12]} / {result['case']}, "
-                         f"expected {key[:12]} / {case}")
+        raise ValueError(
+            f"{source}: holds state {result['state']['key'][:12]} / {result['case']}, expected {key[:12]} / {case}"
+        )
     missing = [k for k in STATISTICS if k not in result["statistics"]]
     if missing:
         raise ValueError(f"{source}: statistics {missing} are missing")
     counts = result["counts"]
-    arguments = (result["noise_samples"], result["random_directions"], result["statistics"]["full_grad_norm"],
-                 result["statistics"]["grad_curvature"], counts["parameters_D"], counts["effective_batch_size"],
-                 counts["epoch_sequences"], result["statistics"].get("grad_gauss_newton"))
+    arguments = (
+        result["noise_samples"],
+        result["random_directions"],
+        result["statistics"]["full_grad_norm"],
+        result["statistics"]["grad_curvature"],
+        counts["parameters_D"],
+        counts["effective_batch_size"],
+        counts["epoch_sequences"],
+        result["statistics"].get("grad_gauss_newton"),
+    )
     if "standard_errors" not in result:
-        raise ValueError(f"{source}: has no standard errors (made by an older version); rerun the workflow "
-                         "in a new output directory")
+        raise ValueError(
+            f"{source}: has no standard errors (made by an older version); rerun the workflow in a new output directory"
+        )
     for block, recomputed in (("statistics", summarise(*arguments)), ("standard_errors", standard_errors(*arguments))):
         for name, value in recomputed.items():
             if value is None and name not in result[block]:  # a statistic added since (Gauss–Newton parts)
                 continue
             if name not in result[block] or not _agree(value, result[block][name]):
-                raise ValueError(f"{source}: {name} = {result[block].get(name)!r} disagrees with its per-sample "
-                                 f"records ({value!r})")
+                raise ValueError(
+                    f"{source}: {name} = {result[block].get(name)!r} disagrees with its per-sample records ({value!r})"
+                )
     audit = result.get("audit")
-    if audit is not None and not _agree(audit["max_relative_error"],
-                                        max(d["relative_error"] for d in audit["directions"])):
+    if audit is not None and not _agree(
+        audit["max_relative_error"], max(d["relative_error"] for d in audit["directions"])
+    ):
         raise ValueError(f"{source}: the audit's max_relative_error disagrees with its directions")
-    if audit is not None and not _agree(audit.get("max_statistic_relative_error"),
-                                        max((v for v in audit.get("statistics_relative_error", {}).values()
-                                             if v is not None), default=None)):
+    if audit is not None and not _agree(
+        audit.get("max_statistic_relative_error"),
+        max((v for v in audit.get("statistics_relative_error", {}).values() if v is not None), default=None),
+    ):
         raise ValueError(f"{source}: the audit's max_statistic_relative_error disagrees with its statistics")
     if workers is not None:
         consensus = result.get("consensus")
@@ -94,8 +138,10 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
         q = math.fsum(w["curvature"] for w in consensus["workers"])
         ee = math.fsum(w["squared_norm"] for w in consensus["workers"])
         aggregate = consensus["aggregate"]
-        if not (_agree(aggregate["mean_curvature"], q / workers)
-                and _agree(aggregate["normalized_alignment"], None if ee == 0 else q / ee)):
+        if not (
+            _agree(aggregate["mean_curvature"], q / workers)
+            and _agree(aggregate["normalized_alignment"], None if ee == 0 else q / ee)
+        ):
             raise ValueError(f"{source}: consensus aggregates disagree with the worker records")
 
 
@@ -125,8 +171,13 @@ def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return buffer.getvalue()
 
 
-def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], name: str,
-            audit_threshold: float = AUDIT_THRESHOLD) -> dict[str, Any]:
+def collect(
+    analysis_dir: str | Path,
+    states: dict[str, Any],
+    cases: list[str],
+    name: str,
+    audit_threshold: float = AUDIT_THRESHOLD,
+) -> dict[str, Any]:
     """Validate ``states/<key>/<case>.json`` for every state and case, then write manifest.json and
     summary.csv atomically into ``analysis_dir``. Returns the manifest, whose ``audit`` block lists
     the rows whose audited relative error exceeds ``audit_threshold`` (also logged as a warning)."""
@@ -138,8 +189,10 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
         if identity is None:
             identity = result["identity"]
         elif result["identity"]["hash"] != identity["hash"]:
-            raise ValueError(f"{path} was computed with another identity (settings, source or device kind) "
-                             "than the other results; use one output directory per setting")
+            raise ValueError(
+                f"{path} was computed with another identity (settings, source or device kind) "
+                "than the other results; use one output directory per setting"
+            )
         results[state["key"], case] = result
 
     rows = []
@@ -148,22 +201,33 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
             for case in cases:
                 result = results[state["key"], case]
                 aggregate = (result.get("consensus") or {}).get("aggregate") or {}
-                rows.append({"file": alias["file"], "state_key": state["key"], "case": case, "step": alias["step"],
-                             "tokens": _cell(alias["tokens"]), "source": alias.get("source", ""),
-                             "loss": _cell(result["statistics"].get("loss")),
-                             **{k: _cell(result["statistics"][k]) for k in STATISTICS},
-                             **{k: _cell(result["statistics"].get(k)) for k in GAUSS_NEWTON},
-                             **{k: _cell(result["standard_errors"].get(k)) for k in ERROR_COLUMNS},
-                             "audit_statistic_error":
-                                 _cell((result.get("audit") or {}).get("max_statistic_relative_error")),
-                             "audit_max_relative_error": _cell((result.get("audit") or {}).get("max_relative_error")),
-                             **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS}})
+                rows.append(
+                    {
+                        "file": alias["file"],
+                        "state_key": state["key"],
+                        "case": case,
+                        "step": alias["step"],
+                        "tokens": _cell(alias["tokens"]),
+                        "source": alias.get("source", ""),
+                        "loss": _cell(result["statistics"].get("loss")),
+                        **{k: _cell(result["statistics"][k]) for k in STATISTICS},
+                        **{k: _cell(result["statistics"].get(k)) for k in GAUSS_NEWTON},
+                        **{k: _cell(result["standard_errors"].get(k)) for k in ERROR_COLUMNS},
+                        "audit_statistic_error": _cell((result.get("audit") or {}).get("max_statistic_relative_error")),
+                        "audit_max_relative_error": _cell((result.get("audit") or {}).get("max_relative_error")),
+                        **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS},
+                    }
+                )
     rows.sort(key=lambda r: (r["step"], r["file"], cases.index(r["case"])))
     csv_text = _csv(rows, SUMMARY_COLUMNS)
     unknown = sorted({r["source"] or r["file"] for r in rows if r["tokens"] == ""})
     if unknown:
-        log.warning("analysis %s: training tokens unknown for %s; the figures use steps (give the tokens with "
-                    "hf_checkpoints[].tokens or tokens_per_step, or import-hf --tokens)", name, ", ".join(unknown))
+        log.warning(
+            "analysis %s: training tokens unknown for %s; the figures use steps (give the tokens with "
+            "hf_checkpoints[].tokens or tokens_per_step, or import-hf --tokens)",
+            name,
+            ", ".join(unknown),
+        )
 
     first = next(iter(results.values()))
     audited = [r for r in rows if r["audit_statistic_error"] != ""]
@@ -171,41 +235,90 @@ def collect(analysis_dir: str | Path, states: dict[str, Any], cases: list[str], 
     for row in audited:
         if row["audit_statistic_error"] > audit_threshold:
             errors = results[row["state_key"], row["case"]]["audit"]["statistics_relative_error"]
-            exceeded.append({"file": row["file"], "case": row["case"], "relative_error": row["audit_statistic_error"],
-                             "statistics": sorted(k for k, v in errors.items() if v is not None and v > audit_threshold)})
+            exceeded.append(
+                {
+                    "file": row["file"],
+                    "case": row["case"],
+                    "relative_error": row["audit_statistic_error"],
+                    "statistics": sorted(k for k, v in errors.items() if v is not None and v > audit_threshold),
+                }
+            )
     if exceeded:
         worst = max(exceeded, key=lambda r: r["relative_error"])
-        log.warning("analysis %s: in %d of %d audited rows a statistic's implied error exceeds the audit threshold %g "
-                    "(worst %.3g at %s %s: %s); see 'Precision audit' in docs/reading-results.md before using these "
-                    "numbers", name, len(exceeded), len(audited), audit_threshold, worst["relative_error"],
-                    worst["file"], worst["case"], ", ".join(worst["statistics"]))
+        log.warning(
+            "analysis %s: in %d of %d audited rows a statistic's implied error exceeds the audit threshold %g "
+            "(worst %.3g at %s %s: %s); see 'Precision audit' in docs/reading-results.md before using these "
+            "numbers",
+            name,
+            len(exceeded),
+            len(audited),
+            audit_threshold,
+            worst["relative_error"],
+            worst["file"],
+            worst["case"],
+            ", ".join(worst["statistics"]),
+        )
     order = order_warnings({case: results[states["states"][0]["key"], case]["data"].get("order") for case in cases})
     for warning in order:
         log.warning("analysis %s: data order: %s", name, warning)
     manifest = {
-        "format": 1, "analysis": name, "run": states["run"], "cases": cases,
-        "packed": states["packed"], "workers": states["workers"], "consensus": states["consensus"],
-        "identity": identity, "settings": first["settings"], "precision": first["precision"],
-        "audit": {"threshold": audit_threshold, "audited_rows": len(audited), "exceeded": exceeded,
-                  "max_statistic_error": max((r["audit_statistic_error"] for r in audited), default=None),
-                  "max_relative_error": max((r["audit_max_relative_error"] for r in audited), default=None)},
+        "format": 1,
+        "analysis": name,
+        "run": states["run"],
+        "cases": cases,
+        "packed": states["packed"],
+        "workers": states["workers"],
+        "consensus": states["consensus"],
+        "identity": identity,
+        "settings": first["settings"],
+        "precision": first["precision"],
+        "audit": {
+            "threshold": audit_threshold,
+            "audited_rows": len(audited),
+            "exceeded": exceeded,
+            "max_statistic_error": max((r["audit_statistic_error"] for r in audited), default=None),
+            "max_relative_error": max((r["audit_max_relative_error"] for r in audited), default=None),
+        },
         "software": first["software"],
         "hardware": list({json.dumps(r["hardware"], sort_keys=True): r["hardware"] for r in results.values()}.values()),
         "slurm_jobs": [r["slurm"] | {"state": k[:12], "case": c} for (k, c), r in results.items() if r.get("slurm")],
         "data": {case: results[states["states"][0]["key"], case]["data"] for case in cases},
         "data_order_warnings": order,
-        "batch_sizes": {case: {k: results[states["states"][0]["key"], case]["counts"][k]
-                               for k in ("effective_batch_size", "micro_batch_size", "hvp_batch_size",
-                                         "directions_per_pass", "epoch_batches", "epoch_tokens", "parameters_D")}
-                        for case in cases},
-        "states": [{**state, "results": {case: f"states/{state['key']}/{case}.json" for case in cases},
-                    "worker_files": results[state["key"], cases[0]]["state"].get("worker_files")}
-                   for state in states["states"]],
+        "batch_sizes": {
+            case: {
+                k: results[states["states"][0]["key"], case]["counts"][k]
+                for k in (
+                    "effective_batch_size",
+                    "micro_batch_size",
+                    "hvp_batch_size",
+                    "directions_per_pass",
+                    "epoch_batches",
+                    "epoch_tokens",
+                    "parameters_D",
+                )
+            }
+            for case in cases
+        },
+        "states": [
+            {
+                **state,
+                "results": {case: f"states/{state['key']}/{case}.json" for case in cases},
+                "worker_files": results[state["key"], cases[0]]["state"].get("worker_files"),
+            }
+            for state in states["states"]
+        ],
     }
     atomic_write_text(analysis_dir / SUMMARY, csv_text)
     atomic_write_json(analysis_dir / MANIFEST, manifest)
-    append_event(analysis_dir, {"event": "collected", "source": identity.get("source"),
-                                "jobs": job_records(name, results), "audit_exceeded": len(exceeded)})
+    append_event(
+        analysis_dir,
+        {
+            "event": "collected",
+            "source": identity.get("source"),
+            "jobs": job_records(name, results),
+            "audit_exceeded": len(exceeded),
+        },
+    )
     return manifest
 
 
@@ -222,8 +335,13 @@ def _spectrum_row(result: dict[str, Any]) -> dict[str, Any]:
     noise = result["alignment"]["noise_top_mean"]
     row["noise_top1_alignment"] = _cell(noise[0] if noise else None)
     cg = result["cg"]
-    row.update(cg_damping=cg["damping"], cg_status=cg["status"], cg_iterations=_cell(cg["iterations"]),
-               cg_relative_residual=_cell(cg["relative_residual"]), g_inverse_g=_cell(cg["g_inverse_g"]))
+    row.update(
+        cg_damping=cg["damping"],
+        cg_status=cg["status"],
+        cg_iterations=_cell(cg["iterations"]),
+        cg_relative_residual=_cell(cg["relative_residual"]),
+        g_inverse_g=_cell(cg["g_inverse_g"]),
+    )
     for kind, block in result["block_diagonal"].items():
         row[f"block_{kind}_relative_error"] = block["mean_relative_error"]
         row[f"block_{kind}_cosine"] = block["mean_cosine"]
@@ -242,15 +360,28 @@ def collect_spectrum(analysis_dir: str | Path, states: dict[str, Any], cases: li
         identity = result["identity"]["hash"]
         values = _spectrum_row(result)
         for alias in state["aliases"]:
-            rows.append({"file": alias["file"], "state_key": state["key"], "case": case, "step": alias["step"],
-                         "tokens": _cell(alias["tokens"]), "source": alias.get("source", ""), **values})
+            rows.append(
+                {
+                    "file": alias["file"],
+                    "state_key": state["key"],
+                    "case": case,
+                    "step": alias["step"],
+                    "tokens": _cell(alias["tokens"]),
+                    "source": alias.get("source", ""),
+                    **values,
+                }
+            )
     rows.sort(key=lambda r: (r["step"], r["file"], cases.index(r["case"])))
     atomic_write_text(analysis_dir / "spectrum.csv", _csv(rows, list(rows[0])))
-    unconverged = sorted({(r["file"], r["case"]) for r in rows
-                          if any(v is False for k, v in r.items() if "_converged_" in k)})
+    unconverged = sorted(
+        {(r["file"], r["case"]) for r in rows if any(v is False for k, v in r.items() if "_converged_" in k)}
+    )
     if unconverged:
-        log.warning("analysis %s: top eigenvalues of %d (state, case) rows did not converge (%s); their "
-                    "*_converged_* cells in spectrum.csv are False: raise spectrum.lanczos_steps", analysis_dir.name,
-                    len(unconverged), ", ".join(f"{f} {c}" for f, c in unconverged[:4]) +
-                    (" ..." if len(unconverged) > 4 else ""))
+        log.warning(
+            "analysis %s: top eigenvalues of %d (state, case) rows did not converge (%s); their "
+            "*_converged_* cells in spectrum.csv are False: raise spectrum.lanczos_steps",
+            analysis_dir.name,
+            len(unconverged),
+            ", ".join(f"{f} {c}" for f, c in unconverged[:4]) + (" ..." if len(unconverged) > 4 else ""),
+        )
     return rows

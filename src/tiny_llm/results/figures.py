@@ -1,11 +1,12 @@
 """Figures from saved results only (summary.csv + manifest.json, optionally the training log).
 
 Every figure plots against training tokens (or optimizer steps: ``x_axis``; steps when a
-checkpoint's tokens are unknown), ticks in engineering notation (50k, 1.2M, 3.4B), seen solid and unseen dashed on shared axes, one
-point per unique parameter state (aliases are drawn once), with ±1 standard-error bars on sampled
-statistics; packed runs add the aggregate consensus curve. Each figure carries the analysis name
-and its key settings, notes whatever it could not draw (nulls, values off a log axis, clipped
-error bars) and keeps its legend below the axes. Written as PDF and PNG, sized for a paper column.
+checkpoint's tokens are unknown), ticks in engineering notation (50k, 1.2M, 3.4B), seen solid and
+unseen dashed on shared axes, one point per unique parameter state (aliases are drawn once), with
+±1 standard-error bars on sampled statistics; packed runs add the aggregate consensus curve.
+Each figure carries the analysis name and its key settings, notes whatever it could not draw
+(nulls, values off a log axis, clipped error bars) and keeps its legend below the axes. Written
+as PDF and PNG, sized for a paper column.
 """
 
 from __future__ import annotations
@@ -18,15 +19,23 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from tiny_llm.layout import MANIFEST, SUMMARY, TRAIN_LOG  # noqa: E402
+from tiny_llm.layout import MANIFEST, SUMMARY, TRAIN_LOG
 
-__all__ = ["AUDIT_FIGURES", "FIGURES", "SPECTRUM_FIGURES", "X_AXES", "engineering", "plot_analysis", "plot_audit",
-           "plot_spectrum"]
+__all__ = [
+    "AUDIT_FIGURES",
+    "FIGURES",
+    "SPECTRUM_FIGURES",
+    "X_AXES",
+    "engineering",
+    "plot_analysis",
+    "plot_audit",
+    "plot_spectrum",
+]
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +44,19 @@ AUDIT_FIGURES = ["precision_audit"]
 """Drawn for audited analyses only (``plot_audit``): a float64 analysis has nothing to show there."""
 STYLE = {"seen": "-", "unseen": "--"}
 COLUMN = (3.5, 2.6)  # inches: one column of a two-column paper
-_RC = {"font.size": 8, "axes.labelsize": 8, "legend.fontsize": 6.5, "xtick.labelsize": 7, "ytick.labelsize": 7,
-       "lines.linewidth": 1.2, "lines.markersize": 3, "axes.grid": True, "grid.alpha": 0.3,
-       "savefig.bbox": "tight", "savefig.dpi": 200}
+_RC = {
+    "font.size": 8,
+    "axes.labelsize": 8,
+    "legend.fontsize": 6.5,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "lines.linewidth": 1.2,
+    "lines.markersize": 3,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "savefig.bbox": "tight",
+    "savefig.dpi": 200,
+}
 
 
 X_AXES = ("auto", "tokens", "step")
@@ -68,8 +87,9 @@ def _states(summary: pd.DataFrame, x_axis: str = "auto") -> pd.DataFrame:
     use_tokens = x_axis != "step" and known
     table["x"] = tokens if use_tokens else table["step"].astype(float)
     table.attrs["xlabel"] = "training tokens" if use_tokens else "training step"
-    table.attrs["x_note"] = ("training tokens unknown for some checkpoints: x-axis in steps"
-                             if x_axis == "tokens" and not known else "")
+    table.attrs["x_note"] = (
+        "training tokens unknown for some checkpoints: x-axis in steps" if x_axis == "tokens" and not known else ""
+    )
     return table
 
 
@@ -88,13 +108,16 @@ class Notes:
             labels[label] = labels.get(label, 0) + count
 
     def text(self) -> str:
-        parts = [f"{kind}: " + ", ".join(f"{label} ×{n}" for label, n in labels.items())
-                 for kind, labels in self.counts.items()]
+        parts = [
+            f"{kind}: " + ", ".join(f"{label} ×{n}" for label, n in labels.items())
+            for kind, labels in self.counts.items()
+        ]
         return textwrap.fill("; ".join(parts), width=80)
 
 
-def _curves(ax, table: pd.DataFrame, column: str, label: str, color: str, log: bool = False,
-            notes: Notes | None = None) -> int:
+def _curves(
+    ax, table: pd.DataFrame, column: str, label: str, color: str, log: bool = False, notes: Notes | None = None
+) -> int:
     """Draw ``column`` per case, with ±1 standard-error bars when ``<column>_se`` is in the table.
 
     Nulls and (on a log axis) non-positive values are omitted; on a log axis an error bar reaching
@@ -115,8 +138,11 @@ def _curves(ax, table: pd.DataFrame, column: str, label: str, color: str, log: b
             continue
         style = dict(linestyle=STYLE.get(case, ":"), marker="o", color=color, label=f"{label} ({case})")
         se_column = f"{column}_se"
-        se = (pd.to_numeric(rows[se_column], errors="coerce").to_numpy(dtype=float)[keep]
-              if se_column in rows else np.full(int(keep.sum()), np.nan))
+        se = (
+            pd.to_numeric(rows[se_column], errors="coerce").to_numpy(dtype=float)[keep]
+            if se_column in rows
+            else np.full(int(keep.sum()), np.nan)
+        )
         if np.isfinite(se).any():
             se = np.nan_to_num(se)
             lower = se.copy()
@@ -154,8 +180,17 @@ def _stamp(context: dict) -> str:
     return f"{context.get('analysis', '')} · {dtype} · S_v = {S_v} · S_r = {settings.get('random_samples')}"
 
 
-def _finish(fig, ax, out_dir: Path, name: str, ylabel: str, context: dict, note: str = "", legend_ax=None,
-            xlabel: str | None = None) -> list[Path]:
+def _finish(
+    fig,
+    ax,
+    out_dir: Path,
+    name: str,
+    ylabel: str,
+    context: dict,
+    note: str = "",
+    legend_ax=None,
+    xlabel: str | None = None,
+) -> list[Path]:
     """Label, title (analysis and settings, then the note), a legend below the axes, PDF and PNG;
     x ticks in engineering notation."""
     if xlabel is None:
@@ -185,13 +220,28 @@ def _normalized_alignment(table, context, out_dir) -> list[Path]:
         _curves(ax, table, "normalized_alignment", "noise  Σvᵀ Hv / Σ‖v‖²", "C0", log, notes if log else None)
         _curves(ax, table, "random_curvature", "random  tr(H)/D", "0.55", log, notes if log else None)
         if context["consensus"]:
-            _curves(ax, table, "consensus_normalized_alignment", "consensus  Σeᵀ He / Σ‖e‖²", "C3", log,
-                    notes if log else None)
+            _curves(
+                ax,
+                table,
+                "consensus_normalized_alignment",
+                "consensus  Σeᵀ He / Σ‖e‖²",
+                "C3",
+                log,
+                notes if log else None,
+            )
     linear.axhline(0, color="0.5", lw=0.6)
     linear.set_ylabel("normalized alignment (nats)")
     _log_axis(logarithmic)
-    return _finish(fig, logarithmic, out_dir, "normalized_alignment", "normalized alignment (nats, log)", context,
-                   notes.text(), legend_ax=linear)
+    return _finish(
+        fig,
+        logarithmic,
+        out_dir,
+        "normalized_alignment",
+        "normalized alignment (nats, log)",
+        context,
+        notes.text(),
+        legend_ax=linear,
+    )
 
 
 def _noise_alignment(table, context, out_dir) -> list[Path]:
@@ -224,8 +274,9 @@ def _training_norms(ax, run_dir: Path, context: dict) -> str:
     records = [r for r in _training_log(run_dir, context) if "grad_norm" in r]
     label = "max worker pre-clipping norm (training)" if context["packed"] else "pre-clipping norm (training)"
     if records:
-        ax.plot([_log_x(r, context) for r in records], [r["grad_norm"] for r in records], color="0.6", lw=0.6,
-                label=label)
+        ax.plot(
+            [_log_x(r, context) for r in records], [r["grad_norm"] for r in records], color="0.6", lw=0.6, label=label
+        )
     return context.get("missing_log", "")
 
 
@@ -248,8 +299,14 @@ def _training_losses(ax, run_dir: Path, context: dict) -> None:
     records = [r for r in _training_log(run_dir, context) if "loss" in r]
     if records:
         label = "training loss per step (mean over workers)" if context["packed"] else "training loss per step"
-        ax.plot([_log_x(r, context) for r in records], [r["loss"] for r in records], color="0.7", lw=0.6,
-                label=label, zorder=0)
+        ax.plot(
+            [_log_x(r, context) for r in records],
+            [r["loss"] for r in records],
+            color="0.7",
+            lw=0.6,
+            label=label,
+            zorder=0,
+        )
 
 
 def _loss(table, context, out_dir) -> list[Path]:
@@ -284,9 +341,14 @@ def _precision_mode(settings: dict, device: str = "") -> str:
     """The arithmetic the analysis ran in; TF32 only where it ran on a CUDA device."""
     dtype = settings.get("dtype", "?")
     device = device or str(settings.get("device", ""))
-    extras = [name for name, on in (("TF32", dtype == "float32" and settings.get("tf32")
-                                     and device.startswith("cuda")),
-                                    ("bf16 autocast", settings.get("amp"))) if on]
+    extras = [
+        name
+        for name, on in (
+            ("TF32", dtype == "float32" and settings.get("tf32") and device.startswith("cuda")),
+            ("bf16 autocast", settings.get("amp")),
+        )
+        if on
+    ]
     return " + ".join([dtype, *extras])
 
 
@@ -306,24 +368,37 @@ def _precision_audit(table, context, out_dir) -> list[Path]:
             ax.axhline(threshold, color="C3", lw=0.8, ls=":", label=f"warning threshold {threshold:g}")
         _log_axis(ax)
     else:
-        ax.text(0.5, 0.5, "no precision audit\n(float64 analysis, or audit off)", ha="center", va="center",
-                transform=ax.transAxes, color="0.4")
-    return _finish(fig, ax, out_dir, "precision_audit", "relative error against float64", context,
-                   notes.text())
+        ax.text(
+            0.5,
+            0.5,
+            "no precision audit\n(float64 analysis, or audit off)",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            color="0.4",
+        )
+    return _finish(fig, ax, out_dir, "precision_audit", "relative error against float64", context, notes.text())
 
 
 def _context(analysis_dir: Path) -> dict:
     """What the figures need from manifest.json (empty when an analysis has none yet)."""
     path = analysis_dir / MANIFEST
     manifest = json.loads(path.read_text()) if path.exists() else {}
-    return {"analysis": manifest.get("analysis", analysis_dir.name), "settings": manifest.get("settings"),
-            "batch_sizes": manifest.get("batch_sizes"), "consensus": bool(manifest.get("consensus")),
-            "packed": bool(manifest.get("packed")), "run": manifest.get("run"), "audit": manifest.get("audit"),
-            "precision": manifest.get("precision")}
+    return {
+        "analysis": manifest.get("analysis", analysis_dir.name),
+        "settings": manifest.get("settings"),
+        "batch_sizes": manifest.get("batch_sizes"),
+        "consensus": bool(manifest.get("consensus")),
+        "packed": bool(manifest.get("packed")),
+        "run": manifest.get("run"),
+        "audit": manifest.get("audit"),
+        "precision": manifest.get("precision"),
+    }
 
 
-def _collected(analysis_dir: str | Path, out_dir: str | Path | None, x_axis: str = "auto",
-               table_name: str = SUMMARY) -> tuple[pd.DataFrame, dict, Path]:
+def _collected(
+    analysis_dir: str | Path, out_dir: str | Path | None, x_axis: str = "auto", table_name: str = SUMMARY
+) -> tuple[pd.DataFrame, dict, Path]:
     analysis_dir = Path(analysis_dir)
     out_dir = Path(out_dir) if out_dir else analysis_dir / "figures"
     if not (analysis_dir / table_name).exists():
@@ -334,8 +409,13 @@ def _collected(analysis_dir: str | Path, out_dir: str | Path | None, x_axis: str
     return table, context, out_dir
 
 
-def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
-                  training_norms: bool = False, audit: bool = True, x_axis: str = "auto") -> list[Path]:
+def plot_analysis(
+    analysis_dir: str | Path,
+    out_dir: str | Path | None = None,
+    training_norms: bool = False,
+    audit: bool = True,
+    x_axis: str = "auto",
+) -> list[Path]:
     """Draw every figure of an analysis directory (summary.csv + manifest.json), with ``audit``
     the precision audit's too when the analysis was audited; returns the files. The training
     norms (``training_norms``) come from the run's train-log.jsonl; a run without one (imported)
@@ -347,9 +427,13 @@ def plot_analysis(analysis_dir: str | Path, out_dir: str | Path | None = None,
     table, context, out_dir = _collected(analysis_dir, out_dir, x_axis)
     run_dir = Path(context["run"]) if training_norms else None
     with plt.rc_context(_RC):
-        paths = (_loss(table, context, out_dir) + _normalized_alignment(table, context, out_dir)
-                 + _noise_alignment(table, context, out_dir) + _gradient_norms(table, context, out_dir, run_dir)
-                 + _batch_sizes(table, context, out_dir))
+        paths = (
+            _loss(table, context, out_dir)
+            + _normalized_alignment(table, context, out_dir)
+            + _noise_alignment(table, context, out_dir)
+            + _gradient_norms(table, context, out_dir, run_dir)
+            + _batch_sizes(table, context, out_dir)
+        )
     if audit and ((context.get("audit") or {}).get("audited_rows") or 0) > 0:
         paths += plot_audit(analysis_dir, out_dir, x_axis)
     log.info("figures written to %s", out_dir)
@@ -380,8 +464,15 @@ def _top_eigenvalues(table, context, out_dir) -> list[Path]:
         flag = column.replace("eigenvalue", "converged")
         bad = table[flag].astype(str) == "False" if flag in table else pd.Series(False, index=table.index)
         if bad.any():
-            ax.plot(table["x"][bad], pd.to_numeric(table[column][bad]), "o", mfc="none", mec="C3", ms=9,
-                    label=None if unconverged else "not converged")
+            ax.plot(
+                table["x"][bad],
+                pd.to_numeric(table[column][bad]),
+                "o",
+                mfc="none",
+                mec="C3",
+                ms=9,
+                label=None if unconverged else "not converged",
+            )
             unconverged += int(bad.sum())
     note = notes.text()
     if unconverged:
@@ -389,8 +480,9 @@ def _top_eigenvalues(table, context, out_dir) -> list[Path]:
     return _finish(fig, ax, out_dir, "top_eigenvalues", "top Hessian eigenvalues", context, note)
 
 
-def _slq_density(spectra: list[tuple[float, str, dict]], context, out_dir, name: str = "slq_density",
-                 sigma_fraction: float = 0.01) -> list[Path]:
+def _slq_density(
+    spectra: list[tuple[float, str, dict]], context, out_dir, name: str = "slq_density", sigma_fraction: float = 0.01
+) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
     everything = [t for _, _, r in spectra for nodes in r["slq"]["nodes"] for t in nodes]
     low, high = min(everything), max(everything)
@@ -401,17 +493,31 @@ def _slq_density(spectra: list[tuple[float, str, dict]], context, out_dir, name:
     unit = "tokens" if context.get("xlabel", "training tokens") == "training tokens" else "steps"
     for t, case, result in spectra:
         density = np.zeros_like(grid)
-        for nodes, weights in zip(result["slq"]["nodes"], result["slq"]["weights"]):
+        for nodes, weights in zip(result["slq"]["nodes"], result["slq"]["weights"], strict=True):
             z = (grid[:, None] - np.array(nodes)[None, :]) / sigma
             density += (np.array(weights)[None, :] * np.exp(-0.5 * z**2)).sum(1) / (sigma * np.sqrt(2 * np.pi))
         density /= len(result["slq"]["nodes"])
         color = cmap(0.7 * positions.index(t) / max(1, len(positions) - 1))
-        ax.plot(grid, np.maximum(density, 1e-12), STYLE.get(case, ":"), color=color, lw=0.9,
-                label=f"{engineering(t)} {unit} ({case})")
+        ax.plot(
+            grid,
+            np.maximum(density, 1e-12),
+            STYLE.get(case, ":"),
+            color=color,
+            lw=0.9,
+            label=f"{engineering(t)} {unit} ({case})",
+        )
     ax.set_yscale("log")
     ax.set_ylim(bottom=1e-6)
-    return _finish(fig, ax, out_dir, name, "spectral density", context,
-                   f"SLQ density, Gaussian width σ = {sigma:.3g}", xlabel="Hessian eigenvalue")
+    return _finish(
+        fig,
+        ax,
+        out_dir,
+        name,
+        "spectral density",
+        context,
+        f"SLQ density, Gaussian width σ = {sigma:.3g}",
+        xlabel="Hessian eigenvalue",
+    )
 
 
 def _block_error(table, context, out_dir) -> list[Path]:
@@ -428,16 +534,24 @@ def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None, x
     if not (analysis_dir / "spectrum.csv").exists():
         raise ValueError(f"{analysis_dir} has no spectrum.csv; run the workflow with spectrum enabled first")
     table, context, out_dir = _collected(analysis_dir, out_dir, x_axis, "spectrum.csv")
-    spectra = [(float(row.x), row.case,
-                json.loads((analysis_dir / "spectra" / row.state_key / f"{row.case}.json").read_text()))
-               for row in table.itertuples()]
+    spectra = [
+        (
+            float(row.x),
+            row.case,
+            json.loads((analysis_dir / "spectra" / row.state_key / f"{row.case}.json").read_text()),
+        )
+        for row in table.itertuples()
+    ]
     per_state = out_dir / "slq_states"
     per_state.mkdir(exist_ok=True)
     with plt.rc_context(_RC):
-        paths = (_top_eigenvalues(table, context, out_dir) + _slq_density(spectra, context, out_dir)
-                 + _block_error(table, context, out_dir))
+        paths = (
+            _top_eigenvalues(table, context, out_dir)
+            + _slq_density(spectra, context, out_dir)
+            + _block_error(table, context, out_dir)
+        )
         for key in table["state_key"].unique():  # one density figure per state (both cases)
-            mine = [entry for entry, row in zip(spectra, table.itertuples()) if row.state_key == key]
+            mine = [entry for entry, row in zip(spectra, table.itertuples(), strict=True) if row.state_key == key]
             unit = "tokens" if context["xlabel"] == "training tokens" else "step"
             paths += _slq_density(mine, context, per_state, name=f"{int(mine[0][0]):012d}-{unit}-{key[:12]}")
     return paths

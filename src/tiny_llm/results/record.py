@@ -31,7 +31,7 @@ def append_event(analysis_dir: str | Path, event: dict[str, Any]) -> dict[str, A
     if path.exists():
         try:
             record = json.loads(path.read_text())
-            record["events"]  # noqa: B018 - the key every record has
+            record["events"]
         except (ValueError, KeyError, TypeError):
             raise ValueError(f"{path} is not a campaign record; move it away and rerun") from None
     record["events"].append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), **event})
@@ -45,9 +45,18 @@ def job_records(analysis: str, results: dict[tuple[str, str], dict[str, Any]]) -
     jobs = []
     for (key, case), result in results.items():
         slurm = result.get("slurm") or {}
-        jobs.append({"state": key, "case": case, "slurm_job_id": slurm.get("job_id"), "node": slurm.get("node"),
-                     "partition": slurm.get("partition"), "attempt": slurm.get("attempt"),
-                     "restarts": slurm.get("restarts"), "requested": slurm.get("requested"),
-                     "wall_seconds": (result.get("timing") or {}).get("wall_seconds"),
-                     "log": f"logs/analyze_state/{analysis}/{key}/{case}.log"})
+        jobs.append(
+            {
+                "state": key,
+                "case": case,
+                "slurm_job_id": slurm.get("job_id"),
+                "node": slurm.get("node"),
+                "partition": slurm.get("partition"),
+                "attempt": slurm.get("attempt"),
+                "restarts": slurm.get("restarts"),
+                "requested": slurm.get("requested"),
+                "wall_seconds": (result.get("timing") or {}).get("wall_seconds"),
+                "log": f"logs/analyze_state/{analysis}/{key}/{case}.log",
+            }
+        )
     return jobs

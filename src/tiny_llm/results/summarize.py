@@ -22,14 +22,22 @@ from tiny_llm.layout import MANIFEST, SUMMARY
 
 __all__ = ["COLUMNS", "summarize"]
 
-COLUMNS = [("loss", "loss", None), ("noise_curvature", "vᵀHv", "noise_curvature_se"),
-           ("normalized_alignment", "align", "normalized_alignment_se"),
-           ("random_curvature", "tr(H)/D", "random_curvature_se"), ("grad_curvature", "ḡᵀHḡ", None),
-           ("noise_gauss_newton", "vᵀGv", "noise_gauss_newton_se"), ("b_simple", "B_simple", "b_simple_se"),
-           ("b_noise", "B_noise", "b_noise_se")]
+COLUMNS = [
+    ("loss", "loss", None),
+    ("noise_curvature", "vᵀHv", "noise_curvature_se"),
+    ("normalized_alignment", "align", "normalized_alignment_se"),
+    ("random_curvature", "tr(H)/D", "random_curvature_se"),
+    ("grad_curvature", "ḡᵀHḡ", None),
+    ("noise_gauss_newton", "vᵀGv", "noise_gauss_newton_se"),
+    ("b_simple", "B_simple", "b_simple_se"),
+    ("b_noise", "B_noise", "b_noise_se"),
+]
 """(summary.csv column, header, its standard-error column) of each printed statistic."""
-CURVATURES = {"noise_curvature": "noise_samples", "normalized_alignment": "noise_samples",
-              "random_curvature": "random_samples"}
+CURVATURES = {
+    "noise_curvature": "noise_samples",
+    "normalized_alignment": "noise_samples",
+    "random_curvature": "random_samples",
+}
 """Curvature statistics whose sign can be unknown -> the setting whose samples would settle it."""
 
 
@@ -45,8 +53,12 @@ def _cell(value: float | None, error: float | None) -> str:
 
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(w) if i > 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
+    lines = [
+        "  ".join(
+            cell.rjust(w) if i > 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
@@ -61,26 +73,40 @@ def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[
     above = [r for r in rows if batch and (_number(r.get("b_noise")) or 0) > batch]
     if above:
         first = above[0]
-        flags.append(f"B_noise exceeds the training batch of {batch} in {len(above)} of {len(rows)} rows (first: "
-                     f"{_name(first)} {first['case']}, B_noise {float(first['b_noise']):.3g}): a larger batch would "
-                     "still cut the steps to a given loss almost in proportion")
+        flags.append(
+            f"B_noise exceeds the training batch of {batch} in {len(above)} of {len(rows)} rows (first: "
+            f"{_name(first)} {first['case']}, B_noise {float(first['b_noise']):.3g}): a larger batch would "
+            "still cut the steps to a given loss almost in proportion"
+        )
     for name, samples in CURVATURES.items():
-        unsure = [r for r in rows if _number(r.get(name)) is not None and _number(r.get(f"{name}_se")) is not None
-                  and abs(float(r[name])) <= float(r[f"{name}_se"])]
+        unsure = [
+            r
+            for r in rows
+            if _number(r.get(name)) is not None
+            and _number(r.get(f"{name}_se")) is not None
+            and abs(float(r[name])) <= float(r[f"{name}_se"])
+        ]
         if unsure:
-            flags.append(f"{name} is within one standard error of 0 in {len(unsure)} rows (e.g. {_name(unsure[0])} "
-                         f"{unsure[0]['case']}): its sign is not known there; raise settings.{samples}")
+            flags.append(
+                f"{name} is within one standard error of 0 in {len(unsure)} rows (e.g. {_name(unsure[0])} "
+                f"{unsure[0]['case']}): its sign is not known there; raise settings.{samples}"
+            )
     audit = manifest.get("audit") or {}
     if audit.get("exceeded"):
         worst = max(audit["exceeded"], key=lambda r: r["relative_error"])
-        flags.append(f"precision audit: in {len(audit['exceeded'])} rows a statistic's error exceeds "
-                     f"{audit['threshold']:g} (worst {worst['relative_error']:.2g} at {worst['file']} {worst['case']}: "
-                     f"{', '.join(worst['statistics'])}); do not use those statistics")
-    unconverged = sorted({(_name(r), r["case"]) for r in spectrum
-                          if any(v == "False" for k, v in r.items() if "_converged_" in k)})
+        flags.append(
+            f"precision audit: in {len(audit['exceeded'])} rows a statistic's error exceeds "
+            f"{audit['threshold']:g} (worst {worst['relative_error']:.2g} at {worst['file']} {worst['case']}: "
+            f"{', '.join(worst['statistics'])}); do not use those statistics"
+        )
+    unconverged = sorted(
+        {(_name(r), r["case"]) for r in spectrum if any(v == "False" for k, v in r.items() if "_converged_" in k)}
+    )
     if unconverged:
-        flags.append(f"top eigenvalues did not converge in {len(unconverged)} rows (e.g. {' '.join(unconverged[0])}); "
-                     "raise spectrum.lanczos_steps")
+        flags.append(
+            f"top eigenvalues did not converge in {len(unconverged)} rows (e.g. {' '.join(unconverged[0])}); "
+            "raise spectrum.lanczos_steps"
+        )
     flags += [f"data order: {warning}" for warning in manifest.get("data_order_warnings") or []]
     return flags
 
@@ -94,8 +120,10 @@ def summarize(folder: str | Path) -> str:
     folder = Path(folder)
     summary, manifest_path = folder / SUMMARY, folder / MANIFEST
     if not summary.exists() or not manifest_path.exists():
-        raise ValueError(f"{folder} holds no collected analysis (summary.csv and manifest.json); run the workflow "
-                         "(snakemake -c1) to make it, or name a folder results/<analysis>")
+        raise ValueError(
+            f"{folder} holds no collected analysis (summary.csv and manifest.json); run the workflow "
+            "(snakemake -c1) to make it, or name a folder results/<analysis>"
+        )
     with open(summary, newline="") as handle:
         rows = list(csv.DictReader(handle))
     manifest = json.loads(manifest_path.read_text())
@@ -108,14 +136,23 @@ def summarize(folder: str | Path) -> str:
     for row in rows:  # an imported checkpoint is named by its source directory
         tokens = f"{int(float(row['tokens'])):,}" if row.get("tokens") not in ("", None) else "unknown"
         step = f"{int(float(row['step'])):,}" if row.get("step") not in ("", None) else "?"
-        table.append([_name(row), row["case"], step, tokens,
-                      *(_cell(_number(row.get(name)), _number(row.get(se)) if se else None) for name, _, se in shown)])
+        table.append(
+            [
+                _name(row),
+                row["case"],
+                step,
+                tokens,
+                *(_cell(_number(row.get(name)), _number(row.get(se)) if se else None) for name, _, se in shown),
+            ]
+        )
     precision = manifest.get("precision") or {}
-    head = (f"analysis {manifest.get('analysis', folder.name)}: run {manifest.get('run')}, {len(manifest['states'])} "
-            f"states × {len(manifest['cases'])} cases; {precision.get('dtype', '?')} on {precision.get('device', '?')}, "
-            f"engine {precision.get('engine', '?')}. Values ± one standard error; vᵀHv and vᵀGv are means over noise "
-            "directions, align = Σvᵀ Hv/Σ‖v‖². A value without ± has no sampling error: a full-epoch quantity, or every "
-            "batch measured (S_v = all).")
+    head = (
+        f"analysis {manifest.get('analysis', folder.name)}: run {manifest.get('run')}, {len(manifest['states'])} "
+        f"states × {len(manifest['cases'])} cases; {precision.get('dtype', '?')} on {precision.get('device', '?')}, "
+        f"engine {precision.get('engine', '?')}. Values ± one standard error; vᵀHv and vᵀGv are means over noise "
+        "directions, align = Σvᵀ Hv/Σ‖v‖². A value without ± has no sampling error: a full-epoch quantity, or every "
+        "batch measured (S_v = all)."
+    )
     flags = _flags(rows, manifest, spectrum)
     tail = ["", "Flags:", *(f"- {flag}" for flag in flags)] if flags else ["", "No flags."]
     return "\n".join([head, "", _table(table), *tail])

@@ -33,11 +33,11 @@ from torch import nn
 from tiny_llm.config import RunConfig, config_to_dict, dump_config, load_config
 from tiny_llm.data.tokens import TokenCache, check_capacity, stream_batches
 from tiny_llm.io import atomic_write_text, exclusive, remove_leftovers
-from tiny_llm.model.checkpoint import load_train_state, save_train_state, save_weights
+from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, RESUME, TRAIN_LOG, epoch_file
 from tiny_llm.model.architectures import build_model
+from tiny_llm.model.checkpoint import load_train_state, save_train_state, save_weights
 from tiny_llm.model.llama import CausalLM, token_losses
 from tiny_llm.runtime import resolve_device
-from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, RESUME, TRAIN_LOG, epoch_file
 
 __all__ = ["accumulate_batch_gradient", "average_states", "learning_rate", "run_summary", "train"]
 
@@ -47,8 +47,6 @@ NON_SCIENTIFIC = {"training.log_every", "data.cache"}
 TRAIN_LOCK = ".train.lock"
 """Held by the trainer of a run directory (holds its process id; removed when training ends)."""
 """Settings that may change between a run and its resumption."""
-
-
 
 
 def worker_dir(worker: int) -> str:
@@ -66,8 +64,12 @@ def learning_rate(step: int, total_steps: int, config: RunConfig) -> float:
     return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def accumulate_batch_gradient(model: nn.Module, tokens: torch.Tensor, micro_batch_size: int,
-                              forward: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+def accumulate_batch_gradient(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    micro_batch_size: int,
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Add the gradient of one optimizer batch's token-mean loss into ``.grad``, micro-batch by micro-batch.
 
     ``tokens`` is (B, T + 1). Micro-batches are consecutive chunks of ``micro_batch_size``
@@ -81,7 +83,7 @@ def accumulate_batch_gradient(model: nn.Module, tokens: torch.Tensor, micro_batc
     n_targets = targets.numel()
     total = torch.zeros((), dtype=torch.float64, device=tokens.device)
     for start in range(0, len(tokens), micro_batch_size):
-        x, y = inputs[start:start + micro_batch_size], targets[start:start + micro_batch_size]
+        x, y = inputs[start : start + micro_batch_size], targets[start : start + micro_batch_size]
         loss = token_losses(forward(x), y).sum() / n_targets
         loss.backward()
         total += loss.detach().double()
@@ -100,8 +102,9 @@ def _make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.Optimize
 
 def average_states(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Element-wise float32 mean of worker states (the packed run's root weights)."""
-    return {name: torch.stack([s[name].float() for s in states]).mean(0).to(states[0][name].dtype)
-            for name in states[0]}
+    return {
+        name: torch.stack([s[name].float() for s in states]).mean(0).to(states[0][name].dtype) for name in states[0]
+    }
 
 
 @dataclass
@@ -126,7 +129,9 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _changed_settings(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     a, b = _flat(old), _flat(new)
-    return sorted(k for k in set(a) | set(b) if k not in NON_SCIENTIFIC and a.get(k, "<absent>") != b.get(k, "<absent>"))
+    return sorted(
+        k for k in set(a) | set(b) if k not in NON_SCIENTIFIC and a.get(k, "<absent>") != b.get(k, "<absent>")
+    )
 
 
 class _Trainer:
@@ -165,23 +170,33 @@ class _Trainer:
         return states[0] if self.K == 1 else average_states(states)
 
     def save_state(self, name: str, complete: bool) -> None:
-        save_train_state(self.run_dir / name, {
-            "format": 1, "config": config_to_dict(self.config), "cache_shards": self.cache.meta["shards"],
-            "position": self.position(complete), "model": self.root_state(),
-            "workers": [{"model": _clone_state(w.model), "optimizer": w.optimizer.state_dict()} for w in self.workers],
-        })
+        save_train_state(
+            self.run_dir / name,
+            {
+                "format": 1,
+                "config": config_to_dict(self.config),
+                "cache_shards": self.cache.meta["shards"],
+                "position": self.position(complete),
+                "model": self.root_state(),
+                "workers": [
+                    {"model": _clone_state(w.model), "optimizer": w.optimizer.state_dict()} for w in self.workers
+                ],
+            },
+        )
 
     def restore(self, path: Path) -> None:
         state = load_train_state(path)
         changed = _changed_settings(state["config"], config_to_dict(self.config))
         if changed:
-            raise ValueError(f"{path} was trained with other settings ({', '.join(changed)}); resume with the "
-                             "original settings or train into a new run directory")
+            raise ValueError(
+                f"{path} was trained with other settings ({', '.join(changed)}); resume with the "
+                "original settings or train into a new run directory"
+            )
         if state["cache_shards"] != self.cache.meta["shards"]:
             raise ValueError(f"{path} was trained on a different token cache than {self.cache.path}")
         if len(state["workers"]) != self.K:
             raise ValueError(f"{path} holds {len(state['workers'])} workers, the configuration {self.K}")
-        for worker, saved in zip(self.workers, state["workers"]):
+        for worker, saved in zip(self.workers, state["workers"], strict=True):
             worker.model.load_state_dict(saved["model"], strict=True)
             worker.optimizer.load_state_dict(saved["optimizer"])
         self.step = int(state["position"]["step"])
@@ -190,12 +205,18 @@ class _Trainer:
         if self.config.training.checkpoint_policy != "interval":
             return
         meta = {"format": "tiny_llm.weights/1", "step": self.step, "tokens": self.tokens, "epoch": self.epoch}
-        save_weights(self.run_dir / epoch_file(self.epoch), self.root_state(),
-                     {**meta, "kind": "average" if self.K > 1 else "root", "workers": self.K})
+        save_weights(
+            self.run_dir / epoch_file(self.epoch),
+            self.root_state(),
+            {**meta, "kind": "average" if self.K > 1 else "root", "workers": self.K},
+        )
         if self.K > 1:
             for w, worker in enumerate(self.workers):
-                save_weights(self.run_dir / worker_dir(w) / epoch_file(self.epoch), _clone_state(worker.model),
-                             {**meta, "kind": "worker", "worker": w})
+                save_weights(
+                    self.run_dir / worker_dir(w) / epoch_file(self.epoch),
+                    _clone_state(worker.model),
+                    {**meta, "kind": "worker", "worker": w},
+                )
 
     # --- steps ---------------------------------------------------------------------------------
     def train_step(self, worker: _Worker, batch: int, lr: float) -> tuple[float, float]:
@@ -225,19 +246,33 @@ class _Trainer:
             self.step += 1
             if self.K > 1 and self.step % tc.packed.sync_every == 0:
                 self.synchronise()
-            losses, norms = zip(*results)
-            record = {"step": self.step, "epoch": self.step / spe, "tokens": self.tokens, "lr": lr,
-                      "loss": sum(losses) / self.K, "grad_norm": max(norms),
-                      "grad_norm_kind": "max_worker_pre_clip" if self.K > 1 else "pre_clip"}
+            losses, norms = zip(*results, strict=True)
+            record = {
+                "step": self.step,
+                "epoch": self.step / spe,
+                "tokens": self.tokens,
+                "lr": lr,
+                "loss": sum(losses) / self.K,
+                "grad_norm": max(norms),
+                "grad_norm_kind": "max_worker_pre_clip" if self.K > 1 else "pre_clip",
+            }
             if self.K > 1:
                 record.update(worker_losses=list(losses), worker_grad_norms=list(norms))
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
             if self.step % tc.log_every == 0 or self.step == self.total_steps:
                 rate = (self.tokens - tokens_at_start) / max(time.perf_counter() - started, 1e-9)
-                log.info("epoch %d/%d step %d/%d loss %.4f grad_norm %.3f lr %.2e %.0f tok/s",
-                         -(-self.step // spe), tc.epochs, self.step, self.total_steps, record["loss"],
-                         record["grad_norm"], lr, rate)
+                log.info(
+                    "epoch %d/%d step %d/%d loss %.4f grad_norm %.3f lr %.2e %.0f tok/s",
+                    -(-self.step // spe),
+                    tc.epochs,
+                    self.step,
+                    self.total_steps,
+                    record["loss"],
+                    record["grad_norm"],
+                    lr,
+                    rate,
+                )
             if self.step % spe == 0:
                 self.write_epoch_checkpoint()
                 if self.step < self.total_steps:
@@ -254,10 +289,14 @@ def _check_run_dir(config: RunConfig, run_dir: Path) -> None:
         old = load_config(resolved)
         changed = _changed_settings(config_to_dict(old), config_to_dict(config))
         if changed:
-            details = ", ".join(f"{k}: {_flat(config_to_dict(old)).get(k)!r} -> {_flat(config_to_dict(config)).get(k)!r}"
-                                for k in changed)
-            raise ValueError(f"run directory {run_dir} was made with other settings ({details}); "
-                             "use a new run directory or restore the original settings")
+            details = ", ".join(
+                f"{k}: {_flat(config_to_dict(old)).get(k)!r} -> {_flat(config_to_dict(config)).get(k)!r}"
+                for k in changed
+            )
+            raise ValueError(
+                f"run directory {run_dir} was made with other settings ({details}); "
+                "use a new run directory or restore the original settings"
+            )
 
 
 def _kept_log(path: Path, step: int) -> str | None:
@@ -278,8 +317,9 @@ def _kept_log(path: Path, step: int) -> str | None:
         except (json.JSONDecodeError, KeyError, TypeError):
             if number == len(lines):
                 break
-            raise ValueError(f"{path} line {number} is not a training log entry; restore the file or train into "
-                             "a new run directory") from None
+            raise ValueError(
+                f"{path} line {number} is not a training log entry; restore the file or train into a new run directory"
+            ) from None
         if entry_step <= step:
             kept.append(line)
     return "".join(line + "\n" for line in kept)
@@ -298,8 +338,10 @@ def train(config: RunConfig, run_dir: str | Path, *, device: str = "cpu", stop_a
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"run directory {run_dir} is a file; choose another path")
     if (run_dir / IMPORTED).exists():
-        raise ValueError(f"{run_dir} holds imported weights (imported.json); training would overwrite them: "
-                         "train into a new run directory")
+        raise ValueError(
+            f"{run_dir} holds imported weights (imported.json); training would overwrite them: "
+            "train into a new run directory"
+        )
     _check_run_dir(config, run_dir)
     trainer = _Trainer(config, run_dir, device)  # checks the cache before anything is written
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -344,7 +386,11 @@ def run_summary(run_dir: str | Path) -> dict[str, Any]:
     state = load_train_state(run_dir / FINAL)
     if not state["position"].get("complete"):
         raise ValueError(f"{run_dir / 'final.pt'} is not a finished training state")
-    return {"run": str(run_dir), "final": FINAL, "position": state["position"],
-            "workers": len(state["workers"]),
-            "checkpoints": sorted(p.name for p in run_dir.glob("epoch-*.safetensors")),
-            "worker_dirs": sorted(p.name for p in run_dir.glob("node-*") if p.is_dir())}
+    return {
+        "run": str(run_dir),
+        "final": FINAL,
+        "position": state["position"],
+        "workers": len(state["workers"]),
+        "checkpoints": sorted(p.name for p in run_dir.glob("epoch-*.safetensors")),
+        "worker_dirs": sorted(p.name for p in run_dir.glob("node-*") if p.is_dir()),
+    }

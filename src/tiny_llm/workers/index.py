@@ -32,12 +32,16 @@ def select_checkpoints(run_dir: str | Path, selection: str | list[str]) -> list[
     """
     run_dir = Path(run_dir)
     if selection == "all":
-        names = sorted((p.name for p in run_dir.glob("epoch-*.safetensors") if EPOCH_FILE.match(p.name)),
-                       key=lambda n: int(EPOCH_FILE.match(n).group(1)))
+        names = sorted(
+            (p.name for p in run_dir.glob("epoch-*.safetensors") if EPOCH_FILE.match(p.name)),
+            key=lambda n: int(EPOCH_FILE.match(n).group(1)),
+        )
         names += [FINAL] if (run_dir / FINAL).exists() else []
         if not names:
-            raise ValueError(f"{run_dir} holds no checkpoints (epoch-NNN.safetensors or final.pt); "
-                             "train with training.checkpoint_policy=interval or select files explicitly")
+            raise ValueError(
+                f"{run_dir} holds no checkpoints (epoch-NNN.safetensors or final.pt); "
+                "train with training.checkpoint_policy=interval or select files explicitly"
+            )
     elif isinstance(selection, list) and selection:
         names = selection
     else:
@@ -45,8 +49,9 @@ def select_checkpoints(run_dir: str | Path, selection: str | list[str]) -> list[
     return resolve_checkpoints(run_dir, names)
 
 
-def check_selection(key: str, run_dir: str | Path, selection: str | list[str],
-                    will_write: set[str] | None = None) -> None:
+def check_selection(
+    key: str, run_dir: str | Path, selection: str | list[str], will_write: set[str] | None = None
+) -> None:
     """Check a configured checkpoint selection before any work (the workflow's start-up): worker
     files, files that are not root checkpoints, and files that will not be there: for a run this
     workflow trains, names outside ``will_write`` (the root checkpoints its training writes); for
@@ -61,14 +66,18 @@ def check_selection(key: str, run_dir: str | Path, selection: str | list[str],
     for name in selection:
         path = Path(str(name))
         if re.fullmatch(r"node-\d+", path.parent.name):
-            raise ValueError(f"{key}: {name} is a worker checkpoint; list the root (averaged) checkpoint "
-                             f"{path.name} instead: worker states enter through the consensus analysis")
+            raise ValueError(
+                f"{key}: {name} is a worker checkpoint; list the root (averaged) checkpoint "
+                f"{path.name} instead: worker states enter through the consensus analysis"
+            )
         if not ROOT_CHECKPOINT.match(path.name):
             raise ValueError(f"{key}: {name} is not a root checkpoint (epoch-NNN.safetensors or final.pt)")
         if will_write is not None and not path.is_absolute():
             if str(path) not in will_write:
-                raise ValueError(f"{key}: {name} is not a checkpoint that training {run_dir} writes "
-                                 f"({', '.join(sorted(will_write))}); list some of those or use all")
+                raise ValueError(
+                    f"{key}: {name} is not a checkpoint that training {run_dir} writes "
+                    f"({', '.join(sorted(will_write))}); list some of those or use all"
+                )
         elif not (path if path.is_absolute() else run_dir / path).exists():
             raise ValueError(f"{key}: {name} does not exist in {run_dir}; list existing checkpoints or use all")
 
@@ -84,11 +93,23 @@ def index_states(run_dir: str | Path, selection: str | list[str], consensus: boo
     by_key: dict[str, dict[str, Any]] = {}
     for path in select_checkpoints(run_dir, selection):
         state = load_state(run_dir, [path], config, consensus)
-        entry = by_key.setdefault(state.key, {"key": state.key, "weights_hash": state.weights_hash,
-                                              "worker_hashes": state.worker_hashes or None, "aliases": []})
+        entry = by_key.setdefault(
+            state.key,
+            {
+                "key": state.key,
+                "weights_hash": state.weights_hash,
+                "worker_hashes": state.worker_hashes or None,
+                "aliases": [],
+            },
+        )
         entry["aliases"].append(state.aliases[0])  # file names relative to the run: a moved project still works
         log.info("%s -> state %s", path.name, state.key[:12])
     states = sorted(by_key.values(), key=lambda s: (min(a["step"] for a in s["aliases"]), s["aliases"][0]["file"]))
-    return {"format": STATES_FORMAT, "run": str(run_dir), "packed": config.training.packed is not None,
-            "workers": config.training.workers, "consensus": consensus and config.training.packed is not None,
-            "states": states}
+    return {
+        "format": STATES_FORMAT,
+        "run": str(run_dir),
+        "packed": config.training.packed is not None,
+        "workers": config.training.workers,
+        "consensus": consensus and config.training.packed is not None,
+        "states": states,
+    }

@@ -31,16 +31,35 @@ def launch_command(spec: Path, ranks: int, nodes: int = 1) -> list[str]:
     worker = ["-m", "tiny_llm.workers.ranks", str(spec)]
     if nodes == 1:
         return [*module, "--standalone", "--nproc-per-node", str(ranks), *worker]
-    head = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True,
-                          text=True, check=True).stdout.split()[0]
+    head = subprocess.run(
+        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
+    ).stdout.split()[0]
     # --overlap: the job's own step (Snakemake's, on the first node) holds its CPUs and GPUs meanwhile
-    return ["srun", "--overlap", "--nodes", str(nodes), "--ntasks-per-node", "1", *module, "--nnodes", str(nodes),
-            "--nproc-per-node", str(ranks), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:{PORT}",
-            "--rdzv-id", os.environ.get("SLURM_JOB_ID", "tiny-llm"), *worker]
+    return [
+        "srun",
+        "--overlap",
+        "--nodes",
+        str(nodes),
+        "--ntasks-per-node",
+        "1",
+        *module,
+        "--nnodes",
+        str(nodes),
+        "--nproc-per-node",
+        str(ranks),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{head}:{PORT}",
+        "--rdzv-id",
+        os.environ.get("SLURM_JOB_ID", "tiny-llm"),
+        *worker,
+    ]
 
 
-def run_on_ranks(worker: str, arguments: dict[str, Any], output: str | Path, *, ranks: int, nodes: int = 1,
-                 threads: int = 1) -> dict[str, Any]:
+def run_on_ranks(
+    worker: str, arguments: dict[str, Any], output: str | Path, *, ranks: int, nodes: int = 1, threads: int = 1
+) -> dict[str, Any]:
     """``worker`` (``analyze_state`` or ``analyze_spectrum``) with ``arguments`` on ``ranks`` processes
     per node; returns the result rank 0 wrote to ``output``. One rank in all: a plain call here.
 
@@ -53,8 +72,7 @@ def run_on_ranks(worker: str, arguments: dict[str, Any], output: str | Path, *, 
         return _worker(worker)(**arguments, output=output)
     spec = output.with_name(f".{output.name}.ranks.json")
     error = spec.with_suffix(".error")
-    spec.write_text(json.dumps({"worker": worker, "arguments": arguments, "output": str(output),
-                                "error": str(error)}))
+    spec.write_text(json.dumps({"worker": worker, "arguments": arguments, "output": str(output), "error": str(error)}))
     error.unlink(missing_ok=True)
     try:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -63,8 +81,10 @@ def run_on_ranks(worker: str, arguments: dict[str, Any], output: str | Path, *, 
         if error.exists():  # the rank's own line, after the launcher's report: the last line of the log
             raise ValueError(error.read_text().strip())
         if done.returncode != 0:
-            raise RuntimeError(f"{ranks * nodes} ranks of {worker} failed (exit status {done.returncode}); their "
-                               "output is above in this log")
+            raise RuntimeError(
+                f"{ranks * nodes} ranks of {worker} failed (exit status {done.returncode}); their "
+                "output is above in this log"
+            )
         return json.loads(output.read_text())
     finally:
         spec.unlink(missing_ok=True)
@@ -79,8 +99,13 @@ def _launch(command: list[str], env: dict[str, str]) -> subprocess.CompletedProc
 
     from tiny_llm.runtime import die_with_parent
 
-    process = subprocess.Popen(command, stdout=sys.stderr, stderr=sys.stderr, env=env,
-                               preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
+    process = subprocess.Popen(
+        command,
+        stdout=sys.stderr,
+        stderr=sys.stderr,
+        env=env,
+        preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+    )
     forward = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     previous = {sig: signal.signal(sig, lambda number, _frame: process.send_signal(number)) for sig in forward}
     try:
@@ -92,7 +117,8 @@ def _launch(command: list[str], env: dict[str, str]) -> subprocess.CompletedProc
             process.terminate()
             process.wait()
     if process.returncode in (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP) or any(
-            process.returncode == 128 + sig for sig in forward):
+        process.returncode == 128 + sig for sig in forward
+    ):
         raise KeyboardInterrupt(f"stopped (the launcher ended with status {process.returncode})")
     return subprocess.CompletedProcess(command, process.returncode)
 
@@ -100,16 +126,20 @@ def _launch(command: list[str], env: dict[str, str]) -> subprocess.CompletedProc
 def _worker(name: str):
     if name == "analyze_state":
         from tiny_llm.workers.state import analyze_state
+
         return lambda settings, **kw: analyze_state(settings=_settings(settings), **kw)
     if name == "analyze_spectrum":
         from tiny_llm.workers.spectrum import analyze_spectrum, spectrum_settings_from_dict
-        return lambda settings, spectrum, **kw: analyze_spectrum(settings=_settings(settings),
-                                                                 spectrum=spectrum_settings_from_dict(spectrum), **kw)
+
+        return lambda settings, spectrum, **kw: analyze_spectrum(
+            settings=_settings(settings), spectrum=spectrum_settings_from_dict(spectrum), **kw
+        )
     raise ValueError(f"unknown worker {name!r}")
 
 
 def _settings(data: dict[str, Any]):
     from tiny_llm.workers.state import settings_from_dict
+
     return settings_from_dict(data)
 
 

@@ -29,14 +29,23 @@ from tiny_llm.curvature.spectrum import (
     tensor_blocks,
     top_eigenpairs,
 )
-from tiny_llm.distributed import is_writer, record as parallel_record, world
+from tiny_llm.distributed import is_writer, world
+from tiny_llm.distributed import record as parallel_record
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.model.architectures import build_model
 from tiny_llm.model.llama import CausalLM
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
-from tiny_llm.workers.state import (AnalysisSettings, _identity, _Resolved, _reusable, explain_out_of_memory,
-                                    prepare_inputs, settings_record, single_writer)
+from tiny_llm.workers.state import (
+    AnalysisSettings,
+    _identity,
+    _Resolved,
+    _reusable,
+    explain_out_of_memory,
+    prepare_inputs,
+    settings_record,
+    single_writer,
+)
 
 __all__ = ["SpectrumSettings", "analyze_spectrum", "lanczos_tolerance", "sharded_engine", "spectrum_settings_from_dict"]
 
@@ -88,8 +97,9 @@ class SpectrumSettings:
         if self.lanczos_basis not in _BASIS:
             raise ValueError(f"spectrum.lanczos_basis: expected one of {', '.join(_BASIS)}, got {self.lanczos_basis!r}")
         if self.lanczos_tolerance is not None and not self.lanczos_tolerance > 0:
-            raise ValueError(f"spectrum.lanczos_tolerance: expected a positive number or null, got "
-                             f"{self.lanczos_tolerance!r}")
+            raise ValueError(
+                f"spectrum.lanczos_tolerance: expected a positive number or null, got {self.lanczos_tolerance!r}"
+            )
         if self.lanczos_reduction not in ("float64", "float32"):
             raise ValueError(f"spectrum.lanczos_reduction: expected float64 or float32, got {self.lanczos_reduction!r}")
 
@@ -98,14 +108,19 @@ def spectrum_settings_from_dict(data: dict[str, Any]) -> SpectrumSettings:
     """SpectrumSettings from config data, refusing unknown keys."""
     unknown = sorted(set(data) - set(SpectrumSettings.__dataclass_fields__) - {"enabled"})
     if unknown:
-        raise ValueError(f"unknown spectrum settings {unknown}; allowed: {sorted(SpectrumSettings.__dataclass_fields__)}")
+        raise ValueError(
+            f"unknown spectrum settings {unknown}; allowed: {sorted(SpectrumSettings.__dataclass_fields__)}"
+        )
     return SpectrumSettings(**{k: v for k, v in data.items() if k != "enabled"})
 
 
-def _pairs(values: torch.Tensor, residuals: torch.Tensor, converged: torch.Tensor,
-           tolerance: float) -> list[dict[str, Any]]:
-    return [{"index": i, "eigenvalue": float(v), "residual": float(r), "converged": bool(c), "tolerance": tolerance}
-            for i, (v, r, c) in enumerate(zip(values, residuals, converged))]
+def _pairs(
+    values: torch.Tensor, residuals: torch.Tensor, converged: torch.Tensor, tolerance: float
+) -> list[dict[str, Any]]:
+    return [
+        {"index": i, "eigenvalue": float(v), "residual": float(r), "converged": bool(c), "tolerance": tolerance}
+        for i, (v, r, c) in enumerate(zip(values, residuals, converged, strict=True))
+    ]
 
 
 def lanczos_tolerance(spectrum: SpectrumSettings, dtype: torch.dtype) -> float:
@@ -128,8 +143,10 @@ def sharded_engine(settings: AnalysisSettings, spectrum: SpectrumSettings) -> st
     if not spectrum.sharded:
         return None
     if settings.engine in HVP_ENGINES and settings.engine != "finite_difference":
-        raise ValueError(f"spectrum.sharded: sharded products are finite differences of gradients; set engine to "
-                         f"finite_difference or auto, not {settings.engine}")
+        raise ValueError(
+            f"spectrum.sharded: sharded products are finite differences of gradients; set engine to "
+            f"finite_difference or auto, not {settings.engine}"
+        )
     return "finite_difference"
 
 
@@ -153,8 +170,14 @@ class ProductProgress:
         if self.last is None or now - self.last >= self.every:
             self.last = now
             rate = (now - self.started) / self.done
-            log.info("spectrum: %s: %d of at most %d products, %.2g s each, at most %s left", self.stage,
-                     self.done, self.most, rate, _duration(rate * max(0, self.most - self.done)))
+            log.info(
+                "spectrum: %s: %d of at most %d products, %.2g s each, at most %s left",
+                self.stage,
+                self.done,
+                self.most,
+                rate,
+                _duration(rate * max(0, self.most - self.done)),
+            )
 
 
 def _duration(seconds: float) -> str:
@@ -163,17 +186,27 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], settings: AnalysisSettings,
-                     spectrum: SpectrumSettings, precision: Precision, hvp_batch_size: int, engine: str,
-                     compile: bool, micro_batch_size: int, memory: MemoryPlan | None = None) -> dict[str, Any]:
+def measure_spectrum(
+    model: CausalLM,
+    tokens_by_batch: list[torch.Tensor],
+    settings: AnalysisSettings,
+    spectrum: SpectrumSettings,
+    precision: Precision,
+    hvp_batch_size: int,
+    engine: str,
+    compile: bool,
+    micro_batch_size: int,
+    memory: MemoryPlan | None = None,
+) -> dict[str, Any]:
     """Every spectral quantity of one (state, case) as plain data; ``memory`` cuts the passes into
     groups of sequences (the same numbers)."""
     started = time.perf_counter()
     flat = FlatParameters(model)
     micro_batch_size = (memory.rows("gradient") if memory else None) or micro_batch_size
     if spectrum.sharded and world()[1] > 1:  # the model is sharded in place; vectors are this rank's parts
-        operator = ShardedHessian(model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, precision=precision,
-                                  progress=log.info)
+        operator = ShardedHessian(
+            model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, precision=precision, progress=log.info
+        )
         layout = operator.layout
 
         def gradient(tokens: torch.Tensor) -> torch.Tensor:
@@ -182,9 +215,16 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
         def epoch_gradient() -> torch.Tensor:
             return gradient(torch.cat(tokens_by_batch))
     else:
-        operator = EpochHessian(model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, engine=engine,
-                                precision=precision, directions_per_pass=settings.directions_per_pass,
-                                compile=compile, group_rows=memory.rows("products") if memory else None)
+        operator = EpochHessian(
+            model,
+            torch.cat(tokens_by_batch),
+            batch_size=hvp_batch_size,
+            engine=engine,
+            precision=precision,
+            directions_per_pass=settings.directions_per_pass,
+            compile=compile,
+            group_rows=memory.rows("products") if memory else None,
+        )
         layout = Layout(flat.D)
 
         def gradient(tokens: torch.Tensor) -> torch.Tensor:
@@ -192,13 +232,20 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
 
         def epoch_gradient() -> torch.Tensor:
             return mean_gradient(model, flat, tokens_by_batch, micro_batch_size, precision)
+
     basis, reduction = _BASIS[spectrum.lanczos_basis], _BASIS[spectrum.lanczos_reduction]
     device = precision.device
     tolerance = lanczos_tolerance(spectrum, precision.dtype)
     products = []
     block_products = spectrum.block_samples * (2 + len(tensor_blocks(flat)) + len(layer_blocks(flat)))
-    progress = ProductProgress(spectrum.lanczos_steps + 2 + spectrum.slq_vectors * spectrum.slq_steps
-                               + spectrum.cg_max_iterations + 1 + block_products)
+    progress = ProductProgress(
+        spectrum.lanczos_steps
+        + 2
+        + spectrum.slq_vectors * spectrum.slq_steps
+        + spectrum.cg_max_iterations
+        + 1
+        + block_products
+    )
 
     def counted(V: torch.Tensor) -> torch.Tensor:
         products.append(len(V))
@@ -208,63 +255,127 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], setti
         result = operator.hvp(V)
         progress(len(V))
         return result
+
     progress.enter(f"Lanczos, top {spectrum.top_k} eigenpairs (at most {spectrum.lanczos_steps} steps)")
-    pairs = top_eigenpairs(counted, flat.D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed,
-                           which=("LA", "LM"), basis_dtype=basis, reduction_dtype=reduction, device=device,
-                           tolerance=tolerance, layout=layout)
+    pairs = top_eigenpairs(
+        counted,
+        flat.D,
+        spectrum.top_k,
+        spectrum.lanczos_steps,
+        seed=settings.seed,
+        which=("LA", "LM"),
+        basis_dtype=basis,
+        reduction_dtype=reduction,
+        device=device,
+        tolerance=tolerance,
+        layout=layout,
+    )
     values, vectors, residuals, converged = pairs["LA"]
     mag_values, _, mag_residuals, mag_converged = pairs["LM"]
     steps = len(products) - 2  # the last two products measure the residuals of LA and LM
     unconverged = int((~converged).sum() + (~mag_converged).sum())
     if unconverged:
-        log.warning("%d of the top eigenvalues did not converge to %g in %d Lanczos steps (largest relative "
-                    "residual %.2g); raise spectrum.lanczos_steps", unconverged, tolerance, steps,
-                    float(torch.cat([residuals / values.abs(), mag_residuals / mag_values.abs()]).max()))
+        log.warning(
+            "%d of the top eigenvalues did not converge to %g in %d Lanczos steps (largest relative "
+            "residual %.2g); raise spectrum.lanczos_steps",
+            unconverged,
+            tolerance,
+            steps,
+            float(torch.cat([residuals / values.abs(), mag_residuals / mag_values.abs()]).max()),
+        )
     t_lanczos = time.perf_counter() - started
     progress.enter(f"SLQ density ({spectrum.slq_vectors} x {spectrum.slq_steps} steps)")
-    nodes = slq(tracked, flat.D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed,
-                basis_dtype=basis, reduction_dtype=reduction, device=device, layout=layout)
+    nodes = slq(
+        tracked,
+        flat.D,
+        spectrum.slq_vectors,
+        spectrum.slq_steps,
+        seed=settings.seed,
+        basis_dtype=basis,
+        reduction_dtype=reduction,
+        device=device,
+        layout=layout,
+    )
     moments = {f"m{p}": sum(float((w * t**p).sum()) for t, w in nodes) / len(nodes) for p in (1, 2)}
     g_bar = epoch_gradient()
-    noise = [gradient(tokens_by_batch[i]) - g_bar
-             for i in noise_batch_indices(len(tokens_by_batch), settings.noise_samples, settings.seed)]
+    noise = [
+        gradient(tokens_by_batch[i]) - g_bar
+        for i in noise_batch_indices(len(tokens_by_batch), settings.noise_samples, settings.seed)
+    ]
     # Default λ: twice the largest |Ritz value| (a few Lanczos steps can underestimate |λ_min|).
     damping = spectrum.cg_damping if spectrum.cg_damping is not None else 2 * float(mag_values.abs().max())
     progress.enter(f"CG solve of (H + {damping:.3g} I) x = ḡ")
     try:
-        x, iterations, residual = conjugate_gradient(tracked, g_bar, damping, rtol=spectrum.cg_rtol,
-                                                     max_iterations=spectrum.cg_max_iterations, layout=layout)
-        cg = {"damping": damping, "status": "ok" if residual <= spectrum.cg_rtol else "max_iterations",
-              "iterations": iterations, "relative_residual": residual,
-              "g_inverse_g": float(layout.dots(g_bar[None], x[None])[0])}
+        x, iterations, residual = conjugate_gradient(
+            tracked, g_bar, damping, rtol=spectrum.cg_rtol, max_iterations=spectrum.cg_max_iterations, layout=layout
+        )
+        cg = {
+            "damping": damping,
+            "status": "ok" if residual <= spectrum.cg_rtol else "max_iterations",
+            "iterations": iterations,
+            "relative_residual": residual,
+            "g_inverse_g": float(layout.dots(g_bar[None], x[None])[0]),
+        }
     except ValueError as error:  # H + λI indefinite along a CG direction: report, do not guess
-        cg = {"damping": damping, "status": "indefinite", "message": str(error), "iterations": None,
-              "relative_residual": None, "g_inverse_g": None}
-    V = torch.stack([layout.local(rademacher(flat.D, settings.seed + 1, i))
-                     for i in range(spectrum.block_samples)]).to(device)
+        cg = {
+            "damping": damping,
+            "status": "indefinite",
+            "message": str(error),
+            "iterations": None,
+            "relative_residual": None,
+            "g_inverse_g": None,
+        }
+    V = torch.stack([layout.local(rademacher(flat.D, settings.seed + 1, i)) for i in range(spectrum.block_samples)]).to(
+        device
+    )
     progress.enter("block-diagonal errors")
-    blocks = {kind: block_diagonal_error(tracked, V, make(flat), layout=layout)
-              for kind, make in (("tensor", tensor_blocks), ("layer", layer_blocks))}
-    noise_cos = (_cosines(torch.stack(noise), vectors, layout)
-                 if noise and float(layout.norms(torch.stack(noise)).sum()) > 0 else None)
+    blocks = {
+        kind: block_diagonal_error(tracked, V, make(flat), layout=layout)
+        for kind, make in (("tensor", tensor_blocks), ("layer", layer_blocks))
+    }
+    noise_cos = (
+        _cosines(torch.stack(noise), vectors, layout)
+        if noise and float(layout.norms(torch.stack(noise)).sum()) > 0
+        else None
+    )
     return {
         "top_eigenvalues": _pairs(values, residuals, converged, tolerance),
         "top_magnitude_eigenvalues": _pairs(mag_values, mag_residuals, mag_converged, tolerance),
-        "lanczos": {"steps": steps, "max_steps": spectrum.lanczos_steps, "tolerance": tolerance,
-                    "converged": unconverged == 0},
-        "slq": {"nodes": [t.tolist() for t, _ in nodes], "weights": [w.tolist() for _, w in nodes],
-                "trace_over_D": moments["m1"], "second_moment_over_D": moments["m2"]},
-        "alignment": {"gradient_top": _cosines(g_bar.unsqueeze(0), vectors, layout)[0],
-                      "noise_top_mean": ([sum(c[j] for c in noise_cos) / len(noise_cos) for j in range(len(values))]
-                                         if noise_cos else None)},
+        "lanczos": {
+            "steps": steps,
+            "max_steps": spectrum.lanczos_steps,
+            "tolerance": tolerance,
+            "converged": unconverged == 0,
+        },
+        "slq": {
+            "nodes": [t.tolist() for t, _ in nodes],
+            "weights": [w.tolist() for _, w in nodes],
+            "trace_over_D": moments["m1"],
+            "second_moment_over_D": moments["m2"],
+        },
+        "alignment": {
+            "gradient_top": _cosines(g_bar.unsqueeze(0), vectors, layout)[0],
+            "noise_top_mean": (
+                [sum(c[j] for c in noise_cos) / len(noise_cos) for j in range(len(values))] if noise_cos else None
+            ),
+        },
         "cg": cg,
-        "block_diagonal": {kind: {"relative_error": r["relative_error"].tolist(), "cosine": r["cosine"].tolist(),
-                                  "mean_relative_error": float(r["relative_error"].mean()),
-                                  "mean_cosine": float(r["cosine"].mean()), "blocks": len(make(flat))}
-                           for (kind, r), make in zip(blocks.items(), (tensor_blocks, layer_blocks))},
+        "block_diagonal": {
+            kind: {
+                "relative_error": r["relative_error"].tolist(),
+                "cosine": r["cosine"].tolist(),
+                "mean_relative_error": float(r["relative_error"].mean()),
+                "mean_cosine": float(r["cosine"].mean()),
+                "blocks": len(make(flat)),
+            }
+            for (kind, r), make in zip(blocks.items(), (tensor_blocks, layer_blocks), strict=True)
+        },
         "counts": {"parameters_D": flat.D, "hvp_batches": len(operator.batches), "noise_samples": len(noise)},
-        "timing": {"lanczos_seconds": t_lanczos, "total_seconds": time.perf_counter() - started,
-                   "compile": compile_record()},
+        "timing": {
+            "lanczos_seconds": t_lanczos,
+            "total_seconds": time.perf_counter() - started,
+            "compile": compile_record(),
+        },
     }
 
 
@@ -275,8 +386,14 @@ def _steps(resolved: _Resolved) -> dict[str, Any]:
     return {"finite_difference_scale": FD_SCALE.get(resolved.dtype, 3e-3)}
 
 
-def spectrum_memory(settings: AnalysisSettings, spectrum: SpectrumSettings, config: RunConfig,
-                    resolved: _Resolved, n_batches: int, ranks: int | None = None) -> MemoryPlan:
+def spectrum_memory(
+    settings: AnalysisSettings,
+    spectrum: SpectrumSettings,
+    config: RunConfig,
+    resolved: _Resolved,
+    n_batches: int,
+    ranks: int | None = None,
+) -> MemoryPlan:
     """The grouping of a spectrum job's passes under its memory budget (see ``memory_budget_gb``);
     sharded over ``ranks`` (default: this job's), each rank holds 1/ranks of every
     parameter-sized vector and of the Lanczos basis.
@@ -289,15 +406,31 @@ def spectrum_memory(settings: AnalysisSettings, spectrum: SpectrumSettings, conf
     shards = (ranks or world()[1]) if spectrum.sharded else 1
     basis = spectrum.lanczos_steps * -(-D // shards) * torch.finfo(_BASIS[spectrum.lanczos_basis]).bits // 8
     noise = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
-    return plan_spectrum(config.model, config.data.seq_len, engine=resolved.hvp_engine, shards=shards,
-                         K=min(settings.directions_per_pass, max(spectrum.block_samples, 1)),
-                         hvp_batch_size=resolved.hvp_batch_size, micro_batch_size=config.training.micro_batch_size,
-                         itemsize=itemsize, compiled=resolved.hvp_compiled, basis_bytes=basis, extra_vectors=noise,
-                         budget_bytes=device_budget(resolved.device, settings.memory_budget_gb))
+    return plan_spectrum(
+        config.model,
+        config.data.seq_len,
+        engine=resolved.hvp_engine,
+        shards=shards,
+        K=min(settings.directions_per_pass, max(spectrum.block_samples, 1)),
+        hvp_batch_size=resolved.hvp_batch_size,
+        micro_batch_size=config.training.micro_batch_size,
+        itemsize=itemsize,
+        compiled=resolved.hvp_compiled,
+        basis_bytes=basis,
+        extra_vectors=noise,
+        budget_bytes=device_budget(resolved.device, settings.memory_budget_gb),
+    )
 
 
-def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings,
-                     spectrum: SpectrumSettings, output: str | Path, expect_key: str | None = None) -> dict[str, Any]:
+def analyze_spectrum(
+    run_dir: str | Path,
+    checkpoints: list[str],
+    case: str,
+    settings: AnalysisSettings,
+    spectrum: SpectrumSettings,
+    output: str | Path,
+    expect_key: str | None = None,
+) -> dict[str, Any]:
     """Measure one state's spectrum on one case and write the JSON atomically (reused when identical).
 
     Raises:
@@ -322,19 +455,46 @@ def analyze_spectrum(run_dir: str | Path, checkpoints: list[str], case: str, set
         # sharded, the model stays on the host until FSDP moves each block's shards to the device
         model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
         batches = [cache.tokens(blocks) for blocks in plan.blocks]
-        with runtime_settings(resolved.device, resolved.tf32) as runtime, \
-                explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass):
-            measured = measure_spectrum(model, batches, settings, spectrum, precision, resolved.hvp_batch_size,
-                                        resolved.hvp_engine, resolved.hvp_compiled, config.training.micro_batch_size,
-                                        memory)
-        result = {"schema": 1, "kind": "spectrum", "identity": identity,
-                  "state": {"key": state.key, "weights_hash": state.weights_hash, "aliases": state.aliases},
-                  "case": case, "settings": settings_record(settings), "spectrum_settings": asdict(spectrum),
-                  "precision": {"device": str(resolved.device), "dtype": settings.dtype, "engine": resolved.hvp_engine,
-                                "lanczos_basis": spectrum.lanczos_basis,
-                                "lanczos_reduction": spectrum.lanczos_reduction, **_steps(resolved), **runtime},
-                  **measured, "memory": memory.record(), "software": software(), "hardware": hardware(resolved.device),
-                  "parallel": {**parallel_record(), "sharded": sharded}, "slurm": slurm_job()}
+        with (
+            runtime_settings(resolved.device, resolved.tf32) as runtime,
+            explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
+        ):
+            measured = measure_spectrum(
+                model,
+                batches,
+                settings,
+                spectrum,
+                precision,
+                resolved.hvp_batch_size,
+                resolved.hvp_engine,
+                resolved.hvp_compiled,
+                config.training.micro_batch_size,
+                memory,
+            )
+        result = {
+            "schema": 1,
+            "kind": "spectrum",
+            "identity": identity,
+            "state": {"key": state.key, "weights_hash": state.weights_hash, "aliases": state.aliases},
+            "case": case,
+            "settings": settings_record(settings),
+            "spectrum_settings": asdict(spectrum),
+            "precision": {
+                "device": str(resolved.device),
+                "dtype": settings.dtype,
+                "engine": resolved.hvp_engine,
+                "lanczos_basis": spectrum.lanczos_basis,
+                "lanczos_reduction": spectrum.lanczos_reduction,
+                **_steps(resolved),
+                **runtime,
+            },
+            **measured,
+            "memory": memory.record(),
+            "software": software(),
+            "hardware": hardware(resolved.device),
+            "parallel": {**parallel_record(), "sharded": sharded},
+            "slurm": slurm_job(),
+        }
         if is_writer():
             atomic_write_json(output, result)
     return result

@@ -14,8 +14,8 @@ import json
 import logging
 import re
 import time
-from dataclasses import asdict, dataclass, field
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,24 +25,40 @@ from tiny_llm.config import ModelConfig, RunConfig, config_to_dict, load_config
 from tiny_llm.curvature.hessian import ENGINES, HVP_ENGINES, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan, device_budget, plan_analysis
 from tiny_llm.curvature.noise import CaseInputs, measure_case
+from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
 from tiny_llm.data.order import order_report
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, offset_plan, unseen_plan
+from tiny_llm.distributed import barrier, broadcast, is_writer
+from tiny_llm.distributed import record as parallel_record
 from tiny_llm.io import atomic_write_json, check_writable_file, exclusive, remove_leftovers
-from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
-from tiny_llm.distributed import barrier, broadcast, is_writer, record as parallel_record
+from tiny_llm.layout import IMPORTED, RESOLVED, SUMMARY
 from tiny_llm.model.adapter import HFCausalLM
 from tiny_llm.model.architectures import build_model
-from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
-from tiny_llm.layout import IMPORTED, RESOLVED, SUMMARY
+from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
 from tiny_llm.model.hf_runs import run_tokenizer
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software, source_hash
 from tiny_llm.runtime import compile_record, resolve_device
 from tiny_llm.training.loop import average_states
 
-__all__ = ["AnalysisSettings", "CASES", "EXECUTION_SETTINGS", "LoadedState", "analyze_state", "check_output_binding",
-           "explain_out_of_memory", "holds_results", "memory_plan", "numerical_settings", "settings_record",
-           "load_state", "output_binding", "quadratic_form_engine", "resolve_checkpoints", "settings_from_dict",
-           "single_writer"]
+__all__ = [
+    "AnalysisSettings",
+    "CASES",
+    "EXECUTION_SETTINGS",
+    "LoadedState",
+    "analyze_state",
+    "check_output_binding",
+    "explain_out_of_memory",
+    "holds_results",
+    "memory_plan",
+    "numerical_settings",
+    "settings_record",
+    "load_state",
+    "output_binding",
+    "quadratic_form_engine",
+    "resolve_checkpoints",
+    "settings_from_dict",
+    "single_writer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +146,12 @@ class AnalysisSettings:
         for name in ("audit_directions", "audit_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
-        if self.memory_budget_gb is not None and not (isinstance(self.memory_budget_gb, (int, float))
-                                                       and 0 < self.memory_budget_gb < float("inf")):
-            raise ValueError(f"memory_budget_gb: expected a positive number of GiB or null, got {self.memory_budget_gb!r}")
+        if self.memory_budget_gb is not None and not (
+            isinstance(self.memory_budget_gb, (int, float)) and 0 < self.memory_budget_gb < float("inf")
+        ):
+            raise ValueError(
+                f"memory_budget_gb: expected a positive number of GiB or null, got {self.memory_budget_gb!r}"
+            )
         if self.amp and self.dtype != "float32":
             raise ValueError("--amp requires --dtype float32 (bf16 autocast with float32 parameters)")
 
@@ -170,8 +189,10 @@ def resolve_checkpoints(run_dir: Path, names: list[str]) -> list[Path]:
         path = Path(name) if Path(name).is_absolute() else run_dir / name
         path = path.resolve()
         if _WORKER_DIR.match(path.parent.name) and path.parent.parent == run_dir:
-            raise ValueError(f"{name} is a worker checkpoint; analyse the root (averaged) checkpoint "
-                             f"{path.name} instead: worker states enter through the consensus analysis")
+            raise ValueError(
+                f"{name} is a worker checkpoint; analyse the root (averaged) checkpoint "
+                f"{path.name} instead: worker states enter through the consensus analysis"
+            )
         if path.parent != run_dir or not ROOT_CHECKPOINT.match(path.name):
             raise ValueError(f"{name}: expected a root checkpoint of {run_dir} (epoch-NNN.safetensors or final.pt)")
         if not path.exists():
@@ -185,14 +206,18 @@ def _worker_states(path: Path, config: RunConfig) -> tuple[list[dict[str, torch.
     if path.suffix == ".pt":
         state = load_train_state(path)
         if len(state["workers"]) != K:
-            raise ValueError(f"{path} holds {len(state['workers'])} worker states, the run has {K}; "
-                             "supply the worker weights or disable consensus analysis (--no-consensus)")
+            raise ValueError(
+                f"{path} holds {len(state['workers'])} worker states, the run has {K}; "
+                "supply the worker weights or disable consensus analysis (--no-consensus)"
+            )
         return [w["model"] for w in state["workers"]], [f"{path.name}#workers[{w}]" for w in range(K)]
     files = [path.parent / f"node-{w:03d}" / path.name for w in range(K)]
     missing = [str(f) for f in files if not f.exists()]
     if missing:
-        raise ValueError(f"packed checkpoint {path.name} lacks worker files {missing}; supply the worker "
-                         "weights or disable consensus analysis (--no-consensus)")
+        raise ValueError(
+            f"packed checkpoint {path.name} lacks worker files {missing}; supply the worker "
+            "weights or disable consensus analysis (--no-consensus)"
+        )
     return [load_weights(f)[0] for f in files], [str(f.relative_to(path.parent)) for f in files]
 
 
@@ -201,9 +226,11 @@ def _check_average(root: dict[str, torch.Tensor], workers: list[dict[str, torch.
     for name, tensor in root.items():
         if not torch.allclose(tensor.float(), average[name].float(), rtol=1e-5, atol=1e-7):
             deviation = float((tensor.float() - average[name].float()).abs().max())
-            raise ValueError(f"{source}: saved root weights {name} differ from the workers' float32 average "
-                             f"(max deviation {deviation:.3g} > rtol 1e-5, atol 1e-7); the worker files do not "
-                             "belong to this checkpoint")
+            raise ValueError(
+                f"{source}: saved root weights {name} differ from the workers' float32 average "
+                f"(max deviation {deviation:.3g} > rtol 1e-5, atol 1e-7); the worker files do not "
+                "belong to this checkpoint"
+            )
 
 
 def load_state(run_dir: Path, paths: list[Path], config: RunConfig, consensus: bool) -> LoadedState:
@@ -213,27 +240,34 @@ def load_state(run_dir: Path, paths: list[Path], config: RunConfig, consensus: b
     for path in paths:
         root, metadata = load_weights(path)
         check_state_dict(model, root, source=str(path))
-        alias = {"file": path.name, "step": int(metadata.get("step", -1)),
-                 "tokens": int(metadata["tokens"]) if "tokens" in metadata else None,
-                 **({"source": metadata["source"]} if "source" in metadata else {})}
+        alias = {
+            "file": path.name,
+            "step": int(metadata.get("step", -1)),
+            "tokens": int(metadata["tokens"]) if "tokens" in metadata else None,
+            **({"source": metadata["source"]} if "source" in metadata else {}),
+        }
         digest = state_hash(root)
         if loaded is None:
             loaded = LoadedState(root=root, weights_hash=digest, aliases=[alias])
         elif digest != loaded.weights_hash:
-            raise ValueError(f"{path.name} and {loaded.aliases[0]['file']} hold different parameter states; "
-                             "aliases of one state must be identical")
+            raise ValueError(
+                f"{path.name} and {loaded.aliases[0]['file']} hold different parameter states; "
+                "aliases of one state must be identical"
+            )
         else:
             loaded.aliases.append(alias)
     if consensus and config.training.packed:
         worker_lists = [_worker_states(path, config) for path in paths]
-        for path, (workers, files) in zip(paths, worker_lists):
-            for state, file in zip(workers, files):
+        for path, (workers, files) in zip(paths, worker_lists, strict=True):
+            for state, file in zip(workers, files, strict=True):
                 check_state_dict(model, state, source=file)
             _check_average(loaded.root, workers, str(path))
         hashes = [[state_hash(w) for w in workers] for workers, _ in worker_lists]
         if any(h != hashes[0] for h in hashes):
-            raise ValueError(f"checkpoints {[p.name for p in paths]} share averaged weights but not worker states; "
-                             "analyse them separately")
+            raise ValueError(
+                f"checkpoints {[p.name for p in paths]} share averaged weights but not worker states; "
+                "analyse them separately"
+            )
         loaded.workers, loaded.worker_files, loaded.worker_hashes = worker_lists[0][0], worker_lists[0][1], hashes[0]
     return loaded
 
@@ -280,14 +314,19 @@ def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
     device = resolve_device(settings.device)
     cuda = device.type == "cuda"
     engine = quadratic_form_engine(settings, config.model)
-    hvp_engine = engine if engine in HVP_ENGINES else ("pearlmutter" if cuda and settings.compile_hvp
-                                                        else "double_backward")
-    return _Resolved(device=device, dtype=getattr(torch, settings.dtype), engine=engine,
-                     compiled=_compiled(settings, engine, cuda),
-                     tf32=cuda and settings.dtype == "float32" and settings.tf32,
-                     hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
-                     hvp_engine=hvp_engine,
-                     hvp_compiled=_compiled(settings, hvp_engine, cuda))
+    hvp_engine = (
+        engine if engine in HVP_ENGINES else ("pearlmutter" if cuda and settings.compile_hvp else "double_backward")
+    )
+    return _Resolved(
+        device=device,
+        dtype=getattr(torch, settings.dtype),
+        engine=engine,
+        compiled=_compiled(settings, engine, cuda),
+        tf32=cuda and settings.dtype == "float32" and settings.tf32,
+        hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
+        hvp_engine=hvp_engine,
+        hvp_compiled=_compiled(settings, hvp_engine, cuda),
+    )
 
 
 def numerical_settings(settings: AnalysisSettings) -> dict[str, Any]:
@@ -303,25 +342,42 @@ def memory_plan(settings: AnalysisSettings, config: RunConfig, budget_bytes: int
         ValueError: a pass that does not fit even one sequence at a time (nothing is computed).
     """
     engine = quadratic_form_engine(settings, config.model)
-    return plan_analysis(config.model, config.data.seq_len, engine=engine, K=settings.directions_per_pass,
-                         hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
-                         micro_batch_size=config.training.micro_batch_size,
-                         itemsize=torch.finfo(getattr(torch, settings.dtype)).bits // 8,
-                         compiled=_compiled(settings, engine, cuda),
-                         audit_directions=settings.audit_directions if settings.audited else None,
-                         extra_vectors=config.training.workers if config.training.packed and settings.consensus else 0,
-                         budget_bytes=budget_bytes)
+    return plan_analysis(
+        config.model,
+        config.data.seq_len,
+        engine=engine,
+        K=settings.directions_per_pass,
+        hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
+        micro_batch_size=config.training.micro_batch_size,
+        itemsize=torch.finfo(getattr(torch, settings.dtype)).bits // 8,
+        compiled=_compiled(settings, engine, cuda),
+        audit_directions=settings.audit_directions if settings.audited else None,
+        extra_vectors=config.training.workers if config.training.packed and settings.consensus else 0,
+        budget_bytes=budget_bytes,
+    )
 
 
 def _identity(settings: AnalysisSettings, resolved: _Resolved, config: RunConfig, cache: TokenCache) -> dict:
-    numerical = {**numerical_settings(settings), "device": resolved.device.type, "engine": resolved.engine,
-                 "compiled": resolved.compiled, "hvp_engine": resolved.hvp_engine,
-                 "hvp_compiled": resolved.hvp_compiled, "tf32": resolved.tf32, "hvp_batch_size": resolved.hvp_batch_size,
-                 "micro_batch_size": config.training.micro_batch_size}
-    execution = {"device_kind": resolved.device.type if resolved.device.type == "cpu"
-                 else f"cuda:{torch.cuda.get_device_name(resolved.device)}"}
-    run = {"config": config_to_dict(config) | {"data": {**config_to_dict(config)["data"], "cache": None}},
-           "cache_shards": [s["sha256"] for s in cache.meta["shards"]]}
+    numerical = {
+        **numerical_settings(settings),
+        "device": resolved.device.type,
+        "engine": resolved.engine,
+        "compiled": resolved.compiled,
+        "hvp_engine": resolved.hvp_engine,
+        "hvp_compiled": resolved.hvp_compiled,
+        "tf32": resolved.tf32,
+        "hvp_batch_size": resolved.hvp_batch_size,
+        "micro_batch_size": config.training.micro_batch_size,
+    }
+    execution = {
+        "device_kind": resolved.device.type
+        if resolved.device.type == "cpu"
+        else f"cuda:{torch.cuda.get_device_name(resolved.device)}"
+    }
+    run = {
+        "config": config_to_dict(config) | {"data": {**config_to_dict(config)["data"], "cache": None}},
+        "cache_shards": [s["sha256"] for s in cache.meta["shards"]],
+    }
     identity = {"source": source_hash(), "settings": numerical, "execution": execution, "run": canonical_hash(run)}
     return {**identity, "hash": canonical_hash(identity)}
 
@@ -335,9 +391,11 @@ def _reusable(output: Path, identity: dict, key: str, case: str) -> dict | None:
         return None
     try:
         old = json.loads(output.read_text())
-        same = (old["identity"]["hash"] == identity["hash"] and old["state"]["key"] == key and old["case"] == case)
+        same = old["identity"]["hash"] == identity["hash"] and old["state"]["key"] == key and old["case"] == case
     except (json.JSONDecodeError, KeyError, TypeError):
-        raise ValueError(f"{output} exists but is not a tiny-llm result; remove it or use a new output directory") from None
+        raise ValueError(
+            f"{output} exists but is not a tiny-llm result; remove it or use a new output directory"
+        ) from None
     if not same:
         raise ValueError(f"{output} holds a result with other settings, source or state; use a new output directory")
     return old
@@ -349,9 +407,11 @@ def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, o
     if case == "offset":
         return offset_plan(config, cache, offset)
     if (run_dir / IMPORTED).exists():
-        raise ValueError(f"case {case}: {run_dir} holds imported weights, trained elsewhere on a stream this "
-                         "project does not know, so seen and unseen do not apply; analyse the offset case "
-                         "(a batch-aligned epoch of the cache from data_offset)")
+        raise ValueError(
+            f"case {case}: {run_dir} holds imported weights, trained elsewhere on a stream this "
+            "project does not know, so seen and unseen do not apply; analyse the offset case "
+            "(a batch-aligned epoch of the cache from data_offset)"
+        )
     check_capacity(cache, config, "unseen" if case == "unseen" else "train")
     return epoch_plan(config, 1) if case == "seen" else unseen_plan(config)
 
@@ -364,14 +424,17 @@ def check_tokenizer(run_dir: Path, cache: TokenCache, carried: dict[str, Any] | 
         ValueError: before any work.
     """
     if carried is not None and not same_tokenizer(carried, cache.meta.get("tokenizer")):
-        raise ValueError(f"{run_dir}'s checkpoints came with {describe_tokenizer(carried)}, but the cache "
-                         f"{cache.path} was encoded with {describe_tokenizer(cache.meta.get('tokenizer'))}; prepare "
-                         f"the cache with the checkpoints' tokenizer (prepare-data --source text --tokenizer "
-                         f"{carried.get('path')} ...) and point data.cache at it")
+        raise ValueError(
+            f"{run_dir}'s checkpoints came with {describe_tokenizer(carried)}, but the cache "
+            f"{cache.path} was encoded with {describe_tokenizer(cache.meta.get('tokenizer'))}; prepare "
+            f"the cache with the checkpoints' tokenizer (prepare-data --source text --tokenizer "
+            f"{carried.get('path')} ...) and point data.cache at it"
+        )
 
 
-def prepare_inputs(run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings,
-                   expect_key: str | None = None):
+def prepare_inputs(
+    run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings, expect_key: str | None = None
+):
     """Everything a worker checks before computing: configuration, resolved precision, cache and
     its capacity, the case's batch plan, and the verified state (matching ``expect_key``).
 
@@ -387,13 +450,21 @@ def prepare_inputs(run_dir: str | Path, checkpoints: list[str], case: str, setti
     plan = _case_plan(config, cache, case, run_dir, settings.data_offset)
     state = load_state(run_dir, resolve_checkpoints(run_dir, checkpoints), config, settings.consensus)
     if expect_key is not None and state.key != expect_key:
-        raise ValueError(f"checkpoints {checkpoints} hash to state key {state.key}, expected {expect_key}; "
-                         "the files changed since the states were indexed")
+        raise ValueError(
+            f"checkpoints {checkpoints} hash to state key {state.key}, expected {expect_key}; "
+            "the files changed since the states were indexed"
+        )
     return config, resolved, cache, plan, state
 
 
-def analyze_state(run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings,
-                  output: str | Path, expect_key: str | None = None) -> dict[str, Any]:
+def analyze_state(
+    run_dir: str | Path,
+    checkpoints: list[str],
+    case: str,
+    settings: AnalysisSettings,
+    output: str | Path,
+    expect_key: str | None = None,
+) -> dict[str, Any]:
     """Measure one state on one case and write the result JSON atomically; returns the result.
 
     Raises:
@@ -403,8 +474,9 @@ def analyze_state(run_dir: str | Path, checkpoints: list[str], case: str, settin
     check_writable_file(output)
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
     identity = _identity(settings, resolved, config, cache)
-    memory = memory_plan(settings, config, device_budget(resolved.device, settings.memory_budget_gb),
-                         cuda=resolved.device.type == "cuda")
+    memory = memory_plan(
+        settings, config, device_budget(resolved.device, settings.memory_budget_gb), cuda=resolved.device.type == "cuda"
+    )
     with single_writer(output) as reuse:
         if (old := reuse(lambda: _reusable(output, identity, state.key, case))) is not None:
             log.info("reusing %s (same identity)", output)
@@ -448,15 +520,26 @@ def explain_out_of_memory(hvp_batch_size: int, directions_per_pass: int) -> Iter
     try:
         yield
     except torch.OutOfMemoryError:
-        raise ValueError(f"out of memory with --hvp-batch-size {hvp_batch_size} and --directions-per-pass "
-                         f"{directions_per_pass} although the memory model said they fit; set a smaller "
-                         "memory_budget_gb (--memory-budget-gb) so that the passes are cut finer, or lower "
-                         f"them (e.g. {max(1, hvp_batch_size // 2)} and {max(1, directions_per_pass // 2)}); "
-                         "nothing was written") from None
+        raise ValueError(
+            f"out of memory with --hvp-batch-size {hvp_batch_size} and --directions-per-pass "
+            f"{directions_per_pass} although the memory model said they fit; set a smaller "
+            "memory_budget_gb (--memory-budget-gb) so that the passes are cut finer, or lower "
+            f"them (e.g. {max(1, hvp_batch_size // 2)} and {max(1, directions_per_pass // 2)}); "
+            "nothing was written"
+        ) from None
 
 
-def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, case: str,
-             settings: AnalysisSettings, resolved: _Resolved, identity: dict, memory: MemoryPlan) -> dict[str, Any]:
+def _measure(
+    config: RunConfig,
+    cache: TokenCache,
+    plan,
+    state: LoadedState,
+    case: str,
+    settings: AnalysisSettings,
+    resolved: _Resolved,
+    identity: dict,
+    memory: MemoryPlan,
+) -> dict[str, Any]:
     started = time.perf_counter()
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     model = build_model(config.model, attention_backend="reference")
@@ -465,29 +548,53 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
     flat = FlatParameters(model)
     root_flat = flat.flatten_state(state.root).double()
     consensus = [(w, flat.flatten_state(worker).double() - root_flat) for w, worker in enumerate(state.workers)]
-    inputs = CaseInputs(cache=cache, plan=plan, micro_batch_size=config.training.micro_batch_size,
-                        hvp_batch_size=resolved.hvp_batch_size, noise_samples=settings.noise_samples,
-                        random_samples=settings.random_samples, seed=settings.seed, engine=resolved.engine,
-                        directions_per_pass=settings.directions_per_pass, compile=resolved.compiled,
-                        workers=config.training.workers, consensus=consensus,
-                        audit=(settings.audit_directions, settings.audit_batches) if settings.audited else None,
-                        memory=memory)
+    inputs = CaseInputs(
+        cache=cache,
+        plan=plan,
+        micro_batch_size=config.training.micro_batch_size,
+        hvp_batch_size=resolved.hvp_batch_size,
+        noise_samples=settings.noise_samples,
+        random_samples=settings.random_samples,
+        seed=settings.seed,
+        engine=resolved.engine,
+        directions_per_pass=settings.directions_per_pass,
+        compile=resolved.compiled,
+        workers=config.training.workers,
+        consensus=consensus,
+        audit=(settings.audit_directions, settings.audit_batches) if settings.audited else None,
+        memory=memory,
+    )
     label = f"[{state.key[:12]} {case}]"
-    with runtime_settings(resolved.device, resolved.tf32) as runtime, \
-            explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass):
+    with (
+        runtime_settings(resolved.device, resolved.tf32) as runtime,
+        explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
+    ):
         measured = measure_case(model, inputs, precision, progress=lambda m: log.info("%s %s", label, m))
     return {
         "schema": RESULT_SCHEMA,
         "identity": identity,
-        "state": {"key": state.key, "weights_hash": state.weights_hash, "aliases": state.aliases,
-                  "worker_hashes": state.worker_hashes or None, "worker_files": state.worker_files or None},
+        "state": {
+            "key": state.key,
+            "weights_hash": state.weights_hash,
+            "aliases": state.aliases,
+            "worker_hashes": state.worker_hashes or None,
+            "worker_files": state.worker_files or None,
+        },
         "case": case,
         "settings": settings_record(settings),
-        "precision": {"device": str(resolved.device), "dtype": settings.dtype, "tf32": resolved.tf32,
-                      "amp": settings.amp, "amp_dtype": "bfloat16" if settings.amp else None,
-                      "engine": resolved.engine, "quadratic_form_engine": resolved.engine,
-                      "compiled": resolved.compiled, "attention_backend": "reference",
-                      "reductions": "float64", **runtime},
+        "precision": {
+            "device": str(resolved.device),
+            "dtype": settings.dtype,
+            "tf32": resolved.tf32,
+            "amp": settings.amp,
+            "amp_dtype": "bfloat16" if settings.amp else None,
+            "engine": resolved.engine,
+            "quadratic_form_engine": resolved.engine,
+            "compiled": resolved.compiled,
+            "attention_backend": "reference",
+            "reductions": "float64",
+            **runtime,
+        },
         "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started, "compile": compile_record()},
         "memory": memory.record(),
         "counts": measured["counts"],
@@ -497,10 +604,16 @@ def _measure(config: RunConfig, cache: TokenCache, plan, state: LoadedState, cas
         "noise_samples": measured["noise_samples"],
         "random_directions": measured["random_directions"],
         "consensus": measured["consensus"],
-        "data": {"cache": str(cache.path), "tokenizer": cache.meta["tokenizer"], "source": cache.meta["source"],
-                 "shards": [{"file": s["file"], "sha256": s["sha256"]} for s in cache.meta["shards"]],
-                 "plan": plan.name, "stream_batches": [int(plan.stream_batches[0]), int(plan.stream_batches[-1])],
-                 "seq_len": config.data.seq_len, "order": order_report(cache, plan)},
+        "data": {
+            "cache": str(cache.path),
+            "tokenizer": cache.meta["tokenizer"],
+            "source": cache.meta["source"],
+            "shards": [{"file": s["file"], "sha256": s["sha256"]} for s in cache.meta["shards"]],
+            "plan": plan.name,
+            "stream_batches": [int(plan.stream_batches[0]), int(plan.stream_batches[-1])],
+            "seq_len": config.data.seq_len,
+            "order": order_report(cache, plan),
+        },
         "software": software(),
         "hardware": hardware(resolved.device),
         "parallel": parallel_record(),
@@ -536,8 +649,12 @@ def settings_from_dict(data: dict[str, Any]) -> AnalysisSettings:
 def output_binding(settings: AnalysisSettings, run: str, spectrum: dict[str, Any] | None = None) -> dict[str, Any]:
     """What an output directory is bound to: the run, the settings (spectral ones too) and the
     tiny_llm source."""
-    return {"run": str(run), "settings": numerical_settings(settings), "spectrum": spectrum or {},
-            "source": source_hash()}
+    return {
+        "run": str(run),
+        "settings": numerical_settings(settings),
+        "spectrum": spectrum or {},
+        "source": source_hash(),
+    }
 
 
 def holds_results(output_dir: str | Path) -> bool:
@@ -563,31 +680,48 @@ def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write:
     if path.exists():
         try:
             old = json.loads(path.read_text())
-            old["run"], old["settings"], old["source"]  # noqa: B018 - the keys every binding has
+            old["run"], old["settings"], old["source"]
         except (ValueError, KeyError, TypeError):
-            raise ValueError(f"{path} is damaged (not the binding of an output directory); restore it, or remove "
-                             f"{output_dir} (its results) or use a new analysis name") from None
+            raise ValueError(
+                f"{path} is damaged (not the binding of an output directory); restore it, or remove "
+                f"{output_dir} (its results) or use a new analysis name"
+            ) from None
         changed = [f"run: {old['run']} -> {binding['run']}"] if old["run"] != binding["run"] else []
+
         def shown(key: str, value: Any) -> str:
             return "all" if key == "noise_samples" and value is None else repr(value)
-        changed += [f"settings.{k}: {shown(k, old['settings'].get(k))} -> {shown(k, v)}"
-                    for k, v in binding["settings"].items() if old["settings"].get(k) != v]
-        changed += [f"spectrum.{k}: {old.get('spectrum', {}).get(k)!r} -> {v!r}"
-                    for k, v in binding["spectrum"].items() if old.get("spectrum", {}).get(k) != v]
+
+        changed += [
+            f"settings.{k}: {shown(k, old['settings'].get(k))} -> {shown(k, v)}"
+            for k, v in binding["settings"].items()
+            if old["settings"].get(k) != v
+        ]
+        changed += [
+            f"spectrum.{k}: {old.get('spectrum', {}).get(k)!r} -> {v!r}"
+            for k, v in binding["spectrum"].items()
+            if old.get("spectrum", {}).get(k) != v
+        ]
         if old["source"] != binding["source"]:
             changed.append("the tiny_llm source code changed")
         if changed and not holds_results(output_dir):
             if write:
                 atomic_write_json(path, binding)
-                log.info("%s held no result yet: its binding now follows the changed settings (%s)", output_dir,
-                         "; ".join(changed))
+                log.info(
+                    "%s held no result yet: its binding now follows the changed settings (%s)",
+                    output_dir,
+                    "; ".join(changed),
+                )
             return
         if changed:
-            fix = (f"use a new output directory (a new analysis name), restore the settings, or remove {output_dir} "
-                   "(its results) to recompute it with these settings")
+            fix = (
+                f"use a new output directory (a new analysis name), restore the settings, or remove {output_dir} "
+                "(its results) to recompute it with these settings"
+            )
             if changed == ["the tiny_llm source code changed"]:
-                fix = (f"use a new analysis name, or remove {output_dir} to recompute it with this code "
-                       "(or go back to the code that made it)")
+                fix = (
+                    f"use a new analysis name, or remove {output_dir} to recompute it with this code "
+                    "(or go back to the code that made it)"
+                )
             raise ValueError(f"{output_dir} holds results made with other settings ({'; '.join(changed)}); {fix}")
     elif write:
         atomic_write_json(path, binding)

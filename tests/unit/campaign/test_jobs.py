@@ -9,7 +9,8 @@ KEY = "9065847d0fb86fa0fcf613f70b4011d70ab535c271bfceaf429731798226033e"
 
 def test_flags_become_the_config_keys_that_set_them():
     assert config_keys("set a smaller memory_budget_gb (--memory-budget-gb), or --top-k 2", "demo") == (
-        "set a smaller memory_budget_gb (analyses.demo.settings.memory_budget_gb), or analyses.demo.spectrum.top_k 2")
+        "set a smaller memory_budget_gb (analyses.demo.settings.memory_budget_gb), or analyses.demo.spectrum.top_k 2"
+    )
     assert config_keys("use --device cpu, not --unknown-flag", None) == "use train_device cpu, not --unknown-flag"
 
 
@@ -31,7 +32,8 @@ Exiting because a job execution failed.
 """)
     assert failed_jobs([str(main)]) == [
         f"analyze_state results/tiny/states/{KEY[:12]}…/seen.json: cache shard changed [log: {job_log}]",
-        "train_run runs/tiny/trained.json: failed without a message"]
+        "train_run runs/tiny/trained.json: failed without a message",
+    ]
     assert failed_jobs(tmp_path / "missing.log") == []
 
 

@@ -4,13 +4,12 @@ training writes, and its time the timing estimate."""
 import json
 
 import pytest
+from conftest import make_oracle_run
 
 from tiny_llm.campaign.plan import case_work, cost_line, estimate_seconds, expected_states, format_seconds, job_minutes
 from tiny_llm.training.loop import train
 from tiny_llm.workers.index import index_states
 from tiny_llm.workers.state import AnalysisSettings, analyze_state
-
-from conftest import make_oracle_run
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +24,17 @@ def test_counts_equal_those_of_a_measurement(run, samples, K, hvp):
     config, path = run
     if not (path / "run" / "final.pt").exists():
         train(config, path / "run")
-    settings = AnalysisSettings(noise_samples=samples, random_samples=5, directions_per_pass=K, hvp_batch_size=hvp,
-                                device="cpu", dtype="float64")
-    result = analyze_state(path / "run", ["epoch-001.safetensors"], "seen", settings,
-                           path / f"r-{samples}-{K}-{hvp}.json")
+    settings = AnalysisSettings(
+        noise_samples=samples,
+        random_samples=5,
+        directions_per_pass=K,
+        hvp_batch_size=hvp,
+        device="cpu",
+        dtype="float64",
+    )
+    result = analyze_state(
+        path / "run", ["epoch-001.safetensors"], "seen", settings, path / f"r-{samples}-{K}-{hvp}.json"
+    )
     work, counts = case_work(config, settings), result["counts"]
     assert work.noise_samples == counts["noise_samples"]
     assert work.directions == counts["noise_samples"] + counts["random_samples"] + 1
@@ -41,9 +47,15 @@ def test_counts_equal_those_of_a_measurement(run, samples, K, hvp):
 def test_expected_states_before_and_after_training(run, tmp_path):
     config, path = run
     assert expected_states(config, tmp_path / "not-yet", "all") == (
-        4, "interval checkpoints: initialisation + 3 epochs")
-    final_only = config.__class__(**{**config.__dict__, "training": config.training.__class__(
-        **{**config.training.__dict__, "checkpoint_policy": "final"})})
+        4,
+        "interval checkpoints: initialisation + 3 epochs",
+    )
+    final_only = config.__class__(
+        **{
+            **config.__dict__,
+            "training": config.training.__class__(**{**config.training.__dict__, "checkpoint_policy": "final"}),
+        }
+    )
     assert expected_states(final_only, tmp_path / "not-yet", "all")[0] == 1
     assert expected_states(config, tmp_path, ["epoch-001.safetensors", "final.pt"]) == (2, "listed checkpoints")
     if not (path / "run" / "final.pt").exists():
@@ -56,33 +68,53 @@ def test_expected_states_before_and_after_training(run, tmp_path):
 
 def test_cost_line_says_jobs_work_and_time(run):
     config, _ = run
-    settings = AnalysisSettings(noise_samples=2, random_samples=5, directions_per_pass=4, device="cpu",
-                                dtype="float64")
+    settings = AnalysisSettings(noise_samples=2, random_samples=5, directions_per_pass=4, device="cpu", dtype="float64")
     work = case_work(config, settings)
     seconds = {"process": 3.0, "startup": 1.0, "gradient_microbatch": 0.5, "hvp_microbatch_pass": 2.0}
     each = estimate_seconds(config, settings, seconds)
-    assert each == work.seconds(seconds) == (3.0 + 1.0 + work.gradient_microbatches * 0.5
-                                             + work.passes * work.hvp_microbatches * 2)
-    line = cost_line("a", (4, "interval"), ["seen", "unseen"], work, "cpu",
-                     {"key": {"device_kind": "cpu"}, "seconds": seconds,
-                      "measured": {"host": "h", "at": "2026-01-02T03:04:05"}})
+    assert (
+        each
+        == work.seconds(seconds)
+        == (3.0 + 1.0 + work.gradient_microbatches * 0.5 + work.passes * work.hvp_microbatches * 2)
+    )
+    line = cost_line(
+        "a",
+        (4, "interval"),
+        ["seen", "unseen"],
+        work,
+        "cpu",
+        {"key": {"device_kind": "cpu"}, "seconds": seconds, "measured": {"host": "h", "at": "2026-01-02T03:04:05"}},
+    )
     assert line.startswith("analysis a: ≤ 4 states (interval) × 2 cases = 8 (state, case) jobs; each: ")
     assert f"{work.directions} quadratic forms in {work.passes} passes × {work.hvp_microbatches} curvature" in line
-    assert f"about {each:.0f} s per job, {8 * each / 60:.0f} min in all on cpu (timings measured on cpu, 2026-01-02)" in line
+    assert (
+        f"about {each:.0f} s per job, {8 * each / 60:.0f} min in all on cpu (timings measured on cpu, 2026-01-02)"
+        in line
+    )
     assert " h," not in line  # no host names
-    assert "no timing entry for this setup on cpu (`snakemake calibrate`" in cost_line("a", (4, "x"), ["seen"], work,
-                                                                                     "cpu", None)
+    assert "no timing entry for this setup on cpu (`snakemake calibrate`" in cost_line(
+        "a", (4, "x"), ["seen"], work, "cpu", None
+    )
     entry = {"seconds": seconds, "measured": {}}
     slurm = cost_line("a", (4, "x"), ["seen", "unseen"], work, "cuda", entry, {"walltime": "estimate"})
     hours = job_minutes(2 * each) / 60
-    assert slurm.endswith(f"; Slurm: ≤ 4 jobs × {hours:g} h walltime (2 × work + 30 min) = {4 * hours:g} GPU-hours "
-                          "requested")
+    assert slurm.endswith(
+        f"; Slurm: ≤ 4 jobs × {hours:g} h walltime (2 × work + 30 min) = {4 * hours:g} GPU-hours requested"
+    )
     assert cost_line("a", (3, "x"), ["seen"], work, "cuda", None, {"walltime_hours": 5}).endswith(
-        "; Slurm: ≤ 3 jobs × 5 h (cluster.walltime_hours) = 15 GPU-hours requested")
+        "; Slurm: ≤ 3 jobs × 5 h (cluster.walltime_hours) = 15 GPU-hours requested"
+    )
     assert "Slurm walltime: from the calibration job, which runs first on the target node (results/timing/a.json" in (
-        cost_line("a", (3, "x"), ["seen"], work, "cuda", None, {"walltime": "estimate"}))
+        cost_line("a", (3, "x"), ["seen"], work, "cuda", None, {"walltime": "estimate"})
+    )
 
 
 def test_durations_read_as_seconds_minutes_or_hours():
     assert [format_seconds(s) for s in (5, 119, 120, 7199, 7200, 36_000)] == [
-        "5 s", "119 s", "2 min", "120 min", "2.0 h", "10.0 h"]
+        "5 s",
+        "119 s",
+        "2 min",
+        "120 min",
+        "2.0 h",
+        "10.0 h",
+    ]

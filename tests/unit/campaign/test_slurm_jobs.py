@@ -37,16 +37,26 @@ class FakeSlurm:
 
 
 def test_target_jobs_are_read_from_the_batch_script():
-    assert parse_target_jobs(SCRIPT) == [("analyze_state", {"analysis": "a", "key": "k1", "case": "seen"}),
-                                         ("finish_state", {"analysis": "a", "key": "k1"})]
+    assert parse_target_jobs(SCRIPT) == [
+        ("analyze_state", {"analysis": "a", "key": "k1", "case": "seen"}),
+        ("finish_state", {"analysis": "a", "key": "k1"}),
+    ]
     assert parse_target_jobs("#!/bin/sh\nsleep 100\n") == []
 
 
 def test_only_active_jobs_of_this_directory_that_run_snakemake_targets(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
-    queue = "\n".join([f"12|RUNNING|{tmp_path}", f"9|PENDING|{tmp_path}", f"13|RUNNING|{other}",
-                       f"14|COMPLETED|{tmp_path}", f"15|RUNNING|{tmp_path}", f"16|RUNNING|{tmp_path}"])
+    queue = "\n".join(
+        [
+            f"12|RUNNING|{tmp_path}",
+            f"9|PENDING|{tmp_path}",
+            f"13|RUNNING|{other}",
+            f"14|COMPLETED|{tmp_path}",
+            f"15|RUNNING|{tmp_path}",
+            f"16|RUNNING|{tmp_path}",
+        ]
+    )
     slurm = FakeSlurm(queue, scripts={"12": SCRIPT, "9": SCRIPT, "13": SCRIPT, "15": "#!/bin/sh\nsleep 5\n"})
     jobs, warnings = earlier_jobs(tmp_path, runner=slurm)
     assert [(job.job_id, job.state, job.queued) for job in jobs] == [("9", "PENDING", True), ("12", "RUNNING", False)]
@@ -58,6 +68,7 @@ def test_only_active_jobs_of_this_directory_that_run_snakemake_targets(tmp_path)
 def test_a_failing_squeue_means_no_jobs_and_a_warning(tmp_path):
     def broken(command, **kwargs):
         return subprocess.CompletedProcess(command, 1, "", "slurm_load_jobs error")
+
     jobs, warnings = earlier_jobs(tmp_path, runner=broken)
     assert jobs == [] and "squeue failed (slurm_load_jobs error)" in warnings[0]
 
@@ -70,6 +81,7 @@ def test_waiting_ends_when_the_job_leaves_the_queue_and_its_outputs_exist(tmp_pa
     def sleep(seconds):
         if not slurm.states:
             output.write_text("{}")  # written as the job ends
+
     wait_for_job("12", [str(output)], poll_seconds=5, log=lines.append, runner=slurm, sleep=sleep)
     assert lines[:2] == ["Slurm job 12: SUSPENDED", "Slurm job 12: RUNNING"]  # each change once
     assert lines[-1] == f"Slurm job 12 wrote {output}"
@@ -77,10 +89,20 @@ def test_waiting_ends_when_the_job_leaves_the_queue_and_its_outputs_exist(tmp_pa
 
 def test_a_job_that_ends_without_its_outputs_is_an_error_with_its_state(tmp_path):
     slurm = FakeSlurm(states=["RUNNING", ""], final="TIMEOUT")
-    with pytest.raises(RuntimeError, match=r"Slurm job 12, submitted by an earlier controller, ended \(TIMEOUT\) "
-                                           r"without writing .*missing.json; run the same command again"):
-        wait_for_job("12", [str(tmp_path / "missing.json")], poll_seconds=0, latency_seconds=0, log=lambda _: None,
-                     runner=slurm, sleep=lambda _: None)
+    with pytest.raises(
+        RuntimeError,
+        match=r"Slurm job 12, submitted by an earlier controller, ended \(TIMEOUT\) "
+        r"without writing .*missing.json; run the same command again",
+    ):
+        wait_for_job(
+            "12",
+            [str(tmp_path / "missing.json")],
+            poll_seconds=0,
+            latency_seconds=0,
+            log=lambda _: None,
+            runner=slurm,
+            sleep=lambda _: None,
+        )
 
 
 def test_job_state_and_cancel():
@@ -93,6 +115,7 @@ def test_job_state_and_cancel():
 
     def refused(command, **kwargs):
         return subprocess.CompletedProcess(command, 1, "", "Invalid job id")
+
     with pytest.raises(RuntimeError, match="scancel 5 failed: Invalid job id"):
         cancel(["5"], runner=refused)
 

@@ -3,31 +3,39 @@
 import math
 
 import pytest
+from conftest import make_oracle_run
 
 from tiny_llm.campaign.plan import estimate_seconds, job_minutes
 from tiny_llm.campaign.timing import calibrate, load_profiles, lookup, timing_key, write_profile
 from tiny_llm.workers.state import AnalysisSettings
-
-from conftest import make_oracle_run
 
 SECONDS = {"startup": 100.0, "gradient_microbatch": 1.0, "hvp_microbatch_pass": 10.0}
 
 
 def test_estimate_scales_with_epoch_and_samples(tmp_path):
     config = make_oracle_run(tmp_path, tokens=3 * 6 * 5 * 2)  # 5 batches of B=3, micro-batch 2
-    settings = AnalysisSettings(noise_samples=4, random_samples=7, directions_per_pass=4, hvp_batch_size=5,
-                                dtype="float64")
+    settings = AnalysisSettings(
+        noise_samples=4, random_samples=7, directions_per_pass=4, hvp_batch_size=5, dtype="float64"
+    )
     # gradients: (5 epoch batches + 4 samples) x 2 micro-batches; HVP: ceil(12 / 4) passes x ceil(15 / 5) batches
     assert estimate_seconds(config, settings, SECONDS) == 100 + 9 * 2 * 1.0 + 3 * 3 * 10.0
-    more = AnalysisSettings(noise_samples=None, random_samples=7, directions_per_pass=4, hvp_batch_size=5,
-                            dtype="float64")
+    more = AnalysisSettings(
+        noise_samples=None, random_samples=7, directions_per_pass=4, hvp_batch_size=5, dtype="float64"
+    )
     assert estimate_seconds(config, more, SECONDS, workers=4) == 100 + 10 * 2 + math.ceil(17 / 4) * 3 * 10
 
 
 def test_estimate_counts_the_process_start_and_the_audit(tmp_path):
     config = make_oracle_run(tmp_path, tokens=3 * 6 * 5 * 2)
-    audited = AnalysisSettings(noise_samples=4, random_samples=7, directions_per_pass=4, hvp_batch_size=5,
-                               dtype="float32", audit_directions=2, audit_batches=2)
+    audited = AnalysisSettings(
+        noise_samples=4,
+        random_samples=7,
+        directions_per_pass=4,
+        hvp_batch_size=5,
+        dtype="float32",
+        audit_directions=2,
+        audit_batches=2,
+    )
     seconds = {**SECONDS, "process": 5.0, "audit_gradient_microbatch": 3.0, "audit_microbatch_pass": 20.0}
     # The audit: float64 ḡ over 5 batches and 2 audited gᵢ (x 2 micro-batches each), then the forms of its
     # directions on 2 curvature micro-batches in both precisions.
@@ -65,15 +73,20 @@ def test_calibrate_measures_inside_the_analysis_runtime_settings(tmp_path, monke
     import contextlib
 
     import tiny_llm.campaign.timing as timing
+
     entered = []
 
     @contextlib.contextmanager
     def recording(device, tf32):
         entered.append((device.type, tf32))
         yield {"cuda_matmul_fp32_precision": "recorded"}
+
     monkeypatch.setattr(timing, "runtime_settings", recording)
-    entry = calibrate(make_oracle_run(tmp_path), AnalysisSettings(device="cpu", dtype="float64", tf32=False,
-                                                                  directions_per_pass=2), repeats=1)
+    entry = calibrate(
+        make_oracle_run(tmp_path),
+        AnalysisSettings(device="cpu", dtype="float64", tf32=False, directions_per_pass=2),
+        repeats=1,
+    )
     assert entered == [("cpu", False)]
     assert entry["measured"]["runtime"] == {"cuda_matmul_fp32_precision": "recorded"}
 
@@ -85,8 +98,12 @@ def test_calibrate_out_of_memory_names_the_settings_to_lower(tmp_path, monkeypat
 
     def out_of_memory(self, V):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 34.00 GiB")
+
     monkeypatch.setattr(EpochHessian, "quadratic_forms", out_of_memory)
     settings = AnalysisSettings(device="cpu", dtype="float64", directions_per_pass=4, hvp_batch_size=2)
-    with pytest.raises(ValueError, match=r"out of memory with --hvp-batch-size 2 and --directions-per-pass 4 .*"
-                                         r"smaller memory_budget_gb .* \(e.g. 1 and 2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"out of memory with --hvp-batch-size 2 and --directions-per-pass 4 .*"
+        r"smaller memory_budget_gb .* \(e.g. 1 and 2\)",
+    ):
         calibrate(make_oracle_run(tmp_path), settings, repeats=1)

@@ -2,8 +2,8 @@
 seed experiments, targets, walltimes, the calibration-first order, the cost line, re-attaching."""
 
 import json
-import re
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -22,14 +22,31 @@ from tiny_llm.config import config_from_dict
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.workers.state import settings_from_dict
 
-RUN = {"model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
-       "data": {"cache": "cache/tiny", "seq_len": 16, "shuffle_group_blocks": 4, "seed": 7},
-       "training": {"batch_size": 4, "micro_batch_size": 2, "tokens": 512, "epochs": 2}}
+RUN = {
+    "model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
+    "data": {"cache": "cache/tiny", "seq_len": 16, "shuffle_group_blocks": 4, "seed": 7},
+    "training": {"batch_size": 4, "micro_batch_size": 2, "tokens": 512, "epochs": 2},
+}
 SETTINGS = {"noise_samples": 2, "random_samples": 2, "directions_per_pass": 4}
 SECONDS = {"startup": 120.0, "gradient_microbatch": 0.5, "hvp_microbatch_pass": 40.0}
-KEY = {"d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16, "vocab_size": 256, "seq_len": 16, "batch_size": 4,
-       "micro_batch_size": 2, "hvp_batch_size": 2, "directions_per_pass": 4, "dtype": "float32", "amp": False,
-       "tf32": True, "engine": "adjoint", "compile_hvp": True, "device_kind": "cuda:NVIDIA GH200 480GB"}
+KEY = {
+    "d_model": 8,
+    "n_layers": 1,
+    "n_heads": 2,
+    "d_ff": 16,
+    "vocab_size": 256,
+    "seq_len": 16,
+    "batch_size": 4,
+    "micro_batch_size": 2,
+    "hvp_batch_size": 2,
+    "directions_per_pass": 4,
+    "dtype": "float32",
+    "amp": False,
+    "tf32": True,
+    "engine": "adjoint",
+    "compile_hvp": True,
+    "device_kind": "cuda:NVIDIA GH200 480GB",
+}
 
 
 @pytest.fixture
@@ -42,10 +59,13 @@ def project(tmp_path, monkeypatch):
 
 
 def _config(cluster=None, **analysis):
-    return {"train_runs": {"tiny": {"config": "run.yaml", "shard_tokens": 64}},
-            "analyses": {"gpu": {"run": "runs/tiny", "settings": {**SETTINGS, "device": "cuda", "dtype": "float32"},
-                                 **analysis}},
-            "cluster": {"timing_profiles": ["timing.json"], **(cluster or {})}}
+    return {
+        "train_runs": {"tiny": {"config": "run.yaml", "shard_tokens": 64}},
+        "analyses": {
+            "gpu": {"run": "runs/tiny", "settings": {**SETTINGS, "device": "cuda", "dtype": "float32"}, **analysis}
+        },
+        "cluster": {"timing_profiles": ["timing.json"], **(cluster or {})},
+    }
 
 
 def test_runs_trained_here_write_interval_checkpoints_and_share_caches(project):
@@ -62,12 +82,22 @@ def test_runs_trained_here_write_interval_checkpoints_and_share_caches(project):
 
 
 def test_seed_experiments_expand_to_seed_and_control_runs(project):
-    runs, roles = expand_seed_experiments({"exp": {"config": "run.yaml", "seeds": [3, 5], "set": {"training.lr": 0.01}}},
-                                          {}, {})
-    assert roles == {"exp": {"exp-seed-3": "seed", "exp-seed-5": "seed", "exp-same-seed": "same-seed",
-                             "exp-data-order": "data-order"}}
-    assert runs["exp-seed-5"]["set"] == {"training.lr": 0.01, "training.checkpoint_policy": "interval",
-                                         "training.seed": 5}
+    runs, roles = expand_seed_experiments(
+        {"exp": {"config": "run.yaml", "seeds": [3, 5], "set": {"training.lr": 0.01}}}, {}, {}
+    )
+    assert roles == {
+        "exp": {
+            "exp-seed-3": "seed",
+            "exp-seed-5": "seed",
+            "exp-same-seed": "same-seed",
+            "exp-data-order": "data-order",
+        }
+    }
+    assert runs["exp-seed-5"]["set"] == {
+        "training.lr": 0.01,
+        "training.checkpoint_policy": "interval",
+        "training.seed": 5,
+    }
     assert runs["exp-same-seed"]["set"]["training.seed"] == 3
     assert runs["exp-data-order"]["set"]["data.seed"] == 8  # the run configuration's data seed + 1
     only_seeds, _ = expand_seed_experiments({"exp": {"config": "run.yaml", "seeds": [1, 2], "controls": []}}, {}, {})
@@ -87,8 +117,11 @@ def test_targets_name_every_figure_and_every_indexed_result(project):
     targets = plan.all_targets()
     assert targets[0] == "runs/tiny/trained.json"
     assert {"results/gpu/manifest.json", "results/gpu/summary.csv", "results/gpu/spectrum.csv"} <= set(targets)
-    assert all(f"results/gpu/figures/{f}.{ext}" in targets
-               for f in FIGURES + AUDIT_FIGURES + SPECTRUM_FIGURES for ext in ("pdf", "png"))
+    assert all(
+        f"results/gpu/figures/{f}.{ext}" in targets
+        for f in FIGURES + AUDIT_FIGURES + SPECTRUM_FIGURES
+        for ext in ("pdf", "png")
+    )
     exact = WorkflowPlan(_config(settings={**SETTINGS, "device": "cpu", "dtype": "float64"})).all_targets()
     assert "results/gpu/figures/loss.png" in exact and not any("precision_audit" in t for t in exact)  # no audit
     assert not any("/states/" in t for t in targets)  # before the index: the figures pull the results in
@@ -96,16 +129,23 @@ def test_targets_name_every_figure_and_every_indexed_result(project):
     Path("results/gpu/states.json").write_text(json.dumps({"states": [{"key": "a" * 64}, {"key": "b" * 64}]}))
     results = [t for t in WorkflowPlan(_config()).all_targets() if "/states/" in t]
     assert results == [f"results/gpu/states/{k * 64}/{case}.json" for k in "ab" for case in ("seen", "unseen")]
-    assert plan.state_results("gpu", "k") == ["results/gpu/states/k/seen.json", "results/gpu/states/k/unseen.json",
-                                              "results/gpu/spectra/k/seen.json", "results/gpu/spectra/k/unseen.json"]
+    assert plan.state_results("gpu", "k") == [
+        "results/gpu/states/k/seen.json",
+        "results/gpu/states/k/unseen.json",
+        "results/gpu/spectra/k/seen.json",
+        "results/gpu/spectra/k/unseen.json",
+    ]
     state = {"aliases": [{"file": "epoch-002.safetensors"}, {"file": "final.pt"}]}
     assert plan.state_checkpoint("gpu", state) == "runs/tiny/epoch-002.safetensors"
 
 
 def test_walltimes_from_the_timing_entry_complete_the_group_to_the_hour(project):
     plan = WorkflowPlan(_config({"walltime": "estimate", "gpu_kind": "GH200"}))
-    work = estimate_seconds(config_from_dict({**RUN, "training": {**RUN["training"], "checkpoint_policy": "interval"}}),
-                            settings_from_dict({**SETTINGS, "device": "cuda", "dtype": "float32"}), SECONDS)
+    work = estimate_seconds(
+        config_from_dict({**RUN, "training": {**RUN["training"], "checkpoint_policy": "interval"}}),
+        settings_from_dict({**SETTINGS, "device": "cuda", "dtype": "float32"}),
+        SECONDS,
+    )
     assert plan.case_work_seconds("gpu") == work
     assert plan.analyze_runtime("gpu") == math.ceil(2 * work / 60)
     assert 2 * plan.analyze_runtime("gpu") + plan.finish_runtime("gpu") == job_minutes(2 * work)
@@ -118,12 +158,16 @@ def test_the_campaign_line_counts_training_calibration_and_analyses(project):
     walltime, the calibration jobs' and the analyses' state jobs; a local run prints no total."""
     plan = WorkflowPlan(_config({"walltime": "estimate", "gpu_kind": "GH200"}))
     hours = 3 * job_minutes(2 * plan.case_work_seconds("gpu")) / 60  # 3 states (initialisation + 2 epochs)
-    assert plan.cost_lines(1440, 60)[-1] == (f"campaign on Slurm: training 1 run(s) × 24 h + analyses {hours:g} "
-                                             f"GPU-hours = at most {24 + hours:g} GPU-hours requested")
+    assert plan.cost_lines(1440, 60)[-1] == (
+        f"campaign on Slurm: training 1 run(s) × 24 h + analyses {hours:g} "
+        f"GPU-hours = at most {24 + hours:g} GPU-hours requested"
+    )
     pending = WorkflowPlan(_config({"walltime": "estimate", "gpu_kind": "A100"}))  # calibrates first
-    assert pending.campaign_line(1440, 60) == ("campaign on Slurm: training 1 run(s) × 24 h + calibration 1 job(s) "
-                                               "× 1 h = at most 25 GPU-hours requested (+ gpu: priced by its "
-                                               "calibration)")
+    assert pending.campaign_line(1440, 60) == (
+        "campaign on Slurm: training 1 run(s) × 24 h + calibration 1 job(s) "
+        "× 1 h = at most 25 GPU-hours requested (+ gpu: priced by its "
+        "calibration)"
+    )
     assert WorkflowPlan(_config()).campaign_line(1440, 60) is None
     Path("runs/tiny").mkdir(parents=True)
     Path("runs/tiny/trained.json").write_text("{}")  # trained already: not asked for again
@@ -131,12 +175,15 @@ def test_the_campaign_line_counts_training_calibration_and_analyses(project):
 
 
 def test_a_seed_experiment_prints_its_cost(project):
-    config = {"seed_experiments": {"exp": {"config": "run.yaml", "seeds": [1, 2], "settings": {"device": "cpu"}}},
-              "cluster": {"timing_profiles": ["timing.json"]}}
+    config = {
+        "seed_experiments": {"exp": {"config": "run.yaml", "seeds": [1, 2], "settings": {"device": "cpu"}}},
+        "cluster": {"timing_profiles": ["timing.json"]},
+    }
     line = WorkflowPlan(config).cost_lines()[0]
     # 2 seeds and the 2 controls, each with the initialisation and 2 epochs measured.
-    assert line.startswith("seed experiment exp: 4 runs (seeds and controls) trained, 12 checkpoint measurements; "
-                           "each: ") and line.endswith("time: no timing entry for this setup on cpu")
+    assert line.startswith(
+        "seed experiment exp: 4 runs (seeds and controls) trained, 12 checkpoint measurements; each: "
+    ) and line.endswith("time: no timing entry for this setup on cpu")
 
 
 def test_an_uncovered_setup_calibrates_first(project):
@@ -159,8 +206,11 @@ def test_explicit_walltime_is_split_over_the_state_job(project):
 
 
 def test_profile_values_are_typed_before_validation():
-    config = {"cluster": {"walltime_hours": "12", "walltime": "estimate"}, "settings_override": {"amp": "True"},
-              "analyses": {"a": {"run": "64"}}}
+    config = {
+        "cluster": {"walltime_hours": "12", "walltime": "estimate"},
+        "settings_override": {"amp": "True"},
+        "analyses": {"a": {"run": "64"}},
+    }
     typed_profile_values(config)
     assert config["cluster"] == {"walltime_hours": 12, "walltime": "estimate"}
     assert config["settings_override"] == {"amp": True} and config["analyses"] == {"a": {"run": "64"}}
@@ -170,8 +220,12 @@ def test_earlier_jobs_are_awaited_cancelled_or_waited_for():
     state = ("analyze_state", (("analysis", "gpu"), ("case", "seen"), ("key", "k")))
     receipt = ("finish_state", (("analysis", "gpu"), ("key", "k")))
     other = ("analyze_state", (("analysis", "other"), ("case", "seen"), ("key", "k")))
-    jobs = [EarlierJob("1", "RUNNING", (state, receipt)), EarlierJob("2", "PENDING", (state,)),
-            EarlierJob("3", "RUNNING", (("train_run", (("run", "tiny"),)),)), EarlierJob("4", "RUNNING", (other,))]
+    jobs = [
+        EarlierJob("1", "RUNNING", (state, receipt)),
+        EarlierJob("2", "PENDING", (state,)),
+        EarlierJob("3", "RUNNING", (("train_run", (("run", "tiny"),)),)),
+        EarlierJob("4", "RUNNING", (other,)),
+    ]
     awaited = awaited_outputs(jobs, ["gpu"])
     assert awaited == {"results/gpu/states/k/seen.json": "1", "results/gpu/states/k/done.json": "1"}
     needed = {state, receipt, ("train_run", (("run", "tiny"),))}
@@ -188,8 +242,11 @@ def test_the_plan_states_the_memory_of_each_job_and_refuses_one_that_cannot_fit(
     default = WorkflowPlan(_config()).cost_line("gpu")
     assert "budget: the GPU's free memory at run time, cut to fit" in default
     tiny = _config(settings={**SETTINGS, "device": "cuda", "dtype": "float32", "memory_budget_gb": 1e-5})
-    with pytest.raises(ValueError, match=r"analyses.gpu.settings: gradient: one sequence of 16 tokens needs ~.* "
-                                         r"more than memory_budget_gb = 10.5 KiB; lower data.seq_len"):
+    with pytest.raises(
+        ValueError,
+        match=r"analyses.gpu.settings: gradient: one sequence of 16 tokens needs ~.* "
+        r"more than memory_budget_gb = 10.5 KiB; lower data.seq_len",
+    ):
         WorkflowPlan(tiny)
 
 
@@ -199,8 +256,9 @@ def test_hf_checkpoint_lists_are_imported_then_measured_on_the_offset_case(proje
     import transformers
 
     for step in (1, 2):
-        transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=256, n_embd=8, n_layer=1, n_head=2,
-                                                             n_positions=16)).save_pretrained(f"hf/step{step}")
+        transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(vocab_size=256, n_embd=8, n_layer=1, n_head=2, n_positions=16)
+        ).save_pretrained(f"hf/step{step}")
     checkpoints = [{"path": "hf/step1", "step": 1}, {"path": "hf/step2", "step": 2, "tokens": 64}]
     entry = {"hf_checkpoints": checkpoints, "config": "run.yaml", "settings": {**SETTINGS, "device": "cpu"}}
     plan = WorkflowPlan({"analyses": {"suite": dict(entry)}})
@@ -209,24 +267,38 @@ def test_hf_checkpoint_lists_are_imported_then_measured_on_the_offset_case(proje
     assert plan.import_spec("suite")["steps"] == [1, 2] and plan.import_spec("suite")["tokens"] == [None, 64]
     assert plan.import_inputs("suite") == ["hf/step1/config.json", "hf/step2/config.json"]
     assert plan._expected_states("suite", plan.run_config("suite")) == (2, "hf_checkpoints")
-    for change, message in [({"run": "elsewhere/suite"}, "analyses.suite.run: the workflow imports hf_checkpoints "
-                                                         "into runs/<name>"),
-                            ({"config": None}, "analyses.suite.config: hf_checkpoints need a run configuration"),
-                            ({"hf_checkpoints": [{"path": "hf/missing"}]},
-                             "analyses.suite.hf_checkpoints: hf/missing is not a local directory"),
-                            ({"hf_checkpoints": checkpoints[::-1]}, "analyses.suite.hf_checkpoints: checkpoints out "
-                             "of training order: hf/step1 (step 1) comes after hf/step2 (step 2)"),
-                            ({"hf_checkpoints": [checkpoints[0], {**checkpoints[1], "step": 1}]},
-                             "analyses.suite.hf_checkpoints: checkpoints out of training order"),
-                            ({"hf_checkpoints": [checkpoints[0], {**checkpoints[0], "path": "hf/../hf/step1"}]},
-                             "analyses.suite.hf_checkpoints: checkpoint directory hf/../hf/step1 is given twice"),
-                            ({"hf_checkpoints": [{"path": "hf/step1"}, {"path": "hf/step2"}]},
-                             "analyses.suite.hf_checkpoints: hf/step1: its training step is unknown")]:
+    for change, message in [
+        ({"run": "elsewhere/suite"}, "analyses.suite.run: the workflow imports hf_checkpoints into runs/<name>"),
+        ({"config": None}, "analyses.suite.config: hf_checkpoints need a run configuration"),
+        (
+            {"hf_checkpoints": [{"path": "hf/missing"}]},
+            "analyses.suite.hf_checkpoints: hf/missing is not a local directory",
+        ),
+        (
+            {"hf_checkpoints": checkpoints[::-1]},
+            "analyses.suite.hf_checkpoints: checkpoints out "
+            "of training order: hf/step1 (step 1) comes after hf/step2 (step 2)",
+        ),
+        (
+            {"hf_checkpoints": [checkpoints[0], {**checkpoints[1], "step": 1}]},
+            "analyses.suite.hf_checkpoints: checkpoints out of training order",
+        ),
+        (
+            {"hf_checkpoints": [checkpoints[0], {**checkpoints[0], "path": "hf/../hf/step1"}]},
+            "analyses.suite.hf_checkpoints: checkpoint directory hf/../hf/step1 is given twice",
+        ),
+        (
+            {"hf_checkpoints": [{"path": "hf/step1"}, {"path": "hf/step2"}]},
+            "analyses.suite.hf_checkpoints: hf/step1: its training step is unknown",
+        ),
+    ]:
         bad = {k: v for k, v in {**entry, **change}.items() if v is not None}
         with pytest.raises(ValueError, match=re.escape(message)):
             WorkflowPlan({"analyses": {"suite": bad}})
     with pytest.raises(ValueError, match="analyses.tiny.run: runs/tiny is trained by train_runs.tiny"):
-        WorkflowPlan({"train_runs": {"tiny": {"config": "run.yaml"}}, "analyses": {"tiny": {**entry, "run": "runs/tiny"}}})
+        WorkflowPlan(
+            {"train_runs": {"tiny": {"config": "run.yaml"}}, "analyses": {"tiny": {**entry, "run": "runs/tiny"}}}
+        )
 
 
 def test_what_cannot_run_here_is_refused_at_start_up_by_key(project, monkeypatch):
@@ -234,22 +306,32 @@ def test_what_cannot_run_here_is_refused_at_start_up_by_key(project, monkeypatch
     is not one, a sharded spectrum with another HVP engine: each refused naming its key."""
     import os
 
-    cpu = {"train_runs": {"tiny": {"config": "run.yaml"}},
-           "analyses": {"local": {"run": "runs/tiny", "settings": {**SETTINGS, "device": "cpu"}}}}
+    cpu = {
+        "train_runs": {"tiny": {"config": "run.yaml"}},
+        "analyses": {"local": {"run": "runs/tiny", "settings": {**SETTINGS, "device": "cpu"}}},
+    }
 
     def with_analysis(**changes):
         return {**cpu, "analyses": {"local": {**cpu["analyses"]["local"], **changes}}}
+
     usable = len(os.sched_getaffinity(0))
-    with pytest.raises(ValueError, match=rf"analyses.local.gpus_per_job: {usable + 1} ranks per job, but this machine "
-                                         rf"has {usable} usable CPU cores"):
+    with pytest.raises(
+        ValueError,
+        match=rf"analyses.local.gpus_per_job: {usable + 1} ranks per job, but this machine "
+        rf"has {usable} usable CPU cores",
+    ):
         WorkflowPlan(with_analysis(gpus_per_job=usable + 1)).check_devices(False, ["local"])
     WorkflowPlan(with_analysis(gpus_per_job=usable)).check_devices(False, ["local"])
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
     with pytest.raises(ValueError, match="analyses.local.nodes_per_job: 2 nodes need a Slurm allocation"):
         WorkflowPlan(with_analysis(nodes_per_job=2)).check_devices(False, ["local"])
     with pytest.raises(ValueError, match="analyses.local.spectrum.sharded: sharded products are finite differences"):
-        WorkflowPlan(with_analysis(settings={**SETTINGS, "device": "cpu", "engine": "double_backward"},
-                                   spectrum={"enabled": True, "sharded": True}))
+        WorkflowPlan(
+            with_analysis(
+                settings={**SETTINGS, "device": "cpu", "engine": "double_backward"},
+                spectrum={"enabled": True, "sharded": True},
+            )
+        )
     for directory, message in [("nowhere", "nowhere is not a local directory"), (".", ". has no tokenizer.json")]:
         with pytest.raises(ValueError, match=re.escape(f"train_runs.tiny.cache_tokenizer: {message}")):
             WorkflowPlan({**cpu, "train_runs": {"tiny": {"config": "run.yaml", "cache_tokenizer": directory}}})

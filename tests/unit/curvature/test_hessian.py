@@ -5,13 +5,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import dense_gauss_newton
 from torch.func import functional_call, hessian
 
 from tiny_llm.config import load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, pad_sequences
 from tiny_llm.model.llama import IGNORE_INDEX, Llama, token_losses
-
-from conftest import dense_gauss_newton
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -85,6 +84,7 @@ def test_ignored_targets_inside_a_micro_batch(dense_problem, engine):
 
     def loss(x):
         return token_losses(functional_call(model, flat.unflatten(x), (inputs,)), targets).sum() / op.n_targets
+
     dense = hessian(loss)(op.theta)
     V = torch.randn(2, flat.D, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(op.batch_forms(V, inputs, targets), ((V @ dense) * V).sum(1), rtol=0, atol=1e-10)
@@ -95,8 +95,9 @@ def _demo_problem(n_sequences=16):
     config = load_config(REPO / "config/runs/demo.yaml")
     torch.manual_seed(0)
     model = Llama(config.model, attention_backend="reference").double()
-    tokens = torch.randint(0, config.model.vocab_size, (n_sequences, config.data.seq_len + 1),
-                           generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(
+        0, config.model.vocab_size, (n_sequences, config.data.seq_len + 1), generator=torch.Generator().manual_seed(1)
+    )
     return model, tokens
 
 
@@ -106,16 +107,26 @@ def test_every_engine_agrees_on_the_demo_model():
     (measured ≤ 1.3e-6 for taylor and adjoint, 1e-7 for the HVP engines)."""
     model, tokens = _demo_problem()
     V = torch.randn(4, FlatParameters(model).D, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    forms = {e: EpochHessian(model, tokens, batch_size=8, engine=e, precision=CPU64, directions_per_pass=2)
-             .quadratic_forms(V) for e in ("taylor", "adjoint", "double_backward")}
+    forms = {
+        e: EpochHessian(model, tokens, batch_size=8, engine=e, precision=CPU64, directions_per_pass=2).quadratic_forms(
+            V
+        )
+        for e in ("taylor", "adjoint", "double_backward")
+    }
     rms = forms["double_backward"].pow(2).mean().sqrt()
     for engine in ("taylor", "adjoint"):
         assert float((forms[engine] - forms["double_backward"]).abs().max() / rms) < 1e-12
     model32 = Llama(model.config, attention_backend="reference")
     model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
     for engine in ("taylor", "adjoint"):
-        op = EpochHessian(model32, tokens, batch_size=8, engine=engine,
-                          precision=Precision(torch.device("cpu"), torch.float32), directions_per_pass=4)
+        op = EpochHessian(
+            model32,
+            tokens,
+            batch_size=8,
+            engine=engine,
+            precision=Precision(torch.device("cpu"), torch.float32),
+            directions_per_pass=4,
+        )
         assert float((op.quadratic_forms(V.float()) - forms["double_backward"]).abs().max() / rms) < 1e-5
 
 
@@ -133,8 +144,14 @@ def test_amp_forward_is_close_to_float32(dense_problem):
     V = torch.randn(2, H.shape[0], generator=torch.Generator().manual_seed(9))
     exact = ((V.double() @ H) * V.double()).sum(1)
     for engine in ("taylor", "adjoint", "double_backward", "pearlmutter"):
-        amp = EpochHessian(model32, tokens, batch_size=4, engine=engine,
-                           precision=Precision(torch.device("cpu"), torch.float32, amp=True), directions_per_pass=2)
+        amp = EpochHessian(
+            model32,
+            tokens,
+            batch_size=4,
+            engine=engine,
+            precision=Precision(torch.device("cpu"), torch.float32, amp=True),
+            directions_per_pass=2,
+        )
         torch.testing.assert_close(amp.quadratic_forms(V), exact, rtol=0.1, atol=1e-3)
 
 
@@ -143,8 +160,13 @@ def test_operator_refuses_bad_use(dense_problem):
     with pytest.raises(ValueError, match="engine: expected one of taylor, adjoint, double_backward, pearlmutter"):
         EpochHessian(model, tokens, batch_size=2, engine="finite", precision=CPU64)
     with pytest.raises(ValueError, match="needs reference attention"):
-        EpochHessian(Llama(model.config, attention_backend="sdpa"), tokens, batch_size=2, engine="double_backward",
-                     precision=CPU64)
+        EpochHessian(
+            Llama(model.config, attention_backend="sdpa"),
+            tokens,
+            batch_size=2,
+            engine="double_backward",
+            precision=CPU64,
+        )
     with pytest.raises(ValueError, match=r"directions must have shape \(K, "):
         EpochHessian(model, tokens, batch_size=2, engine="double_backward", precision=CPU64).hvp(torch.zeros(3))
 
@@ -153,13 +175,15 @@ def test_compiled_passes_pad_short_chunks_but_run_single_directions_alone(dense_
     """What the compiled product is fed: every micro-batch with one layout (the padded last too), the
     target count as a tensor, short chunks padded to K, a single direction alone (not K× the work)."""
     model, tokens, H = dense_problem
-    op = EpochHessian(model, tokens, batch_size=3, engine="pearlmutter", precision=CPU64, directions_per_pass=4,
-                      compile=True)
+    op = EpochHessian(
+        model, tokens, batch_size=3, engine="pearlmutter", precision=CPU64, directions_per_pass=4, compile=True
+    )
     fed = []
 
     def record(theta, V, inputs, targets, n_targets):
         fed.append((len(V), inputs.stride(), targets.stride(), n_targets))
         return op._pearlmutter_eager(theta, V, inputs, targets, n_targets)
+
     op._pearlmutter = record
     V = torch.randn(3, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(op.hvp(V[:1]), V[:1] @ H, rtol=0, atol=1e-10)
@@ -183,8 +207,15 @@ def test_compiled_pearlmutter_equals_eager_with_one_graph_per_direction_count(de
         """An operator on the first ``rows`` rows, compiled from scratch, and its graphs for K directions."""
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
-        op = EpochHessian(model, tokens[:rows], batch_size=3, engine="pearlmutter", precision=CPU64,
-                          directions_per_pass=2, compile=True)
+        op = EpochHessian(
+            model,
+            tokens[:rows],
+            batch_size=3,
+            engine="pearlmutter",
+            precision=CPU64,
+            directions_per_pass=2,
+            compile=True,
+        )
         op.hvp(V)
         return op, torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
@@ -228,8 +259,14 @@ def test_quadratic_form_engines_on_cuda(dense_problem, engine, amp):
     previous = torch.backends.cuda.matmul.fp32_precision
     torch.backends.cuda.matmul.fp32_precision = "ieee"
     try:
-        op = EpochHessian(cuda, tokens, batch_size=3, engine=engine, directions_per_pass=4,
-                          precision=Precision(torch.device("cuda"), torch.float32, amp=amp))
+        op = EpochHessian(
+            cuda,
+            tokens,
+            batch_size=3,
+            engine=engine,
+            directions_per_pass=4,
+            precision=Precision(torch.device("cuda"), torch.float32, amp=amp),
+        )
         forms = op.quadratic_forms(V.float()).cpu()
     finally:
         torch.backends.cuda.matmul.fp32_precision = previous
@@ -246,8 +283,9 @@ def test_row_groups_change_memory_not_numbers(dense_problem, engine, group_rows)
     K = 1 if engine == "taylor" else 4  # taylor's own groups are B/K sequences: one direction, whole micro-batch
     V = torch.randn(K, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(8))
     whole = EpochHessian(model, tokens, batch_size=3, engine=engine, precision=CPU64, directions_per_pass=K)
-    grouped = EpochHessian(model, tokens, batch_size=3, engine=engine, precision=CPU64, directions_per_pass=K,
-                           group_rows=group_rows)
+    grouped = EpochHessian(
+        model, tokens, batch_size=3, engine=engine, precision=CPU64, directions_per_pass=K, group_rows=group_rows
+    )
     assert len(whole._row_groups(K, 3)) == 1
     assert len(grouped._row_groups(K, 3)) == math.ceil(3 / group_rows)
     # finite differences divide gradient differences by a step of 1e-6: their own round-off (~1e-11

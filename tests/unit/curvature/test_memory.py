@@ -27,7 +27,7 @@ def test_storage_peak_counts_each_storage_once_until_it_is_freed():
         views = [x[:10], x.view(10, 100), x.t() if x.dim() == 2 else x[1:]]
         y = x * 2
         del x, views
-        z = y + 1
+        z = y + 1  # noqa: F841 (held: it is counted while alive)
         del y
     assert counter.peak == 3 * 8000 - 8000  # x and y, then y and z: never three at once
     assert counter.live == 8000  # z
@@ -37,9 +37,19 @@ def _shapes(count: int, seed: int) -> list[dict]:
     """Small shapes with the campaign model's proportions and others (context, width, heads, depth,
     vocabulary, sequences and directions all varied)."""
     rng = random.Random(seed)
-    return [dict(L=rng.choice([1, 2, 3]), d=rng.choice([16, 32, 64]), h=rng.choice([1, 2, 4, 8]),
-                 f=rng.choice([24, 48, 96, 172]), V=rng.choice([16, 64, 256]), T=rng.choice([16, 64, 128]),
-                 B=rng.choice([1, 2, 3]), K=rng.choice([1, 2, 4, 8])) for _ in range(count)]
+    return [
+        dict(
+            L=rng.choice([1, 2, 3]),
+            d=rng.choice([16, 32, 64]),
+            h=rng.choice([1, 2, 4, 8]),
+            f=rng.choice([24, 48, 96, 172]),
+            V=rng.choice([16, 64, 256]),
+            T=rng.choice([16, 64, 128]),
+            B=rng.choice([1, 2, 3]),
+            K=rng.choice([1, 2, 4, 8]),
+        )
+        for _ in range(count)
+    ]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -53,8 +63,15 @@ def test_memory_model_predicts_the_counted_peak_within_a_quarter(engine):
     torch.set_num_threads(1)
     for index, p in enumerate(_shapes(8, 101)):
         dtype = torch.float64 if index % 4 == 3 else torch.float32
-        config = ModelConfig(architecture="gpt2" if index % 2 else "llama", vocab_size=p["V"], d_model=p["d"],
-                             n_heads=p["h"], d_ff=p["f"], n_layers=p["L"], max_seq_len=p["T"])
+        config = ModelConfig(
+            architecture="gpt2" if index % 2 else "llama",
+            vocab_size=p["V"],
+            d_model=p["d"],
+            n_heads=p["h"],
+            d_ff=p["f"],
+            n_layers=p["L"],
+            max_seq_len=p["T"],
+        )
         measured = measure_pass(config, engine, p["B"], p["K"], p["T"], dtype)
         predicted = pass_bytes(engine, config, p["B"], p["K"], p["T"], torch.finfo(dtype).bits // 8)
         assert 0.75 <= predicted / measured <= (1.5 if index % 2 else 1.25), (engine, p, dtype, predicted / measured)
@@ -71,29 +88,66 @@ def test_group_rows_are_the_largest_that_fit():
     fitted = choose_group_rows("forms", "adjoint", CAMPAIGN, 64, 16, 1024, 4, 80 * GiB, resident, D=D)
     one_more = resident + pass_bytes("adjoint", CAMPAIGN, fitted.rows + 1, 16, 1024, 4, D)
     assert fitted.peak_bytes * MODEL_MARGIN <= 80 * GiB < one_more * MODEL_MARGIN
-    equal = choose_group_rows("forms", "pearlmutter", CAMPAIGN, 64, 16, 1024, 4, 80 * GiB, resident,
-                              equal_groups=True, D=D)
+    equal = choose_group_rows(
+        "forms", "pearlmutter", CAMPAIGN, 64, 16, 1024, 4, 80 * GiB, resident, equal_groups=True, D=D
+    )
     assert 64 % equal.rows == 0 and equal.peak_bytes <= 80 * GiB
     assert "of 64 sequences per group" in fitted.describe()
 
 
 def test_a_pass_that_cannot_fit_one_sequence_is_refused_naming_the_setting():
-    with pytest.raises(ValueError, match=r"forms: one sequence of 1024 tokens with 16 directions \(adjoint engine\) "
-                                         r"needs ~.* GiB \(with the model.s margin\), "
-                                         r"more than memory_budget_gb = 2 GiB; lower "
-                                         r"directions_per_pass"):
+    with pytest.raises(
+        ValueError,
+        match=r"forms: one sequence of 1024 tokens with 16 directions \(adjoint engine\) "
+        r"needs ~.* GiB \(with the model.s margin\), "
+        r"more than memory_budget_gb = 2 GiB; lower "
+        r"directions_per_pass",
+    ):
         choose_group_rows("forms", "adjoint", CAMPAIGN, 64, 16, 1024, 4, 2 * GiB, 0)
 
 
 def test_the_campaign_plan_fits_a_gh200_by_cutting_its_passes():
-    unbounded = plan_analysis(CAMPAIGN, 1024, engine="adjoint", K=16, hvp_batch_size=64, micro_batch_size=32,
-                              itemsize=4, compiled=False, audit_directions=2, extra_vectors=0, budget_bytes=None)
+    unbounded = plan_analysis(
+        CAMPAIGN,
+        1024,
+        engine="adjoint",
+        K=16,
+        hvp_batch_size=64,
+        micro_batch_size=32,
+        itemsize=4,
+        compiled=False,
+        audit_directions=2,
+        extra_vectors=0,
+        budget_bytes=None,
+    )
     assert unbounded.peak_bytes > 89 * GiB  # what a GH200 holds: the unchunked campaign does not fit
-    bounded = plan_analysis(CAMPAIGN, 1024, engine="adjoint", K=16, hvp_batch_size=64, micro_batch_size=32,
-                            itemsize=4, compiled=False, audit_directions=2, extra_vectors=0, budget_bytes=80 * GiB)
+    bounded = plan_analysis(
+        CAMPAIGN,
+        1024,
+        engine="adjoint",
+        K=16,
+        hvp_batch_size=64,
+        micro_batch_size=32,
+        itemsize=4,
+        compiled=False,
+        audit_directions=2,
+        extra_vectors=0,
+        budget_bytes=80 * GiB,
+    )
     assert bounded.peak_bytes <= 80 * GiB
     assert bounded.rows("forms") < 64 and bounded.rows("audit") < 64
     assert "predicted peak" in bounded.describe() and "budget 80 GiB" in bounded.describe()
-    taylor = plan_analysis(CAMPAIGN, 1024, engine="taylor", K=16, hvp_batch_size=64, micro_batch_size=32,
-                           itemsize=4, compiled=False, audit_directions=None, extra_vectors=0, budget_bytes=None)
+    taylor = plan_analysis(
+        CAMPAIGN,
+        1024,
+        engine="taylor",
+        K=16,
+        hvp_batch_size=64,
+        micro_batch_size=32,
+        itemsize=4,
+        compiled=False,
+        audit_directions=None,
+        extra_vectors=0,
+        budget_bytes=None,
+    )
     assert taylor.rows("forms") == 4  # taylor mode's own groups of B/K sequences

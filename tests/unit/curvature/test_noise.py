@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from conftest import dense_gauss_newton, make_oracle_run
 from torch.func import functional_call, grad, hessian
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
@@ -19,8 +20,6 @@ from tiny_llm.curvature.noise import (
 )
 from tiny_llm.data.tokens import TokenCache, epoch_plan, unseen_plan
 from tiny_llm.model.llama import Llama, token_losses
-
-from conftest import dense_gauss_newton, make_oracle_run
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 
@@ -40,6 +39,7 @@ def oracle(tmp_path_factory):
     def loss(x, rows):
         logits = functional_call(model, flat.unflatten(x), (rows[:, :-1],))
         return token_losses(logits, rows[:, 1:]).mean()
+
     everything = torch.cat(batches)
     H = hessian(lambda x: loss(x, everything))(theta)
     g_bar = grad(lambda x: loss(x, everything))(theta)
@@ -48,9 +48,18 @@ def oracle(tmp_path_factory):
 
 
 def _inputs(config, cache, plan, **kw):
-    base = dict(cache=cache, plan=plan, micro_batch_size=config.training.micro_batch_size, hvp_batch_size=4,
-                noise_samples=None, random_samples=6, seed=11, engine="double_backward", directions_per_pass=4,
-                compile=False)
+    base = dict(
+        cache=cache,
+        plan=plan,
+        micro_batch_size=config.training.micro_batch_size,
+        hvp_batch_size=4,
+        noise_samples=None,
+        random_samples=6,
+        seed=11,
+        engine="double_backward",
+        directions_per_pass=4,
+        compile=False,
+    )
     return CaseInputs(**{**base, **kw})
 
 
@@ -60,46 +69,58 @@ def _assert_close(value, expected):
 
 def test_statistics_equal_the_dense_oracle(oracle):
     config, cache, model, plan, H, g_bar, g = oracle
-    e = [torch.randn(H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * 1e-2,
-         torch.zeros(H.shape[0], dtype=torch.float64)]
+    e = [
+        torch.randn(H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * 1e-2,
+        torch.zeros(H.shape[0], dtype=torch.float64),
+    ]
     result = measure_case(model, _inputs(config, cache, plan, noise_samples=3, consensus=list(enumerate(e))), CPU64)
     chosen = noise_batch_indices(len(plan), 3, 11)
     assert [r["batch_index"] for r in result["noise_samples"]] == chosen and len(set(chosen)) == 3
     v = [g[i] - g_bar for i in chosen]
     s = [rademacher(H.shape[0], 11, i) for i in range(6)]
     vHv, vv = [x @ H @ x for x in v], [x @ x for x in v]
+
     def direct_loss(rows):  # token-mean cross-entropy, straight from the model
         with torch.no_grad():
             return float(token_losses(model(rows[:, :-1]), rows[:, 1:]).mean())
+
     batches = [cache.tokens(b) for b in plan.blocks]
-    for record, i, q, n2 in zip(result["noise_samples"], chosen, vHv, vv):
+    for record, i, q, n2 in zip(result["noise_samples"], chosen, vHv, vv, strict=True):
         _assert_close(record["loss"], direct_loss(batches[i]))
         _assert_close(record["grad_norm"], float(g[i].norm()))
         _assert_close(record["noise_norm"], math.sqrt(n2))
         _assert_close(record["noise_curvature"], float(q))
         assert record["positions"] == plan.positions(cache, i)
-    for record, x in zip(result["random_directions"], s):
+    for record, x in zip(result["random_directions"], s, strict=True):
         _assert_close(record["curvature"], float(x @ H @ x))
     D, B, M = H.shape[0], 3, 15
     c = (M - 1) / (M - B)
     gHg = float(g_bar @ H @ g_bar)
     expected = {
-        "noise_curvature": float(sum(vHv)) / 3, "normalized_alignment": float(sum(vHv) / sum(vv)),
-        "mean_noise_norm": sum(math.sqrt(x) for x in vv) / 3, "mean_grad_norm": sum(float(g[i].norm()) for i in chosen) / 3,
-        "full_grad_norm": float(g_bar.norm()), "random_curvature": float(sum(x @ H @ x for x in s)) / (D * 6),
-        "grad_curvature": gHg, "b_simple": B * c * float(sum(vv)) / 3 / float(g_bar @ g_bar),
+        "noise_curvature": float(sum(vHv)) / 3,
+        "normalized_alignment": float(sum(vHv) / sum(vv)),
+        "mean_noise_norm": sum(math.sqrt(x) for x in vv) / 3,
+        "mean_grad_norm": sum(float(g[i].norm()) for i in chosen) / 3,
+        "full_grad_norm": float(g_bar.norm()),
+        "random_curvature": float(sum(x @ H @ x for x in s)) / (D * 6),
+        "grad_curvature": gHg,
+        "b_simple": B * c * float(sum(vv)) / 3 / float(g_bar @ g_bar),
         "b_noise": B * c * float(sum(vHv)) / 3 / gHg if gHg > 0 else None,  # null when ḡᵀHḡ ≤ 0
         "loss": direct_loss(torch.cat(batches)),  # the epoch loss of the case
         # Gauss–Newton parts: the HVP engines have none.
-        "noise_gauss_newton": None, "random_gauss_newton": None, "grad_gauss_newton": None,
+        "noise_gauss_newton": None,
+        "random_gauss_newton": None,
+        "grad_gauss_newton": None,
     }
     assert set(result["statistics"]) == set(expected)
     for key, value in expected.items():
         _assert_close(result["statistics"][key], value)
     # Standard errors, written out independently: sample std (ddof 1), finite population of 5 batches.
     fpc = 1 - 3 / 5
+
     def se(values, factor=fpc):
         return math.sqrt(factor * float(torch.tensor(values, dtype=torch.float64).var()) / len(values))
+
     R = float(sum(vHv) / sum(vv))
     expected_se = {
         "noise_curvature_se": se([float(q) for q in vHv]),
@@ -108,9 +129,12 @@ def test_statistics_equal_the_dense_oracle(oracle):
         "random_curvature_se": se([float(x @ H @ x) for x in s], 1.0) / D,
         "b_simple_se": B * c * se([float(x) for x in vv]) / float(g_bar @ g_bar),
         "b_noise_se": B * c * se([float(q) for q in vHv]) / gHg if gHg > 0 else None,
-        "normalized_alignment_se": math.sqrt(fpc * sum(float(q - R * x) ** 2 for q, x in zip(vHv, vv)) / 2 / 3)
-                                   / (float(sum(vv)) / 3),
-        "noise_gauss_newton_se": None, "random_gauss_newton_se": None,  # HVP engines: no split
+        "normalized_alignment_se": math.sqrt(
+            fpc * sum(float(q - R * x) ** 2 for q, x in zip(vHv, vv, strict=True)) / 2 / 3
+        )
+        / (float(sum(vv)) / 3),
+        "noise_gauss_newton_se": None,
+        "random_gauss_newton_se": None,  # HVP engines: no split
     }
     assert set(result["standard_errors"]) == {f"{k}_se" for k in STANDARD_ERRORS} == set(expected_se)
     for key, value in expected_se.items():
@@ -119,23 +143,44 @@ def test_statistics_equal_the_dense_oracle(oracle):
     _assert_close(workers[0]["curvature"], float(e[0] @ H @ e[0]))
     _assert_close(workers[0]["squared_norm"], float(e[0] @ e[0]))
     _assert_close(workers[0]["normalized_alignment"], float(e[0] @ H @ e[0] / (e[0] @ e[0])))
-    assert workers[1] | {"total_seconds": 0} == {"worker": 1, "curvature": 0.0, "hvp_seconds": 0.0, "total_seconds": 0,
-                                                   "squared_norm": 0.0, "norm": 0.0, "normalized_alignment": None}
+    assert workers[1] | {"total_seconds": 0} == {
+        "worker": 1,
+        "curvature": 0.0,
+        "hvp_seconds": 0.0,
+        "total_seconds": 0,
+        "squared_norm": 0.0,
+        "norm": 0.0,
+        "normalized_alignment": None,
+    }
     aggregate = result["consensus"]["aggregate"]
     _assert_close(aggregate["mean_curvature"], float(e[0] @ H @ e[0]) / 2)
     _assert_close(aggregate["normalized_alignment"], float(e[0] @ H @ e[0] / (e[0] @ e[0])))
     _assert_close(aggregate["mean_norm"], float(e[0].norm()) / 2)
     counts = result["counts"]
-    assert (counts["parameters_D"], counts["epoch_batches"], counts["epoch_tokens"], counts["noise_samples"]) == (D, 5, 90, 3)
+    assert (counts["parameters_D"], counts["epoch_batches"], counts["epoch_tokens"], counts["noise_samples"]) == (
+        D,
+        5,
+        90,
+        3,
+    )
     assert counts["hvp_passes"] == math.ceil((3 + 6 + 1 + 1) / 4)  # the zero consensus direction skips its pass
 
 
 def test_engines_and_batching_give_the_same_statistics(oracle):
     config, cache, model, plan, *_ = oracle
-    runs = [measure_case(model, _inputs(config, cache, plan, engine=engine, directions_per_pass=K, hvp_batch_size=h), CPU64)
-            for engine, K, h in [("double_backward", 1, 3), ("double_backward", 5, 15), ("pearlmutter", 1, 2),
-                                 ("pearlmutter", 4, 4), ("taylor", 1, 3), ("taylor", 6, 7), ("adjoint", 1, 2),
-                                 ("adjoint", 16, 4)]]
+    runs = [
+        measure_case(model, _inputs(config, cache, plan, engine=engine, directions_per_pass=K, hvp_batch_size=h), CPU64)
+        for engine, K, h in [
+            ("double_backward", 1, 3),
+            ("double_backward", 5, 15),
+            ("pearlmutter", 1, 2),
+            ("pearlmutter", 4, 4),
+            ("taylor", 1, 3),
+            ("taylor", 6, 7),
+            ("adjoint", 1, 2),
+            ("adjoint", 16, 4),
+        ]
+    ]
     for other in runs[1:]:
         for key, value in runs[0]["statistics"].items():
             if "gauss_newton" not in key:
@@ -155,10 +200,10 @@ def test_gauss_newton_statistics_equal_the_dense_oracle(oracle, engine):
     chosen = noise_batch_indices(len(plan), 3, 11)
     v = [g[i] - g_bar for i in chosen]
     s = [rademacher(H.shape[0], 11, i) for i in range(6)]
-    for record, x in zip(result["noise_samples"], v):
+    for record, x in zip(result["noise_samples"], v, strict=True):
         _assert_close(record["noise_gauss_newton"], float(x @ G @ x))
         _assert_close(record["noise_curvature"], float(x @ H @ x))
-    for record, x in zip(result["random_directions"], s):
+    for record, x in zip(result["random_directions"], s, strict=True):
         _assert_close(record["gauss_newton"], float(x @ G @ x))
     statistics = result["statistics"]
     _assert_close(statistics["noise_gauss_newton"], float(sum(x @ G @ x for x in v)) / 3)
@@ -166,8 +211,15 @@ def test_gauss_newton_statistics_equal_the_dense_oracle(oracle, engine):
     _assert_close(statistics["grad_gauss_newton"], float(g_bar @ G @ g_bar))
     assert all(statistics[k] >= 0 for k in ("noise_gauss_newton", "random_gauss_newton", "grad_gauss_newton"))
     errors = result["standard_errors"]
-    expected_se = standard_errors(result["noise_samples"], result["random_directions"], float(g_bar.norm()),
-                                  statistics["grad_curvature"], H.shape[0], 3, 15)
+    expected_se = standard_errors(
+        result["noise_samples"],
+        result["random_directions"],
+        float(g_bar.norm()),
+        statistics["grad_curvature"],
+        H.shape[0],
+        3,
+        15,
+    )
     _assert_close(errors["noise_gauss_newton_se"], expected_se["noise_gauss_newton_se"])
     assert errors["noise_gauss_newton_se"] > 0 and errors["random_gauss_newton_se"] > 0
 
@@ -195,10 +247,16 @@ def test_random_curvature_converges_to_trace_over_D(oracle):
     tr(H)/D lies within 4 standard errors (a fixed seed, so the check is deterministic)."""
     config, cache, model, plan, H, *_ = oracle
     D = H.shape[0]
-    op = EpochHessian(model, torch.cat([cache.tokens(b) for b in plan.blocks]), batch_size=15,
-                      engine="double_backward", precision=CPU64, directions_per_pass=100)
+    op = EpochHessian(
+        model,
+        torch.cat([cache.tokens(b) for b in plan.blocks]),
+        batch_size=15,
+        engine="double_backward",
+        precision=CPU64,
+        directions_per_pass=100,
+    )
     forms = op.quadratic_forms(torch.stack([rademacher(D, 11, i) for i in range(600)]))
-    sd = math.sqrt(2 * (float((H**2).sum()) - float((H.diagonal()**2).sum())))
+    sd = math.sqrt(2 * (float((H**2).sum()) - float((H.diagonal() ** 2).sum())))
     target = float(H.trace()) / D
     for S_r in (50, 600):
         error = abs(float(forms[:S_r].mean()) / D - target)
@@ -212,26 +270,40 @@ def test_standard_errors_match_the_sampling_distribution(oracle):
     those draws (and with S_v = n there is nothing left to sample). The random-direction standard
     error matches the Hutchinson standard deviation, 2(‖H‖_F² − Σ H_ii²), within 10 % at S_r = 400."""
     import itertools
+
     config, cache, model, plan, H, g_bar, g = oracle
     D, B, n = H.shape[0], 3, len(plan)
-    records = [{"noise_curvature": float((g[i] - g_bar) @ H @ (g[i] - g_bar)), "noise_norm": float((g[i] - g_bar).norm()),
-                "grad_norm": float(g[i].norm())} for i in range(n)]
+    records = [
+        {
+            "noise_curvature": float((g[i] - g_bar) @ H @ (g[i] - g_bar)),
+            "noise_norm": float((g[i] - g_bar).norm()),
+            "grad_norm": float(g[i].norm()),
+        }
+        for i in range(n)
+    ]
     gHg = float(g_bar @ H @ g_bar)
     for S in (2, 3, 4):
         draws = [[records[i] for i in chosen] for chosen in itertools.combinations(range(n), S)]
         for name in ("noise_curvature", "mean_noise_norm", "mean_grad_norm", "b_simple"):
             estimates = [summarise(d, [], float(g_bar.norm()), gHg, D, B, n * B)[name] for d in draws]
             variance = float(torch.tensor(estimates, dtype=torch.float64).var(unbiased=False))
-            mean_se2 = sum(standard_errors(d, [], float(g_bar.norm()), gHg, D, B, n * B)[f"{name}_se"] ** 2
-                           for d in draws) / len(draws)
+            mean_se2 = sum(
+                standard_errors(d, [], float(g_bar.norm()), gHg, D, B, n * B)[f"{name}_se"] ** 2 for d in draws
+            ) / len(draws)
             assert mean_se2 == pytest.approx(variance, rel=1e-9)
     everything = standard_errors(records, [], float(g_bar.norm()), gHg, D, B, n * B)
     assert everything["noise_curvature_se"] == everything["normalized_alignment_se"] == 0.0
-    op = EpochHessian(model, torch.cat([cache.tokens(b) for b in plan.blocks]), batch_size=15,
-                      engine="double_backward", precision=CPU64, directions_per_pass=100)
+    op = EpochHessian(
+        model,
+        torch.cat([cache.tokens(b) for b in plan.blocks]),
+        batch_size=15,
+        engine="double_backward",
+        precision=CPU64,
+        directions_per_pass=100,
+    )
     forms = op.quadratic_forms(torch.stack([rademacher(D, 5, i) for i in range(400)]))
     random = [{"curvature": float(q)} for q in forms]
-    sd = math.sqrt(2 * (float((H**2).sum()) - float((H.diagonal()**2).sum())))
+    sd = math.sqrt(2 * (float((H**2).sum()) - float((H.diagonal() ** 2).sum())))
     se = standard_errors(records[:1], random, float(g_bar.norm()), gHg, D, B, n * B)
     assert se["random_curvature_se"] == pytest.approx(sd / math.sqrt(400) / D, rel=0.1)
     assert se["noise_curvature_se"] is None  # one noise sample: no spread to estimate
@@ -246,8 +318,10 @@ def test_unseen_plan_is_used_for_unseen(oracle):
 
 
 def test_batch_size_formulas_and_nulls():
-    noise = [{"noise_curvature": 2.0, "noise_norm": 1.0, "grad_norm": 3.0},
-             {"noise_curvature": 4.0, "noise_norm": 3.0, "grad_norm": 5.0}]
+    noise = [
+        {"noise_curvature": 2.0, "noise_norm": 1.0, "grad_norm": 3.0},
+        {"noise_curvature": 4.0, "noise_norm": 3.0, "grad_norm": 5.0},
+    ]
     stats = summarise(noise, [{"curvature": 8.0}], g_bar_norm=2.0, grad_curvature=0.5, D=4, B=4, M=16)
     c = 15 / 12
     assert stats["b_simple"] == pytest.approx(4 * c * 5.0 / 4.0)
@@ -264,6 +338,7 @@ def _subset_hessian(model, rows):
     def loss(x):
         logits = functional_call(model, flat.unflatten(x), (rows[:, :-1],))
         return token_losses(logits, rows[:, 1:]).mean()
+
     return hessian(loss)(theta)
 
 
@@ -271,6 +346,7 @@ def test_precision_audit_against_the_dense_oracle(oracle):
     """The audit's float64 values are the dense Hessian's forms on the audited micro-batches; its
     production values are a separate run in the analysis's precision on the same rows."""
     import copy
+
     config, cache, model, plan, H, g_bar, g = oracle
     h = 4
     tokens = torch.cat([cache.tokens(b) for b in plan.blocks])
@@ -279,16 +355,20 @@ def test_precision_audit_against_the_dense_oracle(oracle):
     audit = result["audit"]
     assert [d["kind"] for d in audit["directions"]] == ["noise", "noise", "random", "random", "gradient"]
     assert len(audit["micro_batches"]) == 2 and len(set(audit["micro_batches"])) == 2
-    rows = torch.cat([tokens[j * h:(j + 1) * h] for j in audit["micro_batches"]])
+    rows = torch.cat([tokens[j * h : (j + 1) * h] for j in audit["micro_batches"]])
     H_sub = _subset_hessian(model, rows)
     assert audit["tokens_audited"] == rows[:, 1:].numel()
     for d in audit["directions"]:
-        v = {"noise": lambda: g[d.get("batch_index", 0)] - g_bar, "random": lambda: rademacher(H.shape[0], 11, d.get("index", 0)),
-             "gradient": lambda: g_bar}[d["kind"]]()
+        v = {
+            "noise": lambda d=d: g[d.get("batch_index", 0)] - g_bar,
+            "random": lambda d=d: rademacher(H.shape[0], 11, d.get("index", 0)),
+            "gradient": lambda: g_bar,
+        }[d["kind"]]()
         _assert_close(d["float64"], float(v @ H_sub @ v))
         assert d["relative_error"] < 1e-10
     assert {d["batch_index"] for d in audit["directions"] if d["kind"] == "noise"} <= {
-        r["batch_index"] for r in result["noise_samples"]}
+        r["batch_index"] for r in result["noise_samples"]
+    }
     # float32: production values equal a separate float32 run on the audited rows
     model32 = copy.deepcopy(model).float()
     cpu32 = Precision(torch.device("cpu"), torch.float32)
@@ -296,10 +376,11 @@ def test_precision_audit_against_the_dense_oracle(oracle):
     audit = result["audit"]
     randoms = [d for d in audit["directions"] if d["kind"] == "random"]
     V = torch.stack([rademacher(H.shape[0], 11, d["index"]) for d in randoms])
-    separate = EpochHessian(model32, rows, batch_size=h, engine="double_backward", precision=cpu32,
-                            directions_per_pass=2).quadratic_forms(V.float())
+    separate = EpochHessian(
+        model32, rows, batch_size=h, engine="double_backward", precision=cpu32, directions_per_pass=2
+    ).quadratic_forms(V.float())
     H32_sub = _subset_hessian(copy.deepcopy(model32).double(), rows)
-    for d, q, v in zip(randoms, separate.tolist(), V):
+    for d, q, v in zip(randoms, separate.tolist(), V, strict=True):
         assert d["production"] == pytest.approx(q, rel=1e-4)  # another engine in float32: rounding apart
         _assert_close(d["float64"], float(v @ H32_sub @ v))  # ±1 directions are exact in float32
         assert d["relative_error"] == pytest.approx(abs(d["production"] - d["float64"]) / abs(d["float64"]))
@@ -311,11 +392,20 @@ def test_precision_audit_against_the_dense_oracle(oracle):
     # end to end: ḡ and the loss over the whole epoch in float64 (of the float32 weights), and the
     # gradient direction measured as each precision built it
     exact64 = copy.deepcopy(model32).double()
-    g_bar64 = mean_gradient(exact64, FlatParameters(exact64), [cache.tokens(b) for b in plan.blocks],
-                            config.training.micro_batch_size, CPU64)
-    assert audit["full_grad_norm"] == {"production": result["statistics"]["full_grad_norm"],
-                                       "float64": pytest.approx(float(g_bar64.norm()), rel=1e-12)}
-    assert errors["full_grad_norm"] == pytest.approx(abs(result["statistics"]["full_grad_norm"] / float(g_bar64.norm()) - 1))
+    g_bar64 = mean_gradient(
+        exact64,
+        FlatParameters(exact64),
+        [cache.tokens(b) for b in plan.blocks],
+        config.training.micro_batch_size,
+        CPU64,
+    )
+    assert audit["full_grad_norm"] == {
+        "production": result["statistics"]["full_grad_norm"],
+        "float64": pytest.approx(float(g_bar64.norm()), rel=1e-12),
+    }
+    assert errors["full_grad_norm"] == pytest.approx(
+        abs(result["statistics"]["full_grad_norm"] / float(g_bar64.norm()) - 1)
+    )
     gradient = next(d for d in audit["directions"] if d["kind"] == "gradient")
     _assert_close(gradient["float64"], float(g_bar64 @ H32_sub @ g_bar64))
     assert errors["grad_curvature"] == pytest.approx(gradient["relative_error"])

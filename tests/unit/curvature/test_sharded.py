@@ -7,13 +7,19 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import TINY_MODEL
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.sharded import ShardedHessian, shard_layout
-from tiny_llm.curvature.spectrum import Layout, block_diagonal_error, conjugate_gradient, layer_blocks, slq, top_eigenpairs
+from tiny_llm.curvature.spectrum import (
+    Layout,
+    block_diagonal_error,
+    conjugate_gradient,
+    layer_blocks,
+    slq,
+    top_eigenpairs,
+)
 from tiny_llm.model.llama import Llama, token_losses
-
-from conftest import TINY_MODEL
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 
@@ -36,18 +42,31 @@ def _measure(op, layout, D: int, damping: float, spectra: bool) -> dict:
     """What a spectrum job computes, on whatever vectors ``layout`` says this process holds: the
     products, forms and gradient; with ``spectra`` also Lanczos, SLQ, CG and the block errors."""
     V = layout.local(_directions(D))
-    out = {"indices": layout.indices, "hvp": op.hvp(V), "forms": op.quadratic_forms(V),
-           "gradient": op.gradient() if hasattr(op, "layout") else None}
+    out = {
+        "indices": layout.indices,
+        "hvp": op.hvp(V),
+        "forms": op.quadratic_forms(V),
+        "gradient": op.gradient() if hasattr(op, "layout") else None,
+    }
     if not spectra:
         return out
     values, vectors, residuals, _ = top_eigenpairs(op.hvp, D, 3, 40, seed=4, layout=layout)
-    low, *_ = top_eigenpairs(op.hvp, D, 3, 20, seed=4, layout=layout, basis_dtype=torch.bfloat16,
-                             reduction_dtype=torch.float32)
+    low, *_ = top_eigenpairs(
+        op.hvp, D, 3, 20, seed=4, layout=layout, basis_dtype=torch.bfloat16, reduction_dtype=torch.float32
+    )
     nodes = slq(op.hvp, D, 2, 6, seed=5, layout=layout)
     blocks = block_diagonal_error(op.hvp, V[:2], layer_blocks(FlatParameters(_model())), layout=layout)
     x = conjugate_gradient(op.hvp, V[0], damping, rtol=1e-10, layout=layout)[0]
-    return {**out, "values": values, "vectors": vectors, "residuals": residuals, "bf16 values": low, "blocks": blocks,
-            "slq": torch.stack([torch.cat(node) for node in nodes]), "cg": x}
+    return {
+        **out,
+        "values": values,
+        "vectors": vectors,
+        "residuals": residuals,
+        "bf16 values": low,
+        "blocks": blocks,
+        "slq": torch.stack([torch.cat(node) for node in nodes]),
+        "cg": x,
+    }
 
 
 def _rank(rank: int, size: int, store: str, out: str, damping: float) -> None:
@@ -85,8 +104,9 @@ def test_sharded_curvature_is_the_finite_difference_engine_on_shards(tmp_path, d
     damping = 2 * float(torch.linalg.eigvalsh(H).abs().max())  # H + λI positive definite
     unsharded = EpochHessian(_model(), _tokens(), batch_size=2, engine="finite_difference", precision=CPU64)
     single = _measure(unsharded, Layout(D), D, damping, spectra=ranks == 2)
-    mp.start_processes(_rank, args=(ranks, str(tmp_path / "store"), str(tmp_path / "out"), damping), nprocs=ranks,
-                       start_method="spawn")
+    mp.start_processes(
+        _rank, args=(ranks, str(tmp_path / "store"), str(tmp_path / "out"), damping), nprocs=ranks, start_method="spawn"
+    )
     parts = [torch.load(tmp_path / f"out.{rank}", weights_only=True) for rank in range(ranks)]
     assert sorted(torch.cat([p["indices"] for p in parts]).tolist()) == list(range(D))  # each entry once
 
@@ -130,4 +150,3 @@ def test_sharded_curvature_is_the_finite_difference_engine_on_shards(tmp_path, d
     x = _gather(parts, "cg", D)
     dense = torch.linalg.solve(H + damping * torch.eye(D, dtype=torch.float64), b)
     assert float((x - dense).norm()) <= 1e-6 * float(dense.norm())
-

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from conftest import TINY_MODEL
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.spectrum import (
@@ -17,8 +18,6 @@ from tiny_llm.curvature.spectrum import (
     top_eigenpairs,
 )
 from tiny_llm.model.llama import Llama
-
-from conftest import TINY_MODEL
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 
@@ -57,6 +56,7 @@ def test_lanczos_stops_when_the_wanted_pairs_converge_and_says_when_they_did_not
     def counted(V):
         calls.append(len(V))
         return op.hvp(V)
+
     values, _, residuals, converged = top_eigenpairs(counted, flat.D, k=3, steps=400, which=which, tolerance=1e-8)
     assert converged.all() and (residuals <= 1e-8 * values.abs()).all()
     torch.testing.assert_close(values, exact[order], rtol=1e-10, atol=0)
@@ -103,8 +103,10 @@ def test_slq_recovers_a_known_spectrum():
     nodes = slq(lambda V: V @ A, 100, n_vectors=30, steps=10, seed=2)
     grid = torch.linspace(-3, 4, 7001)
     density = slq_density(nodes, grid, sigma=0.1)
-    mass = [float(torch.trapezoid(density[(grid > a) & (grid < b)], grid[(grid > a) & (grid < b)]))
-            for a, b in ((-1.5, -0.5), (-0.5, 0.5), (1.5, 2.5))]
+    mass = [
+        float(torch.trapezoid(density[(grid > a) & (grid < b)], grid[(grid > a) & (grid < b)]))
+        for a, b in ((-1.5, -0.5), (-0.5, 0.5), (1.5, 2.5))
+    ]
     assert mass == pytest.approx([0.1, 0.6, 0.3], abs=0.05)
 
 
@@ -130,9 +132,12 @@ def test_block_diagonal_error_against_the_explicit_blocks(problem):
             H_bd[idx[:, None], idx[None, :]] = H[idx[:, None], idx[None, :]]
         full, approx = V @ H, V @ H_bd
         result = block_diagonal_error(op.hvp, V, blocks)
-        torch.testing.assert_close(result["relative_error"], (full - approx).norm(dim=1) / full.norm(dim=1), atol=1e-10, rtol=0)
-        torch.testing.assert_close(result["cosine"], (full * approx).sum(1) / (full.norm(dim=1) * approx.norm(dim=1)),
-                                   atol=1e-10, rtol=0)
+        torch.testing.assert_close(
+            result["relative_error"], (full - approx).norm(dim=1) / full.norm(dim=1), atol=1e-10, rtol=0
+        )
+        torch.testing.assert_close(
+            result["cosine"], (full * approx).sum(1) / (full.norm(dim=1) * approx.norm(dim=1)), atol=1e-10, rtol=0
+        )
         assert (result["relative_error"] > 1e-3).all()  # the blocks really miss cross-block coupling
     assert [name for name, _ in layer_blocks(flat)] == ["tok_embeddings", "layers.0", "layers.1", "norm"]
 
@@ -144,8 +149,9 @@ def test_finite_difference_engine_with_fused_attention(problem, dtype, tolerance
     model, tokens, flat, H, _ = problem
     fused = Llama(TINY_MODEL, attention_backend="sdpa").to(dtype)
     fused.load_state_dict({k: v.to(dtype) for k, v in model.state_dict().items()})
-    op = EpochHessian(fused, tokens, batch_size=4, engine="finite_difference",
-                      precision=Precision(torch.device("cpu"), dtype))
+    op = EpochHessian(
+        fused, tokens, batch_size=4, engine="finite_difference", precision=Precision(torch.device("cpu"), dtype)
+    )
     V = torch.randn(3, flat.D, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
     exact = V @ H
     error = (op.hvp(V) - exact).norm(dim=1) / exact.norm(dim=1)

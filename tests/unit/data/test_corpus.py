@@ -64,8 +64,9 @@ def _bpe_tokenizer(path, corpus):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<|endoftext|>"])
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|endoftext|>"]
+    )
     tokenizer.train_from_iterator([corpus], trainer=trainer)
     path.mkdir()
     tokenizer.save(str(path / "tokenizer.json"))
@@ -88,26 +89,47 @@ def test_text_encoded_with_a_local_tokenizer(tmp_path, capsys):
     assert 256 < vocab <= 300
     run = tmp_path / "run.yaml"
     run.write_text(f"model: {{vocab_size: {vocab}}}\ndata: {{cache: {tmp_path / 'cache'}, seq_len: 16}}\n")
-    assert main(["--quiet", "prepare-data", "--config", str(run), "--source", "text", "--tokenizer",
-                 str(tmp_path / "bpe"), str(tmp_path / "part0.txt"), str(tmp_path / "part1.txt")]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "prepare-data",
+                "--config",
+                str(run),
+                "--source",
+                "text",
+                "--tokenizer",
+                str(tmp_path / "bpe"),
+                str(tmp_path / "part0.txt"),
+                str(tmp_path / "part1.txt"),
+            ]
+        )
+        == 0
+    )
     cache = TokenCache(tmp_path / "cache")
     meta = cache.meta
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == vocab
     assert meta["tokenizer"]["type"] == "huggingface" and meta["tokenizer"]["name"] == "bpe"
     assert set(meta["tokenizer"]["files"]) == {"tokenizer.json"} and meta["tokenizer"]["vocab_size"] == vocab
     ids = [np.asarray(encoder.encode(t, add_special_tokens=False).ids) for t in texts]
-    assert meta["source_tokens"] == [len(i) for i in ids] and all(len(i) < len(t) for i, t in zip(ids, texts))
+    assert meta["source_tokens"] == [len(i) for i in ids] and all(
+        len(i) < len(t) for i, t in zip(ids, texts, strict=True)
+    )
     sources, _ = cache.block_sources()
     for block in range(0, cache.n_blocks, 7):
         source, offset = sources[block]
-        assert cache.tokens([block])[0].tolist() == ids[source][offset:offset + 17].tolist()
+        assert cache.tokens([block])[0].tolist() == ids[source][offset : offset + 17].tolist()
 
     small = tmp_path / "small.yaml"  # a model whose vocabulary the tokenizer's exceeds
-    small.write_text(f"data: {{cache: {tmp_path / 'cache'}, seq_len: 16}}\n"
-                     "training: {tokens: 1024, epochs: 1, batch_size: 4, micro_batch_size: 4}\n")
+    small.write_text(
+        f"data: {{cache: {tmp_path / 'cache'}, seq_len: 16}}\n"
+        "training: {tokens: 1024, epochs: 1, batch_size: 4, micro_batch_size: 4}\n"
+    )
     capsys.readouterr()
     assert main(["train", "--config", str(small), "--run-dir", str(tmp_path / "runs/small")]) == 2
-    assert f"has vocab_size={vocab} but model.vocab_size=256; set model.vocab_size >= {vocab}" in capsys.readouterr().err
+    assert (
+        f"has vocab_size={vocab} but model.vocab_size=256; set model.vocab_size >= {vocab}" in capsys.readouterr().err
+    )
 
     words = {f"w{i}": i for i in range(70_000)} | {"[UNK]": 70_000}  # beyond uint16
     wide = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
@@ -115,8 +137,12 @@ def test_text_encoded_with_a_local_tokenizer(tmp_path, capsys):
     (tmp_path / "wide").mkdir()
     wide.save(str(tmp_path / "wide/tokenizer.json"))
     (tmp_path / "words.txt").write_text(" ".join(f"w{(i * 7919) % 70_000}" for i in range(3000)))
-    out = prepare_source_cache(DataConfig(cache=str(tmp_path / "wide-cache"), seq_len=16), "text",
-                               [tmp_path / "words.txt"], tokenizer_dir=tmp_path / "wide")
+    out = prepare_source_cache(
+        DataConfig(cache=str(tmp_path / "wide-cache"), seq_len=16),
+        "text",
+        [tmp_path / "words.txt"],
+        tokenizer_dir=tmp_path / "wide",
+    )
     wide_cache = TokenCache(out)
     assert wide_cache.meta["dtype"] == "uint32" and wide_cache.tokens(range(wide_cache.n_blocks)).max() >= 1 << 16
 

@@ -29,10 +29,13 @@ def _documents(tmp_path):
 def _config(tmp_path, cache):
     # 16 sequences of 32 per batch, 8 steps per epoch, 2 epochs: training reads 256 sequences and
     # the unseen epoch 128 more, of the ~1,125 the documents hold.
-    return config_from_dict({
-        "model": {"vocab_size": 256, "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16, "max_seq_len": 32},
-        "data": {"cache": str(tmp_path / cache), "seq_len": 32, "shuffle_group_blocks": 32, "seed": 11},
-        "training": {"batch_size": 16, "micro_batch_size": 8, "tokens": 2 * 8 * 16 * 32, "epochs": 2}})
+    return config_from_dict(
+        {
+            "model": {"vocab_size": 256, "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16, "max_seq_len": 32},
+            "data": {"cache": str(tmp_path / cache), "seq_len": 32, "shuffle_group_blocks": 32, "seed": 11},
+            "training": {"batch_size": 16, "micro_batch_size": 8, "tokens": 2 * 8 * 16 * 32, "epochs": 2},
+        }
+    )
 
 
 def _documents_per_batch(cache, plan):
@@ -75,7 +78,13 @@ def test_reports_of_results_made_before_the_report_are_skipped():
 
 
 def test_a_case_missing_a_source_file_is_named():
-    report = {"random_batch_span": 0.8, "batch_span": {"median": 0.8, "min": 0.7}, "sources": 3,
-              "source_fractions": [0.5, 0.5, 0.0], "position_histogram": [0.1] * 10, "position_range": [0, 1]}
+    report = {
+        "random_batch_span": 0.8,
+        "batch_span": {"median": 0.8, "min": 0.7},
+        "sources": 3,
+        "source_fractions": [0.5, 0.5, 0.0],
+        "position_histogram": [0.1] * 10,
+        "position_range": [0, 1],
+    }
     assert order_warnings({"seen": report}) == ["seen: draws nothing from 1 of the 3 source files (e.g. file 2)"]
     assert np.isclose(sum(report["position_histogram"]), 1)

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import make_oracle_run, make_run_config
 
 from tiny_llm.config import config_from_dict, config_to_dict
 from tiny_llm.data.corpus import BYTE_TOKENIZER
@@ -20,13 +21,21 @@ from tiny_llm.data.tokens import (
 )
 from tiny_llm.io import sha256_file
 
-from conftest import make_oracle_run, make_run_config
-
 
 def _prepare(path, segments, *, seq_len=4, G=3, capacity=None, shard_blocks=4, vocab=1000, keep_order=False, seed=0):
-    return prepare_cache(path, segments, tokenizer=BYTE_TOKENIZER, vocab_size=vocab, seq_len=seq_len,
-                         shuffle_group_blocks=G, data_seed=seed, prepare_train_tokens=capacity,
-                         shard_blocks=shard_blocks, source={"kind": "test"}, keep_order=keep_order)
+    return prepare_cache(
+        path,
+        segments,
+        tokenizer=BYTE_TOKENIZER,
+        vocab_size=vocab,
+        seq_len=seq_len,
+        shuffle_group_blocks=G,
+        data_seed=seed,
+        prepare_train_tokens=capacity,
+        shard_blocks=shard_blocks,
+        source={"kind": "test"},
+        keep_order=keep_order,
+    )
 
 
 def test_blocks_overlap_by_one_token_and_never_cross_shards(tmp_path):
@@ -57,13 +66,16 @@ def test_blocks_overlap_by_one_token_and_never_cross_shards(tmp_path):
 def test_shuffled_blocks_carry_their_own_lookahead_and_map_back_to_their_sources(tmp_path):
     segments = [np.arange(0, 30), np.arange(100, 118)]
     cache = TokenCache(_prepare(tmp_path / "c", segments, G=1, seed=5))
-    assert cache.shuffled and cache.stride == 5 and cache.meta["order"] == {
-        "shuffled": True, "unit": "block", "seed": 5, "stream": 2}
+    assert (
+        cache.shuffled
+        and cache.stride == 5
+        and cache.meta["order"] == {"shuffled": True, "unit": "block", "seed": 5, "stream": 2}
+    )
     assert [len(s) for s in cache.shards] == [20, 20, 15]  # 4 + 4 + 3 blocks of 5 tokens
     tokens = cache.tokens(np.arange(cache.n_blocks)).numpy()
     sources, _ = cache.block_sources()
-    for row, (source, offset) in zip(tokens, sources):
-        assert np.array_equal(row, segments[source][offset:offset + 5])  # every block intact, from its source
+    for row, (source, offset) in zip(tokens, sources, strict=True):
+        assert np.array_equal(row, segments[source][offset : offset + 5])  # every block intact, from its source
     # Every block of the sources appears once, in a permuted order.
     assert sorted(map(tuple, sources.tolist())) == [(0, 4 * j) for j in range(7)] + [(1, 4 * j) for j in range(4)]
     assert sources.tolist() != sorted(sources.tolist())
@@ -130,7 +142,7 @@ def test_stream_reads_each_group_as_a_permutation(tmp_path):
     blocks = stream_batches(config, 0, config.total_batches).ravel()
     G = config.data.shuffle_group_blocks
     for g in range(len(blocks) // G):
-        assert sorted(blocks[g * G:(g + 1) * G]) == list(range(g * G, (g + 1) * G))
+        assert sorted(blocks[g * G : (g + 1) * G]) == list(range(g * G, (g + 1) * G))
     assert not np.array_equal(blocks, np.arange(len(blocks)))
 
 
@@ -140,7 +152,7 @@ def test_epoch_plans_are_consecutive_stretches_of_one_stream(tmp_path):
     stream = stream_batches(config, 0, config.total_batches)
     for epoch in (1, 2):
         plan = epoch_plan(config, epoch)
-        assert np.array_equal(plan.blocks, stream[(epoch - 1) * S:epoch * S])
+        assert np.array_equal(plan.blocks, stream[(epoch - 1) * S : epoch * S])
         assert plan.stream_batches.tolist() == list(range((epoch - 1) * S, epoch * S))
     with pytest.raises(ValueError, match=r"epoch must lie in \[1, 2\]"):
         epoch_plan(config, 3)
@@ -181,11 +193,16 @@ def test_capacity_error_says_what_to_prepare(tmp_path):
 
     from tiny_llm.cli import main
     from tiny_llm.config import config_to_dict
+
     suggested = re.search(r"\(tiny-llm (prepare-data .*?)\)", str(error.value)).group(1).split()
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config_to_dict(config)))
     np.save(tmp_path / "ids.npy", (np.arange(5 * tokens) % 256).astype(np.uint16))
-    fill = {"RUN.yaml": str(tmp_path / "run.yaml"), "NEW_CACHE": str(tmp_path / "bigger"), "text|tokens": "tokens",
-            "FILES...": str(tmp_path / "ids.npy")}
+    fill = {
+        "RUN.yaml": str(tmp_path / "run.yaml"),
+        "NEW_CACHE": str(tmp_path / "bigger"),
+        "text|tokens": "tokens",
+        "FILES...": str(tmp_path / "ids.npy"),
+    }
     assert main(["--quiet", *[fill.get(word, word) for word in suggested]]) == 0
     check_capacity(TokenCache(tmp_path / "bigger"), config, "unseen")
 
@@ -205,6 +222,7 @@ def _oracle_cache(tmp_path):
 
 def test_changed_shard_bytes_are_refused_and_verification_is_recorded(tmp_path, monkeypatch):
     import tiny_llm.data.tokens as data
+
     config, cache = _oracle_cache(tmp_path)
     hashed = []
     monkeypatch.setattr(data, "sha256_file", lambda path: (hashed.append(path), sha256_file(path))[1])
@@ -234,8 +252,10 @@ def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
         TokenCache(config.data.cache).check_layout(small)
 
 
-@pytest.mark.parametrize("text, message", [("{not json", r"meta.json is not valid JSON \("),
-                                           ('{"format": 1}', r"meta.json lacks seq_len, dtype, shards")])
+@pytest.mark.parametrize(
+    "text, message",
+    [("{not json", r"meta.json is not valid JSON \("), ('{"format": 1}', r"meta.json lacks seq_len, dtype, shards")],
+)
 def test_damaged_meta_json_names_the_file(tmp_path, text, message):
     config, cache = _oracle_cache(tmp_path)
     (cache.path / "meta.json").write_text(text)

@@ -24,8 +24,15 @@ from tiny_llm.geometry.experiment import (
 from tiny_llm.model.llama import Llama, token_losses
 from tiny_llm.training.loop import train
 
-SETTINGS = GeometrySettings(reference_rows=3, cov_num_batches=3, cov_batch_size=2, top_k=2, hutchinson_samples=4,
-                            lanczos_steps=60, hvp_batch_size=2)
+SETTINGS = GeometrySettings(
+    reference_rows=3,
+    cov_num_batches=3,
+    cov_batch_size=2,
+    top_k=2,
+    hutchinson_samples=4,
+    lanczos_steps=60,
+    hvp_batch_size=2,
+)
 CHECKPOINTS = ["epoch-000.safetensors", "epoch-001.safetensors", "epoch-002.safetensors"]
 
 
@@ -38,9 +45,15 @@ def experiment(tmp_path_factory):
     for label, config in configs.items():
         train(config, path / label)
     reference = make_reference(configs["s1"], SETTINGS)
-    records = {label: [measure_checkpoint(path / label, name, i, reference, SETTINGS,
-                                          path / "records" / label / f"{name.split('.')[0]}.json")
-                       for i, name in enumerate(CHECKPOINTS)] for label in runs}
+    records = {
+        label: [
+            measure_checkpoint(
+                path / label, name, i, reference, SETTINGS, path / "records" / label / f"{name.split('.')[0]}.json"
+            )
+            for i, name in enumerate(CHECKPOINTS)
+        ]
+        for label in runs
+    }
     return path, configs, reference, records
 
 
@@ -60,6 +73,7 @@ def test_a_record_against_dense_computations(experiment):
     config, record = configs["s2"], records["s2"][2]
     model = Llama(config.model, attention_backend="reference").double()
     from tiny_llm.model.checkpoint import load_weights
+
     model.load_state_dict(load_weights(path / "s2" / CHECKPOINTS[2])[0])
     rows = TokenCache(reference["cache"]).tokens(reference["rows"])
     flat = FlatParameters(model)
@@ -67,6 +81,7 @@ def test_a_record_against_dense_computations(experiment):
 
     def loss(t):
         return token_losses(functional_call(model, flat.unflatten(t), (rows[:, :-1],)), rows[:, 1:]).mean()
+
     H = hessian(loss)(theta)
     assert record["metrics"]["eval_loss"] == pytest.approx(float(loss(theta)), rel=1e-12)
     assert record["metrics"]["hessian_top1_eigenvalue"] == pytest.approx(float(torch.linalg.eigvalsh(H)[-1]), rel=1e-8)
@@ -114,7 +129,9 @@ def test_seeds_compared_at_matched_steps_with_controls(experiment, tmp_path):
     assert value[(6, "seed pairs (mean)", "gradient_cosine")]["value"] == pytest.approx(sum(pairs) / len(pairs))
     assert value[(6, "seed pairs (min)", "gradient_cosine")]["kind"] == "summary"
     write_comparison(rows, tmp_path / "comparison.csv")
-    assert (tmp_path / "comparison.csv").read_text().splitlines()[0] == "step,tokens,subject,kind,role,metric,value,se,baseline"
+    assert (tmp_path / "comparison.csv").read_text().splitlines()[
+        0
+    ] == "step,tokens,subject,kind,role,metric,value,se,baseline"
 
 
 def test_changed_vectors_are_refused(experiment, tmp_path):
@@ -150,8 +167,16 @@ def test_a_reference_set_larger_than_the_stream_is_refused(experiment):
 def test_the_llc_in_a_record(experiment, tmp_path):
     pytest.importorskip("devinterp")
     path, _, reference, _ = experiment
-    settings = GeometrySettings(**{**SETTINGS.__dict__, "llc_every": 1, "llc_chains": 2, "llc_draws": 20,
-                                   "hessian_proxy_every": 0, "hessian_eig_every": 0})
+    settings = GeometrySettings(
+        **{
+            **SETTINGS.__dict__,
+            "llc_every": 1,
+            "llc_chains": 2,
+            "llc_draws": 20,
+            "hessian_proxy_every": 0,
+            "hessian_eig_every": 0,
+        }
+    )
     record = measure_checkpoint(path / "s1", CHECKPOINTS[2], 2, reference, settings, tmp_path / "r.json")
     assert "llc" in record["metrics"] and record["standard_errors"]["llc"] >= 0
     assert "hessian_trace" not in record["metrics"]

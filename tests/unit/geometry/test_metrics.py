@@ -51,6 +51,7 @@ def _dense(model: Llama):
 
     def loss(rows):
         return lambda t: token_losses(logits(rows)(t), rows[:, 1:]).mean()
+
     return theta, logits, loss
 
 
@@ -70,8 +71,9 @@ def _permute_hidden_units(model: Llama, seed: int) -> Llama:
 def test_fisher_trace_is_the_mean_squared_row_gradient():
     model, rows = _model(1), _rows(1)
     theta, _, loss = _dense(model)
-    exact = sum(float(torch.autograd.functional.jacobian(loss(rows[s:s + 1]), theta).square().sum())
-                for s in range(len(rows))) / len(rows)
+    exact = sum(
+        float(torch.autograd.functional.jacobian(loss(rows[s : s + 1]), theta).square().sum()) for s in range(len(rows))
+    ) / len(rows)
     assert fisher_trace(model, rows) == pytest.approx(exact, rel=1e-10)
 
 
@@ -92,6 +94,7 @@ def test_hessian_trace_converges_to_the_dense_hessian():
     assert abs(estimate - float(H.trace())) < 4 * se
     one, _ = hessian_trace(model, rows, 1, seed=5, batch_size=3, precision=CPU64)  # each probe exactly vᵀHv
     from tiny_llm.curvature.noise import rademacher
+
     v = rademacher(len(theta), 5, 0)
     assert one == pytest.approx(float(v @ H @ v), rel=1e-10)
 
@@ -159,9 +162,13 @@ def test_permuted_hidden_units_change_parameter_space_and_not_function_space():
 def test_random_subspaces_overlap_k_over_d():
     d, k, draws = 60, 4, 300
     generator = torch.Generator().manual_seed(0)
-    values = [subspace_overlap(top_subspace(torch.randn(k, d, generator=generator, dtype=torch.float64), k),
-                               top_subspace(torch.randn(k, d, generator=generator, dtype=torch.float64), k))
-              for _ in range(draws)]
+    values = [
+        subspace_overlap(
+            top_subspace(torch.randn(k, d, generator=generator, dtype=torch.float64), k),
+            top_subspace(torch.randn(k, d, generator=generator, dtype=torch.float64), k),
+        )
+        for _ in range(draws)
+    ]
     mean = sum(values) / draws
     se = math.sqrt(sum((v - mean) ** 2 for v in values) / (draws - 1) / draws)
     assert abs(mean - random_overlap(d, k)) < 4 * se
@@ -178,18 +185,22 @@ def test_bad_shapes_are_refused():
 
 def test_the_llc_without_devinterp_says_how_to_install(monkeypatch):
     import sys
+
     monkeypatch.setitem(sys.modules, "devinterp", None)  # as if not installed
     monkeypatch.setitem(sys.modules, "devinterp.slt.llc", None)
     from tiny_llm.geometry.metrics import local_learning_coefficient
+
     with pytest.raises(ValueError, match=r"needs devinterp 2.0.1: pip install 'tiny-llm-curvature\[llc\]'"):
-        local_learning_coefficient(_model(0), _rows(0), chains=2, draws=5, lr=1e-4, n_beta=None, localization=100.0,
-                                   batch_size=2, seed=0)
+        local_learning_coefficient(
+            _model(0), _rows(0), chains=2, draws=5, lr=1e-4, n_beta=None, localization=100.0, batch_size=2, seed=0
+        )
 
 
 @pytest.mark.llc
 def test_the_llc_by_devinterp_on_a_tiny_model():
     pytest.importorskip("devinterp")
     from tiny_llm.geometry.metrics import local_learning_coefficient
+
     model, rows = _model(8), _rows(8, n=8)
     before = [p.detach().clone() for p in model.parameters()]
     args = dict(chains=2, draws=30, lr=1e-4, n_beta=None, localization=100.0, batch_size=4)
@@ -197,4 +208,4 @@ def test_the_llc_by_devinterp_on_a_tiny_model():
     again, _ = local_learning_coefficient(model, rows, seed=3, **args)
     assert math.isfinite(mean) and math.isfinite(se) and se >= 0
     assert again == mean  # reproducible from its seed
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the model is not changed
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # the model is not changed

@@ -8,11 +8,10 @@ import json
 import pytest
 import torch
 import transformers  # installed by make test (envs/requirements.txt): these tests never skip
+from torch.func import functional_call
 
 from tiny_llm.cli import main
 from tiny_llm.config import load_config
-from torch.func import functional_call
-
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.model.adapter import HFCausalLM
 from tiny_llm.model.architectures import build_model
@@ -36,9 +35,20 @@ def float64_attention(monkeypatch):
             weights = weights + attention_mask
         weights = torch.softmax(weights, dim=-1)
         return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
     monkeypatch.setattr(neox, "eager_attention_forward", attention)
-NEOX = dict(vocab_size=24, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16,
-            max_position_embeddings=16, rotary_pct=0.5, tie_word_embeddings=False)
+
+
+NEOX = dict(
+    vocab_size=24,
+    hidden_size=8,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=16,
+    max_position_embeddings=16,
+    rotary_pct=0.5,
+    tie_word_embeddings=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +62,30 @@ def imported(tmp_path_factory):
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     model.save_pretrained(path / "step-200", safe_serialization=True)
-    (path / "run.yaml").write_text("data: {cache: cache/x, seq_len: 8}\n"
-                                   "training: {batch_size: 2, micro_batch_size: 2, tokens: 64, epochs: 2}\n")
-    assert main(["--quiet", "import-hf", str(path / "step-100"), str(path / "step-200"), "--run-dir",
-                 str(path / "runs/neox"), "--config", str(path / "run.yaml"), "--step", "100", "200",
-                 "--tokens", "1600", "3200"]) == 0
+    (path / "run.yaml").write_text(
+        "data: {cache: cache/x, seq_len: 8}\ntraining: {batch_size: 2, micro_batch_size: 2, tokens: 64, epochs: 2}\n"
+    )
+    assert (
+        main(
+            [
+                "--quiet",
+                "import-hf",
+                str(path / "step-100"),
+                str(path / "step-200"),
+                "--run-dir",
+                str(path / "runs/neox"),
+                "--config",
+                str(path / "run.yaml"),
+                "--step",
+                "100",
+                "200",
+                "--tokens",
+                "1600",
+                "3200",
+            ]
+        )
+        == 0
+    )
     return path
 
 
@@ -73,7 +102,10 @@ def test_imported_weights_give_transformers_logits_and_the_steps_are_recorded(im
     assert config.model.architecture == "hf" and config.model.hf_config == str(imported / "runs/neox/hf-config.json")
     assert (config.model.d_model, config.model.n_layers, config.model.vocab_size) == (8, 2, 24)
     x = torch.randint(0, 24, (3, 10), generator=torch.Generator().manual_seed(1))
-    for checkpoint, source, step in (("epoch-000.safetensors", "step-100", 100), ("epoch-001.safetensors", "step-200", 200)):
+    for checkpoint, source, step in (
+        ("epoch-000.safetensors", "step-100", 100),
+        ("epoch-001.safetensors", "step-200", 200),
+    ):
         ours, metadata = _adapter(imported, checkpoint)
         assert isinstance(ours, HFCausalLM) and int(metadata["step"]) == step
         theirs = transformers.AutoModelForCausalLM.from_pretrained(imported / source, dtype=torch.float64).eval()
@@ -96,6 +128,7 @@ def _epoch_products(model, tokens, V):
 
     def loss(x):
         return token_losses(functional_call(model, flat.unflatten(x), (tokens[:, :-1],)), tokens[:, 1:]).mean()
+
     return torch.stack([torch.autograd.functional.hvp(loss, theta, v)[1] for v in V])
 
 
@@ -119,19 +152,47 @@ def test_quadratic_form_engines_refuse_it_by_name(imported, tmp_path):
     with pytest.raises(ValueError, match="only this project's own architectures"):
         check_jet_rules(model)
     with pytest.raises(ValueError, match="only this project's own architectures"):
-        EpochHessian(model.double(), torch.zeros(2, 5, dtype=torch.long), batch_size=2, engine="adjoint",
-                     precision=CPU64)
+        EpochHessian(
+            model.double(), torch.zeros(2, 5, dtype=torch.long), batch_size=2, engine="adjoint", precision=CPU64
+        )
     out = tmp_path / "back"
-    assert main(["--quiet", "export-hf", "--run", str(imported / "runs/neox"), "--checkpoint",
-                 "epoch-001.safetensors", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "export-hf",
+                "--run",
+                str(imported / "runs/neox"),
+                "--checkpoint",
+                "epoch-001.safetensors",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     again = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64).eval()
     original = transformers.AutoModelForCausalLM.from_pretrained(imported / "step-200", dtype=torch.float64).eval()
-    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), original.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(again.state_dict().values(), original.state_dict().values(), strict=True)
+    )
 
 
 def test_the_step_is_read_from_a_trainers_state_when_not_given(imported, tmp_path):
     (imported / "step-200/trainer_state.json").write_text(json.dumps({"global_step": 200, "epoch": 1.0}))
-    assert main(["--quiet", "import-hf", str(imported / "step-200"), "--run-dir", str(tmp_path / "run"),
-                 "--config", str(imported / "run.yaml")]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "import-hf",
+                str(imported / "step-200"),
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--config",
+                str(imported / "run.yaml"),
+            ]
+        )
+        == 0
+    )
     assert load_weights(tmp_path / "run/epoch-000.safetensors")[1]["step"] == "200"
     (imported / "step-200/trainer_state.json").unlink()

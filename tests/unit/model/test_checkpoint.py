@@ -34,7 +34,7 @@ def test_weights_round_trip_with_metadata(tmp_path, tiny_model_config):
     assert state_hash(state) == state_hash(model.state_dict())
     other = Llama(tiny_model_config)
     load_model_weights(other, tmp_path / "w.safetensors")
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values(), strict=True))
 
 
 def test_truncated_safetensors_is_refused(tmp_path, tiny_model_config):
@@ -76,9 +76,13 @@ def test_strict_check_names_every_problem(tiny_model_config):
     with pytest.raises(ValueError) as error:
         check_state_dict(model, state, source="epoch-001.safetensors")
     message = str(error.value)
-    for part in ("epoch-001.safetensors does not match the model", "missing tensors ['norm.weight']",
-                 "unexpected tensors ['extra.weight']", "tok_embeddings.weight: shape (3, 3), expected (16, 8)",
-                 "layers.0.attention.wq.weight: 64 non-finite values"):
+    for part in (
+        "epoch-001.safetensors does not match the model",
+        "missing tensors ['norm.weight']",
+        "unexpected tensors ['extra.weight']",
+        "tok_embeddings.weight: shape (3, 3), expected (16, 8)",
+        "layers.0.attention.wq.weight: 64 non-finite values",
+    ):
         assert part in message
 
 
@@ -86,7 +90,9 @@ def test_state_hash_sees_every_bit():
     a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
     b = {"b": torch.tensor([0.5]), "w": torch.tensor([1.0, 2.0])}
     assert state_hash(a) == state_hash(b)
-    assert state_hash(a) != state_hash({**a, "w": torch.tensor([1.0, torch.nextafter(torch.tensor(2.0), torch.tensor(3.0))])})
+    assert state_hash(a) != state_hash(
+        {**a, "w": torch.tensor([1.0, torch.nextafter(torch.tensor(2.0), torch.tensor(3.0))])}
+    )
     assert state_hash(a) != state_hash({**a, "w": a["w"].double()})
     assert state_hash(a) != state_hash({"v": a["w"], "b": a["b"]})
 

@@ -6,6 +6,15 @@ import functools
 
 import pytest
 import torch
+from conftest import JET_K as K
+from conftest import (
+    check_module_jet,
+    check_whole_model_jet,
+    dense_epoch_hessian,
+    jet_generator,
+    jet_randn,
+    reference_jet,
+)
 
 from tiny_llm.config import ModelConfig, config_from_dict
 from tiny_llm.curvature.hessian import EpochHessian, Precision
@@ -14,13 +23,8 @@ from tiny_llm.model.gpt2 import GPT2, gelu, gelu_jet
 from tiny_llm.model.jets import Jet
 from tiny_llm.model.llama import Llama, check_jet_rules, count_parameters
 
-from conftest import JET_K as K
-from conftest import (check_module_jet, check_whole_model_jet, dense_epoch_hessian, jet_generator, jet_randn,
-                      reference_jet)
-
 CPU64 = Precision(torch.device("cpu"), torch.float64)
-GPT2_MODEL = ModelConfig(architecture="gpt2", vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16,
-                         max_seq_len=8)
+GPT2_MODEL = ModelConfig(architecture="gpt2", vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8)
 
 
 def _model(tie=True, seed=0, scale=0.3):
@@ -37,8 +41,9 @@ def _model(tie=True, seed=0, scale=0.3):
 @pytest.mark.parametrize("second_order_input", [True, False])
 def test_layernorm_rule(second_order_input):
     x0 = jet_randn(2, 5, 8, seed=2)
-    check_module_jet(_model().layers[0].attention_norm, lambda m, x, j: m.jet(x, j), x0,
-                     second_order_input=second_order_input)
+    check_module_jet(
+        _model().layers[0].attention_norm, lambda m, x, j: m.jet(x, j), x0, second_order_input=second_order_input
+    )
 
 
 def test_gelu_rule_and_formula():

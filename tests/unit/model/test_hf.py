@@ -8,12 +8,21 @@ import torch
 import transformers  # installed by make test (envs/requirements.txt): these tests never skip
 
 from tiny_llm.config import ModelConfig
-from tiny_llm.model.hf import read_hf, write_hf
 from tiny_llm.model.gpt2 import GPT2
+from tiny_llm.model.hf import read_hf, write_hf
 from tiny_llm.model.llama import Llama
 
-SHAPE = dict(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=4, max_position_embeddings=12, rms_norm_eps=1e-6, rope_theta=500.0)
+SHAPE = dict(
+    vocab_size=40,
+    hidden_size=16,
+    intermediate_size=24,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=12,
+    rms_norm_eps=1e-6,
+    rope_theta=500.0,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -29,11 +38,14 @@ def float64_transformers(monkeypatch):
 
     def rotary(self, x, position_ids):
         dim = self.inv_freq.numel() * 2
-        inv_freq = 1.0 / (self.config.rope_parameters["rope_theta"]
-                          ** (torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim))
+        inv_freq = 1.0 / (
+            self.config.rope_parameters["rope_theta"]
+            ** (torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim)
+        )
         freqs = position_ids[..., None].double() * inv_freq
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
     monkeypatch.setattr(llama.LlamaRMSNorm, "forward", norm)
     monkeypatch.setattr(llama.LlamaRotaryEmbedding, "forward", rotary)
 
@@ -91,15 +103,37 @@ def _assert_exported_exactly(out, config, model, hf_class):
 @pytest.mark.parametrize("tied", [True, False])
 def test_imported_llama_gives_transformers_logits(tmp_path, tied):
     hf, path = _hf_model(tmp_path, tied)
-    _assert_imported_exactly(path, hf, ModelConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4, d_ff=24,
-                                                   max_seq_len=12, rope_theta=500.0, norm_eps=1e-6,
-                                                   tie_embeddings=tied), Llama)
+    _assert_imported_exactly(
+        path,
+        hf,
+        ModelConfig(
+            vocab_size=40,
+            d_model=16,
+            n_layers=2,
+            n_heads=4,
+            d_ff=24,
+            max_seq_len=12,
+            rope_theta=500.0,
+            norm_eps=1e-6,
+            tie_embeddings=tied,
+        ),
+        Llama,
+    )
 
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_exported_llama_gives_our_logits_in_transformers_and_round_trips_exactly(tmp_path, tied):
-    config = ModelConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4, d_ff=24, max_seq_len=12,
-                         rope_theta=500.0, norm_eps=1e-6, tie_embeddings=tied)
+    config = ModelConfig(
+        vocab_size=40,
+        d_model=16,
+        n_layers=2,
+        n_heads=4,
+        d_ff=24,
+        max_seq_len=12,
+        rope_theta=500.0,
+        norm_eps=1e-6,
+        tie_embeddings=tied,
+    )
     torch.manual_seed(4)
     model = Llama(config, attention_backend="reference").double()
     _assert_exported_exactly(tmp_path / "out", config, model, "LlamaForCausalLM")
@@ -107,12 +141,15 @@ def test_exported_llama_gives_our_logits_in_transformers_and_round_trips_exactly
         write_hf(tmp_path / "out", config, model.state_dict())
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"num_key_value_heads": 2}, "num_key_value_heads=2 cannot be represented here (grouped-query attention"),
-    ({"attention_bias": True}, "attention_bias=True cannot be represented here (biases"),
-    ({"hidden_act": "gelu"}, "hidden_act='gelu' cannot be represented here"),
-    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "cannot be represented here (RoPE scaling"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"num_key_value_heads": 2}, "num_key_value_heads=2 cannot be represented here (grouped-query attention"),
+        ({"attention_bias": True}, "attention_bias=True cannot be represented here (biases"),
+        ({"hidden_act": "gelu"}, "hidden_act='gelu' cannot be represented here"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "cannot be represented here (RoPE scaling"),
+    ],
+)
 def test_configurations_our_llama_cannot_represent_are_refused(tmp_path, changes, message):
     _, path = _hf_model(tmp_path, True, **changes)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
@@ -120,8 +157,11 @@ def test_configurations_our_llama_cannot_represent_are_refused(tmp_path, changes
 
 
 def test_only_local_safetensors_directories_are_read(tmp_path):
-    with pytest.raises(ValueError, match=r"meta-llama/Llama-3.2-1B is not a local directory; it looks like a hub id: "
-                                         r"fetch it first \(huggingface-cli download"):
+    with pytest.raises(
+        ValueError,
+        match=r"meta-llama/Llama-3.2-1B is not a local directory; it looks like a hub id: "
+        r"fetch it first \(huggingface-cli download",
+    ):
         read_hf("meta-llama/Llama-3.2-1B")
     _, path = _hf_model(tmp_path, True)
     (path / "model.safetensors").unlink()
@@ -145,8 +185,24 @@ def test_import_and_export_through_the_command_line(tmp_path, capsys):
 
     hf, path = _hf_model(tmp_path, False)
     run = tmp_path / "runs/imported"
-    assert main(["--quiet", "import-hf", str(path), "--run-dir", str(run), "--set", "data.seq_len=12",
-                 "--step", "300", "--tokens", "9600"]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "import-hf",
+                str(path),
+                "--run-dir",
+                str(run),
+                "--set",
+                "data.seq_len=12",
+                "--step",
+                "300",
+                "--tokens",
+                "9600",
+            ]
+        )
+        == 0
+    )
     config = load_config(run / "resolved.yaml")
     assert config.model.d_model == 16 and config.data.seq_len == 12
     state, metadata = load_weights(run / "epoch-000.safetensors")
@@ -154,8 +210,21 @@ def test_import_and_export_through_the_command_line(tmp_path, capsys):
     imported = json.loads((run / "imported.json").read_text())["checkpoints"]
     assert [c["checkpoint"] for c in imported] == ["epoch-000.safetensors"] and imported[0]["step"] == 300
     assert imported[0]["files"].keys() >= {"config.json", "model.safetensors"}
-    assert main(["--quiet", "export-hf", "--run", str(run), "--checkpoint", "epoch-000.safetensors",
-                 "--out", str(tmp_path / "back")]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "export-hf",
+                "--run",
+                str(run),
+                "--checkpoint",
+                "epoch-000.safetensors",
+                "--out",
+                str(tmp_path / "back"),
+            ]
+        )
+        == 0
+    )
     original, back = load_file(path / "model.safetensors"), load_file(tmp_path / "back/model.safetensors")
     assert original.keys() == back.keys() and all(torch.equal(original[k], back[k]) for k in original)
     capsys.readouterr()
@@ -165,8 +234,18 @@ def test_import_and_export_through_the_command_line(tmp_path, capsys):
     assert "holds an import already; import into a new run directory" in capsys.readouterr().err
 
 
-GPT2_SHAPE = dict(vocab_size=40, n_embd=16, n_inner=40, n_layer=2, n_head=4, n_positions=12, layer_norm_epsilon=1e-5,
-                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+GPT2_SHAPE = dict(
+    vocab_size=40,
+    n_embd=16,
+    n_inner=40,
+    n_layer=2,
+    n_head=4,
+    n_positions=12,
+    layer_norm_epsilon=1e-5,
+    resid_pdrop=0.0,
+    embd_pdrop=0.0,
+    attn_pdrop=0.0,
+)
 GPT2_CONFIG = dict(architecture="gpt2", vocab_size=40, d_model=16, n_layers=2, n_heads=4, d_ff=40, max_seq_len=12)
 
 
@@ -202,11 +281,14 @@ def test_exported_gpt2_gives_our_logits_in_transformers_and_round_trips_exactly(
     _assert_exported_exactly(tmp_path / "out", config, model, "GPT2LMHeadModel")
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"activation_function": "relu"}, "activation_function='relu' cannot be represented here (need gelu_new"),
-    ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True cannot be represented here"),
-    ({"scale_attn_weights": False}, "scale_attn_weights=False cannot be represented here"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"activation_function": "relu"}, "activation_function='relu' cannot be represented here (need gelu_new"),
+        ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True cannot be represented here"),
+        ({"scale_attn_weights": False}, "scale_attn_weights=False cannot be represented here"),
+    ],
+)
 def test_configurations_our_gpt2_cannot_represent_are_refused(tmp_path, changes, message):
     _, path = _hf_gpt2(tmp_path, True, **changes)
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):

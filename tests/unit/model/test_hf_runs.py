@@ -21,7 +21,7 @@ from tiny_llm.cli import main
 from tiny_llm.config import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hf_suites import BATCH, SEQ, corpus_text, make_suite, run_config_text  # noqa: E402
+from hf_suites import BATCH, SEQ, corpus_text, make_suite, run_config_text
 
 
 @pytest.fixture(scope="module")
@@ -49,30 +49,48 @@ def _refused(capsys, argv, *fragments):
     return err
 
 
-def test_a_trainer_suite_imports_with_its_steps_tokens_and_tokenizer_and_nothing_it_did_not_have(suites, project,
-                                                                                                 caplog):
+def test_a_trainer_suite_imports_with_its_steps_tokens_and_tokenizer_and_nothing_it_did_not_have(
+    suites, project, caplog
+):
     neox = [str(p) for p in suites["neox"]]
     assert main(["--quiet", "import-hf", *neox, "--run-dir", "runs/neox", "--config", "run.yaml"]) == 0
     record = json.loads(Path("runs/neox/imported.json").read_text())
     assert record["complete"] and record["architecture"] == "hf"
     assert [(c["step"], c["tokens"], c["tokens_source"]) for c in record["checkpoints"]] == [
-        (s, s * BATCH * SEQ, "trainer_state.json num_input_tokens_seen") for s in (2, 4, 6)]
+        (s, s * BATCH * SEQ, "trainer_state.json num_input_tokens_seen") for s in (2, 4, 6)
+    ]
     assert record["tokenizer"]["type"] == "huggingface"
     assert set(record["tokenizer"]["files"]) == {"tokenizer.json", "tokenizer_config.json"}  # not the weights
     assert sorted(p.name for p in Path("runs/neox/tokenizer").iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
     text = Path("runs/neox/resolved.yaml").read_text()
     assert "lr:" not in text and "weight_decay" not in text and "grad_clip" not in text and "batch_size: 4" in text
     from tiny_llm.model.checkpoint import load_weights
+
     _, metadata = load_weights(Path("runs/neox/epoch-002.safetensors"))
-    assert metadata["source"] == "checkpoint-6" and metadata["step"] == "6" and metadata["tokens"] == str(6 * BATCH * SEQ)
+    assert (
+        metadata["source"] == "checkpoint-6" and metadata["step"] == "6" and metadata["tokens"] == str(6 * BATCH * SEQ)
+    )
     # Llama without num_input_tokens_seen: tokens derived from the step when told how, else unknown (a warning)
     llama = [str(p) for p in suites["llama"]]
-    assert main(["--quiet", "import-hf", *llama, "--run-dir", "runs/derived", "--config", "run.yaml",
-                 "--tokens-per-step", "96"]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "import-hf",
+                *llama,
+                "--run-dir",
+                "runs/derived",
+                "--config",
+                "run.yaml",
+                "--tokens-per-step",
+                "96",
+            ]
+        )
+        == 0
+    )
     record = json.loads(Path("runs/derived/imported.json").read_text())
     assert record["architecture"] == "llama"
-    assert [(c["tokens"], c["tokens_source"]) for c in record["checkpoints"]][0] == (
-        192, "step x tokens_per_step (96)")
+    assert [(c["tokens"], c["tokens_source"]) for c in record["checkpoints"]][0] == (192, "step x tokens_per_step (96)")
     caplog.clear()
     assert main(["import-hf", *llama, "--run-dir", "runs/unknown", "--config", "run.yaml"]) == 0
     assert "training tokens unknown for" in caplog.text and "train_batch_size 4 per device" in caplog.text
@@ -102,7 +120,7 @@ def _corrupt(kind, path: Path):
     elif kind == "tokenizer-corrupt":
         (path / "tokenizer.json").write_text((path / "tokenizer.json").read_text()[:100])
     elif kind == "trainer-state-corrupt":
-        (path / "trainer_state.json").write_text("{\"global_step\": ")
+        (path / "trainer_state.json").write_text('{"global_step": ')
     elif kind == "tokenizer-other":
         other = json.loads((path / "tokenizer.json").read_text())
         other["model"]["vocab"] = {k: v for k, v in list(other["model"]["vocab"].items())[:-1]}
@@ -111,20 +129,24 @@ def _corrupt(kind, path: Path):
 
 
 @pytest.mark.parametrize("architecture", ["neox", "llama"])
-@pytest.mark.parametrize("kind, fragments", [
-    ("config-not-json", ["config.json is not valid JSON"]),
-    ("config-truncated", ["config.json is not valid JSON"]),
-    ("config-not-object", ["config.json holds a JSON list, not an object"]),
-    ("config-vocab", ["config.json", "vocab_size"]),
-    ("weights-truncated", ["model.safetensors"]),
-    ("weights-shape", ["checkpoint-4"]),
-    ("weights-nan", ["checkpoint-4", "non-finite"]),
-    ("tokenizer-corrupt", ["tokenizer.json"]),
-    ("trainer-state-corrupt", ["trainer_state.json is not valid JSON"]),
-    ("tokenizer-other", ["carry different tokenizers"]),
-])
-def test_a_bad_checkpoint_is_refused_in_one_line_and_nothing_is_written(suites, project, capsys, architecture, kind,
-                                                                       fragments):
+@pytest.mark.parametrize(
+    "kind, fragments",
+    [
+        ("config-not-json", ["config.json is not valid JSON"]),
+        ("config-truncated", ["config.json is not valid JSON"]),
+        ("config-not-object", ["config.json holds a JSON list, not an object"]),
+        ("config-vocab", ["config.json", "vocab_size"]),
+        ("weights-truncated", ["model.safetensors"]),
+        ("weights-shape", ["checkpoint-4"]),
+        ("weights-nan", ["checkpoint-4", "non-finite"]),
+        ("tokenizer-corrupt", ["tokenizer.json"]),
+        ("trainer-state-corrupt", ["trainer_state.json is not valid JSON"]),
+        ("tokenizer-other", ["carry different tokenizers"]),
+    ],
+)
+def test_a_bad_checkpoint_is_refused_in_one_line_and_nothing_is_written(
+    suites, project, capsys, architecture, kind, fragments
+):
     copies = []
     for path in suites[architecture][:2]:
         shutil.copytree(path, project / "in" / path.name)
@@ -202,44 +224,115 @@ def test_a_cache_of_another_tokenizer_is_refused_before_any_work(suites, project
     (project / "corpus.txt").write_text(corpus_text())
     neox = [str(p) for p in suites["neox"]]
     assert main(["--quiet", "import-hf", *neox, "--run-dir", "runs/neox", "--config", "run.yaml"]) == 0
-    analysis = ["analyze-state", "--run", "runs/neox", "--checkpoint", "epoch-000.safetensors", "--case", "offset",
-                "--output", "out/r.json", "--device", "cpu", "--dtype", "float64", "--engine", "double_backward",
-                "--noise-samples", "2", "--random-samples", "2", "--directions-per-pass", "2"]
+    analysis = [
+        "analyze-state",
+        "--run",
+        "runs/neox",
+        "--checkpoint",
+        "epoch-000.safetensors",
+        "--case",
+        "offset",
+        "--output",
+        "out/r.json",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float64",
+        "--engine",
+        "double_backward",
+        "--noise-samples",
+        "2",
+        "--random-samples",
+        "2",
+        "--directions-per-pass",
+        "2",
+    ]
     # bytes
     assert main(["--quiet", "prepare-data", "--config", "run.yaml", "--source", "text", "corpus.txt"]) == 0
     _refused(capsys, analysis, "came with the tokenizer", "was encoded with bytes", "--tokenizer")
     assert not Path("out").exists()
     # another BPE
     from hf_suites import train_tokenizer
+
     train_tokenizer(project / "other", corpus_text(seed=9), vocab_size=290)
     shutil.rmtree("cache")
-    assert main(["--quiet", "prepare-data", "--config", "run.yaml", "--source", "text", "--tokenizer", "other",
-                 "corpus.txt"]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "prepare-data",
+                "--config",
+                "run.yaml",
+                "--source",
+                "text",
+                "--tokenizer",
+                "other",
+                "corpus.txt",
+            ]
+        )
+        == 0
+    )
     _refused(capsys, analysis, "came with the tokenizer", "was encoded with the tokenizer", "other")
     # their own: measured (a seen analysis is refused for an imported run)
     shutil.rmtree("cache")
-    assert main(["--quiet", "prepare-data", "--config", "run.yaml", "--source", "text", "--tokenizer", neox[0],
-                 "corpus.txt"]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "prepare-data",
+                "--config",
+                "run.yaml",
+                "--source",
+                "text",
+                "--tokenizer",
+                neox[0],
+                "corpus.txt",
+            ]
+        )
+        == 0
+    )
     assert main(["--quiet", *analysis]) == 0
-    _refused(capsys, [*analysis[:6], "seen", *analysis[7:8], "out/seen.json", *analysis[9:]], "seen and unseen do not "
-             "apply")
+    _refused(
+        capsys, [*analysis[:6], "seen", *analysis[7:8], "out/seen.json", *analysis[9:]], "seen and unseen do not apply"
+    )
 
 
 def test_prepare_data_refuses_a_tokenizer_larger_than_the_model(suites, project, capsys):
     (project / "corpus.txt").write_text(corpus_text(2000))
-    _refused(capsys, ["prepare-data", "--config", "run.yaml", "--set", "model.vocab_size=256", "--source", "text",
-                      "--tokenizer", str(suites["neox"][0]), "corpus.txt"], "exceeds the model.vocab_size")
+    _refused(
+        capsys,
+        [
+            "prepare-data",
+            "--config",
+            "run.yaml",
+            "--set",
+            "model.vocab_size=256",
+            "--source",
+            "text",
+            "--tokenizer",
+            str(suites["neox"][0]),
+            "corpus.txt",
+        ],
+        "exceeds the model.vocab_size",
+    )
     (project / "empty").mkdir()
-    _refused(capsys, ["prepare-data", "--config", "run.yaml", "--source", "text", "--tokenizer", "empty",
-                      "corpus.txt"], "has no tokenizer.json")
+    _refused(
+        capsys,
+        ["prepare-data", "--config", "run.yaml", "--source", "text", "--tokenizer", "empty", "corpus.txt"],
+        "has no tokenizer.json",
+    )
     assert not Path("cache").exists()
 
 
 def test_an_export_carries_its_tokenizer_and_generates_text_in_transformers(suites, project, tmp_path):
     neox = [str(p) for p in suites["neox"]]
     assert main(["--quiet", "import-hf", *neox, "--run-dir", "runs/neox", "--config", "run.yaml"]) == 0
-    assert main(["--quiet", "export-hf", "--run", "runs/neox", "--checkpoint", "epoch-002.safetensors",
-                 "--out", "hf/neox"]) == 0
+    assert (
+        main(
+            ["--quiet", "export-hf", "--run", "runs/neox", "--checkpoint", "epoch-002.safetensors", "--out", "hf/neox"]
+        )
+        == 0
+    )
     tokenizer = transformers.AutoTokenizer.from_pretrained("hf/neox")
     ids = tokenizer("ada sees the red cat", return_tensors="pt").input_ids
     assert ids.numel() > 0
@@ -255,18 +348,36 @@ def test_a_byte_level_export_opens_as_a_tokenizer_whose_ids_are_the_bytes(projec
     from tiny_llm.model.checkpoint import save_weights
     from tiny_llm.model.llama import Llama
 
-    config = config_from_dict({"model": {"max_seq_len": 16}, "data": {"cache": "cache/bytes", "seq_len": 12,
-                                                                       "shuffle_group_blocks": 4},
-                               "training": {"batch_size": 4, "micro_batch_size": 4, "tokens": 96, "epochs": 1}})
+    config = config_from_dict(
+        {
+            "model": {"max_seq_len": 16},
+            "data": {"cache": "cache/bytes", "seq_len": 12, "shuffle_group_blocks": 4},
+            "training": {"batch_size": 4, "micro_batch_size": 4, "tokens": 96, "epochs": 1},
+        }
+    )
     (project / "text.txt").write_text(corpus_text(4000))
     prepare_source_cache(config.data, "text", [project / "text.txt"])
     Path("runs/bytes").mkdir(parents=True)
     from tiny_llm.config import dump_config
+
     Path("runs/bytes/resolved.yaml").write_text(dump_config(config))
     torch.manual_seed(0)
     save_weights("runs/bytes/epoch-000.safetensors", Llama(config.model).state_dict(), {"step": 0, "tokens": 0})
-    assert main(["--quiet", "export-hf", "--run", "runs/bytes", "--checkpoint", "epoch-000.safetensors",
-                 "--out", "hf/bytes"]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "export-hf",
+                "--run",
+                "runs/bytes",
+                "--checkpoint",
+                "epoch-000.safetensors",
+                "--out",
+                "hf/bytes",
+            ]
+        )
+        == 0
+    )
     tokenizer = transformers.AutoTokenizer.from_pretrained("hf/bytes")
     text = "ada sees 12 + 3 = 15.\n\tdone ö"
     ids = tokenizer(text, add_special_tokens=False).input_ids
@@ -279,11 +390,27 @@ def test_a_byte_level_export_opens_as_a_tokenizer_whose_ids_are_the_bytes(projec
 def test_a_half_made_directory_and_an_unfinished_record_are_named(project, suites, capsys):
     Path("runs/old").mkdir(parents=True)
     Path("runs/old/epoch-000.safetensors").write_bytes(b"x")
-    _refused(capsys, ["import-hf", str(suites["neox"][0]), "--run-dir", "runs/old", "--config", "run.yaml"],
-             "half-made import")
+    _refused(
+        capsys,
+        ["import-hf", str(suites["neox"][0]), "--run-dir", "runs/old", "--config", "run.yaml"],
+        "half-made import",
+    )
     Path("runs/half").mkdir()
     Path("runs/half/imported.json").write_text(json.dumps({"complete": False, "architecture": "hf"}))
     Path("runs/half/resolved.yaml").write_text(run_config_text())
-    _refused(capsys, ["analyze-state", "--run", "runs/half", "--checkpoint", "epoch-000.safetensors", "--case",
-                      "offset", "--output", "out/r.json"], "the import did not finish")
+    _refused(
+        capsys,
+        [
+            "analyze-state",
+            "--run",
+            "runs/half",
+            "--checkpoint",
+            "epoch-000.safetensors",
+            "--case",
+            "offset",
+            "--output",
+            "out/r.json",
+        ],
+        "the import did not finish",
+    )
     assert load_config("run.yaml").training.batch_size == BATCH and os.path.exists("run.yaml")

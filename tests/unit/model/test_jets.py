@@ -5,6 +5,12 @@ import math
 
 import pytest
 import torch
+from conftest import JET_K as K
+from conftest import check_module_jet as _check_module_jet
+from conftest import check_whole_model_jet
+from conftest import jet_generator as _gen
+from conftest import jet_randn as _randn
+from conftest import reference_jet as _reference_jet
 from torch import nn
 
 from tiny_llm.config import ModelConfig
@@ -22,13 +28,6 @@ from tiny_llm.model.llama import (
     silu_jet,
 )
 
-from conftest import JET_K as K
-from conftest import check_whole_model_jet
-from conftest import check_module_jet as _check_module_jet
-from conftest import jet_generator as _gen
-from conftest import jet_randn as _randn
-from conftest import reference_jet as _reference_jet
-
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 MODEL = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8)
 
@@ -37,16 +36,18 @@ MODEL = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, ma
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_rule(second_order_input, bias):
     x0 = _randn(2, 5, 4, seed=1)
-    _check_module_jet(nn.Linear(4, 6, bias=bias), lambda m, x, j: linear_jet(x, m, j), x0,
-                      second_order_input=second_order_input)
+    _check_module_jet(
+        nn.Linear(4, 6, bias=bias), lambda m, x, j: linear_jet(x, m, j), x0, second_order_input=second_order_input
+    )
 
 
 @pytest.mark.parametrize("second_order_input", [True, False])
 def test_rmsnorm_rule(second_order_input):
     model = Llama(MODEL)
     x0 = _randn(2, 5, 8, seed=2)
-    _check_module_jet(model.layers[0].attention_norm, lambda m, x, j: m.jet(x, j), x0,
-                      second_order_input=second_order_input)
+    _check_module_jet(
+        model.layers[0].attention_norm, lambda m, x, j: m.jet(x, j), x0, second_order_input=second_order_input
+    )
 
 
 def test_attention_rule():
@@ -62,6 +63,7 @@ def test_attention_rule():
 
         def forward(self, x):
             return self.inner(x, cos, sin)
+
     _check_module_jet(WithRope(), lambda m, x, j: attention.jet(x, cos, sin, j), x0)
 
 
@@ -79,6 +81,7 @@ def test_feed_forward_and_block_rules():
 
         def forward(self, x):
             return self.inner(x, cos, sin)
+
     _check_module_jet(WithRope(), lambda m, x, j: block.jet(x, cos, sin, j), x0, seed=7)
 
 
@@ -87,9 +90,13 @@ def test_attention_core_silu_and_embedding_rules():
     q1, k1, v1, q2, k2, v2 = (_randn(K, 2, 2, 5, 4, seed=s) for s in range(13, 19))
     out = reference_attention_jet(Jet(q0, q1, q2), Jet(k0, k1, k2), Jet(v0, v1, v2), JetPass({}), key=None)
     for k in range(K):
-        def f(t, _):
-            path = [a + t * b + 0.5 * t * t * c for a, b, c in ((q0, q1[k], q2[k]), (k0, k1[k], k2[k]), (v0, v1[k], v2[k]))]
+
+        def f(t, _, k=k):
+            path = [
+                a + t * b + 0.5 * t * t * c for a, b, c in ((q0, q1[k], q2[k]), (k0, k1[k], k2[k]), (v0, v1[k], v2[k]))
+            ]
             return reference_attention(*path)
+
         y1, y2 = _reference_jet(f, q0, q1[k], q2[k])
         torch.testing.assert_close(out.z1[k], y1, rtol=0, atol=1e-12)
         torch.testing.assert_close(out.z2[k], y2, rtol=0, atol=1e-12)

@@ -23,9 +23,10 @@ def _flat_loss(model, inputs, targets):
     sizes = [p.numel() for _, p in model.named_parameters()]
 
     def loss(flat):
-        params = {n: t.view(s) for n, t, s in zip(names, flat.split(sizes), shapes)}
+        params = {n: t.view(s) for n, t, s in zip(names, flat.split(sizes), shapes, strict=True)}
         losses = token_losses(functional_call(model, params, (inputs,)), targets)
         return losses.sum() / (targets != IGNORE_INDEX).sum()
+
     return loss
 
 
@@ -51,7 +52,7 @@ def test_hvp_equals_explicit_hessian(tiny_model_config):
     params = tuple(model.parameters())
     gradient = torch.autograd.grad(loss, params, create_graph=True)
     direction = v.split([p.numel() for p in params])
-    directional = sum((g * d.view_as(g)).sum() for g, d in zip(gradient, direction))
+    directional = sum((g * d.view_as(g)).sum() for g, d in zip(gradient, direction, strict=True))
     hvp = torch.cat([h.flatten() for h in torch.autograd.grad(directional, params)])
     assert torch.allclose(hvp, H @ v, rtol=0, atol=1e-10)
     assert (H @ v).abs().max() > 1e-3  # a non-trivial product

@@ -13,8 +13,9 @@ from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, Notes, _curves, _st
 
 def _write(tmp_path, consensus=False):
     rows = []
-    for i, (file, tokens) in enumerate([("epoch-000.safetensors", 0), ("epoch-001.safetensors", 10),
-                                        ("epoch-002.safetensors", 20), ("final.pt", 20)]):
+    for i, (file, tokens) in enumerate(
+        [("epoch-000.safetensors", 0), ("epoch-001.safetensors", 10), ("epoch-002.safetensors", 20), ("final.pt", 20)]
+    ):
         for case in ("seen", "unseen"):
             value = {"normalized_alignment": [-0.5, 1.0, 2.0, 2.0][i], "b_noise": ["", 3.0, 4.0, 4.0][i]}
             row = {c: 0.05 if c.endswith("_se") else 1.0 + i for c in SUMMARY_COLUMNS}
@@ -23,13 +24,22 @@ def _write(tmp_path, consensus=False):
                 row.update({c: "" for c in SUMMARY_COLUMNS if c.startswith("consensus")})
             rows.append(row)
     pd.DataFrame(rows, columns=SUMMARY_COLUMNS).to_csv(tmp_path / "summary.csv", index=False)
-    (tmp_path / "train-log.jsonl").write_text("".join(json.dumps({"tokens": t, "grad_norm": 1.0 / (t + 1)}) + "\n"
-                                                      for t in range(0, 21, 5)))
-    (tmp_path / "manifest.json").write_text(json.dumps({
-        "analysis": "my-analysis", "consensus": consensus, "packed": consensus, "run": str(tmp_path),
-        "settings": {"dtype": "float32", "amp": True, "noise_samples": None, "random_samples": 7},
-        "batch_sizes": {case: {"effective_batch_size": 16, "epoch_batches": 8} for case in ("seen", "unseen")},
-        "audit": {"audited_rows": 6 if consensus else 0}}))
+    (tmp_path / "train-log.jsonl").write_text(
+        "".join(json.dumps({"tokens": t, "grad_norm": 1.0 / (t + 1)}) + "\n" for t in range(0, 21, 5))
+    )
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "analysis": "my-analysis",
+                "consensus": consensus,
+                "packed": consensus,
+                "run": str(tmp_path),
+                "settings": {"dtype": "float32", "amp": True, "noise_samples": None, "random_samples": 7},
+                "batch_sizes": {case: {"effective_batch_size": 16, "epoch_batches": 8} for case in ("seen", "unseen")},
+                "audit": {"audited_rows": 6 if consensus else 0},
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("consensus", [False, True])
@@ -77,6 +87,7 @@ def test_figures_explain_themselves(tmp_path, monkeypatch):
         paths = original(fig, ax, out_dir, name, *args, **kwargs)
         figures[name] = fig
         return paths
+
     monkeypatch.setattr(plots, "_finish", spy)
     plot_analysis(tmp_path)
     for name, fig in figures.items():
@@ -86,8 +97,9 @@ def test_figures_explain_themselves(tmp_path, monkeypatch):
         legend = fig.legends[0].get_window_extent()
         assert all(legend.y1 <= ax.get_window_extent().y0 for ax in fig.axes), name  # below every axes
     batch = figures["batch_sizes"].axes[0]
-    assert any(line.get_label() == "training batch B = 16" and set(line.get_ydata()) == {16}
-               for line in batch.get_lines())
+    assert any(
+        line.get_label() == "training batch B = 16" and set(line.get_ydata()) == {16} for line in batch.get_lines()
+    )
     title = " ".join(batch.get_title(loc="left").split())
     assert "null, omitted: B_noise (critical) (seen) ×1" in title and title.endswith("(B_noise is null where ḡᵀHḡ ≤ 0)")
     norms = figures["gradient_norms"].axes[0]
@@ -114,9 +126,13 @@ def test_the_x_axis_is_tokens_when_known_else_steps_in_engineering_notation(tmp_
     def spy(fig, ax, out_dir, name, *args, **kwargs):
         paths = original(fig, ax, out_dir, name, *args, **kwargs)
         fig.canvas.draw()
-        figures[name] = (ax.get_xlabel(), [t.get_text() for t in ax.get_xticklabels()],
-                         " ".join(fig.axes[0].get_title(loc="left").split()))
+        figures[name] = (
+            ax.get_xlabel(),
+            [t.get_text() for t in ax.get_xticklabels()],
+            " ".join(fig.axes[0].get_title(loc="left").split()),
+        )
         return paths
+
     monkeypatch.setattr(plots, "_finish", spy)
     plot_analysis(tmp_path, training_norms=True)
     _, ticks, _ = figures["loss"]

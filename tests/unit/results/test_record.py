@@ -25,10 +25,21 @@ def test_a_foreign_file_is_refused_untouched(tmp_path):
 def test_job_records_say_where_each_result_was_computed():
     requested = {"runtime": 120, "cpus_per_task": 72, "mem_mb": 110000, "gpu": 1, "gpu_model": "gh200", "threads": 72}
     slurm = {"job_id": "42", "node": "n1", "partition": "gpu", "attempt": 2, "restarts": 0, "requested": requested}
-    results = {("k1", "seen"): {"slurm": slurm, "timing": {"wall_seconds": 3.5}},
-               ("k1", "unseen"): {"slurm": None, "timing": {"wall_seconds": 1.0}}}
+    results = {
+        ("k1", "seen"): {"slurm": slurm, "timing": {"wall_seconds": 3.5}},
+        ("k1", "unseen"): {"slurm": None, "timing": {"wall_seconds": 1.0}},
+    }
     jobs = job_records("a", results)
-    assert jobs[0] == {"state": "k1", "case": "seen", "slurm_job_id": "42", "node": "n1", "partition": "gpu",
-                       "attempt": 2, "restarts": 0, "requested": requested, "wall_seconds": 3.5,
-                       "log": "logs/analyze_state/a/k1/seen.log"}
+    assert jobs[0] == {
+        "state": "k1",
+        "case": "seen",
+        "slurm_job_id": "42",
+        "node": "n1",
+        "partition": "gpu",
+        "attempt": 2,
+        "restarts": 0,
+        "requested": requested,
+        "wall_seconds": 3.5,
+        "log": "logs/analyze_state/a/k1/seen.log",
+    }
     assert jobs[1]["slurm_job_id"] is None and jobs[1]["wall_seconds"] == 1.0

@@ -4,7 +4,6 @@ condition holds."""
 import csv
 import json
 
-
 from tiny_llm.cli import main
 from tiny_llm.results.collect import SUMMARY_COLUMNS
 from tiny_llm.results.summarize import summarize
@@ -16,10 +15,16 @@ def _analysis(path, rows, manifest=None, spectrum=None):
         writer = csv.DictWriter(handle, fieldnames=SUMMARY_COLUMNS, restval="")
         writer.writeheader()
         writer.writerows(rows)
-    base = {"analysis": "mine", "run": "runs/mine", "cases": ["seen"], "states": [{}] * len(rows),
-            "precision": {"dtype": "float64", "device": "cpu", "engine": "adjoint"},
-            "batch_sizes": {"seen": {"effective_batch_size": 16}},
-            "audit": {"threshold": 0.01, "exceeded": []}, "data_order_warnings": []}
+    base = {
+        "analysis": "mine",
+        "run": "runs/mine",
+        "cases": ["seen"],
+        "states": [{}] * len(rows),
+        "precision": {"dtype": "float64", "device": "cpu", "engine": "adjoint"},
+        "batch_sizes": {"seen": {"effective_batch_size": 16}},
+        "audit": {"threshold": 0.01, "exceeded": []},
+        "data_order_warnings": [],
+    }
     (path / "manifest.json").write_text(json.dumps({**base, **(manifest or {})}))
     if spectrum:
         with open(path / "spectrum.csv", "w", newline="") as handle:
@@ -30,8 +35,17 @@ def _analysis(path, rows, manifest=None, spectrum=None):
 
 
 def _row(file, **values):
-    return {"file": file, "case": "seen", "tokens": 1024, "loss": 3.25, "noise_curvature": 0.5,
-            "noise_curvature_se": 0.1, "b_noise": 8.0, "b_noise_se": 1.0, **values}
+    return {
+        "file": file,
+        "case": "seen",
+        "tokens": 1024,
+        "loss": 3.25,
+        "noise_curvature": 0.5,
+        "noise_curvature_se": 0.1,
+        "b_noise": 8.0,
+        "b_noise_se": 1.0,
+        **values,
+    }
 
 
 def test_table_shows_values_with_standard_errors_and_no_flags_when_all_is_well(tmp_path):
@@ -43,17 +57,29 @@ def test_table_shows_values_with_standard_errors_and_no_flags_when_all_is_well(t
 
 
 def test_each_flag_is_raised_by_its_condition(tmp_path):
-    rows = [_row("epoch-000.safetensors", noise_curvature=-0.05, noise_curvature_se=0.1),
-            _row("epoch-001.safetensors", b_noise=40.0)]
-    manifest = {"audit": {"threshold": 0.01, "exceeded": [{"file": "epoch-001.safetensors", "case": "seen",
-                                                           "relative_error": 0.07, "statistics": ["b_noise"]}]},
-                "data_order_warnings": ["seen: batches are contiguous passages (...)"]}
+    rows = [
+        _row("epoch-000.safetensors", noise_curvature=-0.05, noise_curvature_se=0.1),
+        _row("epoch-001.safetensors", b_noise=40.0),
+    ]
+    manifest = {
+        "audit": {
+            "threshold": 0.01,
+            "exceeded": [
+                {"file": "epoch-001.safetensors", "case": "seen", "relative_error": 0.07, "statistics": ["b_noise"]}
+            ],
+        },
+        "data_order_warnings": ["seen: batches are contiguous passages (...)"],
+    }
     spectrum = [{"file": "epoch-001.safetensors", "case": "seen", "top_converged_1": "False"}]
     text = summarize(_analysis(tmp_path / "a", rows, manifest, spectrum))
     flags = text.split("Flags:\n")[1].splitlines()
-    assert flags[0].startswith("- B_noise exceeds the training batch of 16 in 1 of 2 rows (first: epoch-001.safetensors")
-    assert flags[1].startswith("- noise_curvature is within one standard error of 0 in 1 rows (e.g. "
-                               "epoch-000.safetensors seen): its sign is not known there; raise settings.noise_samples")
+    assert flags[0].startswith(
+        "- B_noise exceeds the training batch of 16 in 1 of 2 rows (first: epoch-001.safetensors"
+    )
+    assert flags[1].startswith(
+        "- noise_curvature is within one standard error of 0 in 1 rows (e.g. "
+        "epoch-000.safetensors seen): its sign is not known there; raise settings.noise_samples"
+    )
     assert flags[2].startswith("- precision audit: in 1 rows a statistic's error exceeds 0.01 (worst 0.07")
     assert flags[3].startswith("- top eigenvalues did not converge in 1 rows (e.g. epoch-001.safetensors seen)")
     assert flags[4] == "- data order: seen: batches are contiguous passages (...)"

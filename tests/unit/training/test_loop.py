@@ -63,31 +63,45 @@ def test_interval_checkpoints_and_metadata(make_config, tmp_path):
     config = make_config()
     train(config, tmp_path / "run")
     names = sorted(p.name for p in (tmp_path / "run").iterdir())
-    assert names == ["epoch-000.safetensors", "epoch-001.safetensors", "epoch-002.safetensors", "final.pt",
-                     "resolved.yaml", "train-log.jsonl"]
+    assert names == [
+        "epoch-000.safetensors",
+        "epoch-001.safetensors",
+        "epoch-002.safetensors",
+        "final.pt",
+        "resolved.yaml",
+        "train-log.jsonl",
+    ]
     _, meta = load_weights(tmp_path / "run" / "epoch-001.safetensors")
     S = config.steps_per_epoch
     assert meta["step"] == str(S) and meta["tokens"] == str(S * config.batch_tokens) and meta["epoch"] == "1"
     assert _equal(_weights(tmp_path / "run" / "epoch-002.safetensors"), _weights(tmp_path / "run" / "final.pt"))
     train(make_config(checkpoint_policy="final"), tmp_path / "final-only")
-    assert sorted(p.name for p in (tmp_path / "final-only").iterdir()) == ["final.pt", "resolved.yaml", "train-log.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "final-only").iterdir()) == [
+        "final.pt",
+        "resolved.yaml",
+        "train-log.jsonl",
+    ]
 
 
 def test_seen_epoch_is_what_training_read(make_config, tmp_path, monkeypatch):
     config = make_config()
     read = []
     original = TokenCache.tokens
-    monkeypatch.setattr(TokenCache, "tokens", lambda self, blocks: (read.append(list(blocks)), original(self, blocks))[1])
+    monkeypatch.setattr(
+        TokenCache, "tokens", lambda self, blocks: (read.append(list(blocks)), original(self, blocks))[1]
+    )
     train(config, tmp_path / "run")
-    assert np.array_equal(np.array(read[:config.steps_per_epoch]), epoch_plan(config, 1).blocks)
-    assert np.array_equal(np.array(read[config.steps_per_epoch:]), epoch_plan(config, 2).blocks)
+    assert np.array_equal(np.array(read[: config.steps_per_epoch]), epoch_plan(config, 1).blocks)
+    assert np.array_equal(np.array(read[config.steps_per_epoch :]), epoch_plan(config, 2).blocks)
 
 
 def test_packed_run_interleaves_and_averages(make_config, tmp_path, monkeypatch):
     config = make_config(tokens=4 * 8 * 4 * 2, packed={"workers": 2, "sync_every": 3})
     read = []
     original = TokenCache.tokens
-    monkeypatch.setattr(TokenCache, "tokens", lambda self, blocks: (read.append(list(blocks)), original(self, blocks))[1])
+    monkeypatch.setattr(
+        TokenCache, "tokens", lambda self, blocks: (read.append(list(blocks)), original(self, blocks))[1]
+    )
     train(config, tmp_path / "run")
     run = tmp_path / "run"
     plan = epoch_plan(config, 1)
@@ -100,7 +114,9 @@ def test_packed_run_interleaves_and_averages(make_config, tmp_path, monkeypatch)
         for name in root:
             torch.testing.assert_close(root[name], (workers[0][name] + workers[1][name]) / 2, rtol=1e-5, atol=1e-7)
     final = load_train_state(run / "final.pt")
-    assert len(final["workers"]) == 2 and _equal(final["workers"][1]["model"], load_file(run / "node-001" / "epoch-002.safetensors"))
+    assert len(final["workers"]) == 2 and _equal(
+        final["workers"][1]["model"], load_file(run / "node-001" / "epoch-002.safetensors")
+    )
     record = json.loads((run / "train-log.jsonl").read_text().splitlines()[0])
     assert record["grad_norm_kind"] == "max_worker_pre_clip" and record["grad_norm"] == max(record["worker_grad_norms"])
 
@@ -131,7 +147,7 @@ def test_accumulation_with_remainder_equals_full_batch_gradient(tiny_model_confi
     full = token_losses(model(tokens[:, :-1]), tokens[:, 1:]).mean()
     full.backward()
     assert float(loss) == pytest.approx(float(full.detach()), abs=1e-14)
-    for a, p in zip(accumulated, model.parameters()):
+    for a, p in zip(accumulated, model.parameters(), strict=True):
         torch.testing.assert_close(a, p.grad, rtol=0, atol=1e-14)
 
 
@@ -145,8 +161,11 @@ def test_learning_rate_schedule(make_config):
 
 def test_cache_too_small_writes_nothing(make_config, tmp_path):
     small = make_config()
-    big = small.__class__(model=small.model, data=small.data,
-                          training=small.training.__class__(**{**small.training.__dict__, "tokens": 10 * small.training.tokens}))
+    big = small.__class__(
+        model=small.model,
+        data=small.data,
+        training=small.training.__class__(**{**small.training.__dict__, "tokens": 10 * small.training.tokens}),
+    )
     with pytest.raises(ValueError, match="prepare a new cache with data.prepare_train_tokens="):
         train(big, tmp_path / "run")
     assert not (tmp_path / "run").exists()
@@ -158,13 +177,14 @@ def test_packed_resume_is_bit_identical(make_config, tmp_path):
     train(config, tmp_path / "split", stop_after_epoch=1)
     train(config, tmp_path / "split")
     full, split = load_train_state(tmp_path / "full" / "final.pt"), load_train_state(tmp_path / "split" / "final.pt")
-    for a, b in zip(full["workers"], split["workers"]):
+    for a, b in zip(full["workers"], split["workers"], strict=True):
         assert _equal(a["model"], b["model"])
     assert _equal(full["model"], split["model"])
 
 
 def test_second_trainer_on_a_run_directory_is_refused(make_config, tmp_path):
     from tiny_llm.io import exclusive
+
     config, run = make_config(), tmp_path / "run"
     run.mkdir()
     with exclusive(run / ".train.lock", "training"):  # as a live trainer holds it
@@ -185,7 +205,9 @@ def test_log_cut_short_by_a_kill_is_repaired_and_a_corrupt_one_refused(make_conf
     log.write_text("\n".join(lines) + '\n{"step": 99, "lo')  # the kill landed inside a write
     train(config, run)
     assert _equal(_weights(run / "final.pt"), _weights(tmp_path / "full" / "final.pt"))
-    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == list(range(1, config.total_batches + 1))
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == list(
+        range(1, config.total_batches + 1)
+    )
 
     bad = tmp_path / "bad"
     train(config, bad, stop_after_epoch=1)
@@ -234,16 +256,28 @@ def test_killed_training_resumes_to_the_files_of_an_uninterrupted_run(make_confi
     import yaml
 
     from tiny_llm.config import config_to_dict
+
     config = make_config(epochs=24, tokens=4 * 8 * 3 * 24)  # 72 steps of ~10 ms
     train(config, tmp_path / "reference")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config_to_dict(config)))
     killed = tmp_path / "killed"
-    command = [sys.executable, "-m", "tiny_llm.cli", "--quiet", "train", "--config", str(tmp_path / "run.yaml"),
-               "--run-dir", str(killed)]
+    command = [
+        sys.executable,
+        "-m",
+        "tiny_llm.cli",
+        "--quiet",
+        "train",
+        "--config",
+        str(tmp_path / "run.yaml"),
+        "--run-dir",
+        str(killed),
+    ]
     log = killed / "train-log.jsonl"
     rng, kills = random.Random(3), 0
+
     def stamp():
         return log.stat().st_mtime_ns if log.exists() else None
+
     for _ in range(6):
         start = stamp()
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -3,11 +3,10 @@
 import shutil
 
 import pytest
+from conftest import make_oracle_run
 
 from tiny_llm.training.loop import train
 from tiny_llm.workers.index import index_states, select_checkpoints
-
-from conftest import make_oracle_run
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +19,13 @@ def run(tmp_path_factory):
 
 def test_all_selects_epochs_in_order_then_final(run):
     names = [p.name for p in select_checkpoints(run, "all")]
-    assert names == ["epoch-000.safetensors", "epoch-001.safetensors", "epoch-002.safetensors",
-                     "epoch-003.safetensors", "final.pt"]
+    assert names == [
+        "epoch-000.safetensors",
+        "epoch-001.safetensors",
+        "epoch-002.safetensors",
+        "epoch-003.safetensors",
+        "final.pt",
+    ]
 
 
 def test_identical_states_become_aliases(run, tmp_path):
@@ -30,8 +34,12 @@ def test_identical_states_become_aliases(run, tmp_path):
     shutil.copy(copy / "epoch-001.safetensors", copy / "epoch-010.safetensors")  # a renamed duplicate
     index = index_states(copy, "all", consensus=True)
     files = [[a["file"] for a in s["aliases"]] for s in index["states"]]
-    assert files == [["epoch-000.safetensors"], ["epoch-001.safetensors", "epoch-010.safetensors"],
-                     ["epoch-002.safetensors"], ["epoch-003.safetensors", "final.pt"]]
+    assert files == [
+        ["epoch-000.safetensors"],
+        ["epoch-001.safetensors", "epoch-010.safetensors"],
+        ["epoch-002.safetensors"],
+        ["epoch-003.safetensors", "final.pt"],
+    ]
     assert [s["aliases"][0]["tokens"] for s in index["states"]] == [0, 54, 108, 162]
     assert index["packed"] is False and index["consensus"] is False
     assert all(s["key"] == s["weights_hash"] for s in index["states"])

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_oracle_run, smallest_budget_gb
 from safetensors.torch import load_file
 from unit.workers.test_state import _dense_hessian
 
@@ -14,11 +15,10 @@ from tiny_llm.training.loop import train
 from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum, spectrum_settings_from_dict
 from tiny_llm.workers.state import AnalysisSettings
 
-from conftest import make_oracle_run, smallest_budget_gb
-
 SETTINGS = AnalysisSettings(noise_samples=2, device="cpu", dtype="float64", directions_per_pass=4)
-SPECTRUM = SpectrumSettings(top_k=2, lanczos_steps=60, slq_vectors=2, slq_steps=8, block_samples=1,
-                            cg_rtol=1e-9, cg_max_iterations=400)
+SPECTRUM = SpectrumSettings(
+    top_k=2, lanczos_steps=60, slq_vectors=2, slq_steps=8, block_samples=1, cg_rtol=1e-9, cg_max_iterations=400
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +54,21 @@ def test_reuse_and_refusal(run, monkeypatch):
     monkeypatch.setattr("tiny_llm.workers.spectrum.measure_spectrum", lambda *a, **k: pytest.fail("recomputed"))
     assert analyze_spectrum(path / "run", ["epoch-001.safetensors"], "unseen", SETTINGS, small, out) == first
     with pytest.raises(ValueError, match="use a new output directory"):
-        analyze_spectrum(path / "run", ["epoch-001.safetensors"], "unseen", SETTINGS,
-                         SpectrumSettings(**{**small.__dict__, "lanczos_steps": 5}), out)
+        analyze_spectrum(
+            path / "run",
+            ["epoch-001.safetensors"],
+            "unseen",
+            SETTINGS,
+            SpectrumSettings(**{**small.__dict__, "lanczos_steps": 5}),
+            out,
+        )
 
 
 def test_indefinite_cg_is_reported_not_fatal(run):
     config, path = run
-    negative = SpectrumSettings(top_k=1, lanczos_steps=4, slq_vectors=1, slq_steps=3, block_samples=1,
-                                cg_damping=-1e6, cg_max_iterations=3)
+    negative = SpectrumSettings(
+        top_k=1, lanczos_steps=4, slq_vectors=1, slq_steps=3, block_samples=1, cg_damping=-1e6, cg_max_iterations=3
+    )
     result = analyze_spectrum(path / "run", ["epoch-001.safetensors"], "seen", SETTINGS, negative, path / "neg.json")
     assert result["cg"]["status"] == "indefinite" and result["cg"]["g_inverse_g"] is None
 
@@ -76,15 +83,62 @@ def test_settings_are_checked():
 
 def test_cli_entry_point(run, capsys):
     from tiny_llm.cli import main
+
     config, path = run
     out = path / "cli-spectrum.json"
-    code = main(["--quiet", "analyze-spectrum", "--run", str(path / "run"), "--checkpoint", "epoch-002.safetensors",
-                 "--case", "seen", "--output", str(out), "--device", "cpu", "--dtype", "float64", "--top-k", "1",
-                 "--lanczos-steps", "5", "--slq-vectors", "1", "--slq-steps", "3", "--block-samples", "1",
-                 "--cg-max-iterations", "3", "--noise-samples", "1"])
+    code = main(
+        [
+            "--quiet",
+            "analyze-spectrum",
+            "--run",
+            str(path / "run"),
+            "--checkpoint",
+            "epoch-002.safetensors",
+            "--case",
+            "seen",
+            "--output",
+            str(out),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float64",
+            "--top-k",
+            "1",
+            "--lanczos-steps",
+            "5",
+            "--slq-vectors",
+            "1",
+            "--slq-steps",
+            "3",
+            "--block-samples",
+            "1",
+            "--cg-max-iterations",
+            "3",
+            "--noise-samples",
+            "1",
+        ]
+    )
     assert code == 0 and json.loads(out.read_text())["spectrum_settings"]["lanczos_steps"] == 5
-    assert main(["analyze-spectrum", "--run", str(path / "run"), "--checkpoint", "epoch-002.safetensors",
-                 "--case", "seen", "--output", str(path / "bad.json"), "--top-k", "4", "--lanczos-steps", "2"]) == 2
+    assert (
+        main(
+            [
+                "analyze-spectrum",
+                "--run",
+                str(path / "run"),
+                "--checkpoint",
+                "epoch-002.safetensors",
+                "--case",
+                "seen",
+                "--output",
+                str(path / "bad.json"),
+                "--top-k",
+                "4",
+                "--lanczos-steps",
+                "2",
+            ]
+        )
+        == 2
+    )
     assert "expected at least top_k=4" in capsys.readouterr().err and not (path / "bad.json").exists()
 
 
@@ -92,15 +146,25 @@ def test_lanczos_storage_and_reduction_dtypes_are_the_configured_ones(run, monke
     """bf16 storage with float32 reductions: every Lanczos run of the worker (top pairs and SLQ)
     gets both dtypes as configured, and the result records them."""
     import tiny_llm.curvature.spectrum as spectrum
+
     config, path = run
     seen, real = [], spectrum.lanczos
 
     def spy(matvec, start, steps, **kwargs):
         seen.append((kwargs["basis_dtype"], kwargs["reduction_dtype"]))
         return real(matvec, start, steps, **kwargs)
+
     monkeypatch.setattr(spectrum, "lanczos", spy)
-    settings = SpectrumSettings(top_k=1, lanczos_steps=6, slq_vectors=2, slq_steps=4, block_samples=1,
-                                cg_max_iterations=3, lanczos_basis="bfloat16", lanczos_reduction="float32")
+    settings = SpectrumSettings(
+        top_k=1,
+        lanczos_steps=6,
+        slq_vectors=2,
+        slq_steps=4,
+        block_samples=1,
+        cg_max_iterations=3,
+        lanczos_basis="bfloat16",
+        lanczos_reduction="float32",
+    )
     result = analyze_spectrum(path / "run", ["epoch-002.safetensors"], "seen", SETTINGS, settings, path / "bf16.json")
     assert seen == [(torch.bfloat16, torch.float32)] * 3  # top pairs, then two SLQ vectors
     assert (result["precision"]["lanczos_basis"], result["precision"]["lanczos_reduction"]) == ("bfloat16", "float32")
@@ -113,6 +177,7 @@ def test_out_of_memory_is_one_clear_error_and_nothing_is_written(run, monkeypatc
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory")
+
     monkeypatch.setattr("tiny_llm.workers.spectrum.measure_spectrum", out_of_memory)
     out = path / "oom" / "seen.json"
     with pytest.raises(ValueError, match="out of memory with --hvp-batch-size 2 and --directions-per-pass 4"):
@@ -127,16 +192,28 @@ def test_a_memory_budget_cuts_the_products_without_changing_the_spectrum(run):
 
     from tiny_llm.workers.spectrum import spectrum_memory
     from tiny_llm.workers.state import _resolve
+
     config, path = run
     small = SpectrumSettings(top_k=1, lanczos_steps=6, slq_vectors=1, slq_steps=4, block_samples=2, cg_max_iterations=5)
     whole = analyze_spectrum(path / "run", ["epoch-002.safetensors"], "seen", SETTINGS, small, path / "whole.json")
     n_batches = len(epoch_plan(config, 1))
-    high = smallest_budget_gb(lambda gb: spectrum_memory(replace(SETTINGS, memory_budget_gb=gb), small, config,
-                                                         _resolve(SETTINGS, config), n_batches))
-    cut = analyze_spectrum(path / "run", ["epoch-002.safetensors"], "seen", replace(SETTINGS, memory_budget_gb=high),
-                           small, path / "cut.json")
+    high = smallest_budget_gb(
+        lambda gb: spectrum_memory(
+            replace(SETTINGS, memory_budget_gb=gb), small, config, _resolve(SETTINGS, config), n_batches
+        )
+    )
+    cut = analyze_spectrum(
+        path / "run",
+        ["epoch-002.safetensors"],
+        "seen",
+        replace(SETTINGS, memory_budget_gb=high),
+        small,
+        path / "cut.json",
+    )
     assert min(p["group_rows"] for p in cut["memory"]["passes"]) == 1
-    assert cut["top_eigenvalues"][0]["eigenvalue"] == pytest.approx(whole["top_eigenvalues"][0]["eigenvalue"], rel=1e-12)
+    assert cut["top_eigenvalues"][0]["eigenvalue"] == pytest.approx(
+        whole["top_eigenvalues"][0]["eigenvalue"], rel=1e-12
+    )
     assert cut["cg"]["g_inverse_g"] == pytest.approx(whole["cg"]["g_inverse_g"], rel=1e-10)
     assert cut["slq"]["trace_over_D"] == pytest.approx(whole["slq"]["trace_over_D"], rel=1e-12)
 
@@ -145,11 +222,13 @@ def test_the_default_lanczos_converges_and_a_low_cap_is_flagged(run, caplog):
     """With the default settings the top eigenvalues converge (to the dense spectrum) and say so;
     capped at 3 steps they do not, and the result, spectrum.csv and collection say that."""
     from tiny_llm.results.collect import collect_spectrum
+
     config, path = run
     H, _ = _dense_hessian(config, load_file(path / "run" / "epoch-000.safetensors"), epoch_plan(config, 1))
     exact = torch.linalg.eigvalsh(H)
-    default = analyze_spectrum(path / "run", ["epoch-000.safetensors"], "seen", SETTINGS, SpectrumSettings(),
-                               path / "default.json")
+    default = analyze_spectrum(
+        path / "run", ["epoch-000.safetensors"], "seen", SETTINGS, SpectrumSettings(), path / "default.json"
+    )
     assert all(p["converged"] for p in default["top_eigenvalues"] + default["top_magnitude_eigenvalues"])
     assert default["top_eigenvalues"][0]["eigenvalue"] == pytest.approx(float(exact[-1]), rel=1e-9)
     capped = SpectrumSettings(lanczos_steps=3, slq_vectors=1, slq_steps=3, cg_max_iterations=3)
@@ -179,16 +258,19 @@ def test_the_defaults_converge_at_the_demo_initial_state(tmp_path):
     from tiny_llm.data.corpus import default_capacity, prepare_source_cache
     from tiny_llm.data.tokens import TokenCache
     from tiny_llm.model.llama import Llama
+
     config = load_config(Path(__file__).resolve().parents[3] / "config/runs/demo.yaml")
     cache = TokenCache(prepare_source_cache(config.data, "demo", capacity=default_capacity(config), out=tmp_path / "c"))
     torch.manual_seed(config.training.seed)
     model = Llama(config.model, attention_backend="reference").double()
     rows = cache.tokens(epoch_plan(config, 1).blocks[:2].reshape(-1))  # 32 sequences of the seen epoch
-    H = EpochHessian(model, rows, batch_size=16, engine="double_backward",
-                     precision=Precision(torch.device("cpu"), torch.float64))
+    H = EpochHessian(
+        model, rows, batch_size=16, engine="double_backward", precision=Precision(torch.device("cpu"), torch.float64)
+    )
     defaults = SpectrumSettings()
-    values, _, residuals, converged = top_eigenpairs(H.hvp, H.flat.D, defaults.top_k, defaults.lanczos_steps,
-                                                     tolerance=1e-6)
+    values, _, residuals, converged = top_eigenpairs(
+        H.hvp, H.flat.D, defaults.top_k, defaults.lanczos_steps, tolerance=1e-6
+    )
     steps = H.passes
     assert all(converged.tolist()) and steps < defaults.lanczos_steps
     reference, *_ = top_eigenpairs(H.hvp, H.flat.D, defaults.top_k, 3 * steps)

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import dense_epoch_hessian, make_oracle_run, smallest_budget_gb
 from safetensors.torch import load_file, save_file
 
 from tiny_llm.cli import main
@@ -17,15 +18,15 @@ from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
 from tiny_llm.workers.state import AnalysisSettings, analyze_state, memory_plan
 
-from conftest import dense_epoch_hessian, make_oracle_run, smallest_budget_gb
-
 FAST = AnalysisSettings(noise_samples=2, random_samples=3, device="cpu", dtype="float64", directions_per_pass=3)
 
 
 def _record_reads(monkeypatch):
     read = []
     original = TokenCache.tokens
-    monkeypatch.setattr(TokenCache, "tokens", lambda self, blocks: (read.append(list(blocks)), original(self, blocks))[1])
+    monkeypatch.setattr(
+        TokenCache, "tokens", lambda self, blocks: (read.append(list(blocks)), original(self, blocks))[1]
+    )
     return read
 
 
@@ -61,14 +62,37 @@ def test_result_contract_and_seen_batches(ordinary):
     out = path / "results" / "seen.json"
     result = analyze_state(path / "run", ["epoch-002.safetensors", "final.pt"], "seen", FAST, out)
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
-    assert set(result) >= {"schema", "identity", "state", "case", "settings", "precision", "timing", "counts",
-                           "statistics", "noise_samples", "random_directions", "consensus"}
+    assert set(result) >= {
+        "schema",
+        "identity",
+        "state",
+        "case",
+        "settings",
+        "precision",
+        "timing",
+        "counts",
+        "statistics",
+        "noise_samples",
+        "random_directions",
+        "consensus",
+    }
     assert [a["file"] for a in result["state"]["aliases"]] == ["epoch-002.safetensors", "final.pt"]
     assert result["state"]["aliases"][0]["step"] == config.total_batches and result["consensus"] is None
-    assert set(result["statistics"]) == {"loss", "noise_curvature", "normalized_alignment", "mean_noise_norm",
-                                         "mean_grad_norm", "full_grad_norm", "random_curvature", "grad_curvature",
-                                         "b_simple", "b_noise", "noise_gauss_newton", "random_gauss_newton",
-                                         "grad_gauss_newton"}
+    assert set(result["statistics"]) == {
+        "loss",
+        "noise_curvature",
+        "normalized_alignment",
+        "mean_noise_norm",
+        "mean_grad_norm",
+        "full_grad_norm",
+        "random_curvature",
+        "grad_curvature",
+        "b_simple",
+        "b_noise",
+        "noise_gauss_newton",
+        "random_gauss_newton",
+        "grad_gauss_newton",
+    }
     assert result["precision"]["dtype"] == "float64" and result["precision"]["quadratic_form_engine"] == "adjoint"
     assert set(result["timing"]["compile"]) == {"graphs", "seconds", "cache_hits", "cache_misses"}  # CPU: eager
     # Seen = exactly the batches training read in epoch 1.
@@ -79,8 +103,11 @@ def test_result_contract_and_seen_batches(ordinary):
     # One statistic against the dense Hessian of the trained state.
     H, flat = _dense_hessian(config, load_file(path / "run" / "epoch-002.safetensors"), epoch_plan(config, 1))
     from tiny_llm.curvature.noise import rademacher
+
     s = [rademacher(flat.D, 42, i) for i in range(3)]
-    assert result["statistics"]["random_curvature"] == pytest.approx(float(sum(x @ H @ x for x in s)) / (3 * flat.D), rel=1e-9)
+    assert result["statistics"]["random_curvature"] == pytest.approx(
+        float(sum(x @ H @ x for x in s)) / (3 * flat.D), rel=1e-9
+    )
 
 
 def test_rerun_reuses_and_changed_settings_are_refused(ordinary, monkeypatch):
@@ -91,7 +118,9 @@ def test_rerun_reuses_and_changed_settings_are_refused(ordinary, monkeypatch):
     assert analyze_state(path / "run", ["epoch-001.safetensors"], "unseen", FAST, out) == first
     before = out.read_bytes()
     with pytest.raises(ValueError, match="holds a result with other settings, source or state; use a new output"):
-        analyze_state(path / "run", ["epoch-001.safetensors"], "unseen", AnalysisSettings(**{**FAST.__dict__, "seed": 1}), out)
+        analyze_state(
+            path / "run", ["epoch-001.safetensors"], "unseen", AnalysisSettings(**{**FAST.__dict__, "seed": 1}), out
+        )
     with pytest.raises(ValueError, match="other settings, source or state"):
         analyze_state(path / "run", ["epoch-000.safetensors"], "unseen", FAST, out)
     assert out.read_bytes() == before
@@ -99,8 +128,13 @@ def test_rerun_reuses_and_changed_settings_are_refused(ordinary, monkeypatch):
 
 def test_packed_consensus_against_dense_oracle(packed):
     config, path, read = packed
-    result = analyze_state(path / "run", ["epoch-001.safetensors"], "seen",
-                           AnalysisSettings(**{**FAST.__dict__, "noise_samples": None}), path / "out.json")
+    result = analyze_state(
+        path / "run",
+        ["epoch-001.safetensors"],
+        "seen",
+        AnalysisSettings(**{**FAST.__dict__, "noise_samples": None}),
+        path / "out.json",
+    )
     root = load_file(path / "run" / "epoch-001.safetensors")
     H, flat = _dense_hessian(config, root, epoch_plan(config, 1))
     x_bar = flat.flatten_state(root).double()
@@ -119,8 +153,13 @@ def test_packed_consensus_against_dense_oracle(packed):
     for record in result["noise_samples"]:
         assert record["worker"] == record["stream_batch"] % 2
         assert record["positions"] == [list(cache.position(b)) for b in read[record["stream_batch"]]]
-    without = analyze_state(path / "run", ["epoch-001.safetensors"], "seen",
-                            AnalysisSettings(**{**FAST.__dict__, "consensus": False}), path / "plain.json")
+    without = analyze_state(
+        path / "run",
+        ["epoch-001.safetensors"],
+        "seen",
+        AnalysisSettings(**{**FAST.__dict__, "consensus": False}),
+        path / "plain.json",
+    )
     assert without["consensus"] is None and without["state"]["key"] == without["state"]["weights_hash"]
 
 
@@ -148,13 +187,27 @@ def test_bad_checkpoints_are_refused(ordinary, tmp_path):
     (run / "epoch-005.safetensors").write_bytes((run / "epoch-001.safetensors").read_bytes()[:-50])
     _assert_refused(tmp_path, run, ["epoch-005.safetensors"], "is truncated or corrupt")
     state = load_file(run / "epoch-001.safetensors")
-    save_file({**state, "norm.weight": torch.full_like(state["norm.weight"], float("nan"))}, run / "epoch-006.safetensors")
+    save_file(
+        {**state, "norm.weight": torch.full_like(state["norm.weight"], float("nan"))}, run / "epoch-006.safetensors"
+    )
     _assert_refused(tmp_path, run, ["epoch-006.safetensors"], "norm.weight: 8 non-finite values")
-    save_file({k: v for k, v in state.items() if k != "norm.weight"} | {"norm.bias": torch.zeros(8)}, run / "epoch-008.safetensors")
-    _assert_refused(tmp_path, run, ["epoch-008.safetensors"], r"missing tensors \['norm.weight'\]; unexpected tensors \['norm.bias'\]")
+    save_file(
+        {k: v for k, v in state.items() if k != "norm.weight"} | {"norm.bias": torch.zeros(8)},
+        run / "epoch-008.safetensors",
+    )
+    _assert_refused(
+        tmp_path,
+        run,
+        ["epoch-008.safetensors"],
+        r"missing tensors \['norm.weight'\]; unexpected tensors \['norm.bias'\]",
+    )
     save_file({**state, "tok_embeddings.weight": torch.zeros(17, 8)}, run / "epoch-009.safetensors")
-    _assert_refused(tmp_path, run, ["epoch-009.safetensors"], r"tok_embeddings.weight: shape \(17, 8\), expected \(16, 8\)")
-    _assert_refused(tmp_path, run, ["epoch-001.safetensors", "epoch-002.safetensors"], "hold different parameter states")
+    _assert_refused(
+        tmp_path, run, ["epoch-009.safetensors"], r"tok_embeddings.weight: shape \(17, 8\), expected \(16, 8\)"
+    )
+    _assert_refused(
+        tmp_path, run, ["epoch-001.safetensors", "epoch-002.safetensors"], "hold different parameter states"
+    )
     with pytest.raises(ValueError, match="--amp requires --dtype float32"):
         AnalysisSettings(amp=True, dtype="float64")
 
@@ -165,11 +218,15 @@ def test_packed_worker_problems_are_refused(packed, tmp_path):
     shutil.copytree(path / "run", run)
     _assert_refused(tmp_path, run, ["node-001/epoch-001.safetensors"], "is a worker checkpoint; analyse the root")
     (run / "node-001" / "epoch-002.safetensors").unlink()
-    _assert_refused(tmp_path, run, ["epoch-002.safetensors"], r"lacks worker files .*node-001/epoch-002.safetensors.*--no-consensus")
+    _assert_refused(
+        tmp_path, run, ["epoch-002.safetensors"], r"lacks worker files .*node-001/epoch-002.safetensors.*--no-consensus"
+    )
     shutil.copy(run / "node-000" / "epoch-000.safetensors", run / "node-001" / "epoch-001.safetensors")
     _assert_refused(tmp_path, run, ["epoch-001.safetensors"], "differ from the workers' float32 average")
     out = tmp_path / "ok.json"
-    analyze_state(run, ["epoch-002.safetensors"], "seen", AnalysisSettings(**{**FAST.__dict__, "consensus": False}), out)
+    analyze_state(
+        run, ["epoch-002.safetensors"], "seen", AnalysisSettings(**{**FAST.__dict__, "consensus": False}), out
+    )
     assert out.exists()
 
 
@@ -184,12 +241,19 @@ def test_cache_too_small_for_unseen(ordinary, tmp_path):
     meta["shards"] = meta["shards"][:-1]  # drop the last shard: training still fits, unseen does not
     (small / "meta.json").write_text(json.dumps(meta))
     (run / "resolved.yaml").write_text((run / "resolved.yaml").read_text().replace(str(path / "cache"), str(small)))
-    _assert_refused(tmp_path, run, ["epoch-001.safetensors"], r"prepare a new cache with data.prepare_train_tokens=\d+", case="unseen")
+    _assert_refused(
+        tmp_path,
+        run,
+        ["epoch-001.safetensors"],
+        r"prepare a new cache with data.prepare_train_tokens=\d+",
+        case="unseen",
+    )
     assert not (small / shard["file"]).read_bytes() == b""  # the shard is still there, just not listed
 
 
 def test_lock_prevents_a_second_writer(ordinary, tmp_path):
     import fcntl
+
     config, path, _ = ordinary
     out = tmp_path / "locked.json"
     with open(tmp_path / ".locked.json.lock", "w") as handle:
@@ -204,9 +268,30 @@ def test_lock_prevents_a_second_writer(ordinary, tmp_path):
 def test_cli_options(ordinary, tmp_path, capsys):
     config, path, _ = ordinary
     out = tmp_path / "cli.json"
-    args = ["--quiet", "analyze-state", "--run", str(path / "run"), "--checkpoint", "epoch-001.safetensors",
-            "--case", "unseen", "--output", str(out), "--device", "cpu", "--dtype", "float64", "--noise-samples", "all",
-            "--random-samples", "2", "--engine", "pearlmutter", "--hvp-batch-size", "5"]
+    args = [
+        "--quiet",
+        "analyze-state",
+        "--run",
+        str(path / "run"),
+        "--checkpoint",
+        "epoch-001.safetensors",
+        "--case",
+        "unseen",
+        "--output",
+        str(out),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float64",
+        "--noise-samples",
+        "all",
+        "--random-samples",
+        "2",
+        "--engine",
+        "pearlmutter",
+        "--hvp-batch-size",
+        "5",
+    ]
     assert main(args) == 0
     result = json.loads(out.read_text())
     assert result["counts"]["noise_samples"] == config.steps_per_epoch and result["counts"]["hvp_batch_size"] == 5
@@ -215,8 +300,25 @@ def test_cli_options(ordinary, tmp_path, capsys):
     with pytest.raises(SystemExit) as error:
         main(args + ["--colour", "blue"])
     assert error.value.code == 2 and "unrecognized arguments: --colour" in capsys.readouterr().err
-    assert main(["analyze-state", "--run", str(path / "run"), "--checkpoint", "epoch-001.safetensors", "--case", "seen",
-                 "--output", str(tmp_path / "amp.json"), "--amp", "--dtype", "float64"]) == 2
+    assert (
+        main(
+            [
+                "analyze-state",
+                "--run",
+                str(path / "run"),
+                "--checkpoint",
+                "epoch-001.safetensors",
+                "--case",
+                "seen",
+                "--output",
+                str(tmp_path / "amp.json"),
+                "--amp",
+                "--dtype",
+                "float64",
+            ]
+        )
+        == 2
+    )
     assert "--amp requires --dtype float32" in capsys.readouterr().err and not (tmp_path / "amp.json").exists()
     with pytest.raises(SystemExit):
         main(args[:-2] + ["--noise-samples", "0"])
@@ -227,13 +329,19 @@ def test_sampled_gradient_replays_training_accumulation(ordinary):
     pre-clipping norm of exactly the gradient analysis computes for seen batch 0 at epoch-000."""
     from tiny_llm.curvature.hessian import Precision
     from tiny_llm.curvature.noise import batch_gradient
+
     config, path, _ = ordinary
     assert config.training.batch_size % config.training.micro_batch_size  # a remainder micro-batch
     model = Llama(config.model, attention_backend="reference")
     model.load_state_dict(load_file(path / "run" / "epoch-000.safetensors"))
     tokens = TokenCache(config.data.cache).tokens(epoch_plan(config, 1).blocks[0])
-    g = batch_gradient(model, FlatParameters(model), tokens, config.training.micro_batch_size,
-                       Precision(torch.device("cpu"), torch.float32))
+    g = batch_gradient(
+        model,
+        FlatParameters(model),
+        tokens,
+        config.training.micro_batch_size,
+        Precision(torch.device("cpu"), torch.float32),
+    )
     first = json.loads((path / "run" / "train-log.jsonl").read_text().splitlines()[0])
     assert first["grad_norm"] == pytest.approx(float(g.norm()), rel=1e-6)
 
@@ -242,8 +350,13 @@ def test_cuda_request_without_gpu_is_a_clear_error(ordinary, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     config, path, _ = ordinary
-    _assert_refused(tmp_path, path / "run", ["epoch-001.safetensors"], "no CUDA device is available here; use --device cpu",
-             settings=AnalysisSettings(device="cuda"))
+    _assert_refused(
+        tmp_path,
+        path / "run",
+        ["epoch-001.safetensors"],
+        "no CUDA device is available here; use --device cpu",
+        settings=AnalysisSettings(device="cuda"),
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -255,9 +368,12 @@ def test_cuda_float32_agrees_with_cpu_float64(ordinary, tmp_path, engine, amp):
     config, path, _ = ordinary
     before = torch.backends.cuda.matmul.fp32_precision
     reference = analyze_state(path / "run", ["epoch-002.safetensors"], "seen", FAST, tmp_path / "cpu.json")
-    settings = AnalysisSettings(**{**FAST.__dict__, "device": "cuda", "dtype": "float32", "amp": amp,
-                                   "engine": engine, "compile_hvp": True})
-    gpu = analyze_state(path / "run", ["epoch-002.safetensors"], "seen", settings, tmp_path / f"gpu-{engine}-{amp}.json")
+    settings = AnalysisSettings(
+        **{**FAST.__dict__, "device": "cuda", "dtype": "float32", "amp": amp, "engine": engine, "compile_hvp": True}
+    )
+    gpu = analyze_state(
+        path / "run", ["epoch-002.safetensors"], "seen", settings, tmp_path / f"gpu-{engine}-{amp}.json"
+    )
     assert gpu["precision"]["quadratic_form_engine"] == ("adjoint" if engine == "auto" else "pearlmutter")
     if engine == "pearlmutter":
         assert gpu["timing"]["compile"]["graphs"] >= 1  # it really ran compiled
@@ -283,6 +399,7 @@ def test_the_audit_is_on_by_default_unless_float64():
 
 def test_output_binding_names_what_changed_and_the_way_out(tmp_path, caplog):
     from tiny_llm.workers.state import check_output_binding, output_binding
+
     binding = output_binding(AnalysisSettings(), "runs/demo")
     check_output_binding(tmp_path, binding, write=True)
     check_output_binding(tmp_path, binding)  # the same binding: accepted
@@ -291,13 +408,18 @@ def test_output_binding_names_what_changed_and_the_way_out(tmp_path, caplog):
     with caplog.at_level("INFO"):
         check_output_binding(tmp_path, fixed, write=True)
     assert json.loads((tmp_path / "identity.json").read_text()) == fixed
-    assert "held no result yet: its binding now follows the changed settings (settings.device: 'auto' -> 'cpu')" \
+    assert (
+        "held no result yet: its binding now follows the changed settings (settings.device: 'auto' -> 'cpu')"
         in caplog.text
+    )
     binding = fixed
     (tmp_path / "states/abc").mkdir(parents=True)
     (tmp_path / "states/abc/seen.json").write_text("{}")
-    with pytest.raises(ValueError, match=rf"settings.seed: 42 -> 7\); use a new output directory \(a new analysis "
-                                         rf"name\), restore the settings, or remove {tmp_path} \(its results\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"settings.seed: 42 -> 7\); use a new output directory \(a new analysis "
+        rf"name\), restore the settings, or remove {tmp_path} \(its results\)",
+    ):
         check_output_binding(tmp_path, output_binding(AnalysisSettings(seed=7, device="cpu"), "runs/demo"))
     with pytest.raises(ValueError, match=rf"source code changed\); use a new analysis name, or remove {tmp_path}"):
         check_output_binding(tmp_path, {**binding, "source": "other"})
@@ -308,10 +430,14 @@ def test_out_of_memory_names_the_settings_to_lower_and_writes_nothing(ordinary, 
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory")
+
     monkeypatch.setattr("tiny_llm.workers.state.measure_case", out_of_memory)
     out = tmp_path / "oom.json"
-    with pytest.raises(ValueError, match=r"out of memory with --hvp-batch-size \d+ and --directions-per-pass "
-                                         rf"{FAST.directions_per_pass} .*smaller memory_budget_gb"):
+    with pytest.raises(
+        ValueError,
+        match=r"out of memory with --hvp-batch-size \d+ and --directions-per-pass "
+        rf"{FAST.directions_per_pass} .*smaller memory_budget_gb",
+    ):
         analyze_state(path / "run", ["epoch-001.safetensors"], "seen", FAST, out)
     assert not out.exists() and not list(tmp_path.glob(".oom*"))
 
@@ -321,8 +447,9 @@ def test_a_memory_budget_cuts_every_pass_without_changing_a_number(ordinary, tmp
     the statistics of the unchunked job to 1e-12 in float64, records the grouping, and is not part of
     the result's identity (the unchunked result is reused under any budget)."""
     config, path, _ = ordinary
-    settings = AnalysisSettings(noise_samples=2, random_samples=3, device="cpu", dtype="float64",
-                                directions_per_pass=3, audit=True)
+    settings = AnalysisSettings(
+        noise_samples=2, random_samples=3, device="cpu", dtype="float64", directions_per_pass=3, audit=True
+    )
     whole = analyze_state(path / "run", ["epoch-001.safetensors"], "seen", settings, tmp_path / "whole.json")
     high = smallest_budget_gb(lambda gb: memory_plan(settings, config, int(gb * 2**30), cuda=False))
     budget = replace(settings, memory_budget_gb=high)
@@ -332,7 +459,7 @@ def test_a_memory_budget_cuts_every_pass_without_changing_a_number(ordinary, tmp
     assert cut["identity"] == whole["identity"]
     for name, value in whole["statistics"].items():
         assert cut["statistics"][name] == (None if value is None else pytest.approx(value, rel=1e-12, abs=1e-300)), name
-    for a, b in zip(cut["audit"]["directions"], whole["audit"]["directions"]):
+    for a, b in zip(cut["audit"]["directions"], whole["audit"]["directions"], strict=True):
         assert a["float64"] == pytest.approx(b["float64"], rel=1e-12)
     again = analyze_state(path / "run", ["epoch-001.safetensors"], "seen", budget, tmp_path / "whole.json")
     assert again == whole  # reused: the budget changes how the work is cut, not the result
@@ -341,8 +468,28 @@ def test_a_memory_budget_cuts_every_pass_without_changing_a_number(ordinary, tmp
 def test_a_budget_below_one_sequence_is_refused_before_any_work(ordinary, tmp_path, capsys):
     _, path, _ = ordinary
     out = tmp_path / "tiny.json"
-    assert main(["analyze-state", "--run", str(path / "run"), "--checkpoint", "epoch-001.safetensors", "--case", "seen",
-                 "--output", str(out), "--device", "cpu", "--dtype", "float64", "--memory-budget-gb", "1e-6"]) == 2
+    assert (
+        main(
+            [
+                "analyze-state",
+                "--run",
+                str(path / "run"),
+                "--checkpoint",
+                "epoch-001.safetensors",
+                "--case",
+                "seen",
+                "--output",
+                str(out),
+                "--device",
+                "cpu",
+                "--dtype",
+                "float64",
+                "--memory-budget-gb",
+                "1e-6",
+            ]
+        )
+        == 2
+    )
     error = capsys.readouterr().err
     assert "gradient: one sequence of 6 tokens needs" in error and "more than memory_budget_gb = 1.05 KiB" in error
     assert not out.exists() and not list(tmp_path.iterdir())
@@ -358,10 +505,16 @@ def test_a_gpt2_run_trains_resumes_and_is_analysed(tmp_path):
     full, split = (load_weights(tmp_path / run / "final.pt")[0] for run in ("full", "split"))
     assert full.keys() == split.keys() and all(torch.equal(full[k], split[k]) for k in full)
     assert "pos_embeddings.weight" in full and "layers.0.attention.wqkv.bias" in full
-    results = {engine: analyze_state(tmp_path / "full", ["epoch-002.safetensors"], "seen",
-                                     replace(FAST, engine=engine),
-                                     tmp_path / f"{engine}.json")
-               for engine in ("adjoint", "taylor", "double_backward")}
+    results = {
+        engine: analyze_state(
+            tmp_path / "full",
+            ["epoch-002.safetensors"],
+            "seen",
+            replace(FAST, engine=engine),
+            tmp_path / f"{engine}.json",
+        )
+        for engine in ("adjoint", "taylor", "double_backward")
+    }
     reference = results["double_backward"]["statistics"]
     for engine in ("adjoint", "taylor"):
         for key, value in reference.items():
