@@ -32,8 +32,8 @@ seeds-demo: $(STAMP)
 # order tests/conftest.py collects them: the Slurm tests, which mostly wait, first.
 # ruff (settings and the reasons for its rules in pyproject.toml) first: a style finding fails fast.
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks workflow/scripts
+	$(BIN)/ruff format --check src tests benchmarks workflow/scripts
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 test-slow: $(STAMP)

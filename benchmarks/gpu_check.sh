@@ -99,7 +99,7 @@ import os, yaml
 from pathlib import Path
 from tiny_llm.config import load_config
 from tiny_llm.campaign.timing import calibrate
-from tiny_llm.workers.state import settings_from_dict
+from tiny_llm.workers.settings import settings_from_dict
 
 out = Path(os.environ["TINY_LLM_GPU_CHECK_OUT"])
 campaign = yaml.safe_load(Path("config/naiss.yaml").read_text())["analyses"]["20m-gh200"]["settings"]

@@ -2,42 +2,29 @@
 summarize, import-hf, export-hf.
 
 The parser needs no torch: each command imports what it runs when it runs (``--help`` stays fast),
-and the option defaults below are the settings classes' (a test holds them equal).
+and the analysis options take their defaults and choices from the torch-free settings classes and
+the engine registry.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
 from tiny_llm.layout import RESOLVED
-
-if TYPE_CHECKING:
-    from tiny_llm.workers.state import AnalysisSettings
+from tiny_llm.workers.settings import CASES, ENGINE_SETTINGS, LANCZOS_BASES, AnalysisSettings, SpectrumSettings
 
 log = logging.getLogger("tiny_llm")
 
-ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference")
-"""tiny_llm.curvature.hessian.ENGINES, without importing torch."""
-AUDIT_DEFAULTS = {"audit_directions": 4, "audit_batches": 4}
-"""AnalysisSettings' defaults of the audit options."""
-SPECTRUM_DEFAULTS = {
-    "top_k": 3,
-    "lanczos_steps": 100,
-    "lanczos_basis": "float64",
-    "lanczos_reduction": "float64",
-    "slq_vectors": 2,
-    "slq_steps": 10,
-    "block_samples": 2,
-    "cg_rtol": 1e-6,
-    "cg_max_iterations": 50,
-}
+ANALYSIS = {f.name: f.default for f in dataclasses.fields(AnalysisSettings)}
+"""AnalysisSettings' defaults: the options of the analysis commands show and use them."""
+SPECTRUM = {f.name: f.default for f in dataclasses.fields(SpectrumSettings)}
 """SpectrumSettings' defaults."""
 
 
@@ -181,27 +168,31 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
     an.add_argument(
         "--case",
         required=True,
-        choices=["seen", "unseen", "offset"],
+        choices=CASES,
         help="seen: epoch 1 as trained; unseen: one epoch after training's final shuffle group; offset: "
         "one batch-aligned epoch of the cache from --data-offset (imported runs: the only case)",
     )
     an.add_argument(
         "--data-offset",
         type=int,
-        default=0,
+        default=ANALYSIS["data_offset"],
         help="case offset: batches (of training.batch_size sequences) into the cache where the epoch "
         "starts (default 0)",
     )
     an.add_argument("--output", required=True, type=Path, help="result JSON to write")
-    an.add_argument("--noise-samples", type=_samples, default=32, help="S_v sampled batches, or 'all' (default 32)")
-    an.add_argument("--random-samples", type=int, default=32, help="S_r Rademacher directions (default 32)")
-    an.add_argument("--seed", type=int, default=42, help="seed of batch draws and directions (default 42)")
+    an.add_argument(
+        "--noise-samples", type=_samples, default=ANALYSIS["noise_samples"], help="S_v sampled batches, or 'all'"
+    )
+    an.add_argument("--random-samples", type=int, default=ANALYSIS["random_samples"], help="S_r Rademacher directions")
+    an.add_argument("--seed", type=int, default=ANALYSIS["seed"], help="seed of batch draws and directions")
     an.add_argument("--hvp-batch-size", type=int, help="curvature micro-batch (default: training micro-batch)")
-    an.add_argument("--directions-per-pass", type=int, default=16, help="K directions per data pass (default 16)")
+    an.add_argument(
+        "--directions-per-pass", type=int, default=ANALYSIS["directions_per_pass"], help="K directions per data pass"
+    )
     an.add_argument(
         "--engine",
-        default="auto",
-        choices=["auto", *ENGINES],
+        default=ANALYSIS["engine"],
+        choices=ENGINE_SETTINGS,
         help="engine of the quadratic forms vᵀHv: taylor, adjoint (no Hessian-vector products) or an HVP "
         "engine (auto: adjoint, or taylor with --directions-per-pass 1); spectra use an HVP engine",
     )
@@ -210,30 +201,28 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no torch.compile of Pearlmutter HVPs on CUDA (spectra then use double_backward)",
     )
-    an.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    an.add_argument(
-        "--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype (default float32)"
-    )
+    an.add_argument("--device", default=ANALYSIS["device"], help="cpu, cuda, cuda:N or auto (cuda when available)")
+    an.add_argument("--dtype", default=ANALYSIS["dtype"], choices=["float32", "float64"], help="parameter dtype")
     an.add_argument("--no-tf32", action="store_true", help="IEEE float32 matmuls on CUDA")
     an.add_argument("--amp", action="store_true", help="bf16 autocast in the forward (requires float32)")
     an.add_argument("--no-consensus", action="store_true", help="packed runs: skip consensus errors")
     an.add_argument(
         "--audit",
         choices=["auto", "on", "off", "true", "false"],
-        default="auto",
+        default=ANALYSIS["audit"],
         help="precision audit in float64: on (true), off (false) or auto (on unless the analysis runs in "
         "float64 without --amp)",
     )
     an.add_argument(
         "--audit-directions",
         type=int,
-        default=AUDIT_DEFAULTS["audit_directions"],
+        default=ANALYSIS["audit_directions"],
         help="audited noise and random directions (each; ḡ is always audited)",
     )
     an.add_argument(
         "--audit-batches",
         type=int,
-        default=AUDIT_DEFAULTS["audit_batches"],
+        default=ANALYSIS["audit_batches"],
         help="curvature micro-batches the audit measures",
     )
     an.add_argument(
@@ -246,8 +235,6 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
 
 
 def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
-    from tiny_llm.workers.state import AnalysisSettings
-
     return AnalysisSettings(
         noise_samples=args.noise_samples,
         random_samples=args.random_samples,
@@ -271,7 +258,7 @@ def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
 
 def _analyze_spectrum(args: argparse.Namespace) -> None:
     from tiny_llm.distributed import init_from_environment, is_writer
-    from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum
+    from tiny_llm.workers.spectrum import analyze_spectrum
 
     init_from_environment(args.device)  # under torchrun: one rank of the data-parallel passes
     spectrum = SpectrumSettings(
@@ -310,30 +297,19 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tiny-llm",
-        formatter_class=_HelpFormatter,
-        description="Token caches, training runs, and the gradient-noise and curvature analysis of their checkpoints.",
+def _add_config(p: argparse.ArgumentParser) -> None:
+    """--config and --set, for the commands that read a run configuration."""
+    p.add_argument("--config", type=Path, help="run configuration YAML (sections model, data, training)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a configuration key, e.g. training.lr=0.001 (repeatable)",
     )
-    parser.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
-    parser.add_argument(
-        "--debug",
-        action="store_true",
-        help="on an error, show the Python traceback (for bug reports; also TINY_LLM_DEBUG=1)",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
 
-    def add_config(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", type=Path, help="run configuration YAML (sections model, data, training)")
-        p.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a configuration key, e.g. training.lr=0.001 (repeatable)",
-        )
 
+def _add_prepare_data(sub: argparse._SubParsersAction) -> None:
     prep = sub.add_parser(
         "prepare-data",
         formatter_class=_HelpFormatter,
@@ -343,7 +319,7 @@ def _parser() -> argparse.ArgumentParser:
         "atomically; an existing cache with the same settings is reused. The sequences of all "
         "inputs are shuffled with data.seed unless --keep-order.",
     )
-    add_config(prep)
+    _add_config(prep)
     prep.add_argument("--out", help="cache directory (default: data.cache of the configuration)")
     prep.add_argument(
         "--source",
@@ -377,6 +353,8 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--tokenizer-description", default="", help="recorded in meta.json for --source tokens")
     prep.set_defaults(func=_prepare_data)
 
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
     tr = sub.add_parser(
         "train",
         formatter_class=_HelpFormatter,
@@ -385,12 +363,14 @@ def _parser() -> argparse.ArgumentParser:
         "final.pt, train-log.jsonl); the same command resumes an interrupted run, and does "
         "nothing for a finished one.",
     )
-    add_config(tr)
+    _add_config(tr)
     tr.add_argument("--run-dir", required=True, help="run directory, e.g. runs/demo")
     tr.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
     tr.add_argument("--stop-after-epoch", type=int, help="stop at this virtual epoch (resume later)")
     tr.set_defaults(func=_train)
 
+
+def _add_analyze_state(sub: argparse._SubParsersAction) -> None:
     an = sub.add_parser(
         "analyze-state",
         formatter_class=_HelpFormatter,
@@ -401,6 +381,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_state_arguments(an)
     an.set_defaults(func=_analyze_state)
 
+
+def _add_analyze_spectrum(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser(
         "analyze-spectrum",
         formatter_class=_HelpFormatter,
@@ -410,7 +392,7 @@ def _parser() -> argparse.ArgumentParser:
         "one result JSON, written atomically.",
     )
     _add_state_arguments(sp)
-    defaults = SPECTRUM_DEFAULTS
+    defaults = SPECTRUM
     sp.add_argument("--top-k", type=int, default=defaults["top_k"], help="eigenpairs reported")
     sp.add_argument(
         "--lanczos-steps",
@@ -426,7 +408,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--lanczos-basis",
         default=defaults["lanczos_basis"],
-        choices=["float64", "float32", "bfloat16"],
+        choices=LANCZOS_BASES,
         help="storage dtype of the Lanczos vectors",
     )
     sp.add_argument(
@@ -451,6 +433,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=_analyze_spectrum)
 
+
+def _add_plot_analysis(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser(
         "plot-analysis",
         formatter_class=_HelpFormatter,
@@ -468,6 +452,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     pl.set_defaults(func=_plot_analysis)
 
+
+def _add_import_hf(sub: argparse._SubParsersAction) -> None:
     ih = sub.add_parser(
         "import-hf",
         formatter_class=_HelpFormatter,
@@ -486,7 +472,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ih.add_argument("directories", nargs="+", type=Path, help="local Hugging Face model directories, oldest first")
     ih.add_argument("--run-dir", required=True, type=Path, help="new run directory, e.g. runs/imported")
-    add_config(ih)
+    _add_config(ih)
     ih.add_argument(
         "--step",
         type=int,
@@ -511,6 +497,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     ih.set_defaults(func=_import_hf)
 
+
+def _add_export_hf(sub: argparse._SubParsersAction) -> None:
     eh = sub.add_parser(
         "export-hf",
         formatter_class=_HelpFormatter,
@@ -525,6 +513,8 @@ def _parser() -> argparse.ArgumentParser:
     eh.add_argument("--out", required=True, type=Path, help="new output directory")
     eh.set_defaults(func=_export_hf)
 
+
+def _add_summarize(sub: argparse._SubParsersAction) -> None:
     sm = sub.add_parser(
         "summarize",
         formatter_class=_HelpFormatter,
@@ -537,6 +527,8 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("analysis", type=Path, help="analysis directory, e.g. results/demo")
     sm.set_defaults(func=_summarize)
 
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
     cm = sub.add_parser(
         "compare",
         formatter_class=_HelpFormatter,
@@ -555,6 +547,34 @@ def _parser() -> argparse.ArgumentParser:
     cm.add_argument("--metrics", nargs="+", help="metrics to draw (default: every metric present)")
     cm.add_argument("--output", required=True, type=Path, help="folder for comparison.pdf and comparison.png")
     cm.set_defaults(func=_compare)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tiny-llm",
+        formatter_class=_HelpFormatter,
+        description="Token caches, training runs, and the gradient-noise and curvature analysis of their checkpoints.",
+    )
+    parser.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="on an error, show the Python traceback (for bug reports; also TINY_LLM_DEBUG=1)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    for add in (
+        _add_prepare_data,
+        _add_train,
+        _add_analyze_state,
+        _add_analyze_spectrum,
+        _add_plot_analysis,
+        _add_import_hf,
+        _add_export_hf,
+        _add_summarize,
+        _add_compare,
+    ):
+        add(sub)
     return parser
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from tiny_llm.cli import main
-from tiny_llm.workers.state import AnalysisSettings, analyze_state
+from tiny_llm.workers.settings import AnalysisSettings
+from tiny_llm.workers.state import analyze_state
 
 REPO = Path(__file__).resolve().parents[2]
 THRESHOLD = 0.01

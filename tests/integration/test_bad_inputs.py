@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import make_oracle_run
+from builders import make_oracle_run
 from safetensors.torch import load_file, save_file
 
 from tiny_llm.cli import main

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PROJECT, project_view
+from builders import PROJECT, project_view
 
 from tiny_llm.campaign.plan import estimate_seconds, job_minutes, parallel_seconds
 from tiny_llm.config import config_from_dict
-from tiny_llm.workers.state import settings_from_dict
+from tiny_llm.workers.settings import settings_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")

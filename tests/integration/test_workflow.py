@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tiny_llm.workers.state import analyze_state, settings_from_dict
+from tiny_llm.workers.settings import settings_from_dict
+from tiny_llm.workers.state import analyze_state
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PROJECT, project_view
+from builders import PROJECT, project_view
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from tiny_llm.provenance import source_hash
-from tiny_llm.workers.state import analyze_state, settings_from_dict
+from tiny_llm.workers.settings import settings_from_dict
+from tiny_llm.workers.state import analyze_state
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -14,15 +14,17 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import TINY_MODEL, make_oracle_run
+from builders import make_oracle_run
+from oracles import TINY_MODEL
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.noise import mean_gradient_and_loss
 from tiny_llm.distributed import is_writer, shard, world
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
+from tiny_llm.workers.settings import AnalysisSettings
 from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum
-from tiny_llm.workers.state import AnalysisSettings, analyze_state
+from tiny_llm.workers.state import analyze_state
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 SETTINGS = AnalysisSettings(
@@ -341,7 +343,7 @@ def test_a_job_on_ranks_logs_rank_zero_progress_once_and_ends_with_a_ranks_refus
     """run_on_ranks (what a gpus_per_job job calls): rank 0's progress lines reach the job's log,
     each once; a rank's refusal is raised as its own one line, after the launcher's report."""
     from tiny_llm.workers.ranks import run_on_ranks
-    from tiny_llm.workers.state import settings_record
+    from tiny_llm.workers.settings import settings_record
 
     arguments = {
         "run_dir": str(oracle_run / "run"),

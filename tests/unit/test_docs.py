@@ -4,6 +4,8 @@ report captions are the reading guide's, and the docs stand on their own."""
 import argparse
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,8 +13,8 @@ import yaml
 
 from tiny_llm.cli import _parser as build_parser
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
+from tiny_llm.workers.settings import AnalysisSettings
 from tiny_llm.workers.spectrum import SpectrumSettings
-from tiny_llm.workers.state import AnalysisSettings
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = (REPO / "docs/workflow.md").read_text()
@@ -102,12 +104,15 @@ def test_config_comments_state_the_spectrum_defaults():
 
 
 def test_cli_defaults_are_the_code_defaults_and_every_subcommand_is_described():
-    from tiny_llm import cli
-    from tiny_llm.curvature.hessian import ENGINES
+    from tiny_llm.curvature.engines import names
 
-    assert cli.ENGINES == ENGINES  # the parser's copy (it imports no torch)
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    engine = next(a for a in subparsers.choices["analyze-state"]._actions if a.dest == "engine")
+    assert tuple(engine.choices) == ("auto", *names())  # the registry's engines
+    # the parser, its settings and the registry import no torch (--help stays fast)
+    probe = "import sys, tiny_llm.cli as c; c._parser(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"
     settings = {f.name: f.default for f in dataclasses.fields(AnalysisSettings)}
     spectrum = {f.name: f.default for f in dataclasses.fields(SpectrumSettings)}
     for name, sub in subparsers.choices.items():

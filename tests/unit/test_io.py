@@ -34,7 +34,7 @@ def test_checkpoints_and_caches_get_the_users_umask(tmp_path):
     """Files and folders the project writes are as readable as the user's umask allows, whatever
     mode the writing library chose (safetensors, mkdtemp)."""
     import torch
-    from conftest import make_oracle_run
+    from builders import make_oracle_run
 
     from tiny_llm.model.checkpoint import save_weights
 

@@ -16,8 +16,17 @@ job = f"{snakemake.rule} {snakemake.wildcards.analysis}/{snakemake.wildcards.key
 # in a cluster job: its GPUs for one case at a time; both cases of the state share the compile cache
 with devices_of_the_job(job), node_local_compile_cache(shared_by=snakemake.wildcards.key):
     # gpus_per_job > 1: torchrun starts that many ranks (threads each); rank 0 writes the result
-    run_on_ranks("analyze_state", {"run_dir": snakemake.params.run, "checkpoints": list(snakemake.params.aliases),
-                                   "case": snakemake.wildcards.case, "settings": dict(snakemake.params.settings),
-                                   "expect_key": snakemake.wildcards.key},
-                 snakemake.output.result, ranks=snakemake.resources.ranks,
-                 nodes=snakemake.resources.nodes, threads=snakemake.threads)
+    run_on_ranks(
+        "analyze_state",
+        {
+            "run_dir": snakemake.params.run,
+            "checkpoints": list(snakemake.params.aliases),
+            "case": snakemake.wildcards.case,
+            "settings": dict(snakemake.params.settings),
+            "expect_key": snakemake.wildcards.key,
+        },
+        snakemake.output.result,
+        ranks=snakemake.resources.ranks,
+        nodes=snakemake.resources.nodes,
+        threads=snakemake.threads,
+    )

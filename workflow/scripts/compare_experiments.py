@@ -1,6 +1,5 @@
 """Snakemake adapter: compare several seed experiments in one figure."""
 
-
 from tiny_llm.campaign.jobs import job_log
 
 job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
@@ -8,5 +7,9 @@ job_log(snakemake)  # the log gets everything; a failure ends with one "error:" 
 from tiny_llm.geometry.figures import compare_experiments  # noqa: E402
 
 entry = snakemake.params.entry
-compare_experiments(list(snakemake.input.comparisons), entry.get("labels") or entry["experiments"],
-                    entry.get("metrics"), list(snakemake.output.figures))
+compare_experiments(
+    list(snakemake.input.comparisons),
+    entry.get("labels") or entry["experiments"],
+    entry.get("metrics"),
+    list(snakemake.output.figures),
+)

@@ -10,5 +10,11 @@ from tiny_llm.config import config_from_dict  # noqa: E402
 from tiny_llm.model.hf_runs import import_run  # noqa: E402
 
 spec = snakemake.params.spec
-import_run(spec["directories"], Path(snakemake.output.receipt).parent, config_from_dict(spec["config"]),
-           steps=spec["steps"], tokens=spec["tokens"], tokens_per_step=spec.get("tokens_per_step"))
+import_run(
+    spec["directories"],
+    Path(snakemake.output.receipt).parent,
+    config_from_dict(spec["config"]),
+    steps=spec["steps"],
+    tokens=spec["tokens"],
+    tokens_per_step=spec.get("tokens_per_step"),
+)

@@ -7,8 +7,9 @@ from tiny_llm.campaign.jobs import job_log
 job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
 from tiny_llm.io import atomic_write_json  # noqa: E402
+from tiny_llm.workers.binding import check_output_binding  # noqa: E402
 from tiny_llm.workers.index import index_states  # noqa: E402
-from tiny_llm.workers.state import check_output_binding, settings_from_dict  # noqa: E402
+from tiny_llm.workers.settings import settings_from_dict  # noqa: E402
 
 output = Path(snakemake.output.states)
 check_output_binding(output.parent, snakemake.params.binding)

@@ -14,6 +14,11 @@ torch.set_num_threads(snakemake.threads)
 from tiny_llm.geometry.experiment import geometry_settings_from_dict, measure_checkpoint  # noqa: E402
 
 checkpoint = snakemake.wildcards.checkpoint
-measure_checkpoint(Path(snakemake.input.trained).parent, f"{checkpoint}.safetensors", int(checkpoint.split("-")[1]),
-                   json.loads(Path(snakemake.input.reference).read_text()),
-                   geometry_settings_from_dict(snakemake.params.settings), snakemake.output.record)
+measure_checkpoint(
+    Path(snakemake.input.trained).parent,
+    f"{checkpoint}.safetensors",
+    int(checkpoint.split("-")[1]),
+    json.loads(Path(snakemake.input.reference).read_text()),
+    geometry_settings_from_dict(snakemake.params.settings),
+    snakemake.output.record,
+)

@@ -9,8 +9,14 @@ job_log(snakemake)  # the log gets everything; a failure ends with one "error:" 
 from tiny_llm.results.figures import plot_analysis, plot_audit  # noqa: E402
 
 if snakemake.rule == "plot_audit":
-    plot_audit(Path(snakemake.input.summary).parent, Path(snakemake.output.png[0]).parent,
-               x_axis=snakemake.params.x_axis)
+    plot_audit(
+        Path(snakemake.input.summary).parent, Path(snakemake.output.png[0]).parent, x_axis=snakemake.params.x_axis
+    )
 else:  # the audit's figure has its own rule: an analysis that is not audited has none
-    plot_analysis(Path(snakemake.input.summary).parent, Path(snakemake.output.png[0]).parent,
-                  training_norms=snakemake.params.training_norms, audit=False, x_axis=snakemake.params.x_axis)
+    plot_analysis(
+        Path(snakemake.input.summary).parent,
+        Path(snakemake.output.png[0]).parent,
+        training_norms=snakemake.params.training_norms,
+        audit=False,
+        x_axis=snakemake.params.x_axis,
+    )

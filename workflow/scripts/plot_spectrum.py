@@ -8,5 +8,6 @@ job_log(snakemake)  # the log gets everything; a failure ends with one "error:" 
 
 from tiny_llm.results.figures import plot_spectrum  # noqa: E402
 
-plot_spectrum(Path(snakemake.input.spectrum).parent, Path(snakemake.output.png[0]).parent,
-              x_axis=snakemake.params.x_axis)
+plot_spectrum(
+    Path(snakemake.input.spectrum).parent, Path(snakemake.output.png[0]).parent, x_axis=snakemake.params.x_axis
+)

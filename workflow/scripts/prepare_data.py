@@ -13,9 +13,15 @@ from tiny_llm.io import atomic_write_json  # noqa: E402
 
 spec = snakemake.params.spec
 receipt = Path(snakemake.output.receipt)
-out = prepare_source_cache(DataConfig(**spec["data"]), spec["cache_source"], [Path(p) for p in spec["cache_inputs"]],
-                           capacity=spec["capacity"], out=receipt.with_name(receipt.name.removesuffix(".prepared.json")),
-                           shard_tokens=spec["shard_tokens"], keep_order=spec.get("keep_order", False),
-                           tokenizer_dir=spec.get("tokenizer"))
+out = prepare_source_cache(
+    DataConfig(**spec["data"]),
+    spec["cache_source"],
+    [Path(p) for p in spec["cache_inputs"]],
+    capacity=spec["capacity"],
+    out=receipt.with_name(receipt.name.removesuffix(".prepared.json")),
+    shard_tokens=spec["shard_tokens"],
+    keep_order=spec.get("keep_order", False),
+    tokenizer_dir=spec.get("tokenizer"),
+)
 cache = TokenCache(out)
 atomic_write_json(receipt, {"cache": str(out), "blocks": cache.n_blocks, "shards": cache.meta["shards"]})

@@ -61,7 +61,7 @@ def set_up_process(workflow: Any, on_interrupt: str) -> None:
 
 def _fields(kind: str) -> set[str]:
     if kind == "settings":
-        from tiny_llm.workers.state import AnalysisSettings
+        from tiny_llm.workers.settings import AnalysisSettings
 
         return set(AnalysisSettings.__dataclass_fields__)
     from tiny_llm.workers.spectrum import SpectrumSettings

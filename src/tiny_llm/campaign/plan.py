@@ -18,7 +18,7 @@ from typing import Any
 
 from tiny_llm.config import RunConfig
 from tiny_llm.layout import FINAL, IMPORTED, STATES
-from tiny_llm.workers.state import AnalysisSettings
+from tiny_llm.workers.settings import AnalysisSettings
 
 __all__ = [
     "MAX_HOURS",

@@ -28,14 +28,9 @@ from tiny_llm.curvature.memory import MemoryPlan, device_budget
 from tiny_llm.curvature.noise import batch_gradient
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model.architectures import build_model
-from tiny_llm.workers.state import (
-    AnalysisSettings,
-    _resolve,
-    _Resolved,
-    explain_out_of_memory,
-    memory_plan,
-    quadratic_form_engine,
-)
+from tiny_llm.workers.loading import _resolve, _Resolved
+from tiny_llm.workers.settings import AnalysisSettings, quadratic_form_engine
+from tiny_llm.workers.state import explain_out_of_memory, memory_plan
 
 __all__ = ["calibrate", "load_profiles", "lookup", "lookup_entry", "timing_key", "write_profile"]
 

@@ -36,7 +36,6 @@ from tiny_llm.config import (
     load_config_dict,
     parse_yaml,
 )
-from tiny_llm.curvature.hessian import HVP_ENGINES
 from tiny_llm.curvature.memory import GiB, MemoryPlan
 from tiny_llm.data.corpus import default_capacity, describe_tokenizer, same_tokenizer
 from tiny_llm.data.tokens import TokenCache, capacity_blocks, offset_plan
@@ -50,15 +49,16 @@ from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, STATE_DONE, STATE_RESULT,
 from tiny_llm.model.hf import imported_config
 from tiny_llm.model.hf_runs import checkpoint_positions, checkpoint_tokenizer
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
+from tiny_llm.workers.binding import check_output_binding, output_binding
 from tiny_llm.workers.index import check_selection
-from tiny_llm.workers.state import (
+from tiny_llm.workers.settings import (
     AnalysisSettings,
-    check_output_binding,
-    memory_plan,
-    output_binding,
     settings_from_dict,
     settings_record,
+    sharded_engine,
+    spectrum_settings_from_dict,
 )
+from tiny_llm.workers.state import memory_plan
 
 __all__ = [
     "AWAITABLE",
@@ -540,16 +540,11 @@ class WorkflowPlan:
         check_selection(f"analyses.{name}.checkpoints", entry["run"], entry.get("checkpoints", "all"), writes)
         check_output_binding(f"results/{name}", output_binding(settings, entry["run"], entry.get("spectrum", {})))
         spectrum = entry.get("spectrum") or {}
-        if (
-            spectrum.get("enabled")
-            and spectrum.get("sharded")
-            and settings.engine in HVP_ENGINES
-            and settings.engine != "finite_difference"
-        ):
-            raise ValueError(
-                f"analyses.{name}.spectrum.sharded: sharded products are finite differences of "
-                f"gradients; set settings.engine to finite_difference or auto, not {settings.engine}"
-            )
+        if spectrum.get("enabled"):
+            try:
+                sharded_engine(settings, spectrum_settings_from_dict(spectrum))
+            except ValueError as error:
+                raise ValueError(f"analyses.{name}.{error}") from None
         self._check_offset(name, settings)
         return settings
 

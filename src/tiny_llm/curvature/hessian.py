@@ -3,27 +3,10 @@
 ``EpochHessian(model, sequences, ...)`` represents H = ∇² L(θ) with
 L(θ) = (1/N) Σ_t ℓ_t(θ), the token-mean cross-entropy over every target token t of an epoch
 (N of them). It never materialises H: a pass over the epoch's curvature micro-batches serves K
-directions at once. Two kinds of engine:
-
-Quadratic forms vᵀHv only (``quadratic_forms``), without Hessian-vector products. vᵀHv is the
-second derivative d²/dt² L(θ + t v) at t = 0, so it needs neither the vector Hv nor a second
-backward pass; the second-order rule of every layer lives beside it in ``tiny_llm.model.llama``.
-
-* ``taylor``: one forward pass under ``no_grad`` carrying each activation's jet (z0, z1, z2) =
-  (z, dz/dt, d²z/dt²), the primal shared by the K directions, to the loss's second derivative.
-* ``adjoint``: one ordinary forward and reverse pass give the adjoint λ = ∂L/∂y of every layer
-  output y (no parameter gradients), shared by the K directions; a first-order tangent pass then
-  computes each layer's own second-order term Q (its z2 with zero second-order input) and adds
-  ⟨λ, Q⟩, since that term reaches the loss linearly. Per linear layer and direction: three matmuls
-  (x1Wᵀ, x0Vᵀ, x1Vᵀ), the cost of a gradient, with the forward and reverse pass paid once for all K.
-
-Hessian-vector products Hv (``hvp``, and ``quadratic_forms`` as vᵀ(Hv)), for spectra:
-
-* ``double_backward``: eager reverse-over-reverse; K directions through one batched vjp
-  (``torch.autograd.grad(..., is_grads_batched=True)``).
-* ``pearlmutter``: forward-over-reverse ``jvp(grad(L))`` with ``torch.func``, vmapped over the
-  K directions; compiled with ``torch.compile`` when asked (CUDA), eager otherwise.
-* ``finite_difference``: central differences of gradients (first derivatives only).
+directions at once, through one engine of :mod:`tiny_llm.curvature.engines`: quadratic forms vᵀHv
+without Hessian-vector products (taylor, adjoint; :mod:`tiny_llm.curvature.forms`), or
+Hessian-vector products Hv, which spectra need (double_backward, pearlmutter, finite_difference;
+:mod:`tiny_llm.curvature.products`).
 
 The last curvature micro-batch is padded with ignored targets, and a short final group of
 directions is padded with zero directions when compiled, so one compiled graph serves every pass.
@@ -36,25 +19,25 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
-from torch.func import functional_call, grad, jvp, vmap
+from torch.func import functional_call
 
+from tiny_llm.curvature.engines import ENGINES as REGISTRY
+from tiny_llm.curvature.engines import engine as engine_named
+from tiny_llm.curvature.engines import names
 from tiny_llm.distributed import all_reduce_sum, shard
-from tiny_llm.model.jets import JetPass
 from tiny_llm.model.llama import IGNORE_INDEX, Llama, check_jet_rules, token_losses
 
 __all__ = ["ENGINES", "EpochHessian", "FORM_ENGINES", "HVP_ENGINES", "FlatParameters", "Precision", "pad_sequences"]
 
 log = logging.getLogger(__name__)
 
-Engine = Literal["taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference"]
-FORM_ENGINES: tuple[str, ...] = ("taylor", "adjoint")
+FORM_ENGINES: tuple[str, ...] = names("forms")
 """Engines that compute quadratic forms vᵀHv directly (no Hv)."""
-HVP_ENGINES: tuple[str, ...] = ("double_backward", "pearlmutter", "finite_difference")
+HVP_ENGINES: tuple[str, ...] = names("products")
 """Engines that compute Hessian-vector products Hv (spectra need one)."""
-ENGINES: tuple[str, ...] = FORM_ENGINES + HVP_ENGINES
+ENGINES: tuple[str, ...] = names()
 FD_SCALE = {torch.float64: 1e-6, torch.float32: 3e-4}
 """Default relative step of the finite-difference engine per dtype: ε = scale · max(1, ‖θ‖) / ‖v‖
 (chosen from the measured truncation / round-off trade-off, benchmarks/README.md)."""
@@ -130,8 +113,9 @@ class EpochHessian:
         tokens: (n, T+1) int64 token rows of the epoch (every row's T targets count).
         batch_size: curvature micro-batch size (``--hvp-batch-size``); changes only how the
             epoch is cut, not H.
-        engine: ``taylor`` or ``adjoint`` (quadratic forms only), ``double_backward``,
-            ``pearlmutter`` or ``finite_difference`` (Hessian-vector products).
+        engine: the name of an engine of :mod:`tiny_llm.curvature.engines`: ``taylor`` or
+            ``adjoint`` (quadratic forms only), ``double_backward``, ``pearlmutter`` or
+            ``finite_difference`` (Hessian-vector products).
         precision: dtype / device / AMP policy.
         directions_per_pass: K, the number of directions sharing one pass over the data.
         compile: compile the Pearlmutter micro-batch product with ``torch.compile``.
@@ -156,7 +140,7 @@ class EpochHessian:
         tokens: torch.Tensor,
         *,
         batch_size: int,
-        engine: Engine,
+        engine: str,
         precision: Precision,
         directions_per_pass: int = 1,
         compile: bool = False,
@@ -164,18 +148,19 @@ class EpochHessian:
         fd_scale: float | None = None,
         group_rows: int | None = None,
     ):
-        if engine not in ENGINES:
-            raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
-        if model.attention_backend != "reference" and engine != "finite_difference":
+        self.spec = engine_named(engine)
+        if self.spec.second_derivatives and model.attention_backend != "reference":
             raise ValueError(
                 "curvature needs reference attention (second derivatives); build "
-                "Llama(config, attention_backend='reference'), or use the finite_difference engine"
+                "Llama(config, attention_backend='reference'), or use an engine of first derivatives "
+                f"({', '.join(e.name for e in REGISTRY.values() if not e.second_derivatives)})"
             )
-        if compile and engine != "pearlmutter":
-            raise ValueError("only the pearlmutter engine is compiled; use --no-compile-hvp with the other engines")
+        if compile and not self.spec.compiled:
+            compiled = ", ".join(e.name for e in REGISTRY.values() if e.compiled)
+            raise ValueError(f"only the {compiled} engine is compiled; use --no-compile-hvp with the other engines")
         if group_rows is not None and (not isinstance(group_rows, int) or group_rows < 1):
             raise ValueError(f"group_rows: expected a positive integer or None, got {group_rows!r}")
-        if engine in FORM_ENGINES:
+        if self.spec.jets:
             check_jet_rules(model)
         self.group_rows = group_rows
         self.model, self.engine, self.precision = model, engine, precision
@@ -184,156 +169,78 @@ class EpochHessian:
         self.theta = self.flat.flatten([p.detach() for p in model.parameters()])
         self.batches = pad_sequences(tokens.to(precision.device), batch_size)
         self.n_targets = int(tokens[:, 1:].numel())
-        self._n_targets = torch.tensor(float(self.n_targets), dtype=precision.dtype, device=precision.device)
+        self.n_targets_tensor = torch.tensor(float(self.n_targets), dtype=precision.dtype, device=precision.device)
         self.progress = progress or (lambda message: None)
         self.passes = 0
         self.fd_scale = fd_scale if fd_scale is not None else FD_SCALE.get(precision.dtype, 3e-3)
-        self._workspace: dict[str, torch.Tensor] = {}
-        self._pearlmutter = (
-            torch.compile(self._pearlmutter_eager, dynamic=False) if compile else self._pearlmutter_eager
-        )
+        self.workspace: dict[str, torch.Tensor] = {}
+        """Buffers the jet engines keep between groups."""
+        self.functions: dict[str, Callable] = {}
+        """Functions an engine builds once per operator (the compiled Pearlmutter product)."""
+        self._batch = self.spec.compute()
 
     # --- one micro-batch ---------------------------------------------------------------------
-    def _loss(
+    def loss(
         self,
         params: dict[str, torch.Tensor],
         inputs: torch.Tensor,
         targets: torch.Tensor,
         n_targets: int | torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """This micro-batch's share of the epoch loss at ``params`` (a functional call)."""
         logits = self.precision.forward(lambda x: functional_call(self.model, params, (x,)), inputs)
         return token_losses(logits, targets).sum() / (self.n_targets if n_targets is None else n_targets)
 
-    def _pearlmutter_eager(
-        self, theta: torch.Tensor, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, n_targets: torch.Tensor
-    ) -> torch.Tensor:
-        """H_b V by forward-over-reverse. ``n_targets`` (a 0-dim tensor) is an input, so a compiled
-        graph does not depend on the epoch's target count (another epoch or audit sample reuses it)."""
-
-        def loss(flat: torch.Tensor) -> torch.Tensor:
-            return self._loss(self.flat.unflatten(flat), inputs, targets, n_targets)
-
-        def product(v: torch.Tensor) -> torch.Tensor:
-            return jvp(grad(loss), (theta,), (v,))[1]
-
-        if len(V) == 1:  # vmap over a single direction only adds overhead
-            return product(V[0]).unsqueeze(0)
-        return vmap(product)(V)
-
-    def _double_backward(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        params = tuple(self.model.parameters())
-        loss = self._loss(dict(zip(self.flat.names, params, strict=True)), inputs, targets)
-        gradient = self.flat.flatten(torch.autograd.grad(loss, params, create_graph=True))
-        if len(V) == 1:
-            products = torch.autograd.grad(gradient, params, grad_outputs=V[0])
-            return self.flat.flatten(products).unsqueeze(0)
-        products = torch.autograd.grad(gradient, params, grad_outputs=V, is_grads_batched=True)
-        return torch.cat([p.reshape(len(V), -1) for p in products], dim=1)
-
-    def _finite_difference(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Central differences of gradients, (∇L(θ + εv) − ∇L(θ − εv)) / 2ε, with
-        ε = fd_scale · max(1, ‖θ‖) / ‖v‖: first derivatives only, so fused attention works."""
-
-        def loss(flat: torch.Tensor) -> torch.Tensor:
-            return self._loss(self.flat.unflatten(flat), inputs, targets)
-
-        gradient = grad(loss)
-        scale = self.fd_scale * max(1.0, float(self.theta.norm()))
-        rows = []
-        for v in V:
-            norm = float(v.norm())
-            if norm == 0:
-                rows.append(torch.zeros_like(v))
-                continue
-            eps = scale / norm
-            rows.append((gradient(self.theta + eps * v) - gradient(self.theta - eps * v)) / (2 * eps))
-        return torch.stack(rows)
-
-    def _directions(self, V: torch.Tensor) -> dict[torch.Tensor, torch.Tensor]:
+    def directions(self, V: torch.Tensor) -> dict[torch.Tensor, torch.Tensor]:
         """Each parameter → its rows of V, shape (K, *parameter.shape) (views, no copies)."""
         return {
             p: block.view(len(V), *p.shape)
             for p, block in zip(self.model.parameters(), self.flat.blocks(V), strict=True)
         }
 
-    def _adjoints(self, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
-        """λ = ∂L_b/∂y for the output y of every node of the jet rules: a primal jet pass (zero
-        directions) under autograd, then one reverse pass to those outputs (no parameter gradients)."""
-        jets = JetPass({p: p.new_zeros(0, *p.shape) for p in self.model.parameters()}, record=True)
-        with torch.enable_grad(), self.precision.autocast():
-            h = self.model.jet(inputs, jets)
-            loss = token_losses(self.model.logits(h.z0), targets).sum() / self.n_targets
-        keys = list(jets.recorded)
-        unique = list({id(t): t for t in jets.recorded.values()}.values())
-        grads = dict(zip(map(id, unique), torch.autograd.grad(loss, unique, materialize_grads=True), strict=True))
-        return {key: grads[id(jets.recorded[key])] for key in keys}
-
     def batch_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """vᵀH_b v for one curvature micro-batch (its share of the epoch loss), V (K, D) → (K,) float64."""
-        if self.engine not in FORM_ENGINES:
+        if self.spec.products:
             return (V.double() * self.batch_products(V, inputs, targets).double()).sum(dim=1)
         return self.batch_split_forms(V, inputs, targets)[0]
 
     def batch_split_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """vᵀH_b v and its generalised Gauss–Newton part vᵀG_b v for one curvature micro-batch,
-        V (K, D) → (2, K) float64; taylor and adjoint engines (the loss rule computes vᵀGv on its
+        V (K, D) → (2, K) float64; quadratic-form engines (the loss rule computes vᵀGv on its
         way to vᵀHv, so the split costs nothing)."""
-        if self.engine not in FORM_ENGINES:
+        if not self.spec.forms:
             raise ValueError(
                 f"the Gauss–Newton split needs a quadratic-form engine ({', '.join(FORM_ENGINES)}), not {self.engine}"
             )
         forms = torch.zeros(2, len(V), dtype=torch.float64, device=self.precision.device)
         for rows in self._row_groups(len(V), len(inputs)):  # a group's adjoints are freed before the next's
-            forms += self._group_forms(V, inputs[rows], targets[rows])
+            forms += self._batch(self, V, inputs[rows], targets[rows])
         return forms
 
-    def _group_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        adjoints = self._adjoints(inputs, targets) if self.engine == "adjoint" else None
-        return self._jet_forms(V, inputs, targets, adjoints)
-
     def _row_groups(self, K: int, B: int) -> list[slice]:
-        """The sequences of one pass, as slices of the micro-batch. By default taylor mode, which
-        holds every coefficient of a layer for K directions at once, takes groups of B/K sequences
-        (near one primal forward of the micro-batch in memory); the other engines take the whole
-        micro-batch (cut finer, the adjoint engine's passes slow down on small models: 0.50 → 0.74
-        of a gradient per direction on the demo model). ``group_rows`` caps the group for memory."""
-        rows = max(1, B // K) if self.engine == "taylor" else B
+        """The sequences of one pass, as slices of the micro-batch: the engine's default group
+        (the whole micro-batch, or B/K sequences for an engine that holds every coefficient of a
+        layer for K directions at once, near one primal forward of the micro-batch in memory;
+        cut finer, the adjoint engine's passes slow down on small models: 0.50 → 0.74 of a
+        gradient per direction on the demo model), capped by ``group_rows`` for memory."""
+        rows = self.spec.group_rows(K, B)
         rows = min(rows, self.group_rows or rows)
         if self.group_rows and self.compile:  # equal groups: one compiled graph
             rows = max(d for d in range(1, min(rows, B) + 1) if B % d == 0)
         return [slice(start, start + rows) for start in range(0, B, rows)]
 
-    def _jet_forms(
-        self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, adjoints: dict | None
-    ) -> torch.Tensor:
-        """(2, K): the forms and their Gauss–Newton parts (the adjoint mode's absorbed terms are
-        all second-order terms of the network, so of the residual H − G)."""
-        jets = JetPass(self._directions(V), adjoints, workspace=self._workspace)
-        with torch.no_grad(), self.precision.autocast():
-            forms = self.model.loss_jet(self.model.jet(inputs, jets), targets, jets).double() / self.n_targets
-        gauss_newton = jets.gauss_newton.double() / self.n_targets
-        return torch.stack([forms if jets.absorbed is None else forms + jets.absorbed.double(), gauss_newton])
-
     def batch_products(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """H_b V for one curvature micro-batch (its share of the epoch loss), V of shape (K, D)."""
-        if self.engine in FORM_ENGINES:
+        if not self.spec.products:
             raise ValueError(
                 f"the {self.engine} engine computes quadratic forms vᵀHv only; Hessian-vector products "
                 f"(spectra) need one of {', '.join(HVP_ENGINES)}"
             )
-        product = {
-            "pearlmutter": self._pearlmutter_product,
-            "finite_difference": self._finite_difference,
-            "double_backward": self._double_backward,
-        }[self.engine]
         total = None
         for rows in self._row_groups(len(V), len(inputs)):
-            part = product(V, inputs[rows], targets[rows])
+            part = self._batch(self, V, inputs[rows], targets[rows])
             total = part if total is None else total + part
         return total
-
-    def _pearlmutter_product(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self._pearlmutter(self.theta, V, inputs, targets, self._n_targets)
 
     # --- passes over the epoch ---------------------------------------------------------------
     def _check(self, V: torch.Tensor) -> torch.Tensor:

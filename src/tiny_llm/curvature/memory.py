@@ -35,6 +35,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tiny_llm.config import ModelConfig
+from tiny_llm.curvature.engines import GRADIENT
+from tiny_llm.curvature.engines import engine as engine_named
 
 __all__ = [
     "COEFFICIENTS",
@@ -60,8 +62,6 @@ GiB = 2**30
 MODEL_MARGIN = 1.1
 """A group fits when its predicted peak times this is within the budget: the model's largest error
 over the checked shapes is about 10 % (benchmarks/README.md)."""
-GRADIENT = "gradient"
-"""The engine name of a gradient pass (mean gradient and sampled batch gradients)."""
 
 FEATURES = ("D", "Ld", "Lf", "LhT", "d", "f", "hT", "V")
 """What memory scales with: D parameters; per sequence and target position, L layers of width d,
@@ -323,7 +323,8 @@ def measure_pass(
             loss.backward()
             del loss
         return counter.peak
-    batch = rows * K if engine == "taylor" else rows  # taylor mode's groups are at most B/K sequences
+    spec = engine_named(engine)
+    batch = rows * K if spec.rows_per_direction else rows  # taylor mode's groups are at most B/K sequences
     tokens = torch.randint(0, config.vocab_size, (batch, seq_len + 1), device=device)
     H = EpochHessian(
         model,
@@ -336,7 +337,7 @@ def measure_pass(
         compile=compile,
     )
     V = torch.randn(K, H.flat.D, dtype=dtype, device=device)
-    products = engine in ("double_backward", "pearlmutter", "finite_difference")
+    products = spec.products
     if compile:  # compilation's own workspaces are not the pass's
         H.hvp(V)
     with counter:  # jet engines keep their workspace between groups: the second pass is the steady state
@@ -382,10 +383,11 @@ def pass_bytes(
 ) -> int:
     """Predicted peak bytes that one pass of ``engine`` (or GRADIENT) over ``rows`` sequences with K
     directions allocates on top of the job's resident tensors (what :func:`measure_pass` counts)."""
-    if engine not in COEFFICIENTS:
+    key = engine if engine == GRADIENT else engine_named(engine).memory
+    if key not in COEFFICIENTS:
         raise ValueError(f"no memory model for engine {engine!r}; known: {', '.join(COEFFICIENTS)}")
     x = features(config, rows, seq_len, D)
-    phases = [sum((a + b * K) * x[name] for name, (a, b) in phase.items()) for phase in COEFFICIENTS[engine]]
+    phases = [sum((a + b * K) * x[name] for name, (a, b) in phase.items()) for phase in COEFFICIENTS[key]]
     return int(itemsize * max(phases))
 
 
@@ -540,7 +542,7 @@ def plan_analysis(
             resident,
             equal_groups=compiled,
             D=D,
-            largest=max(1, hvp_batch_size // K) if engine == "taylor" else None,
+            largest=max(1, hvp_batch_size // K) if engine_named(engine).rows_per_direction else None,
         ),
     ]
     if audit_directions is not None:  # the production model and θ stay; a float64 copy, its θ and ḡ join them

@@ -67,7 +67,7 @@ from typing import Any
 
 import torch
 
-from tiny_llm.curvature.hessian import FORM_ENGINES, EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.data.tokens import BatchPlan, TokenCache, derive_seed, group_permutation
 from tiny_llm.distributed import all_reduce_sum, shard, world
@@ -334,7 +334,7 @@ class _DirectionRunner:
 
     def __init__(self, operator: EpochHessian, precision: Precision, total: int, progress: Callable[[str], None]):
         self.operator, self.precision, self.total, self.progress = operator, precision, total, progress
-        self.split = operator.engine in FORM_ENGINES
+        self.split = operator.spec.forms
         self.pending: list[tuple[torch.Tensor, dict, str, float]] = []
         self.done, self.started = 0, time.perf_counter()
 

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from tiny_llm.curvature.engines import FINITE_DIFFERENCE
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, pad_sequences
 from tiny_llm.curvature.spectrum import Layout
 from tiny_llm.distributed import world
@@ -83,7 +84,7 @@ class ShardedHessian:
     ``hvp``, ``quadratic_forms`` and ``gradient`` take and return this rank's shards (``layout``).
     """
 
-    engine = "finite_difference"
+    engine = FINITE_DIFFERENCE
 
     def __init__(
         self,

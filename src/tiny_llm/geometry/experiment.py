@@ -43,7 +43,8 @@ from tiny_llm.layout import RESOLVED, TRAIN_LOG
 from tiny_llm.model.architectures import build_model
 from tiny_llm.provenance import canonical_hash, source_hash
 from tiny_llm.runtime import resolve_device
-from tiny_llm.workers.state import AnalysisSettings, load_state, resolve_checkpoints
+from tiny_llm.workers.loading import load_state, resolve_checkpoints
+from tiny_llm.workers.settings import AnalysisSettings
 
 log = logging.getLogger(__name__)
 

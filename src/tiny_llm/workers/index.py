@@ -14,7 +14,7 @@ from typing import Any
 
 from tiny_llm.config import load_config
 from tiny_llm.layout import EPOCH_FILE, FINAL, RESOLVED
-from tiny_llm.workers.state import ROOT_CHECKPOINT, load_state, resolve_checkpoints
+from tiny_llm.workers.loading import ROOT_CHECKPOINT, load_state, resolve_checkpoints
 
 __all__ = ["check_selection", "index_states", "select_checkpoints"]
 

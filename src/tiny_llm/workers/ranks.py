@@ -138,7 +138,7 @@ def _worker(name: str):
 
 
 def _settings(data: dict[str, Any]):
-    from tiny_llm.workers.state import settings_from_dict
+    from tiny_llm.workers.settings import settings_from_dict
 
     return settings_from_dict(data)
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from tiny_llm.config import RunConfig
-from tiny_llm.curvature.hessian import FD_SCALE, HVP_ENGINES, EpochHessian, FlatParameters, Precision, runtime_settings
+from tiny_llm.curvature.engines import engine as engine_named
+from tiny_llm.curvature.hessian import FD_SCALE, EpochHessian, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan, device_budget, parameter_count, plan_spectrum
 from tiny_llm.curvature.noise import batch_gradient, mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.curvature.sharded import ShardedHessian
@@ -36,82 +37,22 @@ from tiny_llm.model.architectures import build_model
 from tiny_llm.model.llama import CausalLM
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
-from tiny_llm.workers.state import (
+from tiny_llm.workers.binding import _identity, _reusable, single_writer
+from tiny_llm.workers.loading import _Resolved, prepare_inputs
+from tiny_llm.workers.settings import (
     AnalysisSettings,
-    _identity,
-    _Resolved,
-    _reusable,
-    explain_out_of_memory,
-    prepare_inputs,
+    SpectrumSettings,
     settings_record,
-    single_writer,
+    sharded_engine,
+    spectrum_settings_from_dict,
 )
+from tiny_llm.workers.state import explain_out_of_memory
 
 __all__ = ["SpectrumSettings", "analyze_spectrum", "lanczos_tolerance", "sharded_engine", "spectrum_settings_from_dict"]
 
 log = logging.getLogger(__name__)
 
 _BASIS = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True, kw_only=True)
-class SpectrumSettings:
-    """Spectral settings (part of a spectrum result's identity)."""
-
-    top_k: int = 3
-    """Eigenpairs reported (largest algebraic, and largest magnitude)."""
-    lanczos_steps: int = 100
-    """Most Lanczos iterations for the top eigenpairs (full reorthogonalisation); it stops earlier
-    once every wanted eigenpair has converged (``lanczos_tolerance``)."""
-    lanczos_tolerance: float | None = None
-    """Converged: residual ‖Hu − λu‖ ≤ this · |λ|. None: 1e-6 for a float64 analysis, 1e-3 for
-    float32 (its Hessian-vector products are not more accurate than that)."""
-    lanczos_basis: Literal["float64", "float32", "bfloat16"] = "float64"
-    """Storage dtype of the Lanczos vectors."""
-    lanczos_reduction: Literal["float64", "float32"] = "float64"
-    """Dtype of the Lanczos dot products, norms and reorthogonalisation (float32 with a bfloat16
-    basis: low-precision storage with float32 reductions)."""
-    slq_vectors: int = 2
-    """SLQ starting vectors n_v."""
-    slq_steps: int = 10
-    """SLQ Lanczos steps m per vector."""
-    block_samples: int = 2
-    """Rademacher directions for the block-diagonal error."""
-    cg_damping: float | None = None
-    """λ of the solve (H + λI)x = ḡ; null = twice the largest eigenvalue magnitude found."""
-    cg_rtol: float = 1e-6
-    """Relative residual at which CG stops."""
-    cg_max_iterations: int = 50
-    """CG iteration cap (the residual reached is reported)."""
-    sharded: bool = False
-    """Shard the model, directions and Lanczos vectors over the job's ranks with FSDP2 (a model that
-    does not fit one device); the products are then shard-local finite differences of gradients
-    (engine auto or finite_difference). With one rank it runs the same products unsharded."""
-
-    def __post_init__(self) -> None:
-        for name in ("top_k", "lanczos_steps", "slq_vectors", "slq_steps", "block_samples", "cg_max_iterations"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"spectrum.{name}: expected a positive integer, got {getattr(self, name)}")
-        if self.lanczos_steps < self.top_k:
-            raise ValueError(f"spectrum.lanczos_steps: expected at least top_k={self.top_k}, got {self.lanczos_steps}")
-        if self.lanczos_basis not in _BASIS:
-            raise ValueError(f"spectrum.lanczos_basis: expected one of {', '.join(_BASIS)}, got {self.lanczos_basis!r}")
-        if self.lanczos_tolerance is not None and not self.lanczos_tolerance > 0:
-            raise ValueError(
-                f"spectrum.lanczos_tolerance: expected a positive number or null, got {self.lanczos_tolerance!r}"
-            )
-        if self.lanczos_reduction not in ("float64", "float32"):
-            raise ValueError(f"spectrum.lanczos_reduction: expected float64 or float32, got {self.lanczos_reduction!r}")
-
-
-def spectrum_settings_from_dict(data: dict[str, Any]) -> SpectrumSettings:
-    """SpectrumSettings from config data, refusing unknown keys."""
-    unknown = sorted(set(data) - set(SpectrumSettings.__dataclass_fields__) - {"enabled"})
-    if unknown:
-        raise ValueError(
-            f"unknown spectrum settings {unknown}; allowed: {sorted(SpectrumSettings.__dataclass_fields__)}"
-        )
-    return SpectrumSettings(**{k: v for k, v in data.items() if k != "enabled"})
 
 
 def _pairs(
@@ -132,22 +73,6 @@ def lanczos_tolerance(spectrum: SpectrumSettings, dtype: torch.dtype) -> float:
 
 def _cosines(vectors: torch.Tensor, u: torch.Tensor, layout: Layout) -> list[float]:
     return (layout.reduce(vectors @ u.T) / (layout.norms(vectors)[:, None] * layout.norms(u)[None, :])).abs().tolist()
-
-
-def sharded_engine(settings: AnalysisSettings, spectrum: SpectrumSettings) -> str | None:
-    """The products of a sharded spectrum (finite differences), or None unsharded.
-
-    Raises:
-        ValueError: another Hessian-vector-product engine asked for by name.
-    """
-    if not spectrum.sharded:
-        return None
-    if settings.engine in HVP_ENGINES and settings.engine != "finite_difference":
-        raise ValueError(
-            f"spectrum.sharded: sharded products are finite differences of gradients; set engine to "
-            f"finite_difference or auto, not {settings.engine}"
-        )
-    return "finite_difference"
 
 
 class ProductProgress:
@@ -381,7 +306,7 @@ def measure_spectrum(
 
 def _steps(resolved: _Resolved) -> dict[str, Any]:
     """The finite-difference step's relative scale (ε = scale · max(1, ‖θ‖) / ‖v‖), when that engine runs."""
-    if resolved.hvp_engine != "finite_difference":
+    if engine_named(resolved.hvp_engine).second_derivatives:
         return {}
     return {"finite_difference_scale": FD_SCALE.get(resolved.dtype, 3e-3)}
 

@@ -4,12 +4,13 @@ training writes, and its time the timing estimate."""
 import json
 
 import pytest
-from conftest import make_oracle_run
+from builders import make_oracle_run
 
 from tiny_llm.campaign.plan import case_work, cost_line, estimate_seconds, expected_states, format_seconds, job_minutes
 from tiny_llm.training.loop import train
 from tiny_llm.workers.index import index_states
-from tiny_llm.workers.state import AnalysisSettings, analyze_state
+from tiny_llm.workers.settings import AnalysisSettings
+from tiny_llm.workers.state import analyze_state
 
 
 @pytest.fixture(scope="module")

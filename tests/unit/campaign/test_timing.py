@@ -3,11 +3,11 @@
 import math
 
 import pytest
-from conftest import make_oracle_run
+from builders import make_oracle_run
 
 from tiny_llm.campaign.plan import estimate_seconds, job_minutes
 from tiny_llm.campaign.timing import calibrate, load_profiles, lookup, timing_key, write_profile
-from tiny_llm.workers.state import AnalysisSettings
+from tiny_llm.workers.settings import AnalysisSettings
 
 SECONDS = {"startup": 100.0, "gradient_microbatch": 1.0, "hvp_microbatch_pass": 10.0}
 

@@ -20,7 +20,7 @@ from tiny_llm.campaign.workflow import (
 )
 from tiny_llm.config import config_from_dict
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
-from tiny_llm.workers.state import settings_from_dict
+from tiny_llm.workers.settings import settings_from_dict
 
 RUN = {
     "model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},

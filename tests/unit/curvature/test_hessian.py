@@ -5,10 +5,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import dense_gauss_newton
+from oracles import EXACT_ENGINES, EXACT_PRODUCT_ENGINES, FORM_ENGINES, dense_gauss_newton
 from torch.func import functional_call, hessian
 
 from tiny_llm.config import load_config
+from tiny_llm.curvature import products
+from tiny_llm.curvature.engines import ENGINES
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, pad_sequences
 from tiny_llm.model.llama import IGNORE_INDEX, Llama, token_losses
 
@@ -17,7 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 
 
-@pytest.mark.parametrize("engine", ["double_backward", "pearlmutter"])
+@pytest.mark.parametrize("engine", EXACT_PRODUCT_ENGINES)
 @pytest.mark.parametrize("K", [1, 3])
 @pytest.mark.parametrize("batch_size", [1, 3, 7, 10])
 def test_hvp_equals_dense_hessian(dense_problem, engine, K, batch_size):
@@ -30,7 +32,7 @@ def test_hvp_equals_dense_hessian(dense_problem, engine, K, batch_size):
     assert op.n_targets == 7 * 6 and all(len(x) == batch_size for x, _ in op.batches)
 
 
-@pytest.mark.parametrize("engine", ["taylor", "adjoint"])
+@pytest.mark.parametrize("engine", FORM_ENGINES)
 @pytest.mark.parametrize("K", [1, 3, 16])
 @pytest.mark.parametrize("batch_size", [1, 3, 7, 10])
 def test_quadratic_form_engines_equal_dense_hessian(dense_problem, engine, K, batch_size):
@@ -42,7 +44,7 @@ def test_quadratic_form_engines_equal_dense_hessian(dense_problem, engine, K, ba
     assert op.passes == -(-20 // K)
 
 
-@pytest.mark.parametrize("engine", ["taylor", "adjoint"])
+@pytest.mark.parametrize("engine", FORM_ENGINES)
 @pytest.mark.parametrize("K, batch_size", [(1, 7), (3, 3), (16, 10)])
 def test_gauss_newton_split_equals_dense_jacobian_product(dense_problem, engine, K, batch_size):
     """Each form's Gauss–Newton part equals vᵀJᵀ∇²ℓJv from the dense Jacobian, the forms stay those
@@ -72,7 +74,7 @@ def test_gauss_newton_split_with_ignored_targets(dense_problem):
     torch.testing.assert_close(parts, ((V @ G) * V).sum(1), rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("engine", ["taylor", "adjoint", "double_backward", "pearlmutter"])
+@pytest.mark.parametrize("engine", EXACT_ENGINES)
 def test_ignored_targets_inside_a_micro_batch(dense_problem, engine):
     """One micro-batch whose targets are partly ignored: its share of the epoch form equals the dense
     Hessian of Σ ℓ_t / N over the kept targets."""
@@ -111,14 +113,14 @@ def test_every_engine_agrees_on_the_demo_model():
         e: EpochHessian(model, tokens, batch_size=8, engine=e, precision=CPU64, directions_per_pass=2).quadratic_forms(
             V
         )
-        for e in ("taylor", "adjoint", "double_backward")
+        for e in (*FORM_ENGINES, "double_backward")
     }
     rms = forms["double_backward"].pow(2).mean().sqrt()
-    for engine in ("taylor", "adjoint"):
+    for engine in FORM_ENGINES:
         assert float((forms[engine] - forms["double_backward"]).abs().max() / rms) < 1e-12
     model32 = Llama(model.config, attention_backend="reference")
     model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
-    for engine in ("taylor", "adjoint"):
+    for engine in FORM_ENGINES:
         op = EpochHessian(
             model32,
             tokens,
@@ -143,7 +145,7 @@ def test_amp_forward_is_close_to_float32(dense_problem):
     model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
     V = torch.randn(2, H.shape[0], generator=torch.Generator().manual_seed(9))
     exact = ((V.double() @ H) * V.double()).sum(1)
-    for engine in ("taylor", "adjoint", "double_backward", "pearlmutter"):
+    for engine in EXACT_ENGINES:
         amp = EpochHessian(
             model32,
             tokens,
@@ -182,9 +184,9 @@ def test_compiled_passes_pad_short_chunks_but_run_single_directions_alone(dense_
 
     def record(theta, V, inputs, targets, n_targets):
         fed.append((len(V), inputs.stride(), targets.stride(), n_targets))
-        return op._pearlmutter_eager(theta, V, inputs, targets, n_targets)
+        return products._pearlmutter(op, theta, V, inputs, targets, n_targets)
 
-    op._pearlmutter = record
+    op.functions["pearlmutter"] = record  # what the engine would compile, recorded instead
     V = torch.randn(3, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(op.hvp(V[:1]), V[:1] @ H, rtol=0, atol=1e-10)
     assert {rows for rows, *_ in fed} == {1}
@@ -232,7 +234,7 @@ def test_compiled_pearlmutter_equals_eager_with_one_graph_per_direction_count(de
     compiled.hvp(V[:3])  # a short chunk: padded to K
     eager = EpochHessian(model, tokens, batch_size=3, engine="pearlmutter", precision=CPU64, directions_per_pass=2)
     torch.testing.assert_close(compiled.quadratic_forms(V), eager.quadratic_forms(V), rtol=1e-12, atol=0)
-    compiled._n_targets.fill_(2.0 * compiled.n_targets)  # another epoch's target count: an input, not a constant
+    compiled.n_targets_tensor.fill_(2.0 * compiled.n_targets)  # another epoch's target count: an input, not a constant
     torch.testing.assert_close(compiled.hvp(V), V @ H / 2, rtol=0, atol=1e-10)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # no recompilation
 
@@ -241,13 +243,13 @@ def test_only_the_pearlmutter_engine_is_compiled(dense_problem):
     """The jets are not compiled: compiling the adjoint engine whole returned wrong forms (its record
     pass loses the adjoints), so it is refused, as for every engine but Pearlmutter."""
     model, tokens, _ = dense_problem
-    for engine in ("taylor", "adjoint", "double_backward", "finite_difference"):
+    for engine in (name for name in ENGINES if not ENGINES[name].compiled):
         with pytest.raises(ValueError, match="only the pearlmutter engine is compiled"):
             EpochHessian(model, tokens, batch_size=3, engine=engine, precision=CPU64, compile=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("engine", ["taylor", "adjoint"])
+@pytest.mark.parametrize("engine", FORM_ENGINES)
 @pytest.mark.parametrize("amp", [False, True])
 def test_quadratic_form_engines_on_cuda(dense_problem, engine, amp):
     """The jets on the GPU (float32 with TF32 off, and bf16 autocast) against the float64 oracle."""
@@ -274,13 +276,14 @@ def test_quadratic_form_engines_on_cuda(dense_problem, engine, amp):
     assert float((forms - exact).abs().max()) < bound
 
 
-@pytest.mark.parametrize("engine", ["taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference"])
+@pytest.mark.parametrize("engine", list(ENGINES))
 @pytest.mark.parametrize("group_rows", [1, 2])
 def test_row_groups_change_memory_not_numbers(dense_problem, engine, group_rows):
     """A curvature micro-batch cut into groups of sequences gives the forms and products of the
     whole micro-batch (the same terms summed), to rounding in float64."""
     model, tokens, H = dense_problem
-    K = 1 if engine == "taylor" else 4  # taylor's own groups are B/K sequences: one direction, whole micro-batch
+    # an engine whose own groups are B/K sequences (taylor) takes one direction: the whole micro-batch
+    K = 1 if ENGINES[engine].rows_per_direction else 4
     V = torch.randn(K, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(8))
     whole = EpochHessian(model, tokens, batch_size=3, engine=engine, precision=CPU64, directions_per_pass=K)
     grouped = EpochHessian(
@@ -290,9 +293,9 @@ def test_row_groups_change_memory_not_numbers(dense_problem, engine, group_rows)
     assert len(grouped._row_groups(K, 3)) == math.ceil(3 / group_rows)
     # finite differences divide gradient differences by a step of 1e-6: their own round-off (~1e-11
     # relative here) is amplified from the last bits of the gradients, which the grouping reorders
-    rtol = 1e-9 if engine == "finite_difference" else 1e-12
+    rtol = 1e-12 if ENGINES[engine].second_derivatives else 1e-9
     torch.testing.assert_close(grouped.quadratic_forms(V), whole.quadratic_forms(V), rtol=rtol, atol=0)
-    if engine not in ("taylor", "adjoint"):
+    if ENGINES[engine].products:
         grouped_hv, whole_hv = grouped.hvp(V), whole.hvp(V)
         assert float((grouped_hv - whole_hv).norm() / whole_hv.norm()) < rtol
 

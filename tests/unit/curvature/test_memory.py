@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tiny_llm.config import ModelConfig
+from tiny_llm.curvature.engines import names
 from tiny_llm.curvature.memory import (
     GRADIENT,
     MODEL_MARGIN,
@@ -18,7 +19,7 @@ from tiny_llm.curvature.memory import (
     plan_analysis,
 )
 
-ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference", GRADIENT)
+ENGINES = (*names(), GRADIENT)
 
 
 def test_storage_peak_counts_each_storage_once_until_it_is_freed():

@@ -4,7 +4,8 @@ import math
 
 import pytest
 import torch
-from conftest import dense_gauss_newton, make_oracle_run
+from builders import make_oracle_run
+from oracles import FORM_ENGINES, dense_gauss_newton
 from torch.func import functional_call, grad, hessian
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
@@ -190,7 +191,7 @@ def test_engines_and_batching_give_the_same_statistics(oracle):
             _assert_close(other["statistics"][key], runs[4]["statistics"][key])
 
 
-@pytest.mark.parametrize("engine", ["taylor", "adjoint"])
+@pytest.mark.parametrize("engine", FORM_ENGINES)
 def test_gauss_newton_statistics_equal_the_dense_oracle(oracle, engine):
     """noise, random and ḡ Gauss–Newton parts against vᵀJᵀ∇²ℓJv with the dense Jacobian; each is
     ≥ 0, and each statistic minus its part is the residual's share."""

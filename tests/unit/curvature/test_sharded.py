@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import TINY_MODEL
+from oracles import TINY_MODEL
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.sharded import ShardedHessian, shard_layout

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from conftest import TINY_MODEL
+from oracles import TINY_MODEL
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.spectrum import (

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import make_oracle_run, make_run_config
+from builders import make_oracle_run, make_run_config
 
 from tiny_llm.config import config_from_dict, config_to_dict
 from tiny_llm.data.corpus import BYTE_TOKENIZER

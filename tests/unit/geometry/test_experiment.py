@@ -8,9 +8,9 @@ import stat
 
 import pytest
 import torch
+from builders import make_oracle_run
 from torch.func import functional_call, hessian
 
-from tests.conftest import make_oracle_run
 from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.geometry.experiment import (

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 import transformers  # installed by make test (envs/requirements.txt): these tests never skip
+from oracles import PRODUCT_ENGINES
 from torch.func import functional_call
 
 from tiny_llm.cli import main
@@ -132,7 +133,7 @@ def _epoch_products(model, tokens, V):
     return torch.stack([torch.autograd.functional.hvp(loss, theta, v)[1] for v in V])
 
 
-@pytest.mark.parametrize("engine", ["double_backward", "pearlmutter", "finite_difference"])
+@pytest.mark.parametrize("engine", PRODUCT_ENGINES)
 def test_every_hvp_engine_equals_autograds_epoch_products(imported, engine):
     """Through the adapter: products and forms of the epoch Hessian against autograd's own product of
     the whole epoch's loss, float64, uneven micro-batches (finite differences within their own

@@ -5,12 +5,12 @@ import math
 
 import pytest
 import torch
-from conftest import JET_K as K
-from conftest import check_module_jet as _check_module_jet
-from conftest import check_whole_model_jet
-from conftest import jet_generator as _gen
-from conftest import jet_randn as _randn
-from conftest import reference_jet as _reference_jet
+from oracles import FORM_ENGINES, check_whole_model_jet
+from oracles import JET_K as K
+from oracles import check_module_jet as _check_module_jet
+from oracles import jet_generator as _gen
+from oracles import jet_randn as _randn
+from oracles import reference_jet as _reference_jet
 from torch import nn
 
 from tiny_llm.config import ModelConfig
@@ -142,7 +142,7 @@ def test_every_layer_type_has_a_rule_and_others_are_refused():
     check_jet_rules(Llama(ModelConfig(**{**MODEL.__dict__, "tie_embeddings": False})))
     tokens = torch.randint(0, 16, (3, 5), generator=_gen(50))
     model.layers[0].dropout = nn.Dropout(0.0)  # a layer the rules do not know
-    for engine in ("taylor", "adjoint"):
+    for engine in FORM_ENGINES:
         with pytest.raises(ValueError, match=r"layer layers.0.dropout \(Dropout\) has no second-order rule"):
             EpochHessian(model, tokens, batch_size=2, engine=engine, precision=CPU64)
     EpochHessian(model, tokens, batch_size=2, engine="double_backward", precision=CPU64)  # HVP engines need no rules

@@ -3,7 +3,7 @@
 import shutil
 
 import pytest
-from conftest import make_oracle_run
+from builders import make_oracle_run
 
 from tiny_llm.training.loop import train
 from tiny_llm.workers.index import index_states, select_checkpoints

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_oracle_run, smallest_budget_gb
+from builders import make_oracle_run, smallest_budget_gb
 from safetensors.torch import load_file
 from unit.workers.test_state import _dense_hessian
 
 from tiny_llm.data.tokens import epoch_plan
 from tiny_llm.training.loop import train
+from tiny_llm.workers.settings import AnalysisSettings
 from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum, spectrum_settings_from_dict
-from tiny_llm.workers.state import AnalysisSettings
 
 SETTINGS = AnalysisSettings(noise_samples=2, device="cpu", dtype="float64", directions_per_pass=4)
 SPECTRUM = SpectrumSettings(
@@ -190,8 +190,8 @@ def test_a_memory_budget_cuts_the_products_without_changing_the_spectrum(run):
     of the unchunked job (float64; Lanczos amplifies rounding only slightly over a few steps)."""
     from dataclasses import replace
 
+    from tiny_llm.workers.loading import _resolve
     from tiny_llm.workers.spectrum import spectrum_memory
-    from tiny_llm.workers.state import _resolve
 
     config, path = run
     small = SpectrumSettings(top_k=1, lanczos_steps=6, slq_vectors=1, slq_steps=4, block_samples=2, cg_max_iterations=5)

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import dense_epoch_hessian, make_oracle_run, smallest_budget_gb
+from builders import make_oracle_run, smallest_budget_gb
+from oracles import dense_epoch_hessian
 from safetensors.torch import load_file, save_file
 
 from tiny_llm.cli import main
@@ -16,7 +17,8 @@ from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.model.checkpoint import load_weights
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
-from tiny_llm.workers.state import AnalysisSettings, analyze_state, memory_plan
+from tiny_llm.workers.settings import AnalysisSettings
+from tiny_llm.workers.state import analyze_state, memory_plan
 
 FAST = AnalysisSettings(noise_samples=2, random_samples=3, device="cpu", dtype="float64", directions_per_pass=3)
 
@@ -398,7 +400,7 @@ def test_the_audit_is_on_by_default_unless_float64():
 
 
 def test_output_binding_names_what_changed_and_the_way_out(tmp_path, caplog):
-    from tiny_llm.workers.state import check_output_binding, output_binding
+    from tiny_llm.workers.binding import check_output_binding, output_binding
 
     binding = output_binding(AnalysisSettings(), "runs/demo")
     check_output_binding(tmp_path, binding, write=True)

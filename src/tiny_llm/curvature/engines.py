@@ -1,0 +1,195 @@
+"""The curvature engines, declared once.
+
+An engine computes, for one curvature micro-batch, either quadratic forms vᵀH_b v (kind
+``forms``) or Hessian-vector products H_b v (kind ``products``) for K directions at once. Each is
+an :class:`Engine` in :data:`ENGINES`: what it needs (second-order jet rules of every layer,
+attention it can differentiate twice), what it supports (compilation, shard-local products), the
+key of its fitted memory model, how a pass groups sequences by default, and its batch computation
+(``"module:function"``, imported when an operator first uses it, so that this registry, and the
+command line that reads its names, need no torch).
+
+Everything that lists or tests engines derives from here: ``EpochHessian``'s dispatch, the
+settings' ``engine`` choices, the command line's ``--engine`` choices, the workflow schema's enum
+(a test holds it equal), the memory model's coefficients (a test finds one per engine) and the
+tests' parametrisation. Adding an engine is its batch function (one module), one
+:func:`register` call here and its memory fit (``benchmarks/memory.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "AUTO",
+    "ENGINES",
+    "Engine",
+    "FINITE_DIFFERENCE",
+    "GRADIENT",
+    "JET_REFUSAL",
+    "default_forms_engine",
+    "default_products_engine",
+    "engine",
+    "names",
+    "register",
+]
+
+AUTO = "auto"
+"""The setting that lets the analysis choose (see :func:`default_forms_engine`)."""
+GRADIENT = "gradient"
+"""The memory-model key of a plain gradient pass (mean and sampled batch gradients)."""
+FINITE_DIFFERENCE = "finite_difference"
+"""The engine of sharded spectra (first derivatives only: every rank differentiates its shard)."""
+JET_REFUSAL = (
+    "the taylor and adjoint engines need second-order rules, which only this project's own "
+    "architectures (llama, gpt2) have; measure a Hugging Face model of another architecture with "
+    "engine double_backward, pearlmutter or finite_difference"
+)
+"""Why a jet engine refuses a model without second-order rules (the adapter's models)."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One curvature engine and what it declares."""
+
+    name: str
+    kind: Literal["forms", "products"]
+    """``forms``: quadratic forms vᵀHv only (with their Gauss–Newton part); ``products``: Hv."""
+    summary: str
+    """One line for the documentation and ``--help``."""
+    batch: str
+    """``module:function`` computing one micro-batch: ``f(hessian, V, inputs, targets)`` returns
+    (2, K) forms and Gauss–Newton parts for ``forms`` engines, (K, D) products for ``products``."""
+    jets: bool = False
+    """Needs every layer's second-order (jet) rule: native architectures only."""
+    second_derivatives: bool = True
+    """Differentiates attention twice, so needs the reference (explicit softmax) attention."""
+    compiled: bool = False
+    """Runs under ``torch.compile`` when asked (CUDA)."""
+    sharded: bool = False
+    """Its products run shard-local on an FSDP-sharded model (sharded spectra)."""
+    rows_per_direction: bool = False
+    """A pass takes B/K sequences of a B-sequence micro-batch by default (it holds K directions'
+    coefficients per layer at once); otherwise the whole micro-batch."""
+    memory: str = ""
+    """Key of its fitted memory model (``tiny_llm.curvature.memory.COEFFICIENTS``); the name if empty."""
+
+    def __post_init__(self) -> None:
+        if not self.memory:
+            object.__setattr__(self, "memory", self.name)
+
+    @property
+    def forms(self) -> bool:
+        """Whether it computes quadratic forms directly (no Hv)."""
+        return self.kind == "forms"
+
+    @property
+    def products(self) -> bool:
+        """Whether it computes Hessian-vector products (spectra need one)."""
+        return self.kind == "products"
+
+    def compute(self) -> Callable[..., Any]:
+        """Its batch computation (imported on first use)."""
+        module, function = self.batch.split(":")
+        return getattr(importlib.import_module(module), function)
+
+    def group_rows(self, K: int, B: int) -> int:
+        """Sequences of a B-sequence micro-batch in one pass with K directions, by default."""
+        return max(1, B // K) if self.rows_per_direction else B
+
+
+ENGINES: dict[str, Engine] = {}
+"""Every engine by name, in the order they are documented."""
+
+
+def register(declared: Engine) -> Engine:
+    """Add an engine to :data:`ENGINES` (a name is registered once)."""
+    if declared.name in ENGINES or declared.name in (AUTO, GRADIENT):
+        raise ValueError(f"engine {declared.name!r} is already registered or reserved")
+    ENGINES[declared.name] = declared
+    return declared
+
+
+def engine(name: str) -> Engine:
+    """The engine called ``name``.
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    try:
+        return ENGINES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {name!r}") from None
+
+
+def names(kind: str | None = None) -> tuple[str, ...]:
+    """Engine names, of one kind (``forms`` or ``products``) or all."""
+    return tuple(name for name, e in ENGINES.items() if kind is None or e.kind == kind)
+
+
+def default_forms_engine(K: int, jets: bool) -> str:
+    """The engine of quadratic forms under ``engine: auto``: adjoint for K > 1 directions per pass,
+    taylor for K = 1 (the fastest exact engines measured, benchmarks/README.md); without jet rules
+    (the adapter's models) double_backward."""
+    if not jets:
+        return "double_backward"
+    return "adjoint" if K > 1 else "taylor"
+
+
+def default_products_engine(engine_name: str, compiled_on_cuda: bool) -> str:
+    """The engine of Hessian-vector products (spectra): the forms' engine when it computes products,
+    else pearlmutter compiled on CUDA and double_backward elsewhere."""
+    if engine(engine_name).products:
+        return engine_name
+    return "pearlmutter" if compiled_on_cuda else "double_backward"
+
+
+register(
+    Engine(
+        "taylor",
+        "forms",
+        "forward Taylor mode: one no-grad pass carries each activation's jet (z, dz/dt, d²z/dt²)",
+        "tiny_llm.curvature.forms:taylor",
+        jets=True,
+        rows_per_direction=True,
+    )
+)
+register(
+    Engine(
+        "adjoint",
+        "forms",
+        "one forward and reverse pass give every layer's adjoint, shared by the K directions; a "
+        "tangent pass adds each layer's second-order term",
+        "tiny_llm.curvature.forms:adjoint",
+        jets=True,
+    )
+)
+register(
+    Engine(
+        "double_backward",
+        "products",
+        "eager reverse-over-reverse, K directions through one batched vector-Jacobian product",
+        "tiny_llm.curvature.products:double_backward",
+    )
+)
+register(
+    Engine(
+        "pearlmutter",
+        "products",
+        "forward-over-reverse jvp(grad) with torch.func, vmapped over the K directions",
+        "tiny_llm.curvature.products:pearlmutter",
+        compiled=True,
+    )
+)
+register(
+    Engine(
+        FINITE_DIFFERENCE,
+        "products",
+        "central differences of gradients (first derivatives only: any attention, shard-local)",
+        "tiny_llm.curvature.products:finite_difference",
+        second_derivatives=False,
+        sharded=True,
+    )
+)

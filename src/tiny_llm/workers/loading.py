@@ -1,0 +1,241 @@
+"""Everything a worker checks before it computes: the resolved precision and engines, the
+checkpoints (root checkpoints only, identical aliases, strict names and shapes, finite weights,
+packed workers present and consistent with the saved average), the cache (layout, tokenizer,
+capacity) and the case's batch plan.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tiny_llm.config import RunConfig, load_config
+from tiny_llm.curvature.engines import default_products_engine
+from tiny_llm.curvature.engines import engine as engine_named
+from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
+from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, offset_plan, unseen_plan
+from tiny_llm.layout import IMPORTED, RESOLVED
+from tiny_llm.model.architectures import build_model
+from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
+from tiny_llm.model.hf_runs import run_tokenizer
+from tiny_llm.provenance import canonical_hash
+from tiny_llm.runtime import resolve_device
+from tiny_llm.training.loop import average_states
+from tiny_llm.workers.settings import CASES, AnalysisSettings, quadratic_form_engine
+
+ROOT_CHECKPOINT = re.compile(r"^(epoch-\d+\.safetensors|final\.pt)$")
+
+
+_WORKER_DIR = re.compile(r"^node-\d+$")
+
+
+@dataclass
+class LoadedState:
+    """A verified parameter state: root weights, aliases, and packed workers when measured."""
+
+    root: dict[str, torch.Tensor]
+    weights_hash: str
+    aliases: list[dict[str, Any]]
+    workers: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    worker_hashes: list[str] = field(default_factory=list)
+    worker_files: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """weights_hash, or for consensus-enabled packed states a hash of it and the ordered worker hashes."""
+        if not self.workers:
+            return self.weights_hash
+        return canonical_hash({"average": self.weights_hash, "workers": self.worker_hashes})
+
+
+def resolve_checkpoints(run_dir: Path, names: list[str]) -> list[Path]:
+    """Checkpoint paths (relative to the run directory, or absolute), root checkpoints only.
+
+    Raises:
+        ValueError: worker files, files outside the run directory, unknown or missing files.
+    """
+    if not names:
+        raise ValueError("no checkpoint given")
+    run_dir = run_dir.resolve()
+    paths = []
+    for name in names:
+        path = Path(name) if Path(name).is_absolute() else run_dir / name
+        path = path.resolve()
+        if _WORKER_DIR.match(path.parent.name) and path.parent.parent == run_dir:
+            raise ValueError(
+                f"{name} is a worker checkpoint; analyse the root (averaged) checkpoint "
+                f"{path.name} instead: worker states enter through the consensus analysis"
+            )
+        if path.parent != run_dir or not ROOT_CHECKPOINT.match(path.name):
+            raise ValueError(f"{name}: expected a root checkpoint of {run_dir} (epoch-NNN.safetensors or final.pt)")
+        if not path.exists():
+            raise ValueError(f"checkpoint {path} does not exist")
+        paths.append(path)
+    return paths
+
+
+def _worker_states(path: Path, config: RunConfig) -> tuple[list[dict[str, torch.Tensor]], list[str]]:
+    K = config.training.workers
+    if path.suffix == ".pt":
+        state = load_train_state(path)
+        if len(state["workers"]) != K:
+            raise ValueError(
+                f"{path} holds {len(state['workers'])} worker states, the run has {K}; "
+                "supply the worker weights or disable consensus analysis (--no-consensus)"
+            )
+        return [w["model"] for w in state["workers"]], [f"{path.name}#workers[{w}]" for w in range(K)]
+    files = [path.parent / f"node-{w:03d}" / path.name for w in range(K)]
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise ValueError(
+            f"packed checkpoint {path.name} lacks worker files {missing}; supply the worker "
+            "weights or disable consensus analysis (--no-consensus)"
+        )
+    return [load_weights(f)[0] for f in files], [str(f.relative_to(path.parent)) for f in files]
+
+
+def _check_average(root: dict[str, torch.Tensor], workers: list[dict[str, torch.Tensor]], source: str) -> None:
+    average = average_states(workers)
+    for name, tensor in root.items():
+        if not torch.allclose(tensor.float(), average[name].float(), rtol=1e-5, atol=1e-7):
+            deviation = float((tensor.float() - average[name].float()).abs().max())
+            raise ValueError(
+                f"{source}: saved root weights {name} differ from the workers' float32 average "
+                f"(max deviation {deviation:.3g} > rtol 1e-5, atol 1e-7); the worker files do not "
+                "belong to this checkpoint"
+            )
+
+
+def load_state(run_dir: Path, paths: list[Path], config: RunConfig, consensus: bool) -> LoadedState:
+    """Load and verify a state and its aliases before any compute (see module docstring)."""
+    model = build_model(config.model, attention_backend="reference")
+    loaded = None
+    for path in paths:
+        root, metadata = load_weights(path)
+        check_state_dict(model, root, source=str(path))
+        alias = {
+            "file": path.name,
+            "step": int(metadata.get("step", -1)),
+            "tokens": int(metadata["tokens"]) if "tokens" in metadata else None,
+            **({"source": metadata["source"]} if "source" in metadata else {}),
+        }
+        digest = state_hash(root)
+        if loaded is None:
+            loaded = LoadedState(root=root, weights_hash=digest, aliases=[alias])
+        elif digest != loaded.weights_hash:
+            raise ValueError(
+                f"{path.name} and {loaded.aliases[0]['file']} hold different parameter states; "
+                "aliases of one state must be identical"
+            )
+        else:
+            loaded.aliases.append(alias)
+    if consensus and config.training.packed:
+        worker_lists = [_worker_states(path, config) for path in paths]
+        for path, (workers, files) in zip(paths, worker_lists, strict=True):
+            for state, file in zip(workers, files, strict=True):
+                check_state_dict(model, state, source=file)
+            _check_average(loaded.root, workers, str(path))
+        hashes = [[state_hash(w) for w in workers] for workers, _ in worker_lists]
+        if any(h != hashes[0] for h in hashes):
+            raise ValueError(
+                f"checkpoints {[p.name for p in paths]} share averaged weights but not worker states; "
+                "analyse them separately"
+            )
+        loaded.workers, loaded.worker_files, loaded.worker_hashes = worker_lists[0][0], worker_lists[0][1], hashes[0]
+    return loaded
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    device: torch.device
+    dtype: torch.dtype
+    engine: str
+    """Engine of the quadratic forms."""
+    compiled: bool
+    tf32: bool
+    hvp_batch_size: int
+    hvp_engine: str
+    """Engine of Hessian-vector products (spectra)."""
+    hvp_compiled: bool
+
+
+def _compiled(settings: AnalysisSettings, engine: str, cuda: bool) -> bool:
+    """Whether ``engine`` runs compiled: an engine that compiles, on CUDA, with compile_hvp."""
+    return cuda and settings.compile_hvp and engine_named(engine).compiled
+
+
+def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
+    device = resolve_device(settings.device)
+    cuda = device.type == "cuda"
+    engine = quadratic_form_engine(settings, config.model)
+    hvp_engine = default_products_engine(engine, cuda and settings.compile_hvp)
+    return _Resolved(
+        device=device,
+        dtype=getattr(torch, settings.dtype),
+        engine=engine,
+        compiled=_compiled(settings, engine, cuda),
+        tf32=cuda and settings.dtype == "float32" and settings.tf32,
+        hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
+        hvp_engine=hvp_engine,
+        hvp_compiled=_compiled(settings, hvp_engine, cuda),
+    )
+
+
+def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, offset: int):
+    if case not in CASES:
+        raise ValueError(f"case: expected one of {', '.join(CASES)}, got {case!r}")
+    if case == "offset":
+        return offset_plan(config, cache, offset)
+    if (run_dir / IMPORTED).exists():
+        raise ValueError(
+            f"case {case}: {run_dir} holds imported weights, trained elsewhere on a stream this "
+            "project does not know, so seen and unseen do not apply; analyse the offset case "
+            "(a batch-aligned epoch of the cache from data_offset)"
+        )
+    check_capacity(cache, config, "unseen" if case == "unseen" else "train")
+    return epoch_plan(config, 1) if case == "seen" else unseen_plan(config)
+
+
+def check_tokenizer(run_dir: Path, cache: TokenCache, carried: dict[str, Any] | None) -> None:
+    """Refuse to measure a run's checkpoints on a cache encoded with another tokenizer than the one
+    they came with (``carried``: :func:`run_tokenizer` of an imported run), naming both.
+
+    Raises:
+        ValueError: before any work.
+    """
+    if carried is not None and not same_tokenizer(carried, cache.meta.get("tokenizer")):
+        raise ValueError(
+            f"{run_dir}'s checkpoints came with {describe_tokenizer(carried)}, but the cache "
+            f"{cache.path} was encoded with {describe_tokenizer(cache.meta.get('tokenizer'))}; prepare "
+            f"the cache with the checkpoints' tokenizer (prepare-data --source text --tokenizer "
+            f"{carried.get('path')} ...) and point data.cache at it"
+        )
+
+
+def prepare_inputs(
+    run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings, expect_key: str | None = None
+):
+    """Everything a worker checks before computing: configuration, resolved precision, cache and
+    its capacity, the case's batch plan, and the verified state (matching ``expect_key``).
+
+    Returns ``(config, resolved, cache, plan, state)``.
+    """
+    run_dir = Path(run_dir)
+    config = load_config(run_dir / RESOLVED)
+    carried = run_tokenizer(run_dir)  # an import that did not finish is refused first
+    resolved = _resolve(settings, config)
+    cache = TokenCache(config.data.cache)
+    cache.check_layout(config)
+    check_tokenizer(run_dir, cache, carried)
+    plan = _case_plan(config, cache, case, run_dir, settings.data_offset)
+    state = load_state(run_dir, resolve_checkpoints(run_dir, checkpoints), config, settings.consensus)
+    if expect_key is not None and state.key != expect_key:
+        raise ValueError(
+            f"checkpoints {checkpoints} hash to state key {state.key}, expected {expect_key}; "
+            "the files changed since the states were indexed"
+        )
+    return config, resolved, cache, plan, state

@@ -1,0 +1,241 @@
+"""The settings of an analysis, torch-free: what every wing (the command line, the workflow, the
+workers) reads and validates, with the real defaults in one place.
+
+``AnalysisSettings`` (numerical and sampling settings of a (state, case) analysis, all part of a
+result's identity but ``EXECUTION_SETTINGS``), ``SpectrumSettings`` (a spectrum's), their readers
+from configuration data, and which engine they resolve to (``quadratic_form_engine``,
+``sharded_engine``) from the registry of :mod:`tiny_llm.curvature.engines`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from tiny_llm.config import ModelConfig
+from tiny_llm.curvature.engines import AUTO, FINITE_DIFFERENCE, JET_REFUSAL, default_forms_engine, names
+from tiny_llm.curvature.engines import engine as engine_named
+
+ENGINE_SETTINGS = (AUTO, *names())
+"""What ``engine`` may be set to: auto or a registered engine."""
+EngineSetting = Literal[ENGINE_SETTINGS]  # the registry's names, as a type
+LANCZOS_BASES = ("float64", "float32", "bfloat16")
+"""Storage dtypes of the Lanczos vectors."""
+
+
+CASES = ("seen", "unseen", "offset")
+"""seen: epoch 1 as trained; unseen: one epoch after training's final shuffle group; offset: one
+batch-aligned epoch of the cache from ``data_offset`` batches on (the case of imported runs,
+whose training stream is not known)."""
+
+
+EXECUTION_SETTINGS = ("memory_budget_gb",)
+"""Settings that change how the work is cut, not its numbers: not part of identities or bindings."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalysisSettings:
+    """Numerical and sampling settings of an analysis (all part of a result's identity)."""
+
+    noise_samples: int | None = 32
+    """S_v, sampled effective batches (None = every batch of the epoch; capped by the epoch)."""
+    random_samples: int = 32
+    """S_r, Rademacher directions."""
+    seed: int = 42
+    """Seed of the noise-batch draw and the Rademacher directions (reused across checkpoints)."""
+    hvp_batch_size: int | None = None
+    """Curvature micro-batch size (None = training.micro_batch_size); never changes H."""
+    directions_per_pass: int = 16
+    """K directions share each pass over the data; bounded by memory."""
+    engine: EngineSetting = AUTO
+    """Engine of every quadratic form vᵀHv: taylor or adjoint (second derivatives along v, no Hv),
+    or an HVP engine. auto: adjoint for K > 1 directions per pass, taylor for K = 1 (the fastest
+    exact engines measured). Spectra need Hv: they use this engine when it is an HVP engine, else
+    pearlmutter (compiled) on CUDA and double_backward on CPU."""
+    compile_hvp: bool = True
+    """torch.compile the Pearlmutter product on CUDA (CPU analysis stays eager)."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N, or auto (cuda when available)."""
+    dtype: Literal["float32", "float64"] = "float32"
+    """Parameter dtype of the analysis model; float64 for derivative checks."""
+    tf32: bool = True
+    """TF32 matmuls for float32 on CUDA."""
+    amp: bool = False
+    """bf16 autocast in the forward only (float32 parameters; scores, norms, cross-entropy fp32)."""
+    consensus: bool = True
+    """Packed runs: measure each worker's consensus error eᵢ = xᵢ − x̄."""
+    audit: bool | Literal["auto"] = "auto"
+    """Precision audit, first in the job: ḡ and the loss over the epoch in float64, and a seeded
+    subset of the directions rebuilt and measured in float64, giving the error each statistic
+    implies (true / false). auto: on unless the analysis runs in float64 without autocast."""
+    audit_directions: int = 4
+    """Audited noise directions and random directions (each; ḡᵀHḡ is always audited)."""
+    audit_batches: int = 4
+    """Curvature micro-batches (seeded) over which the audit compares production and float64."""
+    data_offset: int = 0
+    """Case offset: the epoch starts this many batches (of training.batch_size sequences) into the
+    cache, in cache order."""
+    memory_budget_gb: float | None = None
+    """Memory (GiB) a job may use on its device; every pass is cut into groups of sequences that the
+    memory model says fit it (the numbers do not change, so it is not part of a result's identity).
+    None: on CUDA the device's free memory less a margin, elsewhere no budget."""
+
+    @property
+    def audited(self) -> bool:
+        """Whether the precision audit runs."""
+        return self.audit is True or (self.audit == "auto" and (self.dtype != "float64" or self.amp))
+
+    def __post_init__(self) -> None:
+        for name in ("random_samples", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected a non-negative integer, got {getattr(self, name)}")
+        for name in ("noise_samples", "hvp_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}: expected a positive integer or all/default, got {value}")
+        if self.directions_per_pass < 1:
+            raise ValueError(f"directions_per_pass: expected a positive integer, got {self.directions_per_pass}")
+        if self.engine not in ENGINE_SETTINGS:
+            raise ValueError(f"engine: expected one of {', '.join(ENGINE_SETTINGS)}, got {self.engine!r}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype: expected float32 or float64, got {self.dtype!r}")
+        if self.audit in ("on", "off"):  # the command line's words, in a configuration too
+            object.__setattr__(self, "audit", self.audit == "on")
+        if not (self.audit == "auto" or isinstance(self.audit, bool)):
+            raise ValueError(f"audit: expected auto, true or false, got {self.audit!r}")
+        for name in ("audit_directions", "audit_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
+        if self.memory_budget_gb is not None and not (
+            isinstance(self.memory_budget_gb, (int, float)) and 0 < self.memory_budget_gb < float("inf")
+        ):
+            raise ValueError(
+                f"memory_budget_gb: expected a positive number of GiB or null, got {self.memory_budget_gb!r}"
+            )
+        if self.amp and self.dtype != "float32":
+            raise ValueError("--amp requires --dtype float32 (bf16 autocast with float32 parameters)")
+
+
+def numerical_settings(settings: AnalysisSettings) -> dict[str, Any]:
+    """The settings that decide a result's numbers (all but EXECUTION_SETTINGS)."""
+    return {k: v for k, v in asdict(settings).items() if k not in EXECUTION_SETTINGS}
+
+
+def settings_record(settings: AnalysisSettings) -> dict[str, Any]:
+    """The settings as a result records them: plain data, with every batch as ``noise_samples: all``
+    (as written in a configuration)."""
+    record = asdict(settings)
+    if record["noise_samples"] is None:
+        record["noise_samples"] = "all"
+    return record
+
+
+def settings_from_dict(data: dict[str, Any]) -> AnalysisSettings:
+    """AnalysisSettings from plain config data (``noise_samples: all`` means every batch).
+
+    Raises:
+        ValueError: unknown keys or impossible values, naming them.
+    """
+    names = set(AnalysisSettings.__dataclass_fields__)
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown analysis settings {unknown}; allowed: {sorted(names)}")
+    values = dict(data)
+    if values.get("noise_samples") == "all":
+        values["noise_samples"] = None
+    return AnalysisSettings(**values)
+
+
+def quadratic_form_engine(settings: AnalysisSettings, model: ModelConfig | None = None) -> str:
+    """The engine of the quadratic forms: ``settings.engine``, with auto as the registry's default
+    (:func:`tiny_llm.curvature.engines.default_forms_engine`: adjoint for K > 1 directions per pass,
+    taylor for K = 1); for a Hugging Face model of another architecture (``model.architecture:
+    hf``, no second-order rules) auto is double_backward, and the jet engines are refused.
+
+    Raises:
+        ValueError: a jet engine for an ``hf`` model, before any work.
+    """
+    jets = model is None or model.architecture != "hf"
+    if settings.engine == AUTO:
+        return default_forms_engine(settings.directions_per_pass, jets)
+    if not jets and engine_named(settings.engine).jets:
+        raise ValueError(f"engine {settings.engine}: {JET_REFUSAL}")
+    return settings.engine
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpectrumSettings:
+    """Spectral settings (part of a spectrum result's identity)."""
+
+    top_k: int = 3
+    """Eigenpairs reported (largest algebraic, and largest magnitude)."""
+    lanczos_steps: int = 100
+    """Most Lanczos iterations for the top eigenpairs (full reorthogonalisation); it stops earlier
+    once every wanted eigenpair has converged (``lanczos_tolerance``)."""
+    lanczos_tolerance: float | None = None
+    """Converged: residual ‖Hu − λu‖ ≤ this · |λ|. None: 1e-6 for a float64 analysis, 1e-3 for
+    float32 (its Hessian-vector products are not more accurate than that)."""
+    lanczos_basis: Literal["float64", "float32", "bfloat16"] = "float64"
+    """Storage dtype of the Lanczos vectors."""
+    lanczos_reduction: Literal["float64", "float32"] = "float64"
+    """Dtype of the Lanczos dot products, norms and reorthogonalisation (float32 with a bfloat16
+    basis: low-precision storage with float32 reductions)."""
+    slq_vectors: int = 2
+    """SLQ starting vectors n_v."""
+    slq_steps: int = 10
+    """SLQ Lanczos steps m per vector."""
+    block_samples: int = 2
+    """Rademacher directions for the block-diagonal error."""
+    cg_damping: float | None = None
+    """λ of the solve (H + λI)x = ḡ; null = twice the largest eigenvalue magnitude found."""
+    cg_rtol: float = 1e-6
+    """Relative residual at which CG stops."""
+    cg_max_iterations: int = 50
+    """CG iteration cap (the residual reached is reported)."""
+    sharded: bool = False
+    """Shard the model, directions and Lanczos vectors over the job's ranks with FSDP2 (a model that
+    does not fit one device); the products are then shard-local finite differences of gradients
+    (engine auto or finite_difference). With one rank it runs the same products unsharded."""
+
+    def __post_init__(self) -> None:
+        for name in ("top_k", "lanczos_steps", "slq_vectors", "slq_steps", "block_samples", "cg_max_iterations"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"spectrum.{name}: expected a positive integer, got {getattr(self, name)}")
+        if self.lanczos_steps < self.top_k:
+            raise ValueError(f"spectrum.lanczos_steps: expected at least top_k={self.top_k}, got {self.lanczos_steps}")
+        if self.lanczos_basis not in LANCZOS_BASES:
+            raise ValueError(
+                f"spectrum.lanczos_basis: expected one of {', '.join(LANCZOS_BASES)}, got {self.lanczos_basis!r}"
+            )
+        if self.lanczos_tolerance is not None and not self.lanczos_tolerance > 0:
+            raise ValueError(
+                f"spectrum.lanczos_tolerance: expected a positive number or null, got {self.lanczos_tolerance!r}"
+            )
+        if self.lanczos_reduction not in ("float64", "float32"):
+            raise ValueError(f"spectrum.lanczos_reduction: expected float64 or float32, got {self.lanczos_reduction!r}")
+
+
+def spectrum_settings_from_dict(data: dict[str, Any]) -> SpectrumSettings:
+    """SpectrumSettings from config data, refusing unknown keys."""
+    unknown = sorted(set(data) - set(SpectrumSettings.__dataclass_fields__) - {"enabled"})
+    if unknown:
+        raise ValueError(
+            f"unknown spectrum settings {unknown}; allowed: {sorted(SpectrumSettings.__dataclass_fields__)}"
+        )
+    return SpectrumSettings(**{k: v for k, v in data.items() if k != "enabled"})
+
+
+def sharded_engine(settings: AnalysisSettings, spectrum: SpectrumSettings) -> str | None:
+    """The products of a sharded spectrum (finite differences), or None unsharded.
+
+    Raises:
+        ValueError: another Hessian-vector-product engine asked for by name.
+    """
+    if not spectrum.sharded:
+        return None
+    if settings.engine != AUTO and engine_named(settings.engine).products and not engine_named(settings.engine).sharded:
+        raise ValueError(
+            f"spectrum.sharded: sharded products are finite differences of gradients; set engine to "
+            f"{FINITE_DIFFERENCE} or auto, not {settings.engine}"
+        )
+    return FINITE_DIFFERENCE

@@ -1,0 +1,72 @@
+"""The engine registry: every list of engines derives from it, and nothing else names an engine in
+a comparison."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tiny_llm.curvature.engines import AUTO, ENGINES, GRADIENT, Engine, engine, names, register
+from tiny_llm.curvature.memory import COEFFICIENTS
+from tiny_llm.workers.settings import ENGINE_SETTINGS, AnalysisSettings
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_every_engine_declares_a_kind_a_batch_computation_and_a_fitted_memory_model():
+    assert names() == ("taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference")
+    assert names("forms") + names("products") == tuple(sorted(names(), key=names().index))
+    for declared in ENGINES.values():
+        assert declared.kind in ("forms", "products")
+        assert callable(declared.compute()), declared.name
+        assert declared.memory in COEFFICIENTS, f"no memory model for {declared.name}: fit benchmarks/memory.py"
+        assert not (declared.jets and declared.products)  # the jet rules give forms, not products
+    assert GRADIENT in COEFFICIENTS and set(COEFFICIENTS) == {*(e.memory for e in ENGINES.values()), GRADIENT}
+
+
+def test_the_settings_the_schema_and_the_configuration_offer_the_registry():
+    assert ENGINE_SETTINGS == (AUTO, *names())
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "engine" in node and isinstance(node["engine"], dict) and "enum" in node["engine"]:
+                found.append(node["engine"]["enum"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    assert found and all(tuple(enum) == ENGINE_SETTINGS for enum in found)
+    documented = (REPO / "config/config.yaml").read_text()
+    assert all(name in documented for name in names())
+    with pytest.raises(ValueError, match="engine: expected one of auto, taylor, adjoint"):
+        AnalysisSettings(engine="newton")
+
+
+def test_unknown_and_duplicate_engines_are_refused_by_name():
+    with pytest.raises(ValueError, match="engine: expected one of taylor, adjoint, .* got 'newton'"):
+        engine("newton")
+    with pytest.raises(ValueError, match="already registered or reserved"):
+        register(Engine("adjoint", "forms", "again", "tiny_llm.curvature.forms:adjoint"))
+    with pytest.raises(ValueError, match="already registered or reserved"):
+        register(Engine(GRADIENT, "products", "a gradient", "tiny_llm.curvature.products:double_backward"))
+
+
+def test_no_module_outside_the_registry_compares_an_engine_by_name():
+    """Engines are dispatched by what they declare (kind, jets, compiled, sharded), so a new engine
+    needs no edit elsewhere: no source compares an engine name as a string."""
+    engine_name = "|".join(names())
+    compared = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["']({engine_name})["']|["']({engine_name})["']\s*(==|!=|\bin\b)""")
+    offenders = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in sorted((REPO / "src/tiny_llm").rglob("*.py"))
+        if path.name != "engines.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if compared.search(line)
+    ]
+    assert offenders == []
