@@ -30,7 +30,8 @@ import torch
 
 from tiny_llm.config import ModelConfig, load_config
 from tiny_llm.curvature.hessian import EpochHessian, Precision, pad_sequences
-from tiny_llm.model.llama import Llama, count_parameters, token_losses
+from tiny_llm.model.causal import count_parameters, token_losses
+from tiny_llm.model.llama import Llama
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter")

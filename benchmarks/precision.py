@@ -27,7 +27,8 @@ from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.spectrum import top_eigenpairs
 from tiny_llm.data.corpus import default_capacity, prepare_source_cache
 from tiny_llm.data.tokens import TokenCache, epoch_plan
-from tiny_llm.model.llama import Llama, count_parameters
+from tiny_llm.model.causal import count_parameters
+from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,8 +11,9 @@ from torch.func import functional_call, hessian, jvp
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.engines import ENGINES, names
 from tiny_llm.curvature.hessian import FlatParameters
+from tiny_llm.model.causal import token_losses
 from tiny_llm.model.jets import Jet, JetPass
-from tiny_llm.model.llama import Llama, token_losses
+from tiny_llm.model.llama import Llama
 
 FORM_ENGINES = names("forms")
 """Engines of quadratic forms (exact, with the Gauss–Newton split)."""

@@ -12,7 +12,8 @@ from torch.func import functional_call, grad, jvp
 from tiny_llm.cli import main
 from tiny_llm.config import load_config
 from tiny_llm.data.tokens import TokenCache
-from tiny_llm.model.llama import Llama, token_losses
+from tiny_llm.model.causal import token_losses
+from tiny_llm.model.llama import Llama
 
 TINY = [
     "--set",

@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 from builders import make_oracle_run
 from oracles import TINY_MODEL
 
+from tiny_llm.curvature.gradients import mean_gradient_and_loss
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.curvature.noise import mean_gradient_and_loss
 from tiny_llm.distributed import is_writer, shard, world
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train

@@ -1,7 +1,9 @@
-"""The maths: the full-epoch token-weighted Hessian operator and its engines (hessian), the
-gradient-noise statistics with their standard errors and precision audit (noise), and Lanczos,
-SLQ, CG and block-diagonal errors on the same operator (spectrum), and the memory model that
-cuts every pass to fit a budget (memory).
+"""The maths: the full-epoch token-weighted Hessian operator (hessian) and its engines (engines:
+the registry; forms and products: their batch computations), the gradients and seeded draws
+(gradients), the statistics declared once with their standard errors (statistics), a (state, case)
+measurement (noise) with its precision audit (audit), Lanczos, SLQ, CG and block-diagonal errors
+on the same operator (spectrum), and the memory model that cuts every pass to fit a budget
+(memory).
 
 Names are imported on first use, so that the torch-free modules (the engine registry) can be
 imported alone.
@@ -13,30 +15,25 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    **dict.fromkeys(
-        ["ENGINES", "EpochHessian", "FORM_ENGINES", "FlatParameters", "HVP_ENGINES", "Precision", "pad_sequences"],
-        "tiny_llm.curvature.hessian",
-    ),
-    **dict.fromkeys(
-        ["MemoryPlan", "StoragePeak", "device_budget", "pass_bytes", "plan_analysis"], "tiny_llm.curvature.memory"
-    ),
+    **dict.fromkeys(["precision_audit"], "tiny_llm.curvature.audit"),
+    **dict.fromkeys(["ENGINES", "Engine", "engine", "names", "register"], "tiny_llm.curvature.engines"),
     **dict.fromkeys(
         [
-            "CaseInputs",
-            "STANDARD_ERRORS",
             "batch_gradient",
             "batch_gradient_and_loss",
             "mean_gradient",
             "mean_gradient_and_loss",
-            "measure_case",
             "noise_batch_indices",
-            "precision_audit",
             "rademacher",
-            "standard_errors",
-            "summarise",
         ],
-        "tiny_llm.curvature.noise",
+        "tiny_llm.curvature.gradients",
     ),
+    **dict.fromkeys(["EpochHessian", "FlatParameters", "Precision", "pad_sequences"], "tiny_llm.curvature.hessian"),
+    **dict.fromkeys(
+        ["MemoryPlan", "StoragePeak", "device_budget", "pass_bytes", "plan_analysis"], "tiny_llm.curvature.memory"
+    ),
+    **dict.fromkeys(["CaseInputs"], "tiny_llm.curvature.case"),
+    **dict.fromkeys(["measure_case"], "tiny_llm.curvature.noise"),
     **dict.fromkeys(
         [
             "LanczosResult",
@@ -50,6 +47,10 @@ _WHERE = {
             "top_eigenpairs",
         ],
         "tiny_llm.curvature.spectrum",
+    ),
+    **dict.fromkeys(
+        ["STANDARD_ERRORS", "STATISTICS", "Samples", "Statistic", "standard_errors", "summarise"],
+        "tiny_llm.curvature.statistics",
     ),
 }
 __all__ = sorted(_WHERE)

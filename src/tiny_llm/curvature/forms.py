@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tiny_llm.model.causal import token_losses
 from tiny_llm.model.jets import JetPass
-from tiny_llm.model.llama import token_losses
 
 if TYPE_CHECKING:
     from tiny_llm.curvature.hessian import EpochHessian

@@ -27,7 +27,8 @@ from tiny_llm.curvature.engines import ENGINES as REGISTRY
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.engines import names
 from tiny_llm.distributed import all_reduce_sum, shard
-from tiny_llm.model.llama import IGNORE_INDEX, Llama, check_jet_rules, token_losses
+from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
+from tiny_llm.model.llama import Llama
 
 __all__ = ["ENGINES", "EpochHessian", "FORM_ENGINES", "HVP_ENGINES", "FlatParameters", "Precision", "pad_sequences"]
 

@@ -309,7 +309,7 @@ def measure_pass(
     are part of :func:`resident_bytes`)."""
     from tiny_llm.curvature.hessian import EpochHessian, Precision
     from tiny_llm.model.architectures import build_model
-    from tiny_llm.model.llama import token_losses
+    from tiny_llm.model.causal import token_losses
 
     device = torch.device(device)
     counter = _CudaPeak(device) if device.type == "cuda" else StoragePeak()

@@ -32,7 +32,7 @@ from tiny_llm.curvature.engines import FINITE_DIFFERENCE
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, pad_sequences
 from tiny_llm.curvature.spectrum import Layout
 from tiny_llm.distributed import world
-from tiny_llm.model.llama import IGNORE_INDEX, token_losses
+from tiny_llm.model.causal import IGNORE_INDEX, token_losses
 
 __all__ = ["ShardedHessian", "shard_layout", "shard_model"]
 

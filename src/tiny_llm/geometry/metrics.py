@@ -48,9 +48,10 @@ import math
 import torch
 from torch.func import functional_call, grad, jvp, vjp, vmap
 
+from tiny_llm.curvature.gradients import mean_gradient_and_loss, rademacher
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.curvature.noise import mean_gradient_and_loss, rademacher
-from tiny_llm.model.llama import Llama, token_losses
+from tiny_llm.model.causal import token_losses
+from tiny_llm.model.llama import Llama
 
 __all__ = [
     "batch_gradients",

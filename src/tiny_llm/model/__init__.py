@@ -1,8 +1,11 @@
-"""The model: the Llama (config, attention, feed-forward, RMSNorm, RoPE), each layer's second-order
-jet rule beside it (model.jets holds the jet arithmetic), and checkpoint files (safetensors
+"""The model: the shared causal-LM base with its loss and loss rule (causal), the layers and jet
+rules architectures share (layers), the Llama (llama) and GPT-2 (gpt2) with each layer's
+second-order jet rule beside it (jets holds the jet arithmetic), ``build_model`` (architectures),
+Hugging Face formats and imports (hf, hf_runs, adapter), and checkpoint files (safetensors
 weights, training state loaded as data, strict key and shape checks, state hashes).
 """
 
+from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, count_parameters, token_losses
 from tiny_llm.model.checkpoint import (
     check_state_dict,
     load_model_weights,
@@ -13,7 +16,7 @@ from tiny_llm.model.checkpoint import (
     state_hash,
 )
 from tiny_llm.model.jets import Jet, JetPass, add_terms, per_direction, per_direction_dot, shared_matmul
-from tiny_llm.model.llama import IGNORE_INDEX, Llama, check_jet_rules, count_parameters, token_losses
+from tiny_llm.model.llama import Llama
 
 __all__ = [
     "IGNORE_INDEX",

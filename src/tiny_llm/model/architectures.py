@@ -7,8 +7,9 @@ from __future__ import annotations
 from torch import nn
 
 from tiny_llm.config import ModelConfig
+from tiny_llm.model.causal import AttentionBackend, CausalLM
 from tiny_llm.model.gpt2 import GPT2
-from tiny_llm.model.llama import AttentionBackend, CausalLM, Llama
+from tiny_llm.model.llama import Llama
 
 __all__ = ["ARCHITECTURES", "build_model"]
 

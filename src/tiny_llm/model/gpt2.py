@@ -12,12 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tiny_llm.config import ModelConfig
+from tiny_llm.model.causal import AttentionBackend, CausalLM, upcast, without_autocast
 from tiny_llm.model.jets import Jet, JetPass
-from tiny_llm.model.llama import (
-    AttentionBackend,
-    CausalLM,
-    _upcast,
-    _without_autocast,
+from tiny_llm.model.layers import (
     embedding_jet,
     feature_jet,
     linear_jet,
@@ -64,8 +61,8 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with _without_autocast(x):
-            xc = _upcast(x)
+        with without_autocast(x):
+            xc = upcast(x)
             xc = xc - xc.mean(-1, keepdim=True)
             normed = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + self.eps)
         return normed.to(x.dtype) * self.weight + self.bias

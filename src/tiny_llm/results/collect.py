@@ -15,7 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.curvature.noise import STANDARD_ERRORS, standard_errors, summarise
+from tiny_llm.curvature.statistics import STANDARD_ERRORS, Samples, standard_errors, summarise
+from tiny_llm.curvature.statistics import STATISTICS as DECLARED
 from tiny_llm.data.order import order_warnings
 from tiny_llm.io import atomic_write_json, atomic_write_text
 from tiny_llm.layout import MANIFEST, SUMMARY
@@ -35,18 +36,9 @@ __all__ = [
     "validate_result",
 ]
 
-STATISTICS = [
-    "noise_curvature",
-    "normalized_alignment",
-    "mean_noise_norm",
-    "mean_grad_norm",
-    "full_grad_norm",
-    "random_curvature",
-    "grad_curvature",
-    "b_simple",
-    "b_noise",
-]
-GAUSS_NEWTON = ["noise_gauss_newton", "random_gauss_newton", "grad_gauss_newton"]
+STATISTICS = [s.name for s in DECLARED if s.estimate is not None and s.part_of is None]
+"""The statistics every result holds (estimated from its records; the loss aside)."""
+GAUSS_NEWTON = [s.name for s in DECLARED if s.part_of is not None]
 """The Gauss–Newton parts of noise_curvature, random_curvature and grad_curvature (form engines)."""
 CONSENSUS_COLUMNS = ["consensus_mean_curvature", "consensus_normalized_alignment", "consensus_mean_norm"]
 ERROR_COLUMNS = [f"{name}_se" for name in STANDARD_ERRORS]
@@ -57,9 +49,7 @@ SUMMARY_COLUMNS = [
     "step",
     "tokens",
     "source",
-    "loss",
-    *STATISTICS,
-    *GAUSS_NEWTON,
+    *(s.name for s in DECLARED),
     *ERROR_COLUMNS,
     "audit_statistic_error",
     "audit_max_relative_error",
@@ -98,22 +88,12 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
     missing = [k for k in STATISTICS if k not in result["statistics"]]
     if missing:
         raise ValueError(f"{source}: statistics {missing} are missing")
-    counts = result["counts"]
-    arguments = (
-        result["noise_samples"],
-        result["random_directions"],
-        result["statistics"]["full_grad_norm"],
-        result["statistics"]["grad_curvature"],
-        counts["parameters_D"],
-        counts["effective_batch_size"],
-        counts["epoch_sequences"],
-        result["statistics"].get("grad_gauss_newton"),
-    )
     if "standard_errors" not in result:
         raise ValueError(
             f"{source}: has no standard errors (made by an older version); rerun the workflow in a new output directory"
         )
-    for block, recomputed in (("statistics", summarise(*arguments)), ("standard_errors", standard_errors(*arguments))):
+    samples = Samples.from_result(result)
+    for block, recomputed in (("statistics", summarise(samples)), ("standard_errors", standard_errors(samples))):
         for name, value in recomputed.items():
             if value is None and name not in result[block]:  # a statistic added since (Gauss–Newton parts)
                 continue
@@ -209,9 +189,7 @@ def collect(
                         "step": alias["step"],
                         "tokens": _cell(alias["tokens"]),
                         "source": alias.get("source", ""),
-                        "loss": _cell(result["statistics"].get("loss")),
-                        **{k: _cell(result["statistics"][k]) for k in STATISTICS},
-                        **{k: _cell(result["statistics"].get(k)) for k in GAUSS_NEWTON},
+                        **{s.name: _cell(result["statistics"].get(s.name)) for s in DECLARED},
                         **{k: _cell(result["standard_errors"].get(k)) for k in ERROR_COLUMNS},
                         "audit_statistic_error": _cell((result.get("audit") or {}).get("max_statistic_relative_error")),
                         "audit_max_relative_error": _cell((result.get("audit") or {}).get("max_relative_error")),

@@ -17,9 +17,9 @@ import torch
 
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.engines import engine as engine_named
+from tiny_llm.curvature.gradients import batch_gradient, mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.curvature.hessian import FD_SCALE, EpochHessian, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan, device_budget, parameter_count, plan_spectrum
-from tiny_llm.curvature.noise import batch_gradient, mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.curvature.sharded import ShardedHessian
 from tiny_llm.curvature.spectrum import (
     Layout,
@@ -34,7 +34,7 @@ from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.model.architectures import build_model
-from tiny_llm.model.llama import CausalLM
+from tiny_llm.model.causal import CausalLM
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
 from tiny_llm.workers.binding import _identity, _reusable, single_writer

@@ -12,7 +12,8 @@ from tiny_llm.config import load_config
 from tiny_llm.curvature import products
 from tiny_llm.curvature.engines import ENGINES
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, pad_sequences
-from tiny_llm.model.llama import IGNORE_INDEX, Llama, token_losses
+from tiny_llm.model.causal import IGNORE_INDEX, token_losses
+from tiny_llm.model.llama import Llama
 
 REPO = Path(__file__).resolve().parents[3]
 

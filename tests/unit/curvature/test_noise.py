@@ -8,19 +8,20 @@ from builders import make_oracle_run
 from oracles import FORM_ENGINES, dense_gauss_newton
 from torch.func import functional_call, grad, hessian
 
+from tiny_llm.curvature.gradients import mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.curvature.noise import (
+from tiny_llm.curvature.noise import CaseInputs, measure_case
+from tiny_llm.curvature.statistics import (
     STANDARD_ERRORS,
-    CaseInputs,
-    mean_gradient,
-    measure_case,
-    noise_batch_indices,
-    rademacher,
+    NoiseSample,
+    RandomDirection,
+    Samples,
     standard_errors,
     summarise,
 )
 from tiny_llm.data.tokens import TokenCache, epoch_plan, unseen_plan
-from tiny_llm.model.llama import Llama, token_losses
+from tiny_llm.model.causal import token_losses
+from tiny_llm.model.llama import Llama
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 
@@ -213,13 +214,15 @@ def test_gauss_newton_statistics_equal_the_dense_oracle(oracle, engine):
     assert all(statistics[k] >= 0 for k in ("noise_gauss_newton", "random_gauss_newton", "grad_gauss_newton"))
     errors = result["standard_errors"]
     expected_se = standard_errors(
-        result["noise_samples"],
-        result["random_directions"],
-        float(g_bar.norm()),
-        statistics["grad_curvature"],
-        H.shape[0],
-        3,
-        15,
+        _samples(
+            result["noise_samples"],
+            result["random_directions"],
+            float(g_bar.norm()),
+            statistics["grad_curvature"],
+            H.shape[0],
+            3,
+            15,
+        )
     )
     _assert_close(errors["noise_gauss_newton_se"], expected_se["noise_gauss_newton_se"])
     assert errors["noise_gauss_newton_se"] > 0 and errors["random_gauss_newton_se"] > 0
@@ -286,13 +289,14 @@ def test_standard_errors_match_the_sampling_distribution(oracle):
     for S in (2, 3, 4):
         draws = [[records[i] for i in chosen] for chosen in itertools.combinations(range(n), S)]
         for name in ("noise_curvature", "mean_noise_norm", "mean_grad_norm", "b_simple"):
-            estimates = [summarise(d, [], float(g_bar.norm()), gHg, D, B, n * B)[name] for d in draws]
+            estimates = [summarise(_samples(d, [], float(g_bar.norm()), gHg, D, B, n * B))[name] for d in draws]
             variance = float(torch.tensor(estimates, dtype=torch.float64).var(unbiased=False))
             mean_se2 = sum(
-                standard_errors(d, [], float(g_bar.norm()), gHg, D, B, n * B)[f"{name}_se"] ** 2 for d in draws
+                standard_errors(_samples(d, [], float(g_bar.norm()), gHg, D, B, n * B))[f"{name}_se"] ** 2
+                for d in draws
             ) / len(draws)
             assert mean_se2 == pytest.approx(variance, rel=1e-9)
-    everything = standard_errors(records, [], float(g_bar.norm()), gHg, D, B, n * B)
+    everything = standard_errors(_samples(records, [], float(g_bar.norm()), gHg, D, B, n * B))
     assert everything["noise_curvature_se"] == everything["normalized_alignment_se"] == 0.0
     op = EpochHessian(
         model,
@@ -305,7 +309,7 @@ def test_standard_errors_match_the_sampling_distribution(oracle):
     forms = op.quadratic_forms(torch.stack([rademacher(D, 5, i) for i in range(400)]))
     random = [{"curvature": float(q)} for q in forms]
     sd = math.sqrt(2 * (float((H**2).sum()) - float((H.diagonal() ** 2).sum())))
-    se = standard_errors(records[:1], random, float(g_bar.norm()), gHg, D, B, n * B)
+    se = standard_errors(_samples(records[:1], random, float(g_bar.norm()), gHg, D, B, n * B))
     assert se["random_curvature_se"] == pytest.approx(sd / math.sqrt(400) / D, rel=0.1)
     assert se["noise_curvature_se"] is None  # one noise sample: no spread to estimate
 
@@ -318,17 +322,26 @@ def test_unseen_plan_is_used_for_unseen(oracle):
     assert result["noise_samples"][0]["positions"] == plan.positions(cache, i)
 
 
+def _samples(noise: list[dict], random: list[dict], *exact) -> Samples:
+    """Samples from plain records (as a result saves them, or only the keys a statistic reads)."""
+    return Samples(
+        [NoiseSample.from_json(r) for r in noise],
+        [RandomDirection(curvature=r["curvature"], gauss_newton=r.get("gauss_newton")) for r in random],
+        *exact,
+    )
+
+
 def test_batch_size_formulas_and_nulls():
     noise = [
         {"noise_curvature": 2.0, "noise_norm": 1.0, "grad_norm": 3.0},
         {"noise_curvature": 4.0, "noise_norm": 3.0, "grad_norm": 5.0},
     ]
-    stats = summarise(noise, [{"curvature": 8.0}], g_bar_norm=2.0, grad_curvature=0.5, D=4, B=4, M=16)
+    stats = summarise(_samples(noise, [{"curvature": 8.0}], 2.0, 0.5, 4, 4, 16))
     c = 15 / 12
     assert stats["b_simple"] == pytest.approx(4 * c * 5.0 / 4.0)
     assert stats["b_noise"] == pytest.approx(4 * c * 3.0 / 0.5)
     assert stats["normalized_alignment"] == pytest.approx(6 / 10) and stats["random_curvature"] == 2.0
-    flat = summarise(noise, [], g_bar_norm=0.0, grad_curvature=-1.0, D=4, B=4, M=16)
+    flat = summarise(_samples(noise, [], 0.0, -1.0, 4, 4, 16))
     assert flat["b_simple"] is None and flat["b_noise"] is None and flat["random_curvature"] is None
 
 

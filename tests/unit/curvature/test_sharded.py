@@ -19,7 +19,8 @@ from tiny_llm.curvature.spectrum import (
     slq,
     top_eigenpairs,
 )
-from tiny_llm.model.llama import Llama, token_losses
+from tiny_llm.model.causal import token_losses
+from tiny_llm.model.llama import Llama
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 

@@ -21,7 +21,8 @@ from tiny_llm.geometry.experiment import (
     measure_checkpoint,
     write_comparison,
 )
-from tiny_llm.model.llama import Llama, token_losses
+from tiny_llm.model.causal import token_losses
+from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
 
 SETTINGS = GeometrySettings(

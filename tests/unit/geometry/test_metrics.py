@@ -22,7 +22,8 @@ from tiny_llm.geometry.metrics import (
     subspace_overlap,
     top_subspace,
 )
-from tiny_llm.model.llama import Llama, token_losses
+from tiny_llm.model.causal import token_losses
+from tiny_llm.model.llama import Llama
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 SHAPE = ModelConfig(vocab_size=8, d_model=4, n_heads=2, d_ff=6, n_layers=1, max_seq_len=8)
@@ -93,7 +94,7 @@ def test_hessian_trace_converges_to_the_dense_hessian():
     estimate, se = hessian_trace(model, rows, 300, seed=5, batch_size=2, precision=CPU64)
     assert abs(estimate - float(H.trace())) < 4 * se
     one, _ = hessian_trace(model, rows, 1, seed=5, batch_size=3, precision=CPU64)  # each probe exactly vᵀHv
-    from tiny_llm.curvature.noise import rademacher
+    from tiny_llm.curvature.gradients import rademacher
 
     v = rademacher(len(theta), 5, 0)
     assert one == pytest.approx(float(v @ H @ v), rel=1e-10)

@@ -16,8 +16,8 @@ from tiny_llm.config import load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.model.adapter import HFCausalLM
 from tiny_llm.model.architectures import build_model
+from tiny_llm.model.causal import check_jet_rules, token_losses
 from tiny_llm.model.checkpoint import load_weights
-from tiny_llm.model.llama import check_jet_rules, token_losses
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 

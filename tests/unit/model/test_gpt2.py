@@ -21,9 +21,10 @@ from oracles import JET_K as K
 from tiny_llm.config import ModelConfig, config_from_dict
 from tiny_llm.curvature.hessian import EpochHessian, Precision
 from tiny_llm.model.architectures import build_model
+from tiny_llm.model.causal import check_jet_rules, count_parameters
 from tiny_llm.model.gpt2 import GPT2, gelu, gelu_jet
 from tiny_llm.model.jets import Jet
-from tiny_llm.model.llama import Llama, check_jet_rules, count_parameters
+from tiny_llm.model.llama import Llama
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 GPT2_MODEL = ModelConfig(architecture="gpt2", vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8)

@@ -15,18 +15,10 @@ from torch import nn
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.hessian import EpochHessian, Precision
+from tiny_llm.model.causal import check_jet_rules
 from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot, shared_matmul
-from tiny_llm.model.llama import (
-    Llama,
-    check_jet_rules,
-    embedding_jet,
-    linear_jet,
-    reference_attention,
-    reference_attention_jet,
-    rope_tables,
-    silu,
-    silu_jet,
-)
+from tiny_llm.model.layers import embedding_jet, linear_jet, reference_attention, reference_attention_jet
+from tiny_llm.model.llama import Llama, rope_tables, silu, silu_jet
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 MODEL = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8)

@@ -5,7 +5,8 @@ import torch
 from torch.func import functional_call, grad, hessian, jvp
 
 from tiny_llm.config import ModelConfig
-from tiny_llm.model.llama import IGNORE_INDEX, Llama, count_parameters, token_losses
+from tiny_llm.model.causal import IGNORE_INDEX, count_parameters, token_losses
+from tiny_llm.model.llama import Llama
 
 
 def _batch(config, B=3, T=7, pad=2):

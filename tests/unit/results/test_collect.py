@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tiny_llm.curvature.noise import STANDARD_ERRORS
+from tiny_llm.curvature.statistics import STANDARD_ERRORS
 from tiny_llm.results.collect import SUMMARY_COLUMNS, collect, validate_result
 
 KEY_A, KEY_B = "a" * 64, "b" * 64

@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from tiny_llm.data.tokens import TokenCache, epoch_plan
+from tiny_llm.model.causal import token_losses
 from tiny_llm.model.checkpoint import load_train_state, load_weights
-from tiny_llm.model.llama import Llama, token_losses
+from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import accumulate_batch_gradient, learning_rate, train
 
 

@@ -104,7 +104,7 @@ def test_result_contract_and_seen_batches(ordinary):
         assert record["positions"] == [list(cache.position(b)) for b in blocks]
     # One statistic against the dense Hessian of the trained state.
     H, flat = _dense_hessian(config, load_file(path / "run" / "epoch-002.safetensors"), epoch_plan(config, 1))
-    from tiny_llm.curvature.noise import rademacher
+    from tiny_llm.curvature.gradients import rademacher
 
     s = [rademacher(flat.D, 42, i) for i in range(3)]
     assert result["statistics"]["random_curvature"] == pytest.approx(
@@ -329,8 +329,8 @@ def test_cli_options(ordinary, tmp_path, capsys):
 def test_sampled_gradient_replays_training_accumulation(ordinary):
     """Step 1 of training (float32, reference attention, micro-batches 2 + 1) logged the loss and the
     pre-clipping norm of exactly the gradient analysis computes for seen batch 0 at epoch-000."""
+    from tiny_llm.curvature.gradients import batch_gradient
     from tiny_llm.curvature.hessian import Precision
-    from tiny_llm.curvature.noise import batch_gradient
 
     config, path, _ = ordinary
     assert config.training.batch_size % config.training.micro_batch_size  # a remainder micro-batch

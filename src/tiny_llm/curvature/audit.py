@@ -1,0 +1,146 @@
+"""The precision audit: the production precision's end-to-end error against float64.
+
+Everything the statistics depend on is recomputed in float64 and compared with the production
+precision (dtype, TF32, autocast as configured). Over the whole epoch: the loss and ḡ (so ``loss``
+and ``full_grad_norm`` get their exact errors). For a seeded subset of the directions (``a`` noise
+batches, ``a`` Rademacher directions, and ḡ), each precision builds the direction as the job does
+(vᵢ = gᵢ − ḡ from its own batch gradient and its own ḡ) and measures its quadratic form on a seeded
+sample of the curvature micro-batches (float64: the adjoint engine). Each direction records both
+forms and their relative error |q − q₆₄| / |q₆₄|; each audited statistic records the relative error
+that the audited pairs imply (:mod:`tiny_llm.curvature.statistics`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any
+
+import torch
+
+from tiny_llm.curvature.case import CaseInputs
+from tiny_llm.curvature.gradients import batch_gradient, batch_gradient_and_loss, mean_gradient_and_loss, rademacher
+from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.statistics import AuditPairs, implied_errors, relative
+from tiny_llm.data.tokens import group_permutation
+from tiny_llm.model.llama import Llama
+
+__all__ = ["audit_choice", "precision_audit"]
+
+AUDIT_STREAM = 4
+
+
+def audit_choice(count: int, take: int, seed: int, stream_index: int) -> list[int]:
+    """``take`` of ``count`` positions, seeded (a fixed function of the seed, as the noise draw)."""
+    return sorted(int(i) for i in group_permutation(seed, AUDIT_STREAM, stream_index, count)[:take]) if count else []
+
+
+def precision_audit(
+    model: Llama,
+    batches: list[torch.Tensor],
+    g_bar: torch.Tensor,
+    epoch_loss: float,
+    noise_batches: list[int],
+    random_indices: list[int],
+    inputs: CaseInputs,
+    precision: Precision,
+    sampled: dict[int, tuple[torch.Tensor, float]] | None = None,
+) -> dict[str, Any]:
+    """End-to-end error of the production precision against float64 (module docstring).
+
+    ``g_bar`` and ``epoch_loss`` are the job's own (production); the audit recomputes ḡ and the epoch
+    loss over the whole epoch in float64, the batch gradients of the audited noise batches
+    (``noise_batches``, indices into ``batches``) in both precisions, and the quadratic forms of every
+    audited direction (as each precision builds it) on a seeded sample of curvature micro-batches.
+    The production batch gradients and losses are left in ``sampled`` (batch index → (gᵢ, loss)),
+    so the job does not compute them twice.
+    """
+    sampled = {} if sampled is None else sampled
+    started = time.perf_counter()
+    flat = FlatParameters(model)
+    exact = Precision(precision.device, torch.float64)
+    reference = copy.deepcopy(model).to(torch.float64)
+    rows64 = inputs.rows("audit_gradient") or inputs.micro_batch_size
+    g_bar64, loss64 = mean_gradient_and_loss(reference, flat, batches, rows64, exact)
+    records: list[dict[str, Any]] = []
+    production_vectors, exact_vectors = [], []
+    for i in noise_batches:
+        g = sampled.setdefault(
+            i, batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch, precision)
+        )[0]
+        g64 = batch_gradient(reference, flat, batches[i], rows64, exact)
+        v, v64 = (g - g_bar).to(precision.dtype), g64 - g_bar64
+        records.append(
+            {
+                "kind": "noise",
+                "batch_index": i,
+                "grad_norm": [float(g.norm()), float(g64.norm())],
+                "squared_norm": [float(v.double().pow(2).sum()), float(v64.pow(2).sum())],
+            }
+        )
+        production_vectors.append(v)
+        exact_vectors.append(v64)
+    for index in random_indices:
+        direction = rademacher(flat.D, inputs.seed, index).to(precision.device)
+        records.append({"kind": "random", "index": index})
+        production_vectors.append(direction.to(precision.dtype))
+        exact_vectors.append(direction)
+    records.append({"kind": "gradient"})
+    production_vectors.append(g_bar.to(precision.dtype))
+    exact_vectors.append(g_bar64)
+
+    h = inputs.hvp_batch_size
+    tokens = torch.cat(batches)
+    micro = audit_choice(math.ceil(tokens.shape[0] / h), inputs.audit[1], inputs.seed, 2)
+    rows = torch.cat([tokens[j * h : (j + 1) * h] for j in micro])
+    V, V64 = torch.stack(production_vectors), torch.stack(exact_vectors)
+    production = (
+        EpochHessian(
+            model,
+            rows,
+            batch_size=h,
+            engine=inputs.engine,
+            precision=precision,
+            directions_per_pass=len(V),
+            compile=False,
+            group_rows=inputs.rows("forms"),
+        )
+        .quadratic_forms(V)
+        .tolist()
+    )
+    exact_engine = "double_backward" if getattr(model, "jet_refusal", None) else "adjoint"  # no rules: an HVP engine
+    float64 = (
+        EpochHessian(
+            reference,
+            rows,
+            batch_size=h,
+            engine=exact_engine,
+            precision=exact,
+            directions_per_pass=len(V),
+            compile=False,
+            group_rows=inputs.rows("audit"),
+        )
+        .quadratic_forms(V64)
+        .tolist()
+    )
+    for record, q, q64 in zip(records, production, float64, strict=True):
+        record.update(production=q, float64=q64, relative_error=abs(relative(q, q64)))
+    statistics = implied_errors(
+        AuditPairs.from_records(records, (float(g_bar.norm()), float(g_bar64.norm())), (epoch_loss, loss64))
+    )
+    return {
+        "reference": (
+            f"float64: ḡ and loss over the whole epoch, the audited batch gradients, {exact_engine}-engine forms"
+        ),
+        "micro_batches": micro,
+        "tokens_audited": int(rows[:, 1:].numel()),
+        "directions": records,
+        "loss": {"production": epoch_loss, "float64": loss64},
+        "full_grad_norm": {"production": float(g_bar.norm()), "float64": float(g_bar64.norm())},
+        "statistics_signed_error": statistics,
+        "statistics_relative_error": {k: None if v is None else abs(v) for k, v in statistics.items()},
+        "max_statistic_relative_error": max((abs(v) for v in statistics.values() if v is not None), default=None),
+        "max_relative_error": max(r["relative_error"] for r in records),
+        "seconds": time.perf_counter() - started,
+    }

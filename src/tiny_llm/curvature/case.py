@@ -1,0 +1,49 @@
+"""What one (state, case) measurement needs besides the model: the cache and the case's batch plan,
+the sampling settings, the engine and its grouping under the memory plan, the audit's size and the
+consensus errors of packed runs (``CaseInputs``), shared by the measurement and its audit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tiny_llm.curvature.memory import MemoryPlan
+from tiny_llm.data.tokens import BatchPlan, TokenCache
+
+__all__ = ["CaseInputs"]
+
+
+@dataclass
+class CaseInputs:
+    """What one (state, case) measurement needs besides the model."""
+
+    cache: TokenCache
+    plan: BatchPlan
+    micro_batch_size: int
+    hvp_batch_size: int
+    noise_samples: int | None
+    random_samples: int
+    seed: int
+    engine: str
+    directions_per_pass: int
+    compile: bool
+    workers: int = 1
+    consensus: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    """(worker index, eᵢ = xᵢ − x̄ as float64 (D,)) for packed runs with consensus on."""
+    audit: tuple[int, int] | None = None
+    """(directions of each kind, curvature micro-batches) of the precision audit, or None."""
+    memory: MemoryPlan | None = None
+    """Sequences per group of each pass (gradient, forms, audit, audit_gradient) under a memory budget; None:
+    unchunked. Grouping changes only how the same terms are summed."""
+
+    def rows(self, name: str) -> int | None:
+        """Group rows of pass ``name`` under the memory plan (None: the engine's default)."""
+        return None if self.memory is None else self.memory.rows(name)
+
+    @property
+    def gradient_micro_batch(self) -> int:
+        """Sequences per backward pass of the gradients: training's micro-batch, or fewer to fit
+        the memory budget (the gradient is the same sum)."""
+        return self.rows("gradient") or self.micro_batch_size

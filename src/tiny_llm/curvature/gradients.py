@@ -1,0 +1,115 @@
+"""The gradients of a (state, case): the epoch's mean gradient ḡ and loss, the batch gradients gᵢ of
+sampled effective batches (accumulated over training's micro-batches, as training computed them),
+spread over the ranks when there are several, and the seeded draws of noise batches and Rademacher
+directions (fixed functions of the seed, so reused across checkpoints and cases). All float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+
+from tiny_llm.curvature.hessian import FlatParameters, Precision
+from tiny_llm.data.tokens import derive_seed, group_permutation
+from tiny_llm.distributed import all_reduce_sum, shard, world
+from tiny_llm.model.llama import Llama
+from tiny_llm.training.loop import accumulate_batch_gradient
+
+NOISE_SAMPLE_STREAM, RADEMACHER_STREAM = 2, 3
+"""Streams of the seeded draws (``tiny_llm.data.tokens.derive_seed``)."""
+
+__all__ = [
+    "batch_gradient",
+    "batch_gradient_and_loss",
+    "mean_gradient",
+    "mean_gradient_and_loss",
+    "noise_batch_indices",
+    "rademacher",
+    "sampled_gradients",
+]
+
+
+def noise_batch_indices(n_batches: int, samples: int | None, seed: int) -> list[int]:
+    """S_v batch indices drawn uniformly without replacement (all when ``samples`` is None or
+    exceeds the epoch); a fixed function of the seed, so reused across checkpoints and cases."""
+    order = group_permutation(seed, NOISE_SAMPLE_STREAM, 0, n_batches)
+    count = n_batches if samples is None else min(samples, n_batches)
+    return [int(i) for i in order[:count]]
+
+
+def rademacher(D: int, seed: int, index: int) -> torch.Tensor:
+    """Direction ``index``: D independent ±1 signs (float64, CPU), independent of batching."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, RADEMACHER_STREAM, index))
+    return torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1
+
+
+def batch_gradient_and_loss(
+    model: Llama, flat: FlatParameters, tokens: torch.Tensor, micro_batch_size: int, precision: Precision
+) -> tuple[torch.Tensor, float]:
+    """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches, as float64 (D,),
+    and the batch's token-mean loss (summed over micro-batches in float64)."""
+    model.zero_grad(set_to_none=True)
+    loss = accumulate_batch_gradient(
+        model, tokens.to(precision.device), micro_batch_size, forward=lambda x: precision.forward(model, x)
+    )
+    g = flat.flatten([p.grad for p in model.parameters()]).double()
+    model.zero_grad(set_to_none=True)
+    return g, float(loss)
+
+
+def batch_gradient(
+    model: Llama, flat: FlatParameters, tokens: torch.Tensor, micro_batch_size: int, precision: Precision
+) -> torch.Tensor:
+    """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches; float64 (D,)."""
+    return batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision)[0]
+
+
+def mean_gradient_and_loss(
+    model: Llama, flat: FlatParameters, batches: list[torch.Tensor], micro_batch_size: int, precision: Precision
+) -> tuple[torch.Tensor, float]:
+    """ḡ = Σ_b (N_b / N) g_b over every batch of the epoch, accumulated in float64, and the epoch
+    loss L = Σ_b (N_b / N) L_b, the token-mean cross-entropy over every target of the epoch."""
+    n_total = sum(int(b[:, 1:].numel()) for b in batches)
+    g = torch.zeros(flat.D + 1, dtype=torch.float64, device=precision.device)  # ḡ and the loss, reduced together
+    for tokens in shard(batches):  # this rank's batches (all of them alone)
+        g_b, loss_b = batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision)
+        g[:-1] += g_b * (tokens[:, 1:].numel() / n_total)
+        g[-1] += loss_b * (tokens[:, 1:].numel() / n_total)
+    all_reduce_sum(g)
+    return g[:-1], float(g[-1])
+
+
+def mean_gradient(
+    model: Llama, flat: FlatParameters, batches: list[torch.Tensor], micro_batch_size: int, precision: Precision
+) -> torch.Tensor:
+    """ḡ = Σ_b (N_b / N) g_b over every batch of the epoch, accumulated in float64."""
+    return mean_gradient_and_loss(model, flat, batches, micro_batch_size, precision)[0]
+
+
+def sampled_gradients(
+    selected: list[int],
+    known: dict[int, tuple[torch.Tensor, float]],
+    compute: Callable[[int], tuple[torch.Tensor, float]],
+    D: int,
+    device: torch.device,
+) -> Iterator[tuple[torch.Tensor, float]]:
+    """(gᵢ, loss) of the selected batches in order, ``known`` ones reused. With several ranks, each
+    group of N batches is spread over the N ranks and gathered by a float64 sum (every row filled
+    by one rank), so at most N gradients are held at once."""
+    size = world()[1]
+    if size == 1:
+        for i in selected:
+            yield known.pop(i, None) or compute(i)
+        return
+    rank = world()[0]
+    for start in range(0, len(selected), size):
+        group = selected[start : start + size]
+        rows = torch.zeros(len(group), D + 1, dtype=torch.float64, device=device)
+        if rank < len(group):
+            g, loss = known.get(group[rank]) or compute(group[rank])
+            rows[rank, :-1], rows[rank, -1] = g, loss
+        all_reduce_sum(rows)
+        for position, i in enumerate(group):
+            known.pop(i, None)
+            yield rows[position, :-1], float(rows[position, -1])

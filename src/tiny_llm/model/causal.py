@@ -1,0 +1,183 @@
+"""What every causal language model here shares: the base class ``CausalLM`` (the token embedding,
+the output head tied to it or not, the initialisation, the length check and the loss's second-order
+rule), the per-token loss with ignored targets, the check that every layer has a jet rule, and the
+precision helpers of the reductions (norms, softmax, cross-entropy never in bf16).
+
+A new architecture subclasses ``CausalLM`` in its own module (docs/architecture.md: "A new
+architecture").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tiny_llm.config import ModelConfig
+from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot
+
+__all__ = [
+    "IGNORE_INDEX",
+    "AttentionBackend",
+    "CausalLM",
+    "check_jet_rules",
+    "count_parameters",
+    "token_losses",
+    "upcast",
+    "without_autocast",
+]
+
+
+IGNORE_INDEX = -100
+"""Target id of padded positions: they contribute zero loss and no gradient."""
+
+
+AttentionBackend = Literal["reference", "sdpa"]
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """At least float32: reductions (norms, softmax, cross-entropy) never run in bf16/fp16."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def without_autocast(x: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Disable autocast for the device of ``x`` (keeps explicit fp32 regions fp32 under --amp)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.autocast(x.device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+class CausalLM(nn.Module):
+    """What every architecture here shares: the output head (tied to the token embedding or not),
+    the length check, and the loss's second-order rule. A subclass defines ``tok_embeddings``,
+    ``output`` (None when tied), ``forward(idx)`` and ``jet(idx, jets)`` (the jet of the final
+    normalised hidden state)."""
+
+    config: ModelConfig
+    attention_backend: AttentionBackend
+
+    def _begin(self, config: ModelConfig, attention_backend: AttentionBackend) -> None:
+        """The first modules of every architecture (the token embedding), after the backend check."""
+        if attention_backend not in ("reference", "sdpa"):
+            raise ValueError(f"attention_backend: expected 'reference' or 'sdpa', got {attention_backend!r}")
+        self.config, self.attention_backend = config, attention_backend
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+
+    def _end(self) -> None:
+        """The last module (an untied head; tied: logits use tok_embeddings.weight directly, so the
+        state dict holds the tensor once), then the initialisation."""
+        self.output = (
+            None if self.config.tie_embeddings else nn.Linear(self.config.d_model, self.config.vocab_size, bias=False)
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation: weights N(0, 0.02), residual projections (wo, w2) N(0, 0.02/√(2 n_layers)),
+        norm weights 1, biases 0."""
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layers))
+            else:
+                nn.init.normal_(p, std=0.02)
+
+    def _check_length(self, T: int) -> None:
+        if T > self.config.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds model.max_seq_len={self.config.max_seq_len}")
+
+    def _check_jet_backend(self) -> None:
+        if self.attention_backend != "reference":
+            raise ValueError(
+                f"jets need reference attention; build {type(self).__name__}(config, attention_backend='reference')"
+            )
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The output projection (V, C): the embedding when tied."""
+        return self.tok_embeddings.weight if self.output is None else self.output.weight
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, vocab) of the final normalised hidden state h (B, T, C)."""
+        return F.linear(h, self.head_weight)
+
+    def loss_jet(self, h: Jet, targets: torch.Tensor, jets: JetPass) -> torch.Tensor:
+        """d²/dt² of Σ_t ℓ_t (summed cross-entropy of the non-ignored targets), shape (K,).
+
+        With logits z = hEᵀ (E(t) = E + tU), p = softmax(z0) and r = p − e_y:
+        ℓ2 = ⟨r, z2⟩ + ⟨p, z1²⟩ − ⟨p, z1⟩², where ⟨r, z2⟩ = ⟨rE, h2⟩ + 2⟨rU, h1⟩: z2 is never formed.
+        The second part, z1ᵀ(diag(p) − ppᵀ)z1 summed over tokens, is the generalised Gauss–Newton
+        form vᵀGv (G = Jᵀ ∇²ℓ J, J the Jacobian of the logits); it is left in ``jets.gauss_newton``.
+        """
+        weight = self.head_weight  # (V, C)
+        U = jets.direction(weight)  # (K, V, C)
+        K, V, C = U.shape
+        z0 = self.logits(h.z0)  # (B, T, V)
+        # z1 = h1Eᵀ + h0Uᵀ as one batched matmul per direction: [h1 | h0] [E | U]ᵀ, (K, B·T, V).
+        left = torch.cat([h.z1, h.z0.expand_as(h.z1)], dim=-1).reshape(K, -1, 2 * C)
+        right = torch.cat([weight.expand_as(U), U], dim=-1).transpose(1, 2)
+        z1 = torch.bmm(left, right, out=jets.buffer("logits z1", (K, left.size(1), V), left))
+        with without_autocast(z0):
+            keep = (targets != IGNORE_INDEX).reshape(-1, 1)  # (B·T, 1)
+            p = torch.softmax(upcast(z0).reshape(-1, V), dim=-1) * keep  # ignored rows: 0
+            E, Ut = weight.to(p.dtype), U.transpose(1, 2).to(p.dtype)
+            h0, h1 = upcast(h.z0).reshape(-1, C), upcast(h.z1).reshape(K, -1, C)
+            p_z1 = (h1 * (p @ E)).sum(-1) + (h0 * per_direction(p, Ut)).sum(-1)  # ⟨p, z1⟩ by row, (K, B·T)
+            z1 = upcast(z1)
+            curvature = z1.mul_(z1).flatten(1) @ p.flatten() - p_z1.square().sum(1)  # z1² in place
+            r = p - F.one_hot(targets.reshape(-1).clamp(min=0), V).to(p.dtype) * keep  # (B·T, V)
+            first = 2 * per_direction_dot(per_direction(r, Ut), h1)  # 2⟨rU, h1⟩
+            if h.z2 is not None:
+                first = first + per_direction_dot(upcast(h.z2).reshape(K, -1, C), r @ E)  # rE: shared
+        jets.gauss_newton = curvature
+        return first + curvature
+
+
+_JET_LEAVES = (nn.Linear, nn.Embedding, nn.ModuleList)
+"""Layer types whose rule is a function (``linear_jet``, ``embedding_jet``) or that hold layers;
+every other layer type has a rule when it defines a ``jet`` method beside its ``forward``."""
+
+
+def check_jet_rules(model: nn.Module) -> None:
+    """Refuse a model that has a layer without a second-order rule, before any work.
+
+    Raises:
+        ValueError: naming the layer, its type and what to do.
+    """
+    if refusal := getattr(model, "jet_refusal", None):
+        raise ValueError(refusal)
+    for name, module in model.named_modules():
+        if not isinstance(module, _JET_LEAVES) and not callable(getattr(type(module), "jet", None)):
+            raise ValueError(
+                f"layer {name or '<model>'} ({type(module).__name__}) has no second-order rule, so the "
+                "taylor and adjoint engines cannot differentiate it; add its jet rule beside the layer "
+                "(tiny_llm/model/) or use engine double_backward or pearlmutter"
+            )
+    if getattr(model, "attention_backend", "reference") != "reference":
+        raise ValueError(
+            f"jets need reference attention; build {type(model).__name__}(config, attention_backend='reference')"
+        )
+
+
+def token_losses(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """Per-token cross-entropy (B, T) in at least float32; ignored targets give exactly 0.
+
+    Example:
+        >>> token_losses(torch.zeros(1, 2, 4), torch.tensor([[3, IGNORE_INDEX]]))
+        tensor([[1.3863, 0.0000]])
+    """
+    with without_autocast(logits):
+        flat = upcast(logits).flatten(0, -2)
+        losses = F.cross_entropy(flat, targets.flatten(), reduction="none", ignore_index=ignore_index)
+    return losses.view(targets.shape)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """D: unique trainable parameters (a tied embedding counts once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,125 @@
+"""Layers and second-order (jet) rules that more than one architecture uses: linear maps, embeddings,
+per-feature parameters, RMS normalisation (LayerNorm is its centred form) and the explicit causal
+attention with its adjoint-mode fusion. An architecture's own layers keep their rules beside them
+in its module.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tiny_llm.model.causal import upcast, without_autocast
+from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot, shared_matmul
+
+__all__ = [
+    "embedding_jet",
+    "feature_jet",
+    "linear_jet",
+    "reference_attention",
+    "reference_attention_jet",
+    "rms_normalize_jet",
+]
+
+
+def linear_jet(x: Jet, linear: nn.Linear, jets: JetPass) -> Jet:
+    """y = x Wᵀ + b with W(t) = W + tV, b(t) = b + tβ: y1 = x1Wᵀ + x0Vᵀ + β, y2 = x2Wᵀ + 2x1Vᵀ
+    (the bias is linear in t; own term 2x1Vᵀ, contracted as 2⟨λV, x1⟩ in the adjoint mode)."""
+    W, V = linear.weight, jets.direction(linear.weight)  # (out, in), (K, out, in)
+    y0, y1 = F.linear(x.z0, W, linear.bias), per_direction(x.z0, V, out=F.linear(x.z1, W))
+    if linear.bias is not None:
+        beta = jets.direction(linear.bias)  # (K, out), broadcast over the leading axes of x
+        y1 = y1.add_(beta.view(beta.size(0), *([1] * (x.z0.dim() - 1)), beta.size(-1)).to(y1.dtype))
+    lam = jets.adjoint(linear, x)
+    K, m, n = V.shape
+    if lam is not None:
+        lam_v = per_direction(lam, V.transpose(1, 2), buffer=jets.buffer("linear λV", (K, lam.numel() // m, n), V))
+        jets.absorb(2 * per_direction_dot(lam_v, x.z1))  # 2⟨λV, x1⟩
+        return Jet(y0, y1)
+    y2 = 2 * torch.bmm(x.z1.reshape(K, x.z0.numel() // n, n), V.transpose(1, 2)).view(y1.shape)
+    return jets.emit(linear, Jet(y0, y1, y2 if x.z2 is None else y2 + F.linear(x.z2, W)))
+
+
+def embedding_jet(idx: torch.Tensor, embedding: nn.Embedding, jets: JetPass) -> Jet:
+    """Lookup E[idx] with E(t) = E + tU: linear in E, so e1 = U[idx] and e2 = 0."""
+    return Jet(embedding(idx), jets.direction(embedding.weight)[:, idx])
+
+
+def rms_normalize_jet(x: Jet, eps: float, jets: JetPass) -> Jet:
+    """x·r with r = m^(−½), m = mean(x²) + ε, reduced in at least float32: m1 = 2⟨x0, x1⟩/C,
+    m2 = 2(⟨x1, x1⟩ + ⟨x0, x2⟩)/C, r1 = −½m^(−3/2)m1, r2 = −½m^(−3/2)m2 + ¾m^(−5/2)m1², then the
+    product rule."""
+    with without_autocast(x.z0):
+        xf = x.map(upcast)
+        m0 = xf.z0.pow(2).mean(-1, keepdim=True) + eps
+        m1 = 2 * (xf.z0 * xf.z1).mean(-1, keepdim=True)
+        m2 = 2 * xf.z1.pow(2).mean(-1, keepdim=True)
+        if xf.z2 is not None:
+            m2 = m2 + 2 * (xf.z0 * xf.z2).mean(-1, keepdim=True)
+        r0 = torch.rsqrt(m0)
+        r1 = -0.5 * r0.pow(3) * m1
+        r2 = -0.5 * r0.pow(3) * m2 + 0.75 * r0.pow(5) * m1.square()
+        return jets.product(xf, Jet(r0, r1, r2)).map(lambda z: z.to(x.z0.dtype))
+
+
+def feature_jet(parameter: torch.Tensor, jets: JetPass, like: Jet) -> Jet:
+    """A per-feature parameter (C,) along its directions, shaped to broadcast against ``like``'s
+    coefficients: z0 = the parameter, z1 = its directions (K, 1, ..., 1, C), z2 = 0."""
+    v = jets.direction(parameter)
+    return Jet(parameter, v.view(v.size(0), *([1] * (like.z0.dim() - 1)), v.size(-1)))
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Explicit causal softmax(q kᵀ / √hs) v; twice differentiable, scores in at least float32."""
+    T, hs = q.size(-2), q.size(-1)
+    with without_autocast(q):
+        scores = upcast(q) @ upcast(k).transpose(-2, -1) / math.sqrt(hs)  # (B, nh, T, T)
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return probs.to(v.dtype) @ v
+
+
+def reference_attention_jet(q: Jet, k: Jet, v: Jet, jets: JetPass, key: nn.Module) -> Jet:
+    """The jet of ``reference_attention``: scores s = (q/√hs) kᵀ and probs × values by the product
+    rule, the softmax by its own; scores and values are the adjoint mode's nodes (keys (key, "scores"),
+    (key, "values")), absorbed together by ``_attention_adjoint_jet``."""
+    T, hs = q.z0.size(-2), q.z0.size(-1)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.z0.device).triu(1)
+    with without_autocast(q.z0):
+        q, k = q.map(lambda z: upcast(z) / math.sqrt(hs)), k.map(upcast)
+        lam_s, lam_o = jets.adjoint((key, "scores"), q, k, v), jets.adjoint((key, "values"), q, k, v)
+        if lam_s is not None and lam_o is not None:
+            return _attention_adjoint_jet(q, k, v, future, lam_s, lam_o, jets)
+        scores = jets.product(q, k.map(lambda z: z.transpose(-2, -1)), torch.matmul, key=(key, "scores"))
+        scores = Jet(scores.z0.masked_fill(future, float("-inf")), scores.z1, scores.z2)  # p0 = 0 there
+        probs = jets.softmax(scores)
+    return jets.product(probs.map(lambda z: z.to(v.z0.dtype)), v, torch.matmul, key=(key, "values"))
+
+
+def _attention_adjoint_jet(
+    q: Jet, k: Jet, v: Jet, future: torch.Tensor, lam_s: torch.Tensor, lam_o: torch.Tensor, jets: JetPass
+) -> Jet:
+    """The adjoint mode of ``reference_attention_jet`` (q already scaled, no input z2), fused so that
+    each direction writes only two (T, T) tensors, c = s1 − ⟨p0, s1⟩ and p1 = p0 c.
+
+    Own terms absorbed: 2⟨λ_s, q1k1ᵀ⟩ (scores), ⟨λ_s, c²⟩ (softmax: its ⟨λ_p, ·⟩ equals this, λ_s
+    being the softmax's backward of λ_p) and 2⟨λ_o, p1v1⟩ (probs × values).
+    """
+    T = q.z0.size(-2)
+    p0 = torch.softmax((q.z0 @ k.z0.transpose(-2, -1)).masked_fill(future, float("-inf")), dim=-1)
+    v0, v1 = upcast(v.z0), upcast(v.z1)
+    # ⟨p0, s1⟩ row by row, from s1 = q1k0ᵀ + q0k1ᵀ without forming s1: q1·(p0k0) + q0·(p0k1).
+    m = (q.z1 * (p0 @ k.z0)).sum(-1, keepdim=True) + (q.z0 * shared_matmul(p0, k.z1)).sum(-1, keepdim=True)
+    left = torch.cat([q.z1, q.z0.expand_as(q.z1), -m], dim=-1)  # (K, B, nh, T, 2hs + 1)
+    right = torch.cat([k.z0.expand_as(k.z1), k.z1, torch.ones_like(m)], dim=-1)
+    c = torch.matmul(left, right.transpose(-2, -1), out=jets.buffer("attention c", (*left.shape[:-1], T), left))
+    p1 = torch.mul(p0, c, out=jets.buffer("attention p1", c.shape, c))  # (K, B, nh, T, T)
+    jets.absorb(
+        2 * per_direction_dot(shared_matmul(lam_s, k.z1), q.z1)
+        + c.mul_(c).flatten(1) @ lam_s.flatten().to(c.dtype)  # c² in place: c is not used again
+        + 2 * per_direction_dot(p1.transpose(-2, -1) @ lam_o.to(p1.dtype), v1)
+    )
+    return Jet(p0 @ v0, p1 @ v0 + shared_matmul(p0, v1)).map(lambda z: z.to(v.z0.dtype))
