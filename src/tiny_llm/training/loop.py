@@ -35,8 +35,8 @@ from tiny_llm.data.tokens import TokenCache, check_capacity, stream_batches
 from tiny_llm.io import atomic_write_text, exclusive, remove_leftovers
 from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, RESUME, TRAIN_LOG, epoch_file
 from tiny_llm.model.architectures import build_model
+from tiny_llm.model.causal import CausalLM, token_losses
 from tiny_llm.model.checkpoint import load_train_state, save_train_state, save_weights
-from tiny_llm.model.llama import CausalLM, token_losses
 from tiny_llm.runtime import resolve_device
 
 __all__ = ["accumulate_batch_gradient", "average_states", "learning_rate", "run_summary", "train"]
