@@ -184,7 +184,7 @@ def test_workflow_runs_default_to_interval_checkpoints_and_print_their_cost(tmp_
 def test_the_await_rules_have_the_params_of_the_rules_they_stand_in_for():
     """A re-attached result is recorded as made by the rule it stands in for only if the params
     match (rerun-triggers include params): every param of that rule is one of the await rule's."""
-    from tiny_llm.campaign.workflow import STANDS_IN
+    from tiny_llm.campaign.slurm_jobs import STANDS_IN
 
     text = "\n".join(p.read_text() for p in sorted((REPO / "workflow/rules").glob("*.smk")))
 

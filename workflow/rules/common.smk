@@ -10,16 +10,15 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from tiny_llm.campaign import jobs, slurm_jobs
-from tiny_llm.campaign.workflow import (
+from tiny_llm.campaign.checks import schema_errors, typed_profile_values, unknown_keys
+from tiny_llm.campaign.slurm_jobs import (
     AWAITABLE,
     STANDS_IN,
-    WorkflowPlan,
     awaited_outputs,
-    schema_errors,
     sort_earlier_jobs,
-    typed_profile_values,
-    unknown_keys,
 )
+from tiny_llm.campaign.targets import all_targets, experiment_targets
+from tiny_llm.campaign.workflow import WorkflowPlan
 from tiny_llm.config import config_to_dict, parse_yaml
 from tiny_llm.provenance import source_hash
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
@@ -49,13 +48,13 @@ CLUSTER = PLAN.cluster
 NOT_AWAITED = ".snakemake/tiny-llm/no earlier Slurm job writes this"  # made by no rule
 
 # The controller: Slurm states, Ctrl-C, the frozen source; a cluster job: its devices one case at a time.
-jobs.set_up_process(workflow, CLUSTER.get("on_interrupt", "keep-running"))
+jobs.set_up_process(workflow, CLUSTER.on_interrupt)
 
 
 wildcard_constraints:
     run="|".join(PLAN.run_configs) or "NONE",
-    imported="|".join(PLAN.imported_runs) or "NONE",
-    cache="|".join(PLAN.caches) or "NONE",
+    imported="|".join(PLAN.runs.imported_runs) or "NONE",
+    cache="|".join(PLAN.runs.caches) or "NONE",
     analysis="|".join(ANALYSES) or "NONE",
     experiment="|".join(SEED_EXPERIMENTS) or "NONE",
     comparison="|".join(SEED_COMPARISONS) or "NONE",
@@ -70,35 +69,35 @@ def _by(wildcard, answer):
 
 
 def get_all_targets(wildcards):
-    return PLAN.all_targets()
+    return all_targets(PLAN)
 
 
 # --- data and training -------------------------------------------------------------------
 
-get_cache_spec = _by("cache", PLAN.cache_spec)
-get_cache_inputs = _by("cache", PLAN.cache_inputs)
-get_cache_receipt = _by("run", PLAN.cache_receipt)
+get_cache_spec = _by("cache", PLAN.runs.cache_spec)
+get_cache_inputs = _by("cache", PLAN.runs.cache_inputs)
+get_cache_receipt = _by("run", PLAN.runs.cache_receipt)
 get_run_config_dict = _by("run", lambda run: config_to_dict(PLAN.run_configs[run]))
 
 # --- analyses ------------------------------------------------------------------------------
 
 get_run_ready = _by("analysis", PLAN.run_ready)
 get_calibration_inputs = _by("analysis", PLAN.calibration_inputs)
-get_calibration = _by("analysis", PLAN.calibration)
+get_calibration = _by("analysis", PLAN.walltimes.calibration)
 get_analysis_run_config = _by("analysis", lambda a: config_to_dict(PLAN.run_config(a)))
 get_analysis_run = _by("analysis", lambda analysis: ANALYSES[analysis]["run"])
 get_analysis_selection = _by("analysis", PLAN.selection)
 get_analysis_settings = _by("analysis", PLAN.settings_dict)
 get_analysis_cases = _by("analysis", PLAN.cases)
-get_import_spec = _by("imported", PLAN.import_spec)
-get_import_inputs = _by("imported", PLAN.import_inputs)
+get_import_spec = _by("imported", PLAN.runs.import_spec)
+get_import_inputs = _by("imported", PLAN.runs.import_inputs)
 get_analysis_binding = _by("analysis", PLAN.binding)
 get_spectrum_settings = _by("analysis", lambda a: ANALYSES[a].get("spectrum", {}))
-get_analyze_runtime = _by("analysis", PLAN.analyze_runtime)
+get_analyze_runtime = _by("analysis", PLAN.walltimes.analyze_runtime)
 get_gpus = _by("analysis", PLAN.gpus_requested)  # every rank's GPU, over its nodes
 get_nodes = _by("analysis", lambda analysis: PLAN.ranks(analysis)["nodes"])
 get_ranks = _by("analysis", lambda analysis: PLAN.ranks(analysis)["gpus"])  # a node's
-get_finish_runtime = _by("analysis", PLAN.finish_runtime)
+get_finish_runtime = _by("analysis", PLAN.walltimes.finish_runtime)
 get_attempt = lambda wildcards, attempt: attempt  # 1 + retries so far, in each result
 
 
@@ -162,21 +161,21 @@ def get_experiment_records(wildcards):
     only once the reference set exists (it waits for the calibration), so that the measurement
     jobs get measured walltimes; otherwise at once (a dry run shows every measurement).
     """
-    if PLAN.geometry_calibration_pending(wildcards.experiment):
+    if PLAN.walltimes.geometry_calibration_pending(wildcards.experiment):
         checkpoints.geometry_reference.get(experiment=wildcards.experiment)
     return PLAN.experiment_records(wildcards.experiment)
 
 
 get_experiment_roles = _by("experiment", PLAN.experiment_runs.get)
 get_reference_cache = _by(
-    "experiment", lambda e: PLAN.cache_receipt(PLAN.reference_run(e))
+    "experiment", lambda e: PLAN.runs.cache_receipt(PLAN.reference_run(e))
 )
 get_reference_run_config = _by(
     "experiment", lambda e: config_to_dict(PLAN.run_configs[PLAN.reference_run(e)])
 )
 get_geometry_settings = _by("experiment", PLAN.geometry_settings_dict)
-get_geometry_calibration = _by("experiment", PLAN.geometry_calibration)
-get_geometry_runtime = _by("experiment", PLAN.geometry_runtime)
+get_geometry_calibration = _by("experiment", PLAN.walltimes.geometry_calibration)
+get_geometry_runtime = _by("experiment", PLAN.walltimes.geometry_runtime)
 get_geometry_calibration_settings = _by(
     "experiment", lambda e: asdict(PLAN.calibration_settings(e))
 )
@@ -272,11 +271,12 @@ onstart:
     if workflow.local_exec:
         with jobs.refusing():
             PLAN.check_devices(*jobs.uses_devices(workflow.dag))
-    reattach(workflow.dag, CLUSTER.get("reattach_poll_seconds", 30))
+    reattach(workflow.dag, CLUSTER.reattach_poll_seconds)
     # The campaign record: one start event per analysis and controller run (not in dry runs).
     for _name in ANALYSES:
         append_event(
-            f"results/{_name}", PLAN.start_event(_name, sys.argv, source_hash())
+            f"results/{_name}",
+            PLAN.costs.start_event(_name, sys.argv, source_hash()),
         )
 
 

@@ -23,7 +23,7 @@ if workflow.is_main_process:
             "../../envs/tiny-llm.yaml"
         resources:
             earlier_job=_earlier_job("states"),
-            poll_seconds=str(CLUSTER["reattach_poll_seconds"]),
+            poll_seconds=str(CLUSTER.reattach_poll_seconds),
         params:
             run=get_analysis_run,
             settings=get_analysis_settings,
@@ -44,7 +44,7 @@ if workflow.is_main_process:
             "../../envs/tiny-llm.yaml"
         resources:
             earlier_job=_earlier_job("states", "done"),
-            poll_seconds=str(CLUSTER["reattach_poll_seconds"]),
+            poll_seconds=str(CLUSTER.reattach_poll_seconds),
         script:
             "../scripts/await_earlier_job.py"
 
@@ -60,7 +60,7 @@ if workflow.is_main_process:
             "../../envs/tiny-llm.yaml"
         resources:
             earlier_job=_earlier_job("spectra"),
-            poll_seconds=str(CLUSTER["reattach_poll_seconds"]),
+            poll_seconds=str(CLUSTER.reattach_poll_seconds),
         params:
             run=get_analysis_run,
             settings=get_analysis_settings,

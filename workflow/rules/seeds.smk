@@ -81,5 +81,5 @@ rule compare_experiments:
 # `snakemake -c1 seeds`: every seed experiment and comparison, nothing else.
 rule seeds:
     input:
-        PLAN.experiment_targets(),
+        experiment_targets(PLAN),
     localrule: True

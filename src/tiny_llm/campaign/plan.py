@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tiny_llm.config import RunConfig
 from tiny_llm.layout import FINAL, IMPORTED, STATES
@@ -22,6 +22,7 @@ from tiny_llm.workers.settings import AnalysisSettings
 
 __all__ = [
     "MAX_HOURS",
+    "ClusterSettings",
     "PARALLEL_EFFICIENCY",
     "CaseWork",
     "case_work",
@@ -39,6 +40,37 @@ PARALLEL_EFFICIENCY = 0.6
 """Speed-up each rank beyond the first adds to a job's passes: the lowest of the measured 1.60–1.74×
 (quadratic forms) and 1.67–1.88× (Hessian-vector products) at 2 ranks, one thread per rank
 (benchmarks/distributed.py), so that walltimes err long."""
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The workflow configuration's ``cluster`` section, typed (defaults as the schema's)."""
+
+    walltime: Literal["none", "estimate"] = "none"
+    """estimate: 2 × estimated work + 30 min per state, rounded up to the hour, from timing profiles."""
+    walltime_hours: float | None = None
+    """An explicit walltime per state (both cases) in hours; overrides the estimate."""
+    timing_profiles: tuple[str, ...] = ("config/timing.yaml", "results/timing")
+    """Timing profile files or folders."""
+    gpu_kind: str | None = None
+    """Only timings measured on a device whose name contains this."""
+    on_interrupt: Literal["keep-running", "cancel"] = "keep-running"
+    """What Ctrl-C does to submitted Slurm jobs."""
+    reattach_poll_seconds: float = 30
+    """How often a re-attached job of an earlier controller is polled."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> ClusterSettings:
+        """The settings of a ``cluster`` section (unknown keys are the schema's to refuse)."""
+        data = {k: v for k, v in (data or {}).items() if k in cls.__dataclass_fields__}
+        if "timing_profiles" in data:
+            data["timing_profiles"] = tuple(data["timing_profiles"])
+        return cls(**data)
+
+    @property
+    def estimated(self) -> bool:
+        """Whether walltimes come from the timing estimate (no explicit walltime)."""
+        return self.walltime == "estimate" and not self.walltime_hours
 
 
 def parallel_seconds(seconds: float, ranks: int) -> float:
@@ -174,7 +206,7 @@ def cost_line(
     work: CaseWork,
     device: str,
     timing: dict[str, Any] | None,
-    cluster: dict[str, Any] | None = None,
+    cluster: ClusterSettings | None = None,
     gpus: int = 1,
 ) -> str:
     """One line for the console before a run: jobs, the work of each, and the estimated time.
@@ -203,14 +235,14 @@ def cost_line(
             f"; about {format_seconds(each)} per job, {format_seconds(jobs * each)} in all on {device} "
             f"(timings measured on {kind}, {measured.get('at', '?')[:10]})"
         )
-    cluster = cluster or {}
-    if cluster.get("walltime_hours"):
-        hours = float(cluster["walltime_hours"])
+    cluster = cluster or ClusterSettings()
+    if cluster.walltime_hours:
+        hours = float(cluster.walltime_hours)
         line += (
             f"; Slurm: ≤ {count} jobs × {hours:g} h (cluster.walltime_hours){_times(gpus)} = "
             f"{count * hours * gpus:g} GPU-hours requested"
         )
-    elif cluster.get("walltime") == "estimate":
+    elif cluster.walltime == "estimate":
         if each is None:
             line += (
                 f"; Slurm walltime: from the calibration job, which runs first on the target node "

@@ -20,11 +20,24 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EarlierJob", "cancel", "earlier_jobs", "job_state", "parse_target_jobs", "wait_for_job"]
+from tiny_llm.layout import STATE_DONE, STATE_RESULT
+
+__all__ = [
+    "AWAITABLE",
+    "STANDS_IN",
+    "EarlierJob",
+    "awaited_outputs",
+    "cancel",
+    "earlier_jobs",
+    "job_state",
+    "parse_target_jobs",
+    "sort_earlier_jobs",
+    "wait_for_job",
+]
 
 QUEUED = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 """States of a job that has not started: cancelling it loses nothing."""
@@ -159,3 +172,51 @@ def wait_for_job(
             )
         sleep(min(poll_seconds, 1.0))
     log(f"Slurm job {job_id} wrote {', '.join(outputs)}")
+
+
+AWAITABLE = {
+    "analyze_state": STATE_RESULT,
+    "finish_state": STATE_DONE,
+    "analyze_spectrum": "results/{analysis}/spectra/{key}/{case}.json",
+}
+"""Outputs of the rules that a local job can stand in for while an earlier controller's job computes them."""
+
+
+STANDS_IN = {"await_result": "analyze_state", "await_receipt": "finish_state", "await_spectrum": "analyze_spectrum"}
+"""The local rule that awaits an earlier job -> the rule it stands in for."""
+
+
+def awaited_outputs(jobs: list[EarlierJob], analyses: Iterable[str]) -> dict[str, str]:
+    """Output -> id of the running Slurm job of an earlier controller that writes it (only jobs
+    whose every target is an awaitable result of a configured analysis)."""
+    analyses, awaited = set(analyses), {}
+    for job in jobs:
+        targets = [(name, dict(wildcards)) for name, wildcards in job.targets]
+        if not job.queued and all(
+            name in AWAITABLE and wildcards.get("analysis") in analyses for name, wildcards in targets
+        ):
+            for name, wildcards in targets:
+                awaited[AWAITABLE[name].format(**wildcards)] = job.job_id
+    return awaited
+
+
+def sort_earlier_jobs(
+    jobs: list[EarlierJob], needed: set[tuple[str, tuple[tuple[str, str], ...]]], awaited: dict[str, str]
+) -> tuple[list[str], list[str], list[str]]:
+    """The earlier controllers' jobs that compute something this run needs, by what to do:
+    (queued jobs to cancel, running jobs awaited by a local job, running jobs to wait for first).
+
+    ``needed`` holds (rule, sorted wildcard items) of every job this run must run, with the await
+    rules named as the rules they stand in for. Jobs of other controllers' work are left alone.
+    """
+    queued, waited, first = [], [], []
+    for job in jobs:
+        if not any(target in needed for target in job.targets):
+            continue
+        if job.queued:
+            queued.append(job.job_id)
+        elif job.job_id in awaited.values():
+            waited.append(job.job_id)
+        else:
+            first.append(job.job_id)
+    return queued, waited, first

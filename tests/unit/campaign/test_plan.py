@@ -6,7 +6,15 @@ import json
 import pytest
 from builders import make_oracle_run
 
-from tiny_llm.campaign.plan import case_work, cost_line, estimate_seconds, expected_states, format_seconds, job_minutes
+from tiny_llm.campaign.plan import (
+    ClusterSettings,
+    case_work,
+    cost_line,
+    estimate_seconds,
+    expected_states,
+    format_seconds,
+    job_minutes,
+)
 from tiny_llm.training.loop import train
 from tiny_llm.workers.index import index_states
 from tiny_llm.workers.settings import AnalysisSettings
@@ -97,16 +105,16 @@ def test_cost_line_says_jobs_work_and_time(run):
         "a", (4, "x"), ["seen"], work, "cpu", None
     )
     entry = {"seconds": seconds, "measured": {}}
-    slurm = cost_line("a", (4, "x"), ["seen", "unseen"], work, "cuda", entry, {"walltime": "estimate"})
+    slurm = cost_line("a", (4, "x"), ["seen", "unseen"], work, "cuda", entry, ClusterSettings(walltime="estimate"))
     hours = job_minutes(2 * each) / 60
     assert slurm.endswith(
         f"; Slurm: ≤ 4 jobs × {hours:g} h walltime (2 × work + 30 min) = {4 * hours:g} GPU-hours requested"
     )
-    assert cost_line("a", (3, "x"), ["seen"], work, "cuda", None, {"walltime_hours": 5}).endswith(
+    assert cost_line("a", (3, "x"), ["seen"], work, "cuda", None, ClusterSettings(walltime_hours=5)).endswith(
         "; Slurm: ≤ 3 jobs × 5 h (cluster.walltime_hours) = 15 GPU-hours requested"
     )
     assert "Slurm walltime: from the calibration job, which runs first on the target node (results/timing/a.json" in (
-        cost_line("a", (3, "x"), ["seen"], work, "cuda", None, {"walltime": "estimate"})
+        cost_line("a", (3, "x"), ["seen"], work, "cuda", None, ClusterSettings(walltime="estimate"))
     )
 
 

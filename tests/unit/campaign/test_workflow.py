@@ -9,15 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tiny_llm.campaign.checks import expand_seed_experiments, typed_profile_values
 from tiny_llm.campaign.plan import estimate_seconds, job_minutes
-from tiny_llm.campaign.slurm_jobs import EarlierJob
-from tiny_llm.campaign.workflow import (
-    WorkflowPlan,
-    awaited_outputs,
-    expand_seed_experiments,
-    sort_earlier_jobs,
-    typed_profile_values,
-)
+from tiny_llm.campaign.slurm_jobs import EarlierJob, awaited_outputs, sort_earlier_jobs
+from tiny_llm.campaign.targets import all_targets
+from tiny_llm.campaign.workflow import WorkflowPlan
 from tiny_llm.config import config_from_dict
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.workers.settings import settings_from_dict
@@ -71,10 +67,10 @@ def _config(cluster=None, **analysis):
 def test_runs_trained_here_write_interval_checkpoints_and_share_caches(project):
     plan = WorkflowPlan(_config())
     assert plan.run_configs["tiny"].training.checkpoint_policy == "interval"
-    assert plan.cache_of_run == {"tiny": "tiny"} and plan.run_of_cache == {"tiny": "tiny"}
+    assert plan.runs.cache_of_run == {"tiny": "tiny"} and plan.runs.run_of_cache == {"tiny": "tiny"}
     assert plan.trained_here("gpu") == "tiny" and plan.run_ready("gpu") == "runs/tiny/trained.json"
     assert plan.calibration_inputs("gpu") == []  # calibration needs only the shapes, not the trained run
-    spec = plan.cache_spec("tiny")
+    spec = plan.runs.cache_spec("tiny")
     assert spec["data"]["seed"] == 7 and spec["shard_tokens"] == 64 and spec["capacity"] > 0
     with pytest.raises(ValueError, match="train_runs.bad: data.cache must be cache/<name>"):
         Path("bad.yaml").write_text(yaml.safe_dump({**RUN, "data": {**RUN["data"], "cache": "elsewhere/x"}}))
@@ -114,7 +110,7 @@ def test_seed_experiments_expand_to_seed_and_control_runs(project):
 
 def test_targets_name_every_figure_and_every_indexed_result(project):
     plan = WorkflowPlan(_config(spectrum={"enabled": True}))
-    targets = plan.all_targets()
+    targets = all_targets(plan)
     assert targets[0] == "runs/tiny/trained.json"
     assert {"results/gpu/manifest.json", "results/gpu/summary.csv", "results/gpu/spectrum.csv"} <= set(targets)
     assert all(
@@ -122,12 +118,12 @@ def test_targets_name_every_figure_and_every_indexed_result(project):
         for f in FIGURES + AUDIT_FIGURES + SPECTRUM_FIGURES
         for ext in ("pdf", "png")
     )
-    exact = WorkflowPlan(_config(settings={**SETTINGS, "device": "cpu", "dtype": "float64"})).all_targets()
+    exact = all_targets(WorkflowPlan(_config(settings={**SETTINGS, "device": "cpu", "dtype": "float64"})))
     assert "results/gpu/figures/loss.png" in exact and not any("precision_audit" in t for t in exact)  # no audit
     assert not any("/states/" in t for t in targets)  # before the index: the figures pull the results in
     Path("results/gpu").mkdir(parents=True)
     Path("results/gpu/states.json").write_text(json.dumps({"states": [{"key": "a" * 64}, {"key": "b" * 64}]}))
-    results = [t for t in WorkflowPlan(_config()).all_targets() if "/states/" in t]
+    results = [t for t in all_targets(WorkflowPlan(_config())) if "/states/" in t]
     assert results == [f"results/gpu/states/{k * 64}/{case}.json" for k in "ab" for case in ("seen", "unseen")]
     assert plan.state_results("gpu", "k") == [
         "results/gpu/states/k/seen.json",
@@ -146,32 +142,32 @@ def test_walltimes_from_the_timing_entry_complete_the_group_to_the_hour(project)
         settings_from_dict({**SETTINGS, "device": "cuda", "dtype": "float32"}),
         SECONDS,
     )
-    assert plan.case_work_seconds("gpu") == work
-    assert plan.analyze_runtime("gpu") == math.ceil(2 * work / 60)
-    assert 2 * plan.analyze_runtime("gpu") + plan.finish_runtime("gpu") == job_minutes(2 * work)
-    assert not plan.calibration_pending("gpu") and plan.calibration("gpu") == []
-    assert "GPU-hours requested" in plan.cost_line("gpu")
+    assert plan.walltimes.case_work_seconds("gpu") == work
+    assert plan.walltimes.analyze_runtime("gpu") == math.ceil(2 * work / 60)
+    assert 2 * plan.walltimes.analyze_runtime("gpu") + plan.walltimes.finish_runtime("gpu") == job_minutes(2 * work)
+    assert not plan.walltimes.calibration_pending("gpu") and plan.walltimes.calibration("gpu") == []
+    assert "GPU-hours requested" in plan.costs.cost_line("gpu")
 
 
 def test_the_campaign_line_counts_training_calibration_and_analyses(project):
     """Under a cluster walltime rule the dry run totals every GPU-hour asked for: the training job's
     walltime, the calibration jobs' and the analyses' state jobs; a local run prints no total."""
     plan = WorkflowPlan(_config({"walltime": "estimate", "gpu_kind": "GH200"}))
-    hours = 3 * job_minutes(2 * plan.case_work_seconds("gpu")) / 60  # 3 states (initialisation + 2 epochs)
-    assert plan.cost_lines(1440, 60)[-1] == (
+    hours = 3 * job_minutes(2 * plan.walltimes.case_work_seconds("gpu")) / 60  # 3 states (initialisation + 2 epochs)
+    assert plan.costs.cost_lines(1440, 60)[-1] == (
         f"campaign on Slurm: training 1 run(s) × 24 h + analyses {hours:g} "
         f"GPU-hours = at most {24 + hours:g} GPU-hours requested"
     )
     pending = WorkflowPlan(_config({"walltime": "estimate", "gpu_kind": "A100"}))  # calibrates first
-    assert pending.campaign_line(1440, 60) == (
+    assert pending.costs.campaign_line(1440, 60) == (
         "campaign on Slurm: training 1 run(s) × 24 h + calibration 1 job(s) "
         "× 1 h = at most 25 GPU-hours requested (+ gpu: priced by its "
         "calibration)"
     )
-    assert WorkflowPlan(_config()).campaign_line(1440, 60) is None
+    assert WorkflowPlan(_config()).costs.campaign_line(1440, 60) is None
     Path("runs/tiny").mkdir(parents=True)
     Path("runs/tiny/trained.json").write_text("{}")  # trained already: not asked for again
-    assert plan.campaign_line(1440, 60).startswith(f"campaign on Slurm: analyses {hours:g} GPU-hours")
+    assert plan.costs.campaign_line(1440, 60).startswith(f"campaign on Slurm: analyses {hours:g} GPU-hours")
 
 
 def test_a_seed_experiment_prints_its_cost(project):
@@ -179,7 +175,7 @@ def test_a_seed_experiment_prints_its_cost(project):
         "seed_experiments": {"exp": {"config": "run.yaml", "seeds": [1, 2], "settings": {"device": "cpu"}}},
         "cluster": {"timing_profiles": ["timing.json"]},
     }
-    line = WorkflowPlan(config).cost_lines()[0]
+    line = WorkflowPlan(config).costs.cost_lines()[0]
     # 2 seeds and the 2 controls, each with the initialisation and 2 epochs measured.
     assert line.startswith(
         "seed experiment exp: 4 runs (seeds and controls) trained, 12 checkpoint measurements; each: "
@@ -188,21 +184,23 @@ def test_a_seed_experiment_prints_its_cost(project):
 
 def test_an_uncovered_setup_calibrates_first(project):
     plan = WorkflowPlan(_config({"walltime": "estimate", "gpu_kind": "A100"}))  # no A100 entry
-    assert plan.calibration_pending("gpu") and plan.calibration("gpu") == ["results/timing/gpu.json"]
-    assert "results/timing/gpu.json" in plan.all_targets()
+    assert plan.walltimes.calibration_pending("gpu") and plan.walltimes.calibration("gpu") == [
+        "results/timing/gpu.json"
+    ]
+    assert "results/timing/gpu.json" in all_targets(plan)
     with pytest.raises(ValueError, match="no timing profile covers analysis gpu"):
-        plan.case_work_seconds("gpu")
-    assert "from the calibration job, which runs first" in plan.cost_line("gpu")
+        plan.walltimes.case_work_seconds("gpu")
+    assert "from the calibration job, which runs first" in plan.costs.cost_line("gpu")
 
 
 def test_explicit_walltime_is_split_over_the_state_job(project):
     plan = WorkflowPlan(_config({"walltime_hours": 2}))
-    assert (plan.analyze_runtime("gpu"), plan.finish_runtime("gpu")) == (59, 2)  # 2 × 59 + 2 = 120
-    assert plan.walltime_rule() == "cluster.walltime_hours: 2 per state job"
+    assert (plan.walltimes.analyze_runtime("gpu"), plan.walltimes.finish_runtime("gpu")) == (59, 2)  # 2 × 59 + 2 = 120
+    assert plan.walltimes.rule() == "cluster.walltime_hours: 2 per state job"
     one_case = WorkflowPlan(_config({"walltime_hours": 1}, cases=["seen"]))
-    assert (one_case.analyze_runtime("gpu"), one_case.finish_runtime("gpu")) == (59, 1)
+    assert (one_case.walltimes.analyze_runtime("gpu"), one_case.walltimes.finish_runtime("gpu")) == (59, 1)
     local = WorkflowPlan(_config())
-    assert (local.analyze_runtime("gpu"), local.finish_runtime("gpu")) == (60, 5)
+    assert (local.walltimes.analyze_runtime("gpu"), local.walltimes.finish_runtime("gpu")) == (60, 5)
 
 
 def test_profile_values_are_typed_before_validation():
@@ -237,9 +235,9 @@ def test_the_plan_states_the_memory_of_each_job_and_refuses_one_that_cannot_fit(
     """The cost line names the predicted peak and the grouping under the budget; a budget below
     one sequence is refused while planning, naming the analysis and the setting."""
     budgeted = _config(settings={**SETTINGS, "device": "cuda", "dtype": "float32", "memory_budget_gb": 0.01})
-    line = WorkflowPlan(budgeted).cost_line("gpu")
+    line = WorkflowPlan(budgeted).costs.cost_line("gpu")
     assert "memory: predicted peak ~" in line and "budget 10.2 MiB" in line and "forms " in line
-    default = WorkflowPlan(_config()).cost_line("gpu")
+    default = WorkflowPlan(_config()).costs.cost_line("gpu")
     assert "budget: the GPU's free memory at run time, cut to fit" in default
     tiny = _config(settings={**SETTINGS, "device": "cuda", "dtype": "float32", "memory_budget_gb": 1e-5})
     with pytest.raises(
@@ -263,10 +261,10 @@ def test_hf_checkpoint_lists_are_imported_then_measured_on_the_offset_case(proje
     entry = {"hf_checkpoints": checkpoints, "config": "run.yaml", "settings": {**SETTINGS, "device": "cpu"}}
     plan = WorkflowPlan({"analyses": {"suite": dict(entry)}})
     assert plan.run_ready("suite") == "runs/suite/imported.json" and plan.cases("suite") == ["offset"]
-    assert plan.run_config("suite").model.architecture == "gpt2" and plan.imported_runs == ["suite"]
-    assert plan.import_spec("suite")["steps"] == [1, 2] and plan.import_spec("suite")["tokens"] == [None, 64]
-    assert plan.import_inputs("suite") == ["hf/step1/config.json", "hf/step2/config.json"]
-    assert plan._expected_states("suite", plan.run_config("suite")) == (2, "hf_checkpoints")
+    assert plan.run_config("suite").model.architecture == "gpt2" and plan.runs.imported_runs == ["suite"]
+    assert plan.runs.import_spec("suite")["steps"] == [1, 2] and plan.runs.import_spec("suite")["tokens"] == [None, 64]
+    assert plan.runs.import_inputs("suite") == ["hf/step1/config.json", "hf/step2/config.json"]
+    assert plan.costs.expected_states("suite", plan.run_config("suite")) == (2, "hf_checkpoints")
     for change, message in [
         ({"run": "elsewhere/suite"}, "analyses.suite.run: the workflow imports hf_checkpoints into runs/<name>"),
         ({"config": None}, "analyses.suite.config: hf_checkpoints need a run configuration"),

@@ -1,0 +1,244 @@
+"""What a workflow configuration must satisfy before any job, and the runs it declares: keys the
+schema does not know, schema errors in one line each, devices this machine has, tokenizer
+directories, corpora large enough for their runs, profile values typed, seed experiments expanded
+into runs, and run configurations loaded with their overrides. Each refusal names the config key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, config_to_dict, load_config_dict, parse_yaml
+from tiny_llm.data.tokens import capacity_blocks
+from tiny_llm.geometry.experiment import geometry_settings_from_dict
+
+__all__ = [
+    "check_corpus",
+    "check_device",
+    "check_tokenizer_directory",
+    "cuda_devices",
+    "expand_seed_experiments",
+    "load_run_config",
+    "schema_errors",
+    "typed_profile_values",
+    "unknown_keys",
+]
+
+
+def unknown_keys(config: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """One line per mapping of ``config`` that holds keys its part of the JSON ``schema`` does not
+    allow (``additionalProperties: false``), naming where, e.g. ``analyses.demo.settings``.
+
+    Example:
+        >>> schema = {"properties": {"a": {"additionalProperties": False, "properties": {"b": {}}}}}
+        >>> unknown_keys({"a": {"b": 1, "c": 2}}, schema)
+        ["a: unknown key 'c' (allowed: b)"]
+    """
+    if not isinstance(config, dict):
+        return []
+    properties, extra = schema.get("properties", {}), schema.get("additionalProperties", True)
+    lines = []
+    for key, value in config.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key in properties:
+            lines += unknown_keys(value, properties[key], where)
+        elif isinstance(extra, dict):
+            lines += unknown_keys(value, extra, where)
+        elif extra is False:
+            lines.append(
+                f"{path or 'the configuration'}: unknown key {key!r} (allowed: {', '.join(sorted(properties))})"
+            )
+    return lines
+
+
+def schema_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """The configuration's violations of the JSON ``schema``, one line each, naming the key.
+
+    Example:
+        >>> schema = {"properties": {"a": {"properties": {"n": {"type": "integer", "minimum": 1}}}}}
+        >>> schema_errors({"a": {"n": -3}}, schema)
+        ['a.n: -3 is less than the minimum of 1']
+    """
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
+    return [f"{'.'.join(map(str, error.absolute_path)) or 'the configuration'}: {error.message}" for error in errors]
+
+
+def check_device(key: str, device: str) -> None:
+    """Refuse a CUDA device this machine does not have, for jobs that run on it.
+
+    Raises:
+        ValueError: naming the config ``key`` and what to set instead.
+    """
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        have = f"only {count} CUDA device{'s' if count != 1 else ''}" if count else "no CUDA device"
+        raise ValueError(
+            f"{key}: {device}, but this machine has {have} and the jobs run here; set {key} to cpu "
+            "or auto, or run on the cluster (--profile profiles/naiss)"
+        )
+
+
+def _source_tokens(path: Path) -> int:
+    """Tokens an input file holds: bytes for text, elements for .npy, uint16 elements for .bin."""
+    if path.suffix == ".npy":
+        import numpy as np
+
+        return int(np.load(path, mmap_mode="r", allow_pickle=False).shape[0])
+    return path.stat().st_size // (2 if path.suffix == ".bin" else 1)
+
+
+def cuda_devices() -> int:
+    """CUDA devices this process sees (torch is imported only when asked)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_tokenizer_directory(key: str, directory: str) -> None:
+    """A configured tokenizer directory must exist here and hold a tokenizer.json.
+
+    Raises:
+        ValueError: naming ``key``.
+    """
+    path = Path(directory)
+    if not path.is_dir():
+        raise ValueError(
+            f"{key}: {directory} is not a local directory (paths are relative to the project "
+            "directory); give a directory holding the tokenizer's tokenizer.json"
+        )
+    if not (path / "tokenizer.json").is_file():
+        raise ValueError(
+            f"{key}: {directory} has no tokenizer.json; save a fast tokenizer there "
+            "(AutoTokenizer.from_pretrained(...).save_pretrained(DIR))"
+        )
+
+
+def check_corpus(name: str, entry: dict[str, Any], run: RunConfig, need: str, key: str = "train_runs") -> None:
+    """Refuse, before the cache is built, input files that are missing or hold too little for
+    training (``need="train"``) or training plus one unseen epoch (``"unseen"``).
+
+    Raises:
+        ValueError: naming the config keys, the tokens there are and needed, and both ways out.
+    """
+    if entry.get("cache_tokenizer") is not None:
+        check_tokenizer_directory(f"{key}.{name}.cache_tokenizer", entry["cache_tokenizer"])
+    if entry.get("cache_source", "demo") == "demo":
+        return
+    counted = entry.get("cache_tokenizer") is None  # bytes are tokens; a tokenizer's count is known only after encoding
+    T, G = run.data.seq_len, run.data.shuffle_group_blocks
+    total = 0
+    for file in entry.get("cache_inputs", []):
+        path = Path(file)
+        if not path.is_file():
+            raise ValueError(
+                f"{key}.{name}.cache_inputs: {file} does not exist (paths are relative to the project directory)"
+            )
+        total += max(_source_tokens(path) - 1, 0) // T
+    available = total // G * G
+    needed = capacity_blocks(run)[need]
+    if available >= needed or not counted:
+        return
+    unit = "bytes" if entry.get("cache_source") == "text" else "tokens"
+    what = "training and one unseen epoch" if need == "unseen" else "training"
+    fits = None
+    for steps in range(run.steps_per_epoch - 1, 0, -1):  # the largest whole-epoch budget that fits
+        tokens = steps * run.training.epochs * run.batch_tokens
+        smaller = config_from_dict(apply_overrides(config_to_dict(run), [f"training.tokens={tokens}"]))
+        if capacity_blocks(smaller)[need] <= available:
+            fits = tokens
+            break
+    lower = (
+        f"lower training.tokens to at most {fits:,} ({key}.{name}.set: {{training.tokens: {fits}}})"
+        if fits
+        else "use a smaller model batch or context"
+    )
+    raise ValueError(
+        f"{key}.{name}.cache_inputs: the corpus holds about {available * T:,} {unit} in whole "
+        f"sequences, but {what} at training.tokens={run.training.tokens:,} need about "
+        f"{needed * T:,}; add text to {key}.{name}.cache_inputs, or {lower}"
+    )
+
+
+def typed_profile_values(config: dict[str, Any], keys: Iterable[str] = ("settings_override", "cluster")) -> None:
+    """Read a profile's ``config:`` values, which arrive as strings ('True', '64'), as YAML scalars,
+    in place, so that schema validation sees numbers and booleans (``cluster.walltime_hours: '12'``)."""
+
+    def typed(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: typed(item) for key, item in value.items()}
+        return parse_yaml(value) if isinstance(value, str) else value
+
+    for key in keys:
+        if isinstance(config.get(key), dict):
+            config[key] = typed(config[key])
+
+
+def _overrides(settings: dict[str, Any]) -> list[str]:
+    return [f"{key}={value}" for key, value in settings.items()]
+
+
+def expand_seed_experiments(
+    experiments: dict[str, Any], train_runs: dict[str, Any], analyses: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+    """The training runs of every seed experiment, beside ``train_runs``.
+
+    Each experiment trains ``<experiment>-seed-<s>`` per seed, and the controls
+    ``<experiment>-same-seed`` (the first seed again) and ``<experiment>-data-order`` (the first
+    seed, ``data.seed + 1``). Every run writes interval checkpoints; they share one token cache.
+
+    Returns:
+        (every train_runs entry, experiment -> {run name: role}).
+
+    Raises:
+        ValueError: a name clash with an analysis or a train_runs entry, or bad settings, naming the key.
+    """
+    runs, roles = dict(train_runs), {}
+    for name, entry in experiments.items():
+        if name in analyses:
+            raise ValueError(
+                f"seed_experiments.{name}: an analysis has the same name (both write results/{name}/); rename one"
+            )
+        base = {
+            key: entry[key]
+            for key in ("config", "cache_source", "cache_inputs", "shard_tokens", "cache_order", "cache_tokenizer")
+            if key in entry
+        }
+        fixed = {**entry.get("set", {}), "training.checkpoint_policy": "interval"}
+        data_seed = config_from_dict(apply_overrides(load_config_dict(entry["config"]), _overrides(fixed))).data.seed
+        first = entry["seeds"][0]
+        members = {f"{name}-seed-{seed}": ("seed", {"training.seed": seed}) for seed in entry["seeds"]}
+        controls = entry.get("controls", ["same-seed", "data-order"])
+        if "same-seed" in controls:
+            members[f"{name}-same-seed"] = ("same-seed", {"training.seed": first})
+        if "data-order" in controls:
+            members[f"{name}-data-order"] = ("data-order", {"training.seed": first, "data.seed": data_seed + 1})
+        for run, (_, overrides) in members.items():
+            if run in runs:
+                raise ValueError(f"seed_experiments.{name} trains runs/{run}, which train_runs also names; rename one")
+            runs[run] = {**base, "set": {**fixed, **overrides}}
+        roles[name] = {run: role for run, (role, _) in members.items()}
+        try:
+            geometry_settings_from_dict(entry.get("settings"))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"seed_experiments.{name}.settings: {error}") from None
+    return runs, roles
+
+
+def load_run_config(entry: dict[str, Any]) -> RunConfig:
+    """A run the workflow trains is meant for analysis: unless its configuration says otherwise,
+    it writes interval checkpoints (one state per virtual epoch, not just the final one)."""
+    data = load_config_dict(entry["config"])
+    overrides = _overrides(entry.get("set", {}))
+    if "checkpoint_policy" not in (data.get("training") or {}):
+        overrides.insert(0, "training.checkpoint_policy=interval")
+    return config_from_dict(apply_overrides(data, overrides))
