@@ -6,7 +6,7 @@ model's width (d = 512, 8 heads, f = 1368) with one or two layers and T up to 10
 the three-phase model of the module docstring by alternating weighted least squares (relative
 error); and prints the coefficients (to paste into COEFFICIENTS) and the predicted/measured ratios.
 
-    python benchmarks/memory.py --fit            # measure, fit, print coefficients (about 10 min)
+    python benchmarks/memory.py --fit            # measure, fit, print coefficients for memory_fit.py (about 10 min)
     python benchmarks/memory.py                  # check the committed coefficients on fresh grids
     python benchmarks/memory.py --device cuda    # the campaign's shape against the CUDA allocator (~1 min)
     python benchmarks/memory.py --shape config/runs/demo.yaml   # the same check of a run's shape on CPU
