@@ -435,5 +435,9 @@ def standard_errors(samples: Samples) -> dict[str, float | None]:
 
 
 def implied_errors(pairs: AuditPairs) -> dict[str, float | None]:
-    """The signed relative error of every audited statistic that the audit's pairs imply."""
-    return {s.name: s.implied_error(pairs) for s in STATISTICS if s.audited}
+    """The signed relative error of every audited statistic that the audit's pairs imply: those
+    measured over the whole epoch first, then the sampled ones (the order results have kept)."""
+    audited = [s for s in STATISTICS if s.audited and not s.sampled] + [
+        s for s in STATISTICS if s.audited and s.sampled
+    ]
+    return {s.name: s.implied_error(pairs) for s in audited}

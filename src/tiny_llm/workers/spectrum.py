@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,111 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
+def _spectrum_operator(
+    model: CausalLM,
+    tokens_by_batch: list[torch.Tensor],
+    settings: AnalysisSettings,
+    spectrum: SpectrumSettings,
+    precision: Precision,
+    hvp_batch_size: int,
+    engine: str,
+    compile: bool,
+    micro_batch_size: int,
+    memory: MemoryPlan | None,
+) -> tuple[EpochHessian | ShardedHessian, Layout, Callable, Callable]:
+    """The operator of a spectrum job, the layout of its vectors, and its batch and epoch gradients:
+    sharded over the ranks (the model is sharded in place; vectors are this rank's parts) or whole."""
+    flat = FlatParameters(model)
+    micro_batch_size = (memory.rows("gradient") if memory else None) or micro_batch_size
+    if spectrum.sharded and world()[1] > 1:
+        operator = ShardedHessian(
+            model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, precision=precision, progress=log.info
+        )
+
+        def gradient(tokens: torch.Tensor) -> torch.Tensor:
+            return operator.gradient(tokens, micro_batch_size)
+
+        return operator, operator.layout, gradient, lambda: gradient(torch.cat(tokens_by_batch))
+    operator = EpochHessian(
+        model,
+        torch.cat(tokens_by_batch),
+        batch_size=hvp_batch_size,
+        engine=engine,
+        precision=precision,
+        directions_per_pass=settings.directions_per_pass,
+        compile=compile,
+        group_rows=memory.rows("products") if memory else None,
+    )
+
+    def gradient(tokens: torch.Tensor) -> torch.Tensor:
+        return batch_gradient(model, flat, tokens, micro_batch_size, precision)
+
+    def epoch_gradient() -> torch.Tensor:
+        return mean_gradient(model, flat, tokens_by_batch, micro_batch_size, precision)
+
+    return operator, Layout(flat.D), gradient, epoch_gradient
+
+
+def _warn_unconverged(pairs: dict, tolerance: float, steps: int) -> int:
+    """Count the top eigenvalues (LA and LM) that did not converge, with a warning naming the fix."""
+    values, _, residuals, converged = pairs["LA"]
+    mag_values, _, mag_residuals, mag_converged = pairs["LM"]
+    unconverged = int((~converged).sum() + (~mag_converged).sum())
+    if unconverged:
+        log.warning(
+            "%d of the top eigenvalues did not converge to %g in %d Lanczos steps (largest relative "
+            "residual %.2g); raise spectrum.lanczos_steps",
+            unconverged,
+            tolerance,
+            steps,
+            float(torch.cat([residuals / values.abs(), mag_residuals / mag_values.abs()]).max()),
+        )
+    return unconverged
+
+
+def _cg_record(product: Callable, g_bar: torch.Tensor, damping: float, spectrum: SpectrumSettings, layout) -> dict:
+    """The damped solve (H + λI)x = ḡ: its status, iterations, residual and ḡᵀ(H + λI)⁻¹ḡ."""
+    try:
+        x, iterations, residual = conjugate_gradient(
+            product, g_bar, damping, rtol=spectrum.cg_rtol, max_iterations=spectrum.cg_max_iterations, layout=layout
+        )
+        return {
+            "damping": damping,
+            "status": "ok" if residual <= spectrum.cg_rtol else "max_iterations",
+            "iterations": iterations,
+            "relative_residual": residual,
+            "g_inverse_g": float(layout.dots(g_bar[None], x[None])[0]),
+        }
+    except ValueError as error:  # H + λI indefinite along a CG direction: report, do not guess
+        return {
+            "damping": damping,
+            "status": "indefinite",
+            "message": str(error),
+            "iterations": None,
+            "relative_residual": None,
+            "g_inverse_g": None,
+        }
+
+
+def _block_record(product: Callable, flat: FlatParameters, settings, spectrum, layout, device) -> dict:
+    """Block-diagonal errors per tensor and per layer on seeded Rademacher directions."""
+    V = torch.stack([layout.local(rademacher(flat.D, settings.seed + 1, i)) for i in range(spectrum.block_samples)])
+    blocks = {
+        kind: (block_diagonal_error(product, V.to(device), make(flat), layout=layout), len(make(flat)))
+        for kind, make in (("tensor", tensor_blocks), ("layer", layer_blocks))
+    }
+    return {
+        kind: {
+            "relative_error": r["relative_error"].tolist(),
+            "cosine": r["cosine"].tolist(),
+            "mean_relative_error": float(r["relative_error"].mean()),
+            "mean_cosine": float(r["cosine"].mean()),
+            "blocks": count,
+        }
+        for kind, (r, count) in blocks.items()
+    }
+
+
 def measure_spectrum(
     model: CausalLM,
     tokens_by_batch: list[torch.Tensor],
@@ -127,48 +233,17 @@ def measure_spectrum(
     groups of sequences (the same numbers)."""
     started = time.perf_counter()
     flat = FlatParameters(model)
-    micro_batch_size = (memory.rows("gradient") if memory else None) or micro_batch_size
-    if spectrum.sharded and world()[1] > 1:  # the model is sharded in place; vectors are this rank's parts
-        operator = ShardedHessian(
-            model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, precision=precision, progress=log.info
-        )
-        layout = operator.layout
-
-        def gradient(tokens: torch.Tensor) -> torch.Tensor:
-            return operator.gradient(tokens, micro_batch_size)
-
-        def epoch_gradient() -> torch.Tensor:
-            return gradient(torch.cat(tokens_by_batch))
-    else:
-        operator = EpochHessian(
-            model,
-            torch.cat(tokens_by_batch),
-            batch_size=hvp_batch_size,
-            engine=engine,
-            precision=precision,
-            directions_per_pass=settings.directions_per_pass,
-            compile=compile,
-            group_rows=memory.rows("products") if memory else None,
-        )
-        layout = Layout(flat.D)
-
-        def gradient(tokens: torch.Tensor) -> torch.Tensor:
-            return batch_gradient(model, flat, tokens, micro_batch_size, precision)
-
-        def epoch_gradient() -> torch.Tensor:
-            return mean_gradient(model, flat, tokens_by_batch, micro_batch_size, precision)
-
+    operator, layout, gradient, epoch_gradient = _spectrum_operator(
+        model, tokens_by_batch, settings, spectrum, precision, hvp_batch_size, engine, compile, micro_batch_size, memory
+    )
     basis, reduction = _BASIS[spectrum.lanczos_basis], _BASIS[spectrum.lanczos_reduction]
-    device = precision.device
-    tolerance = lanczos_tolerance(spectrum, precision.dtype)
-    products = []
+    device, tolerance, products = precision.device, lanczos_tolerance(spectrum, precision.dtype), []
     block_products = spectrum.block_samples * (2 + len(tensor_blocks(flat)) + len(layer_blocks(flat)))
     progress = ProductProgress(
         spectrum.lanczos_steps
-        + 2
+        + 3
         + spectrum.slq_vectors * spectrum.slq_steps
         + spectrum.cg_max_iterations
-        + 1
         + block_products
     )
 
@@ -183,44 +258,19 @@ def measure_spectrum(
 
     progress.enter(f"Lanczos, top {spectrum.top_k} eigenpairs (at most {spectrum.lanczos_steps} steps)")
     pairs = top_eigenpairs(
-        counted,
-        flat.D,
-        spectrum.top_k,
-        spectrum.lanczos_steps,
-        seed=settings.seed,
-        which=("LA", "LM"),
-        basis_dtype=basis,
-        reduction_dtype=reduction,
-        device=device,
-        tolerance=tolerance,
-        layout=layout,
-    )
+        counted, flat.D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed, which=("LA", "LM"),
+        basis_dtype=basis, reduction_dtype=reduction, device=device, tolerance=tolerance, layout=layout,
+    )  # fmt: skip
     values, vectors, residuals, converged = pairs["LA"]
     mag_values, _, mag_residuals, mag_converged = pairs["LM"]
     steps = len(products) - 2  # the last two products measure the residuals of LA and LM
-    unconverged = int((~converged).sum() + (~mag_converged).sum())
-    if unconverged:
-        log.warning(
-            "%d of the top eigenvalues did not converge to %g in %d Lanczos steps (largest relative "
-            "residual %.2g); raise spectrum.lanczos_steps",
-            unconverged,
-            tolerance,
-            steps,
-            float(torch.cat([residuals / values.abs(), mag_residuals / mag_values.abs()]).max()),
-        )
+    unconverged = _warn_unconverged(pairs, tolerance, steps)
     t_lanczos = time.perf_counter() - started
     progress.enter(f"SLQ density ({spectrum.slq_vectors} x {spectrum.slq_steps} steps)")
     nodes = slq(
-        tracked,
-        flat.D,
-        spectrum.slq_vectors,
-        spectrum.slq_steps,
-        seed=settings.seed,
-        basis_dtype=basis,
-        reduction_dtype=reduction,
-        device=device,
-        layout=layout,
-    )
+        tracked, flat.D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed, basis_dtype=basis,
+        reduction_dtype=reduction, device=device, layout=layout,
+    )  # fmt: skip
     moments = {f"m{p}": sum(float((w * t**p).sum()) for t, w in nodes) / len(nodes) for p in (1, 2)}
     g_bar = epoch_gradient()
     noise = [
@@ -230,34 +280,9 @@ def measure_spectrum(
     # Default λ: twice the largest |Ritz value| (a few Lanczos steps can underestimate |λ_min|).
     damping = spectrum.cg_damping if spectrum.cg_damping is not None else 2 * float(mag_values.abs().max())
     progress.enter(f"CG solve of (H + {damping:.3g} I) x = ḡ")
-    try:
-        x, iterations, residual = conjugate_gradient(
-            tracked, g_bar, damping, rtol=spectrum.cg_rtol, max_iterations=spectrum.cg_max_iterations, layout=layout
-        )
-        cg = {
-            "damping": damping,
-            "status": "ok" if residual <= spectrum.cg_rtol else "max_iterations",
-            "iterations": iterations,
-            "relative_residual": residual,
-            "g_inverse_g": float(layout.dots(g_bar[None], x[None])[0]),
-        }
-    except ValueError as error:  # H + λI indefinite along a CG direction: report, do not guess
-        cg = {
-            "damping": damping,
-            "status": "indefinite",
-            "message": str(error),
-            "iterations": None,
-            "relative_residual": None,
-            "g_inverse_g": None,
-        }
-    V = torch.stack([layout.local(rademacher(flat.D, settings.seed + 1, i)) for i in range(spectrum.block_samples)]).to(
-        device
-    )
+    cg = _cg_record(tracked, g_bar, damping, spectrum, layout)
     progress.enter("block-diagonal errors")
-    blocks = {
-        kind: block_diagonal_error(tracked, V, make(flat), layout=layout)
-        for kind, make in (("tensor", tensor_blocks), ("layer", layer_blocks))
-    }
+    block_diagonal = _block_record(tracked, flat, settings, spectrum, layout, device)
     noise_cos = (
         _cosines(torch.stack(noise), vectors, layout)
         if noise and float(layout.norms(torch.stack(noise)).sum()) > 0
@@ -271,7 +296,7 @@ def measure_spectrum(
             "max_steps": spectrum.lanczos_steps,
             "tolerance": tolerance,
             "converged": unconverged == 0,
-        },
+        },  # fmt: skip
         "slq": {
             "nodes": [t.tolist() for t, _ in nodes],
             "weights": [w.tolist() for _, w in nodes],
@@ -285,22 +310,13 @@ def measure_spectrum(
             ),
         },
         "cg": cg,
-        "block_diagonal": {
-            kind: {
-                "relative_error": r["relative_error"].tolist(),
-                "cosine": r["cosine"].tolist(),
-                "mean_relative_error": float(r["relative_error"].mean()),
-                "mean_cosine": float(r["cosine"].mean()),
-                "blocks": len(make(flat)),
-            }
-            for (kind, r), make in zip(blocks.items(), (tensor_blocks, layer_blocks), strict=True)
-        },
+        "block_diagonal": block_diagonal,
         "counts": {"parameters_D": flat.D, "hvp_batches": len(operator.batches), "noise_samples": len(noise)},
         "timing": {
             "lanczos_seconds": t_lanczos,
             "total_seconds": time.perf_counter() - started,
             "compile": compile_record(),
-        },
+        },  # fmt: skip
     }
 
 

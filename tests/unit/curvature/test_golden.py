@@ -1,0 +1,80 @@
+"""The numbers of one fixed (state, case) stay what they were: the result blocks of three measured
+setups (adjoint and double_backward in float64, taylor in float32 with its precision audit) against
+the file written by the code before the engines became a registry and the statistics a
+declaration (tests/data/measure-case-golden.json). Keys and their order, integers and strings are
+compared exactly, float64 values to 1e-12 relative, float32 ones to 1e-4 (another CPU may round
+them differently), except the audit's errors of float32 against float64, which are rounding itself
+(their keys are compared); timings are left out. Regenerate only for an intended change of a number, and
+say which in the commit."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from builders import make_oracle_run
+
+from tiny_llm.curvature.hessian import Precision
+from tiny_llm.curvature.noise import CaseInputs, measure_case
+from tiny_llm.data.tokens import TokenCache, epoch_plan
+from tiny_llm.model.llama import Llama
+
+GOLDEN = json.loads((Path(__file__).resolve().parents[2] / "data/measure-case-golden.json").read_text())
+SETUPS = [("adjoint", torch.float64, None), ("taylor", torch.float32, (2, 2)), ("double_backward", torch.float64, None)]
+TIMES = {"hvp_seconds", "total_seconds", "seconds"}
+
+
+def _clean(x):
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items() if k not in TIMES}
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    return x
+
+
+def _same(value, expected, rtol: float, where: str) -> None:
+    if isinstance(expected, dict):
+        assert list(value) == list(expected), where
+        for key in expected:
+            _same(value[key], expected[key], rtol, f"{where}.{key}")
+    elif isinstance(expected, list):
+        assert len(value) == len(expected), where
+        for i, (v, e) in enumerate(zip(value, expected, strict=True)):
+            _same(v, e, rtol, f"{where}[{i}]")
+    elif isinstance(expected, float) and rtol > 1e-12 and "error" in where:
+        assert isinstance(value, float), where  # float32 rounding against float64: its size is the machine's
+    elif isinstance(expected, float) and not isinstance(value, bool):
+        assert math.isclose(value, expected, rel_tol=rtol, abs_tol=rtol * 1e-6), (where, value, expected)
+    else:
+        assert value == expected, where
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    config = make_oracle_run(tmp_path_factory.mktemp("golden"), tokens=3 * 6 * 5 * 2)
+    return config, TokenCache(config.data.cache), epoch_plan(config, 1)
+
+
+@pytest.mark.parametrize(("engine", "dtype", "audit"), SETUPS)
+def test_the_result_blocks_equal_the_golden_file(case, engine, dtype, audit):
+    config, cache, plan = case
+    torch.manual_seed(1)
+    model = Llama(config.model, attention_backend="reference").to(dtype)
+    inputs = CaseInputs(
+        cache=cache,
+        plan=plan,
+        micro_batch_size=config.training.micro_batch_size,
+        hvp_batch_size=4,
+        noise_samples=3,
+        random_samples=5,
+        seed=11,
+        engine=engine,
+        directions_per_pass=1 if engine == "taylor" else 4,
+        compile=False,
+        audit=audit,
+    )
+    result = measure_case(model, inputs, Precision(torch.device("cpu"), dtype), progress=lambda m: None)
+    result.pop("timing")
+    name = f"{engine}-{str(dtype)[6:]}"
+    _same(_clean(result), GOLDEN[name], 1e-12 if dtype == torch.float64 else 1e-4, name)
