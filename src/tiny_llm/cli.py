@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 
-from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
-from tiny_llm.layout import RESOLVED
+from tiny_llm import commands
 from tiny_llm.workers.settings import CASES, ENGINE_SETTINGS, LANCZOS_BASES, AnalysisSettings, SpectrumSettings
 
 log = logging.getLogger("tiny_llm")
@@ -26,97 +24,6 @@ ANALYSIS = {f.name: f.default for f in dataclasses.fields(AnalysisSettings)}
 """AnalysisSettings' defaults: the options of the analysis commands show and use them."""
 SPECTRUM = {f.name: f.default for f in dataclasses.fields(SpectrumSettings)}
 """SpectrumSettings' defaults."""
-
-
-def _config(args: argparse.Namespace, fallback: Path | None = None) -> RunConfig:
-    """The run configuration from --config (or ``fallback``) plus --set overrides."""
-    path = args.config or fallback
-    data = load_config_dict(path) if path else {}
-    try:
-        return config_from_dict(apply_overrides(data, args.set))
-    except ValueError as error:
-        raise ValueError(f"{path or 'default configuration'}: {error}") from None
-
-
-def _prepare_data(args: argparse.Namespace) -> None:
-    from tiny_llm.data.corpus import default_capacity, prepare_source_cache
-
-    config = _config(args)
-    if args.tokenizer is not None:
-        _check_tokenizer_fits(args)
-    # Demo: what this run plus one unseen epoch need; files: every whole group, unless set.
-    capacity = default_capacity(config) if args.source == "demo" else config.data.prepare_train_tokens
-    out = prepare_source_cache(
-        config.data,
-        args.source,
-        args.inputs,
-        capacity=capacity,
-        out=args.out,
-        demo_seed=args.demo_seed,
-        shard_tokens=args.shard_tokens,
-        token_dtype=args.token_dtype,
-        vocab_size=args.vocab_size,
-        tokenizer_description=args.tokenizer_description,
-        keep_order=args.keep_order,
-        tokenizer_dir=args.tokenizer,
-    )
-    log.info("token cache ready: %s", out)
-
-
-def _check_tokenizer_fits(args: argparse.Namespace) -> None:
-    """A tokenizer whose vocabulary exceeds the model's is refused before anything is encoded: the
-    model.vocab_size the configuration sets, and the config.json of a model directory given as
-    the tokenizer."""
-    from tiny_llm.data.corpus import read_tokenizer
-    from tiny_llm.model.hf import read_json_object
-
-    _, record = read_tokenizer(args.tokenizer)
-    data = apply_overrides(load_config_dict(args.config) if args.config else {}, args.set)
-    limits = []
-    if isinstance(data.get("model"), dict) and "vocab_size" in data["model"]:
-        limits.append((data["model"]["vocab_size"], f"model.vocab_size of {args.config or '--set'}"))
-    if (Path(args.tokenizer) / "config.json").is_file():
-        hf = read_json_object(Path(args.tokenizer) / "config.json")
-        if isinstance(hf.get("vocab_size"), int):
-            limits.append((hf["vocab_size"], f"vocab_size of {Path(args.tokenizer) / 'config.json'}"))
-    for limit, where in limits:
-        if record["vocab_size"] > limit:
-            raise ValueError(
-                f"--tokenizer {args.tokenizer}: its vocabulary ({record['vocab_size']} tokens) exceeds the "
-                f"{where} ({limit}); the model could not read its ids. Use the model's own tokenizer or "
-                "raise vocab_size"
-            )
-
-
-def _train(args: argparse.Namespace) -> None:
-    from tiny_llm.training.loop import train
-
-    run_dir = Path(args.run_dir)
-    resolved = run_dir / RESOLVED
-    config = _config(args, fallback=resolved if resolved.exists() else None)
-    final = train(config, run_dir, device=args.device, stop_after_epoch=args.stop_after_epoch)
-    print(final)
-
-
-def _import_hf(args: argparse.Namespace) -> None:
-    from tiny_llm.model.hf_runs import import_run
-
-    print(
-        import_run(
-            args.directories,
-            args.run_dir,
-            _config(args),
-            steps=args.step,
-            tokens=args.tokens,
-            tokens_per_step=args.tokens_per_step,
-        )
-    )
-
-
-def _export_hf(args: argparse.Namespace) -> None:
-    from tiny_llm.model.hf_runs import export_run
-
-    print(export_run(args.run, args.checkpoint, args.out))
 
 
 def _samples(text: str) -> int | None:
@@ -131,33 +38,16 @@ def _samples(text: str) -> int | None:
     return value
 
 
-def _analyze_state(args: argparse.Namespace) -> None:
-    from tiny_llm.distributed import init_from_environment, is_writer
-    from tiny_llm.workers.state import analyze_state
-
-    init_from_environment(args.device)  # under torchrun: one rank of the data-parallel passes
-    result = analyze_state(
-        args.run, args.checkpoint, args.case, _analysis_settings(args), args.output, expect_key=args.expect_key
-    )
-    if is_writer():
-        print(json.dumps(result["statistics"], indent=1))
-
-
-def _summarize(args: argparse.Namespace) -> None:
-    from tiny_llm.results.summarize import summarize
-
-    print(summarize(args.analysis))
-
-
-def _plot_analysis(args: argparse.Namespace) -> None:
-    from tiny_llm.results.figures import plot_analysis
-
-    for path in plot_analysis(args.output, training_norms=args.training_norms, x_axis=args.x_axis):
-        print(path)
-
-
 def _add_state_arguments(an: argparse.ArgumentParser) -> None:
     """Inputs and numerical settings shared by the analysis workers."""
+    _add_inputs(an)
+    _add_sampling(an)
+    _add_precision(an)
+    _add_audit_and_memory(an)
+
+
+def _add_inputs(an: argparse.ArgumentParser) -> None:
+    """The run, its checkpoints, the case and the output."""
     an.add_argument("--run", required=True, type=Path, help="run directory (holds resolved.yaml)")
     an.add_argument(
         "--checkpoint",
@@ -180,6 +70,11 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
         "starts (default 0)",
     )
     an.add_argument("--output", required=True, type=Path, help="result JSON to write")
+    an.add_argument("--expect-key", help="refuse unless the checkpoints hash to this state key")
+
+
+def _add_sampling(an: argparse.ArgumentParser) -> None:
+    """How many directions, drawn how, measured by which engine."""
     an.add_argument(
         "--noise-samples", type=_samples, default=ANALYSIS["noise_samples"], help="S_v sampled batches, or 'all'"
     )
@@ -201,11 +96,19 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no torch.compile of Pearlmutter HVPs on CUDA (spectra then use double_backward)",
     )
+
+
+def _add_precision(an: argparse.ArgumentParser) -> None:
+    """Device and numerical precision; packed runs' consensus."""
     an.add_argument("--device", default=ANALYSIS["device"], help="cpu, cuda, cuda:N or auto (cuda when available)")
     an.add_argument("--dtype", default=ANALYSIS["dtype"], choices=["float32", "float64"], help="parameter dtype")
     an.add_argument("--no-tf32", action="store_true", help="IEEE float32 matmuls on CUDA")
     an.add_argument("--amp", action="store_true", help="bf16 autocast in the forward (requires float32)")
     an.add_argument("--no-consensus", action="store_true", help="packed runs: skip consensus errors")
+
+
+def _add_audit_and_memory(an: argparse.ArgumentParser) -> None:
+    """The precision audit and the memory budget."""
     an.add_argument(
         "--audit",
         choices=["auto", "on", "off", "true", "false"],
@@ -231,61 +134,6 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
         help="GiB a job may use on its device; passes are cut into groups of sequences to fit "
         "(default: CUDA free memory less a margin; no budget on CPU)",
     )
-    an.add_argument("--expect-key", help="refuse unless the checkpoints hash to this state key")
-
-
-def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
-    return AnalysisSettings(
-        noise_samples=args.noise_samples,
-        random_samples=args.random_samples,
-        seed=args.seed,
-        hvp_batch_size=args.hvp_batch_size,
-        directions_per_pass=args.directions_per_pass,
-        engine=args.engine,
-        compile_hvp=not args.no_compile_hvp,
-        device=args.device,
-        dtype=args.dtype,
-        tf32=not args.no_tf32,
-        amp=args.amp,
-        consensus=not args.no_consensus,
-        audit={"auto": "auto", "on": True, "true": True, "off": False, "false": False}[args.audit],
-        audit_directions=args.audit_directions,
-        audit_batches=args.audit_batches,
-        data_offset=args.data_offset,
-        memory_budget_gb=args.memory_budget_gb,
-    )
-
-
-def _analyze_spectrum(args: argparse.Namespace) -> None:
-    from tiny_llm.distributed import init_from_environment, is_writer
-    from tiny_llm.workers.spectrum import analyze_spectrum
-
-    init_from_environment(args.device)  # under torchrun: one rank of the data-parallel passes
-    spectrum = SpectrumSettings(
-        top_k=args.top_k,
-        lanczos_steps=args.lanczos_steps,
-        lanczos_tolerance=args.lanczos_tolerance,
-        lanczos_basis=args.lanczos_basis,
-        lanczos_reduction=args.lanczos_reduction,
-        slq_vectors=args.slq_vectors,
-        slq_steps=args.slq_steps,
-        block_samples=args.block_samples,
-        cg_damping=args.cg_damping,
-        cg_rtol=args.cg_rtol,
-        cg_max_iterations=args.cg_max_iterations,
-        sharded=args.sharded,
-    )
-    result = analyze_spectrum(
-        args.run,
-        args.checkpoint,
-        args.case,
-        _analysis_settings(args),
-        spectrum,
-        args.output,
-        expect_key=args.expect_key,
-    )
-    if is_writer():
-        print(json.dumps({"top_eigenvalues": result["top_eigenvalues"], "cg": result["cg"]}, indent=1))
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -351,7 +199,7 @@ def _add_prepare_data(sub: argparse._SubParsersAction) -> None:
         "model.vocab_size must cover its vocabulary",
     )
     prep.add_argument("--tokenizer-description", default="", help="recorded in meta.json for --source tokens")
-    prep.set_defaults(func=_prepare_data)
+    prep.set_defaults(func=commands.prepare_data)
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -367,7 +215,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--run-dir", required=True, help="run directory, e.g. runs/demo")
     tr.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
     tr.add_argument("--stop-after-epoch", type=int, help="stop at this virtual epoch (resume later)")
-    tr.set_defaults(func=_train)
+    tr.set_defaults(func=commands.train)
 
 
 def _add_analyze_state(sub: argparse._SubParsersAction) -> None:
@@ -379,7 +227,7 @@ def _add_analyze_state(sub: argparse._SubParsersAction) -> None:
         "case and write one result JSON atomically; progress on stderr.",
     )
     _add_state_arguments(an)
-    an.set_defaults(func=_analyze_state)
+    an.set_defaults(func=commands.analyze_state)
 
 
 def _add_analyze_spectrum(sub: argparse._SubParsersAction) -> None:
@@ -431,7 +279,7 @@ def _add_analyze_spectrum(sub: argparse._SubParsersAction) -> None:
         help="under torchrun: shard the model and every vector over the ranks (FSDP2); the products are "
         "finite differences of gradients",
     )
-    sp.set_defaults(func=_analyze_spectrum)
+    sp.set_defaults(func=commands.analyze_spectrum)
 
 
 def _add_plot_analysis(sub: argparse._SubParsersAction) -> None:
@@ -450,7 +298,7 @@ def _add_plot_analysis(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="training tokens or steps on the x-axis (auto: tokens when every checkpoint's are known)",
     )
-    pl.set_defaults(func=_plot_analysis)
+    pl.set_defaults(func=commands.plot_analysis)
 
 
 def _add_import_hf(sub: argparse._SubParsersAction) -> None:
@@ -495,7 +343,7 @@ def _add_import_hf(sub: argparse._SubParsersAction) -> None:
         help="training tokens per optimizer step (batch size x sequence "
         "length x gradient accumulation x devices), for tokens derived from the step",
     )
-    ih.set_defaults(func=_import_hf)
+    ih.set_defaults(func=commands.import_hf)
 
 
 def _add_export_hf(sub: argparse._SubParsersAction) -> None:
@@ -511,7 +359,7 @@ def _add_export_hf(sub: argparse._SubParsersAction) -> None:
     eh.add_argument("--run", required=True, type=Path, help="run directory (holds resolved.yaml)")
     eh.add_argument("--checkpoint", required=True, help="epoch-NNN.safetensors or final.pt, relative to the run")
     eh.add_argument("--out", required=True, type=Path, help="new output directory")
-    eh.set_defaults(func=_export_hf)
+    eh.set_defaults(func=commands.export_hf)
 
 
 def _add_summarize(sub: argparse._SubParsersAction) -> None:
@@ -525,7 +373,7 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
         "error of 0, precision audit over its threshold, unconverged eigenvalues, data order).",
     )
     sm.add_argument("analysis", type=Path, help="analysis directory, e.g. results/demo")
-    sm.set_defaults(func=_summarize)
+    sm.set_defaults(func=commands.summarize)
 
 
 def _add_compare(sub: argparse._SubParsersAction) -> None:
@@ -546,7 +394,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     cm.add_argument("--labels", nargs="+", help="a label per input (default: the directory names)")
     cm.add_argument("--metrics", nargs="+", help="metrics to draw (default: every metric present)")
     cm.add_argument("--output", required=True, type=Path, help="folder for comparison.pdf and comparison.png")
-    cm.set_defaults(func=_compare)
+    cm.set_defaults(func=commands.compare)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -576,22 +424,6 @@ def _parser() -> argparse.ArgumentParser:
     ):
         add(sub)
     return parser
-
-
-def _compare(args: argparse.Namespace) -> None:
-    from tiny_llm.geometry.figures import compare_experiments
-
-    tables = [path / "comparison.csv" for path in args.inputs]
-    missing = [str(path) for path in tables if not path.exists()]
-    if missing:
-        raise ValueError(f"no comparison.csv in {', '.join(missing)}; run the experiments first (snakemake -c1 seeds)")
-    compare_experiments(
-        tables,
-        args.labels or [path.name for path in args.inputs],
-        args.metrics,
-        [args.output / "comparison.pdf", args.output / "comparison.png"],
-    )
-    print(f"wrote {args.output / 'comparison.pdf'} and {args.output / 'comparison.png'}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ LAYERS = [
     {"workers", "results"},
     {"geometry"},
     {"campaign"},
-    {"cli"},
+    {"cli", "commands"},
 ]
 """Bottom to top: a module may import from its own wing and from wings of lower layers only."""
 
