@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from tiny_llm import commands
+import tiny_llm.commands as commands
 from tiny_llm.workers.settings import CASES, ENGINE_SETTINGS, LANCZOS_BASES, AnalysisSettings, SpectrumSettings
 
 log = logging.getLogger("tiny_llm")
