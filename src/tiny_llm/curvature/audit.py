@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from tiny_llm.curvature.case import CaseInputs
+from tiny_llm.curvature.engines import default_forms_engine
 from tiny_llm.curvature.gradients import batch_gradient, batch_gradient_and_loss, mean_gradient_and_loss, rademacher
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.statistics import AuditPairs, implied_errors, relative
@@ -34,6 +35,69 @@ AUDIT_STREAM = 4
 def audit_choice(count: int, take: int, seed: int, stream_index: int) -> list[int]:
     """``take`` of ``count`` positions, seeded (a fixed function of the seed, as the noise draw)."""
     return sorted(int(i) for i in group_permutation(seed, AUDIT_STREAM, stream_index, count)[:take]) if count else []
+
+
+def _directions(
+    models: tuple[Llama, Llama],
+    batches: list[torch.Tensor],
+    g_bars: tuple[torch.Tensor, torch.Tensor],
+    noise_batches: list[int],
+    random_indices: list[int],
+    inputs: CaseInputs,
+    precisions: tuple[Precision, Precision],
+    sampled: dict[int, tuple[torch.Tensor, float]],
+) -> tuple[list[dict[str, Any]], torch.Tensor, torch.Tensor]:
+    """The audited directions as each precision builds them (production, float64): noise
+    directions from each one's own batch gradient and ḡ, Rademacher directions, and ḡ; with a
+    record of each (the production batch gradients are left in ``sampled``)."""
+    (model, reference), (g_bar, g_bar64), (precision, exact) = models, g_bars, precisions
+    flat = FlatParameters(model)
+    rows64 = inputs.rows("audit_gradient") or inputs.micro_batch_size
+    records: list[dict[str, Any]] = []
+    production_vectors, exact_vectors = [], []
+    for i in noise_batches:
+        g = sampled.setdefault(
+            i, batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch, precision)
+        )[0]
+        g64 = batch_gradient(reference, flat, batches[i], rows64, exact)
+        v, v64 = (g - g_bar).to(precision.dtype), g64 - g_bar64
+        records.append(
+            {
+                "kind": "noise",
+                "batch_index": i,
+                "grad_norm": [float(g.norm()), float(g64.norm())],
+                "squared_norm": [float(v.double().pow(2).sum()), float(v64.pow(2).sum())],
+            }
+        )
+        production_vectors.append(v)
+        exact_vectors.append(v64)
+    for index in random_indices:
+        direction = rademacher(flat.D, inputs.seed, index).to(precision.device)
+        records.append({"kind": "random", "index": index})
+        production_vectors.append(direction.to(precision.dtype))
+        exact_vectors.append(direction)
+    records.append({"kind": "gradient"})
+    production_vectors.append(g_bar.to(precision.dtype))
+    exact_vectors.append(g_bar64)
+
+    return records, torch.stack(production_vectors), torch.stack(exact_vectors)
+
+
+def _forms(
+    model: Llama, rows: torch.Tensor, V: torch.Tensor, engine: str, precision: Precision, h: int, group: int | None
+) -> list[float]:
+    """vᵀHv of the rows of V over the audited micro-batches, all directions in one pass."""
+    operator = EpochHessian(
+        model,
+        rows,
+        batch_size=h,
+        engine=engine,
+        precision=precision,
+        directions_per_pass=len(V),
+        compile=False,
+        group_rows=group,
+    )
+    return operator.quadratic_forms(V).tolist()
 
 
 def precision_audit(
@@ -63,67 +127,23 @@ def precision_audit(
     reference = copy.deepcopy(model).to(torch.float64)
     rows64 = inputs.rows("audit_gradient") or inputs.micro_batch_size
     g_bar64, loss64 = mean_gradient_and_loss(reference, flat, batches, rows64, exact)
-    records: list[dict[str, Any]] = []
-    production_vectors, exact_vectors = [], []
-    for i in noise_batches:
-        g = sampled.setdefault(
-            i, batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch, precision)
-        )[0]
-        g64 = batch_gradient(reference, flat, batches[i], rows64, exact)
-        v, v64 = (g - g_bar).to(precision.dtype), g64 - g_bar64
-        records.append(
-            {
-                "kind": "noise",
-                "batch_index": i,
-                "grad_norm": [float(g.norm()), float(g64.norm())],
-                "squared_norm": [float(v.double().pow(2).sum()), float(v64.pow(2).sum())],
-            }
-        )
-        production_vectors.append(v)
-        exact_vectors.append(v64)
-    for index in random_indices:
-        direction = rademacher(flat.D, inputs.seed, index).to(precision.device)
-        records.append({"kind": "random", "index": index})
-        production_vectors.append(direction.to(precision.dtype))
-        exact_vectors.append(direction)
-    records.append({"kind": "gradient"})
-    production_vectors.append(g_bar.to(precision.dtype))
-    exact_vectors.append(g_bar64)
-
+    records, V, V64 = _directions(
+        (model, reference),
+        batches,
+        (g_bar, g_bar64),
+        noise_batches,
+        random_indices,
+        inputs,
+        (precision, exact),
+        sampled,
+    )
     h = inputs.hvp_batch_size
     tokens = torch.cat(batches)
     micro = audit_choice(math.ceil(tokens.shape[0] / h), inputs.audit[1], inputs.seed, 2)
     rows = torch.cat([tokens[j * h : (j + 1) * h] for j in micro])
-    V, V64 = torch.stack(production_vectors), torch.stack(exact_vectors)
-    production = (
-        EpochHessian(
-            model,
-            rows,
-            batch_size=h,
-            engine=inputs.engine,
-            precision=precision,
-            directions_per_pass=len(V),
-            compile=False,
-            group_rows=inputs.rows("forms"),
-        )
-        .quadratic_forms(V)
-        .tolist()
-    )
-    exact_engine = "double_backward" if getattr(model, "jet_refusal", None) else "adjoint"  # no rules: an HVP engine
-    float64 = (
-        EpochHessian(
-            reference,
-            rows,
-            batch_size=h,
-            engine=exact_engine,
-            precision=exact,
-            directions_per_pass=len(V),
-            compile=False,
-            group_rows=inputs.rows("audit"),
-        )
-        .quadratic_forms(V64)
-        .tolist()
-    )
+    production = _forms(model, rows, V, inputs.engine, precision, h, inputs.rows("forms"))
+    exact_engine = default_forms_engine(len(V), jets=not getattr(model, "jet_refusal", None))  # no rules: HVP
+    float64 = _forms(reference, rows, V64, exact_engine, exact, h, inputs.rows("audit"))
     for record, q, q64 in zip(records, production, float64, strict=True):
         record.update(production=q, float64=q64, relative_error=abs(relative(q, q64)))
     statistics = implied_errors(

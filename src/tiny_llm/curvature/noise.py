@@ -136,6 +136,76 @@ class _DirectionRunner:
         self.pending = []
 
 
+def _audit_first(
+    model: Llama,
+    batches: list[torch.Tensor],
+    g_bar: torch.Tensor,
+    epoch_loss: float,
+    selected: list[int],
+    inputs: CaseInputs,
+    precision: Precision,
+    sampled: dict[int, tuple[torch.Tensor, float]],
+    progress: Callable[[str], None],
+) -> dict[str, Any] | None:
+    """The precision audit, when asked for, first in the job: its memory and its verdict are known
+    before the long part. Its production batch gradients are left in ``sampled``."""
+    if not inputs.audit:
+        return None
+    a = inputs.audit[0]
+    audited_noise = [selected[p] for p in audit_choice(len(selected), a, inputs.seed, 0)]
+    audited_random = audit_choice(inputs.random_samples, a, inputs.seed, 1)
+    progress(
+        f"precision audit: ḡ and loss in float64, {len(audited_noise)} noise, {len(audited_random)} random "
+        f"directions and ḡ on {inputs.audit[1]} curvature micro-batches"
+    )
+    audit = precision_audit(
+        model, batches, g_bar, epoch_loss, audited_noise, audited_random, inputs, precision, sampled
+    )
+    progress(
+        f"precision audit: largest implied statistic error {audit['max_statistic_relative_error']:.2e} "
+        f"({audit['seconds']:.2f} s)"
+    )
+    return audit
+
+
+def _noise_samples(
+    model: Llama,
+    flat: FlatParameters,
+    batches: list[torch.Tensor],
+    g_bar: torch.Tensor,
+    selected: list[int],
+    sampled: dict[int, tuple[torch.Tensor, float]],
+    inputs: CaseInputs,
+    precision: Precision,
+    runner: _DirectionRunner,
+) -> tuple[list[NoiseSample], float]:
+    """The sampled batches' records, their noise directions vᵢ = gᵢ − ḡ queued on ``runner``, and
+    the seconds their gradients took (``sampled``: those the audit computed already)."""
+    plan, noise, seconds = inputs.plan, [], 0.0
+    gradients = sampled_gradients(
+        selected,
+        sampled,
+        lambda i: batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch, precision),
+        flat.D,
+        precision.device,
+    )
+    for i in selected:
+        started = time.perf_counter()
+        g, batch_loss = next(gradients)
+        seconds += time.perf_counter() - started
+        record = NoiseSample(
+            batch_index=i,
+            stream_batch=int(plan.stream_batches[i]),
+            positions=plan.positions(inputs.cache, i),
+            grad_norm=float(g.norm()),
+            loss=batch_loss,
+            worker=int(plan.stream_batches[i]) % inputs.workers if inputs.workers > 1 else None,
+        )
+        noise.append(record)
+        runner.add(g - g_bar, record, started)
+    return noise, seconds
+
+
 def measure_case(
     model: Llama, inputs: CaseInputs, precision: Precision, progress: Callable[[str], None] = log.info
 ) -> dict[str, Any]:
@@ -150,22 +220,7 @@ def measure_case(
 
     selected = noise_batch_indices(n, inputs.noise_samples, inputs.seed)
     sampled: dict[int, tuple[torch.Tensor, float]] = {}  # the audit's production batch gradients, reused
-    audit = None
-    if inputs.audit:  # first: its memory and its verdict are known before the long part of the job
-        a = inputs.audit[0]
-        audited_noise = [selected[p] for p in audit_choice(len(selected), a, inputs.seed, 0)]
-        audited_random = audit_choice(inputs.random_samples, a, inputs.seed, 1)
-        progress(
-            f"precision audit: ḡ and loss in float64, {len(audited_noise)} noise, {len(audited_random)} random "
-            f"directions and ḡ on {inputs.audit[1]} curvature micro-batches"
-        )
-        audit = precision_audit(
-            model, batches, g_bar, epoch_loss, audited_noise, audited_random, inputs, precision, sampled
-        )
-        progress(
-            f"precision audit: largest implied statistic error {audit['max_statistic_relative_error']:.2e} "
-            f"({audit['seconds']:.2f} s)"
-        )
+    audit = _audit_first(model, batches, g_bar, epoch_loss, selected, inputs, precision, sampled, progress)
 
     epoch_tokens = torch.cat(batches)
     operator = EpochHessian(
@@ -180,39 +235,15 @@ def measure_case(
     )
     total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
     runner = _DirectionRunner(operator, precision, total, progress)
-    noise: list[NoiseSample] = []
-    random: list[RandomDirection] = []
-    consensus: list[ConsensusWorker] = []
-    sample_seconds = 0.0
-    gradients = sampled_gradients(
-        selected,
-        sampled,
-        lambda i: batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch, precision),
-        flat.D,
-        precision.device,
-    )
-    for i in selected:
-        started = time.perf_counter()
-        g, batch_loss = next(gradients)
-        sample_seconds += time.perf_counter() - started
-        record = NoiseSample(
-            batch_index=i,
-            stream_batch=int(plan.stream_batches[i]),
-            positions=plan.positions(cache, i),
-            grad_norm=float(g.norm()),
-            loss=batch_loss,
-            worker=int(plan.stream_batches[i]) % inputs.workers if inputs.workers > 1 else None,
-        )
-        noise.append(record)
-        runner.add(g - g_bar, record, started)
-    for index in range(inputs.random_samples):
-        random.append(RandomDirection(index=index))
-        runner.add(rademacher(flat.D, inputs.seed, index).to(precision.device), random[-1], time.perf_counter())
+    noise, sample_seconds = _noise_samples(model, flat, batches, g_bar, selected, sampled, inputs, precision, runner)
+    random = [RandomDirection(index=index) for index in range(inputs.random_samples)]
+    for record in random:
+        runner.add(rademacher(flat.D, inputs.seed, record.index).to(precision.device), record, time.perf_counter())
     gradient = Direction()
     runner.add(g_bar, gradient, time.perf_counter())
-    for worker, e in inputs.consensus:
-        consensus.append(ConsensusWorker(worker=worker))
-        runner.add(e.to(precision.device), consensus[-1], time.perf_counter())
+    consensus = [ConsensusWorker(worker=worker) for worker, _ in inputs.consensus]
+    for record, (_, e) in zip(consensus, inputs.consensus, strict=True):
+        runner.add(e.to(precision.device), record, time.perf_counter())
     runner.flush()
 
     M = n * B
@@ -237,7 +268,7 @@ def measure_case(
             "hvp_batches": len(operator.batches),
             "directions_per_pass": inputs.directions_per_pass,
             "hvp_passes": operator.passes,
-            "finite_epoch_correction": (M - 1) / (M - B) if M > B else None,
+            "finite_epoch_correction": samples.correction,
         },
         "timing": {
             "mean_gradient_seconds": t_mean,

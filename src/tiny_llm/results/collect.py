@@ -151,17 +151,12 @@ def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return buffer.getvalue()
 
 
-def collect(
-    analysis_dir: str | Path,
-    states: dict[str, Any],
-    cases: list[str],
-    name: str,
-    audit_threshold: float = AUDIT_THRESHOLD,
-) -> dict[str, Any]:
-    """Validate ``states/<key>/<case>.json`` for every state and case, then write manifest.json and
-    summary.csv atomically into ``analysis_dir``. Returns the manifest, whose ``audit`` block lists
-    the rows whose audited relative error exceeds ``audit_threshold`` (also logged as a warning)."""
-    analysis_dir = Path(analysis_dir)
+def _validated(analysis_dir: Path, states: dict[str, Any], cases: list[str]) -> tuple[dict, dict]:
+    """Every (state key, case) result, validated, and their one identity.
+
+    Raises:
+        ValueError: a result that is missing, inconsistent, or made with another identity.
+    """
     workers = states["workers"] if states["consensus"] else None
     results, identity = {}, None
     for state, case, path, result in _read_results(analysis_dir / "states", states, cases):
@@ -174,13 +169,18 @@ def collect(
                 "than the other results; use one output directory per setting"
             )
         results[state["key"], case] = result
+    return results, identity
 
+
+def _summary_rows(results: dict, states: dict[str, Any], cases: list[str]) -> list[dict[str, Any]]:
+    """One summary.csv row per checkpoint file × case, sorted by step."""
     rows = []
     for state in states["states"]:
         for alias in state["aliases"]:
             for case in cases:
                 result = results[state["key"], case]
                 aggregate = (result.get("consensus") or {}).get("aggregate") or {}
+                audit = result.get("audit") or {}
                 rows.append(
                     {
                         "file": alias["file"],
@@ -191,23 +191,18 @@ def collect(
                         "source": alias.get("source", ""),
                         **{s.name: _cell(result["statistics"].get(s.name)) for s in DECLARED},
                         **{k: _cell(result["standard_errors"].get(k)) for k in ERROR_COLUMNS},
-                        "audit_statistic_error": _cell((result.get("audit") or {}).get("max_statistic_relative_error")),
-                        "audit_max_relative_error": _cell((result.get("audit") or {}).get("max_relative_error")),
+                        "audit_statistic_error": _cell(audit.get("max_statistic_relative_error")),
+                        "audit_max_relative_error": _cell(audit.get("max_relative_error")),
                         **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS},
                     }
                 )
     rows.sort(key=lambda r: (r["step"], r["file"], cases.index(r["case"])))
-    csv_text = _csv(rows, SUMMARY_COLUMNS)
-    unknown = sorted({r["source"] or r["file"] for r in rows if r["tokens"] == ""})
-    if unknown:
-        log.warning(
-            "analysis %s: training tokens unknown for %s; the figures use steps (give the tokens with "
-            "hf_checkpoints[].tokens or tokens_per_step, or import-hf --tokens)",
-            name,
-            ", ".join(unknown),
-        )
+    return rows
 
-    first = next(iter(results.values()))
+
+def _audit_block(rows: list[dict], results: dict, name: str, audit_threshold: float) -> dict[str, Any]:
+    """The manifest's audit block: the rows whose implied statistic error exceeds the threshold
+    (with a warning naming the worst)."""
     audited = [r for r in rows if r["audit_statistic_error"] != ""]
     exceeded = []
     for row in audited:
@@ -236,10 +231,35 @@ def collect(
             worst["case"],
             ", ".join(worst["statistics"]),
         )
-    order = order_warnings({case: results[states["states"][0]["key"], case]["data"].get("order") for case in cases})
+    return {
+        "threshold": audit_threshold,
+        "audited_rows": len(audited),
+        "exceeded": exceeded,
+        "max_statistic_error": max((r["audit_statistic_error"] for r in audited), default=None),
+        "max_relative_error": max((r["audit_max_relative_error"] for r in audited), default=None),
+    }
+
+
+BATCH_SIZES = (
+    "effective_batch_size",
+    "micro_batch_size",
+    "hvp_batch_size",
+    "directions_per_pass",
+    "epoch_batches",
+    "epoch_tokens",
+    "parameters_D",
+)
+"""The counts of a result the manifest lists per case."""
+
+
+def _manifest(results: dict, identity: dict, states: dict, cases: list[str], name: str, audit: dict) -> dict:
+    """manifest.json: the analysis, its identity and settings, the audit block, what ran where, the
+    data of each case and every state with its results."""
+    first, reference = next(iter(results.values())), states["states"][0]["key"]
+    order = order_warnings({case: results[reference, case]["data"].get("order") for case in cases})
     for warning in order:
         log.warning("analysis %s: data order: %s", name, warning)
-    manifest = {
+    return {
         "format": 1,
         "analysis": name,
         "run": states["run"],
@@ -250,33 +270,13 @@ def collect(
         "identity": identity,
         "settings": first["settings"],
         "precision": first["precision"],
-        "audit": {
-            "threshold": audit_threshold,
-            "audited_rows": len(audited),
-            "exceeded": exceeded,
-            "max_statistic_error": max((r["audit_statistic_error"] for r in audited), default=None),
-            "max_relative_error": max((r["audit_max_relative_error"] for r in audited), default=None),
-        },
+        "audit": audit,
         "software": first["software"],
         "hardware": list({json.dumps(r["hardware"], sort_keys=True): r["hardware"] for r in results.values()}.values()),
         "slurm_jobs": [r["slurm"] | {"state": k[:12], "case": c} for (k, c), r in results.items() if r.get("slurm")],
-        "data": {case: results[states["states"][0]["key"], case]["data"] for case in cases},
+        "data": {case: results[reference, case]["data"] for case in cases},
         "data_order_warnings": order,
-        "batch_sizes": {
-            case: {
-                k: results[states["states"][0]["key"], case]["counts"][k]
-                for k in (
-                    "effective_batch_size",
-                    "micro_batch_size",
-                    "hvp_batch_size",
-                    "directions_per_pass",
-                    "epoch_batches",
-                    "epoch_tokens",
-                    "parameters_D",
-                )
-            }
-            for case in cases
-        },
+        "batch_sizes": {case: {k: results[reference, case]["counts"][k] for k in BATCH_SIZES} for case in cases},
         "states": [
             {
                 **state,
@@ -286,7 +286,32 @@ def collect(
             for state in states["states"]
         ],
     }
-    atomic_write_text(analysis_dir / SUMMARY, csv_text)
+
+
+def collect(
+    analysis_dir: str | Path,
+    states: dict[str, Any],
+    cases: list[str],
+    name: str,
+    audit_threshold: float = AUDIT_THRESHOLD,
+) -> dict[str, Any]:
+    """Validate ``states/<key>/<case>.json`` for every state and case, then write manifest.json and
+    summary.csv atomically into ``analysis_dir``. Returns the manifest, whose ``audit`` block lists
+    the rows whose audited relative error exceeds ``audit_threshold`` (also logged as a warning)."""
+    analysis_dir = Path(analysis_dir)
+    results, identity = _validated(analysis_dir, states, cases)
+    rows = _summary_rows(results, states, cases)
+    unknown = sorted({r["source"] or r["file"] for r in rows if r["tokens"] == ""})
+    if unknown:
+        log.warning(
+            "analysis %s: training tokens unknown for %s; the figures use steps (give the tokens with "
+            "hf_checkpoints[].tokens or tokens_per_step, or import-hf --tokens)",
+            name,
+            ", ".join(unknown),
+        )
+    audit = _audit_block(rows, results, name, audit_threshold)
+    manifest = _manifest(results, identity, states, cases, name, audit)
+    atomic_write_text(analysis_dir / SUMMARY, _csv(rows, SUMMARY_COLUMNS))
     atomic_write_json(analysis_dir / MANIFEST, manifest)
     append_event(
         analysis_dir,
@@ -294,7 +319,7 @@ def collect(
             "event": "collected",
             "source": identity.get("source"),
             "jobs": job_records(name, results),
-            "audit_exceeded": len(exceeded),
+            "audit_exceeded": len(audit["exceeded"]),
         },
     )
     return manifest
