@@ -7,7 +7,7 @@ from tiny_llm.campaign.jobs import job_log
 
 job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
-from tiny_llm.geometry.experiment import compare, write_comparison  # noqa: E402
+from tiny_llm.geometry.comparison import compare, write_comparison  # noqa: E402
 from tiny_llm.geometry.figures import dashboard  # noqa: E402
 
 records = defaultdict(list)

@@ -1,18 +1,17 @@
 """The cross-seed experiment: geometry metrics of one model on a reference set (metrics), the
-reference set, per-checkpoint records and the comparison of seeds (experiment), and its
-figures (figures).
+reference set and per-checkpoint records (experiment), the comparison of seeds (comparison), and
+its figures (figures).
 """
 
+from tiny_llm.geometry.comparison import compare, write_comparison
 from tiny_llm.geometry.experiment import (
     GeometrySettings,
     as_analysis_settings,
-    compare,
     geometry_settings_from_dict,
     make_reference,
     measure_checkpoint,
     measurement_seconds,
     measurement_work,
-    write_comparison,
 )
 from tiny_llm.geometry.figures import CONTROL_LABELS, PAIR_METRICS, RUN_METRICS, compare_experiments, dashboard
 from tiny_llm.geometry.metrics import (

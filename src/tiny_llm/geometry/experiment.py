@@ -22,7 +22,6 @@ Definitions of every metric: the module docstring of :mod:`tiny_llm.geometry.met
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import math
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
@@ -51,13 +50,11 @@ log = logging.getLogger(__name__)
 __all__ = [
     "GeometrySettings",
     "as_analysis_settings",
-    "compare",
     "geometry_settings_from_dict",
     "make_reference",
     "measure_checkpoint",
     "measurement_seconds",
     "measurement_work",
-    "write_comparison",
 ]
 
 
@@ -242,6 +239,58 @@ def _due(index: int, every: int) -> bool:
     return every > 0 and index % every == 0
 
 
+def _hessian_proxies(model, rows, settings: GeometrySettings, precision: Precision, metrics, errors) -> None:
+    """Hutchinson estimates of tr(H) and of the logits' Jacobian's squared Frobenius norm."""
+    trace, trace_se = geometry.hessian_trace(
+        model, rows, settings.hutchinson_samples, seed=settings.seed, batch_size=settings.hvp_batch_size,
+        precision=precision,
+    )  # fmt: skip
+    jac, jac_se = geometry.jacobian_frobenius(model, rows, settings.hutchinson_samples, seed=settings.seed)
+    metrics.update(hessian_trace=trace, jacobian_frobenius=jac)
+    errors.update(hessian_trace=trace_se, jacobian_frobenius=jac_se)
+
+
+def _hessian_top(
+    model, rows, g_ref: torch.Tensor, settings: GeometrySettings, precision: Precision, metrics, where: str
+) -> dict[str, Any]:
+    """The top Hessian eigenvalue by Lanczos and the reference gradient's alignment with its
+    eigenvector (into ``metrics``); returns the Lanczos record (a warning when unconverged)."""
+    H = EpochHessian(model, rows, batch_size=settings.hvp_batch_size, engine="double_backward", precision=precision)
+    tolerance = settings.lanczos_tolerance or (1e-6 if settings.dtype == "float64" else 1e-3)
+    values, vectors, residuals, converged = top_eigenpairs(
+        H.hvp, H.flat.D, 1, min(settings.lanczos_steps, H.flat.D), seed=settings.seed, device=precision.device,
+        tolerance=tolerance,
+    )  # fmt: skip
+    top = vectors[0].double()
+    metrics.update(
+        hessian_top1_eigenvalue=float(values[0]),
+        gradient_to_hessian_top1_alignment=abs(float(g_ref.cpu() @ top.cpu())) / max(float(g_ref.norm()), 1e-300),
+    )
+    lanczos = {"matvecs": H.passes, "tolerance": tolerance, "residual": float(residuals[0])}
+    lanczos["converged"] = bool(converged[0])
+    if not lanczos["converged"]:
+        log.warning(
+            "%s: the top Hessian eigenvalue did not converge in %d Lanczos steps (residual %.2g > "
+            "%.2g·|λ|); raise settings.lanczos_steps",
+            where,
+            settings.lanczos_steps,
+            lanczos["residual"],
+            tolerance,
+        )
+    return lanczos
+
+
+def _write(output: Path, record: dict[str, Any], vectors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The vectors beside the record (.safetensors, its sha256 in the record), then the record."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tensors = output.with_suffix(".safetensors")
+    with atomic_path(tensors) as staging:  # the usual permissions under the umask, fsynced, renamed
+        save_file(vectors, str(staging))
+    record["vectors"] = {"file": tensors.name, "sha256": hashlib.sha256(tensors.read_bytes()).hexdigest()}
+    atomic_write_json(output, record)
+    return record
+
+
 def measure_checkpoint(
     run_dir: str | Path,
     checkpoint: str,
@@ -281,54 +330,13 @@ def measure_checkpoint(
     covariance = geometry.concentration(G, k)
     metrics.update(cov_top_k_share=covariance["top_k_share"], cov_effective_rank=covariance["effective_rank"])
     standard_errors: dict[str, float] = {}
-    lanczos = None
     if _due(index, settings.hessian_proxy_every):
-        trace, trace_se = geometry.hessian_trace(
-            model,
-            rows,
-            settings.hutchinson_samples,
-            seed=settings.seed,
-            batch_size=settings.hvp_batch_size,
-            precision=precision,
-        )
-        jac, jac_se = geometry.jacobian_frobenius(model, rows, settings.hutchinson_samples, seed=settings.seed)
-        metrics.update(hessian_trace=trace, jacobian_frobenius=jac)
-        standard_errors.update(hessian_trace=trace_se, jacobian_frobenius=jac_se)
+        _hessian_proxies(model, rows, settings, precision, metrics, standard_errors)
+    lanczos = None
     if _due(index, settings.hessian_eig_every):
-        H = EpochHessian(model, rows, batch_size=settings.hvp_batch_size, engine="double_backward", precision=precision)
-        tolerance = settings.lanczos_tolerance or (1e-6 if settings.dtype == "float64" else 1e-3)
-        values, vectors, residuals, converged = top_eigenpairs(
-            H.hvp,
-            H.flat.D,
-            1,
-            min(settings.lanczos_steps, H.flat.D),
-            seed=settings.seed,
-            device=device,
-            tolerance=tolerance,
-        )
-        top = vectors[0].double()
-        metrics.update(
-            hessian_top1_eigenvalue=float(values[0]),
-            gradient_to_hessian_top1_alignment=abs(float(g_ref.cpu() @ top.cpu())) / max(float(g_ref.norm()), 1e-300),
-        )
-        lanczos = {
-            "matvecs": H.passes,
-            "tolerance": tolerance,
-            "residual": float(residuals[0]),
-            "converged": bool(converged[0]),
-        }
-        if not lanczos["converged"]:
-            log.warning(
-                "%s %s: the top Hessian eigenvalue did not converge in %d Lanczos steps (residual %.2g > "
-                "%.2g·|λ|); raise settings.lanczos_steps",
-                run_dir,
-                checkpoint,
-                settings.lanczos_steps,
-                lanczos["residual"],
-                tolerance,
-            )
+        lanczos = _hessian_top(model, rows, g_ref, settings, precision, metrics, f"{run_dir} {checkpoint}")
     if _due(index, settings.llc_every):
-        llc, llc_se = geometry.local_learning_coefficient(
+        metrics["llc"], standard_errors["llc"] = geometry.local_learning_coefficient(
             model,
             rows,
             chains=settings.llc_chains,
@@ -339,8 +347,6 @@ def measure_checkpoint(
             batch_size=settings.hvp_batch_size,
             seed=settings.seed,
         )
-        metrics["llc"] = llc
-        standard_errors["llc"] = llc_se
     vectors = {
         "reference_gradient": g_ref.cpu().contiguous(),
         "reference_logits": logits.cpu().contiguous(),
@@ -366,164 +372,4 @@ def measure_checkpoint(
         "lanczos": lanczos,
         "covariance_eigenvalues": covariance["eigenvalues"],
     }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tensors = output.with_suffix(".safetensors")
-    with atomic_path(tensors) as staging:  # the usual permissions under the umask, fsynced, renamed
-        save_file(vectors, str(staging))
-    record["vectors"] = {"file": tensors.name, "sha256": hashlib.sha256(tensors.read_bytes()).hexdigest()}
-    atomic_write_json(output, record)
-    return record
-
-
-# --- comparison across seeds ------------------------------------------------------------------------
-
-
-def _load(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    record = json.loads(path.read_text())
-    tensors = path.with_name(record["vectors"]["file"])
-    if hashlib.sha256(tensors.read_bytes()).hexdigest() != record["vectors"]["sha256"]:
-        raise ValueError(f"{tensors} does not match {path} (changed after it was written); delete both and rerun")
-    return record, load_file(str(tensors))
-
-
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> float | None:
-    na, nb = float(a.norm()), float(b.norm())
-    return float(a @ b) / (na * nb) if na > 0 and nb > 0 else None
-
-
-def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[dict[str, Any]]:
-    """Rows of comparison.csv from each run's checkpoint records (run label -> JSON paths).
-
-    ``controls`` maps a run label to its role: ``seed`` (an ordinary seed, the default),
-    ``same-seed`` (the first seed trained again) or ``data-order`` (the first seed with another data
-    order); the first seed is the first label whose role is ``seed``. A pair's role is ``seed`` for
-    two seeds, the control's role for a control and the first seed (what the control varies), and
-    ``other`` for any other pair with a control.
-    """
-    loaded = {
-        label: sorted((_load(Path(p)) for p in paths), key=lambda item: item[0]["step"])
-        for label, paths in records.items()
-    }
-    unconverged = [
-        f"{label} step {r['step']}"
-        for label, items in loaded.items()
-        for r, _ in items
-        if (r.get("lanczos") or {}).get("converged") is False
-    ]
-    if unconverged:
-        log.warning(
-            "the top Hessian eigenvalue did not converge at %d checkpoints (%s); raise settings.lanczos_steps",
-            len(unconverged),
-            ", ".join(unconverged[:4]) + (" ..." if len(unconverged) > 4 else ""),
-        )
-    references = {r["reference"] for items in loaded.values() for r, _ in items}
-    if len(references) > 1:
-        raise ValueError("the records were measured on different reference sets; delete them and rerun")
-    role = {label: controls.get(label, "seed") for label in records}
-    first = next((label for label in list(controls) + sorted(records) if role.get(label) == "seed"), None)
-
-    def pair_role(a: str, b: str) -> str:
-        if role[a] == role[b] == "seed":
-            return "seed"
-        control = {a: b, b: a}
-        for one in (a, b):
-            if role[one] != "seed" and control[one] == first:
-                return role[one]
-        return "other"
-
-    rows: list[dict[str, Any]] = []
-    by_step: dict[int, dict[str, tuple[dict, dict, torch.Tensor | None]]] = {}
-    for label, items in loaded.items():
-        previous = None
-        for record, tensors in items:
-            update = None if previous is None else tensors["reference_logits"] - previous
-            previous = tensors["reference_logits"]
-            by_step.setdefault(record["step"], {})[label] = (record, tensors, update)
-            for metric, value in record["metrics"].items():
-                rows.append(
-                    {
-                        "step": record["step"],
-                        "tokens": record.get("tokens"),
-                        "subject": label,
-                        "kind": "run",
-                        "role": role[label],
-                        "metric": metric,
-                        "value": value,
-                        "se": record["standard_errors"].get(metric),
-                        "baseline": None,
-                    }
-                )
-    for step, runs in sorted(by_step.items()):
-        for a, b in itertools.combinations(sorted(runs), 2):
-            (ra, ta, ua), (_, tb, ub) = runs[a], runs[b]
-            dims = ra["dimensions"]
-            pair = {
-                "gradient_cosine": (_cosine(ta["reference_gradient"], tb["reference_gradient"]), 0.0),
-                "parameter_subspace_overlap": (
-                    geometry.subspace_overlap(ta["parameter_basis"], tb["parameter_basis"]),
-                    geometry.random_overlap(dims["parameters_D"], dims["k"]),
-                ),
-                "function_subspace_overlap": (
-                    geometry.subspace_overlap(ta["function_basis"], tb["function_basis"]),
-                    geometry.random_overlap(dims["function_F"], dims["k"]),
-                ),
-                "function_update_cosine": ((_cosine(ua, ub) if ua is not None and ub is not None else None), 0.0),
-            }
-            for metric, (value, baseline) in pair.items():
-                rows.append(
-                    {
-                        "step": step,
-                        "tokens": ra.get("tokens"),
-                        "subject": f"{a}|{b}",
-                        "kind": "pair",
-                        "role": pair_role(a, b),
-                        "metric": metric,
-                        "value": value,
-                        "se": None,
-                        "baseline": baseline,
-                    }
-                )
-    rows += _seed_pair_summary(rows)
-    return [
-        {**row, "value": None if row["value"] is None or not math.isfinite(row["value"]) else row["value"]}
-        for row in rows
-    ]
-
-
-def _seed_pair_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per step and pair metric, the mean and the minimum over the seed pairs (kind ``summary``)."""
-    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        if row["kind"] == "pair" and row["role"] == "seed" and row["value"] is not None:
-            groups.setdefault((row["step"], row["metric"]), []).append(row)
-    summary = []
-    for (step, metric), members in sorted(groups.items()):
-        values = [row["value"] for row in members]
-        for name, value in (("mean", sum(values) / len(values)), ("min", min(values))):
-            summary.append(
-                {
-                    "step": step,
-                    "tokens": members[0].get("tokens"),
-                    "subject": f"seed pairs ({name})",
-                    "kind": "summary",
-                    "role": "seed",
-                    "metric": metric,
-                    "value": value,
-                    "se": None,
-                    "baseline": members[0]["baseline"],
-                }
-            )
-    return summary
-
-
-def write_comparison(rows: list[dict[str, Any]], path: str | Path) -> None:
-    """comparison.csv (columns step, tokens, subject, kind, role, metric, value, se, baseline), atomically."""
-    import pandas as pd
-
-    path = Path(path)
-    frame = pd.DataFrame(
-        rows, columns=["step", "tokens", "subject", "kind", "role", "metric", "value", "se", "baseline"]
-    )
-    staging = path.with_name(f".{path.name}.tmp")
-    frame.to_csv(staging, index=False)
-    staging.replace(path)
+    return _write(output, record, vectors)

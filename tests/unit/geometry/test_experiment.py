@@ -13,13 +13,12 @@ from torch.func import functional_call, hessian
 
 from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.data.tokens import TokenCache, epoch_plan
+from tiny_llm.geometry.comparison import compare, write_comparison
 from tiny_llm.geometry.experiment import (
     GeometrySettings,
-    compare,
     geometry_settings_from_dict,
     make_reference,
     measure_checkpoint,
-    write_comparison,
 )
 from tiny_llm.model.causal import token_losses
 from tiny_llm.model.llama import Llama
