@@ -217,6 +217,64 @@ def _block_record(product: Callable, flat: FlatParameters, settings, spectrum, l
     }
 
 
+def _lanczos_stage(
+    product: Callable,
+    products: list[int],
+    D: int,
+    spectrum: SpectrumSettings,
+    settings: AnalysisSettings,
+    dtypes: tuple[torch.dtype, torch.dtype],
+    device: torch.device,
+    tolerance: float,
+    layout: Layout,
+) -> tuple[dict[str, Any], torch.Tensor, float]:
+    """The top eigenpairs (largest algebraic and largest magnitude) with their residuals: their
+    record, the top eigenvectors, and the largest |eigenvalue| found (``products`` counts the
+    Hessian-vector products of the stage)."""
+    pairs = top_eigenpairs(
+        product, D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed, which=("LA", "LM"),
+        basis_dtype=dtypes[0], reduction_dtype=dtypes[1], device=device, tolerance=tolerance, layout=layout,
+    )  # fmt: skip
+    values, vectors, residuals, converged = pairs["LA"]
+    mag_values, _, mag_residuals, mag_converged = pairs["LM"]
+    steps = len(products) - 2  # the last two products measure the residuals of LA and LM
+    unconverged = _warn_unconverged(pairs, tolerance, steps)
+    record = {
+        "top_eigenvalues": _pairs(values, residuals, converged, tolerance),
+        "top_magnitude_eigenvalues": _pairs(mag_values, mag_residuals, mag_converged, tolerance),
+        "lanczos": {
+            "steps": steps,
+            "max_steps": spectrum.lanczos_steps,
+            "tolerance": tolerance,
+            "converged": unconverged == 0,
+        },  # fmt: skip
+    }
+    return record, vectors, float(mag_values.abs().max())
+
+
+def _slq_stage(
+    product: Callable,
+    D: int,
+    spectrum: SpectrumSettings,
+    settings: AnalysisSettings,
+    dtypes: tuple[torch.dtype, torch.dtype],
+    device: torch.device,
+    layout: Layout,
+) -> dict[str, Any]:
+    """The stochastic Lanczos quadrature nodes and weights, and the first two moments over D."""
+    nodes = slq(
+        product, D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed, basis_dtype=dtypes[0],
+        reduction_dtype=dtypes[1], device=device, layout=layout,
+    )  # fmt: skip
+    moments = {f"m{p}": sum(float((w * t**p).sum()) for t, w in nodes) / len(nodes) for p in (1, 2)}
+    return {
+        "nodes": [t.tolist() for t, _ in nodes],
+        "weights": [w.tolist() for _, w in nodes],
+        "trace_over_D": moments["m1"],
+        "second_moment_over_D": moments["m2"],
+    }
+
+
 def measure_spectrum(
     model: CausalLM,
     tokens_by_batch: list[torch.Tensor],
@@ -257,28 +315,19 @@ def measure_spectrum(
         return result
 
     progress.enter(f"Lanczos, top {spectrum.top_k} eigenpairs (at most {spectrum.lanczos_steps} steps)")
-    pairs = top_eigenpairs(
-        counted, flat.D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed, which=("LA", "LM"),
-        basis_dtype=basis, reduction_dtype=reduction, device=device, tolerance=tolerance, layout=layout,
-    )  # fmt: skip
-    values, vectors, residuals, converged = pairs["LA"]
-    mag_values, _, mag_residuals, mag_converged = pairs["LM"]
-    steps = len(products) - 2  # the last two products measure the residuals of LA and LM
-    unconverged = _warn_unconverged(pairs, tolerance, steps)
+    top, vectors, largest = _lanczos_stage(
+        counted, products, flat.D, spectrum, settings, (basis, reduction), device, tolerance, layout
+    )
     t_lanczos = time.perf_counter() - started
     progress.enter(f"SLQ density ({spectrum.slq_vectors} x {spectrum.slq_steps} steps)")
-    nodes = slq(
-        tracked, flat.D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed, basis_dtype=basis,
-        reduction_dtype=reduction, device=device, layout=layout,
-    )  # fmt: skip
-    moments = {f"m{p}": sum(float((w * t**p).sum()) for t, w in nodes) / len(nodes) for p in (1, 2)}
+    slq_record = _slq_stage(tracked, flat.D, spectrum, settings, (basis, reduction), device, layout)
     g_bar = epoch_gradient()
     noise = [
         gradient(tokens_by_batch[i]) - g_bar
         for i in noise_batch_indices(len(tokens_by_batch), settings.noise_samples, settings.seed)
     ]
     # Default λ: twice the largest |Ritz value| (a few Lanczos steps can underestimate |λ_min|).
-    damping = spectrum.cg_damping if spectrum.cg_damping is not None else 2 * float(mag_values.abs().max())
+    damping = spectrum.cg_damping if spectrum.cg_damping is not None else 2 * largest
     progress.enter(f"CG solve of (H + {damping:.3g} I) x = ḡ")
     cg = _cg_record(tracked, g_bar, damping, spectrum, layout)
     progress.enter("block-diagonal errors")
@@ -289,24 +338,12 @@ def measure_spectrum(
         else None
     )
     return {
-        "top_eigenvalues": _pairs(values, residuals, converged, tolerance),
-        "top_magnitude_eigenvalues": _pairs(mag_values, mag_residuals, mag_converged, tolerance),
-        "lanczos": {
-            "steps": steps,
-            "max_steps": spectrum.lanczos_steps,
-            "tolerance": tolerance,
-            "converged": unconverged == 0,
-        },  # fmt: skip
-        "slq": {
-            "nodes": [t.tolist() for t, _ in nodes],
-            "weights": [w.tolist() for _, w in nodes],
-            "trace_over_D": moments["m1"],
-            "second_moment_over_D": moments["m2"],
-        },
+        **top,
+        "slq": slq_record,
         "alignment": {
             "gradient_top": _cosines(g_bar.unsqueeze(0), vectors, layout)[0],
             "noise_top_mean": (
-                [sum(c[j] for c in noise_cos) / len(noise_cos) for j in range(len(values))] if noise_cos else None
+                [sum(c[j] for c in noise_cos) / len(noise_cos) for j in range(len(vectors))] if noise_cos else None
             ),
         },
         "cg": cg,

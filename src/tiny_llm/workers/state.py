@@ -116,6 +116,73 @@ def explain_out_of_memory(hvp_batch_size: int, directions_per_pass: int) -> Iter
         ) from None
 
 
+def _result(
+    config: RunConfig,
+    cache: TokenCache,
+    plan,
+    state: LoadedState,
+    case: str,
+    settings: AnalysisSettings,
+    resolved: _Resolved,
+    identity: dict,
+    memory: MemoryPlan,
+    measured: dict[str, Any],
+    started: float,
+) -> dict[str, Any]:
+    """The result JSON of a (state, case): identity, state, settings and precision, the measurement
+    (with the runtime settings in force, ``cuda_matmul_fp32_precision``), the data it was measured
+    on, and what ran where."""
+    return {
+        "schema": RESULT_SCHEMA,
+        "identity": identity,
+        "state": {
+            "key": state.key,
+            "weights_hash": state.weights_hash,
+            "aliases": state.aliases,
+            "worker_hashes": state.worker_hashes or None,
+            "worker_files": state.worker_files or None,
+        },
+        "case": case,
+        "settings": settings_record(settings),
+        "precision": {
+            "device": str(resolved.device),
+            "dtype": settings.dtype,
+            "tf32": resolved.tf32,
+            "amp": settings.amp,
+            "amp_dtype": "bfloat16" if settings.amp else None,
+            "engine": resolved.engine,
+            "quadratic_form_engine": resolved.engine,
+            "compiled": resolved.compiled,
+            "attention_backend": "reference",
+            "reductions": "float64",
+            "cuda_matmul_fp32_precision": measured["cuda_matmul_fp32_precision"],
+        },
+        "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started, "compile": compile_record()},
+        "memory": memory.record(),
+        "counts": measured["counts"],
+        "statistics": measured["statistics"],
+        "standard_errors": measured["standard_errors"],
+        "audit": measured["audit"],
+        "noise_samples": measured["noise_samples"],
+        "random_directions": measured["random_directions"],
+        "consensus": measured["consensus"],
+        "data": {
+            "cache": str(cache.path),
+            "tokenizer": cache.meta["tokenizer"],
+            "source": cache.meta["source"],
+            "shards": [{"file": s["file"], "sha256": s["sha256"]} for s in cache.meta["shards"]],
+            "plan": plan.name,
+            "stream_batches": [int(plan.stream_batches[0]), int(plan.stream_batches[-1])],
+            "seq_len": config.data.seq_len,
+            "order": order_report(cache, plan),
+        },
+        "software": software(),
+        "hardware": hardware(resolved.device),
+        "parallel": parallel_record(),
+        "slurm": slurm_job(),
+    }
+
+
 def _measure(
     config: RunConfig,
     cache: TokenCache,
@@ -157,52 +224,4 @@ def _measure(
         explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
     ):
         measured = measure_case(model, inputs, precision, progress=lambda m: log.info("%s %s", label, m))
-    return {
-        "schema": RESULT_SCHEMA,
-        "identity": identity,
-        "state": {
-            "key": state.key,
-            "weights_hash": state.weights_hash,
-            "aliases": state.aliases,
-            "worker_hashes": state.worker_hashes or None,
-            "worker_files": state.worker_files or None,
-        },
-        "case": case,
-        "settings": settings_record(settings),
-        "precision": {
-            "device": str(resolved.device),
-            "dtype": settings.dtype,
-            "tf32": resolved.tf32,
-            "amp": settings.amp,
-            "amp_dtype": "bfloat16" if settings.amp else None,
-            "engine": resolved.engine,
-            "quadratic_form_engine": resolved.engine,
-            "compiled": resolved.compiled,
-            "attention_backend": "reference",
-            "reductions": "float64",
-            **runtime,
-        },
-        "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started, "compile": compile_record()},
-        "memory": memory.record(),
-        "counts": measured["counts"],
-        "statistics": measured["statistics"],
-        "standard_errors": measured["standard_errors"],
-        "audit": measured["audit"],
-        "noise_samples": measured["noise_samples"],
-        "random_directions": measured["random_directions"],
-        "consensus": measured["consensus"],
-        "data": {
-            "cache": str(cache.path),
-            "tokenizer": cache.meta["tokenizer"],
-            "source": cache.meta["source"],
-            "shards": [{"file": s["file"], "sha256": s["sha256"]} for s in cache.meta["shards"]],
-            "plan": plan.name,
-            "stream_batches": [int(plan.stream_batches[0]), int(plan.stream_batches[-1])],
-            "seq_len": config.data.seq_len,
-            "order": order_report(cache, plan),
-        },
-        "software": software(),
-        "hardware": hardware(resolved.device),
-        "parallel": parallel_record(),
-        "slurm": slurm_job(),
-    }
+    return _result(config, cache, plan, state, case, settings, resolved, identity, memory, measured | runtime, started)
