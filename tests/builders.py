@@ -11,7 +11,8 @@ from oracles import TINY_MODEL
 
 from tiny_llm.config import RunConfig, config_from_dict
 from tiny_llm.data.corpus import BYTE_TOKENIZER, demo_corpus
-from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks, prepare_cache
+from tiny_llm.data.preparation import prepare_cache
+from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = Path(os.environ.get("TINY_LLM_TEST_PROJECT", REPO))

@@ -1,6 +1,7 @@
-"""Token data: the token cache (meta.json and raw shards), the token stream with its shuffle
-groups and batch plans (the seen and unseen epochs), and the corpus sources that fill a cache
-(the demo generator, text files, token files), and where a case's batches lie in those sources.
+"""Token data: the token cache (meta.json and raw shards) and the token stream with its shuffle
+groups and batch plans (tokens: the seen and unseen epochs), writing a cache (preparation), the
+corpus sources that fill it (corpus: the demo generator, text files, token files), and where a
+case's batches lie in those sources (order).
 """
 
 from tiny_llm.data.corpus import (
@@ -14,6 +15,7 @@ from tiny_llm.data.corpus import (
     read_tokenizer,
 )
 from tiny_llm.data.order import order_report, order_warnings
+from tiny_llm.data.preparation import prepare_cache
 from tiny_llm.data.tokens import (
     BatchPlan,
     TokenCache,
@@ -23,7 +25,6 @@ from tiny_llm.data.tokens import (
     derive_seed,
     epoch_plan,
     offset_plan,
-    prepare_cache,
     stream_batches,
     unseen_plan,
 )

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from tiny_llm.config import DataConfig, RunConfig
-from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks, prepare_cache
+from tiny_llm.data.preparation import prepare_cache
+from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks
 from tiny_llm.io import local_directory, sha256_file
 
 __all__ = [

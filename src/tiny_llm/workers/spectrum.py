@@ -8,8 +8,6 @@ operator (``EpochHessian``) with the analysis settings' engine, dtype and device
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -18,26 +16,13 @@ import torch
 
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.engines import engine as engine_named
-from tiny_llm.curvature.gradients import batch_gradient, mean_gradient, noise_batch_indices, rademacher
-from tiny_llm.curvature.hessian import FD_SCALE, EpochHessian, FlatParameters, Precision, runtime_settings
+from tiny_llm.curvature.hessian import FD_SCALE, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan, device_budget, parameter_count, plan_spectrum
-from tiny_llm.curvature.sharded import ShardedHessian
-from tiny_llm.curvature.spectrum import (
-    Layout,
-    block_diagonal_error,
-    conjugate_gradient,
-    layer_blocks,
-    slq,
-    tensor_blocks,
-    top_eigenpairs,
-)
 from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.model.architectures import build_model
-from tiny_llm.model.causal import CausalLM
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
-from tiny_llm.runtime import compile_record
 from tiny_llm.workers.binding import _identity, _reusable, single_writer
 from tiny_llm.workers.loading import _Resolved, prepare_inputs
 from tiny_llm.workers.settings import (
@@ -47,314 +32,12 @@ from tiny_llm.workers.settings import (
     sharded_engine,
     spectrum_settings_from_dict,
 )
+from tiny_llm.workers.spectral import BASIS_DTYPES, lanczos_tolerance, measure_spectrum
 from tiny_llm.workers.state import explain_out_of_memory
 
 __all__ = ["SpectrumSettings", "analyze_spectrum", "lanczos_tolerance", "sharded_engine", "spectrum_settings_from_dict"]
 
 log = logging.getLogger(__name__)
-
-_BASIS = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def _pairs(
-    values: torch.Tensor, residuals: torch.Tensor, converged: torch.Tensor, tolerance: float
-) -> list[dict[str, Any]]:
-    return [
-        {"index": i, "eigenvalue": float(v), "residual": float(r), "converged": bool(c), "tolerance": tolerance}
-        for i, (v, r, c) in enumerate(zip(values, residuals, converged, strict=True))
-    ]
-
-
-def lanczos_tolerance(spectrum: SpectrumSettings, dtype: torch.dtype) -> float:
-    """The convergence tolerance in force: the setting, or the analysis dtype's default."""
-    if spectrum.lanczos_tolerance is not None:
-        return spectrum.lanczos_tolerance
-    return 1e-6 if dtype == torch.float64 else 1e-3
-
-
-def _cosines(vectors: torch.Tensor, u: torch.Tensor, layout: Layout) -> list[float]:
-    return (layout.reduce(vectors @ u.T) / (layout.norms(vectors)[:, None] * layout.norms(u)[None, :])).abs().tolist()
-
-
-class ProductProgress:
-    """Progress of a spectrum job, counted in Hessian-vector products (every stage's unit of work):
-    a line at each stage and at most every ``every`` seconds, with the products done, the most the
-    job can take and the time that leaves at the rate so far (an upper bound: Lanczos stops early
-    once converged)."""
-
-    def __init__(self, most: int, every: float = 10.0, clock=time.perf_counter):
-        self.most, self.every, self.clock = most, every, clock
-        self.done, self.started, self.last, self.stage = 0, clock(), None, ""
-
-    def enter(self, stage: str) -> None:
-        self.stage = stage
-        log.info("spectrum: %s (%d of at most %d products done)", stage, self.done, self.most)
-
-    def __call__(self, count: int) -> None:
-        self.done += count
-        now = self.clock()
-        if self.last is None or now - self.last >= self.every:
-            self.last = now
-            rate = (now - self.started) / self.done
-            log.info(
-                "spectrum: %s: %d of at most %d products, %.2g s each, at most %s left",
-                self.stage,
-                self.done,
-                self.most,
-                rate,
-                _duration(rate * max(0, self.most - self.done)),
-            )
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
-
-
-def _spectrum_operator(
-    model: CausalLM,
-    tokens_by_batch: list[torch.Tensor],
-    settings: AnalysisSettings,
-    spectrum: SpectrumSettings,
-    precision: Precision,
-    hvp_batch_size: int,
-    engine: str,
-    compile: bool,
-    micro_batch_size: int,
-    memory: MemoryPlan | None,
-) -> tuple[EpochHessian | ShardedHessian, Layout, Callable, Callable]:
-    """The operator of a spectrum job, the layout of its vectors, and its batch and epoch gradients:
-    sharded over the ranks (the model is sharded in place; vectors are this rank's parts) or whole."""
-    flat = FlatParameters(model)
-    micro_batch_size = (memory.rows("gradient") if memory else None) or micro_batch_size
-    if spectrum.sharded and world()[1] > 1:
-        operator = ShardedHessian(
-            model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, precision=precision, progress=log.info
-        )
-
-        def gradient(tokens: torch.Tensor) -> torch.Tensor:
-            return operator.gradient(tokens, micro_batch_size)
-
-        return operator, operator.layout, gradient, lambda: gradient(torch.cat(tokens_by_batch))
-    operator = EpochHessian(
-        model,
-        torch.cat(tokens_by_batch),
-        batch_size=hvp_batch_size,
-        engine=engine,
-        precision=precision,
-        directions_per_pass=settings.directions_per_pass,
-        compile=compile,
-        group_rows=memory.rows("products") if memory else None,
-    )
-
-    def gradient(tokens: torch.Tensor) -> torch.Tensor:
-        return batch_gradient(model, flat, tokens, micro_batch_size, precision)
-
-    def epoch_gradient() -> torch.Tensor:
-        return mean_gradient(model, flat, tokens_by_batch, micro_batch_size, precision)
-
-    return operator, Layout(flat.D), gradient, epoch_gradient
-
-
-def _warn_unconverged(pairs: dict, tolerance: float, steps: int) -> int:
-    """Count the top eigenvalues (LA and LM) that did not converge, with a warning naming the fix."""
-    values, _, residuals, converged = pairs["LA"]
-    mag_values, _, mag_residuals, mag_converged = pairs["LM"]
-    unconverged = int((~converged).sum() + (~mag_converged).sum())
-    if unconverged:
-        log.warning(
-            "%d of the top eigenvalues did not converge to %g in %d Lanczos steps (largest relative "
-            "residual %.2g); raise spectrum.lanczos_steps",
-            unconverged,
-            tolerance,
-            steps,
-            float(torch.cat([residuals / values.abs(), mag_residuals / mag_values.abs()]).max()),
-        )
-    return unconverged
-
-
-def _cg_record(product: Callable, g_bar: torch.Tensor, damping: float, spectrum: SpectrumSettings, layout) -> dict:
-    """The damped solve (H + λI)x = ḡ: its status, iterations, residual and ḡᵀ(H + λI)⁻¹ḡ."""
-    try:
-        x, iterations, residual = conjugate_gradient(
-            product, g_bar, damping, rtol=spectrum.cg_rtol, max_iterations=spectrum.cg_max_iterations, layout=layout
-        )
-        return {
-            "damping": damping,
-            "status": "ok" if residual <= spectrum.cg_rtol else "max_iterations",
-            "iterations": iterations,
-            "relative_residual": residual,
-            "g_inverse_g": float(layout.dots(g_bar[None], x[None])[0]),
-        }
-    except ValueError as error:  # H + λI indefinite along a CG direction: report, do not guess
-        return {
-            "damping": damping,
-            "status": "indefinite",
-            "message": str(error),
-            "iterations": None,
-            "relative_residual": None,
-            "g_inverse_g": None,
-        }
-
-
-def _block_record(product: Callable, flat: FlatParameters, settings, spectrum, layout, device) -> dict:
-    """Block-diagonal errors per tensor and per layer on seeded Rademacher directions."""
-    V = torch.stack([layout.local(rademacher(flat.D, settings.seed + 1, i)) for i in range(spectrum.block_samples)])
-    blocks = {
-        kind: (block_diagonal_error(product, V.to(device), make(flat), layout=layout), len(make(flat)))
-        for kind, make in (("tensor", tensor_blocks), ("layer", layer_blocks))
-    }
-    return {
-        kind: {
-            "relative_error": r["relative_error"].tolist(),
-            "cosine": r["cosine"].tolist(),
-            "mean_relative_error": float(r["relative_error"].mean()),
-            "mean_cosine": float(r["cosine"].mean()),
-            "blocks": count,
-        }
-        for kind, (r, count) in blocks.items()
-    }
-
-
-def _lanczos_stage(
-    product: Callable,
-    products: list[int],
-    D: int,
-    spectrum: SpectrumSettings,
-    settings: AnalysisSettings,
-    dtypes: tuple[torch.dtype, torch.dtype],
-    device: torch.device,
-    tolerance: float,
-    layout: Layout,
-) -> tuple[dict[str, Any], torch.Tensor, float]:
-    """The top eigenpairs (largest algebraic and largest magnitude) with their residuals: their
-    record, the top eigenvectors, and the largest |eigenvalue| found (``products`` counts the
-    Hessian-vector products of the stage)."""
-    pairs = top_eigenpairs(
-        product, D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed, which=("LA", "LM"),
-        basis_dtype=dtypes[0], reduction_dtype=dtypes[1], device=device, tolerance=tolerance, layout=layout,
-    )  # fmt: skip
-    values, vectors, residuals, converged = pairs["LA"]
-    mag_values, _, mag_residuals, mag_converged = pairs["LM"]
-    steps = len(products) - 2  # the last two products measure the residuals of LA and LM
-    unconverged = _warn_unconverged(pairs, tolerance, steps)
-    record = {
-        "top_eigenvalues": _pairs(values, residuals, converged, tolerance),
-        "top_magnitude_eigenvalues": _pairs(mag_values, mag_residuals, mag_converged, tolerance),
-        "lanczos": {
-            "steps": steps,
-            "max_steps": spectrum.lanczos_steps,
-            "tolerance": tolerance,
-            "converged": unconverged == 0,
-        },  # fmt: skip
-    }
-    return record, vectors, float(mag_values.abs().max())
-
-
-def _slq_stage(
-    product: Callable,
-    D: int,
-    spectrum: SpectrumSettings,
-    settings: AnalysisSettings,
-    dtypes: tuple[torch.dtype, torch.dtype],
-    device: torch.device,
-    layout: Layout,
-) -> dict[str, Any]:
-    """The stochastic Lanczos quadrature nodes and weights, and the first two moments over D."""
-    nodes = slq(
-        product, D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed, basis_dtype=dtypes[0],
-        reduction_dtype=dtypes[1], device=device, layout=layout,
-    )  # fmt: skip
-    moments = {f"m{p}": sum(float((w * t**p).sum()) for t, w in nodes) / len(nodes) for p in (1, 2)}
-    return {
-        "nodes": [t.tolist() for t, _ in nodes],
-        "weights": [w.tolist() for _, w in nodes],
-        "trace_over_D": moments["m1"],
-        "second_moment_over_D": moments["m2"],
-    }
-
-
-def measure_spectrum(
-    model: CausalLM,
-    tokens_by_batch: list[torch.Tensor],
-    settings: AnalysisSettings,
-    spectrum: SpectrumSettings,
-    precision: Precision,
-    hvp_batch_size: int,
-    engine: str,
-    compile: bool,
-    micro_batch_size: int,
-    memory: MemoryPlan | None = None,
-) -> dict[str, Any]:
-    """Every spectral quantity of one (state, case) as plain data; ``memory`` cuts the passes into
-    groups of sequences (the same numbers)."""
-    started = time.perf_counter()
-    flat = FlatParameters(model)
-    operator, layout, gradient, epoch_gradient = _spectrum_operator(
-        model, tokens_by_batch, settings, spectrum, precision, hvp_batch_size, engine, compile, micro_batch_size, memory
-    )
-    basis, reduction = _BASIS[spectrum.lanczos_basis], _BASIS[spectrum.lanczos_reduction]
-    device, tolerance, products = precision.device, lanczos_tolerance(spectrum, precision.dtype), []
-    block_products = spectrum.block_samples * (2 + len(tensor_blocks(flat)) + len(layer_blocks(flat)))
-    progress = ProductProgress(
-        spectrum.lanczos_steps
-        + 3
-        + spectrum.slq_vectors * spectrum.slq_steps
-        + spectrum.cg_max_iterations
-        + block_products
-    )
-
-    def counted(V: torch.Tensor) -> torch.Tensor:
-        products.append(len(V))
-        return tracked(V)
-
-    def tracked(V: torch.Tensor) -> torch.Tensor:
-        result = operator.hvp(V)
-        progress(len(V))
-        return result
-
-    progress.enter(f"Lanczos, top {spectrum.top_k} eigenpairs (at most {spectrum.lanczos_steps} steps)")
-    top, vectors, largest = _lanczos_stage(
-        counted, products, flat.D, spectrum, settings, (basis, reduction), device, tolerance, layout
-    )
-    t_lanczos = time.perf_counter() - started
-    progress.enter(f"SLQ density ({spectrum.slq_vectors} x {spectrum.slq_steps} steps)")
-    slq_record = _slq_stage(tracked, flat.D, spectrum, settings, (basis, reduction), device, layout)
-    g_bar = epoch_gradient()
-    noise = [
-        gradient(tokens_by_batch[i]) - g_bar
-        for i in noise_batch_indices(len(tokens_by_batch), settings.noise_samples, settings.seed)
-    ]
-    # Default λ: twice the largest |Ritz value| (a few Lanczos steps can underestimate |λ_min|).
-    damping = spectrum.cg_damping if spectrum.cg_damping is not None else 2 * largest
-    progress.enter(f"CG solve of (H + {damping:.3g} I) x = ḡ")
-    cg = _cg_record(tracked, g_bar, damping, spectrum, layout)
-    progress.enter("block-diagonal errors")
-    block_diagonal = _block_record(tracked, flat, settings, spectrum, layout, device)
-    noise_cos = (
-        _cosines(torch.stack(noise), vectors, layout)
-        if noise and float(layout.norms(torch.stack(noise)).sum()) > 0
-        else None
-    )
-    return {
-        **top,
-        "slq": slq_record,
-        "alignment": {
-            "gradient_top": _cosines(g_bar.unsqueeze(0), vectors, layout)[0],
-            "noise_top_mean": (
-                [sum(c[j] for c in noise_cos) / len(noise_cos) for j in range(len(vectors))] if noise_cos else None
-            ),
-        },
-        "cg": cg,
-        "block_diagonal": block_diagonal,
-        "counts": {"parameters_D": flat.D, "hvp_batches": len(operator.batches), "noise_samples": len(noise)},
-        "timing": {
-            "lanczos_seconds": t_lanczos,
-            "total_seconds": time.perf_counter() - started,
-            "compile": compile_record(),
-        },  # fmt: skip
-    }
 
 
 def _steps(resolved: _Resolved) -> dict[str, Any]:
@@ -382,7 +65,7 @@ def spectrum_memory(
     itemsize = torch.finfo(resolved.dtype).bits // 8
     D = parameter_count(config.model)
     shards = (ranks or world()[1]) if spectrum.sharded else 1
-    basis = spectrum.lanczos_steps * -(-D // shards) * torch.finfo(_BASIS[spectrum.lanczos_basis]).bits // 8
+    basis = spectrum.lanczos_steps * -(-D // shards) * torch.finfo(BASIS_DTYPES[spectrum.lanczos_basis]).bits // 8
     noise = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
     return plan_spectrum(
         config.model,
@@ -398,6 +81,35 @@ def spectrum_memory(
         extra_vectors=noise,
         budget_bytes=device_budget(resolved.device, settings.memory_budget_gb),
     )
+
+
+def _result(identity, state, case, settings, spectrum, resolved, measured, memory, sharded: bool) -> dict[str, Any]:
+    """The spectrum result JSON: identity, state, settings and precision (with the runtime settings
+    in force), the measurement, memory, and what ran where."""
+    return {
+        "schema": 1,
+        "kind": "spectrum",
+        "identity": identity,
+        "state": {"key": state.key, "weights_hash": state.weights_hash, "aliases": state.aliases},
+        "case": case,
+        "settings": settings_record(settings),
+        "spectrum_settings": asdict(spectrum),
+        "precision": {
+            "device": str(resolved.device),
+            "dtype": settings.dtype,
+            "engine": resolved.hvp_engine,
+            "lanczos_basis": spectrum.lanczos_basis,
+            "lanczos_reduction": spectrum.lanczos_reduction,
+            **_steps(resolved),
+            "cuda_matmul_fp32_precision": measured.pop("cuda_matmul_fp32_precision"),
+        },
+        **measured,
+        "memory": memory.record(),
+        "software": software(),
+        "hardware": hardware(resolved.device),
+        "parallel": {**parallel_record(), "sharded": sharded},
+        "slurm": slurm_job(),
+    }
 
 
 def analyze_spectrum(
@@ -449,30 +161,7 @@ def analyze_spectrum(
                 config.training.micro_batch_size,
                 memory,
             )
-        result = {
-            "schema": 1,
-            "kind": "spectrum",
-            "identity": identity,
-            "state": {"key": state.key, "weights_hash": state.weights_hash, "aliases": state.aliases},
-            "case": case,
-            "settings": settings_record(settings),
-            "spectrum_settings": asdict(spectrum),
-            "precision": {
-                "device": str(resolved.device),
-                "dtype": settings.dtype,
-                "engine": resolved.hvp_engine,
-                "lanczos_basis": spectrum.lanczos_basis,
-                "lanczos_reduction": spectrum.lanczos_reduction,
-                **_steps(resolved),
-                **runtime,
-            },
-            **measured,
-            "memory": memory.record(),
-            "software": software(),
-            "hardware": hardware(resolved.device),
-            "parallel": {**parallel_record(), "sharded": sharded},
-            "slurm": slurm_job(),
-        }
+        result = _result(identity, state, case, settings, spectrum, resolved, measured | runtime, memory, sharded)
         if is_writer():
             atomic_write_json(output, result)
     return result

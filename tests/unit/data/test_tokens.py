@@ -8,6 +8,7 @@ from builders import make_oracle_run, make_run_config
 
 from tiny_llm.config import config_from_dict, config_to_dict
 from tiny_llm.data.corpus import BYTE_TOKENIZER
+from tiny_llm.data.preparation import prepare_cache
 from tiny_llm.data.tokens import (
     TokenCache,
     blocks_for_tokens,
@@ -15,7 +16,6 @@ from tiny_llm.data.tokens import (
     check_capacity,
     epoch_plan,
     group_permutation,
-    prepare_cache,
     stream_batches,
     unseen_plan,
 )
