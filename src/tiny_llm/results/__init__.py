@@ -1,6 +1,7 @@
 """Collected results: manifest.json and summary.csv (and spectrum.csv) from the per-state result
-files (collect), the figures drawn from those files alone (figures), and the campaign record
-that every controller run and collection appends to (record).
+files (collect), the figures drawn from those files alone (drawing: how every figure is drawn;
+figures: the analysis's; spectrum_figures: the spectrum's), the terminal summary (summarize), and
+the campaign record that every controller run and collection appends to (record).
 """
 
 from tiny_llm.results.collect import (
@@ -13,8 +14,9 @@ from tiny_llm.results.collect import (
     collect_spectrum,
     validate_result,
 )
-from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES, plot_analysis, plot_audit, plot_spectrum
+from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, plot_analysis, plot_audit
 from tiny_llm.results.record import append_event, job_records
+from tiny_llm.results.spectrum_figures import SPECTRUM_FIGURES, plot_spectrum
 
 __all__ = [
     "AUDIT_THRESHOLD",

@@ -8,7 +8,8 @@ import pytest
 
 from tiny_llm.results import figures as plots
 from tiny_llm.results.collect import SUMMARY_COLUMNS
-from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, Notes, _curves, _states, plot_analysis
+from tiny_llm.results.drawing import Notes, curves, states
+from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, plot_analysis
 
 
 def _write(tmp_path, consensus=False):
@@ -53,14 +54,14 @@ def test_every_figure_is_written(tmp_path, consensus):
 
 def test_aliases_are_drawn_once_and_log_axes_omit_non_positive(tmp_path):
     _write(tmp_path)
-    table = _states(pd.read_csv(tmp_path / "summary.csv"))
+    table = states(pd.read_csv(tmp_path / "summary.csv"))
     assert len(table) == 6 and list(table["tokens"].unique()) == [0, 10, 20]
     fig, ax = plt.subplots()
     notes = Notes()
-    assert _curves(ax, table, "normalized_alignment", "x", "C0", log=True, notes=notes) == 2  # epoch-000 both cases
+    assert curves(ax, table, "normalized_alignment", "x", "C0", log=True, notes=notes) == 2  # epoch-000 both cases
     assert [len(c.lines[0].get_xdata()) for c in ax.containers] == [2, 2]  # error bars: the _se column is there
     assert notes.text() == "≤ 0, off the log axis: x (seen) ×1, x (unseen) ×1"
-    _curves(ax, table, "b_noise", "B", "C1", log=True, notes=notes)
+    curves(ax, table, "b_noise", "B", "C1", log=True, notes=notes)
     assert " ".join(notes.text().split()).endswith("; null, omitted: B (seen) ×1, B (unseen) ×1")
     plt.close(fig)
 
@@ -69,7 +70,7 @@ def test_error_bars_come_from_the_standard_errors_and_are_cut_on_log_axes(tmp_pa
     table = pd.DataFrame({"tokens": [0, 10], "case": ["seen", "seen"], "v": [1.0, 2.0], "v_se": [0.25, 3.0]})
     fig, ax = plt.subplots()
     notes = Notes()
-    _curves(ax, table, "v", "v", "C0", log=True, notes=notes)
+    curves(ax, table, "v", "v", "C0", log=True, notes=notes)
     bars = ax.containers[0].lines[2][0].get_segments()
     assert [tuple(segment[:, 1]) for segment in bars] == [(0.75, 1.25), pytest.approx((0.2, 5.0))]
     assert notes.text() == "error bar cut at a tenth of the value: v (seen) ×1"
@@ -81,14 +82,14 @@ def test_figures_explain_themselves(tmp_path, monkeypatch):
     axes, and at least three labelled ticks on a log axis that spans less than a decade."""
     _write(tmp_path)
     figures = {}
-    original = plots._finish
+    original = plots.finish
 
     def spy(fig, ax, out_dir, name, *args, **kwargs):
         paths = original(fig, ax, out_dir, name, *args, **kwargs)
         figures[name] = fig
         return paths
 
-    monkeypatch.setattr(plots, "_finish", spy)
+    monkeypatch.setattr(plots, "finish", spy)
     plot_analysis(tmp_path)
     for name, fig in figures.items():
         title = fig.axes[0].get_title(loc="left")
@@ -121,7 +122,7 @@ def test_the_x_axis_is_tokens_when_known_else_steps_in_engineering_notation(tmp_
     summary["tokens"] = summary["tokens"] * 60_000
     summary.to_csv(tmp_path / "summary.csv", index=False)
     figures = {}
-    original = plots._finish
+    original = plots.finish
 
     def spy(fig, ax, out_dir, name, *args, **kwargs):
         paths = original(fig, ax, out_dir, name, *args, **kwargs)
@@ -133,7 +134,7 @@ def test_the_x_axis_is_tokens_when_known_else_steps_in_engineering_notation(tmp_
         )
         return paths
 
-    monkeypatch.setattr(plots, "_finish", spy)
+    monkeypatch.setattr(plots, "finish", spy)
     plot_analysis(tmp_path, training_norms=True)
     _, ticks, _ = figures["loss"]
     assert any(t.endswith("M") for t in ticks) and all(len(t) <= 5 for t in ticks), ticks
@@ -145,7 +146,7 @@ def test_the_x_axis_is_tokens_when_known_else_steps_in_engineering_notation(tmp_
     plot_analysis(tmp_path, training_norms=True)
     assert figures["loss"][0] == figures["gradient_norms"][0] == "training step"
     assert "no training log in" in figures["gradient_norms"][2] and "no training log in" in figures["loss"][2]
-    table = plots._states(pd.read_csv(tmp_path / "summary.csv"), "tokens")
+    table = states(pd.read_csv(tmp_path / "summary.csv"), "tokens")
     assert table.attrs["xlabel"] == "training step" and "tokens unknown" in table.attrs["x_note"]
     with pytest.raises(ValueError, match="plots.x_axis: expected one of auto, tokens, step"):
-        plots._states(summary, "epochs")
+        states(summary, "epochs")
