@@ -14,7 +14,8 @@ from tiny_llm.campaign.checks import check_tokenizer_directory, expand_seed_expe
 from tiny_llm.config import RunConfig, config_to_dict
 from tiny_llm.data.corpus import default_capacity, describe_tokenizer, same_tokenizer
 from tiny_llm.model.hf import imported_config
-from tiny_llm.model.hf_runs import checkpoint_positions, checkpoint_tokenizer
+from tiny_llm.model.hf_positions import checkpoint_positions
+from tiny_llm.model.hf_runs import checkpoint_tokenizer
 
 __all__ = ["Runs"]
 

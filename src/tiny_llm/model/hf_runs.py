@@ -23,8 +23,6 @@ import dataclasses
 import json
 import logging
 import shutil
-from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,7 @@ from tiny_llm.model.hf import (
     read_weights,
     write_hf_files,
 )
+from tiny_llm.model.hf_positions import CheckpointPosition, checkpoint_positions, read_trainer_state
 
 __all__ = [
     "IMPORTED",
@@ -63,133 +62,6 @@ TOKENIZER_DIR = "tokenizer"
 """A run's copy of the tokenizer files its checkpoints came with (imported runs)."""
 IMPORTED_TRAINING_KEYS = ("batch_size", "micro_batch_size", "tokens", "epochs")
 """The training keys an imported run's resolved.yaml holds: they cut the offset epoch it is measured on."""
-
-
-@dataclass(frozen=True)
-class CheckpointPosition:
-    """Where an imported checkpoint stands in its training, and where each number came from."""
-
-    step: int
-    step_source: str
-    tokens: int | None
-    """Training tokens seen; None when unknown."""
-    tokens_source: str
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "step_source": self.step_source,
-            "tokens": self.tokens,
-            "tokens_source": self.tokens_source,
-        }
-
-
-def read_trainer_state(directory: Path) -> dict[str, Any] | None:
-    """A Trainer's ``trainer_state.json`` beside a checkpoint, or None when there is none.
-
-    Raises:
-        ValueError: the file is there but is not a JSON object with an integer global_step.
-    """
-    path = Path(directory) / "trainer_state.json"
-    if not path.exists():
-        return None
-    data = read_json_object(path)
-    step = data.get("global_step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ValueError(
-            f"{path}: global_step {step!r} is not a non-negative integer; fix the file or give the "
-            "step (--step, hf_checkpoints[].step)"
-        )
-    return data
-
-
-def _count(value: Any, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{what}: expected a non-negative integer, got {value!r}")
-    return value
-
-
-def checkpoint_positions(
-    paths: list[Path],
-    steps: list[int | None] | None = None,
-    tokens: list[int | None] | None = None,
-    tokens_per_step: int | None = None,
-) -> list[CheckpointPosition]:
-    """Each directory's step and training tokens, in the order given (oldest first).
-
-    A step is given, or a Trainer's ``trainer_state.json`` global_step; tokens are given, or its
-    ``num_input_tokens_seen``, or step × ``tokens_per_step``, or unknown (None; a warning). A
-    single directory without a step gets step 0, said to be unknown.
-
-    Raises:
-        ValueError: counts not one per directory, a directory given twice, steps unknown for
-            several directories, or steps (tokens) that do not increase in the order given.
-    """
-    n = len(paths)
-    steps, tokens = list(steps or [None] * n), list(tokens or [None] * n)
-    if not n or len(steps) != n or len(tokens) != n:
-        raise ValueError(
-            f"give one step and one token count per checkpoint directory ({n} directories, "
-            f"{len(steps)} steps, {len(tokens)} token counts)"
-        )
-    seen: dict[Path, Path] = {}
-    for path in paths:
-        if (resolved := Path(path).resolve()) in seen:
-            raise ValueError(f"checkpoint directory {path} is given twice (as {seen[resolved]} too); list each once")
-        seen[resolved] = path
-    if tokens_per_step is not None:
-        _count(tokens_per_step, "tokens_per_step")
-    states = [read_trainer_state(path) for path in paths]
-    positions = []
-    for path, state, step, count in zip(paths, states, steps, tokens, strict=True):
-        if step is not None:
-            step, step_source = _count(step, f"step of {path}"), "given"
-        elif state is not None:
-            step, step_source = state["global_step"], "trainer_state.json global_step"
-        elif n > 1:
-            raise ValueError(
-                f"{path}: its training step is unknown (no trainer_state.json); give the step of "
-                "every checkpoint (--step S1 S2 ..., hf_checkpoints[].step)"
-            )
-        else:
-            step, step_source = 0, "unknown"
-        seen_tokens = (state or {}).get("num_input_tokens_seen")
-        if count is not None:
-            count, tokens_source = _count(count, f"tokens of {path}"), "given"
-        elif isinstance(seen_tokens, int) and not isinstance(seen_tokens, bool) and seen_tokens > 0:
-            count, tokens_source = seen_tokens, "trainer_state.json num_input_tokens_seen"
-        elif tokens_per_step is not None and step_source != "unknown":
-            count, tokens_source = step * tokens_per_step, f"step x tokens_per_step ({tokens_per_step})"
-        else:
-            count, tokens_source = None, "unknown"
-        positions.append(CheckpointPosition(step, step_source, count, tokens_source))
-    for (a, p), (b, q) in pairwise(zip(paths, positions, strict=True)):
-        if q.step <= p.step:
-            raise ValueError(
-                f"checkpoints out of training order: {b} (step {q.step}) comes after {a} (step {p.step}); "
-                "list them oldest first, each step once"
-            )
-        if p.tokens is not None and q.tokens is not None and q.tokens < p.tokens:
-            raise ValueError(
-                f"checkpoints out of training order: {b} ({q.tokens} tokens) comes after {a} "
-                f"({p.tokens} tokens); list them oldest first"
-            )
-    unknown = [str(path) for path, p in zip(paths, positions, strict=True) if p.tokens is None]
-    if unknown:
-        batch = next((s.get("train_batch_size") for s in states if s), None)
-        hint = (
-            f"; trainer_state.json says train_batch_size {batch} per device, so tokens_per_step = {batch} x "
-            "sequence length x gradient accumulation steps x devices"
-            if batch
-            else ""
-        )
-        log.warning(
-            "training tokens unknown for %s: the figures will use steps; give them (--tokens, "
-            "--tokens-per-step, hf_checkpoints[].tokens or tokens_per_step)%s",
-            ", ".join(unknown),
-            hint,
-        )
-    return positions
 
 
 def checkpoint_tokenizer(paths: list[Path], vocab_size: int) -> dict[str, Any] | None:
