@@ -206,6 +206,26 @@ def _noise_samples(
     return noise, seconds
 
 
+def _counts(samples: Samples, inputs: CaseInputs, operator: EpochHessian) -> dict[str, Any]:
+    """What a (state, case) counted: parameters, the epoch's batches, sequences and tokens, the
+    samples, the batch sizes and the passes over the data."""
+    return {
+        "parameters_D": samples.D,
+        "epoch_batches": samples.n,
+        "epoch_sequences": samples.M,
+        "epoch_tokens": operator.n_targets,
+        "noise_samples": len(samples.noise),
+        "random_samples": len(samples.random),
+        "effective_batch_size": samples.B,
+        "micro_batch_size": inputs.micro_batch_size,
+        "hvp_batch_size": inputs.hvp_batch_size,
+        "hvp_batches": len(operator.batches),
+        "directions_per_pass": inputs.directions_per_pass,
+        "hvp_passes": operator.passes,
+        "finite_epoch_correction": samples.correction,
+    }
+
+
 def measure_case(
     model: Llama, inputs: CaseInputs, precision: Precision, progress: Callable[[str], None] = log.info
 ) -> dict[str, Any]:
@@ -255,21 +275,7 @@ def measure_case(
         "noise_samples": [r.to_json() for r in noise],
         "random_directions": [r.to_json() for r in random],
         "consensus": consensus_block(consensus) if consensus else None,
-        "counts": {
-            "parameters_D": flat.D,
-            "epoch_batches": n,
-            "epoch_sequences": M,
-            "epoch_tokens": operator.n_targets,
-            "noise_samples": len(noise),
-            "random_samples": len(random),
-            "effective_batch_size": B,
-            "micro_batch_size": inputs.micro_batch_size,
-            "hvp_batch_size": inputs.hvp_batch_size,
-            "hvp_batches": len(operator.batches),
-            "directions_per_pass": inputs.directions_per_pass,
-            "hvp_passes": operator.passes,
-            "finite_epoch_correction": samples.correction,
-        },
+        "counts": _counts(samples, inputs, operator),
         "timing": {
             "mean_gradient_seconds": t_mean,
             "sample_gradient_seconds": sample_seconds,

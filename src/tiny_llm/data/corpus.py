@@ -303,6 +303,31 @@ def read_token_files(paths: list[Path], dtype: str, vocab_size: int) -> tuple[li
     return segments, records
 
 
+def _file_sources(
+    source: str,
+    inputs: list[Path],
+    tokenizer_dir: str | Path | None,
+    token_dtype: str,
+    vocab_size: int,
+    tokenizer_description: str,
+) -> tuple[list, dict[str, Any], int, dict[str, Any]]:
+    """The token segments of text or token files, their tokenizer record, vocabulary and provenance."""
+    if not inputs:
+        raise ValueError(f"source {source} needs input files")
+    if source == "text" and tokenizer_dir is not None:
+        encoder, tokenizer = read_tokenizer(tokenizer_dir)
+        segments, files = read_text_files(inputs, encoder)
+        vocab = tokenizer["vocab_size"]
+    elif source == "text":
+        segments, files = read_text_files(inputs)
+        tokenizer, vocab = BYTE_TOKENIZER, 256
+    else:
+        segments, files = read_token_files(inputs, token_dtype, vocab_size)
+        tokenizer = {"type": "external", "vocab_size": vocab_size, "description": tokenizer_description}
+        vocab = vocab_size
+    return segments, tokenizer, vocab, {"kind": source, "files": files}
+
+
 def prepare_source_cache(
     data: DataConfig,
     source: str,
@@ -346,20 +371,9 @@ def prepare_source_cache(
         tokenizer, vocab = BYTE_TOKENIZER, 256
         provenance = {"kind": "demo", "seed": demo_seed, "generator_version": DEMO_GENERATOR_VERSION}
     elif source in ("text", "tokens"):
-        if not inputs:
-            raise ValueError(f"source {source} needs input files")
-        if source == "text" and tokenizer_dir is not None:
-            encoder, tokenizer = read_tokenizer(tokenizer_dir)
-            segments, files = read_text_files(inputs, encoder)
-            vocab = tokenizer["vocab_size"]
-        elif source == "text":
-            segments, files = read_text_files(inputs)
-            tokenizer, vocab = BYTE_TOKENIZER, 256
-        else:
-            segments, files = read_token_files(inputs, token_dtype, vocab_size)
-            tokenizer = {"type": "external", "vocab_size": vocab_size, "description": tokenizer_description}
-            vocab = vocab_size
-        provenance = {"kind": source, "files": files}
+        segments, tokenizer, vocab, provenance = _file_sources(
+            source, inputs, tokenizer_dir, token_dtype, vocab_size, tokenizer_description
+        )
     else:
         raise ValueError(f"source: expected one of 'demo', 'text', 'tokens', got {source!r}")
     return prepare_cache(

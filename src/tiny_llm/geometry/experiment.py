@@ -242,9 +242,13 @@ def _due(index: int, every: int) -> bool:
 def _hessian_proxies(model, rows, settings: GeometrySettings, precision: Precision, metrics, errors) -> None:
     """Hutchinson estimates of tr(H) and of the logits' Jacobian's squared Frobenius norm."""
     trace, trace_se = geometry.hessian_trace(
-        model, rows, settings.hutchinson_samples, seed=settings.seed, batch_size=settings.hvp_batch_size,
+        model,
+        rows,
+        settings.hutchinson_samples,
+        seed=settings.seed,
+        batch_size=settings.hvp_batch_size,
         precision=precision,
-    )  # fmt: skip
+    )
     jac, jac_se = geometry.jacobian_frobenius(model, rows, settings.hutchinson_samples, seed=settings.seed)
     metrics.update(hessian_trace=trace, jacobian_frobenius=jac)
     errors.update(hessian_trace=trace_se, jacobian_frobenius=jac_se)
@@ -258,9 +262,14 @@ def _hessian_top(
     H = EpochHessian(model, rows, batch_size=settings.hvp_batch_size, engine="double_backward", precision=precision)
     tolerance = settings.lanczos_tolerance or (1e-6 if settings.dtype == "float64" else 1e-3)
     values, vectors, residuals, converged = top_eigenpairs(
-        H.hvp, H.flat.D, 1, min(settings.lanczos_steps, H.flat.D), seed=settings.seed, device=precision.device,
+        H.hvp,
+        H.flat.D,
+        1,
+        min(settings.lanczos_steps, H.flat.D),
+        seed=settings.seed,
+        device=precision.device,
         tolerance=tolerance,
-    )  # fmt: skip
+    )
     top = vectors[0].double()
     metrics.update(
         hessian_top1_eigenvalue=float(values[0]),
@@ -289,6 +298,25 @@ def _write(output: Path, record: dict[str, Any], vectors: dict[str, torch.Tensor
     record["vectors"] = {"file": tensors.name, "sha256": hashlib.sha256(tensors.read_bytes()).hexdigest()}
     atomic_write_json(output, record)
     return record
+
+
+def _identity(run_dir: Path, checkpoint: str, index: int, state, config: RunConfig, settings, reference) -> dict:
+    """What a checkpoint record is of: the run and checkpoint, its step and tokens, its state, the
+    seeds, the settings, the source and the reference set."""
+    return {
+        "schema": "tiny-llm-geometry/1",
+        "run": str(run_dir),
+        "checkpoint": checkpoint,
+        "index": index,
+        "step": state.aliases[0]["step"],
+        "tokens": state.aliases[0]["tokens"],
+        "state_key": state.weights_hash,
+        "init_seed": config.training.seed,
+        "data_seed": config.data.seed,
+        "settings": asdict(settings),
+        "source": source_hash(),
+        "reference": canonical_hash({"rows": reference["rows"], "cov_batches": reference["cov_batches"]}),
+    }
 
 
 def measure_checkpoint(
@@ -354,18 +382,7 @@ def measure_checkpoint(
         "function_basis": geometry.top_subspace(F, k).cpu().contiguous(),
     }
     record = {
-        "schema": "tiny-llm-geometry/1",
-        "run": str(run_dir),
-        "checkpoint": checkpoint,
-        "index": index,
-        "step": state.aliases[0]["step"],
-        "tokens": state.aliases[0]["tokens"],
-        "state_key": state.weights_hash,
-        "init_seed": config.training.seed,
-        "data_seed": config.data.seed,
-        "settings": asdict(settings),
-        "source": source_hash(),
-        "reference": canonical_hash({"rows": reference["rows"], "cov_batches": reference["cov_batches"]}),
+        **_identity(run_dir, checkpoint, index, state, config, settings, reference),
         "dimensions": {"parameters_D": FlatParameters(model).D, "function_F": int(logits.numel()), "k": k},
         "metrics": metrics,
         "standard_errors": standard_errors,

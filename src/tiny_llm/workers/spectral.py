@@ -216,9 +216,18 @@ def _lanczos_stage(
     record, the top eigenvectors, and the largest |eigenvalue| found (``products`` counts the
     Hessian-vector products of the stage)."""
     pairs = top_eigenpairs(
-        product, D, spectrum.top_k, spectrum.lanczos_steps, seed=settings.seed, which=("LA", "LM"),
-        basis_dtype=dtypes[0], reduction_dtype=dtypes[1], device=device, tolerance=tolerance, layout=layout,
-    )  # fmt: skip
+        product,
+        D,
+        spectrum.top_k,
+        spectrum.lanczos_steps,
+        seed=settings.seed,
+        which=("LA", "LM"),
+        basis_dtype=dtypes[0],
+        reduction_dtype=dtypes[1],
+        device=device,
+        tolerance=tolerance,
+        layout=layout,
+    )
     values, vectors, residuals, converged = pairs["LA"]
     mag_values, _, mag_residuals, mag_converged = pairs["LM"]
     steps = len(products) - 2  # the last two products measure the residuals of LA and LM
@@ -231,7 +240,7 @@ def _lanczos_stage(
             "max_steps": spectrum.lanczos_steps,
             "tolerance": tolerance,
             "converged": unconverged == 0,
-        },  # fmt: skip
+        },
     }
     return record, vectors, float(mag_values.abs().max())
 
@@ -247,15 +256,38 @@ def _slq_stage(
 ) -> dict[str, Any]:
     """The stochastic Lanczos quadrature nodes and weights, and the first two moments over D."""
     nodes = slq(
-        product, D, spectrum.slq_vectors, spectrum.slq_steps, seed=settings.seed, basis_dtype=dtypes[0],
-        reduction_dtype=dtypes[1], device=device, layout=layout,
-    )  # fmt: skip
+        product,
+        D,
+        spectrum.slq_vectors,
+        spectrum.slq_steps,
+        seed=settings.seed,
+        basis_dtype=dtypes[0],
+        reduction_dtype=dtypes[1],
+        device=device,
+        layout=layout,
+    )
     moments = {f"m{p}": sum(float((w * t**p).sum()) for t, w in nodes) / len(nodes) for p in (1, 2)}
     return {
         "nodes": [t.tolist() for t, _ in nodes],
         "weights": [w.tolist() for _, w in nodes],
         "trace_over_D": moments["m1"],
         "second_moment_over_D": moments["m2"],
+    }
+
+
+def _alignment(g_bar: torch.Tensor, noise: list[torch.Tensor], vectors: torch.Tensor, layout: Layout) -> dict:
+    """|cos| of ḡ with each top eigenvector, and the mean |cos| of the noise directions (None when
+    there is no noise to align)."""
+    noise_cos = (
+        _cosines(torch.stack(noise), vectors, layout)
+        if noise and float(layout.norms(torch.stack(noise)).sum()) > 0
+        else None
+    )
+    return {
+        "gradient_top": _cosines(g_bar.unsqueeze(0), vectors, layout)[0],
+        "noise_top_mean": (
+            [sum(c[j] for c in noise_cos) / len(noise_cos) for j in range(len(vectors))] if noise_cos else None
+        ),
     }
 
 
@@ -316,20 +348,10 @@ def measure_spectrum(
     cg = _cg_record(tracked, g_bar, damping, spectrum, layout)
     progress.enter("block-diagonal errors")
     block_diagonal = _block_record(tracked, flat, settings, spectrum, layout, device)
-    noise_cos = (
-        _cosines(torch.stack(noise), vectors, layout)
-        if noise and float(layout.norms(torch.stack(noise)).sum()) > 0
-        else None
-    )
     return {
         **top,
         "slq": slq_record,
-        "alignment": {
-            "gradient_top": _cosines(g_bar.unsqueeze(0), vectors, layout)[0],
-            "noise_top_mean": (
-                [sum(c[j] for c in noise_cos) / len(noise_cos) for j in range(len(vectors))] if noise_cos else None
-            ),
-        },
+        "alignment": _alignment(g_bar, noise, vectors, layout),
         "cg": cg,
         "block_diagonal": block_diagonal,
         "counts": {"parameters_D": flat.D, "hvp_batches": len(operator.batches), "noise_samples": len(noise)},
@@ -337,5 +359,5 @@ def measure_spectrum(
             "lanczos_seconds": t_lanczos,
             "total_seconds": time.perf_counter() - started,
             "compile": compile_record(),
-        },  # fmt: skip
+        },
     }
