@@ -319,6 +319,21 @@ def _identity(run_dir: Path, checkpoint: str, index: int, state, config: RunConf
     }
 
 
+def _llc(model, rows: torch.Tensor, settings: GeometrySettings) -> tuple[float, float]:
+    """The local learning coefficient by SGLD (devinterp) with the experiment's settings."""
+    return geometry.local_learning_coefficient(
+        model,
+        rows,
+        chains=settings.llc_chains,
+        draws=settings.llc_draws,
+        lr=settings.llc_lr,
+        n_beta=settings.llc_n_beta,
+        localization=settings.llc_localization,
+        batch_size=settings.hvp_batch_size,
+        seed=settings.seed,
+    )
+
+
 def measure_checkpoint(
     run_dir: str | Path,
     checkpoint: str,
@@ -332,14 +347,13 @@ def measure_checkpoint(
     run_dir, output = Path(run_dir), Path(output)
     config = load_config(run_dir / RESOLVED)
     state = load_state(run_dir, resolve_checkpoints(run_dir, [checkpoint]), config, consensus=False)
-    device = resolve_device(settings.device)
-    precision = Precision(device, getattr(torch, settings.dtype))
+    precision = Precision(resolve_device(settings.device), getattr(torch, settings.dtype))
     cache = TokenCache(reference["cache"])
-    rows = cache.tokens(reference["rows"]).to(device)
-    cov_batches = [cache.tokens(batch).to(device) for batch in reference["cov_batches"]]
+    rows = cache.tokens(reference["rows"]).to(precision.device)
+    cov_batches = [cache.tokens(batch).to(precision.device) for batch in reference["cov_batches"]]
     model = build_model(config.model, attention_backend="reference")
     model.load_state_dict(state.root, strict=True)
-    model.to(device=device, dtype=precision.dtype)
+    model.to(device=precision.device, dtype=precision.dtype)
     mb = config.training.micro_batch_size
     k = settings.top_k
 
@@ -364,17 +378,7 @@ def measure_checkpoint(
     if _due(index, settings.hessian_eig_every):
         lanczos = _hessian_top(model, rows, g_ref, settings, precision, metrics, f"{run_dir} {checkpoint}")
     if _due(index, settings.llc_every):
-        metrics["llc"], standard_errors["llc"] = geometry.local_learning_coefficient(
-            model,
-            rows,
-            chains=settings.llc_chains,
-            draws=settings.llc_draws,
-            lr=settings.llc_lr,
-            n_beta=settings.llc_n_beta,
-            localization=settings.llc_localization,
-            batch_size=settings.hvp_batch_size,
-            seed=settings.seed,
-        )
+        metrics["llc"], standard_errors["llc"] = _llc(model, rows, settings)
     vectors = {
         "reference_gradient": g_ref.cpu().contiguous(),
         "reference_logits": logits.cpu().contiguous(),

@@ -291,6 +291,19 @@ def _alignment(g_bar: torch.Tensor, noise: list[torch.Tensor], vectors: torch.Te
     }
 
 
+def _most_products(spectrum: SpectrumSettings, flat: FlatParameters) -> int:
+    """The most Hessian-vector products a spectrum job can take: Lanczos and its two residual
+    checks, SLQ, CG with its one check, and the block-diagonal errors."""
+    block_products = spectrum.block_samples * (2 + len(tensor_blocks(flat)) + len(layer_blocks(flat)))
+    return (
+        spectrum.lanczos_steps
+        + 3
+        + spectrum.slq_vectors * spectrum.slq_steps
+        + spectrum.cg_max_iterations
+        + block_products
+    )
+
+
 def measure_spectrum(
     model: CausalLM,
     tokens_by_batch: list[torch.Tensor],
@@ -312,14 +325,7 @@ def measure_spectrum(
     )
     basis, reduction = BASIS_DTYPES[spectrum.lanczos_basis], BASIS_DTYPES[spectrum.lanczos_reduction]
     device, tolerance, products = precision.device, lanczos_tolerance(spectrum, precision.dtype), []
-    block_products = spectrum.block_samples * (2 + len(tensor_blocks(flat)) + len(layer_blocks(flat)))
-    progress = ProductProgress(
-        spectrum.lanczos_steps
-        + 3
-        + spectrum.slq_vectors * spectrum.slq_steps
-        + spectrum.cg_max_iterations
-        + block_products
-    )
+    progress = ProductProgress(_most_products(spectrum, flat))
 
     def counted(V: torch.Tensor) -> torch.Tensor:
         products.append(len(V))
