@@ -30,15 +30,10 @@ from tiny_llm.distributed import all_reduce_sum, shard
 from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
 from tiny_llm.model.llama import Llama
 
-__all__ = ["ENGINES", "EpochHessian", "FORM_ENGINES", "HVP_ENGINES", "FlatParameters", "Precision", "pad_sequences"]
+__all__ = ["EpochHessian", "FlatParameters", "Precision", "pad_sequences"]
 
 log = logging.getLogger(__name__)
 
-FORM_ENGINES: tuple[str, ...] = names("forms")
-"""Engines that compute quadratic forms vᵀHv directly (no Hv)."""
-HVP_ENGINES: tuple[str, ...] = names("products")
-"""Engines that compute Hessian-vector products Hv (spectra need one)."""
-ENGINES: tuple[str, ...] = names()
 FD_SCALE = {torch.float64: 1e-6, torch.float32: 3e-4}
 """Default relative step of the finite-difference engine per dtype: ε = scale · max(1, ‖θ‖) / ‖v‖
 (chosen from the measured truncation / round-off trade-off, benchmarks/README.md)."""
@@ -211,7 +206,7 @@ class EpochHessian:
         way to vᵀHv, so the split costs nothing)."""
         if not self.spec.forms:
             raise ValueError(
-                f"the Gauss–Newton split needs a quadratic-form engine ({', '.join(FORM_ENGINES)}), not {self.engine}"
+                f"the Gauss–Newton split needs a quadratic-form engine ({', '.join(names('forms'))}), not {self.engine}"
             )
         forms = torch.zeros(2, len(V), dtype=torch.float64, device=self.precision.device)
         for rows in self._row_groups(len(V), len(inputs)):  # a group's adjoints are freed before the next's
@@ -235,7 +230,7 @@ class EpochHessian:
         if not self.spec.products:
             raise ValueError(
                 f"the {self.engine} engine computes quadratic forms vᵀHv only; Hessian-vector products "
-                f"(spectra) need one of {', '.join(HVP_ENGINES)}"
+                f"(spectra) need one of {', '.join(names('products'))}"
             )
         total = None
         for rows in self._row_groups(len(V), len(inputs)):

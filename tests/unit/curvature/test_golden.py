@@ -33,21 +33,27 @@ def _clean(x):
     return x
 
 
-def _same(value, expected, rtol: float, where: str) -> None:
+def _differences(value, expected, rtol: float, where: str) -> list[str]:
+    """Where ``value`` departs from ``expected``: a key, length, type or value (empty when equal)."""
     if isinstance(expected, dict):
-        assert list(value) == list(expected), where
-        for key in expected:
-            _same(value[key], expected[key], rtol, f"{where}.{key}")
-    elif isinstance(expected, list):
-        assert len(value) == len(expected), where
-        for i, (v, e) in enumerate(zip(value, expected, strict=True)):
-            _same(v, e, rtol, f"{where}[{i}]")
-    elif isinstance(expected, float) and rtol > 1e-12 and "error" in where:
-        assert isinstance(value, float), where  # float32 rounding against float64: its size is the machine's
-    elif isinstance(expected, float) and not isinstance(value, bool):
-        assert math.isclose(value, expected, rel_tol=rtol, abs_tol=rtol * 1e-6), (where, value, expected)
-    else:
-        assert value == expected, where
+        if list(value) != list(expected):
+            return [f"{where}: keys {list(value)} != {list(expected)}"]
+        return [d for key in expected for d in _differences(value[key], expected[key], rtol, f"{where}.{key}")]
+    if isinstance(expected, list):
+        if len(value) != len(expected):
+            return [f"{where}: {len(value)} items != {len(expected)}"]
+        return [
+            d
+            for i, (v, e) in enumerate(zip(value, expected, strict=True))
+            for d in _differences(v, e, rtol, f"{where}[{i}]")
+        ]
+    if isinstance(expected, float) and rtol > 1e-12 and "error" in where:
+        # float32 rounding against float64: its size is the machine's
+        return [] if isinstance(value, float) else [f"{where}: {value!r} is not a number"]
+    if isinstance(expected, float) and not isinstance(value, bool):
+        close = isinstance(value, (int, float)) and math.isclose(value, expected, rel_tol=rtol, abs_tol=rtol * 1e-6)
+        return [] if close else [f"{where}: {value!r} != {expected!r}"]
+    return [] if value == expected else [f"{where}: {value!r} != {expected!r}"]
 
 
 @pytest.fixture(scope="module")
@@ -77,4 +83,4 @@ def test_the_result_blocks_equal_the_golden_file(case, engine, dtype, audit):
     result = measure_case(model, inputs, Precision(torch.device("cpu"), dtype), progress=lambda m: None)
     result.pop("timing")
     name = f"{engine}-{str(dtype)[6:]}"
-    _same(_clean(result), GOLDEN[name], 1e-12 if dtype == torch.float64 else 1e-4, name)
+    assert _differences(_clean(result), GOLDEN[name], 1e-12 if dtype == torch.float64 else 1e-4, name) == []
