@@ -16,6 +16,7 @@ __all__ = [
     "DataConfig",
     "ModelConfig",
     "PackedConfig",
+    "RopeScaling",
     "RunConfig",
     "TrainingConfig",
     "apply_overrides",
@@ -59,18 +60,59 @@ def _require_positive(section: str, obj: Any, *names: str) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """How the rotary frequencies are stretched for contexts beyond the original training length
+    (a ``rope_scaling`` of Hugging Face's Llama family): ``linear`` divides every frequency by
+    ``factor``; ``llama3`` (Llama 3.1/3.2) divides the low frequencies by ``factor``, keeps the high
+    ones and interpolates between them. Both only change the constant rotation tables."""
+
+    SECTION: ClassVar[str] = "model.rope_scaling"
+
+    kind: Literal["linear", "llama3"]
+    """``linear`` or ``llama3``."""
+    factor: float
+    """Frequencies divided by this (llama3: the low-frequency band only)."""
+    low_freq_factor: float = 1.0
+    """llama3: wavelengths longer than original_max_seq_len / low_freq_factor are divided by factor."""
+    high_freq_factor: float = 4.0
+    """llama3: wavelengths shorter than original_max_seq_len / high_freq_factor are kept."""
+    original_max_seq_len: int | None = None
+    """llama3: the context length the model was first trained at (required for llama3)."""
+
+    def __post_init__(self) -> None:
+        _require_positive(self.SECTION, self, "factor", "low_freq_factor", "high_freq_factor")
+        if self.kind == "llama3":
+            if self.original_max_seq_len is None or self.original_max_seq_len <= 0:
+                _fail(f"{self.SECTION}.original_max_seq_len", "a positive integer for kind llama3", None)
+            if self.high_freq_factor <= self.low_freq_factor:
+                _fail(
+                    f"{self.SECTION}.high_freq_factor",
+                    f"a number above low_freq_factor={self.low_freq_factor}",
+                    self.high_freq_factor,
+                )
+
+
+_BIASED_BY_DEFAULT = {"llama": False, "gpt2": True, "gpt_neox": True, "hf": False}
+"""Whether an architecture's projections carry biases when attention_bias / mlp_bias are not given."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Architecture and shape of the decoder: Llama-style (RMSNorm, RoPE, causal attention, SwiGLU)
-    or GPT-2 (LayerNorm, learned positions, causal attention, GELU, biased projections)."""
+    """Architecture and shape of the decoder: the Llama family (RMSNorm, RoPE, causal attention with
+    grouped-query heads, SwiGLU), GPT-2 (LayerNorm, learned positions, causal attention, GELU, biased
+    projections) or GPT-NeoX (Pythia: parallel residual, partial rotary, exact GELU)."""
 
     SECTION: ClassVar[str] = "model"
 
-    architecture: Literal["llama", "gpt2", "hf"] = "llama"
-    """``llama``; ``gpt2`` (as Hugging Face's GPT2LMHeadModel: learned positions up to
-    max_seq_len, LayerNorm with bias, tanh-approximated GELU, biased projections; rope_theta
-    unused); ``hf``: any other Hugging Face causal LM, built by ``transformers`` from the config.json
-    at ``hf_config`` (what ``tiny-llm import-hf`` sets up; analysed with the HVP engines only; the
-    shape keys then describe it for the memory model)."""
+    architecture: Literal["llama", "gpt2", "gpt_neox", "hf"] = "llama"
+    """``llama`` (also what Mistral- and Qwen2-style checkpoints import as); ``gpt2`` (as Hugging
+    Face's GPT2LMHeadModel: learned positions up to max_seq_len, LayerNorm with bias,
+    tanh-approximated GELU, biased projections; rope_theta unused); ``gpt_neox`` (as Hugging Face's
+    GPTNeoXForCausalLM, the Pythia suites: LayerNorm with bias, one fused q/k/v projection in
+    GPT-NeoX's head-interleaved layout, RoPE on the first rotary_pct of each head, exact GELU,
+    parallel_residual); ``hf``: any other Hugging Face causal LM, built by ``transformers`` from the
+    config.json at ``hf_config`` (what ``tiny-llm import-hf`` sets up; analysed with the HVP engines
+    only; the shape keys then describe it for the memory model)."""
     hf_config: str | None = None
     """architecture hf: the model's Hugging Face config.json (relative to the project, like data.cache)."""
     vocab_size: int = 256
@@ -80,16 +122,34 @@ class ModelConfig:
     n_layers: int = 2
     """Number of transformer blocks."""
     n_heads: int = 4
-    """Attention heads; must divide d_model (llama: head_dim = d_model / n_heads must be even, for RoPE)."""
+    """Attention (query) heads; must divide d_model (RoPE needs an even head_dim = d_model / n_heads)."""
+    n_kv_heads: int | None = None
+    """llama: key/value heads (grouped-query attention: each serves n_heads / n_kv_heads query
+    heads); null = n_heads (multi-head attention)."""
     d_ff: int = 64
-    """Hidden width of the feed-forward block (SwiGLU for llama, GELU MLP for gpt2)."""
+    """Hidden width of the feed-forward block (SwiGLU for llama, GELU MLP for gpt2 and gpt_neox)."""
     max_seq_len: int = 64
     """Longest sequence the model accepts (RoPE tables are built up to this length; gpt2: the
     number of learned positions)."""
     rope_theta: float = 10000.0
-    """RoPE base frequency (llama)."""
+    """RoPE base frequency (llama, gpt_neox)."""
+    rope_scaling: RopeScaling | None = None
+    """llama: RoPE frequency scaling (``{kind: linear, factor: 4}`` or Llama 3.x's ``{kind: llama3,
+    factor: 32, low_freq_factor: 1, high_freq_factor: 4, original_max_seq_len: 8192}``); null = none."""
+    rotary_pct: float = 1.0
+    """Fraction of each head's features that RoPE rotates (gpt_neox: Pythia uses 0.25; the rest
+    pass unrotated); rotary_pct × head_dim must be a positive even integer."""
+    attention_bias: Literal["none", "qkv", "all"] | None = None
+    """llama, gpt_neox: biases of the attention projections: ``qkv`` (Qwen2: q, k and v only),
+    ``all`` (the output projection too) or ``none``; null = the architecture's own (llama none,
+    gpt2 and gpt_neox all)."""
+    mlp_bias: bool | None = None
+    """llama, gpt_neox: biases of the feed-forward projections; null = the architecture's own
+    (llama false, gpt2 and gpt_neox true)."""
+    parallel_residual: bool = True
+    """gpt_neox: x + attention(norm₁ x) + mlp(norm₂ x) (Pythia) rather than one after the other."""
     norm_eps: float = 1e-5
-    """Epsilon of the normalisation layers (RMSNorm for llama, LayerNorm for gpt2)."""
+    """Epsilon of the normalisation layers (RMSNorm for llama, LayerNorm for gpt2 and gpt_neox)."""
     tie_embeddings: bool = True
     """Share the input embedding with the output projection (counted once in D)."""
 
@@ -105,18 +165,63 @@ class ModelConfig:
             "max_seq_len",
             "rope_theta",
             "norm_eps",
+            "rotary_pct",
         )
         if self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             _fail("model.n_heads", f"a divisor of model.d_model={self.d_model} ({divisors})", self.n_heads)
         if (self.architecture == "hf") != (self.hf_config is not None):
             _fail("model.hf_config", "a config.json path exactly when model.architecture is hf", self.hf_config)
-        if self.architecture == "llama" and self.head_dim % 2:
-            _fail("model.n_heads", f"a value giving an even head_dim (d_model={self.d_model})", self.n_heads)
+        if self.architecture in ("llama", "gpt_neox") and (self.rotary_dim % 2 or self.rotary_dim == 0):
+            if self.rotary_pct == 1.0:
+                _fail("model.n_heads", f"a value giving an even head_dim (d_model={self.d_model})", self.n_heads)
+            _fail("model.rotary_pct", f"a fraction giving an even, positive share of {self.head_dim}", self.rotary_pct)
+        self._check_variants()
+
+    def _check_variants(self) -> None:
+        """Each architecture's own options: what another architecture would ignore is refused."""
+        if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
+            divisors = [h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]
+            _fail("model.n_kv_heads", f"null or a divisor of n_heads={self.n_heads} ({divisors})", self.n_kv_heads)
+        only = {
+            "n_kv_heads": ("llama", self.n_kv_heads not in (None, self.n_heads)),
+            "rope_scaling": ("llama", self.rope_scaling is not None),
+            "rotary_pct": ("gpt_neox", self.rotary_pct != 1.0),
+            "parallel_residual": ("gpt_neox", not self.parallel_residual),
+        }
+        for key, (architecture, used) in only.items():
+            if used and self.architecture not in (architecture, "hf"):
+                _fail(f"model.{key}", f"its default unless model.architecture is {architecture}", getattr(self, key))
+        if self.architecture == "gpt2" and (self.attention_bias not in (None, "all") or self.mlp_bias is False):
+            _fail("model.attention_bias", "null or all for gpt2 (its projections are biased)", self.attention_bias)
+        if self.architecture == "gpt_neox" and self.attention_bias == "qkv":
+            _fail("model.attention_bias", "none, all or null for gpt_neox", self.attention_bias)
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_heads, or n_heads without grouped-query attention."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """Features of each head that RoPE rotates (the first ones)."""
+        return int(self.head_dim * self.rotary_pct)
+
+    @property
+    def attention_biases(self) -> Literal["none", "qkv", "all"]:
+        """attention_bias resolved: the architecture's own when not given."""
+        if self.attention_bias is not None:
+            return self.attention_bias
+        return "all" if _BIASED_BY_DEFAULT[self.architecture] else "none"
+
+    @property
+    def mlp_biased(self) -> bool:
+        """mlp_bias resolved: the architecture's own when not given."""
+        return _BIASED_BY_DEFAULT[self.architecture] if self.mlp_bias is None else self.mlp_bias
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,5 +1,5 @@
 """The architectures a run can name (``model.architecture``) and the one constructor for them:
-our Llama and GPT-2 (every engine), and ``hf``, any other Hugging Face causal LM through the
+our Llama family, GPT-2 and GPT-NeoX (every engine), and ``hf``, any other Hugging Face causal LM through the
 adapter (the HVP engines)."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from torch import nn
 from tiny_llm.config import ModelConfig
 from tiny_llm.model.causal import AttentionBackend, CausalLM
 from tiny_llm.model.gpt2 import GPT2
+from tiny_llm.model.gpt_neox import GPTNeoX
 from tiny_llm.model.llama import Llama
 
 __all__ = ["ARCHITECTURES", "build_model"]
 
-ARCHITECTURES: dict[str, type[CausalLM]] = {"llama": Llama, "gpt2": GPT2}
+ARCHITECTURES: dict[str, type[CausalLM]] = {"llama": Llama, "gpt2": GPT2, "gpt_neox": GPTNeoX}
 
 
 def build_model(config: ModelConfig, attention_backend: AttentionBackend = "reference") -> nn.Module:

@@ -12,16 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tiny_llm.config import ModelConfig
-from tiny_llm.model.causal import AttentionBackend, CausalLM, upcast, without_autocast
+from tiny_llm.model.causal import AttentionBackend, CausalLM
 from tiny_llm.model.jets import Jet, JetPass
-from tiny_llm.model.layers import (
-    embedding_jet,
-    feature_jet,
-    linear_jet,
-    reference_attention,
-    reference_attention_jet,
-    rms_normalize_jet,
-)
+from tiny_llm.model.layers import LayerNorm, embedding_jet, linear_jet, reference_attention, reference_attention_jet
 
 __all__ = ["GPT2", "gelu", "gelu_jet"]
 
@@ -49,31 +42,6 @@ def gelu_jet(a: Jet) -> Jet:
     """gelu(a): y1 = g′a1, y2 = g′a2 + g″a1²."""
     d1, d2 = gelu_derivatives(a.z0)
     return Jet(gelu(a.z0), d1 * a.z1, d2 * a.z1.square() if a.z2 is None else d2 * a.z1.square() + d1 * a.z2)
-
-
-class LayerNorm(nn.Module):
-    """(x − mean x) / √(var x + ε) · weight + bias, the statistics reduced in at least float32."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with without_autocast(x):
-            xc = upcast(x)
-            xc = xc - xc.mean(-1, keepdim=True)
-            normed = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.to(x.dtype) * self.weight + self.bias
-
-    def jet(self, x: Jet, jets: JetPass) -> Jet:
-        """Centring is linear (every coefficient loses its mean); the centred jet is then
-        normalised as in RMSNorm (mean(xc²) is the variance), times w(t) = w + t·w_v, plus
-        b(t) = b + t·b_v."""
-        centred = x.map(lambda z: z - z.mean(-1, keepdim=True))
-        scaled = jets.product(rms_normalize_jet(centred, self.eps, jets), feature_jet(self.weight, jets, x))
-        return jets.emit(self, scaled + feature_jet(self.bias, jets, x))
 
 
 class GPT2Attention(nn.Module):

@@ -1,6 +1,7 @@
 """Layers and second-order (jet) rules that more than one architecture uses: linear maps, embeddings,
-per-feature parameters, RMS normalisation (LayerNorm is its centred form) and the explicit causal
-attention with its adjoint-mode fusion. An architecture's own layers keep their rules beside them
+per-feature parameters, RMS normalisation and LayerNorm (its centred form), rotary positions (whole
+or partial, with frequency scaling), grouped-query heads and the explicit causal attention with its
+adjoint-mode fusion. An architecture's own layers keep their rules beside them
 in its module.
 """
 
@@ -12,16 +13,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tiny_llm.config import ModelConfig
 from tiny_llm.model.causal import upcast, without_autocast
 from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot, shared_matmul
 
 __all__ = [
+    "LayerNorm",
+    "apply_rope",
     "embedding_jet",
     "feature_jet",
     "linear_jet",
     "reference_attention",
     "reference_attention_jet",
+    "repeat_kv",
     "rms_normalize_jet",
+    "rope_tables",
+    "rotary_frequencies",
 ]
 
 
@@ -70,6 +77,74 @@ def feature_jet(parameter: torch.Tensor, jets: JetPass, like: Jet) -> Jet:
     coefficients: z0 = the parameter, z1 = its directions (K, 1, ..., 1, C), z2 = 0."""
     v = jets.direction(parameter)
     return Jet(parameter, v.view(v.size(0), *([1] * (like.z0.dim() - 1)), v.size(-1)))
+
+
+def rotary_frequencies(config: ModelConfig, device: torch.device | None = None) -> torch.Tensor:
+    """The rotary inverse frequencies θ^(−2i/d), i < d/2, d = config.rotary_dim, in float64, after
+    the configured scaling: ``linear`` divides all by the factor; ``llama3`` divides those whose
+    wavelength 2π/f exceeds L/low_freq_factor (L the original context), keeps those below
+    L/high_freq_factor and blends in between with s = (L/wavelength − low) / (high − low)."""
+    d = config.rotary_dim
+    inv_freq = config.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=device) / d)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    L, low, high = scaling.original_max_seq_len, scaling.low_freq_factor, scaling.high_freq_factor
+    wavelength = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelength > L / low, inv_freq / scaling.factor, inv_freq)
+    smooth = (L / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelength >= L / high) & (wavelength <= L / low)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_tables(T: int, config: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles of positions 0..T−1, shape (T, rotary_dim // 2), in float64."""
+    angles = torch.outer(torch.arange(T, dtype=torch.float64, device=device), rotary_frequencies(config, device))
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the two halves of the first 2·cos.size(−1) features of each head (all of them unless
+    the rotation is partial); the others pass unchanged: x (..., T, hs) -> (..., T, hs). Linear in
+    x, so a jet's every coefficient is rotated alike."""
+    half = cos.size(-1)
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos, rest), dim=-1)
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """Grouped-query attention: each key/value head serves ``groups`` consecutive query heads,
+    (..., n_kv, T, hs) -> (..., n_kv·groups, T, hs). Linear: a jet's coefficients repeat alike."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=-3)
+
+
+class LayerNorm(nn.Module):
+    """(x − mean x) / √(var x + ε) · weight + bias, the statistics reduced in at least float32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with without_autocast(x):
+            xc = upcast(x)
+            xc = xc - xc.mean(-1, keepdim=True)
+            normed = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight + self.bias
+
+    def jet(self, x: Jet, jets: JetPass) -> Jet:
+        """Centring is linear (every coefficient loses its mean); the centred jet is then
+        normalised as in RMSNorm (mean(xc²) is the variance), times w(t) = w + t·w_v, plus
+        b(t) = b + t·b_v."""
+        centred = x.map(lambda z: z - z.mean(-1, keepdim=True))
+        scaled = jets.product(rms_normalize_jet(centred, self.eps, jets), feature_jet(self.weight, jets, x))
+        return jets.emit(self, scaled + feature_jet(self.bias, jets, x))
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

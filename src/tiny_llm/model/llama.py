@@ -1,5 +1,7 @@
-"""The Llama-style causal language model (RMSNorm, RoPE, causal attention, SwiGLU, tied embedding),
-each layer with its second-order jet rule beside it. The base class, the loss and the rules other
+"""The Llama-family causal language model (RMSNorm, RoPE with optional frequency scaling, causal
+attention with grouped-query heads and optional q/k/v(/o) biases, SwiGLU, tied or untied head: the
+layout of Llama 2/3, Mistral and Qwen2 checkpoints), each layer with its second-order jet rule
+beside it. The base class, the loss and the rules other
 architectures share are in :mod:`tiny_llm.model.causal` and :mod:`tiny_llm.model.layers`."""
 
 from __future__ import annotations
@@ -21,15 +23,27 @@ from tiny_llm.model.causal import (
 )
 from tiny_llm.model.jets import Jet, JetPass, add_terms, per_direction_dot
 from tiny_llm.model.layers import (
+    apply_rope,
     embedding_jet,
     feature_jet,
     linear_jet,
     reference_attention,
     reference_attention_jet,
+    repeat_kv,
     rms_normalize_jet,
+    rope_tables,
 )
 
-__all__ = ["IGNORE_INDEX", "CausalLM", "Llama", "check_jet_rules", "count_parameters", "token_losses"]
+__all__ = [
+    "IGNORE_INDEX",
+    "CausalLM",
+    "Llama",
+    "apply_rope",
+    "check_jet_rules",
+    "count_parameters",
+    "rope_tables",
+    "token_losses",
+]
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -55,21 +69,6 @@ def silu_jet(a: Jet) -> Jet:
     return Jet(silu(a.z0), d1 * a.z1, add_terms(d2 * a.z1.square(), None if a.z2 is None else d1 * a.z2))
 
 
-def rope_tables(T: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, shape (T, head_dim // 2), computed in float64."""
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
-    angles = torch.outer(torch.arange(T, dtype=torch.float64, device=device), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the two halves of each head's features: x (B, nh, T, hs) -> (B, nh, T, hs)."""
-    half = x.size(-1) // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-
-
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, with the mean square reduced in at least float32."""
 
@@ -90,24 +89,28 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention with rotary positions."""
+    """Causal self-attention with rotary positions: n_heads query heads, each group of
+    n_heads / kv_heads of them sharing one key/value head (grouped-query attention; multi-head when
+    equal); q, k, v biased for attention_bias qkv or all, the output projection for all."""
 
     def __init__(self, config: ModelConfig, backend: AttentionBackend):
         super().__init__()
         self.n_heads, self.head_dim, self.backend = config.n_heads, config.head_dim, backend
-        C = config.d_model
-        self.wq = nn.Linear(C, C, bias=False)
-        self.wk = nn.Linear(C, C, bias=False)
-        self.wv = nn.Linear(C, C, bias=False)
-        self.wo = nn.Linear(C, C, bias=False)
+        self.groups = config.n_heads // config.kv_heads
+        C, kv_width, biases = config.d_model, config.kv_heads * config.head_dim, config.attention_biases
+        self.wq = nn.Linear(C, C, bias=biases != "none")
+        self.wk = nn.Linear(C, kv_width, bias=biases != "none")
+        self.wv = nn.Linear(C, kv_width, bias=biases != "none")
+        self.wo = nn.Linear(C, C, bias=biases == "all")
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = (
-            w(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+            w(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, heads, T, hs)
             for w in (self.wq, self.wk, self.wv)
         )
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)
         if self.backend == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -115,17 +118,19 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(B, T, C))
 
     def jet(self, x: Jet, cos: torch.Tensor, sin: torch.Tensor, jets: JetPass) -> Jet:
-        """Linear projections, RoPE (linear: every coefficient), the attention core's jet, output projection."""
+        """Linear projections, then RoPE and the key/value heads' repetition (both linear: every
+        coefficient alike), the attention core's jet, the output projection."""
         B, T, C = x.z0.shape
 
-        def heads(z: torch.Tensor) -> torch.Tensor:  # (..., B, T, C) -> (..., B, nh, T, hs)
-            return z.view(*z.shape[:-1], self.n_heads, self.head_dim).transpose(-3, -2)
+        def heads(z: torch.Tensor) -> torch.Tensor:  # (..., B, T, h·hs) -> (..., B, h, T, hs)
+            return z.unflatten(-1, (-1, self.head_dim)).transpose(-3, -2)
 
         def merge(z: torch.Tensor) -> torch.Tensor:  # (..., B, nh, T, hs) -> (..., B, T, C)
             return z.transpose(-3, -2).reshape(*z.shape[:-4], B, T, C)
 
         q, k, v = (linear_jet(x, w, jets).map(heads) for w in (self.wq, self.wk, self.wv))
         q, k = (z.map(lambda t: apply_rope(t, cos, sin)) for z in (q, k))
+        k, v = (z.map(lambda t: repeat_kv(t, self.groups)) for z in (k, v))
         y = reference_attention_jet(q, k, v, jets, key=self).map(merge)
         return linear_jet(y, self.wo, jets)
 
@@ -135,9 +140,10 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.w1 = nn.Linear(config.d_model, config.d_ff, bias=False)
-        self.w2 = nn.Linear(config.d_ff, config.d_model, bias=False)
-        self.w3 = nn.Linear(config.d_model, config.d_ff, bias=False)
+        bias = config.mlp_biased
+        self.w1 = nn.Linear(config.d_model, config.d_ff, bias=bias)
+        self.w2 = nn.Linear(config.d_ff, config.d_model, bias=bias)
+        self.w3 = nn.Linear(config.d_model, config.d_ff, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(silu(self.w1(x)) * self.w3(x))
@@ -200,7 +206,7 @@ class Llama(CausalLM):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
         self._check_length(T)
-        cos, sin = rope_tables(T, self.config.head_dim, self.config.rope_theta, idx.device)
+        cos, sin = rope_tables(T, self.config, idx.device)
         x = self.tok_embeddings(idx)  # (B, T, C)
         for layer in self.layers:
             x = layer(x, cos, sin)
@@ -209,7 +215,7 @@ class Llama(CausalLM):
     def jet(self, idx: torch.Tensor, jets: JetPass) -> Jet:
         """The jet of the final normalised hidden state (B, T, C) along the directions of ``jets``."""
         self._check_jet_backend()
-        cos, sin = rope_tables(idx.size(1), self.config.head_dim, self.config.rope_theta, idx.device)
+        cos, sin = rope_tables(idx.size(1), self.config, idx.device)
         x = embedding_jet(idx, self.tok_embeddings, jets)
         if jets.recorded is not None and not x.z0.requires_grad:  # the record pass needs a graph
             x = Jet(x.z0.detach().requires_grad_(), x.z1)

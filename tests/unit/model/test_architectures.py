@@ -1,13 +1,13 @@
-"""Every architecture of the registry, whatever it is: its jet rules give the second derivative of
-the loss (torch.func jvp of jvp), and every exact engine gives its dense epoch Hessian. A new
-architecture registered in ``tiny_llm.model.architectures.ARCHITECTURES`` is tested here as it is
-added."""
+"""Every architecture of the registry, in each of its variants, whatever it is: its jet rules give
+the second derivative of the loss (torch.func jvp of jvp), and every exact engine gives its dense
+epoch Hessian. A new architecture registered in ``tiny_llm.model.architectures.ARCHITECTURES`` is
+tested here as it is added (a test fails until ``VARIANTS`` names it)."""
 
 import pytest
 import torch
 from oracles import EXACT_ENGINES, EXACT_PRODUCT_ENGINES, check_whole_model_jet, dense_epoch_hessian
 
-from tiny_llm.config import ModelConfig
+from tiny_llm.config import ModelConfig, RopeScaling
 from tiny_llm.curvature.hessian import EpochHessian, Precision
 from tiny_llm.model.architectures import ARCHITECTURES, build_model
 from tiny_llm.model.causal import CausalLM, check_jet_rules
@@ -15,26 +15,56 @@ from tiny_llm.model.causal import CausalLM, check_jet_rules
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 
 
-def _model(architecture: str) -> CausalLM:
-    torch.manual_seed(3)
+VARIANTS = {
+    "llama": dict(architecture="llama"),
+    "llama-gqa-biases-llama3": dict(
+        architecture="llama",
+        n_heads=4,
+        n_kv_heads=2,
+        attention_bias="all",
+        mlp_bias=True,
+        tie_embeddings=False,
+        rope_scaling=RopeScaling(kind="llama3", factor=4.0, original_max_seq_len=4),
+    ),
+    "qwen2-style": dict(
+        architecture="llama", n_kv_heads=1, attention_bias="qkv", rope_scaling=RopeScaling(kind="linear", factor=2.0)
+    ),
+    "gpt2": dict(architecture="gpt2"),
+    "gpt_neox": dict(architecture="gpt_neox", rotary_pct=0.5, tie_embeddings=False),
+    "gpt_neox-sequential": dict(architecture="gpt_neox", parallel_residual=False, attention_bias="none"),
+}
+"""Each architecture with its options: grouped-query heads, every bias kind, RoPE scaling, partial
+rotation, both residual forms."""
+
+
+def _model(variant: str) -> CausalLM:
     config = ModelConfig(
-        architecture=architecture, vocab_size=16, d_model=8, n_layers=1, n_heads=2, d_ff=16, max_seq_len=8
+        **{**dict(vocab_size=16, d_model=8, n_layers=1, n_heads=2, d_ff=16, max_seq_len=8), **VARIANTS[variant]}
     )
-    return build_model(config, attention_backend="reference").double()
+    torch.manual_seed(3)
+    model = build_model(config, attention_backend="reference").double()
+    with torch.no_grad():  # biases away from 0 and norms away from 1, so that each enters every term
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
 
 
-@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
-def test_every_architecture_has_jet_rules_that_give_the_loss_curvature(architecture):
-    model = _model(architecture)
+def test_every_registered_architecture_has_variants_here():
+    assert set(ARCHITECTURES) == {v["architecture"] for v in VARIANTS.values()}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_architecture_has_jet_rules_that_give_the_loss_curvature(variant):
+    model = _model(variant)
     assert isinstance(model, CausalLM)
     check_jet_rules(model)
     check_whole_model_jet(model)
 
 
-@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("engine", EXACT_ENGINES)
-def test_every_architecture_and_engine_give_the_dense_hessian(architecture, engine):
-    model = _model(architecture)
+def test_every_architecture_and_engine_give_the_dense_hessian(variant, engine):
+    model = _model(variant)
     tokens = torch.randint(0, 16, (3, 6), generator=torch.Generator().manual_seed(4))
     H = dense_epoch_hessian(model, tokens)
     V = torch.randn(3, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(5))

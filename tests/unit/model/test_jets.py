@@ -44,7 +44,7 @@ def test_rmsnorm_rule(second_order_input):
 
 def test_attention_rule():
     model = Llama(MODEL)
-    cos, sin = rope_tables(5, MODEL.head_dim, MODEL.rope_theta, torch.device("cpu"))
+    cos, sin = rope_tables(5, MODEL, torch.device("cpu"))
     attention = model.layers[0].attention.double()
     x0 = _randn(2, 5, 8, seed=3)
 
@@ -63,7 +63,7 @@ def test_feed_forward_and_block_rules():
     model = Llama(MODEL)
     x0 = _randn(2, 5, 8, seed=4)
     _check_module_jet(model.layers[0].feed_forward, lambda m, x, j: m.jet(x, j), x0)
-    cos, sin = rope_tables(5, MODEL.head_dim, MODEL.rope_theta, torch.device("cpu"))
+    cos, sin = rope_tables(5, MODEL, torch.device("cpu"))
     block = model.layers[1].double()
 
     class WithRope(nn.Module):

@@ -1,0 +1,168 @@
+"""The GPT-NeoX causal language model (the Pythia suites), as Hugging Face's ``GPTNeoXForCausalLM``
+computes it: LayerNorm with bias, one fused q/k/v projection in GPT-NeoX's head-interleaved layout,
+RoPE on the first ``rotary_pct`` of each head's features, exact (erf) GELU, a parallel residual
+(attention and MLP both read the block's input) or a sequential one, a final LayerNorm and an
+untied head. Each layer's second-order jet rule is beside it, as for the Llama."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tiny_llm.config import ModelConfig
+from tiny_llm.model.causal import AttentionBackend, CausalLM
+from tiny_llm.model.jets import Jet, JetPass, add_terms
+from tiny_llm.model.layers import (
+    LayerNorm,
+    apply_rope,
+    embedding_jet,
+    linear_jet,
+    reference_attention,
+    reference_attention_jet,
+    rope_tables,
+)
+
+__all__ = ["GPTNeoX", "gelu_exact", "gelu_exact_jet"]
+
+_SQRT_HALF = math.sqrt(0.5)
+_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
+
+
+def gelu_exact(x: torch.Tensor) -> torch.Tensor:
+    """GELU x·Φ(x) = ½x(1 + erf(x/√2)) (``F.gelu``'s default, GPT-NeoX's ``hidden_act: gelu``), from
+    elementary ops so that every derivative path has its rules."""
+    return 0.5 * x * (1.0 + torch.erf(x * _SQRT_HALF))
+
+
+def gelu_exact_derivatives(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """g′ = Φ(x) + xφ(x) and g″ = φ(x)(2 − x²) of g(x) = xΦ(x), φ the standard normal density."""
+    phi = _INV_SQRT_2PI * torch.exp(-0.5 * x.square())
+    return 0.5 * (1.0 + torch.erf(x * _SQRT_HALF)) + x * phi, phi * (2 - x.square())
+
+
+def gelu_exact_jet(a: Jet) -> Jet:
+    """gelu_exact(a): y1 = g′a1, y2 = g′a2 + g″a1²."""
+    d1, d2 = gelu_exact_derivatives(a.z0)
+    return Jet(gelu_exact(a.z0), d1 * a.z1, add_terms(d2 * a.z1.square(), None if a.z2 is None else d1 * a.z2))
+
+
+class GPTNeoXAttention(nn.Module):
+    """Causal multi-head self-attention with partial rotary positions. ``wqkv`` is GPT-NeoX's
+    ``query_key_value``: its output features are grouped by head, each head's q, k and v side by
+    side, (nh, 3, hs) — not q, k, v one after the other as in GPT-2."""
+
+    def __init__(self, config: ModelConfig, backend: AttentionBackend):
+        super().__init__()
+        self.n_heads, self.head_dim, self.backend = config.n_heads, config.head_dim, backend
+        C, biased = config.d_model, config.attention_biases == "all"
+        self.wqkv = nn.Linear(C, 3 * C, bias=biased)
+        self.wo = nn.Linear(C, C, bias=biased)
+
+    def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(..., B, T, 3C) -> q, k, v, each (..., B, nh, T, hs), from the head-interleaved layout."""
+        heads = qkv.unflatten(-1, (self.n_heads, 3 * self.head_dim)).transpose(-3, -2)
+        return heads.split(self.head_dim, dim=-1)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self._split(self.wqkv(x))
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.backend == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = reference_attention(q, k, v)
+        return self.wo(y.transpose(1, 2).reshape(B, T, C))
+
+    def jet(self, x: Jet, cos: torch.Tensor, sin: torch.Tensor, jets: JetPass) -> Jet:
+        """The fused projection's rule, the split into heads and the partial rotation (linear: every
+        coefficient alike), the attention core's jet, the output projection's."""
+        B, T, C = x.z0.shape
+        qkv = linear_jet(x, self.wqkv, jets)
+        parts = [self._split(z) if z is not None else (None, None, None) for z in (qkv.z0, qkv.z1, qkv.z2)]
+        q, k, v = (Jet(*(p[i] for p in parts)) for i in range(3))
+        q, k = (z.map(lambda t: apply_rope(t, cos, sin)) for z in (q, k))
+        y = reference_attention_jet(q, k, v, jets, key=self).map(
+            lambda z: z.transpose(-3, -2).reshape(*z.shape[:-4], B, T, C)
+        )
+        return linear_jet(y, self.wo, jets)
+
+
+class GPTNeoXMLP(nn.Module):
+    """w2(gelu_exact(w1 x)), both projections biased unless mlp_bias is false."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_biased)
+        self.w2 = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_biased)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(gelu_exact(self.w1(x)))
+
+    def jet(self, x: Jet, jets: JetPass) -> Jet:
+        """w1's rule, GELU's (its own term g″a1² a generic node, absorbed in the adjoint mode), w2's."""
+        return linear_jet(jets.emit((self, "gelu"), gelu_exact_jet(linear_jet(x, self.w1, jets))), self.w2, jets)
+
+
+class GPTNeoXBlock(nn.Module):
+    """Parallel residual x + attention(norm₁ x) + mlp(norm₂ x), or sequential (norm₂ of x + attention)."""
+
+    def __init__(self, config: ModelConfig, backend: AttentionBackend):
+        super().__init__()
+        self.parallel = config.parallel_residual
+        self.attention_norm = LayerNorm(config.d_model, config.norm_eps)
+        self.attention = GPTNeoXAttention(config, backend)
+        self.ffn_norm = LayerNorm(config.d_model, config.norm_eps)
+        self.feed_forward = GPTNeoXMLP(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        attended = x + self.attention(self.attention_norm(x), cos, sin)
+        return attended + self.feed_forward(self.ffn_norm(x if self.parallel else attended))
+
+    def jet(self, x: Jet, cos: torch.Tensor, sin: torch.Tensor, jets: JetPass) -> Jet:
+        attended = x + self.attention.jet(self.attention_norm.jet(x, jets), cos, sin, jets)
+        return attended + self.feed_forward.jet(self.ffn_norm.jet(x if self.parallel else attended, jets), jets)
+
+
+class GPTNeoX(CausalLM):
+    """GPT-NeoX decoder (Pythia). ``forward(idx)`` maps token ids (B, T) to logits (B, T, vocab).
+
+    Args:
+        config: the model shape (``RunConfig.model`` with ``architecture: gpt_neox``).
+        attention_backend: ``"reference"`` (explicit matmul + softmax, supports second derivatives;
+            what analysis uses) or ``"sdpa"`` (fused ``scaled_dot_product_attention``, for training).
+
+    Example:
+        >>> config = ModelConfig(architecture="gpt_neox", d_model=16, n_heads=2, d_ff=64, rotary_pct=0.25)
+        >>> GPTNeoX(config)(torch.tensor([[1, 4, 8]])).shape
+        torch.Size([1, 3, 256])
+    """
+
+    def __init__(self, config: ModelConfig, attention_backend: AttentionBackend = "reference"):
+        super().__init__()
+        self._begin(config, attention_backend)
+        self.layers = nn.ModuleList(GPTNeoXBlock(config, attention_backend) for _ in range(config.n_layers))
+        self.norm = LayerNorm(config.d_model, config.norm_eps)
+        self._end()
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        self._check_length(idx.size(1))
+        cos, sin = rope_tables(idx.size(1), self.config, idx.device)
+        x = self.tok_embeddings(idx)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.logits(self.norm(x))
+
+    def jet(self, idx: torch.Tensor, jets: JetPass) -> Jet:
+        """The jet of the final normalised hidden state (B, T, C) along the directions of ``jets``."""
+        self._check_jet_backend()
+        self._check_length(idx.size(1))
+        cos, sin = rope_tables(idx.size(1), self.config, idx.device)
+        x = embedding_jet(idx, self.tok_embeddings, jets)
+        if jets.recorded is not None and not x.z0.requires_grad:  # the record pass needs a graph
+            x = Jet(x.z0.detach().requires_grad_(), x.z1)
+        for layer in self.layers:
+            x = layer.jet(x, cos, sin, jets)
+        return self.norm.jet(x, jets)
