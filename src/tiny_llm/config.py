@@ -134,7 +134,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     """RoPE base frequency (llama, gpt_neox)."""
     rope_scaling: RopeScaling | None = None
-    """llama: RoPE frequency scaling (``{kind: linear, factor: 4}`` or Llama 3.x's ``{kind: llama3,
+    """llama, gpt_neox: RoPE frequency scaling (``{kind: linear, factor: 4}`` or Llama 3.x's ``{kind: llama3,
     factor: 32, low_freq_factor: 1, high_freq_factor: 4, original_max_seq_len: 8192}``); null = none."""
     rotary_pct: float = 1.0
     """Fraction of each head's features that RoPE rotates (gpt_neox: Pythia uses 0.25; the rest
@@ -184,14 +184,18 @@ class ModelConfig:
             divisors = [h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]
             _fail("model.n_kv_heads", f"null or a divisor of n_heads={self.n_heads} ({divisors})", self.n_kv_heads)
         only = {
-            "n_kv_heads": ("llama", self.n_kv_heads not in (None, self.n_heads)),
-            "rope_scaling": ("llama", self.rope_scaling is not None),
-            "rotary_pct": ("gpt_neox", self.rotary_pct != 1.0),
-            "parallel_residual": ("gpt_neox", not self.parallel_residual),
+            "n_kv_heads": (("llama",), self.n_kv_heads not in (None, self.n_heads)),
+            "rope_scaling": (("llama", "gpt_neox"), self.rope_scaling is not None),
+            "rotary_pct": (("gpt_neox",), self.rotary_pct != 1.0),
+            "parallel_residual": (("gpt_neox",), not self.parallel_residual),
         }
-        for key, (architecture, used) in only.items():
-            if used and self.architecture not in (architecture, "hf"):
-                _fail(f"model.{key}", f"its default unless model.architecture is {architecture}", getattr(self, key))
+        for key, (architectures, used) in only.items():
+            if used and self.architecture not in (*architectures, "hf"):
+                _fail(
+                    f"model.{key}",
+                    f"its default unless model.architecture is {' or '.join(architectures)}",
+                    getattr(self, key),
+                )
         if self.architecture == "gpt2" and (self.attention_bias not in (None, "all") or self.mlp_bias is False):
             _fail("model.attention_bias", "null or all for gpt2 (its projections are biased)", self.attention_bias)
         if self.architecture == "gpt_neox" and self.attention_bias == "qkv":

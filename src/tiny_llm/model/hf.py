@@ -1,14 +1,16 @@
-"""Hugging Face ``LlamaForCausalLM`` and ``GPT2LMHeadModel`` directories in and out of our
-Llama and GPT-2, exactly.
+"""Hugging Face Llama-family (``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``),
+``GPT2LMHeadModel`` and ``GPTNeoXForCausalLM`` directories in and out of our Llama, GPT-2 and
+GPT-NeoX, exactly.
 
 One literal key map per architecture, written once (:mod:`tiny_llm.model.hf_formats`).
 
 Only local directories are read (``config.json`` and ``model.safetensors`` or a sharded
 ``model.safetensors.index.json``); a hub id is refused with how to fetch it first, and pickled
 ``pytorch_model.bin`` weights are refused (checkpoints are data, not code). A configuration our
-models cannot represent is refused by name (Llama: grouped-query attention, biases, another
-activation, RoPE scaling, a head size other than d_model / n_heads; GPT-2: another activation,
-unscaled or layer-scaled attention, cross-attention).
+models cannot represent is refused by name (Llama family: a sliding window shorter than the context,
+another activation, RoPE scaling other than linear or llama3, a head size other than
+d_model / n_heads; GPT-2: another activation, unscaled or layer-scaled attention, cross-attention;
+GPT-NeoX: another activation).
 
 ``transformers`` is not needed here; the tests check both directions against it.
 """
@@ -31,6 +33,7 @@ from tiny_llm.model.hf_formats import (
     GPT2_MODEL_KEYS,
     LLAMA_LAYER_KEYS,
     LLAMA_MODEL_KEYS,
+    export_format,
     refusal,
 )
 
@@ -59,7 +62,7 @@ __all__ = [
 def to_hf_state(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Our state dict -> the Hugging Face model's (the same tensors renamed; GPT-2's Conv1D
     weights transposed)."""
-    form = FORMATS[config.architecture]
+    form = export_format(config)
     return {form.theirs(key): tensor.t() if form.flips(key) else tensor for key, tensor in state.items()}
 
 
@@ -70,16 +73,15 @@ def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source
     Raises:
         ValueError: naming ``source`` and the keys that are missing or have no counterpart.
     """
-    form = FORMATS[config.architecture]
-    ours = [key for key in form.model_keys if not (key == "output.weight" and config.tie_embeddings)]
-    ours += [f"layers.{i}.{key}" for i in range(config.n_layers) for key in form.layer_keys]
+    form = export_format(config)
+    ours = _parameter_names(config)
     theirs = {form.theirs(key): key for key in ours}
-    embedding = form.model_keys["tok_embeddings.weight"]
+    embedding, head = form.model_keys["tok_embeddings.weight"], form.model_keys["output.weight"]
     state, unknown = {}, []
     for key, tensor in hf_state.items():
-        if key == "lm_head.weight" and config.tie_embeddings:
+        if key == head and config.tie_embeddings:
             if not torch.equal(tensor, hf_state.get(embedding, tensor)):
-                raise ValueError(f"{source}: tie_word_embeddings is true but lm_head.weight differs from the embedding")
+                raise ValueError(f"{source}: tie_word_embeddings is true but {head} differs from the embedding")
             continue
         if form.derived.fullmatch(key):
             continue
@@ -97,8 +99,16 @@ def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source
     return state
 
 
+def _parameter_names(config: ModelConfig) -> list[str]:
+    """The state-dict keys of our model for ``config``, from a model built without storage."""
+    from tiny_llm.model.architectures import build_model
+
+    with torch.device("meta"):
+        return list(build_model(config).state_dict())
+
+
 def model_config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
-    """Our ModelConfig from a ``LlamaForCausalLM`` or ``GPT2LMHeadModel`` config.json.
+    """Our ModelConfig from a Llama-family, GPT-2 or GPT-NeoX config.json.
 
     Raises:
         ValueError: another model type, or a configuration our models cannot represent, naming the
@@ -109,7 +119,7 @@ def model_config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         raise refusal(source)(
             "model_type",
             model_type,
-            f"only {' and '.join(FORMATS)} convert to this project's "
+            f"only {', '.join(FORMATS)} convert to this project's "
             "models; tiny-llm import-hf brings any other causal LM in as it is, measured through "
             "the adapter with the HVP engines",
         )
@@ -126,10 +136,10 @@ def model_config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
 
 def model_config_to_hf(config: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
     """The Hugging Face config.json for our ModelConfig."""
-    form = FORMATS[config.architecture]
+    form = export_format(config)
     return {
         "architectures": [form.hf_class],
-        "model_type": config.architecture,
+        "model_type": form.model_type,
         **form.config_to(config),
         "tie_word_embeddings": config.tie_embeddings,
         "torch_dtype": str(dtype).removeprefix("torch."),
@@ -199,7 +209,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def read_hf(directory: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Our ModelConfig and state dict from a local ``LlamaForCausalLM`` or ``GPT2LMHeadModel`` directory.
+    """Our ModelConfig and state dict from a local Llama-family, GPT-2 or GPT-NeoX directory.
 
     Raises:
         ValueError: a hub id or missing directory, pickled weights, or a configuration or weights

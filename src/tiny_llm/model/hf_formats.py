@@ -1,9 +1,14 @@
 """How each Hugging Face architecture we read natively names, lays out and configures our models'
 tensors: one literal key map per architecture, written once, its configuration both ways, and what
 it cannot represent (refused by name). A new native architecture adds its maps, its two
-configuration functions and one entry of ``FORMATS``.
+configuration functions and its entries of ``FORMATS`` (by Hugging Face ``model_type``, for
+import) and ``EXPORTS`` (by our architecture).
 
-* Llama: no tensor is permuted. Our RoPE rotates the two halves of each head's features
+* Llama family (``llama``, ``mistral``, ``qwen2``): one key map; no tensor is permuted. Grouped-query
+  heads are stored as they are (k and v with n_kv_heads × head_dim rows); Qwen2's q/k/v biases and
+  Llama's ``attention_bias``/``mlp_bias`` map to the same bias keys. Our Llama exports as a
+  ``LlamaForCausalLM`` unless only q, k and v are biased (``Qwen2ForCausalLM``), so a Mistral
+  checkpoint comes back as the Llama it computes. Our RoPE rotates the two halves of each head's features
   (``apply_rope``), which is the layout of ``transformers``' ``LlamaForCausalLM`` (its
   ``rotate_half``); the permutation that Meta's original checkpoints need (interleaved pairs to
   halves) is applied by ``transformers``' own conversion script, before a checkpoint reaches this
@@ -13,6 +18,9 @@ configuration functions and one entry of ``FORMATS``.
   transposed both ways. q, k and v stay fused in one projection (``wqkv``, their ``c_attn``), in
   the same order. The causal-mask buffers older versions saved (``attn.bias``,
   ``attn.masked_bias``) are derived, not weights, and are skipped.
+* GPT-NeoX: no tensor is permuted either: our ``wqkv`` keeps their ``query_key_value`` layout (by
+  head, each head's q, k, v side by side), and the model splits it that way. The rotary
+  ``inv_freq`` and causal-mask buffers are derived and skipped. The head is ``embed_out``.
 """
 
 from __future__ import annotations
@@ -22,16 +30,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tiny_llm.config import ModelConfig
+from tiny_llm.config import ModelConfig, RopeScaling
 
 __all__ = [
     "FORMATS",
+    "GPT_NEOX_LAYER_KEYS",
+    "GPT_NEOX_MODEL_KEYS",
     "GPT2_LAYER_KEYS",
     "GPT2_MODEL_KEYS",
     "GPT2_TRANSPOSED",
     "LLAMA_LAYER_KEYS",
     "LLAMA_MODEL_KEYS",
     "Format",
+    "export_format",
     "refusal",
 ]
 
@@ -39,15 +50,23 @@ __all__ = [
 LLAMA_LAYER_KEYS = {
     "attention_norm.weight": "input_layernorm.weight",
     "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wq.bias": "self_attn.q_proj.bias",
     "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wk.bias": "self_attn.k_proj.bias",
     "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wv.bias": "self_attn.v_proj.bias",
     "attention.wo.weight": "self_attn.o_proj.weight",
+    "attention.wo.bias": "self_attn.o_proj.bias",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "feed_forward.w1.weight": "mlp.gate_proj.weight",  # silu(w1 x) * w3 x: the gate
+    "feed_forward.w1.bias": "mlp.gate_proj.bias",
     "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w3.bias": "mlp.up_proj.bias",
     "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "feed_forward.w2.bias": "mlp.down_proj.bias",
 }
-"""Llama: our key inside ``layers.{i}.`` -> theirs inside ``model.layers.{i}.``."""
+"""Llama family: our key inside ``layers.{i}.`` -> theirs inside ``model.layers.{i}.`` (the bias
+keys only where the configuration has biases)."""
 
 
 LLAMA_MODEL_KEYS = {
@@ -85,6 +104,32 @@ GPT2_MODEL_KEYS = {
 """GPT-2: our keys outside the layers -> theirs (``output.weight`` only for an untied head)."""
 
 
+GPT_NEOX_LAYER_KEYS = {
+    "attention_norm.weight": "input_layernorm.weight",
+    "attention_norm.bias": "input_layernorm.bias",
+    "attention.wqkv.weight": "attention.query_key_value.weight",
+    "attention.wqkv.bias": "attention.query_key_value.bias",
+    "attention.wo.weight": "attention.dense.weight",
+    "attention.wo.bias": "attention.dense.bias",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.bias": "post_attention_layernorm.bias",
+    "feed_forward.w1.weight": "mlp.dense_h_to_4h.weight",
+    "feed_forward.w1.bias": "mlp.dense_h_to_4h.bias",
+    "feed_forward.w2.weight": "mlp.dense_4h_to_h.weight",
+    "feed_forward.w2.bias": "mlp.dense_4h_to_h.bias",
+}
+"""GPT-NeoX: our key inside ``layers.{i}.`` -> theirs inside ``gpt_neox.layers.{i}.``."""
+
+
+GPT_NEOX_MODEL_KEYS = {
+    "tok_embeddings.weight": "gpt_neox.embed_in.weight",
+    "norm.weight": "gpt_neox.final_layer_norm.weight",
+    "norm.bias": "gpt_neox.final_layer_norm.bias",
+    "output.weight": "embed_out.weight",
+}
+"""GPT-NeoX: our keys outside the layers -> theirs (``output.weight`` only for an untied head)."""
+
+
 GPT2_TRANSPOSED = frozenset(
     {"attention.wqkv.weight", "attention.wo.weight", "feed_forward.w1.weight", "feed_forward.w2.weight"}
 )
@@ -101,54 +146,110 @@ def refusal(source: str) -> Callable[[str, Any, str], ValueError]:
     return refuse
 
 
+def _rope(data: dict[str, Any], refuse: Callable[[str, Any, str], ValueError]) -> tuple[float, RopeScaling | None]:
+    """The RoPE base and scaling, wherever transformers 4 (``rope_theta``, ``rope_scaling``) or 5
+    (``rope_parameters``) keep them; scalings other than linear and llama3 refused by name."""
+    parameters = data.get("rope_parameters") or {}
+    scaling = data.get("rope_scaling") or parameters
+    theta = data.get("rope_theta") or data.get("rotary_emb_base") or parameters.get("rope_theta", 10000.0)
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return float(theta), None
+    if kind == "linear":
+        return float(theta), RopeScaling(kind="linear", factor=float(scaling["factor"]))
+    if kind == "llama3":
+        return float(theta), RopeScaling(
+            kind="llama3",
+            factor=float(scaling["factor"]),
+            low_freq_factor=float(scaling["low_freq_factor"]),
+            high_freq_factor=float(scaling["high_freq_factor"]),
+            original_max_seq_len=int(scaling["original_max_position_embeddings"]),
+        )
+    raise refuse("rope_scaling", scaling, "RoPE scaling of kind default, linear or llama3 only")
+
+
+def _rope_hf(config: ModelConfig) -> dict[str, Any]:
+    """RoPE's keys both where transformers 4 (``rope_theta``, ``rope_scaling``) and 5
+    (``rope_parameters``) read them."""
+    scaling = config.rope_scaling
+    if scaling is None:
+        parameters: dict[str, Any] = {"rope_type": "default"}
+    elif scaling.kind == "linear":
+        parameters = {"rope_type": "linear", "factor": scaling.factor}
+    else:
+        parameters = {
+            "rope_type": "llama3",
+            "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_seq_len,
+        }
+    return {
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None if scaling is None else dict(parameters),
+        "rope_parameters": {**parameters, "rope_theta": config.rope_theta},
+    }
+
+
+def _sliding_window(data: dict[str, Any]) -> int | None:
+    """The attention window of a Mistral or Qwen2 config.json, when one applies."""
+    if data.get("model_type") == "qwen2":
+        sliding = data.get("use_sliding_window") or "sliding_attention" in (data.get("layer_types") or ())
+        return data.get("sliding_window") if sliding else None
+    return data.get("sliding_window")
+
+
 def _llama_config(data: dict[str, Any], source: str) -> ModelConfig:
+    """The Llama family: Llama 2/3 (GQA, biases, RoPE scaling), Mistral and Qwen2 without a window."""
     refuse = refusal(source)
-    heads = data["num_attention_heads"]
-    if data.get("num_key_value_heads", heads) != heads:
-        raise refuse("num_key_value_heads", data["num_key_value_heads"], f"grouped-query attention; need {heads}")
-    for key in ("attention_bias", "mlp_bias"):
-        if data.get(key):
-            raise refuse(key, data[key], "biases; need false")
+    heads, context = data["num_attention_heads"], data["max_position_embeddings"]
+    kv_heads = data.get("num_key_value_heads") or heads
+    if (window := _sliding_window(data)) is not None and window < context:
+        raise refuse("sliding_window", window, f"attention over the whole context; need null or ≥ {context}")
     if data.get("hidden_act", "silu") != "silu":
         raise refuse("hidden_act", data["hidden_act"], "need silu (SwiGLU)")
-    rope = data.get("rope_parameters") or {}
-    if data.get("rope_scaling") or rope.get("rope_type", "default") != "default":
-        raise refuse("rope_scaling", data.get("rope_scaling") or rope, "RoPE scaling; need none")
     head_dim = data.get("head_dim") or data["hidden_size"] // heads
     if head_dim * heads != data["hidden_size"]:
         raise refuse("head_dim", head_dim, f"need hidden_size / num_attention_heads = {data['hidden_size'] // heads}")
+    theta, scaling = _rope(data, refuse)
+    attention_bias = "qkv" if data["model_type"] == "qwen2" else "all" if data.get("attention_bias") else None
     return ModelConfig(
         vocab_size=data["vocab_size"],
         d_model=data["hidden_size"],
         n_layers=data["num_hidden_layers"],
         n_heads=heads,
+        n_kv_heads=None if kv_heads == heads else kv_heads,
         d_ff=data["intermediate_size"],
-        max_seq_len=data["max_position_embeddings"],
-        rope_theta=float(data.get("rope_theta") or rope.get("rope_theta", 10000.0)),
+        max_seq_len=context,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        attention_bias=attention_bias,
+        mlp_bias=True if data.get("mlp_bias") else None,
         norm_eps=float(data["rms_norm_eps"]),
         tie_embeddings=bool(data.get("tie_word_embeddings", True)),
     )
 
 
 def _llama_hf_config(config: ModelConfig) -> dict[str, Any]:
-    """``rope_theta`` both where transformers 4 and 5 read it."""
-    return {
+    """A Llama, or a Qwen2 when only q, k and v are biased (the one layout Llama cannot say)."""
+    common = {
         "vocab_size": config.vocab_size,
         "hidden_size": config.d_model,
         "num_hidden_layers": config.n_layers,
         "num_attention_heads": config.n_heads,
-        "num_key_value_heads": config.n_heads,
+        "num_key_value_heads": config.kv_heads,
         "head_dim": config.head_dim,
         "intermediate_size": config.d_ff,
         "max_position_embeddings": config.max_seq_len,
         "rms_norm_eps": config.norm_eps,
-        "rope_theta": config.rope_theta,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        **_rope_hf(config),
         "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
     }
+    if config.attention_biases == "qkv":
+        if config.mlp_biased:
+            raise ValueError("model.mlp_bias: true with attention_bias qkv has no Hugging Face counterpart")
+        return {**common, "use_sliding_window": False, "sliding_window": None}
+    return {**common, "attention_bias": config.attention_biases == "all", "mlp_bias": config.mlp_biased}
 
 
 def _gpt2_config(data: dict[str, Any], source: str) -> ModelConfig:
@@ -194,10 +295,61 @@ def _gpt2_hf_config(config: ModelConfig) -> dict[str, Any]:
     }
 
 
+def _gpt_neox_config(data: dict[str, Any], source: str) -> ModelConfig:
+    """GPT-NeoX (Pythia): partial rotary from ``rotary_pct`` or ``partial_rotary_factor``."""
+    refuse = refusal(source)
+    if data.get("hidden_act", "gelu") != "gelu":
+        raise refuse("hidden_act", data["hidden_act"], "need gelu (exact, erf)")
+    parameters = data.get("rope_parameters") or {}
+    rotary_pct = data.get("rotary_pct") or parameters.get("partial_rotary_factor", 0.25)
+    theta, scaling = _rope(data, refuse)
+    return ModelConfig(
+        architecture="gpt_neox",
+        vocab_size=data["vocab_size"],
+        d_model=data["hidden_size"],
+        n_layers=data["num_hidden_layers"],
+        n_heads=data["num_attention_heads"],
+        d_ff=data["intermediate_size"],
+        max_seq_len=data["max_position_embeddings"],
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rotary_pct=float(rotary_pct),
+        attention_bias=None if data.get("attention_bias", True) else "none",
+        parallel_residual=bool(data.get("use_parallel_residual", True)),
+        norm_eps=float(data.get("layer_norm_eps", 1e-5)),
+        tie_embeddings=bool(data.get("tie_word_embeddings", False)),
+    )
+
+
+def _gpt_neox_hf_config(config: ModelConfig) -> dict[str, Any]:
+    if not config.mlp_biased:
+        raise ValueError("model.mlp_bias: false has no GPTNeoXForCausalLM counterpart (its MLP is biased)")
+    rope = _rope_hf(config)
+    return {
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "intermediate_size": config.d_ff,
+        "max_position_embeddings": config.max_seq_len,
+        "rotary_pct": config.rotary_pct,
+        "rotary_emb_base": config.rope_theta,
+        **rope,
+        "rope_parameters": {**rope["rope_parameters"], "partial_rotary_factor": config.rotary_pct},
+        "attention_bias": config.attention_biases == "all",
+        "use_parallel_residual": config.parallel_residual,
+        "layer_norm_eps": config.norm_eps,
+        "hidden_act": "gelu",
+        "attention_dropout": 0.0,
+        "hidden_dropout": 0.0,
+    }
+
+
 @dataclass(frozen=True)
 class Format:
     """How one Hugging Face architecture names, lays out and configures our model's tensors."""
 
+    model_type: str
     hf_class: str
     layer_prefix: str
     layer_keys: dict[str, str]
@@ -220,25 +372,56 @@ class Format:
         return key.split(".", 2)[-1] in self.transposed if key.startswith("layers.") else False
 
 
-FORMATS = {
-    "llama": Format(
-        "LlamaForCausalLM",
+def _llama_family(model_type: str, hf_class: str) -> Format:
+    return Format(
+        model_type,
+        hf_class,
         "model.layers",
         LLAMA_LAYER_KEYS,
         LLAMA_MODEL_KEYS,
         _llama_config,
         _llama_hf_config,
         derived=re.compile(r".*rotary_emb\.inv_freq"),
-    ),
-    "gpt2": Format(
-        "GPT2LMHeadModel",
-        "transformer.h",
-        GPT2_LAYER_KEYS,
-        GPT2_MODEL_KEYS,
-        _gpt2_config,
-        _gpt2_hf_config,
-        transposed=GPT2_TRANSPOSED,
-        derived=re.compile(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)"),
-    ),
+    )
+
+
+_GPT2 = Format(
+    "gpt2",
+    "GPT2LMHeadModel",
+    "transformer.h",
+    GPT2_LAYER_KEYS,
+    GPT2_MODEL_KEYS,
+    _gpt2_config,
+    _gpt2_hf_config,
+    transposed=GPT2_TRANSPOSED,
+    derived=re.compile(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)"),
+)
+
+_GPT_NEOX = Format(
+    "gpt_neox",
+    "GPTNeoXForCausalLM",
+    "gpt_neox.layers",
+    GPT_NEOX_LAYER_KEYS,
+    GPT_NEOX_MODEL_KEYS,
+    _gpt_neox_config,
+    _gpt_neox_hf_config,
+    derived=re.compile(r"gpt_neox\.(layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)|rotary_emb\.inv_freq)"),
+)
+
+FORMATS = {
+    "llama": _llama_family("llama", "LlamaForCausalLM"),
+    "mistral": _llama_family("mistral", "MistralForCausalLM"),
+    "qwen2": _llama_family("qwen2", "Qwen2ForCausalLM"),
+    "gpt2": _GPT2,
+    "gpt_neox": _GPT_NEOX,
 }
-"""model_type -> its format. Other model types are analysed through the adapter (HVP engines)."""
+"""model_type -> its format, for import. Other model types are analysed through the adapter (HVP
+engines)."""
+
+
+def export_format(config: ModelConfig) -> Format:
+    """The Hugging Face format our ``config`` is written in: its architecture's, a Llama with only
+    q, k and v biased as a Qwen2."""
+    if config.architecture == "llama":
+        return FORMATS["qwen2" if config.attention_biases == "qkv" else "llama"]
+    return FORMATS[config.architecture]
