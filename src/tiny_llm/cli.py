@@ -312,11 +312,12 @@ def _add_import_hf(sub: argparse._SubParsersAction) -> None:
         "epoch-000.safetensors, epoch-001.safetensors, ... in the order given (oldest first; each "
         "records its source directory, step and tokens), the tokenizer they carry and imported.json; "
         "written whole or not at all. "
-        "LlamaForCausalLM and GPT2LMHeadModel become this project's models (every engine); a "
-        "configuration they cannot represent is refused by name. Any other architecture keeps "
-        "its weights and config.json (hf-config.json) and is measured through an adapter with the "
-        "HVP engines. Seen and unseen do not apply to an imported run: analyse it on the offset "
-        "case (a batch-aligned epoch of the cache from a stated offset).",
+        "Llama-family (Llama, Mistral, Qwen2), GPT-2 and GPT-NeoX (Pythia) checkpoints become this "
+        "project's models (every engine); a configuration they cannot represent is refused by name. "
+        "Any other architecture (or any, with --adapter) keeps its weights and config.json "
+        "(hf-config.json) and is measured through an adapter with the HVP engines. "
+        "Seen and unseen do not apply to an imported run: analyse it on the offset case (a "
+        "batch-aligned epoch of the cache from a stated offset).",
     )
     ih.add_argument("directories", nargs="+", type=Path, help="local Hugging Face model directories, oldest first")
     ih.add_argument("--run-dir", required=True, type=Path, help="new run directory, e.g. runs/imported")
@@ -342,6 +343,12 @@ def _add_import_hf(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="training tokens per optimizer step (batch size x sequence "
         "length x gradient accumulation x devices), for tokens derived from the step",
+    )
+    ih.add_argument(
+        "--adapter",
+        action="store_true",
+        help="keep transformers' own model even for a natively read architecture (measured with the "
+        "HVP engines; to compare the two, or for a configuration transformers computes differently)",
     )
     ih.set_defaults(func=commands.import_hf)
 

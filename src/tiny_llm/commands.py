@@ -113,6 +113,7 @@ def import_hf(args: argparse.Namespace) -> None:
             steps=args.step,
             tokens=args.tokens,
             tokens_per_step=args.tokens_per_step,
+            adapter=args.adapter,
         )
     )
 

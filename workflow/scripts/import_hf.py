@@ -17,4 +17,5 @@ import_run(
     steps=spec["steps"],
     tokens=spec["tokens"],
     tokens_per_step=spec.get("tokens_per_step"),
+    adapter=spec.get("adapter", False),
 )

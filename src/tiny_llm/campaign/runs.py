@@ -156,6 +156,7 @@ class Runs:
             "tokens": [c.get("tokens") for c in checkpoints],
             "tokens_per_step": entry.get("tokens_per_step"),
             "config": config_to_dict(load_run_config({"config": entry["config"], "set": entry.get("set", {})})),
+            **({"adapter": True} if entry.get("adapter") else {}),  # absent when false: earlier imports stand
         }
 
     def importing(self, run: str) -> str:

@@ -44,8 +44,8 @@ FINITE_DIFFERENCE = "finite_difference"
 """The engine of sharded spectra (first derivatives only: every rank differentiates its shard)."""
 JET_REFUSAL = (
     "the taylor and adjoint engines need second-order rules, which only this project's own "
-    "architectures (llama, gpt2) have; measure a Hugging Face model of another architecture with "
-    "engine double_backward, pearlmutter or finite_difference"
+    "architectures (llama, gpt2, gpt_neox) have; measure a Hugging Face model of another architecture "
+    "(or one imported with --adapter) with engine double_backward, pearlmutter or finite_difference"
 )
 """Why a jet engine refuses a model without second-order rules (the adapter's models)."""
 

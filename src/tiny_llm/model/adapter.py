@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from tiny_llm.config import ModelConfig
+from tiny_llm.curvature.engines import JET_REFUSAL
 
 __all__ = ["HFCausalLM"]
 
@@ -35,11 +36,7 @@ class HFCausalLM(nn.Module):
         attention_backend: kept for the interface; the adapter always uses eager attention.
     """
 
-    jet_refusal = (
-        "the taylor and adjoint engines need second-order rules, which only this project's own "
-        "architectures (llama, gpt2) have; measure a Hugging Face model of another architecture with "
-        "engine double_backward, pearlmutter or finite_difference"
-    )
+    jet_refusal = JET_REFUSAL
 
     def __init__(self, config: ModelConfig, attention_backend: str = "reference"):
         super().__init__()

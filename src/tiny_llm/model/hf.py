@@ -271,11 +271,11 @@ def write_hf_files(directory: Path, config: ModelConfig, state: dict[str, torch.
     (directory / "config.json").write_text(json.dumps(model_config_to_hf(config, dtype), indent=2) + "\n")
 
 
-def imported_config(directories: list[str | Path], config: RunConfig) -> RunConfig:
+def imported_config(directories: list[str | Path], config: RunConfig, adapter: bool = False) -> RunConfig:
     """The run configuration importing ``directories`` gives (before anything is written): the model
     section from their config.json, which must agree (dtype aside), data and training from
-    ``config``. For another architecture ``model.hf_config`` names the first directory's
-    config.json (the import then points it at the run's copy).
+    ``config``. For another architecture (or any, with ``adapter``) ``model.hf_config`` names the
+    first directory's config.json (the import then points it at the run's copy).
 
     Raises:
         ValueError: a missing directory or config.json, disagreeing configurations, or one our
@@ -296,7 +296,7 @@ def imported_config(directories: list[str | Path], config: RunConfig) -> RunConf
                 "import the checkpoints of one model configuration into one run directory"
             )
     data = read[0][1]
-    if data.get("model_type") in FORMATS:
+    if data.get("model_type") in FORMATS and not adapter:
         model = model_config_from_hf(data, str(paths[0] / "config.json"))
     else:
         try:

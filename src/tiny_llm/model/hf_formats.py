@@ -405,7 +405,9 @@ _GPT_NEOX = Format(
     GPT_NEOX_MODEL_KEYS,
     _gpt_neox_config,
     _gpt_neox_hf_config,
-    derived=re.compile(r"gpt_neox\.(layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)|rotary_emb\.inv_freq)"),
+    derived=re.compile(
+        r"gpt_neox\.(layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)|rotary_emb\.inv_freq)"
+    ),
 )
 
 FORMATS = {

@@ -206,15 +206,17 @@ def import_run(
     steps: list[int | None] | None = None,
     tokens: list[int | None] | None = None,
     tokens_per_step: int | None = None,
+    adapter: bool = False,
 ) -> Path:
     """Make a run directory from local Hugging Face checkpoint directories of one model (the
     revisions of a training suite, oldest first, or just one): ``resolved.yaml`` (the model
     section from their config.json; data and the analysis epoch's training keys from ``config``),
     each checkpoint's weights as ``epoch-NNN.safetensors`` in the order given (metadata: its step,
     tokens and source directory), the tokenizer they carry (``tokenizer/``) and ``imported.json``.
-    Llama and GPT-2 become our models (every engine); another architecture keeps its own weights
-    and config.json (``hf-config.json``) for the adapter (HVP engines). All or nothing (see the
-    module docstring); ``run_dir`` must not exist or be empty.
+    The Llama family, GPT-2 and GPT-NeoX become our models (every engine); another architecture
+    (or any, with ``adapter``) keeps its own weights and config.json (``hf-config.json``) for the
+    adapter (HVP engines). All or nothing (see the module docstring); ``run_dir`` must not exist or
+    be empty.
 
     Raises:
         ValueError: anything :func:`read_hf`, :func:`checkpoint_positions` or
@@ -226,7 +228,7 @@ def import_run(
     for path in paths:
         local_directory(path, "checkpoint directory")
     positions = checkpoint_positions(paths, steps, tokens, tokens_per_step)
-    planned = imported_config(paths, config)
+    planned = imported_config(paths, config, adapter=adapter)
     tokenizer = checkpoint_tokenizer(paths, planned.model.vocab_size)
     states = _checked_states(paths, planned)
     for stale in _leftovers(run_dir):

@@ -1,5 +1,5 @@
-"""Hugging Face causal LMs of other architectures through the adapter: a tiny GPT-NeoX (Pythia's
-architecture) that the test creates and saves, imported as a run directory; logits equal to
+"""Hugging Face causal LMs through the adapter: a tiny GPT-NeoX (Pythia's architecture, read natively
+too) that the test creates and saves, imported with ``--adapter`` as a run directory; logits equal to
 transformers' own loading of the directory, every HVP engine against the dense Hessian, the
 quadratic-form engines refused by name, and the export back."""
 
@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 import transformers  # installed by make test (envs/requirements.txt): these tests never skip
+from hf_float64 import float64_transformers
 from oracles import PRODUCT_ENGINES
 from torch.func import functional_call
 
@@ -23,21 +24,10 @@ CPU64 = Precision(torch.device("cpu"), torch.float64)
 
 
 @pytest.fixture(autouse=True)
-def float64_attention(monkeypatch):
-    """transformers' eager attention takes the softmax in float32 even for a float64 model, which
-    rounds the loss at float32 resolution (the dense Hessian and the products then differ by
-    percents). The tests swap in the same formula carried out in the model's dtype, so that they
-    compare the differentiation, not the float32 shortcut."""
-    neox = transformers.models.gpt_neox.modeling_gpt_neox
-
-    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-        weights = torch.matmul(query, key.transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            weights = weights + attention_mask
-        weights = torch.softmax(weights, dim=-1)
-        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
-
-    monkeypatch.setattr(neox, "eager_attention_forward", attention)
+def float64(monkeypatch):
+    """transformers' float32 shortcuts (RoPE, the eager softmax) would round the loss at float32
+    resolution and make the dense Hessian and the products differ by percents (hf_float64)."""
+    float64_transformers(monkeypatch)
 
 
 NEOX = dict(
@@ -83,6 +73,7 @@ def imported(tmp_path_factory):
                 "--tokens",
                 "1600",
                 "3200",
+                "--adapter",
             ]
         )
         == 0

@@ -4,13 +4,12 @@ biases and RoPE scaling (Llama 3.x, Mistral and Qwen2 layouts). Tiny random mode
 transformers itself and saved locally: logits equal to transformers' in float64 both ways, round
 trips bit-identical, what cannot be represented refused by name."""
 
-import importlib
 import json
 
 import pytest
 import torch
 import transformers  # installed by make test (envs/requirements.txt): these tests never skip
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from hf_float64 import float64_transformers
 
 from tiny_llm.config import ModelConfig, RopeScaling
 from tiny_llm.model.architectures import build_model
@@ -37,34 +36,9 @@ fall into all three bands: wavelengths 6.3 (< 64/8: kept), 16.7 and 44.4 (blende
 divided by the factor)."""
 
 
-def _rms_norm_float64(self, h):
-    return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-
-def _rotary_float64(self, x, position_ids):
-    """transformers' own rotary frequencies (default, linear or llama3; partial or whole), carried
-    out in float64: its init functions build them with ``dtype=torch.float``, read at call time."""
-    init = self.compute_default_rope_parameters if self.rope_type == "default" else ROPE_INIT_FUNCTIONS[self.rope_type]
-    float32, torch.float = torch.float, torch.float64
-    try:
-        inv_freq, scale = init(self.config)
-    finally:
-        torch.float = float32
-    freqs = position_ids[..., None].double() * inv_freq.double()
-    angles = torch.cat((freqs, freqs), dim=-1)
-    return (angles.cos() * scale).to(x.dtype), (angles.sin() * scale).to(x.dtype)
-
-
 @pytest.fixture
-def float64_transformers(monkeypatch):
-    """transformers computes the RoPE frequencies and RMSNorm in float32 even for a float64 model
-    (about 1e-7 relative, measured below); the tests swap in the same formulas carried out in
-    float64, so that they compare weights, names, layouts and our formulas at 1e-12."""
-    for family, prefix in (("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2"), ("gpt_neox", "GPTNeoX")):
-        module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-        if family != "gpt_neox":  # GPT-NeoX's LayerNorm is torch's, exact in float64
-            monkeypatch.setattr(getattr(module, f"{prefix}RMSNorm"), "forward", _rms_norm_float64)
-        monkeypatch.setattr(getattr(module, f"{prefix}RotaryEmbedding"), "forward", _rotary_float64)
+def float64(monkeypatch):
+    float64_transformers(monkeypatch)
 
 
 def _hf_model(path, config):
@@ -119,7 +93,9 @@ CASES = {
     ),
     "llama-linear": (
         transformers.LlamaConfig(
-            **SHAPE, rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 100.0}, tie_word_embeddings=True
+            **SHAPE,
+            rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 100.0},
+            tie_word_embeddings=True,
         ),
         dict(rope_theta=100.0, rope_scaling=RopeScaling(kind="linear", factor=4.0)),
     ),
@@ -151,7 +127,7 @@ def _expected(case: str, hf_config) -> ModelConfig:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_imported_models_give_transformers_logits_and_export_round_trips(tmp_path, float64_transformers, case):
+def test_imported_models_give_transformers_logits_and_export_round_trips(tmp_path, float64, case):
     hf_config, _ = CASES[case]
     hf = _hf_model(tmp_path / "theirs", hf_config)
     config, state = read_hf(tmp_path / "theirs")
@@ -174,8 +150,8 @@ def test_imported_models_give_transformers_logits_and_export_round_trips(tmp_pat
 
 @pytest.mark.parametrize("case", ["pythia", "llama3-gqa-biases", "qwen2"])
 def test_stock_transformers_agrees_to_its_float32_rotary_and_norms(tmp_path, case):
-    """Without the float64 swap transformers' float32 RoPE frequencies and RMSNorm differ from a
-    float64 computation by about 1e-7 of the logits' scale (measured 1e-8 to 3e-7 here)."""
+    """Without the float64 swap (hf_float64) transformers' float32 RoPE frequencies and RMSNorm
+    differ from a float64 computation by about 1e-7 of the logits' scale (measured 2e-8 to 3e-7)."""
     hf = _hf_model(tmp_path / "theirs", CASES[case][0])
     config, state = read_hf(tmp_path / "theirs")
     model = build_model(config).double()

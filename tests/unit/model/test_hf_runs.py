@@ -55,7 +55,7 @@ def test_a_trainer_suite_imports_with_its_steps_tokens_and_tokenizer_and_nothing
     neox = [str(p) for p in suites["neox"]]
     assert main(["--quiet", "import-hf", *neox, "--run-dir", "runs/neox", "--config", "run.yaml"]) == 0
     record = json.loads(Path("runs/neox/imported.json").read_text())
-    assert record["complete"] and record["architecture"] == "hf"
+    assert record["complete"] and record["architecture"] == "gpt_neox"  # Pythia's architecture: native
     assert [(c["step"], c["tokens"], c["tokens_source"]) for c in record["checkpoints"]] == [
         (s, s * BATCH * SEQ, "trainer_state.json num_input_tokens_seen") for s in (2, 4, 6)
     ]
