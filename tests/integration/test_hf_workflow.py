@@ -1,5 +1,6 @@
 """The workflow on models trained elsewhere: two checkpoints of a tiny GPT-NeoX (Pythia's
-architecture, neither Llama nor GPT-2) saved as transformers' Trainer saves them (tokenizer and
+architecture, kept as transformers' own model with ``adapter: true``, as any architecture we do not
+read natively is) saved as transformers' Trainer saves them (tokenizer and
 trainer_state.json in each), listed in an analysis (hf_checkpoints) without steps or tokens, with
 the shipped configuration's plots section: the workflow prepares the cache with the checkpoints'
 own tokenizer, imports them (steps and tokens from trainer_state.json), analyses them on the offset
@@ -57,6 +58,7 @@ def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_p
                 "analyses": {
                     "pythia": {
                         "hf_checkpoints": checkpoints,
+                        "adapter": True,
                         "config": "run.yaml",
                         "cache_inputs": ["corpus.txt"],
                         "settings": settings,

@@ -112,9 +112,11 @@ class GPTNeoXBlock(nn.Module):
     def __init__(self, config: ModelConfig, backend: AttentionBackend):
         super().__init__()
         self.parallel = config.parallel_residual
+        # Registered in Hugging Face's order, so that the flat parameter vector (and every seeded
+        # direction drawn over it) is the adapter's too.
         self.attention_norm = LayerNorm(config.d_model, config.norm_eps)
-        self.attention = GPTNeoXAttention(config, backend)
         self.ffn_norm = LayerNorm(config.d_model, config.norm_eps)
+        self.attention = GPTNeoXAttention(config, backend)
         self.feed_forward = GPTNeoXMLP(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -414,3 +414,34 @@ def test_a_half_made_directory_and_an_unfinished_record_are_named(project, suite
         "the import did not finish",
     )
     assert load_config("run.yaml").training.batch_size == BATCH and os.path.exists("run.yaml")
+
+
+def test_a_pythia_suite_measured_natively_equals_the_adapter(suites, project, monkeypatch):
+    """The same GPT-NeoX checkpoints, imported natively (measured with adjoint) and through the
+    adapter (transformers' own model, measured with double_backward), give the same statistics and
+    standard errors in float64 to 1e-10 (transformers' float32 shortcuts swapped for float64). The
+    native model registers its parameters in transformers' order, so the seeded directions agree."""
+    from hf_float64 import float64_transformers
+
+    float64_transformers(monkeypatch)
+    neox = [str(p) for p in suites["neox"]]
+    (project / "corpus.txt").write_text(corpus_text())
+    prepare = ["prepare-data", "--config", "run.yaml", "--source", "text", "--tokenizer", neox[0], "corpus.txt"]
+    assert main(["--quiet", *prepare]) == 0
+    results = {}
+    for name, engine, extra in (("native", "adjoint", []), ("adapter", "double_backward", ["--adapter"])):
+        assert main(["--quiet", "import-hf", *neox, "--run-dir", f"runs/{name}", "--config", "run.yaml", *extra]) == 0
+        analysis = ["analyze-state", "--run", f"runs/{name}", "--checkpoint", "epoch-002.safetensors"]
+        analysis += ["--case", "offset", "--output", f"out/{name}.json", "--device", "cpu", "--dtype", "float64"]
+        analysis += ["--engine", engine, "--noise-samples", "3", "--random-samples", "3", "--directions-per-pass", "2"]
+        assert main(["--quiet", *analysis]) == 0
+        results[name] = json.loads(Path(f"out/{name}.json").read_text())
+    native, adapter = results["native"], results["adapter"]
+    assert load_config("runs/native/resolved.yaml").model.architecture == "gpt_neox"
+    assert load_config("runs/adapter/resolved.yaml").model.architecture == "hf"
+    for part in ("statistics", "standard_errors"):
+        for key, value in adapter[part].items():
+            if value is None or native[part].get(key) is None:
+                continue  # the Gauss–Newton split: the jet engines only
+            assert abs(native[part][key] - value) <= 1e-10 * max(1.0, abs(value)), (part, key, native[part][key], value)
+    assert native["statistics"]["noise_gauss_newton"] is not None
