@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tiny_llm.model.causal import token_losses
+from tiny_llm.model.causal import head_loss_chunks, token_losses
 from tiny_llm.model.jets import JetPass
 
 if TYPE_CHECKING:
@@ -43,15 +43,23 @@ def adjoint(hessian: EpochHessian, V: torch.Tensor, inputs: torch.Tensor, target
 
 def _adjoints(hessian: EpochHessian, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
     """λ = ∂L_b/∂y for the output y of every node of the jet rules: a primal jet pass (zero
-    directions) under autograd, then one reverse pass to those outputs (no parameter gradients)."""
+    directions) under autograd, then one reverse pass to those outputs (no parameter gradients).
+    With ``head_tokens`` the head and loss are differentiated chunk by chunk first, and the reverse
+    pass starts from the final hidden state with that gradient."""
     model = hessian.model
     jets = JetPass({p: p.new_zeros(0, *p.shape) for p in model.parameters()}, record=True)
     with torch.enable_grad(), hessian.precision.autocast():
         h = model.jet(inputs, jets)
-        loss = token_losses(model.logits(h.z0), targets).sum() / hessian.n_targets
+        unique = list({id(t): t for t in jets.recorded.values()}.values())
+        if hessian.head_tokens is None or hessian.head_tokens >= targets.numel():
+            loss = token_losses(model.logits(h.z0), targets).sum() / hessian.n_targets
+            outputs, seeds = loss, None
+        else:
+            scale = 1 / hessian.n_targets
+            outputs, seeds = h.z0, head_loss_chunks(model, h.z0, targets, scale, hessian.head_tokens, False)[1]
     keys = list(jets.recorded)
-    unique = list({id(t): t for t in jets.recorded.values()}.values())
-    grads = dict(zip(map(id, unique), torch.autograd.grad(loss, unique, materialize_grads=True), strict=True))
+    gradients = torch.autograd.grad(outputs, unique, grad_outputs=seeds, materialize_grads=True)
+    grads = dict(zip(map(id, unique), gradients, strict=True))
     return {key: grads[id(jets.recorded[key])] for key in keys}
 
 
@@ -61,7 +69,7 @@ def _jet_forms(
     """(2, K): the forms and their Gauss–Newton parts (the adjoint mode's absorbed terms are all
     second-order terms of the network, so of the residual H − G)."""
     model = hessian.model
-    jets = JetPass(hessian.directions(V), adjoints, workspace=hessian.workspace)
+    jets = JetPass(hessian.directions(V), adjoints, workspace=hessian.workspace, head_tokens=hessian.head_tokens)
     with torch.no_grad(), hessian.precision.autocast():
         forms = model.loss_jet(model.jet(inputs, jets), targets, jets).double() / hessian.n_targets
     gauss_newton = jets.gauss_newton.double() / hessian.n_targets

@@ -45,13 +45,24 @@ def rademacher(D: int, seed: int, index: int) -> torch.Tensor:
 
 
 def batch_gradient_and_loss(
-    model: Llama, flat: FlatParameters, tokens: torch.Tensor, micro_batch_size: int, precision: Precision
+    model: Llama,
+    flat: FlatParameters,
+    tokens: torch.Tensor,
+    micro_batch_size: int,
+    precision: Precision,
+    head_tokens: int | None = None,
 ) -> tuple[torch.Tensor, float]:
     """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches, as float64 (D,),
-    and the batch's token-mean loss (summed over micro-batches in float64)."""
+    and the batch's token-mean loss (summed over micro-batches in float64); with ``head_tokens``
+    the head and loss run that many target positions at a time (memory only)."""
     model.zero_grad(set_to_none=True)
     loss = accumulate_batch_gradient(
-        model, tokens.to(precision.device), micro_batch_size, forward=lambda x: precision.forward(model, x)
+        model,
+        tokens.to(precision.device),
+        micro_batch_size,
+        forward=lambda x: precision.forward(model, x),
+        head_tokens=head_tokens,
+        autocast=precision.autocast,
     )
     g = flat.flatten([p.grad for p in model.parameters()]).double()
     model.zero_grad(set_to_none=True)
@@ -59,21 +70,31 @@ def batch_gradient_and_loss(
 
 
 def batch_gradient(
-    model: Llama, flat: FlatParameters, tokens: torch.Tensor, micro_batch_size: int, precision: Precision
+    model: Llama,
+    flat: FlatParameters,
+    tokens: torch.Tensor,
+    micro_batch_size: int,
+    precision: Precision,
+    head_tokens: int | None = None,
 ) -> torch.Tensor:
     """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches; float64 (D,)."""
-    return batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision)[0]
+    return batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision, head_tokens)[0]
 
 
 def mean_gradient_and_loss(
-    model: Llama, flat: FlatParameters, batches: list[torch.Tensor], micro_batch_size: int, precision: Precision
+    model: Llama,
+    flat: FlatParameters,
+    batches: list[torch.Tensor],
+    micro_batch_size: int,
+    precision: Precision,
+    head_tokens: int | None = None,
 ) -> tuple[torch.Tensor, float]:
     """ḡ = Σ_b (N_b / N) g_b over every batch of the epoch, accumulated in float64, and the epoch
     loss L = Σ_b (N_b / N) L_b, the token-mean cross-entropy over every target of the epoch."""
     n_total = sum(int(b[:, 1:].numel()) for b in batches)
     g = torch.zeros(flat.D + 1, dtype=torch.float64, device=precision.device)  # ḡ and the loss, reduced together
     for tokens in shard(batches):  # this rank's batches (all of them alone)
-        g_b, loss_b = batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision)
+        g_b, loss_b = batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision, head_tokens)
         g[:-1] += g_b * (tokens[:, 1:].numel() / n_total)
         g[-1] += loss_b * (tokens[:, 1:].numel() / n_total)
     all_reduce_sum(g)
@@ -81,10 +102,15 @@ def mean_gradient_and_loss(
 
 
 def mean_gradient(
-    model: Llama, flat: FlatParameters, batches: list[torch.Tensor], micro_batch_size: int, precision: Precision
+    model: Llama,
+    flat: FlatParameters,
+    batches: list[torch.Tensor],
+    micro_batch_size: int,
+    precision: Precision,
+    head_tokens: int | None = None,
 ) -> torch.Tensor:
     """ḡ = Σ_b (N_b / N) g_b over every batch of the epoch, accumulated in float64."""
-    return mean_gradient_and_loss(model, flat, batches, micro_batch_size, precision)[0]
+    return mean_gradient_and_loss(model, flat, batches, micro_batch_size, precision, head_tokens)[0]
 
 
 def sampled_gradients(

@@ -120,6 +120,8 @@ class EpochHessian:
             grows with it; the forms and products do not change (the loss is a sum over
             sequences, and each group adds its share). Compiled, groups are equal (a divisor of
             the micro-batch), so one graph serves them.
+        head_tokens: the quadratic-form engines take the output head and loss this many target
+            positions at a time (None: a group's at once); as ``group_rows``, memory only.
 
     Example:
         >>> from tiny_llm.config import ModelConfig
@@ -143,6 +145,7 @@ class EpochHessian:
         progress: Callable[[str], None] | None = None,
         fd_scale: float | None = None,
         group_rows: int | None = None,
+        head_tokens: int | None = None,
     ):
         self.spec = engine_named(engine)
         if self.spec.second_derivatives and model.attention_backend != "reference":
@@ -154,11 +157,12 @@ class EpochHessian:
         if compile and not self.spec.compiled:
             compiled = ", ".join(e.name for e in REGISTRY.values() if e.compiled)
             raise ValueError(f"only the {compiled} engine is compiled; use --no-compile-hvp with the other engines")
-        if group_rows is not None and (not isinstance(group_rows, int) or group_rows < 1):
-            raise ValueError(f"group_rows: expected a positive integer or None, got {group_rows!r}")
+        for key, value in (("group_rows", group_rows), ("head_tokens", head_tokens)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{key}: expected a positive integer or None, got {value!r}")
         if self.spec.jets:
             check_jet_rules(model)
-        self.group_rows = group_rows
+        self.group_rows, self.head_tokens = group_rows, head_tokens
         self.model, self.engine, self.precision = model, engine, precision
         self.K, self.compile = directions_per_pass, compile
         self.flat = FlatParameters(model)

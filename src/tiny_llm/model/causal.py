@@ -26,6 +26,7 @@ __all__ = [
     "CausalLM",
     "check_jet_rules",
     "count_parameters",
+    "head_loss_chunks",
     "token_losses",
     "upcast",
     "without_autocast",
@@ -107,6 +108,10 @@ class CausalLM(nn.Module):
         """Logits (B, T, vocab) of the final normalised hidden state h (B, T, C)."""
         return F.linear(h, self.head_weight)
 
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, vocab) of token ids (B, T)."""
+        return self.logits(self.hidden(idx))
+
     def loss_jet(self, h: Jet, targets: torch.Tensor, jets: JetPass) -> torch.Tensor:
         """d²/dt² of Σ_t ℓ_t (summed cross-entropy of the non-ignored targets), shape (K,).
 
@@ -114,29 +119,87 @@ class CausalLM(nn.Module):
         ℓ2 = ⟨r, z2⟩ + ⟨p, z1²⟩ − ⟨p, z1⟩², where ⟨r, z2⟩ = ⟨rE, h2⟩ + 2⟨rU, h1⟩: z2 is never formed.
         The second part, z1ᵀ(diag(p) − ppᵀ)z1 summed over tokens, is the generalised Gauss–Newton
         form vᵀGv (G = Jᵀ ∇²ℓ J, J the Jacobian of the logits); it is left in ``jets.gauss_newton``.
+
+        Every term is a sum over target positions: with ``jets.head_tokens`` they are taken that
+        many positions at a time, so that no (K, positions, V) tangent of the whole group is held.
         """
         weight = self.head_weight  # (V, C)
         U = jets.direction(weight)  # (K, V, C)
         K, V, C = U.shape
-        z0 = self.logits(h.z0)  # (B, T, V)
-        # z1 = h1Eᵀ + h0Uᵀ as one batched matmul per direction: [h1 | h0] [E | U]ᵀ, (K, B·T, V).
-        left = torch.cat([h.z1, h.z0.expand_as(h.z1)], dim=-1).reshape(K, -1, 2 * C)
+        N = targets.numel()
+        chunk = min(N, jets.head_tokens or N)
+        h0, h1 = h.z0.reshape(N, C), h.z1.reshape(K, N, C)
+        h2 = None if h.z2 is None else h.z2.reshape(K, N, C)
+        y = targets.reshape(N)
+        total, gauss_newton = 0, 0
+        for start in range(0, N, chunk):
+            rows = slice(start, start + chunk)
+            form, curvature = self._loss_jet_rows(
+                h0[rows], h1[:, rows], None if h2 is None else h2[:, rows], y[rows], weight, U, jets, chunk
+            )
+            total, gauss_newton = total + form, gauss_newton + curvature
+        jets.gauss_newton = gauss_newton
+        return total
+
+    def _loss_jet_rows(
+        self,
+        h0: torch.Tensor,
+        h1: torch.Tensor,
+        h2: torch.Tensor | None,
+        targets: torch.Tensor,
+        weight: torch.Tensor,
+        U: torch.Tensor,
+        jets: JetPass,
+        chunk: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``loss_jet``'s (form, Gauss–Newton part) of n target positions: h0 (n, C), h1 and h2
+        (K, n, C), targets (n,); z1 written into a scratch of ``chunk`` positions."""
+        K, V, C = U.shape
+        n = h0.size(0)
+        z0 = self.logits(h0)  # (n, V)
+        # z1 = h1Eᵀ + h0Uᵀ as one batched matmul per direction: [h1 | h0] [E | U]ᵀ, (K, n, V).
+        left = torch.cat([h1, h0.expand_as(h1)], dim=-1)
         right = torch.cat([weight.expand_as(U), U], dim=-1).transpose(1, 2)
-        z1 = torch.bmm(left, right, out=jets.buffer("logits z1", (K, left.size(1), V), left))
+        scratch = jets.buffer("logits z1", (K * chunk * V,), left)
+        z1 = torch.bmm(left, right, out=None if scratch is None else scratch[: K * n * V].view(K, n, V))
         with without_autocast(z0):
-            keep = (targets != IGNORE_INDEX).reshape(-1, 1)  # (B·T, 1)
-            p = torch.softmax(upcast(z0).reshape(-1, V), dim=-1) * keep  # ignored rows: 0
+            keep = (targets != IGNORE_INDEX).reshape(-1, 1)  # (n, 1)
+            p = torch.softmax(upcast(z0), dim=-1) * keep  # ignored rows: 0
             E, Ut = weight.to(p.dtype), U.transpose(1, 2).to(p.dtype)
-            h0, h1 = upcast(h.z0).reshape(-1, C), upcast(h.z1).reshape(K, -1, C)
-            p_z1 = (h1 * (p @ E)).sum(-1) + (h0 * per_direction(p, Ut)).sum(-1)  # ⟨p, z1⟩ by row, (K, B·T)
+            h0, h1 = upcast(h0), upcast(h1)
+            p_z1 = (h1 * (p @ E)).sum(-1) + (h0 * per_direction(p, Ut)).sum(-1)  # ⟨p, z1⟩ by row, (K, n)
             z1 = upcast(z1)
             curvature = z1.mul_(z1).flatten(1) @ p.flatten() - p_z1.square().sum(1)  # z1² in place
-            r = p - F.one_hot(targets.reshape(-1).clamp(min=0), V).to(p.dtype) * keep  # (B·T, V)
+            r = p - F.one_hot(targets.clamp(min=0), V).to(p.dtype) * keep  # (n, V)
             first = 2 * per_direction_dot(per_direction(r, Ut), h1)  # 2⟨rU, h1⟩
-            if h.z2 is not None:
-                first = first + per_direction_dot(upcast(h.z2).reshape(K, -1, C), r @ E)  # rE: shared
-        jets.gauss_newton = curvature
-        return first + curvature
+            if h2 is not None:
+                first = first + per_direction_dot(upcast(h2), r @ E)  # rE: shared
+        return first + curvature, curvature
+
+
+def head_loss_chunks(
+    model: CausalLM, h: torch.Tensor, targets: torch.Tensor, scale: float, tokens: int, parameter_grads: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output head and loss ``scale · Σ ℓ`` of the final hidden state h (B, T, C), ``tokens``
+    target positions at a time, so that only one chunk's logits exist at once: returns the loss
+    (float64) and its gradient with respect to h, for ``h.backward`` to carry through the layers.
+    With ``parameter_grads`` each chunk's backward also adds the head weight's gradient into its
+    ``.grad`` (a gradient pass); without, nothing is accumulated (the adjoint record pass). The
+    same terms as the whole (B·T, V) at once, summed chunk by chunk. Call it under the pass's
+    autocast, as the logits would be."""
+    flat, y = h.detach().reshape(-1, h.size(-1)), targets.reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=h.device)
+    grads = []
+    for start in range(0, y.numel(), tokens):
+        part = flat[start : start + tokens].requires_grad_()
+        loss = token_losses(model.logits(part), y[start : start + tokens]).sum() * scale
+        if parameter_grads:
+            loss.backward()
+            grads.append(part.grad)
+        else:
+            grads.extend(torch.autograd.grad(loss, part))
+        total += loss.detach().double()
+    return total, torch.cat(grads).view_as(h).to(h.dtype)
 
 
 _JET_LEAVES = (nn.Linear, nn.Embedding, nn.ModuleList)

@@ -142,12 +142,13 @@ class GPT2(CausalLM):
     def _positions(self, T: int, device: torch.device) -> torch.Tensor:
         return torch.arange(T, device=device).unsqueeze(0)  # (1, T): broadcasts over the batch
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The final normalised hidden state (B, T, C) of token ids (B, T)."""
         self._check_length(idx.size(1))
         x = self.tok_embeddings(idx) + self.pos_embeddings(self._positions(idx.size(1), idx.device))
         for layer in self.layers:
             x = layer(x)
-        return self.logits(self.norm(x))
+        return self.norm(x)
 
     def jet(self, idx: torch.Tensor, jets: JetPass) -> Jet:
         """The jet of the final normalised hidden state (B, T, C) along the directions of ``jets``."""

@@ -149,13 +149,14 @@ class GPTNeoX(CausalLM):
         self.norm = LayerNorm(config.d_model, config.norm_eps)
         self._end()
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The final normalised hidden state (B, T, C) of token ids (B, T)."""
         self._check_length(idx.size(1))
         cos, sin = rope_tables(idx.size(1), self.config, idx.device)
         x = self.tok_embeddings(idx)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return self.logits(self.norm(x))
+        return self.norm(x)
 
     def jet(self, idx: torch.Tensor, jets: JetPass) -> Jet:
         """The jet of the final normalised hidden state (B, T, C) along the directions of ``jets``."""

@@ -107,8 +107,11 @@ class JetPass:
         adjoints: dict[Hashable, torch.Tensor] | None = None,
         record: bool = False,
         workspace: dict[str, torch.Tensor] | None = None,
+        head_tokens: int | None = None,
     ):
         self.directions, self.adjoints = directions, adjoints
+        self.head_tokens = head_tokens
+        """Target positions the loss rule takes at a time (None: the whole group at once)."""
         self.workspace = {} if workspace is None else workspace
         self.recorded: dict[Hashable, torch.Tensor] | None = {} if record else None
         self.absorbed: torch.Tensor | None = None

@@ -203,14 +203,15 @@ class Llama(CausalLM):
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self._end()
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The final normalised hidden state (B, T, C) of token ids (B, T)."""
         B, T = idx.shape
         self._check_length(T)
         cos, sin = rope_tables(T, self.config, idx.device)
         x = self.tok_embeddings(idx)  # (B, T, C)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return self.logits(self.norm(x))
+        return self.norm(x)
 
     def jet(self, idx: torch.Tensor, jets: JetPass) -> Jet:
         """The jet of the final normalised hidden state (B, T, C) along the directions of ``jets``."""

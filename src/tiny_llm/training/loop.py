@@ -18,6 +18,7 @@ taken after that step's averaging.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -35,7 +36,7 @@ from tiny_llm.data.tokens import TokenCache, check_capacity, stream_batches
 from tiny_llm.io import atomic_write_text, exclusive, remove_leftovers
 from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, RESUME, TRAIN_LOG, epoch_file
 from tiny_llm.model.architectures import build_model
-from tiny_llm.model.causal import CausalLM, token_losses
+from tiny_llm.model.causal import CausalLM, head_loss_chunks, token_losses
 from tiny_llm.model.checkpoint import load_train_state, save_train_state, save_weights
 from tiny_llm.runtime import resolve_device
 
@@ -69,6 +70,8 @@ def accumulate_batch_gradient(
     tokens: torch.Tensor,
     micro_batch_size: int,
     forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    head_tokens: int | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> torch.Tensor:
     """Add the gradient of one optimizer batch's token-mean loss into ``.grad``, micro-batch by micro-batch.
 
@@ -76,6 +79,9 @@ def accumulate_batch_gradient(
     sequences, the last holding the remainder; each contributes ``sum(token losses) / (B*T)``.
     Analysis replays exactly this accumulation for its sampled gradients, passing ``forward``
     (logits of inputs; default ``model``) to run the forward under its precision policy.
+    With ``head_tokens`` (a model with ``hidden``, under ``autocast``) the output head and loss
+    run that many target positions at a time (:func:`tiny_llm.model.causal.head_loss_chunks`),
+    so that a micro-batch's whole (B, T, V) logits never exist at once; the same sum.
     Returns the batch loss.
     """
     forward = forward or model
@@ -84,6 +90,13 @@ def accumulate_batch_gradient(
     total = torch.zeros((), dtype=torch.float64, device=tokens.device)
     for start in range(0, len(tokens), micro_batch_size):
         x, y = inputs[start : start + micro_batch_size], targets[start : start + micro_batch_size]
+        if head_tokens is not None and head_tokens < y.numel():
+            with autocast():
+                h = model.hidden(x)
+                loss, grad_h = head_loss_chunks(model, h, y, 1 / n_targets, head_tokens, parameter_grads=True)
+            h.backward(grad_h)
+            total += loss
+            continue
         loss = token_losses(forward(x), y).sum() / n_targets
         loss.backward()
         total += loss.detach().double()

@@ -5,10 +5,11 @@ tested here as it is added (a test fails until ``VARIANTS`` names it)."""
 
 import pytest
 import torch
-from oracles import EXACT_ENGINES, EXACT_PRODUCT_ENGINES, check_whole_model_jet, dense_epoch_hessian
+from oracles import EXACT_ENGINES, EXACT_PRODUCT_ENGINES, FORM_ENGINES, check_whole_model_jet, dense_epoch_hessian
 
 from tiny_llm.config import ModelConfig, RopeScaling
-from tiny_llm.curvature.hessian import EpochHessian, Precision
+from tiny_llm.curvature.gradients import batch_gradient
+from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.model.architectures import ARCHITECTURES, build_model
 from tiny_llm.model.causal import CausalLM, check_jet_rules
 
@@ -72,3 +73,24 @@ def test_every_architecture_and_engine_give_the_dense_hessian(variant, engine):
     torch.testing.assert_close(op.quadratic_forms(V), ((V @ H) * V).sum(1), rtol=0, atol=1e-10)
     if engine in EXACT_PRODUCT_ENGINES:
         torch.testing.assert_close(op.hvp(V), V @ H, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("engine", FORM_ENGINES)
+def test_the_head_in_token_chunks_gives_the_same_forms_and_gradients(variant, engine):
+    """Chunking the output head and loss (5 target positions at a time: chunks cut through
+    sequences, the last one short) sums the same terms: forms, their Gauss–Newton parts and the
+    batch gradient equal the unchunked ones to 1e-12."""
+    model = _model(variant)
+    tokens = torch.randint(0, 16, (3, 7), generator=torch.Generator().manual_seed(4))
+    V = torch.randn(3, FlatParameters(model).D, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    split = [
+        EpochHessian(
+            model, tokens, batch_size=2, engine=engine, precision=CPU64, directions_per_pass=3, head_tokens=chunk
+        ).split_quadratic_forms(V)
+        for chunk in (None, 5)
+    ]
+    torch.testing.assert_close(split[1], split[0], rtol=0, atol=1e-12)
+    flat = FlatParameters(model)
+    gradients = [batch_gradient(model, flat, tokens, 2, CPU64, head_tokens=chunk) for chunk in (None, 5)]
+    torch.testing.assert_close(gradients[1], gradients[0], rtol=0, atol=1e-12)
