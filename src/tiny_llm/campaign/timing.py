@@ -162,6 +162,7 @@ def _measure_seconds(
         directions_per_pass=settings.directions_per_pass,
         compile=resolved.compiled,
         group_rows=memory.rows("forms"),
+        head_tokens=memory.head_tokens("forms"),
     )
     V = torch.randn(settings.directions_per_pass, flat.D, device=resolved.device, dtype=resolved.dtype)
     operator.quadratic_forms(V)  # compilation happens here and counts as start-up
@@ -169,8 +170,9 @@ def _measure_seconds(
     hvp = _timed(lambda: operator.quadratic_forms(V), resolved.device, repeats)
     micro = math.ceil(B / mb)
     rows = memory.rows("gradient") or mb  # the analysis's backward passes, as cut for its memory budget
+    head = memory.head_tokens("gradient")
     gradient = (
-        _timed(lambda: batch_gradient(model, flat, tokens[:B], rows, precision), resolved.device, repeats) / micro
+        _timed(lambda: batch_gradient(model, flat, tokens[:B], rows, precision, head), resolved.device, repeats) / micro
     )
     seconds = {
         "process": _process_seconds(),
@@ -181,9 +183,10 @@ def _measure_seconds(
     if settings.audited:  # the audit's float64 gradients and adjoint forms of its 2a + 1 directions
         exact = Precision(resolved.device, torch.float64)
         reference = model.to(torch.float64)
-        rows64 = memory.rows("audit_gradient") or mb
+        rows64, head64 = memory.rows("audit_gradient") or mb, memory.head_tokens("audit_gradient")
         seconds["audit_gradient_microbatch"] = (
-            _timed(lambda: batch_gradient(reference, flat, tokens[:B], rows64, exact), resolved.device, repeats) / micro
+            _timed(lambda: batch_gradient(reference, flat, tokens[:B], rows64, exact, head64), resolved.device, repeats)
+            / micro
         )
         audit = EpochHessian(
             reference,
@@ -193,6 +196,7 @@ def _measure_seconds(
             precision=exact,
             directions_per_pass=2 * settings.audit_directions + 1,
             group_rows=memory.rows("audit"),
+            head_tokens=memory.head_tokens("audit"),
         )
         V64 = torch.randn(2 * settings.audit_directions + 1, flat.D, device=resolved.device, dtype=torch.float64)
         seconds["audit_microbatch_pass"] = _timed(lambda: audit.quadratic_forms(V64), resolved.device, repeats)

@@ -57,9 +57,12 @@ def _directions(
     production_vectors, exact_vectors = [], []
     for i in noise_batches:
         g = sampled.setdefault(
-            i, batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch, precision)
+            i,
+            batch_gradient_and_loss(
+                model, flat, batches[i], inputs.gradient_micro_batch, precision, inputs.head_tokens("gradient")
+            ),
         )[0]
-        g64 = batch_gradient(reference, flat, batches[i], rows64, exact)
+        g64 = batch_gradient(reference, flat, batches[i], rows64, exact, inputs.head_tokens("audit_gradient"))
         v, v64 = (g - g_bar).to(precision.dtype), g64 - g_bar64
         records.append(
             {
@@ -84,7 +87,14 @@ def _directions(
 
 
 def _forms(
-    model: Llama, rows: torch.Tensor, V: torch.Tensor, engine: str, precision: Precision, h: int, group: int | None
+    model: Llama,
+    rows: torch.Tensor,
+    V: torch.Tensor,
+    engine: str,
+    precision: Precision,
+    h: int,
+    group: int | None,
+    head_tokens: int | None,
 ) -> list[float]:
     """vᵀHv of the rows of V over the audited micro-batches, all directions in one pass."""
     operator = EpochHessian(
@@ -96,6 +106,7 @@ def _forms(
         directions_per_pass=len(V),
         compile=False,
         group_rows=group,
+        head_tokens=head_tokens,
     )
     return operator.quadratic_forms(V).tolist()
 
@@ -126,7 +137,9 @@ def precision_audit(
     exact = Precision(precision.device, torch.float64)
     reference = copy.deepcopy(model).to(torch.float64)
     rows64 = inputs.rows("audit_gradient") or inputs.micro_batch_size
-    g_bar64, loss64 = mean_gradient_and_loss(reference, flat, batches, rows64, exact)
+    g_bar64, loss64 = mean_gradient_and_loss(
+        reference, flat, batches, rows64, exact, inputs.head_tokens("audit_gradient")
+    )
     records, V, V64 = _directions(
         (model, reference),
         batches,
@@ -141,9 +154,9 @@ def precision_audit(
     tokens = torch.cat(batches)
     micro = audit_choice(math.ceil(tokens.shape[0] / h), inputs.audit[1], inputs.seed, 2)
     rows = torch.cat([tokens[j * h : (j + 1) * h] for j in micro])
-    production = _forms(model, rows, V, inputs.engine, precision, h, inputs.rows("forms"))
+    production = _forms(model, rows, V, inputs.engine, precision, h, inputs.rows("forms"), inputs.head_tokens("forms"))
     exact_engine = default_forms_engine(len(V), jets=not getattr(model, "jet_refusal", None))  # no rules: HVP
-    float64 = _forms(reference, rows, V64, exact_engine, exact, h, inputs.rows("audit"))
+    float64 = _forms(reference, rows, V64, exact_engine, exact, h, inputs.rows("audit"), inputs.head_tokens("audit"))
     for record, q, q64 in zip(records, production, float64, strict=True):
         record.update(production=q, float64=q64, relative_error=abs(relative(q, q64)))
     statistics = implied_errors(

@@ -42,6 +42,10 @@ class CaseInputs:
         """Group rows of pass ``name`` under the memory plan (None: the engine's default)."""
         return None if self.memory is None else self.memory.rows(name)
 
+    def head_tokens(self, name: str) -> int | None:
+        """Target positions the head and loss of pass ``name`` take at a time (None: all at once)."""
+        return None if self.memory is None else self.memory.head_tokens(name)
+
     @property
     def gradient_micro_batch(self) -> int:
         """Sequences per backward pass of the gradients: training's micro-batch, or fewer to fit

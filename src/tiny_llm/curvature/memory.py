@@ -140,14 +140,16 @@ def measure_pass(
     seed: int = 0,
     device: str | torch.device = "cpu",
     compile: bool = False,
+    head_tokens: int | None = None,
 ) -> int:
     """Peak bytes that one pass of ``engine`` (or ``GRADIENT``) over one group of ``rows``
-    sequences with K directions allocates: live storage on CPU (:class:`StoragePeak`), the
-    allocator's peak on CUDA. The parameters and the directions themselves are not included (they
-    are part of :func:`resident_bytes`)."""
+    sequences with K directions (the head ``head_tokens`` target positions at a time) allocates:
+    live storage on CPU (:class:`StoragePeak`), the allocator's peak on CUDA. The parameters and
+    the directions themselves are not included (they are part of :func:`resident_bytes`)."""
     from tiny_llm.curvature.hessian import EpochHessian, Precision
     from tiny_llm.model.architectures import build_model
     from tiny_llm.model.causal import token_losses
+    from tiny_llm.training.loop import accumulate_batch_gradient
 
     device = torch.device(device)
     counter = _CudaPeak(device) if device.type == "cuda" else StoragePeak()
@@ -157,9 +159,12 @@ def measure_pass(
     if engine == GRADIENT:
         tokens = torch.randint(0, config.vocab_size, (rows, seq_len + 1), device=device)
         with counter:
-            loss = token_losses(precision.forward(model, tokens[:, :-1]), tokens[:, 1:]).sum() / tokens[:, 1:].numel()
-            loss.backward()
-            del loss
+            if head_tokens is None:
+                loss = token_losses(precision.forward(model, tokens[:, :-1]), tokens[:, 1:]).sum() / tokens[:, 1:].numel()
+                loss.backward()
+                del loss
+            else:
+                accumulate_batch_gradient(model, tokens, rows, head_tokens=head_tokens, autocast=precision.autocast)
         return counter.peak
     spec = engine_named(engine)
     batch = rows * K if spec.rows_per_direction else rows  # taylor mode's groups are at most B/K sequences
@@ -173,6 +178,7 @@ def measure_pass(
         directions_per_pass=K,
         group_rows=rows,
         compile=compile,
+        head_tokens=head_tokens,
     )
     V = torch.randn(K, H.flat.D, dtype=dtype, device=device)
     products = spec.products
@@ -200,8 +206,11 @@ def parameter_count(config: ModelConfig) -> int:
         return sum(p.numel() for p in build_model(config).parameters())
 
 
-def features(config: ModelConfig, rows: int, seq_len: int, D: int | None = None) -> dict[str, float]:
-    """The quantities of FEATURES for one group of ``rows`` sequences of ``seq_len`` targets."""
+def features(
+    config: ModelConfig, rows: int, seq_len: int, D: int | None = None, head_tokens: int | None = None
+) -> dict[str, float]:
+    """The quantities of FEATURES for one group of ``rows`` sequences of ``seq_len`` targets (the
+    logits of at most ``head_tokens`` of them at a time)."""
     L, d, f, h, V, T = config.n_layers, config.d_model, config.d_ff, config.n_heads, config.vocab_size, seq_len
     n = rows * T
     return {
@@ -212,19 +221,27 @@ def features(config: ModelConfig, rows: int, seq_len: int, D: int | None = None)
         "d": n * d,
         "f": n * f,
         "hT": n * h * T,
-        "V": n * V,
+        "V": min(n, head_tokens or n) * V,
     }
 
 
 def pass_bytes(
-    engine: str, config: ModelConfig, rows: int, K: int, seq_len: int, itemsize: int, D: int | None = None
+    engine: str,
+    config: ModelConfig,
+    rows: int,
+    K: int,
+    seq_len: int,
+    itemsize: int,
+    D: int | None = None,
+    head_tokens: int | None = None,
 ) -> int:
     """Predicted peak bytes that one pass of ``engine`` (or GRADIENT) over ``rows`` sequences with K
-    directions allocates on top of the job's resident tensors (what :func:`measure_pass` counts)."""
+    directions (the head and loss ``head_tokens`` target positions at a time) allocates on top of
+    the job's resident tensors (what :func:`measure_pass` counts)."""
     key = engine if engine == GRADIENT else engine_named(engine).memory
     if key not in COEFFICIENTS:
         raise ValueError(f"no memory model for engine {engine!r}; known: {', '.join(COEFFICIENTS)}")
-    x = features(config, rows, seq_len, D)
+    x = features(config, rows, seq_len, D, head_tokens)
     phases = [sum((a + b * K) * x[name] for name, (a, b) in phase.items()) for phase in COEFFICIENTS[key]]
     return int(itemsize * max(phases))
 
@@ -250,10 +267,13 @@ class PassPlan:
     """Sequences per group (``batch`` when unchunked)."""
     peak_bytes: int
     """Resident plus the pass at that group, predicted."""
+    head_tokens: int | None = None
+    """Target positions the head and loss take at a time (None: a group's at once)."""
 
     def describe(self) -> str:
         chunk = "unchunked" if self.rows >= self.batch else f"{self.rows} of {self.batch} sequences per group"
-        return f"{self.name} {chunk}, ~{size(self.peak_bytes)}"
+        head = "" if self.head_tokens is None else f", head {self.head_tokens} tokens at a time"
+        return f"{self.name} {chunk}{head}, ~{size(self.peak_bytes)}"
 
 
 @dataclass(frozen=True)
@@ -272,6 +292,10 @@ class MemoryPlan:
         plan = next(p for p in self.passes if p.name == name)
         return None if plan.rows >= plan.batch else plan.rows
 
+    def head_tokens(self, name: str) -> int | None:
+        """Target positions the head and loss of pass ``name`` take at a time (None: all at once)."""
+        return next(p for p in self.passes if p.name == name).head_tokens
+
     def record(self) -> dict[str, Any]:
         """Plain data for a result's execution record."""
         return {
@@ -284,6 +308,7 @@ class MemoryPlan:
                     "directions": p.K,
                     "batch": p.batch,
                     "group_rows": p.rows,
+                    **({} if p.head_tokens is None else {"head_tokens": p.head_tokens}),
                     "predicted_peak_bytes": p.peak_bytes,
                 }
                 for p in self.passes
@@ -313,24 +338,29 @@ def choose_group_rows(
     D: int | None = None,
     largest: int | None = None,
     setting: str = "memory_budget_gb",
+    chunk_head: bool = False,
 ) -> PassPlan:
     """The largest group of sequences (at most ``largest``, by default ``batch``; a divisor of
     ``batch`` with ``equal_groups``) whose predicted peak, ``resident`` plus the pass, fits
-    ``budget_bytes`` with the model's margin (MODEL_MARGIN).
+    ``budget_bytes`` with the model's margin (MODEL_MARGIN). With ``chunk_head`` (a pass whose
+    head and loss can run in token chunks), a group whose head does not fit at once takes the head
+    in the largest chunk that fits (halving from the whole group down to 64 positions) before the
+    group is cut smaller: at a real vocabulary the logits, not the layers, bound the group.
 
     Raises:
         ValueError: when one sequence per group does not fit, naming the settings to change.
     """
 
-    def peak(rows: int) -> int:
-        return resident + pass_bytes(engine, config, rows, K, seq_len, itemsize, D)
+    def peak(rows: int, head_tokens: int | None = None) -> int:
+        return resident + pass_bytes(engine, config, rows, K, seq_len, itemsize, D, head_tokens)
 
     candidates = [r for r in range(min(batch, largest or batch), 0, -1) if not equal_groups or batch % r == 0]
     if budget_bytes is None:
         return PassPlan(name, engine, K, batch, candidates[0], peak(candidates[0]))
     for rows in candidates:
-        if peak(rows) * MODEL_MARGIN <= budget_bytes:
-            return PassPlan(name, engine, K, batch, rows, peak(rows))
+        for head_tokens in _head_chunks(rows * seq_len, chunk_head):
+            if peak(rows, head_tokens) * MODEL_MARGIN <= budget_bytes:
+                return PassPlan(name, engine, K, batch, rows, peak(rows, head_tokens), head_tokens)
     what = "" if engine == GRADIENT else f" with {K} direction{'s' if K > 1 else ''} ({engine} engine)"
     lower = "data.seq_len" if engine == GRADIENT else "directions_per_pass or data.seq_len"
     raise ValueError(
@@ -338,6 +368,22 @@ def choose_group_rows(
         f"(with the model's margin), more than {setting} = "
         f"{size(budget_bytes)}; lower {lower}, or raise the budget"
     )
+
+
+HEAD_CHUNK_FLOOR = 64
+"""The smallest head chunk the plan tries (target positions): below it the per-chunk matmuls are
+too thin to be efficient, and the layers' activations of one sequence dominate anyway."""
+
+
+def _head_chunks(tokens: int, chunk_head: bool) -> list[int | None]:
+    """Head chunks to try for a group of ``tokens`` target positions, largest first: all at once,
+    then halves down to HEAD_CHUNK_FLOOR."""
+    chunks: list[int | None] = [None]
+    size_ = tokens // 2
+    while chunk_head and size_ >= HEAD_CHUNK_FLOOR:
+        chunks.append(size_)
+        size_ //= 2
+    return chunks
 
 
 def plan_analysis(
@@ -362,11 +408,25 @@ def plan_analysis(
         ValueError: a pass that does not fit ``budget_bytes`` even one sequence at a time.
     """
     D = parameter_count(config)
+
+    def chunked(engine_: str) -> bool:  # the head in token chunks: our models' gradients and jet engines
+        return config.architecture != "hf" and (engine_ == GRADIENT or engine_named(engine_).jets)
+
     audited = 0 if audit_directions is None else 2 * audit_directions + 1
     resident = resident_bytes(D, K, itemsize, extra_vectors + audited)
     passes = [
         choose_group_rows(
-            "gradient", GRADIENT, config, micro_batch_size, 1, seq_len, itemsize, budget_bytes, resident, D=D
+            "gradient",
+            GRADIENT,
+            config,
+            micro_batch_size,
+            1,
+            seq_len,
+            itemsize,
+            budget_bytes,
+            resident,
+            D=D,
+            chunk_head=chunked(GRADIENT),
         ),
         choose_group_rows(
             "forms",
@@ -381,18 +441,39 @@ def plan_analysis(
             equal_groups=compiled,
             D=D,
             largest=max(1, hvp_batch_size // K) if engine_named(engine).rows_per_direction else None,
+            chunk_head=chunked(engine),
         ),
     ]
     if audit_directions is not None:  # the production model and θ stay; a float64 copy, its θ and ḡ join them
         beside = resident + 16 * D + audited * D * 16
         passes.append(
             choose_group_rows(
-                "audit_gradient", GRADIENT, config, micro_batch_size, 1, seq_len, 8, budget_bytes, beside, D=D
+                "audit_gradient",
+                GRADIENT,
+                config,
+                micro_batch_size,
+                1,
+                seq_len,
+                8,
+                budget_bytes,
+                beside,
+                D=D,
+                chunk_head=chunked(GRADIENT),
             )
         )
         passes.append(
             choose_group_rows(
-                "audit", "adjoint", config, hvp_batch_size, audited, seq_len, 8, budget_bytes, beside, D=D
+                "audit",
+                "adjoint",
+                config,
+                hvp_batch_size,
+                audited,
+                seq_len,
+                8,
+                budget_bytes,
+                beside,
+                D=D,
+                chunk_head=chunked("adjoint"),
             )
         )
     return MemoryPlan(budget_bytes, tuple(passes))

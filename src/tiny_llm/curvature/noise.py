@@ -185,7 +185,9 @@ def _noise_samples(
     gradients = sampled_gradients(
         selected,
         sampled,
-        lambda i: batch_gradient_and_loss(model, flat, batches[i], inputs.gradient_micro_batch, precision),
+        lambda i: batch_gradient_and_loss(
+            model, flat, batches[i], inputs.gradient_micro_batch, precision, inputs.head_tokens("gradient")
+        ),
         flat.D,
         precision.device,
     )
@@ -234,7 +236,9 @@ def measure_case(
     flat, plan, cache = FlatParameters(model), inputs.plan, inputs.cache
     batches = [cache.tokens(blocks) for blocks in plan.blocks]
     B, n = len(plan.blocks[0]), len(plan)
-    g_bar, epoch_loss = mean_gradient_and_loss(model, flat, batches, inputs.gradient_micro_batch, precision)
+    g_bar, epoch_loss = mean_gradient_and_loss(
+        model, flat, batches, inputs.gradient_micro_batch, precision, inputs.head_tokens("gradient")
+    )
     t_mean = time.perf_counter() - t0
     progress(f"mean gradient over {n} batches: {t_mean:.2f} s (epoch loss {epoch_loss:.4f})")
 
@@ -252,6 +256,7 @@ def measure_case(
         directions_per_pass=inputs.directions_per_pass,
         compile=inputs.compile,
         group_rows=inputs.rows("forms"),
+        head_tokens=inputs.head_tokens("forms"),
     )
     total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
     runner = _DirectionRunner(operator, precision, total, progress)
