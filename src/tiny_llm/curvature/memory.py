@@ -148,7 +148,6 @@ def measure_pass(
     the directions themselves are not included (they are part of :func:`resident_bytes`)."""
     from tiny_llm.curvature.hessian import EpochHessian, Precision
     from tiny_llm.model.architectures import build_model
-    from tiny_llm.model.causal import token_losses
     from tiny_llm.training.loop import accumulate_batch_gradient
 
     device = torch.device(device)
@@ -159,12 +158,14 @@ def measure_pass(
     if engine == GRADIENT:
         tokens = torch.randint(0, config.vocab_size, (rows, seq_len + 1), device=device)
         with counter:
-            if head_tokens is None:
-                loss = token_losses(precision.forward(model, tokens[:, :-1]), tokens[:, 1:]).sum() / tokens[:, 1:].numel()
-                loss.backward()
-                del loss
-            else:
-                accumulate_batch_gradient(model, tokens, rows, head_tokens=head_tokens, autocast=precision.autocast)
+            accumulate_batch_gradient(
+                model,
+                tokens,
+                rows,
+                forward=lambda x: precision.forward(model, x),
+                head_tokens=head_tokens,
+                autocast=precision.autocast,
+            )
         return counter.peak
     spec = engine_named(engine)
     batch = rows * K if spec.rows_per_direction else rows  # taylor mode's groups are at most B/K sequences
