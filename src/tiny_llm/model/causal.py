@@ -157,11 +157,11 @@ class CausalLM(nn.Module):
         K, V, C = U.shape
         n = h0.size(0)
         z0 = self.logits(h0)  # (n, V)
-        # z1 = h1Eᵀ + h0Uᵀ as one batched matmul per direction: [h1 | h0] [E | U]ᵀ, (K, n, V).
-        left = torch.cat([h1, h0.expand_as(h1)], dim=-1)
-        right = torch.cat([weight.expand_as(U), U], dim=-1).transpose(1, 2)
-        scratch = jets.buffer("logits z1", (K * chunk * V,), left)
-        z1 = torch.bmm(left, right, out=None if scratch is None else scratch[: K * n * V].view(K, n, V))
+        # z1 = h1Eᵀ + h0Uᵀ, (K, n, V): the shared head's product for all K directions at once, then
+        # each direction's h0Uₖᵀ added in place (neither E nor U is copied K or 2 times).
+        scratch = jets.buffer("logits z1", (K * chunk * V,), h1)
+        z1 = torch.matmul(h1, weight.t(), out=None if scratch is None else scratch[: K * n * V].view(K, n, V))
+        z1 = per_direction(h0, U, out=z1)
         with without_autocast(z0):
             keep = (targets != IGNORE_INDEX).reshape(-1, 1)  # (n, 1)
             p = torch.softmax(upcast(z0), dim=-1) * keep  # ignored rows: 0
