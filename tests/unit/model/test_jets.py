@@ -13,15 +13,28 @@ from oracles import jet_randn as _randn
 from oracles import reference_jet as _reference_jet
 from torch import nn
 
-from tiny_llm.config import ModelConfig
+from tiny_llm.config import ModelConfig, RopeScaling
 from tiny_llm.curvature.hessian import EpochHessian, Precision
+from tiny_llm.model.architectures import build_model
 from tiny_llm.model.causal import check_jet_rules
+from tiny_llm.model.gpt_neox import gelu_exact, gelu_exact_jet
 from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot, shared_matmul
 from tiny_llm.model.layers import embedding_jet, linear_jet, reference_attention, reference_attention_jet
 from tiny_llm.model.llama import Llama, rope_tables, silu, silu_jet
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 MODEL = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8)
+
+
+class _WithRope(nn.Module):
+    """A layer whose forward takes the rotary tables, as one of one argument (for check_module_jet)."""
+
+    def __init__(self, inner, cos, sin):
+        super().__init__()
+        self.inner, self.cos, self.sin = inner, cos, sin
+
+    def forward(self, x):
+        return self.inner(x, self.cos, self.sin)
 
 
 @pytest.mark.parametrize("second_order_input", [True, False])
@@ -47,16 +60,7 @@ def test_attention_rule():
     cos, sin = rope_tables(5, MODEL, torch.device("cpu"))
     attention = model.layers[0].attention.double()
     x0 = _randn(2, 5, 8, seed=3)
-
-    class WithRope(nn.Module):  # the module's forward takes the RoPE tables as extra arguments
-        def __init__(self):
-            super().__init__()
-            self.inner = attention
-
-        def forward(self, x):
-            return self.inner(x, cos, sin)
-
-    _check_module_jet(WithRope(), lambda m, x, j: attention.jet(x, cos, sin, j), x0)
+    _check_module_jet(_WithRope(attention, cos, sin), lambda m, x, j: attention.jet(x, cos, sin, j), x0)
 
 
 def test_feed_forward_and_block_rules():
@@ -65,16 +69,7 @@ def test_feed_forward_and_block_rules():
     _check_module_jet(model.layers[0].feed_forward, lambda m, x, j: m.jet(x, j), x0)
     cos, sin = rope_tables(5, MODEL, torch.device("cpu"))
     block = model.layers[1].double()
-
-    class WithRope(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = block
-
-        def forward(self, x):
-            return self.inner(x, cos, sin)
-
-    _check_module_jet(WithRope(), lambda m, x, j: block.jet(x, cos, sin, j), x0, seed=7)
+    _check_module_jet(_WithRope(block, cos, sin), lambda m, x, j: block.jet(x, cos, sin, j), x0, seed=7)
 
 
 def test_attention_core_silu_and_embedding_rules():
@@ -152,3 +147,46 @@ def test_hvp_of_a_quadratic_form_engine_is_refused():
     with pytest.raises(ValueError, match="computes quadratic forms vᵀHv only"):
         op.hvp(torch.zeros(1, op.flat.D, dtype=torch.float64))
     assert math.isfinite(float(op.quadratic_forms(torch.ones(1, op.flat.D, dtype=torch.float64))[0]))
+
+
+NEW_LAYERS = {
+    "llama-gqa-biases-llama3": ModelConfig(
+        **{
+            **MODEL.__dict__,
+            "n_heads": 4,
+            "n_kv_heads": 2,
+            "attention_bias": "all",
+            "mlp_bias": True,
+            "rope_scaling": RopeScaling(kind="llama3", factor=4.0, original_max_seq_len=4),
+        }
+    ),
+    "qwen2-style": ModelConfig(**{**MODEL.__dict__, "n_kv_heads": 1, "attention_bias": "qkv"}),
+    "gpt_neox-partial-rotary": ModelConfig(**{**MODEL.__dict__, "architecture": "gpt_neox", "rotary_pct": 0.5}),
+    "gpt_neox-sequential": ModelConfig(**{**MODEL.__dict__, "architecture": "gpt_neox", "parallel_residual": False}),
+}
+
+
+@pytest.mark.parametrize("variant", list(NEW_LAYERS))
+def test_grouped_query_biased_scaled_and_partial_rotary_attention_and_blocks(variant):
+    """Grouped-query heads, biases, RoPE scaling, GPT-NeoX's partial rotation of its head-interleaved
+    q/k/v and both residual forms: each attention and each block against jvp of jvp."""
+    config = NEW_LAYERS[variant]
+    torch.manual_seed(1)
+    model = build_model(config).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    cos, sin = rope_tables(5, config, torch.device("cpu"))
+    x0 = _randn(2, 5, 8, seed=40)
+    attention, block = model.layers[0].attention, model.layers[1]
+    _check_module_jet(_WithRope(attention, cos, sin), lambda m, x, j: attention.jet(x, cos, sin, j), x0, seed=41)
+    _check_module_jet(_WithRope(block, cos, sin), lambda m, x, j: block.jet(x, cos, sin, j), x0, seed=42)
+
+
+def test_exact_gelu_rule():
+    a0, a1, a2 = _randn(9, seed=50) * 3, _randn(K, 9, seed=51), _randn(K, 9, seed=52)
+    out = gelu_exact_jet(Jet(a0, a1, a2))
+    torch.testing.assert_close(out.z0, torch.nn.functional.gelu(a0), rtol=0, atol=1e-14)
+    for k in range(K):
+        y1, y2 = _reference_jet(lambda t, x: gelu_exact(x), a0, a1[k], a2[k])
+        torch.testing.assert_close((out.z1[k], out.z2[k]), (y1, y2), rtol=0, atol=1e-13)
