@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo seeds-demo test test-slow test-llc gpu-check clean-demo
+.PHONY: setup demo seeds-demo test test-slow test-llc bench-peers gpu-check clean-demo
 
 # TORCH_INDEX: a wheel index to take torch from first, e.g. PyTorch's CPU index for a CPU-only build
 # (see envs/requirements.txt); empty: torch as PyPI serves it.
@@ -43,6 +43,12 @@ test-slow: $(STAMP)
 test-llc: $(STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[llc]'
 	$(BIN)/python -m pytest -m llc
+
+# Our engines beside the peers (curvlinops, hessian-eigenthings) at GPT-2-small and Pythia-160M
+# shapes (about 40 minutes on one CPU thread); the table is in benchmarks/README.md.
+bench-peers: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r benchmarks/requirements-peers.txt
+	$(BIN)/python benchmarks/real_shapes.py
 
 # On a machine with a CUDA GPU: CUDA tests, walltime calibration, GPU benchmarks and precision
 # study in one go (at most 7 minutes); report in benchmarks/out/gpu-check/report.md. With
