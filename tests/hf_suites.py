@@ -43,12 +43,17 @@ def train_tokenizer(path: Path, text: str, vocab_size: int = 300):
 
 
 def make_suite(
-    root: Path, architecture: str = "gpt_neox", steps=STEPS, tokens_seen: bool = True, text: str | None = None
+    root: Path,
+    architecture: str = "gpt_neox",
+    steps=STEPS,
+    tokens_seen: bool = True,
+    text: str | None = None,
+    seed: int = 0,
 ) -> list[Path]:
-    """Train a tiny model of ``architecture`` (gpt_neox or llama) on ``text`` with transformers'
-    own ``Trainer`` (CPU, a few seconds), saving at each of ``steps`` (evenly spaced) under
-    ``root``/out, with ``num_input_tokens_seen`` counted or not; returns the checkpoint
-    directories, oldest first."""
+    """Train a tiny model of ``architecture`` (gpt_neox or llama) from initialisation ``seed`` on
+    ``text`` with transformers' own ``Trainer`` (CPU, a few seconds), saving at each of ``steps``
+    (evenly spaced) under ``root``/out, with ``num_input_tokens_seen`` counted or not; returns the
+    checkpoint directories, oldest first."""
     import transformers
 
     root.mkdir(parents=True, exist_ok=True)
@@ -74,7 +79,7 @@ def make_suite(
         max_position_embeddings=16,
         tie_word_embeddings=False,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     if architecture == "gpt_neox":
         model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**shape, rotary_pct=0.5))
     else:

@@ -4,7 +4,9 @@ read natively is) saved as transformers' Trainer saves them (tokenizer and
 trainer_state.json in each), listed in an analysis (hf_checkpoints) without steps or tokens, with
 the shipped configuration's plots section: the workflow prepares the cache with the checkpoints'
 own tokenizer, imports them (steps and tokens from trainer_state.json), analyses them on the offset
-case with an HVP engine and draws every figure; a rerun does nothing."""
+case with an HVP engine and draws every figure; a rerun does nothing. In the same workflow run, a
+seed experiment of two such suites trained elsewhere from two initialisations (one checkpoint list
+per seed, as PolyPythia publishes them), imported natively and compared at equal steps."""
 
 import csv
 import json
@@ -17,18 +19,32 @@ import pytest
 import yaml
 
 from tiny_llm.cli import main
+from tiny_llm.config import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_suites import BATCH, SEQ, corpus_text, make_suite, run_config_text
 
 REPO = Path(__file__).resolve().parents[2]
+GEOMETRY = {
+    "reference_rows": 4,
+    "cov_num_batches": 3,
+    "cov_batch_size": 2,
+    "top_k": 2,
+    "hutchinson_samples": 2,
+    "hessian_eig_every": 2,
+    "lanczos_steps": 4,
+    "hvp_batch_size": 4,
+}
+"""A cheap seed-experiment measurement (as the seeds workflow test's)."""
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 
 
 def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_path):
     (tmp_path / "corpus.txt").write_text(corpus_text())
     make_suite(tmp_path / "suite", steps=(3, 6))
+    make_suite(tmp_path / "suite-seed-1", steps=(3, 6), seed=1)
     (tmp_path / "run.yaml").write_text(run_config_text("cache/pythia"))
+    (tmp_path / "poly.yaml").write_text(run_config_text("cache/poly"))
     os.chdir(tmp_path)
     settings = {
         "device": "cpu",
@@ -65,6 +81,17 @@ def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_p
                         "spectrum": spectrum,
                     }
                 },
+                "seed_experiments": {
+                    "poly": {
+                        "hf_checkpoints": {
+                            0: checkpoints,
+                            1: [{"path": f"suite-seed-1/out/checkpoint-{s}"} for s in (3, 6)],
+                        },
+                        "config": "poly.yaml",
+                        "cache_inputs": ["corpus.txt"],
+                        "settings": GEOMETRY,
+                    }
+                },
             }
         )
     )
@@ -86,6 +113,13 @@ def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_p
         cwd=REPO,
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    for seed in (0, 1):  # the seeds trained elsewhere, imported natively
+        assert load_config(tmp_path / f"runs/poly-seed-{seed}/resolved.yaml").model.architecture == "gpt_neox"
+    compared = list(csv.DictReader((tmp_path / "results/poly/comparison.csv").open()))
+    pairs = {(int(r["step"]), r["metric"]) for r in compared if r["kind"] == "pair"}
+    assert {(3, "gradient_cosine"), (6, "gradient_cosine")} <= pairs, sorted(pairs)[:6]
+    assert {r["subject"] for r in compared if r["kind"] == "run"} == {"poly-seed-0", "poly-seed-1"}
+    assert (tmp_path / "results/poly/figures/dashboard.png").stat().st_size > 0
     results = tmp_path / "results/pythia"
     rows = list(csv.DictReader((results / "summary.csv").open()))
     assert [(r["case"], int(r["step"]), int(r["tokens"]), r["source"]) for r in rows] == [

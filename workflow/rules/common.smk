@@ -52,7 +52,8 @@ jobs.set_up_process(workflow, CLUSTER.on_interrupt)
 
 
 wildcard_constraints:
-    run="|".join(PLAN.run_configs) or "NONE",
+    # runs trained here, and imported ones (measured by seed experiments; train_run is never asked for them)
+    run="|".join([*PLAN.run_configs, *PLAN.runs.imported_runs]) or "NONE",
     imported="|".join(PLAN.runs.imported_runs) or "NONE",
     cache="|".join(PLAN.runs.caches) or "NONE",
     analysis="|".join(ANALYSES) or "NONE",
@@ -167,11 +168,12 @@ def get_experiment_records(wildcards):
 
 
 get_experiment_roles = _by("experiment", PLAN.experiment_runs.get)
+get_run_receipt = _by("run", PLAN.runs.receipt)  # trained.json, or an imported run's imported.json
 get_reference_cache = _by(
     "experiment", lambda e: PLAN.runs.cache_receipt(PLAN.reference_run(e))
 )
 get_reference_run_config = _by(
-    "experiment", lambda e: config_to_dict(PLAN.run_configs[PLAN.reference_run(e)])
+    "experiment", lambda e: config_to_dict(PLAN.reference_config(e))
 )
 get_geometry_settings = _by("experiment", PLAN.geometry_settings_dict)
 get_geometry_calibration = _by("experiment", PLAN.walltimes.geometry_calibration)

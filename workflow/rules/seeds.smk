@@ -25,7 +25,7 @@ checkpoint geometry_reference:
 
 rule measure_geometry:
     input:
-        trained="runs/{run}/trained.json",
+        trained=get_run_receipt,
         reference="results/{experiment}/reference.json",
     output:
         record="results/{experiment}/geometry/{run}/{checkpoint}.json",

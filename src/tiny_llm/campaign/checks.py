@@ -20,6 +20,7 @@ __all__ = [
     "check_tokenizer_directory",
     "cuda_devices",
     "expand_seed_experiments",
+    "expand_seed_imports",
     "load_run_config",
     "schema_errors",
     "typed_profile_values",
@@ -204,6 +205,13 @@ def expand_seed_experiments(
     """
     runs, roles = dict(train_runs), {}
     for name, entry in experiments.items():
+        if "hf_checkpoints" in entry:  # trained elsewhere: expand_seed_imports
+            continue
+        if "seeds" not in entry:
+            raise ValueError(
+                f"seed_experiments.{name}: give seeds (runs trained here) or hf_checkpoints (one checkpoint "
+                "list per seed, trained elsewhere)"
+            )
         if name in analyses:
             raise ValueError(
                 f"seed_experiments.{name}: an analysis has the same name (both write results/{name}/); rename one"
@@ -232,6 +240,64 @@ def expand_seed_experiments(
         except (TypeError, ValueError) as error:
             raise ValueError(f"seed_experiments.{name}.settings: {error}") from None
     return runs, roles
+
+
+SEED_IMPORT_KEYS = ("config", "set", "tokens_per_step")
+"""Keys of a seed experiment of hf_checkpoints that every seed's import takes."""
+CACHE_KEYS = ("cache_source", "cache_inputs", "cache_tokenizer", "cache_order", "shard_tokens")
+"""Keys that prepare the experiment's one cache (taken by the first seed's import, which prepares it)."""
+
+
+def expand_seed_imports(
+    experiments: dict[str, Any], taken: dict[str, Any], analyses: dict[str, Any]
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, str]]]:
+    """The imports of every seed experiment of models trained elsewhere (``hf_checkpoints``: seed ->
+    its checkpoint list, as PolyPythia publishes them): ``<experiment>-seed-<seed>`` per seed,
+    imported into runs/ as an analysis's hf_checkpoints are, sharing the experiment's one cache
+    (prepared by the first seed's import). Controls are trained here and do not apply.
+
+    Returns:
+        (run name -> its import entry, experiment -> {run name: "seed"}).
+
+    Raises:
+        ValueError: seeds and hf_checkpoints together, controls, fewer than two seeds, a name clash
+            or bad settings, naming the key.
+    """
+    imports, roles = {}, {}
+    for name, entry in experiments.items():
+        if "hf_checkpoints" not in entry:
+            continue
+        key = f"seed_experiments.{name}"
+        if "seeds" in entry:
+            raise ValueError(f"{key}: seeds (trained here) and hf_checkpoints (trained elsewhere) exclude each other")
+        if entry.get("controls") not in (None, [], ["same-seed", "data-order"]):  # the default: none apply
+            raise ValueError(f"{key}.controls: controls are trained here; an experiment of hf_checkpoints has none")
+        if name in analyses:
+            raise ValueError(f"{key}: an analysis has the same name (both write results/{name}/); rename one")
+        lists = entry["hf_checkpoints"]
+        if not isinstance(lists, dict) or len(lists) < 2:
+            raise ValueError(f"{key}.hf_checkpoints: expected two or more seeds, each with its checkpoint list")
+        members = {}
+        for position, (seed, checkpoints) in enumerate(lists.items()):
+            run = f"{name}-seed-{seed}"
+            if run in taken or run in imports:
+                raise ValueError(f"{key} imports runs/{run}, which another entry names too; rename one")
+            shared = SEED_IMPORT_KEYS + (CACHE_KEYS if position == 0 else ())
+            source = {"cache_source": "text"} if entry.get("cache_source", "demo") == "demo" else {}
+            imports[run] = {
+                **{k: entry[k] for k in shared if k in entry},
+                **(source if position == 0 else {}),  # cache_inputs are text unless cache_source: tokens
+                "hf_checkpoints": checkpoints,
+                "run": f"runs/{run}",
+                "key": f"{key}.hf_checkpoints.{seed}",
+            }
+            members[run] = "seed"
+        roles[name] = members
+        try:
+            geometry_settings_from_dict(entry.get("settings"))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{key}.settings: {error}") from None
+    return imports, roles
 
 
 def load_run_config(entry: dict[str, Any]) -> RunConfig:

@@ -100,7 +100,7 @@ class CostReport:
         runs = plan.experiment_runs[experiment]
         checkpoints = sum(len(plan.experiment_checkpoints(run)) for run in runs)
         settings = geometry_settings_from_dict(plan.geometry_settings_dict(experiment))
-        run = plan.run_configs[plan.reference_run(experiment)]
+        run = plan.reference_config(experiment)
         work = measurement_work(run, settings)
         line = (
             f"seed experiment {experiment}: {len(runs)} runs (seeds and controls) trained, {checkpoints} checkpoint "

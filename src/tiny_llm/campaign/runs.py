@@ -1,7 +1,8 @@
 """The runs and caches of a workflow: the runs it trains (``train_runs`` and the runs each seed
 experiment expands to), the Hugging Face checkpoint lists it imports (an analysis's
-``hf_checkpoints``, checked before any work), and the token caches it prepares for both, with what
-determines each cache's contents.
+``hf_checkpoints``, and each seed's list of a seed experiment of models trained elsewhere, checked
+before any work), and the token caches it prepares for both, with what determines each cache's
+contents.
 """
 
 from __future__ import annotations
@@ -10,7 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.campaign.checks import check_tokenizer_directory, expand_seed_experiments, load_run_config
+from tiny_llm.campaign.checks import (
+    check_tokenizer_directory,
+    expand_seed_experiments,
+    expand_seed_imports,
+    load_run_config,
+)
 from tiny_llm.config import RunConfig, config_to_dict
 from tiny_llm.data.corpus import default_capacity, describe_tokenizer, same_tokenizer
 from tiny_llm.model.hf import imported_config
@@ -32,10 +38,20 @@ class Runs:
         self.train_runs, self.experiment_runs = expand_seed_experiments(
             seed_experiments, dict(config.get("train_runs") or {}), analyses
         )
+        seed_imports, imported_roles = expand_seed_imports(seed_experiments, self.train_runs, analyses)
+        self.experiment_runs.update(imported_roles)
         self.run_configs = {name: load_run_config(entry) for name, entry in self.train_runs.items()}
-        self.imports = {name: self._check_import(name) for name, entry in analyses.items() if "hf_checkpoints" in entry}
-        """Analyses of Hugging Face checkpoint lists: their run directory (imported by the workflow)
-        and the run configuration importing them gives."""
+        self.import_entries: dict[str, dict[str, Any]] = {
+            **{name: entry for name, entry in analyses.items() if "hf_checkpoints" in entry},
+            **seed_imports,
+        }
+        """What the workflow imports, by name: analyses of Hugging Face checkpoint lists, and the
+        seeds of seed experiments of models trained elsewhere (named as their run)."""
+        self.carried: dict[str, dict[str, Any] | None] = {}
+        """The tokenizer each import's checkpoints carry."""
+        self.imports = {name: self._check_import(name) for name in self.import_entries}
+        """Each import: the run configuration importing it gives (its run directory: the entry's ``run``)."""
+        self._check_seed_tokenizers(seed_experiments)
         self.cache_of_run: dict[str, str] = {}
         for name, run in self.run_configs.items():
             cache = Path(run.data.cache)
@@ -48,31 +64,40 @@ class Runs:
         for name, cache in self.cache_of_run.items():
             self.run_of_cache.setdefault(cache, name)
         self.analysis_caches: dict[str, str] = {}
-        """Caches the workflow prepares for hf_checkpoints analyses (``cache_inputs``) -> the analysis."""
+        """Caches the workflow prepares for imports (``cache_inputs``) -> the import."""
         for name, planned in self.imports.items():
-            if analyses[name].get("cache_inputs"):
+            if self.import_entries[name].get("cache_inputs"):
                 self.analysis_caches[self._analysis_cache(name, planned)] = name
 
+    def _key(self, name: str, field: str) -> str:
+        """The config key of an import's ``field``, for messages."""
+        entry = self.import_entries[name]
+        if "key" not in entry:
+            return f"analyses.{name}.{field}"
+        return entry["key"] if field == "hf_checkpoints" else f"{entry['key'].rsplit('.hf_checkpoints.', 1)[0]}.{field}"
+
     def _check_import(self, name: str) -> RunConfig:
-        """An analysis's ``hf_checkpoints``: its run directory (``run``, default runs/<name>) must be
+        """An import's ``hf_checkpoints``: its run directory (``run``, default runs/<name>) must be
         no trained run's, and the list must import (checked before any work, nothing written).
 
         Raises:
             ValueError: naming the config key.
         """
-        entry = self.analyses[name]
+        entry = self.import_entries[name]
         entry.setdefault("run", f"runs/{name}")
         run = Path(entry["run"])
         if run.parent != Path("runs"):
-            raise ValueError(f"analyses.{name}.run: the workflow imports hf_checkpoints into runs/<name>, got {run}")
+            raise ValueError(
+                f"{self._key(name, 'run')}: the workflow imports hf_checkpoints into runs/<name>, got {run}"
+            )
         if run.name in self.run_configs:
             raise ValueError(
-                f"analyses.{name}.run: {run} is trained by train_runs.{run.name}; import the "
+                f"{self._key(name, 'run')}: {run} is trained by train_runs.{run.name}; import the "
                 "hf_checkpoints into another run directory"
             )
         if "config" not in entry:
             raise ValueError(
-                f"analyses.{name}.config: hf_checkpoints need a run configuration (its data section "
+                f"{self._key(name, 'config')}: hf_checkpoints need a run configuration (its data section "
                 "names the prepared cache; training.batch_size, micro_batch_size, tokens and epochs "
                 "cut the offset epoch)"
             )
@@ -88,43 +113,59 @@ class Runs:
             )
             carried = checkpoint_tokenizer(paths, planned.model.vocab_size)
         except ValueError as error:
-            raise ValueError(f"analyses.{name}.hf_checkpoints: {error}") from None
+            raise ValueError(f"{self._key(name, 'hf_checkpoints')}: {error}") from None
         self._check_cache_tokenizer(name, planned, carried)
+        self.carried[name] = carried
         return planned
 
+    def _check_seed_tokenizers(self, seed_experiments: dict[str, Any]) -> None:
+        """The seeds of an experiment of models trained elsewhere are measured on one cache, so
+        they must carry one tokenizer (and one data configuration)."""
+        for name, entry in seed_experiments.items():
+            if "hf_checkpoints" not in entry:
+                continue
+            first, *others = [run for run in self.experiment_runs[name]]
+            for run in others:
+                if not same_tokenizer(self.carried[first], self.carried[run]):
+                    raise ValueError(
+                        f"{self._key(run, 'hf_checkpoints')}: its checkpoints carry "
+                        f"{describe_tokenizer(self.carried[run])}, the first seed's "
+                        f"{describe_tokenizer(self.carried[first])}; the seeds of one experiment are "
+                        "measured on one cache, encoded with one tokenizer"
+                    )
+
     def _analysis_cache(self, name: str, planned: RunConfig) -> str:
-        """The cache an hf_checkpoints analysis with ``cache_inputs`` has the workflow prepare: its
-        data.cache, cache/<name> of no trained run."""
-        cache = Path(planned.data.cache)
+        """The cache an import with ``cache_inputs`` has the workflow prepare: its data.cache,
+        cache/<name> of no trained run."""
+        cache, key = Path(planned.data.cache), self._key(name, "config")
         if cache.parent != Path("cache"):
             raise ValueError(
-                f"analyses.{name}.config: with cache_inputs the workflow prepares data.cache, which must "
-                f"be cache/<name>, got {cache}"
+                f"{key}: with cache_inputs the workflow prepares data.cache, which must be cache/<name>, got {cache}"
             )
         if cache.name in self.run_of_cache:
             raise ValueError(
-                f"analyses.{name}.config: data.cache {cache} is prepared for train_runs."
+                f"{key}: data.cache {cache} is prepared for train_runs."
                 f"{self.run_of_cache[cache.name]}; name another cache/<name>"
             )
         if cache.name in self.analysis_caches:
             raise ValueError(
-                f"analyses.{name}.config: data.cache {cache} is prepared for analyses."
-                f"{self.analysis_caches[cache.name]} too; name another cache/<name>"
+                f"{key}: data.cache {cache} is prepared for "
+                f"{self._key(self.analysis_caches[cache.name], 'config').rsplit('.', 1)[0]} too; "
+                "name another cache/<name>"
             )
         return cache.name
 
     def _analysis_tokenizer(self, name: str) -> str | None:
         """The tokenizer an hf_checkpoints analysis's cache is encoded with: ``cache_tokenizer``, by
         default the first checkpoint directory's own (when it has a tokenizer.json), else bytes."""
-        entry = self.analyses[name]
+        entry = self.import_entries[name]
         if entry.get("cache_tokenizer"):
-            check_tokenizer_directory(f"analyses.{name}.cache_tokenizer", entry["cache_tokenizer"])
+            check_tokenizer_directory(self._key(name, "cache_tokenizer"), entry["cache_tokenizer"])
             return entry["cache_tokenizer"]
         first = Path(entry["hf_checkpoints"][0]["path"])
         return str(first) if (first / "tokenizer.json").exists() else None
 
-    @staticmethod
-    def _check_cache_tokenizer(name: str, planned: RunConfig, carried: dict[str, Any] | None) -> None:
+    def _check_cache_tokenizer(self, name: str, planned: RunConfig, carried: dict[str, Any] | None) -> None:
         """A prepared cache encoded with another tokenizer than the checkpoints carry is refused at
         start-up (the analysis would refuse it too, after the import)."""
         meta = Path(planned.data.cache) / "meta.json"
@@ -141,14 +182,14 @@ class Runs:
                 "for the workflow to prepare"
             )
             raise ValueError(
-                f"analyses.{name}.config: the checkpoints carry {describe_tokenizer(carried)}, but "
+                f"{self._key(name, 'config')}: the checkpoints carry {describe_tokenizer(carried)}, but "
                 f"data.cache {planned.data.cache} was encoded with {describe_tokenizer(recorded)}; "
                 f"{remedy}"
             )
 
     def import_spec(self, run: str) -> dict[str, Any]:
-        """What the import of runs/``run`` (an analysis's hf_checkpoints) writes (a change imports again)."""
-        entry = self.analyses[self.importing(run)]
+        """What the import of runs/``run`` (an import's hf_checkpoints) writes (a change imports again)."""
+        entry = self.import_entries[self.importing(run)]
         checkpoints = entry["hf_checkpoints"]
         return {
             "directories": [c["path"] for c in checkpoints],
@@ -160,25 +201,25 @@ class Runs:
         }
 
     def importing(self, run: str) -> str:
-        """The analysis whose hf_checkpoints are imported into runs/``run``."""
-        return next(a for a in self.imports if Path(self.analyses[a]["run"]).name == run)
+        """The import (an analysis, or a seed of an experiment) whose hf_checkpoints go into runs/``run``."""
+        return next(a for a in self.imports if Path(self.import_entries[a]["run"]).name == run)
 
     def import_inputs(self, run: str) -> list[str]:
         """The checkpoints' config.json files, and the cache receipt when the workflow prepares it."""
         analysis = self.importing(run)
         cache = [f"cache/{c}.prepared.json" for c, a in self.analysis_caches.items() if a == analysis]
-        return [str(Path(c["path"]) / "config.json") for c in self.analyses[analysis]["hf_checkpoints"]] + cache
+        return [str(Path(c["path"]) / "config.json") for c in self.import_entries[analysis]["hf_checkpoints"]] + cache
 
     @property
     def imported_runs(self) -> list[str]:
         """Names of the run directories (runs/<name>) the workflow imports hf_checkpoints into."""
-        return [Path(self.analyses[a]["run"]).name for a in self.imports]
+        return [Path(self.import_entries[a]["run"]).name for a in self.imports]
 
     def cache_spec(self, cache: str) -> dict[str, Any]:
         """Everything that determines a cache's contents (a change reruns prepare_data)."""
         if cache in self.analysis_caches:
             analysis = self.analysis_caches[cache]
-            entry, tokenizer = self.analyses[analysis], self._analysis_tokenizer(analysis)
+            entry, tokenizer = self.import_entries[analysis], self._analysis_tokenizer(analysis)
             return {
                 "cache_source": entry.get("cache_source", "text"),
                 "cache_inputs": entry["cache_inputs"],
@@ -202,12 +243,24 @@ class Runs:
         }
 
     def cache_receipt(self, run: str) -> str:
-        """The receipt of the cache a run reads (prepare_data's output)."""
-        return f"cache/{self.cache_of_run[run]}.prepared.json"
+        """The receipt of the cache a run reads (prepare_data's output; for an imported run whose
+        cache the workflow does not prepare, the cache's meta.json)."""
+        if run in self.cache_of_run:
+            return f"cache/{self.cache_of_run[run]}.prepared.json"
+        cache = Path(self.imports[self.importing(run)].data.cache)
+        return f"cache/{cache.name}.prepared.json" if cache.name in self.analysis_caches else str(cache / "meta.json")
+
+    def receipt(self, run: str) -> str:
+        """What says a run is there: runs/<run>/imported.json for an import, else its trained.json."""
+        return f"runs/{run}/imported.json" if run in self.imported_runs else f"runs/{run}/trained.json"
+
+    def run_config(self, run: str) -> RunConfig:
+        """A run's configuration: trained here, or what importing it gives."""
+        return self.run_configs[run] if run in self.run_configs else self.imports[self.importing(run)]
 
     def cache_inputs(self, cache: str) -> list[str]:
         if cache in self.analysis_caches:
-            return list(self.analyses[self.analysis_caches[cache]]["cache_inputs"])
+            return list(self.import_entries[self.analysis_caches[cache]]["cache_inputs"])
         return self.train_runs[self.run_of_cache[cache]].get("cache_inputs", [])
 
     @property

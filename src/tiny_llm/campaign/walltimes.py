@@ -50,7 +50,7 @@ class Walltimes:
 
     def geometry_entry(self, experiment: str) -> dict[str, Any] | None:
         """The timing entry of a seed experiment's measurement setup on the cluster's GPU kind."""
-        run = self.plan.run_configs[self.plan.reference_run(experiment)]
+        run = self.plan.reference_config(experiment)
         return self._lookup(run, self.plan.calibration_settings(experiment), self.cluster.gpu_kind)
 
     # --- calibrations -------------------------------------------------------------------------
@@ -142,7 +142,7 @@ class Walltimes:
             entry = self.geometry_entry(experiment)
             if entry is not None:
                 settings = geometry_settings_from_dict(self.plan.geometry_settings_dict(experiment))
-                run = self.plan.run_configs[self.plan.reference_run(experiment)]
+                run = self.plan.reference_config(experiment)
                 return cost.job_minutes(measurement_seconds(run, settings, entry["seconds"]))
         return self.plan.seed_experiments[experiment].get("walltime_minutes", 60)
 

@@ -277,8 +277,15 @@ class WorkflowPlan:
     # --- seed experiments -------------------------------------------------------------------
 
     def experiment_checkpoints(self, run: str) -> list[str]:
-        """The interval checkpoints a run of an experiment writes: epoch-000 (initialisation) to the last epoch."""
-        return [epoch_stem(i) for i in range(self.run_configs[run].training.epochs + 1)]
+        """The checkpoints of a run of an experiment: trained here, the interval checkpoints epoch-000
+        (initialisation) to the last epoch; imported, one per checkpoint directory, in their order."""
+        if run in self.run_configs:
+            return [epoch_stem(i) for i in range(self.run_configs[run].training.epochs + 1)]
+        return [epoch_stem(i) for i in range(len(self.runs.import_entries[self.runs.importing(run)]["hf_checkpoints"]))]
+
+    def reference_config(self, experiment: str) -> RunConfig:
+        """The run configuration of an experiment's first run (its reference set's data and batch)."""
+        return self.runs.run_config(self.reference_run(experiment))
 
     def experiment_records(self, experiment: str) -> list[str]:
         return [
