@@ -85,10 +85,30 @@ def per_direction_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a, b = a.to(wide), b.to(wide)
     K = a.size(0)
     if b.numel() * K == a.numel() and b.numel() != a.numel():
-        return a.reshape(K, -1) @ b.reshape(-1)
+        return _blocked_dot(a.reshape(K, -1), b.reshape(-1))
     if b.numel() != a.numel():
         raise ValueError(f"per_direction_dot: shapes {tuple(a.shape)} and {tuple(b.shape)} do not pair")
     return torch.linalg.vecdot(a.reshape(K, -1), b.reshape(K, -1))
+
+
+DOT_BLOCK = 4096
+"""Terms a shared dot product sums in its own dtype before the blocks are added in float64."""
+
+
+def _blocked_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (K, L) @ b (L,), in blocks of DOT_BLOCK terms whose sums are added in float64, returned
+    in a's dtype. One float32 matrix-vector product over millions of terms (the logits' or the
+    attention scores' of a long sequence at a real vocabulary) keeps about four digits; blocks
+    keep the sum to a float32 rounding of each term."""
+    K, L = a.shape
+    if L <= DOT_BLOCK or a.dtype == torch.float64:
+        return a @ b
+    blocks, main = L // DOT_BLOCK, L - L % DOT_BLOCK
+    parts = torch.bmm(a[:, :main].view(K, blocks, DOT_BLOCK).transpose(0, 1), b[:main].view(blocks, DOT_BLOCK, 1))
+    total = parts.double().sum((0, 2))
+    if main < L:
+        total += (a[:, main:] @ b[main:]).double()
+    return total.to(a.dtype)
 
 
 class JetPass:

@@ -194,7 +194,7 @@ def _attention_adjoint_jet(
     p1 = torch.mul(p0, c, out=jets.buffer("attention p1", c.shape, c))  # (K, B, nh, T, T)
     jets.absorb(
         2 * per_direction_dot(shared_matmul(lam_s, k.z1), q.z1)
-        + c.mul_(c).flatten(1) @ lam_s.flatten().to(c.dtype)  # c² in place: c is not used again
+        + per_direction_dot(c.mul_(c), lam_s.to(c.dtype))  # c² in place: c is not used again
         + 2 * per_direction_dot(p1.transpose(-2, -1) @ lam_o.to(p1.dtype), v1)
     )
     return Jet(p0 @ v0, p1 @ v0 + shared_matmul(p0, v1)).map(lambda z: z.to(v.z0.dtype))
