@@ -1,12 +1,15 @@
 """Fit and check the memory model of the curvature passes (tiny_llm.curvature.memory).
 
 Measures the peak live storage of one pass per engine (and of a gradient pass) on CPU with a
-storage-counting dispatch mode, over a seeded random grid of small shapes and a grid at the 20M
-model's width (d = 512, 8 heads, f = 1368) with one or two layers and T up to 1024; fits, per engine,
+storage-counting dispatch mode, over a seeded random grid of small shapes, a grid at the 20M
+model's width (d = 512, 8 heads, f = 1368) with one or two layers and T up to 1024, and a grid of
+real vocabularies (8k to 50k) at small widths for each architecture, the head whole and in
+64-token chunks; fits, per engine,
 the three-phase model of the module docstring by alternating weighted least squares (relative
 error); and prints the coefficients (to paste into COEFFICIENTS) and the predicted/measured ratios.
 
-    python benchmarks/memory.py --fit            # measure, fit, print coefficients for memory_fit.py (about 10 min)
+    python benchmarks/memory.py --fit            # measure, fit, print coefficients for memory_fit.py (about 30 min)
+    python benchmarks/memory.py --real           # predicted vs counted at GPT-2-small, Pythia-160M, Llama-3.2-1B
     python benchmarks/memory.py                  # check the committed coefficients on fresh grids
     python benchmarks/memory.py --device cuda    # the campaign's shape against the CUDA allocator (~1 min)
     python benchmarks/memory.py --shape config/runs/demo.yaml   # the same check of a run's shape on CPU
@@ -74,9 +77,54 @@ def wide_grid() -> list[dict]:
     ]
 
 
+CHUNKED = ("taylor", "adjoint", GRADIENT)
+"""The passes that take the head in token chunks (the memory plan's head_tokens)."""
+
+
+def vocabulary_grid(engine: str) -> list[dict]:
+    """Real vocabularies at small widths, each architecture, the head whole and (for the passes
+    that chunk it) 64 tokens at a time: where the logits, not the layers, set the peak."""
+    heads = (None, 64) if engine in CHUNKED else (None,)
+    return [
+        dict(L=L, d=d, h=4, f=4 * d, V=V, T=T, B=1, K=K, arch=arch, head=head)
+        for (d, V), T, L, K, head in itertools.product(
+            [(64, 32768), (128, 8192), (128, 50257)], [64, 256], [1, 2], [1, 4], heads
+        )
+        for arch in [("llama", "gpt2", "gpt_neox")[(d + V + T + L + K) % 3]]
+    ]
+
+
+REAL_SHAPES = {
+    "gpt2-small": dict(arch="gpt2", d=768, h=12, f=3072, V=50257),
+    "pythia-160m": dict(arch="gpt_neox", d=768, h=12, f=3072, V=50304),
+    "llama-3.2-1b": dict(arch="llama", d=2048, h=32, kv=8, f=8192, V=128256),
+}
+"""Checkpoints' widths and vocabularies, measured with one layer and one 256-token sequence."""
+
+
+def real_grid(engine: str) -> list[dict]:
+    heads = (None, 64) if engine in CHUNKED else (None,)
+    return [
+        {**shape, "name": name, "L": 1, "T": 256, "B": 1, "K": K, "head": head}
+        for name, shape in REAL_SHAPES.items()
+        for K in ((1,) if engine == GRADIENT else (1, 4) if name == "llama-3.2-1b" else (1, 16))
+        for head in heads
+    ]
+
+
 def config_of(p: dict) -> ModelConfig:
+    arch = p.get("arch", "llama")
     return ModelConfig(
-        vocab_size=p["V"], d_model=p["d"], n_heads=p["h"], d_ff=p["f"], n_layers=p["L"], max_seq_len=p["T"]
+        architecture=arch,
+        vocab_size=p["V"],
+        d_model=p["d"],
+        n_heads=p["h"],
+        n_kv_heads=p.get("kv"),
+        d_ff=p["f"],
+        n_layers=p["L"],
+        max_seq_len=p["T"],
+        rotary_pct=0.25 if arch == "gpt_neox" else 1.0,
+        tie_embeddings=arch != "gpt_neox",
     )
 
 
@@ -84,7 +132,7 @@ def measure(engine: str, points: list[dict], dtype: torch.dtype = torch.float32)
     out = []
     for p in points:
         started = time.perf_counter()
-        peak = measure_pass(config_of(p), engine, p["B"], p["K"], p["T"], dtype)
+        peak = measure_pass(config_of(p), engine, p["B"], p["K"], p["T"], dtype, head_tokens=p.get("head"))
         out.append({**p, "peak": peak, "seconds": time.perf_counter() - started})
     return out
 
@@ -92,7 +140,7 @@ def measure(engine: str, points: list[dict], dtype: torch.dtype = torch.float32)
 def design(points: list[dict], phase: tuple[str, ...]) -> np.ndarray:
     rows = []
     for p in points:
-        x = features(config_of(p), p["B"], p["T"])
+        x = features(config_of(p), p["B"], p["T"], head_tokens=p.get("head"))
         rows.append([x[name] * (p["K"] if slope else 1) for name in phase for slope in (0, 1)])
     return np.array(rows, dtype=float)
 
@@ -101,7 +149,12 @@ def fit(points: list[dict], itemsize: int = 4, iterations: int = 100) -> tuple[d
     """Max-of-phases fit by alternating least squares, weighted to minimise relative error."""
     y = np.array([p["peak"] / itemsize for p in points])
     X = [design(points, phase) for phase in PHASES]
-    scale = np.array([[features(config_of(p), p["B"], p["T"])[phase[-1]] for phase in PHASES] for p in points])
+    scale = np.array(
+        [
+            [features(config_of(p), p["B"], p["T"], head_tokens=p.get("head"))[phase[-1]] for phase in PHASES]
+            for p in points
+        ]
+    )
     assign = scale.argmax(axis=1)  # start from the phase whose own feature is largest
     coefficients = [np.zeros(x.shape[1]) for x in X]
     for _ in range(iterations):
@@ -121,7 +174,10 @@ def fit(points: list[dict], itemsize: int = 4, iterations: int = 100) -> tuple[d
 
 
 def report(engine: str, measured: list[dict], itemsize: int = 4, label: str = "") -> float:
-    ratios = [pass_bytes(engine, config_of(p), p["B"], p["K"], p["T"], itemsize) / p["peak"] for p in measured]
+    ratios = [
+        pass_bytes(engine, config_of(p), p["B"], p["K"], p["T"], itemsize, head_tokens=p.get("head")) / p["peak"]
+        for p in measured
+    ]
     worst = max(abs(r - 1) for r in ratios)
     wide = [r for r, p in zip(ratios, measured, strict=True) if p["d"] == 512]
     print(
@@ -229,16 +285,35 @@ def main() -> None:
         type=Path,
         help="check at this run configuration's real shape (default on cuda: config/runs/20m.yaml)",
     )
-    parser.add_argument("--out", type=Path, help="JSON of the shape check")
+    parser.add_argument("--out", type=Path, help="JSON of the shape check, or of --real's measurements")
+    parser.add_argument(
+        "--real", action="store_true", help="check at GPT-2-small, Pythia-160M and Llama-3.2-1B widths (minutes)"
+    )
     args = parser.parse_args()
     if args.device == "cuda" or args.shape:
         shape_check(args.shape or Path(__file__).resolve().parents[1] / "config/runs/20m.yaml", args.device, args.out)
         return
     torch.set_num_threads(1)
+    if args.real:
+        table = {}
+        for engine in args.engines.split(","):
+            measured = measure(engine, real_grid(engine))
+            report(engine, measured)
+            for p in measured:
+                predicted = pass_bytes(engine, config_of(p), 1, p["K"], p["T"], 4, head_tokens=p["head"])
+                print(
+                    f"  {p['name']:>13} K={p['K']:>2} head {p['head'] or 'whole':>5}: counted {size(p['peak']):>9}, "
+                    f"predicted {size(predicted):>9}, ratio {predicted / p['peak']:.2f}",
+                    flush=True,
+                )
+            table[engine] = measured
+        if args.out:
+            args.out.write_text(json.dumps(table, indent=1))
+        return
     if args.fit:
         fitted = {}
         for engine in args.engines.split(","):
-            measured = measure(engine, small_grid(args.points, 0) + wide_grid())
+            measured = measure(engine, small_grid(args.points, 0) + wide_grid() + vocabulary_grid(engine))
             fitted[engine] = fit(measured)
             COEFFICIENTS[engine] = fitted[engine]
             report(engine, measured)

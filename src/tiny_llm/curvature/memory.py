@@ -76,7 +76,9 @@ class StoragePeak(TorchDispatchMode):
     """Count the bytes of live tensor storage created inside the block, and their peak.
 
     Every storage that an operator returns is counted once (views share it) until it is freed.
-    Storages that existed before the block (the model, the inputs) are not counted.
+    Storages that existed before the block (the model, the inputs, the directions) are not
+    counted, nor are their views and in-place results (an output whose storage is one of the
+    operator's inputs' is never new).
 
     Example:
         >>> with StoragePeak() as counter:
@@ -106,8 +108,13 @@ class StoragePeak(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        inputs = {
+            t.untyped_storage()._cdata
+            for t in torch.utils._pytree.tree_leaves((args, kwargs or {}))
+            if isinstance(t, torch.Tensor) and t.device.type != "meta"
+        }
         for value in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and value.untyped_storage()._cdata not in inputs:
                 self._count(value)
         return out
 

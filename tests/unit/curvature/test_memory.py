@@ -152,3 +152,14 @@ def test_the_campaign_plan_fits_a_gh200_by_cutting_its_passes():
         budget_bytes=None,
     )
     assert taylor.rows("forms") == 4  # taylor mode's own groups of B/K sequences
+
+
+def test_storage_peak_does_not_count_views_of_what_existed_before():
+    before = torch.ones(1000, dtype=torch.float64)
+    with StoragePeak() as counter:
+        parts = before.split(100)  # views of a storage made before the block
+        head = before[:10].t()
+        before.mul_(2)  # in place
+        new = parts[0] * 2  # noqa: F841 (held)
+        del head
+    assert counter.peak == 800  # only the product's storage
