@@ -13,16 +13,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from tiny_llm.config import ModelConfig
-from tiny_llm.model.causal import AttentionBackend, CausalLM
+from tiny_llm.model.causal import AttentionBackend
 from tiny_llm.model.jets import Jet, JetPass, add_terms
 from tiny_llm.model.layers import (
     LayerNorm,
+    RotaryDecoder,
     apply_rope,
-    embedding_jet,
     linear_jet,
     reference_attention,
     reference_attention_jet,
-    rope_tables,
 )
 
 __all__ = ["GPTNeoX", "gelu_exact", "gelu_exact_jet"]
@@ -128,7 +127,7 @@ class GPTNeoXBlock(nn.Module):
         return attended + self.feed_forward.jet(self.ffn_norm.jet(x if self.parallel else attended, jets), jets)
 
 
-class GPTNeoX(CausalLM):
+class GPTNeoX(RotaryDecoder):
     """GPT-NeoX decoder (Pythia). ``forward(idx)`` maps token ids (B, T) to logits (B, T, vocab).
 
     Args:
@@ -148,24 +147,3 @@ class GPTNeoX(CausalLM):
         self.layers = nn.ModuleList(GPTNeoXBlock(config, attention_backend) for _ in range(config.n_layers))
         self.norm = LayerNorm(config.d_model, config.norm_eps)
         self._end()
-
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
-        """The final normalised hidden state (B, T, C) of token ids (B, T)."""
-        self._check_length(idx.size(1))
-        cos, sin = rope_tables(idx.size(1), self.config, idx.device)
-        x = self.tok_embeddings(idx)
-        for layer in self.layers:
-            x = layer(x, cos, sin)
-        return self.norm(x)
-
-    def jet(self, idx: torch.Tensor, jets: JetPass) -> Jet:
-        """The jet of the final normalised hidden state (B, T, C) along the directions of ``jets``."""
-        self._check_jet_backend()
-        self._check_length(idx.size(1))
-        cos, sin = rope_tables(idx.size(1), self.config, idx.device)
-        x = embedding_jet(idx, self.tok_embeddings, jets)
-        if jets.recorded is not None and not x.z0.requires_grad:  # the record pass needs a graph
-            x = Jet(x.z0.detach().requires_grad_(), x.z1)
-        for layer in self.layers:
-            x = layer.jet(x, cos, sin, jets)
-        return self.norm.jet(x, jets)

@@ -14,11 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tiny_llm.config import ModelConfig
-from tiny_llm.model.causal import upcast, without_autocast
+from tiny_llm.model.causal import CausalLM, upcast, without_autocast
 from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot, shared_matmul
 
 __all__ = [
     "LayerNorm",
+    "RotaryDecoder",
     "apply_rope",
     "embedding_jet",
     "feature_jet",
@@ -198,3 +199,33 @@ def _attention_adjoint_jet(
         + 2 * per_direction_dot(p1.transpose(-2, -1) @ lam_o.to(p1.dtype), v1)
     )
     return Jet(p0 @ v0, p1 @ v0 + shared_matmul(p0, v1)).map(lambda z: z.to(v.z0.dtype))
+
+
+class RotaryDecoder(CausalLM):
+    """A decoder whose blocks take the rotary tables (the Llama family, GPT-NeoX): the token
+    embedding, ``layers`` called as ``layer(x, cos, sin)`` (and ``layer.jet(x, cos, sin, jets)``),
+    then the final ``norm``."""
+
+    layers: nn.ModuleList
+    norm: nn.Module
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The final normalised hidden state (B, T, C) of token ids (B, T)."""
+        self._check_length(idx.size(1))
+        cos, sin = rope_tables(idx.size(1), self.config, idx.device)
+        x = self.tok_embeddings(idx)  # (B, T, C)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm(x)
+
+    def jet(self, idx: torch.Tensor, jets: JetPass) -> Jet:
+        """The jet of the final normalised hidden state (B, T, C) along the directions of ``jets``."""
+        self._check_jet_backend()
+        self._check_length(idx.size(1))
+        cos, sin = rope_tables(idx.size(1), self.config, idx.device)
+        x = embedding_jet(idx, self.tok_embeddings, jets)
+        if jets.recorded is not None and not x.z0.requires_grad:  # the record pass needs a graph
+            x = Jet(x.z0.detach().requires_grad_(), x.z1)
+        for layer in self.layers:
+            x = layer.jet(x, cos, sin, jets)
+        return self.norm.jet(x, jets)

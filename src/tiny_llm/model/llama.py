@@ -23,8 +23,8 @@ from tiny_llm.model.causal import (
 )
 from tiny_llm.model.jets import Jet, JetPass, add_terms, per_direction_dot
 from tiny_llm.model.layers import (
+    RotaryDecoder,
     apply_rope,
-    embedding_jet,
     feature_jet,
     linear_jet,
     reference_attention,
@@ -182,7 +182,7 @@ class TransformerBlock(nn.Module):
         return x + self.feed_forward.jet(self.ffn_norm.jet(x, jets), jets)
 
 
-class Llama(CausalLM):
+class Llama(RotaryDecoder):
     """Llama-style decoder. ``forward(idx)`` maps token ids (B, T) to logits (B, T, vocab).
 
     Args:
@@ -202,24 +202,3 @@ class Llama(CausalLM):
         self.layers = nn.ModuleList(TransformerBlock(config, attention_backend) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self._end()
-
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
-        """The final normalised hidden state (B, T, C) of token ids (B, T)."""
-        B, T = idx.shape
-        self._check_length(T)
-        cos, sin = rope_tables(T, self.config, idx.device)
-        x = self.tok_embeddings(idx)  # (B, T, C)
-        for layer in self.layers:
-            x = layer(x, cos, sin)
-        return self.norm(x)
-
-    def jet(self, idx: torch.Tensor, jets: JetPass) -> Jet:
-        """The jet of the final normalised hidden state (B, T, C) along the directions of ``jets``."""
-        self._check_jet_backend()
-        cos, sin = rope_tables(idx.size(1), self.config, idx.device)
-        x = embedding_jet(idx, self.tok_embeddings, jets)
-        if jets.recorded is not None and not x.z0.requires_grad:  # the record pass needs a graph
-            x = Jet(x.z0.detach().requires_grad_(), x.z1)
-        for layer in self.layers:
-            x = layer.jet(x, cos, sin, jets)
-        return self.norm.jet(x, jets)
