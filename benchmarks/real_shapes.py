@@ -41,7 +41,6 @@ import torch
 from torch.func import functional_call, grad, jvp
 
 from tiny_llm.config import ModelConfig, load_config
-from tiny_llm.curvature.gradients import batch_gradient
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import GRADIENT, measure_pass
 from tiny_llm.model.architectures import build_model
@@ -231,7 +230,11 @@ def measure_shape(name: str, trials: int, peers: bool, memory: bool) -> dict:
                 methods[label] = (make(model, tokens), 1)
             else:
                 skipped.append(label)
-    gradient = lambda: batch_gradient(model, flat, tokens, sequences, CPU32)
+
+    def gradient() -> None:  # forward and backward of the token-mean loss, as the engines' passes are timed
+        _loss(model, tokens).backward()
+        model.zero_grad(set_to_none=True)
+
     accuracy = {}
     for label, (forms, K) in methods.items():  # warm-up, and each method's forms against float64
         got = forms(directions[:K])
