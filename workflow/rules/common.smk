@@ -168,7 +168,8 @@ def get_experiment_records(wildcards):
 
 
 get_experiment_roles = _by("experiment", PLAN.experiment_runs.get)
-get_run_receipt = _by("run", PLAN.runs.receipt)  # trained.json, or an imported run's imported.json
+# trained.json, or an imported run's imported.json
+get_run_receipt = _by("run", PLAN.runs.receipt)
 get_reference_cache = _by(
     "experiment", lambda e: PLAN.runs.cache_receipt(PLAN.reference_run(e))
 )
