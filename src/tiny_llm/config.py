@@ -196,8 +196,10 @@ class ModelConfig:
                     f"its default unless model.architecture is {' or '.join(architectures)}",
                     getattr(self, key),
                 )
-        if self.architecture == "gpt2" and (self.attention_bias not in (None, "all") or self.mlp_bias is False):
+        if self.architecture == "gpt2" and self.attention_bias not in (None, "all"):
             _fail("model.attention_bias", "null or all for gpt2 (its projections are biased)", self.attention_bias)
+        if self.architecture == "gpt2" and self.mlp_bias is False:
+            _fail("model.mlp_bias", "null or true for gpt2 (its projections are biased)", self.mlp_bias)
         if self.architecture == "gpt_neox" and self.attention_bias == "qkv":
             _fail("model.attention_bias", "none, all or null for gpt_neox", self.attention_bias)
 

@@ -28,6 +28,20 @@ def test_defaults_round_trip(tmp_path):
             "model.n_heads: expected a divisor of model.d_model=30 ([1, 2, 3, 5, 6, 10, 15, 30])",
         ),
         ({"model": {"d_model": 12, "n_heads": 4}}, "even head_dim"),
+        ({"model": {"n_kv_heads": 3}}, "model.n_kv_heads: expected null or a divisor of n_heads=4 ([1, 2, 4]), got 3"),
+        (
+            {"model": {"rotary_pct": 0.5}},
+            "model.rotary_pct: expected its default unless model.architecture is gpt_neox",
+        ),
+        ({"model": {"architecture": "gpt2", "n_kv_heads": 2}}, "model.n_kv_heads: expected its default unless"),
+        ({"model": {"architecture": "gpt2", "mlp_bias": False}}, "model.mlp_bias: expected null or true for gpt2"),
+        ({"model": {"architecture": "gpt_neox", "attention_bias": "qkv"}}, "model.attention_bias: expected none, all"),
+        ({"model": {"architecture": "gpt_neox", "rotary_pct": 0.1}}, "model.rotary_pct: expected a fraction giving"),
+        (
+            {"model": {"rope_scaling": {"kind": "llama3", "factor": 8.0}}},
+            "model.rope_scaling.original_max_seq_len: expected a positive integer for kind llama3",
+        ),
+        ({"model": {"rope_scaling": {"kind": "yarn", "factor": 2.0}}}, "model.rope_scaling.kind: expected one of"),
         (
             {"training": {"batch_size": 4, "micro_batch_size": 8}},
             "training.micro_batch_size: expected at most training.batch_size=4, got 8",
