@@ -289,7 +289,8 @@ def expand_seed_imports(
                 **(source if position == 0 else {}),  # cache_inputs are text unless cache_source: tokens
                 "hf_checkpoints": checkpoints,
                 "run": f"runs/{run}",
-                "key": f"{key}.hf_checkpoints.{seed}",
+                "owner": key,
+                "seed": seed,
             }
             members[run] = "seed"
         roles[name] = members

@@ -69,12 +69,15 @@ class Runs:
             if self.import_entries[name].get("cache_inputs"):
                 self.analysis_caches[self._analysis_cache(name, planned)] = name
 
+    def _owner(self, name: str) -> str:
+        """The config key of an import's entry: ``analyses.<name>``, or its seed experiment's."""
+        return self.import_entries[name].get("owner", f"analyses.{name}")
+
     def _key(self, name: str, field: str) -> str:
-        """The config key of an import's ``field``, for messages."""
+        """The config key of an import's ``field``, for messages (a seed's list under its seed)."""
         entry = self.import_entries[name]
-        if "key" not in entry:
-            return f"analyses.{name}.{field}"
-        return entry["key"] if field == "hf_checkpoints" else f"{entry['key'].rsplit('.hf_checkpoints.', 1)[0]}.{field}"
+        seed = f".{entry['seed']}" if field == "hf_checkpoints" and "seed" in entry else ""
+        return f"{self._owner(name)}.{field}{seed}"
 
     def _check_import(self, name: str) -> RunConfig:
         """An import's ``hf_checkpoints``: its run directory (``run``, default runs/<name>) must be
@@ -150,7 +153,7 @@ class Runs:
         if cache.name in self.analysis_caches:
             raise ValueError(
                 f"{key}: data.cache {cache} is prepared for "
-                f"{self._key(self.analysis_caches[cache.name], 'config').rsplit('.', 1)[0]} too; "
+                f"{self._owner(self.analysis_caches[cache.name])} too; "
                 "name another cache/<name>"
             )
         return cache.name

@@ -400,10 +400,10 @@ def _head_chunks(tokens: int, chunk_head: bool) -> list[int | None]:
     """Head chunks to try for a group of ``tokens`` target positions, largest first: all at once,
     then halves down to HEAD_CHUNK_FLOOR."""
     chunks: list[int | None] = [None]
-    size_ = tokens // 2
-    while chunk_head and size_ >= HEAD_CHUNK_FLOOR:
-        chunks.append(size_)
-        size_ //= 2
+    half = tokens // 2
+    while chunk_head and half >= HEAD_CHUNK_FLOOR:
+        chunks.append(half)
+        half //= 2
     return chunks
 
 
