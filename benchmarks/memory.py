@@ -8,7 +8,8 @@ real vocabularies (8k to 50k) at small widths for each architecture, the head wh
 the three-phase model of the module docstring by alternating weighted least squares (relative
 error); and prints the coefficients (to paste into COEFFICIENTS) and the predicted/measured ratios.
 
-    python benchmarks/memory.py --fit            # measure, fit, print coefficients for memory_fit.py (about 30 min)
+    python benchmarks/memory.py --fit            # measure, save the counts, fit, print coefficients (about an hour)
+    python benchmarks/memory.py --refit          # fit the saved counts again (seconds)
     python benchmarks/memory.py --real           # predicted vs counted at GPT-2-small, Pythia-160M, Llama-3.2-1B
     python benchmarks/memory.py                  # check the committed coefficients on fresh grids
     python benchmarks/memory.py --device cuda    # the campaign's shape against the CUDA allocator (~1 min)
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from tiny_llm.config import ModelConfig, load_config
+from tiny_llm.curvature.engines import ENGINES as ENGINE_REGISTRY
 from tiny_llm.curvature.hessian import EpochHessian, Precision
 from tiny_llm.curvature.memory import (
     COEFFICIENTS,
@@ -73,11 +75,12 @@ def small_grid(n: int, seed: int) -> list[dict]:
 def wide_grid() -> list[dict]:
     return [
         dict(L=L, d=512, h=8, f=1368, V=256, T=T, B=1, K=K)
-        for T, L, K in itertools.product([256, 1024], [1, 2], [1, 4])
+        for T, L, K in itertools.product([256, 1024, 2048], [1, 2], [1, 4])
+        if T < 2048 or L == 1
     ]
 
 
-CHUNKED = ("taylor", "adjoint", GRADIENT)
+CHUNKED = (*(e.name for e in ENGINE_REGISTRY.values() if e.head_chunks), GRADIENT)
 """The passes that take the head in token chunks (the memory plan's head_tokens)."""
 
 
@@ -88,7 +91,7 @@ def vocabulary_grid(engine: str) -> list[dict]:
     return [
         dict(L=L, d=d, h=4, f=4 * d, V=V, T=T, B=1, K=K, arch=arch, head=head)
         for (d, V), T, L, K, head in itertools.product(
-            [(64, 32768), (128, 8192), (128, 50257)], [64, 256], [1, 2], [1, 4], heads
+            [(64, 32768), (128, 8192), (128, 50257), (64, 151936)], [64, 256], [1, 2], [1, 4], heads
         )
         for arch in [("llama", "gpt2", "gpt_neox")[(d + V + T + L + K) % 3]]
     ]
@@ -99,17 +102,35 @@ REAL_SHAPES = {
     "pythia-160m": dict(arch="gpt_neox", d=768, h=12, f=3072, V=50304),
     "llama-3.2-1b": dict(arch="llama", d=2048, h=32, kv=8, f=8192, V=128256),
 }
-"""Checkpoints' widths and vocabularies, measured with one layer and one 256-token sequence."""
+"""Checkpoints' widths and vocabularies, with one or two layers and one sequence."""
 
 
-def real_grid(engine: str) -> list[dict]:
+def real_directions(engine: str, name: str) -> tuple[int, ...]:
+    """K at a real width: up to 16 where this machine's memory allows (23 GB; the HVP engines hold
+    K parameter-sized products and Llama-3.2-1B's one layer has 330M parameters)."""
+    if engine == GRADIENT:
+        return (1,)
+    if engine in CHUNKED:
+        return (1, 4) if name == "llama-3.2-1b" else (1, 4, 16)
+    return (1,) if name == "llama-3.2-1b" else (1, 4)
+
+
+def real_grid(engine: str, L: int = 2, T: tuple[int, ...] = (256,)) -> list[dict]:
+    """The checkpoints' shapes (``--real``: two layers, T = 256, which the fit does not see)."""
     heads = (None, 64) if engine in CHUNKED else (None,)
     return [
-        {**shape, "name": name, "L": 1, "T": 256, "B": 1, "K": K, "head": head}
+        {**shape, "name": name, "L": L, "T": t, "B": 1, "K": K, "head": head}
         for name, shape in REAL_SHAPES.items()
-        for K in ((1,) if engine == GRADIENT else (1, 4) if name == "llama-3.2-1b" else (1, 16))
+        for t in T
+        for K in real_directions(engine, name)
         for head in heads
     ]
+
+
+def fitting_grid(engine: str, points: int) -> list[dict]:
+    """What ``--fit`` measures: small shapes, the 20M width to T = 2048, real vocabularies at small
+    widths, and the checkpoints' shapes with one layer at T = 128 and 256."""
+    return small_grid(points, 0) + wide_grid() + vocabulary_grid(engine) + real_grid(engine, L=1, T=(128, 256))
 
 
 def config_of(p: dict) -> ModelConfig:
@@ -134,6 +155,12 @@ def measure(engine: str, points: list[dict], dtype: torch.dtype = torch.float32)
         started = time.perf_counter()
         peak = measure_pass(config_of(p), engine, p["B"], p["K"], p["T"], dtype, head_tokens=p.get("head"))
         out.append({**p, "peak": peak, "seconds": time.perf_counter() - started})
+        if "name" in p or p["d"] >= 512:  # the slow ones
+            print(
+                f"  {engine} {p.get('name', p['d'])} L={p['L']} T={p['T']} K={p['K']} head {p.get('head')}: "
+                f"{size(peak)} in {out[-1]['seconds']:.0f} s",
+                flush=True,
+            )
     return out
 
 
@@ -277,6 +304,13 @@ def shape_check(config_path: Path, device: str, out: Path | None) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="measure the fitting grids and print new coefficients")
+    parser.add_argument("--refit", action="store_true", help="fit the counts --fit saved (--measurements)")
+    parser.add_argument(
+        "--measurements",
+        type=Path,
+        default=Path(__file__).with_name("memory_points.json"),
+        help="where --fit saves its counts and --refit reads them (default benchmarks/memory_points.json)",
+    )
     parser.add_argument("--points", type=int, default=150, help="random small shapes per engine")
     parser.add_argument("--engines", default=",".join(ENGINES), help="engines to fit or check (default all)")
     parser.add_argument("--device", default="cpu", help="cpu (storage counts) or cuda (allocator peaks)")
@@ -310,13 +344,16 @@ def main() -> None:
         if args.out:
             args.out.write_text(json.dumps(table, indent=1))
         return
-    if args.fit:
+    if args.fit or args.refit:
+        saved = json.loads(args.measurements.read_text()) if args.measurements.exists() else {}
         fitted = {}
         for engine in args.engines.split(","):
-            measured = measure(engine, small_grid(args.points, 0) + wide_grid() + vocabulary_grid(engine))
-            fitted[engine] = fit(measured)
+            if args.fit:  # each engine's counts are saved as soon as they are measured
+                saved[engine] = measure(engine, fitting_grid(engine, args.points))
+                args.measurements.write_text(json.dumps(saved, indent=0))
+            fitted[engine] = fit(saved[engine])
             COEFFICIENTS[engine] = fitted[engine]
-            report(engine, measured)
+            report(engine, saved[engine])
         print("COEFFICIENTS.update({")
         for engine, phases in fitted.items():
             print(f"    {engine!r}: (")

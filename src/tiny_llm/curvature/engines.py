@@ -70,6 +70,9 @@ class Engine:
     """Runs under ``torch.compile`` when asked (CUDA)."""
     sharded: bool = False
     """Its products run shard-local on an FSDP-sharded model (sharded spectra)."""
+    head_chunks: bool = False
+    """Takes the output head and loss in token chunks when the memory plan asks (``head_tokens``),
+    on this project's own architectures: a chunk's logits, not a group's, exist at once."""
     rows_per_direction: bool = False
     """A pass takes B/K sequences of a B-sequence micro-batch by default (it holds K directions'
     coefficients per layer at once); otherwise the whole micro-batch."""
@@ -153,6 +156,7 @@ register(
         "forward Taylor mode: one no-grad pass carries each activation's jet (z, dz/dt, d²z/dt²)",
         "tiny_llm.curvature.forms:taylor",
         jets=True,
+        head_chunks=True,
         rows_per_direction=True,
     )
 )
@@ -164,6 +168,7 @@ register(
         "tangent pass adds each layer's second-order term",
         "tiny_llm.curvature.forms:adjoint",
         jets=True,
+        head_chunks=True,
     )
 )
 register(
@@ -191,5 +196,6 @@ register(
         "tiny_llm.curvature.products:finite_difference",
         second_derivatives=False,
         sharded=True,
+        head_chunks=True,
     )
 )

@@ -120,8 +120,9 @@ class EpochHessian:
             grows with it; the forms and products do not change (the loss is a sum over
             sequences, and each group adds its share). Compiled, groups are equal (a divisor of
             the micro-batch), so one graph serves them.
-        head_tokens: the quadratic-form engines take the output head and loss this many target
-            positions at a time (None: a group's at once); as ``group_rows``, memory only.
+        head_tokens: the engines that can (taylor, adjoint, finite_difference: ``Engine.head_chunks``)
+            take the output head and loss this many target positions at a time (None: a group's at
+            once); as ``group_rows``, memory only.
 
     Example:
         >>> from tiny_llm.config import ModelConfig

@@ -77,10 +77,15 @@ def margin(config: ModelConfig) -> float:
     return MODEL_MARGIN * (WIDE_MARGIN if config.d_model > FITTED_WIDTH else 1.0)
 
 
-FEATURES = ("D", "Ld", "Lf", "LhT", "d", "f", "hT", "V")
+FEATURES = ("D", "Ld", "Lf", "LhT", "d", "f", "hT", "V", "Vd")
 """What memory scales with: D parameters; per sequence and target position, L layers of width d,
-feed-forward width f and h heads of T² scores, one layer's worth of each, and V logits."""
-PHASES = (("D", "Ld", "Lf", "LhT", "d", "hT"), ("D", "Ld", "Lf", "LhT", "d", "f"), ("D", "Ld", "Lf", "LhT", "d", "V"))
+feed-forward width f and h heads of T² scores, one layer's worth of each, and V logits; and the
+head's V × d weight (its gradient, once per head chunk)."""
+PHASES = (
+    ("D", "Ld", "Lf", "LhT", "d", "hT"),
+    ("D", "Ld", "Lf", "LhT", "d", "f"),
+    ("D", "Ld", "Lf", "LhT", "d", "V", "Vd"),
+)
 """The peak of a pass is in one of three phases: a layer's attention core, its feed-forward block,
 or the logits and loss. Each phase's live memory is linear in the features it names."""
 
@@ -243,6 +248,7 @@ def features(
         "f": n * f,
         "hT": n * h * T,
         "V": min(n, head_tokens or n) * V,
+        "Vd": V * d,
     }
 
 
@@ -430,8 +436,8 @@ def plan_analysis(
     """
     D = parameter_count(config)
 
-    def chunked(engine_: str) -> bool:  # the head in token chunks: our models' gradients and jet engines
-        return config.architecture != "hf" and (engine_ == GRADIENT or engine_named(engine_).jets)
+    def chunked(engine_: str) -> bool:  # the head in token chunks: our models' gradients and some engines
+        return config.architecture != "hf" and (engine_ == GRADIENT or engine_named(engine_).head_chunks)
 
     audited = 0 if audit_directions is None else 2 * audit_directions + 1
     resident = resident_bytes(D, K, itemsize, extra_vectors + audited)

@@ -5,15 +5,24 @@ sequences, V of shape (K, D).
   (``torch.autograd.grad(..., is_grads_batched=True)``).
 * ``pearlmutter``: forward-over-reverse ``jvp(grad(L))`` with ``torch.func``, vmapped over the
   K directions; compiled with ``torch.compile`` when the operator is (CUDA), eager otherwise.
-* ``finite_difference``: central differences of gradients (first derivatives only).
+* ``finite_difference``: central differences of gradients (first derivatives only); with the
+  operator's ``head_tokens`` the gradients take the output head and loss in token chunks.
+
+The two exact engines hold a group's whole (tokens × vocabulary) logits and their derivatives in one
+graph (a chunked head would keep every chunk's graph alive until the second derivative is taken);
+the memory plan bounds them by cutting the group of sequences instead.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from torch.func import grad, jvp, vmap
+
+from tiny_llm.model.causal import head_loss_chunks
 
 if TYPE_CHECKING:
     from tiny_llm.curvature.hessian import EpochHessian
@@ -75,12 +84,15 @@ def finite_difference(
     hessian: EpochHessian, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
     """Central differences of gradients, (∇L(θ + εv) − ∇L(θ − εv)) / 2ε, with
-    ε = fd_scale · max(1, ‖θ‖) / ‖v‖: first derivatives only, so fused attention works."""
+    ε = fd_scale · max(1, ‖θ‖) / ‖v‖: first derivatives only, so fused attention works. With the
+    operator's ``head_tokens`` (a model of this project's, which has ``hidden``) each gradient
+    takes the head and loss that many target positions at a time: the same sums."""
 
     def loss(flat: torch.Tensor) -> torch.Tensor:
         return hessian.loss(hessian.flat.unflatten(flat), inputs, targets)
 
-    gradient = grad(loss)
+    chunked = hessian.head_tokens is not None and hasattr(hessian.model, "hidden")
+    gradient = (lambda theta: _chunked_gradient(hessian, theta, inputs, targets)) if chunked else grad(loss)
     scale = hessian.fd_scale * max(1.0, float(hessian.theta.norm()))
     rows = []
     for v in V:
@@ -91,3 +103,38 @@ def finite_difference(
         eps = scale / norm
         rows.append((gradient(hessian.theta + eps * v) - gradient(hessian.theta - eps * v)) / (2 * eps))
     return torch.stack(rows)
+
+
+def _chunked_gradient(
+    hessian: EpochHessian, theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """∇ of this group's share of the epoch loss at ``theta``, the head and loss ``head_tokens``
+    target positions at a time (the model's parameters set to θ for the pass, then restored)."""
+    model = hessian.model
+    with _parameters_at(hessian, theta):
+        with hessian.precision.autocast():
+            h = model.hidden(inputs)
+            _, grad_h = head_loss_chunks(
+                model, h, targets, 1 / hessian.n_targets, hessian.head_tokens, parameter_grads=True
+            )
+        h.backward(grad_h)
+        return hessian.flat.flatten([p.grad for p in model.parameters()])
+
+
+@contextlib.contextmanager
+def _parameters_at(hessian: EpochHessian, theta: torch.Tensor) -> Iterator[None]:
+    """The model's parameters set to ``theta`` (their ``.grad`` cleared) inside the block; the
+    operator's own θ and empty gradients restored after it, whatever happens."""
+    params = list(hessian.model.parameters())
+    saved = [p.grad for p in params]
+    try:
+        with torch.no_grad():
+            for p, value in zip(params, hessian.flat.unflatten(theta).values(), strict=True):
+                p.copy_(value)
+                p.grad = None
+        yield
+    finally:
+        with torch.no_grad():
+            for p, value, grad_ in zip(params, hessian.flat.unflatten(hessian.theta).values(), saved, strict=True):
+                p.copy_(value)
+                p.grad = grad_

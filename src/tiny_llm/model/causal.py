@@ -173,7 +173,7 @@ class CausalLM(nn.Module):
             # cancel (at a 50k vocabulary in float32 that difference kept three digits).
             curvature = per_direction_dot(z1.sub_(p_z1.unsqueeze(-1).to(z1.dtype)).square_(), p)
             r = p - F.one_hot(targets.clamp(min=0), V).to(p.dtype) * keep  # (n, V)
-            first = 2 * per_direction_dot(per_direction(r, Ut), h1)  # 2⟨rU, h1⟩
+            first = 2 * per_direction_dot(per_direction(r, Ut), h1, overwrite=True)  # 2⟨rU, h1⟩
             if h2 is not None:
                 first = first + per_direction_dot(upcast(h2), r @ E)  # rE: shared
         return first + curvature, curvature

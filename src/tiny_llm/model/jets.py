@@ -78,21 +78,38 @@ def shared_matmul(A: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     return (A @ wide).unflatten(-1, (K, n)).movedim(-2, 0)
 
 
-def per_direction_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def per_direction_dot(a: torch.Tensor, b: torch.Tensor, overwrite: bool = False) -> torch.Tensor:
     """⟨aₖ, bₖ⟩ over all axes but the first, in at least float32: a (K, ...) and b either (K, ...)
-    with the same elements in the same order (any view) or shared (...) → (K,)."""
+    with the same elements in the same order (any view) or shared (...) → (K,). With ``overwrite``
+    (a is a temporary the caller no longer needs) the paired products are written into a."""
     wide = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
-    a, b = a.to(wide), b.to(wide)
     K = a.size(0)
     if b.numel() * K == a.numel() and b.numel() != a.numel():
-        return _blocked_dot(a.reshape(K, -1), b.reshape(-1))
+        return _blocked_dot(a.to(wide).reshape(K, -1), b.to(wide).reshape(-1))
     if b.numel() != a.numel():
         raise ValueError(f"per_direction_dot: shapes {tuple(a.shape)} and {tuple(b.shape)} do not pair")
-    return torch.linalg.vecdot(a.reshape(K, -1), b.reshape(K, -1))
+    b = b.to(wide).reshape(a.shape)
+    if overwrite and a.dtype == wide and a.is_contiguous():
+        products = a.mul_(b)
+    else:
+        products = torch.mul(a.to(wide), b)
+    return _blocked_sum(products.reshape(K, -1))
 
 
 DOT_BLOCK = 4096
-"""Terms a shared dot product sums in its own dtype before the blocks are added in float64."""
+"""Terms a dot product sums in its own dtype before the blocks are added in float64."""
+
+
+def _blocked_sum(x: torch.Tensor) -> torch.Tensor:
+    """Row sums of x (K, L), in blocks of DOT_BLOCK terms added in float64, in x's dtype."""
+    K, L = x.shape
+    if L <= DOT_BLOCK or x.dtype == torch.float64:
+        return x.sum(1)
+    blocks, main = L // DOT_BLOCK, L - L % DOT_BLOCK
+    total = x[:, :main].reshape(K, blocks, DOT_BLOCK).sum(2).double().sum(1)
+    if main < L:
+        total += x[:, main:].sum(1).double()
+    return total.to(x.dtype)
 
 
 def _blocked_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

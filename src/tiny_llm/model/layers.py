@@ -45,7 +45,7 @@ def linear_jet(x: Jet, linear: nn.Linear, jets: JetPass) -> Jet:
     K, m, n = V.shape
     if lam is not None:
         lam_v = per_direction(lam, V.transpose(1, 2), buffer=jets.buffer("linear λV", (K, lam.numel() // m, n), V))
-        jets.absorb(2 * per_direction_dot(lam_v, x.z1))  # 2⟨λV, x1⟩
+        jets.absorb(2 * per_direction_dot(lam_v, x.z1, overwrite=True))  # 2⟨λV, x1⟩
         return Jet(y0, y1)
     y2 = 2 * torch.bmm(x.z1.reshape(K, x.z0.numel() // n, n), V.transpose(1, 2)).view(y1.shape)
     return jets.emit(linear, Jet(y0, y1, y2 if x.z2 is None else y2 + F.linear(x.z2, W)))
@@ -194,9 +194,9 @@ def _attention_adjoint_jet(
     c = torch.matmul(left, right.transpose(-2, -1), out=jets.buffer("attention c", (*left.shape[:-1], T), left))
     p1 = torch.mul(p0, c, out=jets.buffer("attention p1", c.shape, c))  # (K, B, nh, T, T)
     jets.absorb(
-        2 * per_direction_dot(shared_matmul(lam_s, k.z1), q.z1)
+        2 * per_direction_dot(shared_matmul(lam_s, k.z1), q.z1, overwrite=True)
         + per_direction_dot(c.mul_(c), lam_s.to(c.dtype))  # c² in place: c is not used again
-        + 2 * per_direction_dot(p1.transpose(-2, -1) @ lam_o.to(p1.dtype), v1)
+        + 2 * per_direction_dot(p1.transpose(-2, -1) @ lam_o.to(p1.dtype), v1, overwrite=True)
     )
     return Jet(p0 @ v0, p1 @ v0 + shared_matmul(p0, v1)).map(lambda z: z.to(v.z0.dtype))
 

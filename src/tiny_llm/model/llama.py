@@ -158,7 +158,8 @@ class FeedForward(nn.Module):
         else:
             d1, d2 = silu_derivatives(a.z0)
             t = torch.mul(a.z1, lam * d2 * b.z0, out=jets.buffer("gate t", a.z1.shape, a.z1))
-            jets.absorb(per_direction_dot(t.addcmul_(b.z1, lam * d1, value=2), a.z1))  # ⟨λ, s″a1²b0 + 2s′a1b1⟩
+            own = t.addcmul_(b.z1, lam * d1, value=2)  # λ(s″a1b0 + 2s′b1), then ⟨·, a1⟩
+            jets.absorb(per_direction_dot(own, a.z1, overwrite=True))  # ⟨λ, s″a1²b0 + 2s′a1b1⟩
             gate = Jet(silu(a.z0) * b.z0, torch.mul(a.z1, d1 * b.z0).addcmul_(b.z1, silu(a.z0)))
         return linear_jet(gate, self.w2, jets)
 

@@ -96,6 +96,25 @@ def test_the_head_in_token_chunks_gives_the_same_forms_and_gradients(variant, en
     torch.testing.assert_close(gradients[1], gradients[0], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_finite_difference_products_with_the_head_in_token_chunks_are_the_same(variant):
+    """finite_difference's gradients take the head in chunks (5 positions) when asked: the products
+    equal the unchunked ones to the rounding that the step 2ε amplifies, and the model's parameters
+    and gradients are what they were before."""
+    model = _model(variant)
+    tokens = torch.randint(0, 16, (3, 7), generator=torch.Generator().manual_seed(4))
+    V = torch.randn(2, FlatParameters(model).D, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    before = [p.detach().clone() for p in model.parameters()]
+    products = [
+        EpochHessian(model, tokens, batch_size=2, engine="finite_difference", precision=CPU64, head_tokens=chunk).hvp(V)
+        for chunk in (None, 5)
+    ]
+    torch.testing.assert_close(products[1], products[0], rtol=0, atol=1e-8 * products[0].abs().max().item())
+    assert not torch.equal(products[0], torch.zeros_like(products[0]))
+    for p, saved in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, saved) and p.grad is None
+
+
 def test_float32_forms_at_a_real_vocabulary_keep_float32_accuracy():
     """At Pythia's vocabulary (50,304) the loss rule's sums run over millions of terms (128 tokens ×
     V): summed in float64 blocks they keep the float32 forms within 2e-6 of float64 (relative to
