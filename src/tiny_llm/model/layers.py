@@ -114,7 +114,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = cos.size(-1)
     x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos, rest), dim=-1)
+    if torch.is_grad_enabled():  # out= does not record for autograd
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos, rest), dim=-1)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)  # a jet's K tangents: no temporaries
+    y1, y2 = y[..., :half], y[..., half : 2 * half]
+    torch.mul(x1, cos, out=y1).addcmul_(x2, sin, value=-1)
+    torch.mul(x1, sin, out=y2).addcmul_(x2, cos)
+    y[..., 2 * half :].copy_(rest)
+    return y
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -189,8 +196,11 @@ def _attention_adjoint_jet(
     v0, v1 = upcast(v.z0), upcast(v.z1)
     # ⟨p0, s1⟩ row by row, from s1 = q1k0ᵀ + q0k1ᵀ without forming s1: q1·(p0k0) + q0·(p0k1).
     m = (q.z1 * (p0 @ k.z0)).sum(-1, keepdim=True) + (q.z0 * shared_matmul(p0, k.z1)).sum(-1, keepdim=True)
-    left = torch.cat([q.z1, q.z0.expand_as(q.z1), -m], dim=-1)  # (K, B, nh, T, 2hs + 1)
-    right = torch.cat([k.z0.expand_as(k.z1), k.z1, torch.ones_like(m)], dim=-1)
+    wide = (*q.z1.shape[:-1], 2 * q.z1.size(-1) + 1)  # (K, B, nh, T, 2hs + 1)
+    left = torch.cat([q.z1, q.z0.expand_as(q.z1), -m], dim=-1, out=jets.buffer("attention left", wide, q.z1))
+    right = torch.cat(
+        [k.z0.expand_as(k.z1), k.z1, torch.ones_like(m)], dim=-1, out=jets.buffer("attention right", wide, k.z1)
+    )
     c = torch.matmul(left, right.transpose(-2, -1), out=jets.buffer("attention c", (*left.shape[:-1], T), left))
     p1 = torch.mul(p0, c, out=jets.buffer("attention p1", c.shape, c))  # (K, B, nh, T, T)
     jets.absorb(
