@@ -193,12 +193,11 @@ def measure_pass(
             )
         return counter.peak
     spec = engine_named(engine)
-    batch = rows * K if spec.rows_per_direction else rows  # taylor mode's groups are at most B/K sequences
-    tokens = torch.randint(0, config.vocab_size, (batch, seq_len + 1), device=device)
+    tokens = torch.randint(0, config.vocab_size, (rows, seq_len + 1), device=device)
     H = EpochHessian(
         model,
         tokens,
-        batch_size=batch,
+        batch_size=rows,
         engine=engine,
         precision=precision,
         directions_per_pass=K,
@@ -207,12 +206,16 @@ def measure_pass(
         head_tokens=head_tokens,
     )
     V = torch.randn(K, H.flat.D, dtype=dtype, device=device)
-    products = spec.products
-    if compile:  # compilation's own workspaces are not the pass's
-        H.hvp(V)
-    with counter:  # jet engines keep their workspace between groups: the second pass is the steady state
-        for _ in range(1 if products else 2):
-            (H.hvp if products else H.quadratic_forms)(V)
+    if spec.products:
+        if compile:  # compilation's own workspaces are not the pass's
+            H.hvp(V)
+        with counter:
+            H.hvp(V)
+        return counter.peak
+    inputs, targets = H.batches[0]
+    with counter:  # one group of ``rows`` sequences (whatever the engine's default grouping), twice: the
+        for _ in range(2):  # jet engines keep their workspace between groups, the second is the steady state
+            H._batch(H, V, inputs, targets)
     return counter.peak
 
 
