@@ -110,7 +110,7 @@ def real_directions(engine: str, name: str) -> tuple[int, ...]:
     K parameter-sized products and Llama-3.2-1B's one layer has 330M parameters)."""
     if engine == GRADIENT:
         return (1,)
-    if engine in CHUNKED:
+    if ENGINE_REGISTRY[engine].forms:
         return (1, 4) if name == "llama-3.2-1b" else (1, 4, 16)
     return (1,) if name == "llama-3.2-1b" else (1, 4)
 
@@ -172,31 +172,68 @@ def design(points: list[dict], phase: tuple[str, ...]) -> np.ndarray:
     return np.array(rows, dtype=float)
 
 
+def nnls(A: np.ndarray, b: np.ndarray, tolerance: float = 1e-10) -> np.ndarray:
+    """argmin ‖Ax − b‖ over x ≥ 0 (Lawson and Hanson's active set). Memory is a sum of what a pass
+    holds, so no term is negative; unconstrained, the fit traded one feature against a correlated
+    one (D against the head's V·d at small widths) and under-predicted where they part (1B widths)."""
+    scale = np.linalg.norm(A, axis=0)
+    scale[scale == 0] = 1
+    A = A / scale
+    x = np.zeros(A.shape[1])
+    passive = np.zeros(A.shape[1], dtype=bool)
+    for _ in range(10 * A.shape[1]):
+        gradient = A.T @ (b - A @ x)
+        if passive.all() or gradient[~passive].max() <= tolerance * np.abs(b).max():
+            break
+        passive[np.argmax(np.where(passive, -np.inf, gradient))] = True
+        while True:
+            z = np.zeros_like(x)
+            z[passive] = np.linalg.lstsq(A[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            shrinking = passive & (z <= 0)
+            alpha = np.min(x[shrinking] / (x[shrinking] - z[shrinking]))
+            x = x + alpha * (z - x)
+            passive &= x > tolerance
+            x[~passive] = 0
+    return x / scale
+
+
 def fit(points: list[dict], itemsize: int = 4, iterations: int = 100) -> tuple[dict, ...]:
-    """Max-of-phases fit by alternating least squares, weighted to minimise relative error."""
+    """Max-of-phases fit by alternating non-negative least squares, weighted to minimise relative
+    error. Each point starts in the phase whose own feature (h·T, f, V, or D for the last) is
+    largest, D weighted by each of a few factors in turn; the fit whose worst relative error is
+    smallest is kept (alternation finds a local optimum, which depends on where it starts)."""
     y = np.array([p["peak"] / itemsize for p in points])
     X = [design(points, phase) for phase in PHASES]
-    scale = np.array(
+    own = np.array(
         [
-            [features(config_of(p), p["B"], p["T"], head_tokens=p.get("head"))[phase[-1]] for phase in PHASES]
+            [features(config_of(p), p["B"], p["T"], head_tokens=p.get("head"))[name] for name in ("hT", "f", "V", "D")]
             for p in points
         ]
     )
-    assign = scale.argmax(axis=1)  # start from the phase whose own feature is largest
-    coefficients = [np.zeros(x.shape[1]) for x in X]
-    for _ in range(iterations):
-        for k, x in enumerate(X):
-            chosen = assign == k
-            if chosen.sum() >= x.shape[1] // 2:
-                w = 1 / y[chosen]
-                coefficients[k] = np.linalg.lstsq(x[chosen] * w[:, None], y[chosen] * w, rcond=None)[0]
-        new = np.stack([x @ c for x, c in zip(X, coefficients, strict=True)], axis=1).argmax(axis=1)
-        if (new == assign).all():
-            break
-        assign = new
+    best, best_worst = None, np.inf
+    for weight in (1.0, 0.1, 0.01, 0.001, 0.0):
+        assign = (own * np.array([1, 1, 1, weight])).argmax(axis=1)
+        coefficients = [np.zeros(x.shape[1]) for x in X]
+        for _ in range(iterations):
+            for k, x in enumerate(X):
+                chosen = assign == k
+                if chosen.sum() >= x.shape[1] // 2:
+                    w = 1 / y[chosen]
+                    coefficients[k] = nnls(x[chosen] * w[:, None], y[chosen] * w)
+            predicted = np.stack([x @ c for x, c in zip(X, coefficients, strict=True)], axis=1)
+            new = predicted.argmax(axis=1)
+            if (new == assign).all():
+                break
+            assign = new
+        worst = np.abs(np.log(predicted.max(axis=1) / y)).max()
+        if worst < best_worst:
+            best, best_worst = coefficients, worst
     return tuple(
         {name: (round(float(c[2 * i]), 3), round(float(c[2 * i + 1]), 3)) for i, name in enumerate(phase)}
-        for phase, c in zip(PHASES, coefficients, strict=True)
+        for phase, c in zip(PHASES, best, strict=True)
     )
 
 
@@ -305,6 +342,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="measure the fitting grids and print new coefficients")
     parser.add_argument("--refit", action="store_true", help="fit the counts --fit saved (--measurements)")
+    parser.add_argument("--write", action="store_true", help="with --fit/--refit: write the fit into memory_fit.py")
     parser.add_argument(
         "--measurements",
         type=Path,
@@ -354,13 +392,15 @@ def main() -> None:
             fitted[engine] = fit(saved[engine])
             COEFFICIENTS[engine] = fitted[engine]
             report(engine, saved[engine])
-        print("COEFFICIENTS.update({")
+        text = "COEFFICIENTS.update({\n"
         for engine, phases in fitted.items():
-            print(f"    {engine!r}: (")
-            for phase in phases:
-                print(f"        {phase},")
-            print("    ),")
-        print("})")
+            text += f"    {engine!r}: (\n" + "".join(f"        {phase},\n" for phase in phases) + "    ),\n"
+        text += "})\n"
+        if args.write:  # replace those engines' entries in memory_fit.py (then: ruff format)
+            target = Path(__file__).resolve().parents[1] / "src/tiny_llm/curvature/memory_fit.py"
+            head = target.read_text().split("COEFFICIENTS.update(")[0]
+            target.write_text(head + f"COEFFICIENTS.update({ {**COEFFICIENTS, **fitted}!r})\n")
+        print(text)
         return
     for engine in args.engines.split(","):  # fresh shapes (another seed), float32 and float64
         report(engine, measure(engine, small_grid(40, 1)))

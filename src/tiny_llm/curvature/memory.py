@@ -77,17 +77,20 @@ def margin(config: ModelConfig) -> float:
     return MODEL_MARGIN * (WIDE_MARGIN if config.d_model > FITTED_WIDTH else 1.0)
 
 
-FEATURES = ("D", "Ld", "Lf", "LhT", "d", "f", "hT", "V", "Vd")
+FEATURES = ("D", "Ld", "Lf", "LhT", "d", "f", "hT", "V", "Vd", "Vdt", "Vdw")
 """What memory scales with: D parameters; per sequence and target position, L layers of width d,
 feed-forward width f and h heads of T² scores, one layer's worth of each, and V logits; and the
-head's V × d weight (its gradient, once per head chunk)."""
+head's V × d weight: once, again when the head is tied to the embedding (the gradients of the
+shared weight exist before they are added) and once more when a tied head is taken whole."""
 PHASES = (
     ("D", "Ld", "Lf", "LhT", "d", "hT"),
     ("D", "Ld", "Lf", "LhT", "d", "f"),
-    ("D", "Ld", "Lf", "LhT", "d", "V", "Vd"),
+    ("D", "Ld", "Lf", "LhT", "d", "V", "Vd", "Vdt", "Vdw"),
+    ("D", "Vd", "Vdt", "Vdw"),
 )
-"""The peak of a pass is in one of three phases: a layer's attention core, its feed-forward block,
-or the logits and loss. Each phase's live memory is linear in the features it names."""
+"""The peak of a pass is in one of four phases: a layer's attention core, its feed-forward block,
+the logits and loss, or the end of a reverse pass (the parameters' gradients, the tied head's two).
+Each phase's live memory is linear in the features it names."""
 
 
 class StoragePeak(TorchDispatchMode):
@@ -252,6 +255,8 @@ def features(
         "hT": n * h * T,
         "V": min(n, head_tokens or n) * V,
         "Vd": V * d,
+        "Vdt": V * d if config.tie_embeddings else 0,
+        "Vdw": V * d if config.tie_embeddings and (head_tokens or n) >= n else 0,
     }
 
 

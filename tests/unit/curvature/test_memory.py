@@ -110,6 +110,23 @@ def test_memory_model_at_real_vocabularies_never_under_predicts_by_more_than_a_f
         assert 0.8 <= predicted / measured <= 1.5, (engine, p, predicted / measured)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_memory_model_at_a_checkpoints_real_width_and_vocabulary(engine):
+    """GPT-2 small's width, heads, MLP and vocabulary (d 768, 12 heads, 3072, 50,257; one layer) at
+    a context the fit did not see (T = 48), the head whole and, where the pass can, in 32-token chunks:
+    predicted ÷ counted within 0.8-1.25."""
+    torch.set_num_threads(1)
+    config = ModelConfig(
+        architecture="gpt2", vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=1, max_seq_len=48
+    )
+    K = 1 if engine == GRADIENT else 2
+    chunks = (None, 32) if engine == GRADIENT or engine_named(engine).head_chunks else (None,)
+    for head in chunks:
+        measured = measure_pass(config, engine, 1, K, 48, head_tokens=head)
+        predicted = pass_bytes(engine, config, 1, K, 48, 4, head_tokens=head)
+        assert 0.8 <= predicted / measured <= 1.25, (engine, head, predicted / measured)
+
+
 CAMPAIGN = ModelConfig(vocab_size=256, d_model=512, n_heads=8, d_ff=1368, n_layers=6, max_seq_len=1024)
 
 
