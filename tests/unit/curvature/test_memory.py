@@ -61,8 +61,8 @@ def test_memory_model_predicts_the_counted_peak_within_a_quarter(engine):
     and float64, for both architectures. One model, fitted on the Llama, serves both: GPT-2's
     LayerNorm and biases cost about what RMSNorm does, and its single MLP projection less than
     SwiGLU's two, so for GPT-2 the prediction may exceed the peak by up to a half where the MLP is
-    far wider than the residual stream (measured 1.60 at width 16, d_ff 172, taylor), never under
-    it by more than the Llama's quarter."""
+    far wider than the residual stream (measured 1.61 at width 16, d_ff 172, taylor); never under
+    by more than a fifth (measured: 0.91 at worst)."""
     torch.set_num_threads(1)
     for index, p in enumerate(_shapes(8, 101)):
         dtype = torch.float64 if index % 4 == 3 else torch.float32
@@ -77,7 +77,7 @@ def test_memory_model_predicts_the_counted_peak_within_a_quarter(engine):
         )
         measured = measure_pass(config, engine, p["B"], p["K"], p["T"], dtype)
         predicted = pass_bytes(engine, config, p["B"], p["K"], p["T"], torch.finfo(dtype).bits // 8)
-        assert 0.75 <= predicted / measured <= (1.65 if index % 2 else 1.25), (engine, p, dtype, predicted / measured)
+        assert 0.8 <= predicted / measured <= (1.65 if index % 2 else 1.25), (engine, p, dtype, predicted / measured)
 
 
 VOCABULARIES = [
