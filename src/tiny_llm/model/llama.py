@@ -84,8 +84,42 @@ class RMSNorm(nn.Module):
         return normed.to(x.dtype) * self.weight
 
     def jet(self, x: Jet, jets: JetPass) -> Jet:
-        """n = (x / rms(x))·w: the normalisation's rule, then the product rule with w(t) = w + t·w_v."""
+        """n = (x / rms(x))·w: the normalisation's rule, then the product rule with w(t) = w + t·w_v;
+        in the adjoint mode fused (``_rms_norm_adjoint``)."""
+        lam = jets.adjoint(self, x)
+        if lam is not None:
+            return self._adjoint_jet(x, lam, jets)
         return jets.emit(self, jets.product(rms_normalize_jet(x, self.eps, jets), feature_jet(self.weight, jets, x)))
+
+    def _adjoint_jet(self, x: Jet, lam: torch.Tensor, jets: JetPass) -> Jet:
+        """The adjoint mode (no input z2): with r = m^(−½) as in ``rms_normalize_jet``, the output's
+        z1 = (x1 r0 + x0 r1) w + x0 r0 w_v, and its own second-order term
+        Q = (2 x1 r1 + x0 r2) w + 2 (x1 r0 + x0 r1) w_v is contracted with λ term by term,
+        ⟨λ, Q⟩ = 2Σ r1⟨λw, x1⟩_row + Σ r2⟨λw, x0⟩_row + 2⟨r0 λ w_v, x1⟩ + 2Σ r1⟨λ x0, w_v⟩_row,
+        so that no (K, tokens, C) tensor but z1 and two row reductions is written (the generic
+        product rules wrote about twenty)."""
+        with without_autocast(x.z0):
+            x0, x1 = upcast(x.z0), upcast(x.z1)  # (..., C), (K, ..., C)
+            K, C = x1.size(0), x0.size(-1)
+            w, lam = self.weight.to(x0.dtype), upcast(lam)
+            wv = jets.direction(self.weight).to(x0.dtype).view(K, *([1] * (x0.dim() - 1)), C)
+            r0 = torch.rsqrt(x0.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., 1)
+            m1 = (x1 * x0).sum(-1, keepdim=True).mul_(2 / C)  # (K, ..., 1)
+            m2 = torch.linalg.vector_norm(x1, dim=-1, keepdim=True).square_().mul_(2 / C)
+            r1 = -0.5 * r0.pow(3) * m1
+            r2 = -0.5 * r0.pow(3) * m2 + 0.75 * r0.pow(5) * m1.square()
+            lam_w, u = lam * w, wv.reshape(K, C)
+            rows = (x1 * lam_w).sum(-1, keepdim=True)  # ⟨λw, x1⟩ by row, (K, ..., 1)
+            every, tokens = tuple(range(1, x1.dim())), tuple(range(1, x1.dim() - 1))
+            forms = (
+                2 * (r1 * rows).sum(every)  # 2Σ r1⟨λw, x1⟩
+                + (r2 * (lam_w * x0).sum(-1, keepdim=True)).sum(every)  # Σ r2⟨λw, x0⟩
+                + 2 * ((x1 * (r0 * lam)).sum(tokens).reshape(K, C) * u).sum(-1)  # 2⟨r0 λ w_v, x1⟩
+                + 2 * (r1.reshape(K, -1) * (u @ (lam * x0).reshape(-1, C).t())).sum(-1)  # 2Σ r1⟨λ x0, w_v⟩
+            )
+            jets.absorb(forms)
+            z1 = torch.mul(x1, r0 * w).addcmul_(x0 * w, r1).addcmul_(x0 * r0, wv)
+            return Jet((x0 * r0).to(x.z0.dtype) * self.weight, z1.to(x.z1.dtype))
 
 
 class Attention(nn.Module):
