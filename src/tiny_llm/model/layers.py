@@ -44,8 +44,14 @@ def linear_jet(x: Jet, linear: nn.Linear, jets: JetPass) -> Jet:
     lam = jets.adjoint(linear, x)
     K, m, n = V.shape
     if lam is not None:
-        lam_v = per_direction(lam, V.transpose(1, 2), buffer=jets.buffer("linear λV", (K, lam.numel() // m, n), V))
-        jets.absorb(2 * per_direction_dot(lam_v, x.z1, overwrite=True))  # 2⟨λV, x1⟩
+        N = lam.numel() // m  # tokens
+        if N > m:  # 2⟨V, λᵀx1⟩: over the tokens first, (K, out, in) is smaller than λV's (K, tokens, in)
+            shared = lam.reshape(N, m).t().to(x.z1.dtype).unsqueeze(0).expand(K, m, N)
+            lam_x = torch.bmm(shared, x.z1.reshape(K, N, n), out=jets.buffer("linear λᵀx1", (K, m, n), x.z1))
+            jets.absorb(2 * per_direction_dot(lam_x, V, overwrite=True))
+        else:
+            lam_v = per_direction(lam, V.transpose(1, 2), buffer=jets.buffer("linear λV", (K, N, n), V))
+            jets.absorb(2 * per_direction_dot(lam_v, x.z1, overwrite=True))  # 2⟨λV, x1⟩
         return Jet(y0, y1)
     y2 = 2 * torch.bmm(x.z1.reshape(K, x.z0.numel() // n, n), V.transpose(1, 2)).view(y1.shape)
     return jets.emit(linear, Jet(y0, y1, y2 if x.z2 is None else y2 + F.linear(x.z2, W)))
