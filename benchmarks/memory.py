@@ -2,11 +2,12 @@
 
 Measures the peak live storage of one pass per engine (and of a gradient pass) on CPU with a
 storage-counting dispatch mode, over a seeded random grid of small shapes, a grid at the 20M
-model's width (d = 512, 8 heads, f = 1368) with one or two layers and T up to 1024, and a grid of
-real vocabularies (8k to 50k) at small widths for each architecture, the head whole and in
-64-token chunks; fits, per engine,
-the three-phase model of the module docstring by alternating weighted least squares (relative
-error); and prints the coefficients (to paste into COEFFICIENTS) and the predicted/measured ratios.
+model's width (d = 512, 8 heads, f = 1368) with one or two layers and T up to 2048, a grid of real
+vocabularies (8k to 152k) at small widths for each architecture, and the checkpoints' own widths
+and vocabularies with one layer, the head whole and in 64-token chunks where the pass can; fits,
+per engine, the four-phase model of tiny_llm.curvature.memory by alternating non-negative least
+squares (relative error); and prints (or with --write writes) the coefficients of memory_fit.py
+and the predicted/measured ratios.
 
     python benchmarks/memory.py --fit            # measure, save the counts, fit, print coefficients (about an hour)
     python benchmarks/memory.py --refit          # fit the saved counts again (seconds)

@@ -51,7 +51,6 @@ __all__ = [
     "choose_group_rows",
     "device_budget",
     "features",
-    "margin",
     "measure_pass",
     "parameter_count",
     "pass_bytes",
@@ -67,12 +66,6 @@ MODEL_MARGIN = 1.1
 (benchmarks/README.md); the worst under-predictions (0.81-0.85, small widths at 50k-150k
 vocabularies) are then at most a few per cent over the budget, which itself leaves the device a
 tenth of its memory."""
-
-
-def margin(config: ModelConfig) -> float:
-    """The plan's margin on the model for ``config`` (one for every shape since the fit covers the
-    checkpoints' widths and vocabularies)."""
-    return MODEL_MARGIN
 
 
 FEATURES = ("D", "Ld", "Lf", "LhT", "d", "f", "hT", "V", "Vd", "Vdt", "Vdw")
@@ -375,7 +368,7 @@ def choose_group_rows(
 ) -> PassPlan:
     """The largest group of sequences (at most ``largest``, by default ``batch``; a divisor of
     ``batch`` with ``equal_groups``) whose predicted peak, ``resident`` plus the pass, fits
-    ``budget_bytes`` with the model's margin (``margin``). With ``chunk_head`` (a pass whose
+    ``budget_bytes`` with the model's margin (MODEL_MARGIN). With ``chunk_head`` (a pass whose
     head and loss can run in token chunks), a group whose head does not fit at once takes the head
     in the largest chunk that fits (halving from the whole group down to 64 positions) before the
     group is cut smaller: at a real vocabulary the logits, not the layers, bound the group.
@@ -392,12 +385,12 @@ def choose_group_rows(
         return PassPlan(name, engine, K, batch, candidates[0], peak(candidates[0]))
     for rows in candidates:
         for head_tokens in _head_chunks(rows * seq_len, chunk_head):
-            if peak(rows, head_tokens) * margin(config) <= budget_bytes:
+            if peak(rows, head_tokens) * MODEL_MARGIN <= budget_bytes:
                 return PassPlan(name, engine, K, batch, rows, peak(rows, head_tokens), head_tokens)
     what = "" if engine == GRADIENT else f" with {K} direction{'s' if K > 1 else ''} ({engine} engine)"
     lower = "data.seq_len" if engine == GRADIENT else "directions_per_pass or data.seq_len"
     raise ValueError(
-        f"{name}: one sequence of {seq_len} tokens{what} needs ~{size(peak(1) * margin(config))} "
+        f"{name}: one sequence of {seq_len} tokens{what} needs ~{size(peak(1) * MODEL_MARGIN)} "
         f"(with the model's margin), more than {setting} = "
         f"{size(budget_bytes)}; lower {lower}, or raise the budget"
     )

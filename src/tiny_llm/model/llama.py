@@ -85,7 +85,7 @@ class RMSNorm(nn.Module):
 
     def jet(self, x: Jet, jets: JetPass) -> Jet:
         """n = (x / rms(x))·w: the normalisation's rule, then the product rule with w(t) = w + t·w_v;
-        in the adjoint mode fused (``_rms_norm_adjoint``)."""
+        in the adjoint mode fused (``_adjoint_jet``)."""
         lam = jets.adjoint(self, x)
         if lam is not None:
             return self._adjoint_jet(x, lam, jets)

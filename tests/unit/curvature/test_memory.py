@@ -14,7 +14,6 @@ from tiny_llm.curvature.memory import (
     GiB,
     StoragePeak,
     choose_group_rows,
-    margin,
     measure_pass,
     parameter_count,
     pass_bytes,
@@ -223,7 +222,7 @@ def test_at_a_real_vocabulary_the_plan_chunks_the_head_before_it_cuts_the_group(
     whole = pass_bytes("adjoint", gpt2, 4, 16, 1024, 4, D)
     chunked = pass_bytes("adjoint", gpt2, 4, 16, 1024, 4, D, head_tokens=256)
     assert chunked < whole
-    budget = int((chunked + whole) / 2 * margin(gpt2))
+    budget = int((chunked + whole) / 2 * MODEL_MARGIN)
     plan = choose_group_rows("forms", "adjoint", gpt2, 4, 16, 1024, 4, budget, resident, D=D, chunk_head=True)
     assert plan.rows == 4 and plan.head_tokens is not None and plan.head_tokens >= 256
     assert f"head {plan.head_tokens} tokens at a time" in plan.describe()
