@@ -177,6 +177,7 @@ register(
         "products",
         "eager reverse-over-reverse, K directions through one batched vector-Jacobian product",
         "tiny_llm.curvature.products:double_backward",
+        head_chunks=True,
     )
 )
 register(
@@ -186,6 +187,7 @@ register(
         "forward-over-reverse jvp(grad) with torch.func, vmapped over the K directions",
         "tiny_llm.curvature.products:pearlmutter",
         compiled=True,
+        head_chunks=True,
     )
 )
 register(

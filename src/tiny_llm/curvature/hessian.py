@@ -101,6 +101,17 @@ def pad_sequences(tokens: torch.Tensor, batch_size: int) -> list[tuple[torch.Ten
     return batches
 
 
+class _HiddenAndHead(torch.nn.Module):
+    """A model's final hidden state and output head as one module's output, for ``functional_call``."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.hidden(inputs), self.model.head_weight
+
+
 class EpochHessian:
     """The full-epoch token-mean Hessian at the model's current parameters.
 
@@ -120,8 +131,8 @@ class EpochHessian:
             grows with it; the forms and products do not change (the loss is a sum over
             sequences, and each group adds its share). Compiled, groups are equal (a divisor of
             the micro-batch), so one graph serves them.
-        head_tokens: the engines that can (taylor, adjoint, finite_difference: ``Engine.head_chunks``)
-            take the output head and loss this many target positions at a time (None: a group's at
+        head_tokens: every engine (``Engine.head_chunks``) takes the output head and loss of a
+            model of this project's this many target positions at a time (None: a group's at
             once); as ``group_rows``, memory only.
 
     Example:
@@ -179,6 +190,7 @@ class EpochHessian:
         self.functions: dict[str, Callable] = {}
         """Functions an engine builds once per operator (the compiled Pearlmutter product)."""
         self._batch = self.spec.compute()
+        self._hidden_and_head: _HiddenAndHead | None = None
 
     # --- one micro-batch ---------------------------------------------------------------------
     def loss(
@@ -191,6 +203,16 @@ class EpochHessian:
         """This micro-batch's share of the epoch loss at ``params`` (a functional call)."""
         logits = self.precision.forward(lambda x: functional_call(self.model, params, (x,)), inputs)
         return token_losses(logits, targets).sum() / (self.n_targets if n_targets is None else n_targets)
+
+    def hidden_and_head(
+        self, params: dict[str, torch.Tensor], inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final hidden state (B, T, C) and the output head (V, C) at ``params`` (a functional
+        call of a model of this project's, under the forward's autocast)."""
+        if self._hidden_and_head is None:
+            self._hidden_and_head = _HiddenAndHead(self.model)
+        with self.precision.autocast():
+            return functional_call(self._hidden_and_head, {f"model.{n}": p for n, p in params.items()}, (inputs,))
 
     def directions(self, V: torch.Tensor) -> dict[torch.Tensor, torch.Tensor]:
         """Each parameter → its rows of V, shape (K, *parameter.shape) (views, no copies)."""

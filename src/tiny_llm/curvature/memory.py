@@ -68,16 +68,17 @@ vocabularies) are then at most a few per cent over the budget, which itself leav
 tenth of its memory."""
 
 
-FEATURES = ("D", "Ld", "Lf", "LhT", "d", "f", "hT", "V", "Vd", "Vdt", "Vdw")
+FEATURES = ("D", "Ld", "Lf", "LhT", "d", "f", "hT", "V", "Vd", "Vdt", "Vdw", "Vdc")
 """What memory scales with: D parameters; per sequence and target position, L layers of width d,
 feed-forward width f and h heads of T² scores, one layer's worth of each, and V logits; and the
 head's V × d weight: once, again when the head is tied to the embedding (the gradients of the
-shared weight exist before they are added) and once more when a tied head is taken whole."""
+shared weight exist before they are added), once more when a tied head is taken whole, and once
+more when the head is taken in chunks (the head's gradient accumulated chunk by chunk)."""
 PHASES = (
     ("D", "Ld", "Lf", "LhT", "d", "hT"),
     ("D", "Ld", "Lf", "LhT", "d", "f"),
-    ("D", "Ld", "Lf", "LhT", "d", "V", "Vd", "Vdt", "Vdw"),
-    ("D", "Vd", "Vdt", "Vdw"),
+    ("D", "Ld", "Lf", "LhT", "d", "V", "Vd", "Vdt", "Vdw", "Vdc"),
+    ("D", "Vd", "Vdt", "Vdw", "Vdc"),
 )
 """The peak of a pass is in one of four phases: a layer's attention core, its feed-forward block,
 the logits and loss, or the end of a reverse pass (the parameters' gradients, the tied head's two).
@@ -248,6 +249,7 @@ def features(
         "Vd": V * d,
         "Vdt": V * d if config.tie_embeddings else 0,
         "Vdw": V * d if config.tie_embeddings and (head_tokens or n) >= n else 0,
+        "Vdc": V * d if (head_tokens or n) < n else 0,
     }
 
 

@@ -5,12 +5,11 @@ sequences, V of shape (K, D).
   (``torch.autograd.grad(..., is_grads_batched=True)``).
 * ``pearlmutter``: forward-over-reverse ``jvp(grad(L))`` with ``torch.func``, vmapped over the
   K directions; compiled with ``torch.compile`` when the operator is (CUDA), eager otherwise.
-* ``finite_difference``: central differences of gradients (first derivatives only); with the
-  operator's ``head_tokens`` the gradients take the output head and loss in token chunks.
+* ``finite_difference``: central differences of gradients (first derivatives only).
 
-The two exact engines hold a group's whole (tokens × vocabulary) logits and their derivatives in one
-graph (a chunked head would keep every chunk's graph alive until the second derivative is taken);
-the memory plan bounds them by cutting the group of sequences instead.
+With the operator's ``head_tokens`` (a model of this project's, which has ``hidden``) every engine
+takes the output head and loss that many target positions at a time
+(:mod:`tiny_llm.curvature.head`): only one chunk's logits and their derivatives exist at once.
 """
 
 from __future__ import annotations
@@ -20,8 +19,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
-from torch.func import grad, jvp, vmap
+from torch.func import grad, jvp, vjp, vmap
 
+from tiny_llm.curvature.head import head_gradient, head_loss
 from tiny_llm.model.causal import head_loss_chunks
 
 if TYPE_CHECKING:
@@ -33,9 +33,16 @@ __all__ = ["double_backward", "finite_difference", "pearlmutter"]
 def double_backward(
     hessian: EpochHessian, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
-    """H_b V by reverse-over-reverse (one batched vjp for the K directions)."""
+    """H_b V by reverse-over-reverse (one batched vjp for the K directions); with the operator's
+    ``head_tokens``, the head and loss an autograd function that takes them in token chunks in
+    the forward pass and in both derivatives."""
     params = tuple(hessian.model.parameters())
-    loss = hessian.loss(dict(zip(hessian.flat.names, params, strict=True)), inputs, targets)
+    if _chunked(hessian, targets):
+        with hessian.precision.autocast():
+            h = hessian.model.hidden(inputs)
+            loss = head_loss(h, hessian.model.head_weight, targets, 1 / hessian.n_targets, hessian.head_tokens)
+    else:
+        loss = hessian.loss(dict(zip(hessian.flat.names, params, strict=True)), inputs, targets)
     gradient = hessian.flat.flatten(torch.autograd.grad(loss, params, create_graph=True))
     if len(V) == 1:
         products = torch.autograd.grad(gradient, params, grad_outputs=V[0])
@@ -72,8 +79,16 @@ def _pearlmutter(
     def loss(flat: torch.Tensor) -> torch.Tensor:
         return hessian.loss(hessian.flat.unflatten(flat), inputs, targets, n_targets)
 
+    def chunked_gradient(flat: torch.Tensor) -> torch.Tensor:  # the head in token chunks
+        (h, W), pullback = vjp(lambda f: hessian.hidden_and_head(hessian.flat.unflatten(f), inputs), flat)
+        with hessian.precision.autocast():
+            grads = head_gradient(h, W, targets, 1 / n_targets, hessian.head_tokens)
+        return pullback(grads)[0]
+
+    gradient = chunked_gradient if _chunked(hessian, targets) else grad(loss)
+
     def product(v: torch.Tensor) -> torch.Tensor:
-        return jvp(grad(loss), (theta,), (v,))[1]
+        return jvp(gradient, (theta,), (v,))[1]
 
     if len(V) == 1:  # vmap over a single direction only adds overhead
         return product(V[0]).unsqueeze(0)
@@ -91,7 +106,7 @@ def finite_difference(
     def loss(flat: torch.Tensor) -> torch.Tensor:
         return hessian.loss(hessian.flat.unflatten(flat), inputs, targets)
 
-    chunked = hessian.head_tokens is not None and hasattr(hessian.model, "hidden")
+    chunked = _chunked(hessian, targets)
     gradient = (lambda theta: _chunked_gradient(hessian, theta, inputs, targets)) if chunked else grad(loss)
     scale = hessian.fd_scale * max(1.0, float(hessian.theta.norm()))
     rows = []
@@ -103,6 +118,14 @@ def finite_difference(
         eps = scale / norm
         rows.append((gradient(hessian.theta + eps * v) - gradient(hessian.theta - eps * v)) / (2 * eps))
     return torch.stack(rows)
+
+
+def _chunked(hessian: EpochHessian, targets: torch.Tensor) -> bool:
+    """Whether this group's head and loss run in token chunks: ``head_tokens`` set, fewer than the
+    group's targets, and a model of this project's (which has ``hidden``)."""
+    return (
+        hessian.head_tokens is not None and hessian.head_tokens < targets.numel() and hasattr(hessian.model, "hidden")
+    )
 
 
 def _chunked_gradient(

@@ -213,18 +213,19 @@ def test_storage_peak_does_not_count_views_of_what_existed_before():
     assert counter.peak == 800  # only the product's storage
 
 
-def test_at_a_real_vocabulary_the_plan_chunks_the_head_before_it_cuts_the_group():
-    """GPT-2 small's vocabulary, 4 sequences of 1024 tokens, adjoint K = 16: a budget the whole head
-    does not fit is met by taking the head in token chunks (halving) with the group kept whole;
-    product engines keep their head whole and cut the group instead."""
+@pytest.mark.parametrize("engine", ["adjoint", "double_backward", "pearlmutter"])
+def test_at_a_real_vocabulary_the_plan_chunks_the_head_before_it_cuts_the_group(engine):
+    """GPT-2 small's vocabulary, 4 sequences of 1024 tokens, K = 16 (adjoint) or 2 (the product
+    engines): a budget the whole head does not fit is met by taking the head in token chunks
+    (halving) with the group kept whole."""
     gpt2 = ModelConfig(architecture="gpt2", vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=2)
-    D, resident = parameter_count(gpt2), 0
-    whole = pass_bytes("adjoint", gpt2, 4, 16, 1024, 4, D)
-    chunked = pass_bytes("adjoint", gpt2, 4, 16, 1024, 4, D, head_tokens=256)
+    D, resident, K = parameter_count(gpt2), 0, 16 if engine == "adjoint" else 2
+    whole = pass_bytes(engine, gpt2, 4, K, 1024, 4, D)
+    chunked = pass_bytes(engine, gpt2, 4, K, 1024, 4, D, head_tokens=256)
     assert chunked < whole
     budget = int((chunked + whole) / 2 * MODEL_MARGIN)
-    plan = choose_group_rows("forms", "adjoint", gpt2, 4, 16, 1024, 4, budget, resident, D=D, chunk_head=True)
+    plan = choose_group_rows("forms", engine, gpt2, 4, K, 1024, 4, budget, resident, D=D, chunk_head=True)
     assert plan.rows == 4 and plan.head_tokens is not None and plan.head_tokens >= 256
     assert f"head {plan.head_tokens} tokens at a time" in plan.describe()
-    products = choose_group_rows("forms", "double_backward", gpt2, 4, 16, 1024, 4, 10**13, 0, D=D)
-    assert products.head_tokens is None
+    unbounded = choose_group_rows("forms", engine, gpt2, 4, K, 1024, 4, 10**13, 0, D=D, chunk_head=True)
+    assert unbounded.head_tokens is None

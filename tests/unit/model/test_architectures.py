@@ -5,7 +5,14 @@ tested here as it is added (a test fails until ``VARIANTS`` names it)."""
 
 import pytest
 import torch
-from oracles import EXACT_ENGINES, EXACT_PRODUCT_ENGINES, FORM_ENGINES, check_whole_model_jet, dense_epoch_hessian
+from oracles import (
+    EXACT_ENGINES,
+    EXACT_PRODUCT_ENGINES,
+    FORM_ENGINES,
+    PRODUCT_ENGINES,
+    check_whole_model_jet,
+    dense_epoch_hessian,
+)
 
 from tiny_llm.config import ModelConfig, RopeScaling
 from tiny_llm.curvature.gradients import batch_gradient
@@ -97,20 +104,26 @@ def test_the_head_in_token_chunks_gives_the_same_forms_and_gradients(variant, en
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_finite_difference_products_with_the_head_in_token_chunks_are_the_same(variant):
-    """finite_difference's gradients take the head in chunks (5 positions) when asked: the products
-    equal the unchunked ones to the rounding that the step 2ε amplifies, and the model's parameters
+@pytest.mark.parametrize("engine", PRODUCT_ENGINES)
+def test_products_with_the_head_in_token_chunks_are_the_same(variant, engine):
+    """Every product engine takes the head in chunks (5 positions, cutting through sequences) when
+    asked, one direction or a batch of them: the exact engines' products equal the unchunked ones to
+    1e-12 and finite_difference's to the rounding that its step 2ε amplifies; the model's parameters
     and gradients are what they were before."""
     model = _model(variant)
     tokens = torch.randint(0, 16, (3, 7), generator=torch.Generator().manual_seed(4))
-    V = torch.randn(2, FlatParameters(model).D, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    V = torch.randn(3, FlatParameters(model).D, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     before = [p.detach().clone() for p in model.parameters()]
-    products = [
-        EpochHessian(model, tokens, batch_size=2, engine="finite_difference", precision=CPU64, head_tokens=chunk).hvp(V)
-        for chunk in (None, 5)
-    ]
-    torch.testing.assert_close(products[1], products[0], rtol=0, atol=1e-8 * products[0].abs().max().item())
-    assert not torch.equal(products[0], torch.zeros_like(products[0]))
+    for K in (1, 3):
+        products = [
+            EpochHessian(
+                model, tokens, batch_size=2, engine=engine, precision=CPU64, directions_per_pass=K, head_tokens=chunk
+            ).hvp(V)
+            for chunk in (None, 5)
+        ]
+        tolerance = 1e-8 if engine == "finite_difference" else 1e-12
+        torch.testing.assert_close(products[1], products[0], rtol=0, atol=tolerance * products[0].abs().max().item())
+        assert not torch.equal(products[0], torch.zeros_like(products[0]))
     for p, saved in zip(model.parameters(), before, strict=True):
         assert torch.equal(p, saved) and p.grad is None
 
