@@ -130,8 +130,10 @@ def real_grid(engine: str, L: int = 2, T: tuple[int, ...] = (256,)) -> list[dict
 
 def fitting_grid(engine: str, points: int) -> list[dict]:
     """What ``--fit`` measures: small shapes, the 20M width to T = 2048, real vocabularies at small
-    widths, and the checkpoints' shapes with one layer at T = 128 and 256."""
-    return small_grid(points, 0) + wide_grid() + vocabulary_grid(engine) + real_grid(engine, L=1, T=(128, 256))
+    widths, and the checkpoints' shapes with one layer at T = 128 and 256 and two at T = 128
+    (``--real`` holds out two layers at T = 256)."""
+    real = real_grid(engine, L=1, T=(128, 256)) + real_grid(engine, L=2, T=(128,))
+    return small_grid(points, 0) + wide_grid() + vocabulary_grid(engine) + real
 
 
 def config_of(p: dict) -> ModelConfig:

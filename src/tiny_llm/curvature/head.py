@@ -19,7 +19,8 @@ group's, and for a double-backward graph every chunk's, until the second derivat
   under ``vmap``.
 
 Both use the same terms as ``token_losses`` over the whole (n, V) logits; tests hold them equal to
-the unchunked engines to 1e-12 in float64.
+the unchunked engines to 1e-12 in float64. They run in at least float32 with autocast off (under
+bf16 autocast the whole head's logits would be bf16: the chunked head is the more exact of the two).
 """
 
 from __future__ import annotations
