@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "BLOCKS",
     "EPOCH_FILE",
     "FINAL",
     "IMPORTED",
@@ -53,6 +54,8 @@ MANIFEST = "manifest.json"
 """An analysis's collected settings, provenance and states."""
 SUMMARY = "summary.csv"
 """An analysis's table: one row per checkpoint file and case."""
+BLOCKS = "blocks.csv"
+"""An analysis's per-block table: one row per checkpoint file, case and parameter block."""
 EPOCH_FILE = re.compile(r"^epoch-(\d+)\.safetensors$")
 """A root checkpoint written at a virtual epoch (or an imported checkpoint, in its order)."""
 STATE_RESULT = "results/{analysis}/states/{key}/{case}.json"

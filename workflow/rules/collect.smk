@@ -1,4 +1,4 @@
-# Collection: validate every result, then write manifest.json and summary.csv.
+# Collection: validate every result, then write manifest.json, summary.csv and blocks.csv.
 
 
 rule collect:
@@ -10,6 +10,7 @@ rule collect:
             "results/{analysis}/manifest.json", category="Collected results"
         ),
         summary=report("results/{analysis}/summary.csv", category="Collected results"),
+        blocks=report("results/{analysis}/blocks.csv", category="Collected results"),
     log:
         "logs/collect/{analysis}.log",
     localrule: True

@@ -1,4 +1,5 @@
-"""Snakemake adapter: validate every result of an analysis, then write manifest.json and summary.csv."""
+"""Snakemake adapter: validate every result of an analysis, then write manifest.json, summary.csv
+and blocks.csv."""
 
 import json
 import sys

@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from tiny_llm.curvature.audit import audit_choice, precision_audit
+from tiny_llm.curvature.blocks import parameter_blocks, squared_norms
 from tiny_llm.curvature.case import CaseInputs
 from tiny_llm.curvature.gradients import (
     batch_gradient_and_loss,
@@ -72,6 +73,7 @@ from tiny_llm.curvature.statistics import (
     NoiseSample,
     RandomDirection,
     Samples,
+    block_statistics,
     consensus_block,
     standard_errors,
     summarise,
@@ -178,9 +180,11 @@ def _noise_samples(
     inputs: CaseInputs,
     precision: Precision,
     runner: _DirectionRunner,
+    blocks: list[tuple[str, list[int]]],
 ) -> tuple[list[NoiseSample], float]:
-    """The sampled batches' records, their noise directions vᵢ = gᵢ − ḡ queued on ``runner``, and
-    the seconds their gradients took (``sampled``: those the audit computed already)."""
+    """The sampled batches' records (with their squared norms per parameter block), their noise
+    directions vᵢ = gᵢ − ḡ queued on ``runner``, and the seconds their gradients took
+    (``sampled``: those the audit computed already)."""
     plan, noise, seconds = inputs.plan, [], 0.0
     gradients = sampled_gradients(
         selected,
@@ -202,9 +206,12 @@ def _noise_samples(
             grad_norm=float(g.norm()),
             loss=batch_loss,
             worker=int(plan.stream_batches[i]) % inputs.workers if inputs.workers > 1 else None,
+            block_grad_squared_norms=squared_norms(flat.blocks(g), blocks),
         )
+        v = g - g_bar
+        record.block_noise_squared_norms = squared_norms(flat.blocks(v.to(precision.dtype)), blocks)  # as used
         noise.append(record)
-        runner.add(g - g_bar, record, started)
+        runner.add(v, record, started)
     return noise, seconds
 
 
@@ -260,7 +267,10 @@ def measure_case(
     )
     total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
     runner = _DirectionRunner(operator, precision, total, progress)
-    noise, sample_seconds = _noise_samples(model, flat, batches, g_bar, selected, sampled, inputs, precision, runner)
+    blocks = parameter_blocks(flat.names)
+    noise, sample_seconds = _noise_samples(
+        model, flat, batches, g_bar, selected, sampled, inputs, precision, runner, blocks
+    )
     random = [RandomDirection(index=index) for index in range(inputs.random_samples)]
     for record in random:
         runner.add(rademacher(flat.D, inputs.seed, record.index).to(precision.device), record, time.perf_counter())
@@ -276,6 +286,12 @@ def measure_case(
     return {
         "statistics": {"loss": epoch_loss, **summarise(samples)},
         "standard_errors": standard_errors(samples),
+        "blocks": block_statistics(
+            samples,
+            [name for name, _ in blocks],
+            [sum(flat.sizes[i] for i in indices) for _, indices in blocks],
+            squared_norms(flat.blocks(g_bar), blocks),
+        ),
         "audit": audit,
         "noise_samples": [r.to_json() for r in noise],
         "random_directions": [r.to_json() for r in random],

@@ -27,9 +27,11 @@ __all__ = [
     "NoiseSample",
     "RandomDirection",
     "STANDARD_ERRORS",
+    "BLOCK_STATISTICS",
     "STATISTICS",
     "Samples",
     "Statistic",
+    "block_statistics",
     "implied_errors",
     "relative",
     "standard_errors",
@@ -72,6 +74,10 @@ class NoiseSample(Direction):
     loss: float = 0.0
     worker: int | None = None
     """The local-SGD worker that trained on this batch (packed runs)."""
+    block_grad_squared_norms: list[float] | None = None
+    """‖gᵢ,b‖² of each parameter block b (:mod:`tiny_llm.curvature.blocks`), in the result's order."""
+    block_noise_squared_norms: list[float] | None = None
+    """‖vᵢ,b‖² of each parameter block b, of vᵢ as used."""
 
     @property
     def noise_norm(self) -> float:
@@ -94,6 +100,9 @@ class NoiseSample(Direction):
             "noise_squared_norm": self.squared_norm,
             "noise_norm": self.noise_norm,
         }
+        if self.block_grad_squared_norms is not None:
+            record["block_grad_squared_norms"] = self.block_grad_squared_norms
+            record["block_noise_squared_norms"] = self.block_noise_squared_norms
         return record
 
     @classmethod
@@ -422,6 +431,56 @@ STATISTICS: tuple[Statistic, ...] = (
 
 STANDARD_ERRORS: list[str] = [s.name for s in STATISTICS if s.sampled]
 """The statistics that are means over sampled directions; each has ``<name>_se``."""
+
+
+BLOCK_STATISTICS = (
+    "full_grad_norm",
+    "mean_grad_norm",
+    "mean_noise_norm",
+    "b_simple",
+    "gradient_share",
+    "noise_share",
+)
+"""The statistics of each parameter block (:func:`block_statistics`), in the order of a result's
+``blocks`` records and of blocks.csv; the sampled ones (mean_grad_norm, mean_noise_norm,
+b_simple) also have ``<name>_se``."""
+
+
+def block_statistics(
+    samples: Samples, names: list[str], parameters: list[int], g_bar_squared: list[float]
+) -> list[dict[str, Any]]:
+    """Per parameter block b, from the noise samples' block norms and ‖ḡ_b‖²: ‖ḡ_b‖, mean ‖gᵢ,b‖ and
+    mean ‖vᵢ,b‖ (with standard errors as the whole model's), B_simple per block
+    B·c·mean ‖vᵢ,b‖² / ‖ḡ_b‖² (null when ‖ḡ_b‖ = 0 or the epoch is one batch), and the block's
+    shares ‖ḡ_b‖²/‖ḡ‖² and Σᵢ‖vᵢ,b‖²/Σᵢ‖vᵢ‖² (the squared block norms add up to the model's)."""
+    g2_total, vv_total = math.fsum(g_bar_squared), math.fsum(samples.vv)
+    rows = []
+    for b, (name, count) in enumerate(zip(names, parameters, strict=True)):
+        vv = [r.block_noise_squared_norms[b] for r in samples.noise]
+        grads = [math.sqrt(r.block_grad_squared_norms[b]) for r in samples.noise]
+        noises = [math.sqrt(x) for x in vv]
+        g2, mean_vv, vv_se = g_bar_squared[b], samples.mean(vv), _mean_se(vv, samples.n)
+        bs = (
+            None
+            if samples.correction is None or mean_vv is None
+            else _ratio(samples.B * samples.correction * mean_vv, g2)
+        )
+        rows.append(
+            {
+                "block": name,
+                "parameters": count,
+                "full_grad_norm": math.sqrt(g2),
+                "mean_grad_norm": samples.mean(grads),
+                "mean_grad_norm_se": _mean_se(grads, samples.n),
+                "mean_noise_norm": samples.mean(noises),
+                "mean_noise_norm_se": _mean_se(noises, samples.n),
+                "b_simple": bs,
+                "b_simple_se": None if bs is None or vv_se is None else samples.scale * vv_se / g2,
+                "gradient_share": _ratio(g2, g2_total),
+                "noise_share": _ratio(math.fsum(vv), vv_total),
+            }
+        )
+    return rows
 
 
 def summarise(samples: Samples) -> dict[str, float | None]:

@@ -1,8 +1,11 @@
-"""Collect per-(state, case) results into manifest.json and summary.csv, validating them first.
+"""Collect per-(state, case) results into manifest.json, summary.csv and blocks.csv, validating
+them first.
 
 Nothing is published unless every state has every case, all results share one identity, each
-result belongs to its state and case, and every aggregate statistic agrees with its per-sample
-records (recomputed here). summary.csv has one row per checkpoint file × case; nulls are blank.
+result belongs to its state and case, and every aggregate statistic, the whole model's and each
+parameter block's, agrees with its per-sample records (recomputed here). summary.csv has one row
+per checkpoint file × case, blocks.csv one per checkpoint file × case × parameter block; nulls are
+blank.
 """
 
 from __future__ import annotations
@@ -15,17 +18,25 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.curvature.statistics import STANDARD_ERRORS, Samples, standard_errors, summarise
+from tiny_llm.curvature.statistics import (
+    BLOCK_STATISTICS,
+    STANDARD_ERRORS,
+    Samples,
+    block_statistics,
+    standard_errors,
+    summarise,
+)
 from tiny_llm.curvature.statistics import STATISTICS as DECLARED
 from tiny_llm.data.order import order_warnings
 from tiny_llm.io import atomic_write_json, atomic_write_text
-from tiny_llm.layout import MANIFEST, SUMMARY
+from tiny_llm.layout import BLOCKS, MANIFEST, SUMMARY
 from tiny_llm.results.record import append_event, job_records
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "AUDIT_THRESHOLD",
+    "BLOCK_COLUMNS",
     "CONSENSUS_COLUMNS",
     "ERROR_COLUMNS",
     "GAUSS_NEWTON",
@@ -62,6 +73,21 @@ float64, the audited directions rebuilt in float64) and ``audit_max_relative_err
 relative error of a single audited quadratic form (blank when null or not audited). The
 ``*_gauss_newton`` columns are the generalised Gauss–Newton parts of the noise, random and ḡ
 forms (blank with the HVP engines)."""
+
+BLOCK_COLUMNS = [
+    "file",
+    "state_key",
+    "case",
+    "step",
+    "tokens",
+    "block",
+    "parameters",
+    *BLOCK_STATISTICS,
+    *(f"{name}_se" for name in ("mean_grad_norm", "mean_noise_norm", "b_simple")),
+]
+"""One row per checkpoint file × case × parameter block (embedding, each layer's attention and MLP,
+norms, an untied head): the block's ‖ḡ_b‖, mean ‖gᵢ,b‖, mean ‖vᵢ,b‖, B_simple and its shares of
+‖ḡ‖² and of Σ‖vᵢ‖², with the standard errors of the sampled ones."""
 
 AUDIT_THRESHOLD = 1e-2
 """Default largest implied statistic error collection accepts without a warning."""
@@ -101,6 +127,21 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
                 raise ValueError(
                     f"{source}: {name} = {result[block].get(name)!r} disagrees with its per-sample records ({value!r})"
                 )
+    if "blocks" in result:
+        rows = result["blocks"]
+        recomputed = block_statistics(
+            samples,
+            [r["block"] for r in rows],
+            [r["parameters"] for r in rows],
+            [r["full_grad_norm"] ** 2 for r in rows],
+        )
+        for row, again in zip(rows, recomputed, strict=True):
+            for name, value in again.items():
+                if name not in row or (name != "block" and not _agree(value, row[name])):
+                    raise ValueError(
+                        f"{source}: block {row['block']}: {name} = {row.get(name)!r} disagrees with its "
+                        f"per-sample records ({value!r})"
+                    )
     audit = result.get("audit")
     if audit is not None and not _agree(
         audit["max_relative_error"], max(d["relative_error"] for d in audit["directions"])
@@ -200,6 +241,27 @@ def _summary_rows(results: dict, states: dict[str, Any], cases: list[str]) -> li
     return rows
 
 
+def _block_rows(results: dict, states: dict[str, Any], cases: list[str]) -> list[dict[str, Any]]:
+    """One blocks.csv row per checkpoint file × case × parameter block, sorted by step."""
+    rows = []
+    for state in states["states"]:
+        for alias in state["aliases"]:
+            for case in cases:
+                for block in results[state["key"], case].get("blocks", []):
+                    rows.append(
+                        {
+                            "file": alias["file"],
+                            "state_key": state["key"],
+                            "case": case,
+                            "step": alias["step"],
+                            "tokens": _cell(alias["tokens"]),
+                            **{c: _cell(block.get(c)) for c in BLOCK_COLUMNS[5:]},
+                        }
+                    )
+    rows.sort(key=lambda r: (r["step"], r["file"], cases.index(r["case"])))  # stable: blocks in order
+    return rows
+
+
 def _audit_block(rows: list[dict], results: dict, name: str, audit_threshold: float) -> dict[str, Any]:
     """The manifest's audit block: the rows whose implied statistic error exceeds the threshold
     (with a warning naming the worst)."""
@@ -295,8 +357,8 @@ def collect(
     name: str,
     audit_threshold: float = AUDIT_THRESHOLD,
 ) -> dict[str, Any]:
-    """Validate ``states/<key>/<case>.json`` for every state and case, then write manifest.json and
-    summary.csv atomically into ``analysis_dir``. Returns the manifest, whose ``audit`` block lists
+    """Validate ``states/<key>/<case>.json`` for every state and case, then write manifest.json,
+    summary.csv and blocks.csv atomically into ``analysis_dir``. Returns the manifest, whose ``audit`` block lists
     the rows whose audited relative error exceeds ``audit_threshold`` (also logged as a warning)."""
     analysis_dir = Path(analysis_dir)
     results, identity = _validated(analysis_dir, states, cases)
@@ -312,6 +374,7 @@ def collect(
     audit = _audit_block(rows, results, name, audit_threshold)
     manifest = _manifest(results, identity, states, cases, name, audit)
     atomic_write_text(analysis_dir / SUMMARY, _csv(rows, SUMMARY_COLUMNS))
+    atomic_write_text(analysis_dir / BLOCKS, _csv(_block_rows(results, states, cases), BLOCK_COLUMNS))
     atomic_write_json(analysis_dir / MANIFEST, manifest)
     append_event(
         analysis_dir,

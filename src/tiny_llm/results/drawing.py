@@ -76,11 +76,12 @@ def engineering(value: float, _position: object = None) -> str:
 
 
 def states(summary: pd.DataFrame, x_axis: str = "auto") -> pd.DataFrame:
-    """One row per (state, case): the earliest alias; column ``x`` holds the x-axis value (tokens
-    or steps) and ``attrs["xlabel"]`` its label."""
+    """One row per (state, case), and per block in a per-block table: the earliest alias; column
+    ``x`` holds the x-axis value (tokens or steps) and ``attrs["xlabel"]`` its label."""
     if x_axis not in X_AXES:
         raise ValueError(f"plots.x_axis: expected one of {', '.join(X_AXES)}, got {x_axis!r}")
-    table = summary.sort_values(["step", "file"]).drop_duplicates(["state_key", "case"]).copy()
+    keys = ["state_key", "case", *(["block"] if "block" in summary else [])]
+    table = summary.sort_values(["step", "file"], kind="stable").drop_duplicates(keys).copy()
     tokens = pd.to_numeric(table["tokens"], errors="coerce") if "tokens" in table else pd.Series(dtype=float)
     known = bool(len(table)) and bool(tokens.notna().all()) and bool((tokens >= 0).all())
     use_tokens = x_axis != "step" and known

@@ -19,9 +19,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
-from tiny_llm.layout import TRAIN_LOG
+from tiny_llm.layout import BLOCKS, TRAIN_LOG
 from tiny_llm.results.drawing import COLUMN, RC, X_AXES, Notes, collected, curves, engineering, finish, log_axis
 from tiny_llm.results.spectrum_figures import SPECTRUM_FIGURES, plot_spectrum
 
@@ -38,7 +39,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FIGURES = ["loss", "normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"]
+FIGURES = ["loss", "normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes", "block_batch_sizes"]
 AUDIT_FIGURES = ["precision_audit"]
 """Drawn for audited analyses only (``plot_audit``): a float64 analysis has nothing to show there."""
 
@@ -167,6 +168,26 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     return finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)", context, note)
 
 
+def _block_batch_sizes(analysis_dir: Path, out_dir: Path, x_axis: str) -> list[Path]:
+    """B_simple of each parameter block (blocks.csv), one colour per block, against the whole
+    model's; an analysis collected before blocks.csv existed gets a note instead of curves."""
+    whole, context, _ = collected(analysis_dir, out_dir, x_axis)
+    fig, ax = plt.subplots(figsize=(COLUMN[0], 1.3 * COLUMN[1]))
+    notes = Notes()
+    note = ""
+    if (analysis_dir / BLOCKS).exists() and len(table := collected(analysis_dir, out_dir, x_axis, BLOCKS)[0]):
+        names = list(dict.fromkeys(table["block"]))
+        colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(names)))
+        for name, colour in zip(names, colours, strict=True):
+            curves(ax, table[table["block"] == name], "b_simple", name, colour, log=True, notes=notes)
+    else:
+        note = "no per-block table (collected before blocks.csv existed)"
+    curves(ax, whole, "b_simple", "whole model", "k", log=True, notes=notes)
+    log_axis(ax)
+    note = "; ".join(n for n in (note, notes.text()) if n)
+    return finish(fig, ax, out_dir, "block_batch_sizes", "B_simple per block (sequences)", context, note)
+
+
 def _precision_mode(settings: dict, device: str = "") -> str:
     """The arithmetic the analysis ran in; TF32 only where it ran on a CUDA device."""
     dtype = settings.get("dtype", "?")
@@ -234,6 +255,7 @@ def plot_analysis(
             + _noise_alignment(table, context, out_dir)
             + _gradient_norms(table, context, out_dir, run_dir)
             + _batch_sizes(table, context, out_dir)
+            + _block_batch_sizes(Path(analysis_dir), out_dir, x_axis)
         )
     if audit and ((context.get("audit") or {}).get("audited_rows") or 0) > 0:
         paths += plot_audit(analysis_dir, out_dir, x_axis)

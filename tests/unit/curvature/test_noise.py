@@ -427,3 +427,54 @@ def test_precision_audit_against_the_dense_oracle(oracle):
     assert audit["max_statistic_relative_error"] == max(v for v in errors.values() if v is not None)
     assert result["timing"]["audit_seconds"] == audit["seconds"] > 0
     assert measure_case(model32, _inputs(config, cache, plan, noise_samples=3), cpu32)["audit"] is None
+
+
+def test_block_statistics_equal_a_dense_per_block_computation(oracle):
+    """Per parameter block (embedding, each layer's attention and MLP, norms; the head is tied):
+    ‖ḡ_b‖, mean ‖gᵢ,b‖ and ‖vᵢ,b‖ with their standard errors, B_simple per block and the shares,
+    from the oracle's per-batch gradients sliced by hand; the squared block norms add up to the model's."""
+    config, cache, model, plan, H, g_bar, g = oracle
+    result = measure_case(model, _inputs(config, cache, plan, noise_samples=3), CPU64)
+    chosen = noise_batch_indices(len(plan), 3, 11)
+    names = [n for n, _ in model.named_parameters()]
+    offsets = torch.tensor([0] + [p.numel() for p in model.parameters()]).cumsum(0).tolist()
+
+    def block(name):
+        if "norm" in name:
+            return "norms"
+        if name.startswith("layers."):
+            return f"layer {name.split('.')[1]} {'attention' if '.attention.' in name else 'mlp'}"
+        return "embedding"
+
+    expected_blocks = ["embedding"] + [f"layer {i} {p}" for i in range(config.model.n_layers) for p in ("attention", "mlp")]
+    expected_blocks.append("norms")
+    assert [r["block"] for r in result["blocks"]] == expected_blocks
+
+    def part(x, b):
+        return torch.cat([x[offsets[i] : offsets[i + 1]] for i, n in enumerate(names) if block(n) == b])
+
+    B, M, fpc = 3, 15, 1 - 3 / 5
+    c = (M - 1) / (M - B)
+
+    def se(values):
+        return math.sqrt(fpc * float(torch.tensor(values, dtype=torch.float64).var()) / len(values))
+
+    for row in result["blocks"]:
+        b = row["block"]
+        vv = [float(part(g[i] - g_bar, b).pow(2).sum()) for i in chosen]
+        grads = [float(part(g[i], b).norm()) for i in chosen]
+        g2 = float(part(g_bar, b).pow(2).sum())
+        assert row["parameters"] == part(g_bar, b).numel()
+        _assert_close(row["full_grad_norm"], math.sqrt(g2))
+        _assert_close(row["mean_grad_norm"], sum(grads) / 3)
+        _assert_close(row["mean_grad_norm_se"], se(grads))
+        _assert_close(row["mean_noise_norm"], sum(math.sqrt(x) for x in vv) / 3)
+        _assert_close(row["mean_noise_norm_se"], se([math.sqrt(x) for x in vv]))
+        _assert_close(row["b_simple"], B * c * sum(vv) / 3 / g2)
+        _assert_close(row["b_simple_se"], B * c * se(vv) / g2)
+        _assert_close(row["gradient_share"], g2 / float(g_bar @ g_bar))
+        _assert_close(row["noise_share"], sum(vv) / sum(float((g[i] - g_bar).pow(2).sum()) for i in chosen))
+    assert sum(r["parameters"] for r in result["blocks"]) == H.shape[0]
+    assert math.fsum(r["noise_share"] for r in result["blocks"]) == pytest.approx(1, rel=1e-12)
+    for record in result["noise_samples"]:
+        assert math.fsum(record["block_noise_squared_norms"]) == pytest.approx(record["noise_squared_norm"], rel=1e-12)

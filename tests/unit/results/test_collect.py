@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tiny_llm.curvature.statistics import STANDARD_ERRORS
-from tiny_llm.results.collect import SUMMARY_COLUMNS, collect, validate_result
+from tiny_llm.curvature.statistics import STANDARD_ERRORS, Samples, block_statistics
+from tiny_llm.results.collect import BLOCK_COLUMNS, SUMMARY_COLUMNS, collect, validate_result
 
 KEY_A, KEY_B = "a" * 64, "b" * 64
 
@@ -124,6 +124,39 @@ def test_nothing_is_published_from_bad_results(tmp_path, mutate, message):
     with pytest.raises(ValueError, match=message):
         collect(tmp_path, states, ["seen", "unseen"], "demo")
     assert not (tmp_path / "summary.csv").exists() and not (tmp_path / "manifest.json").exists()
+
+
+def _with_blocks(result):
+    """The result with two parameter blocks (the noise sample's ‖v‖² = 1 split 0.25 + 0.75, its
+    ‖g‖² = 4 as 1 + 3, ‖ḡ‖² = 2.25 as 0.25 + 2) and their statistics as a job computes them."""
+    result["noise_samples"][0] |= {"block_grad_squared_norms": [1.0, 3.0], "block_noise_squared_norms": [0.25, 0.75]}
+    samples = Samples.from_result(result)
+    result["blocks"] = block_statistics(samples, ["embedding", "layer 0 attention"], [3, 1], [0.25, 2.0])
+    return result
+
+
+def test_blocks_csv_has_a_row_per_alias_case_and_block_and_blocks_are_checked(tmp_path):
+    results = [_with_blocks(_result(k, c)) for k in (KEY_A, KEY_B) for c in ("seen", "unseen")]
+    states = _tree(tmp_path, results)
+    collect(tmp_path, states, ["seen", "unseen"], "demo")
+    with open(tmp_path / "blocks.csv") as handle:
+        reader = csv.DictReader(handle)
+        rows = list(reader)
+    assert reader.fieldnames == BLOCK_COLUMNS and len(rows) == 6 * 2
+    first = rows[0]
+    assert (first["file"], first["case"], first["block"], first["parameters"]) == (
+        "epoch-001.safetensors",
+        "seen",
+        "embedding",
+        "3",
+    )
+    assert float(first["b_simple"]) == pytest.approx(4 * (15 / 12) * 0.25 / 0.25)
+    assert float(first["noise_share"]) == 0.25 and float(rows[1]["gradient_share"]) == pytest.approx(2 / 2.25)
+    assert first["b_simple_se"] == ""  # one noise sample
+    results[2]["blocks"][1]["b_simple"] = 9.0
+    states = _tree(tmp_path, results)
+    with pytest.raises(ValueError, match="block layer 0 attention: b_simple = 9.0 disagrees"):
+        collect(tmp_path, states, ["seen", "unseen"], "demo")
 
 
 def test_consensus_is_required_and_checked():

@@ -1,0 +1,73 @@
+"""Parameter blocks: the parts of a model that the per-block statistics resolve.
+
+A block is the embedding (token and position embeddings; with a tied head, the head too), each
+layer's attention, each layer's MLP, the normalisations (every norm's weights and biases, one
+block) and an untied output head, in that order; a parameter this does not recognise (an
+adapter's model of another layout) falls in ``other``. Blocks partition the parameters, so a
+vector's squared block norms add up to its squared norm.
+
+The names are classified by pattern, so that the project's architectures (``layers.<i>.attention``,
+``layers.<i>.feed_forward``, ``*_norm``) and Hugging Face's (``model.layers.<i>.self_attn``,
+``gpt_neox.layers.<i>.mlp``, ``transformer.h.<i>.attn``, ``*layernorm``, ``ln_f``, ``lm_head``,
+``embed_out``) land in the same blocks. Torch-free, but for :func:`squared_norms`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["HEAD", "NORMS", "OTHER", "block_of", "parameter_blocks", "squared_norms"]
+
+EMBEDDING, NORMS, HEAD, OTHER = "embedding", "norms", "head", "other"
+
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)\.")
+_NORM = re.compile(r"norm|(?:^|\.)ln_")
+_HEAD = re.compile(r"(?:^|\.)(?:output|lm_head|embed_out)\.")
+_EMBEDDING = re.compile(r"embed|(?:^|\.)(?:wte|wpe)\.")
+_ATTENTION = re.compile(r"attn|attention")
+
+
+def block_of(name: str) -> str:
+    """The block of parameter ``name``: ``embedding``, ``layer <i> attention``, ``layer <i> mlp``,
+    ``norms``, ``head`` or ``other``.
+
+    Example:
+        >>> [block_of(n) for n in ("tok_embeddings.weight", "layers.0.attention.wq.weight",
+        ...  "layers.0.ffn_norm.weight", "layers.1.feed_forward.w2.bias", "output.weight")]
+        ['embedding', 'layer 0 attention', 'norms', 'layer 1 mlp', 'head']
+    """
+    if _NORM.search(name):
+        return NORMS
+    if _HEAD.search(name):
+        return HEAD
+    if layer := _LAYER.search(name):
+        return f"layer {layer.group(1)} {'attention' if _ATTENTION.search(name) else 'mlp'}"
+    if _EMBEDDING.search(name):
+        return EMBEDDING
+    return OTHER
+
+
+def parameter_blocks(names: Sequence[str]) -> list[tuple[str, list[int]]]:
+    """The blocks of a model's parameters (``names`` in the flat vector's order), in reading order
+    (embedding, layer by layer attention then MLP, norms, head, other), each with the indices of
+    its parameters; blocks without parameters are left out."""
+    members: dict[str, list[int]] = {}
+    for index, name in enumerate(names):
+        members.setdefault(block_of(name), []).append(index)
+
+    def order(block: str) -> tuple[int, int, int]:
+        if block.startswith("layer "):
+            _, number, part = block.split()
+            return (1, int(number), part != "attention")
+        return ({EMBEDDING: 0, NORMS: 2, HEAD: 3}.get(block, 4), 0, 0)
+
+    return [(block, members[block]) for block in sorted(members, key=order)]
+
+
+def squared_norms(parts: Sequence[Any], blocks: list[tuple[str, list[int]]]) -> list[float]:
+    """Each block's squared norm of a vector given by its per-parameter parts (tensors in the
+    flat vector's order, e.g. ``FlatParameters.blocks(v)``), summed in float64."""
+    per_parameter = [float(p.double().pow(2).sum()) for p in parts]
+    return [sum(per_parameter[i] for i in indices) for _, indices in blocks]
