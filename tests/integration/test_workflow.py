@@ -117,9 +117,18 @@ def test_end_to_end_outputs(workdir):
         ["epoch-001.safetensors"],
         ["epoch-002.safetensors", "final.pt"],
     ]
-    for figure in ("normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes"):
+    for figure in ("normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes", "block_batch_sizes"):
         assert (results / "figures" / f"{figure}.pdf").stat().st_size > 1000
         assert (results / "figures" / f"{figure}.png").stat().st_size > 1000
+    with open(results / "blocks.csv") as handle:  # 4 aliases × 2 cases × (embedding, attention, MLP, norms)
+        blocks = list(csv.DictReader(handle))
+    assert len(blocks) == 4 * 2 * 4 and [b["block"] for b in blocks[:4]] == [
+        "embedding",
+        "layer 0 attention",
+        "layer 0 mlp",
+        "norms",
+    ]
+    assert all(float(b["b_simple"]) > 0 for b in blocks)
     manifest = json.loads((results / "manifest.json").read_text())
     assert manifest["cases"] == ["seen", "unseen"] and len(manifest["states"]) == 3
     assert manifest["precision"]["dtype"] == "float64" and manifest["batch_sizes"]["seen"]["micro_batch_size"] == 3

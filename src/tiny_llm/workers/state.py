@@ -162,6 +162,7 @@ def _result(
         "counts": measured["counts"],
         "statistics": measured["statistics"],
         "standard_errors": measured["standard_errors"],
+        "blocks": measured["blocks"],
         "audit": measured["audit"],
         "noise_samples": measured["noise_samples"],
         "random_directions": measured["random_directions"],

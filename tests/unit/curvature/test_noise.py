@@ -446,7 +446,9 @@ def test_block_statistics_equal_a_dense_per_block_computation(oracle):
             return f"layer {name.split('.')[1]} {'attention' if '.attention.' in name else 'mlp'}"
         return "embedding"
 
-    expected_blocks = ["embedding"] + [f"layer {i} {p}" for i in range(config.model.n_layers) for p in ("attention", "mlp")]
+    expected_blocks = ["embedding"] + [
+        f"layer {i} {p}" for i in range(config.model.n_layers) for p in ("attention", "mlp")
+    ]
     expected_blocks.append("norms")
     assert [r["block"] for r in result["blocks"]] == expected_blocks
 
