@@ -96,6 +96,12 @@ def _add_sampling(an: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no torch.compile of Pearlmutter HVPs on CUDA (spectra then use double_backward)",
     )
+    an.add_argument(
+        "--block-curvature",
+        action="store_true",
+        help="also each parameter block's block-diagonal noise and gradient forms (B_noise per block; "
+        "one more form per noise sample and block)",
+    )
 
 
 def _add_precision(an: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tiny_llm.config import RunConfig
+from tiny_llm.curvature.blocks import block_count
 from tiny_llm.layout import FINAL, IMPORTED, STATES
 from tiny_llm.workers.settings import AnalysisSettings
 
@@ -120,6 +121,8 @@ def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -
     n_batches = config.steps_per_epoch
     S_v = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
     directions = S_v + settings.random_samples + 1 + (workers if workers > 1 else 0)
+    if settings.block_curvature:  # each noise direction and ḡ once more per parameter block
+        directions += (S_v + 1) * block_count(config.model.n_layers, config.model.tie_embeddings)
     hvp_microbatches = math.ceil(n_batches * B / (settings.hvp_batch_size or mb))
     audit_gradients = audit_microbatches = 0
     if settings.audited:

@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["HEAD", "NORMS", "OTHER", "block_of", "parameter_blocks", "squared_norms"]
+__all__ = ["HEAD", "NORMS", "OTHER", "block_count", "block_of", "parameter_blocks", "squared_norms"]
 
 EMBEDDING, NORMS, HEAD, OTHER = "embedding", "norms", "head", "other"
 
@@ -47,6 +47,12 @@ def block_of(name: str) -> str:
     if _EMBEDDING.search(name):
         return EMBEDDING
     return OTHER
+
+
+def block_count(n_layers: int, tie_embeddings: bool) -> int:
+    """How many blocks a model of this project's architectures has: the embedding, attention and
+    MLP per layer, the norms, and the head when untied (the plan's count of block forms)."""
+    return 2 + 2 * n_layers + (0 if tie_embeddings else 1)
 
 
 def parameter_blocks(names: Sequence[str]) -> list[tuple[str, list[int]]]:

@@ -32,6 +32,8 @@ class CaseInputs:
     workers: int = 1
     consensus: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     """(worker index, eᵢ = xᵢ − x̄ as float64 (D,)) for packed runs with consensus on."""
+    block_curvature: bool = False
+    """Also measure each parameter block's block-diagonal noise and ḡ forms."""
     audit: tuple[int, int] | None = None
     """(directions of each kind, curvature micro-batches) of the precision audit, or None."""
     memory: MemoryPlan | None = None

@@ -181,6 +181,7 @@ def _noise_samples(
     precision: Precision,
     runner: _DirectionRunner,
     blocks: list[tuple[str, list[int]]],
+    block_forms: dict[int, list[Direction]],
 ) -> tuple[list[NoiseSample], float]:
     """The sampled batches' records (with their squared norms per parameter block), their noise
     directions vᵢ = gᵢ − ḡ queued on ``runner``, and the seconds their gradients took
@@ -212,7 +213,24 @@ def _noise_samples(
         record.block_noise_squared_norms = squared_norms(flat.blocks(v.to(precision.dtype)), blocks)  # as used
         noise.append(record)
         runner.add(v, record, started)
+        if inputs.block_curvature:
+            block_forms[record.batch_index] = _add_block_directions(runner, flat, v, blocks)
     return noise, seconds
+
+
+def _add_block_directions(
+    runner: _DirectionRunner, flat: FlatParameters, vector: torch.Tensor, blocks: list[tuple[str, list[int]]]
+) -> list[Direction]:
+    """Queue ``vector`` restricted to each parameter block (zero elsewhere), so that each form is the
+    block-diagonal v_bᵀH_bb v_b; returns their records, in block order."""
+    records = []
+    for _, indices in blocks:
+        part = torch.zeros_like(vector)
+        for target, source in ((flat.blocks(part)[i], flat.blocks(vector)[i]) for i in indices):
+            target.copy_(source)
+        records.append(Direction())
+        runner.add(part, records[-1], time.perf_counter())
+    return records
 
 
 def _counts(samples: Samples, inputs: CaseInputs, operator: EpochHessian) -> dict[str, Any]:
@@ -265,21 +283,27 @@ def measure_case(
         group_rows=inputs.rows("forms"),
         head_tokens=inputs.head_tokens("forms"),
     )
-    total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
-    runner = _DirectionRunner(operator, precision, total, progress)
     blocks = parameter_blocks(flat.names)
+    total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
+    total += (len(selected) + 1) * len(blocks) if inputs.block_curvature else 0
+    runner = _DirectionRunner(operator, precision, total, progress)
+    block_forms: dict[int, list[Direction]] = {}  # batch index -> its block-diagonal forms
     noise, sample_seconds = _noise_samples(
-        model, flat, batches, g_bar, selected, sampled, inputs, precision, runner, blocks
+        model, flat, batches, g_bar, selected, sampled, inputs, precision, runner, blocks, block_forms
     )
     random = [RandomDirection(index=index) for index in range(inputs.random_samples)]
     for record in random:
         runner.add(rademacher(flat.D, inputs.seed, record.index).to(precision.device), record, time.perf_counter())
     gradient = Direction()
     runner.add(g_bar, gradient, time.perf_counter())
+    gradient_blocks = _add_block_directions(runner, flat, g_bar, blocks) if inputs.block_curvature else None
     consensus = [ConsensusWorker(worker=worker) for worker, _ in inputs.consensus]
     for record, (_, e) in zip(consensus, inputs.consensus, strict=True):
         runner.add(e.to(precision.device), record, time.perf_counter())
     runner.flush()
+    for record in noise:
+        if inputs.block_curvature:
+            record.block_noise_curvatures = [d.curvature for d in block_forms[record.batch_index]]
 
     M = n * B
     samples = Samples(noise, random, float(g_bar.norm()), gradient.curvature, flat.D, B, M, gradient.gauss_newton)
@@ -291,6 +315,7 @@ def measure_case(
             [name for name, _ in blocks],
             [sum(flat.sizes[i] for i in indices) for _, indices in blocks],
             squared_norms(flat.blocks(g_bar), blocks),
+            None if gradient_blocks is None else [d.curvature for d in gradient_blocks],
         ),
         "audit": audit,
         "noise_samples": [r.to_json() for r in noise],
@@ -300,7 +325,9 @@ def measure_case(
         "timing": {
             "mean_gradient_seconds": t_mean,
             "sample_gradient_seconds": sample_seconds,
-            "hvp_seconds": sum(r.hvp_seconds for r in [*noise, *random, *consensus]) + gradient.hvp_seconds,
+            "hvp_seconds": sum(r.hvp_seconds for r in [*noise, *random, *consensus])
+            + gradient.hvp_seconds
+            + sum(d.hvp_seconds for d in [*(gradient_blocks or []), *(x for f in block_forms.values() for x in f)]),
             "audit_seconds": audit["seconds"] if audit else 0.0,
             "total_seconds": time.perf_counter() - t0,
         },

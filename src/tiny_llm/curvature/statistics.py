@@ -27,6 +27,7 @@ __all__ = [
     "NoiseSample",
     "RandomDirection",
     "STANDARD_ERRORS",
+    "BLOCK_STANDARD_ERRORS",
     "BLOCK_STATISTICS",
     "STATISTICS",
     "Samples",
@@ -78,6 +79,8 @@ class NoiseSample(Direction):
     """‖gᵢ,b‖² of each parameter block b (:mod:`tiny_llm.curvature.blocks`), in the result's order."""
     block_noise_squared_norms: list[float] | None = None
     """‖vᵢ,b‖² of each parameter block b, of vᵢ as used."""
+    block_noise_curvatures: list[float] | None = None
+    """vᵢ,bᵀH_bb vᵢ,b of each parameter block b (with the block_curvature setting)."""
 
     @property
     def noise_norm(self) -> float:
@@ -103,6 +106,8 @@ class NoiseSample(Direction):
         if self.block_grad_squared_norms is not None:
             record["block_grad_squared_norms"] = self.block_grad_squared_norms
             record["block_noise_squared_norms"] = self.block_noise_squared_norms
+        if self.block_noise_curvatures is not None:
+            record["block_noise_curvatures"] = self.block_noise_curvatures
         return record
 
     @classmethod
@@ -440,19 +445,31 @@ BLOCK_STATISTICS = (
     "b_simple",
     "gradient_share",
     "noise_share",
+    "noise_curvature",
+    "grad_curvature",
+    "b_noise",
 )
 """The statistics of each parameter block (:func:`block_statistics`), in the order of a result's
-``blocks`` records and of blocks.csv; the sampled ones (mean_grad_norm, mean_noise_norm,
-b_simple) also have ``<name>_se``."""
+``blocks`` records and of blocks.csv; the sampled ones (BLOCK_STANDARD_ERRORS) also have
+``<name>_se``. The last three are the block-diagonal forms, with the block_curvature setting."""
+BLOCK_STANDARD_ERRORS = ("mean_grad_norm", "mean_noise_norm", "b_simple", "noise_curvature", "b_noise")
+"""The per-block statistics that are means over the noise samples."""
 
 
 def block_statistics(
-    samples: Samples, names: list[str], parameters: list[int], g_bar_squared: list[float]
+    samples: Samples,
+    names: list[str],
+    parameters: list[int],
+    g_bar_squared: list[float],
+    grad_curvatures: list[float] | None = None,
 ) -> list[dict[str, Any]]:
     """Per parameter block b, from the noise samples' block norms and ‖ḡ_b‖²: ‖ḡ_b‖, mean ‖gᵢ,b‖ and
     mean ‖vᵢ,b‖ (with standard errors as the whole model's), B_simple per block
     B·c·mean ‖vᵢ,b‖² / ‖ḡ_b‖² (null when ‖ḡ_b‖ = 0 or the epoch is one batch), and the block's
-    shares ‖ḡ_b‖²/‖ḡ‖² and Σᵢ‖vᵢ,b‖²/Σᵢ‖vᵢ‖² (the squared block norms add up to the model's)."""
+    shares ‖ḡ_b‖²/‖ḡ‖² and Σᵢ‖vᵢ,b‖²/Σᵢ‖vᵢ‖² (the squared block norms add up to the model's). With
+    the block-diagonal forms (``grad_curvatures`` ḡ_bᵀH_bb ḡ_b, and the samples' vᵢ,bᵀH_bb vᵢ,b):
+    noise_curvature mean vᵢ,bᵀH_bb vᵢ,b, grad_curvature and B_noise per block
+    B·c·mean vᵢ,bᵀH_bb vᵢ,b / ḡ_bᵀH_bb ḡ_b (null when that is ≤ 0); else those are null."""
     g2_total, vv_total = math.fsum(g_bar_squared), math.fsum(samples.vv)
     rows = []
     for b, (name, count) in enumerate(zip(names, parameters, strict=True)):
@@ -478,9 +495,26 @@ def block_statistics(
                 "b_simple_se": None if bs is None or vv_se is None else samples.scale * vv_se / g2,
                 "gradient_share": _ratio(g2, g2_total),
                 "noise_share": _ratio(math.fsum(vv), vv_total),
+                **_block_curvature(samples, b, None if grad_curvatures is None else grad_curvatures[b]),
             }
         )
     return rows
+
+
+def _block_curvature(samples: Samples, b: int, gHg: float | None) -> dict[str, float | None]:
+    """Block b's block-diagonal noise and ḡ forms and B_noise, with standard errors (null without)."""
+    if gHg is None:
+        return dict.fromkeys(("noise_curvature", "noise_curvature_se", "grad_curvature", "b_noise", "b_noise_se"))
+    vhv = [r.block_noise_curvatures[b] for r in samples.noise]
+    mean, se = samples.mean(vhv), _mean_se(vhv, samples.n)
+    usable = samples.correction is not None and mean is not None and gHg > 0
+    return {
+        "noise_curvature": mean,
+        "noise_curvature_se": se,
+        "grad_curvature": gHg,
+        "b_noise": samples.B * samples.correction * mean / gHg if usable else None,
+        "b_noise_se": samples.scale * se / gHg if usable and se is not None else None,
+    }
 
 
 def summarise(samples: Samples) -> dict[str, float | None]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.curvature.statistics import (
+    BLOCK_STANDARD_ERRORS,
     BLOCK_STATISTICS,
     STANDARD_ERRORS,
     Samples,
@@ -83,11 +84,12 @@ BLOCK_COLUMNS = [
     "block",
     "parameters",
     *BLOCK_STATISTICS,
-    *(f"{name}_se" for name in ("mean_grad_norm", "mean_noise_norm", "b_simple")),
+    *(f"{name}_se" for name in BLOCK_STANDARD_ERRORS),
 ]
 """One row per checkpoint file × case × parameter block (embedding, each layer's attention and MLP,
 norms, an untied head): the block's ‖ḡ_b‖, mean ‖gᵢ,b‖, mean ‖vᵢ,b‖, B_simple and its shares of
-‖ḡ‖² and of Σ‖vᵢ‖², with the standard errors of the sampled ones."""
+‖ḡ‖² and of Σ‖vᵢ‖², and with the block_curvature setting its block-diagonal noise and ḡ forms and
+B_noise, with the standard errors of the sampled ones."""
 
 AUDIT_THRESHOLD = 1e-2
 """Default largest implied statistic error collection accepts without a warning."""
@@ -134,6 +136,7 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
             [r["block"] for r in rows],
             [r["parameters"] for r in rows],
             [r["full_grad_norm"] ** 2 for r in rows],
+            None if rows[0].get("grad_curvature") is None else [r["grad_curvature"] for r in rows],
         )
         for row, again in zip(rows, recomputed, strict=True):
             for name, value in again.items():

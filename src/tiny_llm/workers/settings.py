@@ -64,6 +64,9 @@ class AnalysisSettings:
     """bf16 autocast in the forward only (float32 parameters; scores, norms, cross-entropy fp32)."""
     consensus: bool = True
     """Packed runs: measure each worker's consensus error eᵢ = xᵢ − x̄."""
+    block_curvature: bool = False
+    """Also measure each parameter block's block-diagonal forms vᵢ,bᵀH_bb vᵢ,b and ḡ_bᵀH_bb ḡ_b (one
+    more quadratic form per noise sample and block, and per block for ḡ), giving B_noise per block."""
     audit: bool | Literal["auto"] = "auto"
     """Precision audit, first in the job: ḡ and the loss over the epoch in float64, and a seeded
     subset of the directions rebuilt and measured in float64, giving the error each statistic

@@ -216,6 +216,7 @@ def _measure(
         compile=resolved.compiled,
         workers=config.training.workers,
         consensus=consensus,
+        block_curvature=settings.block_curvature,
         audit=(settings.audit_directions, settings.audit_batches) if settings.audited else None,
         memory=memory,
     )

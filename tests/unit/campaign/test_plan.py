@@ -28,8 +28,10 @@ def run(tmp_path_factory):
     return config, path
 
 
-@pytest.mark.parametrize("samples, K, hvp", [(2, 4, None), (None, 3, 2), (99, 16, 1)])
-def test_counts_equal_those_of_a_measurement(run, samples, K, hvp):
+@pytest.mark.parametrize(
+    "samples, K, hvp, blocks", [(2, 4, None, False), (None, 3, 2, False), (99, 16, 1, False), (2, 4, None, True)]
+)
+def test_counts_equal_those_of_a_measurement(run, samples, K, hvp, blocks):
     config, path = run
     if not (path / "run" / "final.pt").exists():
         train(config, path / "run")
@@ -40,13 +42,15 @@ def test_counts_equal_those_of_a_measurement(run, samples, K, hvp):
         hvp_batch_size=hvp,
         device="cpu",
         dtype="float64",
+        block_curvature=blocks,
     )
     result = analyze_state(
-        path / "run", ["epoch-001.safetensors"], "seen", settings, path / f"r-{samples}-{K}-{hvp}.json"
+        path / "run", ["epoch-001.safetensors"], "seen", settings, path / f"r-{samples}-{K}-{hvp}-{blocks}.json"
     )
     work, counts = case_work(config, settings), result["counts"]
     assert work.noise_samples == counts["noise_samples"]
-    assert work.directions == counts["noise_samples"] + counts["random_samples"] + 1
+    block_forms = (counts["noise_samples"] + 1) * len(result["blocks"]) if blocks else 0
+    assert work.directions == counts["noise_samples"] + counts["random_samples"] + 1 + block_forms
     assert work.hvp_microbatches == counts["hvp_batches"]
     assert work.passes == counts["hvp_passes"]  # no zero directions here: every direction takes its pass
     micro = -(-config.training.batch_size // config.training.micro_batch_size)

@@ -8,6 +8,7 @@ from builders import make_oracle_run
 from oracles import FORM_ENGINES, dense_gauss_newton
 from torch.func import functional_call, grad, hessian
 
+from tiny_llm.curvature.blocks import parameter_blocks
 from tiny_llm.curvature.gradients import mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.noise import CaseInputs, measure_case
@@ -480,3 +481,38 @@ def test_block_statistics_equal_a_dense_per_block_computation(oracle):
     assert math.fsum(r["noise_share"] for r in result["blocks"]) == pytest.approx(1, rel=1e-12)
     for record in result["noise_samples"]:
         assert math.fsum(record["block_noise_squared_norms"]) == pytest.approx(record["noise_squared_norm"], rel=1e-12)
+
+
+@pytest.mark.parametrize("engine", ["double_backward", "adjoint"])
+def test_block_diagonal_forms_equal_the_dense_hessians_blocks(oracle, engine):
+    """With block_curvature: each block's vᵢ,bᵀH_bb vᵢ,b and ḡ_bᵀH_bb ḡ_b from the dense Hessian's
+    diagonal blocks, their means, standard errors and B_noise per block; without it they are null."""
+    config, cache, model, plan, H, g_bar, g = oracle
+    result = measure_case(
+        model, _inputs(config, cache, plan, noise_samples=3, engine=engine, block_curvature=True), CPU64
+    )
+    chosen = noise_batch_indices(len(plan), 3, 11)
+    names = [n for n, _ in model.named_parameters()]
+    offsets = torch.tensor([0] + [p.numel() for p in model.parameters()]).cumsum(0).tolist()
+    blocks = parameter_blocks(names)
+    B, M, fpc = 3, 15, 1 - 3 / 5
+    c = (M - 1) / (M - B)
+    for b, (row, (_, indices)) in enumerate(zip(result["blocks"], blocks, strict=True)):
+        mask = torch.zeros(H.shape[0], dtype=torch.bool)
+        for i in indices:
+            mask[offsets[i] : offsets[i + 1]] = True
+        H_bb = H[mask][:, mask]
+        vhv = [float((g[i] - g_bar)[mask] @ H_bb @ (g[i] - g_bar)[mask]) for i in chosen]
+        gHg = float(g_bar[mask] @ H_bb @ g_bar[mask])
+        for record, q in zip(result["noise_samples"], vhv, strict=True):
+            _assert_close(record["block_noise_curvatures"][b], q)
+        _assert_close(row["noise_curvature"], sum(vhv) / 3)
+        _assert_close(
+            row["noise_curvature_se"], math.sqrt(fpc * float(torch.tensor(vhv, dtype=torch.float64).var()) / 3)
+        )
+        _assert_close(row["grad_curvature"], gHg)
+        _assert_close(row["b_noise"], B * c * sum(vhv) / 3 / gHg if gHg > 0 else None)
+    plain = measure_case(model, _inputs(config, cache, plan, noise_samples=3, engine=engine), CPU64)
+    assert all(row["b_noise"] is None and row["grad_curvature"] is None for row in plain["blocks"])
+    assert "block_noise_curvatures" not in plain["noise_samples"][0]
+    assert result["counts"]["hvp_passes"] > plain["counts"]["hvp_passes"]

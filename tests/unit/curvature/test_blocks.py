@@ -1,0 +1,56 @@
+"""Parameter blocks: every architecture's names (and Hugging Face's) land in the same blocks."""
+
+import pytest
+
+from tiny_llm.config import ModelConfig
+from tiny_llm.curvature.blocks import block_count, block_of, parameter_blocks
+from tiny_llm.model.architectures import build_model
+
+
+@pytest.mark.parametrize("architecture, tied", [("llama", True), ("llama", False), ("gpt2", True), ("gpt_neox", False)])
+def test_native_models_have_the_blocks_the_plan_counts(architecture, tied):
+    config = ModelConfig(
+        architecture=architecture, vocab_size=16, d_model=8, n_heads=2, d_ff=16, n_layers=3, tie_embeddings=tied
+    )
+    names = [n for n, _ in build_model(config).named_parameters()]
+    blocks = parameter_blocks(names)
+    expected = ["embedding", *(f"layer {i} {p}" for i in range(3) for p in ("attention", "mlp")), "norms"]
+    assert [b for b, _ in blocks] == expected + ([] if tied else ["head"])
+    assert len(blocks) == block_count(3, tied)
+    assert sorted(i for _, indices in blocks for i in indices) == list(range(len(names)))  # a partition
+
+
+@pytest.mark.parametrize(
+    "name, block",
+    [
+        ("model.embed_tokens.weight", "embedding"),
+        ("model.layers.0.self_attn.q_proj.bias", "layer 0 attention"),
+        ("model.layers.0.mlp.gate_proj.weight", "layer 0 mlp"),
+        ("model.layers.0.post_attention_layernorm.weight", "norms"),
+        ("lm_head.weight", "head"),
+        ("gpt_neox.embed_in.weight", "embedding"),
+        ("gpt_neox.layers.3.attention.query_key_value.weight", "layer 3 attention"),
+        ("gpt_neox.final_layer_norm.bias", "norms"),
+        ("embed_out.weight", "head"),
+        ("transformer.wpe.weight", "embedding"),
+        ("transformer.h.2.ln_1.weight", "norms"),
+        ("transformer.h.2.attn.c_attn.weight", "layer 2 attention"),
+        ("transformer.h.2.mlp.c_fc.weight", "layer 2 mlp"),
+        ("transformer.ln_f.bias", "norms"),
+        ("something.else", "other"),
+    ],
+)
+def test_hugging_face_names_are_classified_alike(name, block):
+    assert block_of(name) == block
+
+
+def test_blocks_are_in_reading_order():
+    names = ["lm_head.weight", "x", "model.norm.weight", "model.layers.10.mlp.w", "model.layers.2.self_attn.w", "wte.w"]
+    assert [b for b, _ in parameter_blocks(names)] == [
+        "embedding",
+        "layer 2 attention",
+        "layer 10 mlp",
+        "norms",
+        "head",
+        "other",
+    ]
