@@ -130,7 +130,7 @@ def curves(
         y = pd.to_numeric(rows[column], errors="coerce").to_numpy(dtype=float)
         x = (rows["x"] if "x" in rows else rows["tokens"]).to_numpy(dtype=float)
         keep = np.isfinite(y) & (y > 0 if log else True)
-        short = f"{label.split('  ')[0]} ({case})"
+        short = f"{label.split('  ')[0].lstrip('_')} ({case})"  # an unlisted curve's too
         notes.add(Notes.NULL, short, int((~np.isfinite(y)).sum()))
         notes.add(Notes.OFF_LOG, short, int((np.isfinite(y) & ~keep).sum()))
         omitted += int((np.isfinite(y) & ~keep).sum())

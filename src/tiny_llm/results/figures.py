@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 from tiny_llm.layout import BLOCKS, TRAIN_LOG
@@ -168,18 +168,40 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     return finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)", context, note)
 
 
+BLOCK_COLOURS = {"embedding": "C4", "norms": "0.5", "head": "C2", "other": "C5"}
+"""Colours of the blocks that are not layers; a layer's attention is blue and its MLP orange, light
+to dark with depth."""
+
+
+def _block_style(name: str, layers: int) -> tuple[Any, str]:
+    """(colour, legend label) of block ``name`` of a model with ``layers`` layers: with more than
+    four layers only the first and the last of each kind are in the legend (the others' labels start
+    with an underscore, which matplotlib leaves out)."""
+    if not name.startswith("layer "):
+        return BLOCK_COLOURS.get(name, "C5"), name
+    _, index, kind = name.split()
+    depth = 0.35 + 0.6 * int(index) / max(1, layers - 1)
+    colour = plt.get_cmap("Blues" if kind == "attention" else "Oranges")(depth)
+    shown = layers <= 4 or int(index) in (0, layers - 1)
+    return colour, name if shown else f"_{name}"
+
+
 def _block_batch_sizes(analysis_dir: Path, out_dir: Path, x_axis: str) -> list[Path]:
-    """B_simple of each parameter block (blocks.csv), one colour per block, against the whole
-    model's; an analysis collected before blocks.csv existed gets a note instead of curves."""
+    """B_simple of each parameter block (blocks.csv) against the whole model's: layers' attention in
+    blues and MLPs in oranges, light to dark with depth; an analysis collected before blocks.csv
+    existed gets a note instead of curves."""
     whole, context, _ = collected(analysis_dir, out_dir, x_axis)
     fig, ax = plt.subplots(figsize=(COLUMN[0], 1.3 * COLUMN[1]))
     notes = Notes()
     note = ""
     if (analysis_dir / BLOCKS).exists() and len(table := collected(analysis_dir, out_dir, x_axis, BLOCKS)[0]):
         names = list(dict.fromkeys(table["block"]))
-        colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(names)))
-        for name, colour in zip(names, colours, strict=True):
-            curves(ax, table[table["block"] == name], "b_simple", name, colour, log=True, notes=notes)
+        layers = len({n.split()[1] for n in names if n.startswith("layer ")})
+        for name in names:
+            colour, label = _block_style(name, layers)
+            curves(ax, table[table["block"] == name], "b_simple", label, colour, log=True, notes=notes)
+        if layers > 4:
+            note = f"{layers} layers: legend shows the first and the last of each kind"
     else:
         note = "no per-block table (collected before blocks.csv existed)"
     curves(ax, whole, "b_simple", "whole model", "k", log=True, notes=notes)

@@ -150,3 +150,17 @@ def test_the_x_axis_is_tokens_when_known_else_steps_in_engineering_notation(tmp_
     assert table.attrs["xlabel"] == "training step" and "tokens unknown" in table.attrs["x_note"]
     with pytest.raises(ValueError, match="plots.x_axis: expected one of auto, tokens, step"):
         states(summary, "epochs")
+
+
+def test_block_styles_keep_a_deep_models_legend_short():
+    """Beyond four layers the legend names only the first and the last layer of each kind; attention
+    and MLP get different colour families, darker with depth."""
+    from tiny_llm.results.figures import _block_style
+
+    labels = [_block_style(f"layer {i} mlp", 12)[1] for i in range(12)]
+    assert [label for label in labels if not label.startswith("_")] == ["layer 0 mlp", "layer 11 mlp"]
+    assert all(not _block_style(f"layer {i} attention", 3)[1].startswith("_") for i in range(3))
+    shallow, deep = _block_style("layer 0 attention", 12)[0], _block_style("layer 11 attention", 12)[0]
+    assert sum(deep[:3]) < sum(shallow[:3])  # darker
+    assert _block_style("layer 0 attention", 12)[0] != _block_style("layer 0 mlp", 12)[0]
+    assert _block_style("norms", 12) == ("0.5", "norms")
