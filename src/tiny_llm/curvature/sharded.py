@@ -17,6 +17,12 @@ the single-process ``finite_difference`` engine, so both give the same products 
 The micro-batches of a pass are dealt round-robin over the ranks, as in the data-parallel passes;
 a rank with one fewer takes a micro-batch whose targets are all ignored (zero loss, zero
 gradient), since every rank must join every gather.
+
+Exact quadratic forms (``split_quadratic_forms``) come from the forward Taylor mode instead: for
+each micro-batch the jets run block by block, each block's parameters unsharded (FSDP2's
+``unshard``) and its K direction shards all-gathered only while its jet runs, then freed; the
+root's own parameters (embedding, final norm, head) for the whole pass. No rank holds a full
+parameter-sized vector beyond one block's K directions.
 """
 
 from __future__ import annotations
@@ -31,10 +37,28 @@ from torch import nn
 from tiny_llm.curvature.engines import FINITE_DIFFERENCE
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, pad_sequences
 from tiny_llm.curvature.spectrum import Layout
-from tiny_llm.distributed import world
-from tiny_llm.model.causal import IGNORE_INDEX, token_losses
+from tiny_llm.distributed import all_reduce_sum, world
+from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
+from tiny_llm.model.jets import JetPass
 
 __all__ = ["ShardedHessian", "shard_layout", "shard_model"]
+
+
+def _gather_rows(shard: torch.Tensor, rows: int, ranks: int) -> torch.Tensor:
+    """K directions of a parameter cut along its first axis into ``ranks`` chunks of ⌈rows / ranks⌉
+    rows (Shard(0)): this rank's (K, local rows, ...) → every rank's, (K, rows, ...)."""
+    import torch.distributed as dist
+
+    K, chunk = shard.size(0), -(-rows // ranks)
+    padded = shard.new_zeros(K, chunk, *shard.shape[2:])
+    padded[:, : shard.size(1)] = shard
+    gathered = shard.new_empty(ranks * K, chunk, *shard.shape[2:])
+    dist.all_gather_single(gathered, padded)
+    return (
+        gathered.view(ranks, K, chunk, *shard.shape[2:])
+        .transpose(0, 1)
+        .reshape(K, ranks * chunk, *shard.shape[2:])[:, :rows]
+    )
 
 
 def shard_model(model: nn.Module) -> nn.Module:
@@ -110,6 +134,8 @@ class ShardedHessian:
         self.fd_scale = fd_scale if fd_scale is not None else FD_SCALE.get(precision.dtype, 3e-3)
         self.progress = progress or (lambda message: None)
         self.passes = 0
+        self.workspace: dict[str, torch.Tensor] = {}
+        """Buffers the jets keep between micro-batches."""
         self.theta_norm = float(self.layout.norms(self._flat([self._local(p).detach() for p in self.params])[None])[0])
 
     @staticmethod
@@ -191,6 +217,78 @@ class ShardedHessian:
         finally:
             self._restore(saved)
         return out
+
+    def split_quadratic_forms(self, V: torch.Tensor) -> torch.Tensor:
+        """vᵀHv and its Gauss–Newton part vᵀGv for the rows of V (this rank's shards (K, d)), exact,
+        by the forward Taylor mode block by block (module docstring): (2, K) float64, the same on
+        every rank.
+
+        Raises:
+            ValueError: a model without second-order rules (an adapter's), naming the layer.
+        """
+        check_jet_rules(self.model)
+        V = V.to(device=self.precision.device, dtype=self.precision.dtype)
+        K = len(V)
+        pieces = V.split([self._local(p).numel() for p in self.params], dim=1)
+        shards = {
+            name: piece.reshape(K, *self._local(p).shape)
+            for name, p, piece in zip(self.names, self.params, pieces, strict=True)
+        }
+        total = torch.zeros(2, K, dtype=torch.float64, device=self.precision.device)
+        started = time.perf_counter()
+        for inputs, targets in self._my_batches(self.batches):
+            total += self._taylor_batch(shards, K, inputs, targets)
+        self.passes += 1
+        self.progress(
+            f"sharded taylor pass over {len(self.batches)} micro-batches: {time.perf_counter() - started:.2f} s"
+        )
+        return all_reduce_sum(total)
+
+    def _directions(self, module: nn.Module, prefix: str, shards: dict[str, torch.Tensor], K: int, own: bool) -> dict:
+        """The K full directions of ``module``'s unsharded parameters (its own only, or those of its
+        blocks too), all-gathered from this rank's shards."""
+        out = {}
+        for name, p in module.named_parameters():
+            if own and name.startswith("layers."):
+                continue
+            out[p] = _gather_rows(shards[prefix + name], p.shape[0], self.ranks).reshape(K, *p.shape)
+        return out
+
+    def _taylor_batch(
+        self, shards: dict[str, torch.Tensor], K: int, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """(2, K): this micro-batch's share of the forms and their Gauss–Newton parts."""
+        model = self.model
+        model.unshard()  # the root's own parameters
+        jets = JetPass(self._directions(model, "", shards, K, own=True), None, workspace=self.workspace)
+        for index, layer in enumerate(model.layers):
+            layer.jet = self._block_jet(layer, f"layers.{index}.", shards, K)
+        try:
+            with torch.no_grad(), self.precision.autocast():
+                forms = model.loss_jet(model.jet(inputs, jets), targets, jets).double() / self.n_targets
+        finally:
+            for layer in model.layers:
+                del layer.jet  # the class's rule again
+            model.reshard()
+        return torch.stack([forms, jets.gauss_newton.double() / self.n_targets])
+
+    def _block_jet(self, layer: nn.Module, prefix: str, shards: dict[str, torch.Tensor], K: int) -> Callable:
+        """``layer.jet`` with the block's parameters unsharded and its directions gathered around it."""
+        rule = type(layer).jet
+
+        def jet(*args):  # (x, jets), or (x, cos, sin, jets) for rotary blocks: the pass is last
+            jets: JetPass = args[-1]
+            layer.unshard()
+            directions = self._directions(layer, prefix, shards, K, own=False)
+            jets.directions.update(directions)
+            try:
+                return rule(layer, *args)
+            finally:
+                for p in directions:
+                    del jets.directions[p]
+                layer.reshard()
+
+        return jet
 
     def quadratic_forms(self, V: torch.Tensor) -> torch.Tensor:
         """vᵀHv for the rows of V (this rank's shards (K, d)), from the same differences: (K,) float64."""

@@ -1,7 +1,9 @@
 """FSDP-sharded curvature on 2 and 3 CPU ranks (gloo): shard-local finite-difference products,
-quadratic forms, the gradient, Lanczos (float64 and a bf16 basis), SLQ, CG and the block-diagonal
-error on sharded vectors, against the dense float64 Hessian and the single-process
-finite-difference engine."""
+quadratic forms, exact forms by the Taylor mode block by block (every architecture), the
+gradient, Lanczos (float64 and a bf16 basis), SLQ, CG and the block-diagonal error on sharded
+vectors, against the dense float64 Hessian and the single-process engines."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -75,7 +77,9 @@ def _rank(rank: int, size: int, store: str, out: str, damping: float) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
     try:
         op = ShardedHessian(_model(), _tokens(), batch_size=2, precision=CPU64)
-        torch.save(_measure(op, op.layout, op.D, damping, spectra=size == 2), f"{out}.{rank}")
+        measured = _measure(op, op.layout, op.D, damping, spectra=size == 2)
+        measured["taylor"] = op.split_quadratic_forms(op.layout.local(_directions(op.D)))
+        torch.save(measured, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
 
@@ -124,6 +128,13 @@ def test_sharded_curvature_is_the_finite_difference_engine_on_shards(tmp_path, d
         torch.testing.assert_close(part["forms"], forms, rtol=1e-7, atol=0)
         torch.testing.assert_close(part["forms"], single["forms"], rtol=1e-9, atol=0)
 
+    # exact forms and their Gauss–Newton parts by the Taylor mode on shards: those of one process
+    taylor = EpochHessian(_model(), _tokens(), batch_size=2, engine="taylor", precision=CPU64, directions_per_pass=3)
+    split = taylor.split_quadratic_forms(V)
+    for part in parts:
+        torch.testing.assert_close(part["taylor"], split, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(part["taylor"][0], forms, rtol=1e-10, atol=0)
+
     flat = FlatParameters(model)
     model.zero_grad()
     token_losses(model(tokens[:, :-1]), tokens[:, 1:]).mean().backward()
@@ -151,3 +162,47 @@ def test_sharded_curvature_is_the_finite_difference_engine_on_shards(tmp_path, d
     x = _gather(parts, "cg", D)
     dense = torch.linalg.solve(H + damping * torch.eye(D, dtype=torch.float64), b)
     assert float((x - dense).norm()) <= 1e-6 * float(dense.norm())
+
+
+def _taylor_rank(rank: int, size: int, store: str, out: str, architecture: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        op = ShardedHessian(_architecture_model(architecture), _tokens(), batch_size=2, precision=CPU64)
+        forms = op.split_quadratic_forms(op.layout.local(_directions(op.D)))
+        torch.save({"taylor": forms}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _architecture_model(architecture: str):
+    from tiny_llm.model.architectures import build_model
+
+    torch.manual_seed(0)
+    config = dataclasses.replace(TINY_MODEL, architecture=architecture, tie_embeddings=architecture != "gpt_neox")
+    return build_model(config).double()
+
+
+@pytest.mark.parametrize("architecture", ["gpt2", "gpt_neox"])
+def test_exact_sharded_forms_on_the_other_architectures(tmp_path, architecture):
+    """GPT-2 (learned positions, LayerNorm, tied head) and GPT-NeoX (parallel residual, untied
+    head) on 2 ranks: the Taylor-mode forms and Gauss–Newton parts of one process, to 1e-12."""
+    D = FlatParameters(_architecture_model(architecture)).D
+    V = _directions(D)
+    single = EpochHessian(
+        _architecture_model(architecture),
+        _tokens(),
+        batch_size=2,
+        engine="taylor",
+        precision=CPU64,
+        directions_per_pass=3,
+    ).split_quadratic_forms(V)
+    mp.start_processes(
+        _taylor_rank,
+        args=(2, str(tmp_path / "store"), str(tmp_path / "out"), architecture),
+        nprocs=2,
+        start_method="spawn",
+    )
+    for rank in range(2):
+        part = torch.load(tmp_path / f"out.{rank}", weights_only=True)
+        torch.testing.assert_close(part["taylor"], single, rtol=1e-12, atol=1e-14)
