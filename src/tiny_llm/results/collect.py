@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -216,53 +217,57 @@ def _validated(analysis_dir: Path, states: dict[str, Any], cases: list[str]) -> 
     return results, identity
 
 
-def _summary_rows(results: dict, states: dict[str, Any], cases: list[str]) -> list[dict[str, Any]]:
-    """One summary.csv row per checkpoint file × case, sorted by step."""
+def _rows_per_alias(
+    results: dict,
+    states: dict[str, Any],
+    cases: list[str],
+    cells: Callable[[dict[str, Any], dict[str, Any]], list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """For every checkpoint file × case, the rows ``cells(result, alias)`` makes, each after the
+    file's identifying columns (file, state_key, case, step, tokens); sorted by step (stably)."""
     rows = []
     for state in states["states"]:
         for alias in state["aliases"]:
             for case in cases:
-                result = results[state["key"], case]
-                aggregate = (result.get("consensus") or {}).get("aggregate") or {}
-                audit = result.get("audit") or {}
-                rows.append(
-                    {
-                        "file": alias["file"],
-                        "state_key": state["key"],
-                        "case": case,
-                        "step": alias["step"],
-                        "tokens": _cell(alias["tokens"]),
-                        "source": alias.get("source", ""),
-                        **{s.name: _cell(result["statistics"].get(s.name)) for s in DECLARED},
-                        **{k: _cell(result["standard_errors"].get(k)) for k in ERROR_COLUMNS},
-                        "audit_statistic_error": _cell(audit.get("max_statistic_relative_error")),
-                        "audit_max_relative_error": _cell(audit.get("max_relative_error")),
-                        **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS},
-                    }
-                )
+                identity = {
+                    "file": alias["file"],
+                    "state_key": state["key"],
+                    "case": case,
+                    "step": alias["step"],
+                    "tokens": _cell(alias["tokens"]),
+                }
+                rows.extend(identity | row for row in cells(results[state["key"], case], alias))
     rows.sort(key=lambda r: (r["step"], r["file"], cases.index(r["case"])))
     return rows
 
 
+def _summary_rows(results: dict, states: dict[str, Any], cases: list[str]) -> list[dict[str, Any]]:
+    """One summary.csv row per checkpoint file × case, sorted by step."""
+
+    def row(result: dict[str, Any], alias: dict[str, Any]) -> list[dict[str, Any]]:
+        aggregate = (result.get("consensus") or {}).get("aggregate") or {}
+        audit = result.get("audit") or {}
+        return [
+            {
+                "source": alias.get("source", ""),
+                **{s.name: _cell(result["statistics"].get(s.name)) for s in DECLARED},
+                **{k: _cell(result["standard_errors"].get(k)) for k in ERROR_COLUMNS},
+                "audit_statistic_error": _cell(audit.get("max_statistic_relative_error")),
+                "audit_max_relative_error": _cell(audit.get("max_relative_error")),
+                **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS},
+            }
+        ]
+
+    return _rows_per_alias(results, states, cases, row)
+
+
 def _block_rows(results: dict, states: dict[str, Any], cases: list[str]) -> list[dict[str, Any]]:
-    """One blocks.csv row per checkpoint file × case × parameter block, sorted by step."""
-    rows = []
-    for state in states["states"]:
-        for alias in state["aliases"]:
-            for case in cases:
-                for block in results[state["key"], case].get("blocks", []):
-                    rows.append(
-                        {
-                            "file": alias["file"],
-                            "state_key": state["key"],
-                            "case": case,
-                            "step": alias["step"],
-                            "tokens": _cell(alias["tokens"]),
-                            **{c: _cell(block.get(c)) for c in BLOCK_COLUMNS[5:]},
-                        }
-                    )
-    rows.sort(key=lambda r: (r["step"], r["file"], cases.index(r["case"])))  # stable: blocks in order
-    return rows
+    """One blocks.csv row per checkpoint file × case × parameter block (in the result's order), sorted by step."""
+
+    def rows(result: dict[str, Any], alias: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{c: _cell(block.get(c)) for c in BLOCK_COLUMNS[5:]} for block in result.get("blocks", [])]
+
+    return _rows_per_alias(results, states, cases, rows)
 
 
 def _audit_block(rows: list[dict], results: dict, name: str, audit_threshold: float) -> dict[str, Any]:
