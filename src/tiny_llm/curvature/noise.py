@@ -223,11 +223,12 @@ def _add_block_directions(
 ) -> list[Direction]:
     """Queue ``vector`` restricted to each parameter block (zero elsewhere), so that each form is the
     block-diagonal v_bᵀH_bb v_b; returns their records, in block order."""
-    records = []
+    records, sources = [], flat.blocks(vector)
     for _, indices in blocks:
         part = torch.zeros_like(vector)
-        for target, source in ((flat.blocks(part)[i], flat.blocks(vector)[i]) for i in indices):
-            target.copy_(source)
+        targets = flat.blocks(part)
+        for i in indices:
+            targets[i].copy_(sources[i])
         records.append(Direction())
         runner.add(part, records[-1], time.perf_counter())
     return records
@@ -301,9 +302,10 @@ def measure_case(
     for record, (_, e) in zip(consensus, inputs.consensus, strict=True):
         runner.add(e.to(precision.device), record, time.perf_counter())
     runner.flush()
-    for record in noise:
-        if inputs.block_curvature:
+    if inputs.block_curvature:
+        for record in noise:
             record.block_noise_curvatures = [d.curvature for d in block_forms[record.batch_index]]
+    block_records = [*(gradient_blocks or []), *(d for forms in block_forms.values() for d in forms)]
 
     M = n * B
     samples = Samples(noise, random, float(g_bar.norm()), gradient.curvature, flat.D, B, M, gradient.gauss_newton)
@@ -325,9 +327,7 @@ def measure_case(
         "timing": {
             "mean_gradient_seconds": t_mean,
             "sample_gradient_seconds": sample_seconds,
-            "hvp_seconds": sum(r.hvp_seconds for r in [*noise, *random, *consensus])
-            + gradient.hvp_seconds
-            + sum(d.hvp_seconds for d in [*(gradient_blocks or []), *(x for f in block_forms.values() for x in f)]),
+            "hvp_seconds": sum(r.hvp_seconds for r in [*noise, *random, *consensus, gradient, *block_records]),
             "audit_seconds": audit["seconds"] if audit else 0.0,
             "total_seconds": time.perf_counter() - t0,
         },

@@ -227,12 +227,13 @@ def _attention_adjoint_jet(
         name: jets.buffer(f"attention {name}", (math.prod(lead) * rows * columns,), q.z1)
         for name, columns in (("left", width), ("c", T), ("p1", T))
     }
-    out1, absorbed = torch.empty_like(v1[..., :T, :]), 0
+
+    def view(name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
+        return None if scratch[name] is None else scratch[name][: math.prod(shape)].view(shape)
+
+    out1, absorbed = torch.empty_like(v1), 0
     for a, e in blocks:
         shape = (*lead, e - a, e)
-
-        def view(name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
-            return None if scratch[name] is None else scratch[name][: math.prod(shape)].view(shape)
 
         q1, q0, k1, p0_, lam = (
             q.z1[..., a:e, :],

@@ -23,7 +23,18 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from tiny_llm.layout import BLOCKS, TRAIN_LOG
-from tiny_llm.results.drawing import COLUMN, RC, X_AXES, Notes, collected, curves, engineering, finish, log_axis
+from tiny_llm.results.drawing import (
+    COLUMN,
+    RC,
+    X_AXES,
+    Notes,
+    collected,
+    curves,
+    engineering,
+    finish,
+    log_axis,
+    states,
+)
 from tiny_llm.results.spectrum_figures import SPECTRUM_FIGURES, plot_spectrum
 
 __all__ = [
@@ -186,15 +197,14 @@ def _block_style(name: str, layers: int) -> tuple[Any, str]:
     return colour, name if shown else f"_{name}"
 
 
-def _block_batch_sizes(analysis_dir: Path, out_dir: Path, x_axis: str) -> list[Path]:
-    """B_simple of each parameter block (blocks.csv) against the whole model's: layers' attention in
-    blues and MLPs in oranges, light to dark with depth; an analysis collected before blocks.csv
-    existed gets a note instead of curves."""
-    whole, context, _ = collected(analysis_dir, out_dir, x_axis)
+def _block_batch_sizes(whole, context, out_dir, analysis_dir: Path, x_axis: str) -> list[Path]:
+    """B_simple of each parameter block (blocks.csv) against the whole model's (``whole``, the
+    summary's table): layers' attention in blues and MLPs in oranges, light to dark with depth; an
+    analysis collected before blocks.csv existed gets a note instead of curves."""
     fig, ax = plt.subplots(figsize=(COLUMN[0], 1.3 * COLUMN[1]))
     notes = Notes()
     note = ""
-    if (analysis_dir / BLOCKS).exists() and len(table := collected(analysis_dir, out_dir, x_axis, BLOCKS)[0]):
+    if (analysis_dir / BLOCKS).exists() and len(table := states(pd.read_csv(analysis_dir / BLOCKS), x_axis)):
         names = list(dict.fromkeys(table["block"]))
         layers = len({n.split()[1] for n in names if n.startswith("layer ")})
         for name in names:
@@ -277,7 +287,7 @@ def plot_analysis(
             + _noise_alignment(table, context, out_dir)
             + _gradient_norms(table, context, out_dir, run_dir)
             + _batch_sizes(table, context, out_dir)
-            + _block_batch_sizes(Path(analysis_dir), out_dir, x_axis)
+            + _block_batch_sizes(table, context, out_dir, Path(analysis_dir), x_axis)
         )
     if audit and ((context.get("audit") or {}).get("audited_rows") or 0) > 0:
         paths += plot_audit(analysis_dir, out_dir, x_axis)
