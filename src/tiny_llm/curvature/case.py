@@ -34,6 +34,8 @@ class CaseInputs:
     """(worker index, eᵢ = xᵢ − x̄ as float64 (D,)) for packed runs with consensus on."""
     block_curvature: bool = False
     """Also measure each parameter block's block-diagonal noise and ḡ forms."""
+    sharded: bool = False
+    """With several ranks, shard the model and every parameter-sized vector over them (FSDP2)."""
     audit: tuple[int, int] | None = None
     """(directions of each kind, curvature micro-batches) of the precision audit, or None."""
     memory: MemoryPlan | None = None

@@ -69,7 +69,8 @@ class Engine:
     compiled: bool = False
     """Runs under ``torch.compile`` when asked (CUDA)."""
     sharded: bool = False
-    """Its products run shard-local on an FSDP-sharded model (sharded spectra)."""
+    """Runs on an FSDP2-sharded model (``tiny_llm.curvature.sharded``): shard-local products (sharded
+    spectra) or forms with each block's directions gathered only while it runs (sharded statistics)."""
     head_chunks: bool = False
     """Takes the output head and loss in token chunks when the memory plan asks (``head_tokens``),
     on this project's own architectures: a chunk's logits, not a group's, exist at once."""
@@ -156,6 +157,7 @@ register(
         "forward Taylor mode: one no-grad pass carries each activation's jet (z, dz/dt, d²z/dt²)",
         "tiny_llm.curvature.forms:taylor",
         jets=True,
+        sharded=True,
         head_chunks=True,
         rows_per_direction=True,
     )

@@ -38,10 +38,24 @@ def noise_batch_indices(n_batches: int, samples: int | None, seed: int) -> list[
     return [int(i) for i in order[:count]]
 
 
-def rademacher(D: int, seed: int, index: int) -> torch.Tensor:
-    """Direction ``index``: D independent ±1 signs (float64, CPU), independent of batching."""
+RADEMACHER_CHUNK = 1 << 22
+"""Signs drawn at a time for a part of a Rademacher direction (memory only: the generator's sequence
+is the same however it is cut, which a test checks)."""
+
+
+def rademacher(D: int, seed: int, index: int, entries: torch.Tensor | None = None) -> torch.Tensor:
+    """Direction ``index``: D independent ±1 signs (float64, CPU), independent of batching; with
+    ``entries`` (ascending global positions, e.g. a shard's ``Layout.indices``) only those signs,
+    the same values, drawn ``RADEMACHER_CHUNK`` at a time, so no rank holds D of them."""
     generator = torch.Generator().manual_seed(derive_seed(seed, RADEMACHER_STREAM, index))
-    return torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1
+    if entries is None:
+        return torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1
+    parts, entries = [], entries.cpu()
+    for start in range(0, D, RADEMACHER_CHUNK):
+        signs = torch.randint(0, 2, (min(RADEMACHER_CHUNK, D - start),), generator=generator, dtype=torch.int8)
+        first, last = torch.searchsorted(entries, torch.tensor([start, start + len(signs)])).tolist()
+        parts.append(signs[entries[first:last] - start])
+    return torch.cat(parts).double() * 2 - 1
 
 
 def batch_gradient_and_loss(

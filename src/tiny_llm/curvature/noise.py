@@ -51,7 +51,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,6 +60,7 @@ import torch
 from tiny_llm.curvature.audit import audit_choice, precision_audit
 from tiny_llm.curvature.blocks import parameter_blocks, squared_norms
 from tiny_llm.curvature.case import CaseInputs
+from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.gradients import (
     batch_gradient_and_loss,
     mean_gradient_and_loss,
@@ -67,6 +69,8 @@ from tiny_llm.curvature.gradients import (
     sampled_gradients,
 )
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.sharded import ShardedHessian
+from tiny_llm.curvature.spectrum import Layout
 from tiny_llm.curvature.statistics import (
     ConsensusWorker,
     Direction,
@@ -78,6 +82,7 @@ from tiny_llm.curvature.statistics import (
     standard_errors,
     summarise,
 )
+from tiny_llm.distributed import world
 from tiny_llm.model.llama import Llama
 
 __all__ = ["CaseInputs", "measure_case"]
@@ -85,20 +90,59 @@ __all__ = ["CaseInputs", "measure_case"]
 log = logging.getLogger(__name__)
 
 
+class _Vectors:
+    """How a measurement holds its parameter-sized vectors: whole (one process, or data-parallel
+    ranks that each hold all of every vector; ``layout`` without indices) or as this rank's shard of
+    an FSDP2-sharded model (``layout.indices``), whose norms are local sums all-reduced.
+    ``pieces`` cuts a vector into its per-parameter views (in the flat vector's order)."""
+
+    def __init__(self, layout: Layout, pieces: Callable[[torch.Tensor], list[torch.Tensor]], seed: int):
+        self.layout, self.pieces, self.seed = layout, pieces, seed
+
+    @property
+    def sharded(self) -> bool:
+        return self.layout.indices is not None
+
+    def squared_norm(self, v: torch.Tensor) -> float:
+        return float(self.layout.reduce(v.double().pow(2).sum()))
+
+    def norm(self, v: torch.Tensor) -> float:
+        return self.squared_norm(v) ** 0.5 if self.sharded else float(v.norm())
+
+    def block_squared_norms(self, v: torch.Tensor, blocks: list[tuple[str, list[int]]]) -> list[float]:
+        local = squared_norms(self.pieces(v), blocks)
+        if not self.sharded:
+            return local
+        return self.layout.reduce(torch.tensor(local, dtype=torch.float64, device=v.device)).tolist()
+
+    def rademacher(self, index: int) -> torch.Tensor:
+        """Rademacher direction ``index``: the signs one process draws, this rank's of them when sharded."""
+        return rademacher(self.layout.D, self.seed, index, self.layout.indices)
+
+
 class _DirectionRunner:
-    """Feeds directions to the operator K at a time; zero directions skip the pass (curvature 0).
+    """Feeds directions to the forms K at a time; zero directions skip the pass (curvature 0).
     With a quadratic-form engine each record also gets the form's Gauss–Newton part."""
 
-    def __init__(self, operator: EpochHessian, precision: Precision, total: int, progress: Callable[[str], None]):
-        self.operator, self.precision, self.total, self.progress = operator, precision, total, progress
-        self.split = operator.spec.forms
+    def __init__(
+        self,
+        operator: EpochHessian | ShardedHessian,
+        K: int,
+        split: bool,
+        vectors: _Vectors,
+        total: int,
+        dtype: torch.dtype,
+        progress: Callable[[str], None],
+    ):
+        self.operator, self.K, self.split, self.vectors, self.dtype = operator, K, split, vectors, dtype
+        self.total, self.progress = total, progress
         self.pending: list[tuple[torch.Tensor, Direction, float]] = []
         self.done, self.started = 0, time.perf_counter()
 
     def add(self, vector: torch.Tensor, record: Direction, started: float) -> None:
         """Queue a float64 direction; ``record`` receives dᵀHd of the direction as used."""
-        used = vector.to(self.precision.dtype)
-        record.squared_norm = float(used.double().pow(2).sum())
+        used = vector.to(self.dtype)
+        record.squared_norm = self.vectors.squared_norm(used)
         if record.squared_norm == 0.0:
             record.curvature, record.hvp_seconds = 0.0, 0.0
             if self.split:
@@ -107,7 +151,7 @@ class _DirectionRunner:
             self.done += 1
             return
         self.pending.append((used, record, started))
-        if len(self.pending) == self.operator.K:
+        if len(self.pending) == self.K:
             self.flush()
 
     def flush(self) -> None:
@@ -136,6 +180,88 @@ class _DirectionRunner:
             f"elapsed {elapsed:.1f} s, ETA {eta:.1f} s"
         )
         self.pending = []
+
+
+@dataclass
+class _Setup:
+    """What a whole and a sharded measurement do differently: the vectors, the gradients, the forms."""
+
+    vectors: _Vectors
+    names: list[str]
+    sizes: list[int]
+    mean_gradient: Callable[[], tuple[torch.Tensor, float]]
+    """ḡ and the epoch loss."""
+    gradients: Callable[[list[int], dict[int, tuple[torch.Tensor, float]]], Iterator[tuple[torch.Tensor, float]]]
+    """(gᵢ, batch loss) of the selected batches in order, reusing those known (the audit's)."""
+    operator: Callable[[], EpochHessian | ShardedHessian]
+    split: bool
+    """Whether the forms come with their Gauss–Newton part (the exact form engines)."""
+
+
+def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision) -> _Setup:
+    """Every vector whole on every rank (one process; data-parallel ranks share the passes)."""
+    flat = FlatParameters(model)
+    rows, head = inputs.gradient_micro_batch, inputs.head_tokens("gradient")
+
+    def operator() -> EpochHessian:
+        return EpochHessian(
+            model,
+            torch.cat(batches),
+            batch_size=inputs.hvp_batch_size,
+            engine=inputs.engine,
+            precision=precision,
+            directions_per_pass=inputs.directions_per_pass,
+            compile=inputs.compile,
+            group_rows=inputs.rows("forms"),
+            head_tokens=inputs.head_tokens("forms"),
+        )
+
+    return _Setup(
+        vectors=_Vectors(Layout(flat.D), flat.blocks, inputs.seed),
+        names=flat.names,
+        sizes=flat.sizes,
+        mean_gradient=lambda: mean_gradient_and_loss(model, flat, batches, rows, precision, head),
+        gradients=lambda selected, known: sampled_gradients(
+            selected,
+            known,
+            lambda i: batch_gradient_and_loss(model, flat, batches[i], rows, precision, head),
+            flat.D,
+            precision.device,
+        ),
+        operator=operator,
+        split=engine_named(inputs.engine).forms,
+    )
+
+
+def _sharded(
+    model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision, progress: Callable[[str], None]
+) -> _Setup:
+    """The model sharded over the ranks with FSDP2 (here, in place), every vector this rank's shard:
+    the gradients are FSDP's reduce-scattered shards, the exact forms the Taylor mode block by block
+    (``ShardedHessian.split_quadratic_forms``), the fallback shard-local finite differences."""
+    if inputs.audit:
+        raise ValueError("audit: the precision audit does not run sharded; set audit to false or auto")
+    engine = engine_named(inputs.engine)
+    if not engine.sharded:
+        raise ValueError(f"engine {inputs.engine} does not run sharded; use taylor, finite_difference or auto")
+    operator = ShardedHessian(
+        model, torch.cat(batches), batch_size=inputs.hvp_batch_size, precision=precision, progress=progress
+    )
+    rows = inputs.gradient_micro_batch
+
+    def gradients(selected, known):
+        for i in selected:
+            yield known.pop(i, None) or operator.gradient_and_loss(batches[i], rows)
+
+    return _Setup(
+        vectors=_Vectors(operator.layout, operator.pieces, inputs.seed),
+        names=operator.names,
+        sizes=operator.sizes,
+        mean_gradient=lambda: operator.gradient_and_loss(torch.cat(batches), rows),
+        gradients=gradients,
+        operator=lambda: operator,
+        split=engine.forms,
+    )
 
 
 def _audit_first(
@@ -171,14 +297,11 @@ def _audit_first(
 
 
 def _noise_samples(
-    model: Llama,
-    flat: FlatParameters,
-    batches: list[torch.Tensor],
+    setup: _Setup,
     g_bar: torch.Tensor,
     selected: list[int],
     sampled: dict[int, tuple[torch.Tensor, float]],
     inputs: CaseInputs,
-    precision: Precision,
     runner: _DirectionRunner,
     blocks: list[tuple[str, list[int]]],
     block_forms: dict[int, list[Direction]],
@@ -186,16 +309,8 @@ def _noise_samples(
     """The sampled batches' records (with their squared norms per parameter block), their noise
     directions vᵢ = gᵢ − ḡ queued on ``runner``, and the seconds their gradients took
     (``sampled``: those the audit computed already)."""
-    plan, noise, seconds = inputs.plan, [], 0.0
-    gradients = sampled_gradients(
-        selected,
-        sampled,
-        lambda i: batch_gradient_and_loss(
-            model, flat, batches[i], inputs.gradient_micro_batch, precision, inputs.head_tokens("gradient")
-        ),
-        flat.D,
-        precision.device,
-    )
+    plan, vectors, noise, seconds = inputs.plan, setup.vectors, [], 0.0
+    gradients = setup.gradients(selected, sampled)
     for i in selected:
         started = time.perf_counter()
         g, batch_loss = next(gradients)
@@ -204,29 +319,29 @@ def _noise_samples(
             batch_index=i,
             stream_batch=int(plan.stream_batches[i]),
             positions=plan.positions(inputs.cache, i),
-            grad_norm=float(g.norm()),
+            grad_norm=vectors.norm(g),
             loss=batch_loss,
             worker=int(plan.stream_batches[i]) % inputs.workers if inputs.workers > 1 else None,
-            block_grad_squared_norms=squared_norms(flat.blocks(g), blocks),
+            block_grad_squared_norms=vectors.block_squared_norms(g, blocks),
         )
         v = g - g_bar
-        record.block_noise_squared_norms = squared_norms(flat.blocks(v.to(precision.dtype)), blocks)  # as used
+        record.block_noise_squared_norms = vectors.block_squared_norms(v.to(runner.dtype), blocks)  # as used
         noise.append(record)
         runner.add(v, record, started)
         if inputs.block_curvature:
-            block_forms[record.batch_index] = _add_block_directions(runner, flat, v, blocks)
+            block_forms[record.batch_index] = _add_block_directions(runner, vectors, v, blocks)
     return noise, seconds
 
 
 def _add_block_directions(
-    runner: _DirectionRunner, flat: FlatParameters, vector: torch.Tensor, blocks: list[tuple[str, list[int]]]
+    runner: _DirectionRunner, vectors: _Vectors, vector: torch.Tensor, blocks: list[tuple[str, list[int]]]
 ) -> list[Direction]:
     """Queue ``vector`` restricted to each parameter block (zero elsewhere), so that each form is the
     block-diagonal v_bᵀH_bb v_b; returns their records, in block order."""
-    records, sources = [], flat.blocks(vector)
+    records, sources = [], vectors.pieces(vector)
     for _, indices in blocks:
         part = torch.zeros_like(vector)
-        targets = flat.blocks(part)
+        targets = vectors.pieces(part)
         for i in indices:
             targets[i].copy_(sources[i])
         records.append(Direction())
@@ -234,7 +349,7 @@ def _add_block_directions(
     return records
 
 
-def _counts(samples: Samples, inputs: CaseInputs, operator: EpochHessian) -> dict[str, Any]:
+def _counts(samples: Samples, inputs: CaseInputs, operator: EpochHessian | ShardedHessian) -> dict[str, Any]:
     """What a (state, case) counted: parameters, the epoch's batches, sequences and tokens, the
     samples, the batch sizes and the passes over the data."""
     return {
@@ -257,14 +372,22 @@ def _counts(samples: Samples, inputs: CaseInputs, operator: EpochHessian) -> dic
 def measure_case(
     model: Llama, inputs: CaseInputs, precision: Precision, progress: Callable[[str], None] = log.info
 ) -> dict[str, Any]:
-    """Every statistic of one (state, case): records, statistics, counts, timing (plain data)."""
+    """Every statistic of one (state, case): records, statistics, counts, timing (plain data).
+
+    With ``inputs.sharded`` and several ranks the model is sharded over them (in place; pass it on
+    the host, FSDP2 moves each rank's shards to the device) and every parameter-sized vector is a
+    shard (``_sharded``); the statistics are the same.
+    """
     t0 = time.perf_counter()
-    flat, plan, cache = FlatParameters(model), inputs.plan, inputs.cache
+    plan, cache = inputs.plan, inputs.cache
     batches = [cache.tokens(blocks) for blocks in plan.blocks]
     B, n = len(plan.blocks[0]), len(plan)
-    g_bar, epoch_loss = mean_gradient_and_loss(
-        model, flat, batches, inputs.gradient_micro_batch, precision, inputs.head_tokens("gradient")
+    sharded = inputs.sharded and world()[1] > 1
+    setup = (
+        _sharded(model, batches, inputs, precision, progress) if sharded else _whole(model, batches, inputs, precision)
     )
+    vectors = setup.vectors
+    g_bar, epoch_loss = setup.mean_gradient()
     t_mean = time.perf_counter() - t0
     progress(f"mean gradient over {n} batches: {t_mean:.2f} s (epoch loss {epoch_loss:.4f})")
 
@@ -272,32 +395,27 @@ def measure_case(
     sampled: dict[int, tuple[torch.Tensor, float]] = {}  # the audit's production batch gradients, reused
     audit = _audit_first(model, batches, g_bar, epoch_loss, selected, inputs, precision, sampled, progress)
 
-    epoch_tokens = torch.cat(batches)
-    operator = EpochHessian(
-        model,
-        epoch_tokens,
-        batch_size=inputs.hvp_batch_size,
-        engine=inputs.engine,
-        precision=precision,
-        directions_per_pass=inputs.directions_per_pass,
-        compile=inputs.compile,
-        group_rows=inputs.rows("forms"),
-        head_tokens=inputs.head_tokens("forms"),
-    )
-    blocks = parameter_blocks(flat.names)
+    operator = setup.operator()
+    blocks = parameter_blocks(setup.names)
     total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
     total += (len(selected) + 1) * len(blocks) if inputs.block_curvature else 0
-    runner = _DirectionRunner(operator, precision, total, progress)
-    block_forms: dict[int, list[Direction]] = {}  # batch index -> its block-diagonal forms
-    noise, sample_seconds = _noise_samples(
-        model, flat, batches, g_bar, selected, sampled, inputs, precision, runner, blocks, block_forms
+    runner = _DirectionRunner(
+        operator,
+        inputs.directions_per_pass if sharded else operator.K,
+        setup.split,
+        vectors,
+        total,
+        precision.dtype,
+        progress,
     )
+    block_forms: dict[int, list[Direction]] = {}  # batch index -> its block-diagonal forms
+    noise, sample_seconds = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks, block_forms)
     random = [RandomDirection(index=index) for index in range(inputs.random_samples)]
     for record in random:
-        runner.add(rademacher(flat.D, inputs.seed, record.index).to(precision.device), record, time.perf_counter())
+        runner.add(vectors.rademacher(record.index).to(precision.device), record, time.perf_counter())
     gradient = Direction()
     runner.add(g_bar, gradient, time.perf_counter())
-    gradient_blocks = _add_block_directions(runner, flat, g_bar, blocks) if inputs.block_curvature else None
+    gradient_blocks = _add_block_directions(runner, vectors, g_bar, blocks) if inputs.block_curvature else None
     consensus = [ConsensusWorker(worker=worker) for worker, _ in inputs.consensus]
     for record, (_, e) in zip(consensus, inputs.consensus, strict=True):
         runner.add(e.to(precision.device), record, time.perf_counter())
@@ -307,16 +425,16 @@ def measure_case(
             record.block_noise_curvatures = [d.curvature for d in block_forms[record.batch_index]]
     block_records = [*(gradient_blocks or []), *(d for forms in block_forms.values() for d in forms)]
 
-    M = n * B
-    samples = Samples(noise, random, float(g_bar.norm()), gradient.curvature, flat.D, B, M, gradient.gauss_newton)
+    M, D = n * B, vectors.layout.D
+    samples = Samples(noise, random, vectors.norm(g_bar), gradient.curvature, D, B, M, gradient.gauss_newton)
     return {
         "statistics": {"loss": epoch_loss, **summarise(samples)},
         "standard_errors": standard_errors(samples),
         "blocks": block_statistics(
             samples,
             [name for name, _ in blocks],
-            [sum(flat.sizes[i] for i in indices) for _, indices in blocks],
-            squared_norms(flat.blocks(g_bar), blocks),
+            [sum(setup.sizes[i] for i in indices) for _, indices in blocks],
+            vectors.block_squared_norms(g_bar, blocks),
             None if gradient_blocks is None else [d.curvature for d in gradient_blocks],
         ),
         "audit": audit,

@@ -41,7 +41,7 @@ from tiny_llm.distributed import all_reduce_sum, world
 from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
 from tiny_llm.model.jets import JetPass
 
-__all__ = ["ShardedHessian", "shard_layout", "shard_model"]
+__all__ = ["ShardedHessian", "shard_layout", "shard_model", "shard_rows"]
 
 
 def _gather_rows(shard: torch.Tensor, rows: int, ranks: int) -> torch.Tensor:
@@ -93,6 +93,18 @@ def shard_layout(shapes: list[torch.Size], rank: int, ranks: int) -> Layout:
     return Layout(offset, torch.cat(indices))
 
 
+def shard_rows(tensors: list[torch.Tensor], rank: int, ranks: int) -> torch.Tensor:
+    """Rank ``rank``'s shard (its entries in ``shard_layout``'s order) of a parameter-sized vector
+    given whole, one tensor per parameter in order (e.g. a checkpoint's): each tensor's rows of this
+    rank, flattened and concatenated; nothing else is copied."""
+    parts = []
+    for tensor in tensors:
+        rows = tensor.reshape(-1, *tensor.shape[1:]) if tensor.dim() else tensor.reshape(1)
+        chunk = -(-len(rows) // ranks)
+        parts.append(rows[rank * chunk : (rank + 1) * chunk].reshape(-1))
+    return torch.cat(parts)
+
+
 class ShardedHessian:
     """The full-epoch token-mean Hessian at a sharded model's parameters, on shards.
 
@@ -121,7 +133,7 @@ class ShardedHessian:
         progress: Callable[[str], None] | None = None,
     ):
         flat = FlatParameters(model)
-        self.names, self.D, self._flat = flat.names, flat.D, flat.flatten  # flatten: any tensors, in order
+        self.names, self.sizes, self.D, self._flat = flat.names, flat.sizes, flat.D, flat.flatten  # any tensors
         self.rank, self.ranks = world()
         self.model = shard_model(model)
         self.precision = precision
@@ -155,27 +167,56 @@ class ShardedHessian:
             mine.append((inputs, torch.full_like(targets, IGNORE_INDEX)))
         return mine
 
-    def _batch_gradient(self, inputs: torch.Tensor, targets: torch.Tensor, n_targets: int) -> torch.Tensor:
-        """This rank's shard of the gradient of Σ_ranks (this micro-batch's loss sum) / n_targets."""
+    def _batch_gradient(
+        self, inputs: torch.Tensor, targets: torch.Tensor, n_targets: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's shard of the gradient of Σ_ranks (this micro-batch's loss sum) / n_targets, and
+        this micro-batch's share of that loss (float64, this rank's only)."""
         self.model.zero_grad(set_to_none=True)
         loss = token_losses(self.precision.forward(self.model, inputs), targets).sum() / n_targets
         loss.backward()
         gradient = self._flat([self._local(p.grad) for p in self.params])
         self.model.zero_grad(set_to_none=True)
-        return gradient
+        return gradient, loss.detach().double()
 
     def gradient(self, tokens: torch.Tensor | None = None, micro_batch_size: int | None = None) -> torch.Tensor:
         """This rank's shard of the token-mean gradient of ``tokens`` (n, T+1), float64; the epoch's
         by default, cut into ``micro_batch_size`` rows (default: the curvature micro-batch)."""
+        return self.gradient_and_loss(tokens, micro_batch_size)[0]
+
+    def gradient_and_loss(
+        self, tokens: torch.Tensor | None = None, micro_batch_size: int | None = None
+    ) -> tuple[torch.Tensor, float]:
+        """``gradient``'s shard and the token-mean loss of the same tokens (float64, the same on every
+        rank)."""
         if tokens is None:
             batches, n_targets = self.batches, self.n_targets
         else:
             batches = pad_sequences(tokens.to(self.precision.device), micro_batch_size or len(self.batches[0][0]))
             n_targets = int(tokens[:, 1:].numel())
         total = torch.zeros(len(self.layout.indices), dtype=torch.float64, device=self.precision.device)
+        loss = torch.zeros((), dtype=torch.float64, device=self.precision.device)
         for inputs, targets in self._my_batches(batches):
-            total += self._batch_gradient(inputs, targets, n_targets).double()
-        return total
+            gradient, batch_loss = self._batch_gradient(inputs, targets, n_targets)
+            total += gradient.double()
+            loss += batch_loss
+        return total, float(all_reduce_sum(loss))
+
+    def pieces(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """This rank's part of a vector (its shard, (d,)) as views, one per parameter (in order)."""
+        return self._split(flat)
+
+    def local(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """This rank's shard (d,) of a parameter-sized vector given whole, one tensor per parameter in
+        order (e.g. a checkpoint's): each one's rows of this rank, flattened; nothing else is copied."""
+        parts = []
+        for tensor, p in zip(tensors, self.params, strict=True):
+            rows = self._local(p).shape[0] if p.dim() else 1
+            chunk = -(-(tensor.shape[0] if tensor.dim() else 1) // self.ranks)
+            parts.append(
+                tensor.reshape(-1, *tensor.shape[1:])[self.rank * chunk : self.rank * chunk + rows].reshape(-1)
+            )
+        return torch.cat(parts)
 
     def _shift(self, step: torch.Tensor) -> None:
         with torch.no_grad():
@@ -203,10 +244,10 @@ class ShardedHessian:
                 step = (eps * v).to(self.precision.dtype)
                 for inputs, targets in self._my_batches(self.batches):
                     self._shift(step)
-                    plus = self._batch_gradient(inputs, targets, self.n_targets)
+                    plus = self._batch_gradient(inputs, targets, self.n_targets)[0]
                     self._restore(saved)
                     self._shift(-step)
-                    minus = self._batch_gradient(inputs, targets, self.n_targets)
+                    minus = self._batch_gradient(inputs, targets, self.n_targets)[0]
                     self._restore(saved)
                     out[row] += ((plus - minus) / (2 * eps)).double()
                 self.passes += 1

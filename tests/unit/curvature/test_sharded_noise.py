@@ -1,0 +1,166 @@
+"""The statistics of one (state, case) on an FSDP2-sharded model, on 2 and 3 CPU ranks (gloo,
+float64): every statistic, standard error, per-block statistic (block-diagonal curvature included),
+per-sample record and consensus error equals the one-process measurement with the same engine, to
+1e-12 with the exact Taylor-mode forms and to the finite-difference error with the fallback; the
+Rademacher directions are the one-process signs, drawn in chunks of a shard."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from builders import make_oracle_run
+from oracles import dense_epoch_hessian
+
+from tiny_llm.curvature import gradients
+from tiny_llm.curvature.gradients import rademacher
+from tiny_llm.curvature.hessian import FlatParameters, Precision
+from tiny_llm.curvature.noise import CaseInputs, measure_case
+from tiny_llm.curvature.sharded import shard_layout, shard_rows
+from tiny_llm.data.tokens import TokenCache, epoch_plan
+from tiny_llm.model.architectures import build_model
+
+CPU64 = Precision(torch.device("cpu"), torch.float64)
+
+
+def _model(config, architecture: str):
+    torch.manual_seed(1)
+    model_config = dataclasses.replace(
+        config.model, architecture=architecture, tie_embeddings=architecture != "gpt_neox"
+    )
+    return build_model(model_config, attention_backend="reference").double()
+
+
+def _consensus(model) -> list[torch.Tensor]:
+    """Two packed workers' consensus errors, per parameter (one of them zero)."""
+    generator = torch.Generator().manual_seed(4)
+    return [
+        [torch.randn(p.shape, dtype=torch.float64, generator=generator) * 1e-2 for p in model.parameters()],
+        [torch.zeros(p.shape, dtype=torch.float64) for p in model.parameters()],
+    ]
+
+
+def _inputs(config, engine: str, consensus, sharded: bool) -> CaseInputs:
+    cache = TokenCache(config.data.cache)
+    return CaseInputs(
+        cache=cache,
+        plan=epoch_plan(config, 1),
+        micro_batch_size=config.training.micro_batch_size,
+        hvp_batch_size=2,
+        noise_samples=3,
+        random_samples=3,
+        seed=11,
+        engine=engine,
+        directions_per_pass=4,
+        compile=False,
+        workers=2,
+        consensus=consensus,
+        block_curvature=True,
+        sharded=sharded,
+    )
+
+
+def _rank(rank: int, size: int, store: str, out: str, config, architecture: str, engine: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        model = _model(config, architecture)
+        consensus = [(w, shard_rows(e, rank, size)) for w, e in enumerate(_consensus(model))]
+        result = measure_case(model, _inputs(config, engine, consensus, sharded=True), CPU64)
+        assert all(type(p).__name__ == "DTensor" for p in model.parameters())  # it was sharded
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _numbers(result: dict) -> dict:
+    """Every number a result reports but its timings and counts."""
+    return {
+        key: result[key]
+        for key in ("statistics", "standard_errors", "consensus", "blocks", "noise_samples", "random_directions")
+    }
+
+
+def _assert_equal(sharded, single, rel: float, where: str = "") -> None:
+    if isinstance(single, dict):
+        assert set(sharded) == set(single), where
+        for key in (k for k in single if "seconds" not in k):
+            _assert_equal(sharded[key], single[key], rel, f"{where}.{key}")
+    elif isinstance(single, list):
+        assert len(sharded) == len(single), where
+        for i, (a, b) in enumerate(zip(sharded, single, strict=True)):
+            _assert_equal(a, b, rel, f"{where}[{i}]")
+    elif isinstance(single, float) and not isinstance(sharded, bool):
+        assert sharded == pytest.approx(single, rel=rel, abs=rel * 1e-3), where
+    else:
+        assert sharded == single, where
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return make_oracle_run(tmp_path_factory.mktemp("sharded-noise"), tokens=3 * 6 * 5 * 2)  # 5 batches
+
+
+@pytest.mark.parametrize(
+    ("architecture", "ranks", "engine"),
+    [
+        ("llama", 2, "taylor"),
+        ("llama", 3, "taylor"),
+        ("gpt2", 2, "taylor"),
+        ("gpt_neox", 3, "taylor"),
+        ("llama", 2, "finite_difference"),
+    ],
+)
+def test_sharded_statistics_equal_one_process(tmp_path, run, architecture, ranks, engine):
+    model = _model(run, architecture)
+    flat = FlatParameters(model)
+    consensus = [(w, flat.flatten(e)) for w, e in enumerate(_consensus(model))]
+    single = measure_case(model, _inputs(run, engine, consensus, sharded=True), CPU64)  # one rank: whole
+    mp.start_processes(
+        _rank,
+        args=(ranks, str(tmp_path / "store"), str(tmp_path / "out"), run, architecture, engine),
+        nprocs=ranks,
+        start_method="spawn",
+    )
+    parts = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(ranks)]
+    exact = engine == "taylor"
+    for part in parts:  # every rank holds the statistics
+        _assert_equal(_numbers(part), _numbers(single), 1e-12 if exact else 1e-6)
+        assert part["counts"] == single["counts"] | {"hvp_passes": part["counts"]["hvp_passes"]}
+    if exact:  # and the Gauss–Newton split came along
+        assert parts[0]["statistics"]["noise_gauss_newton"] is not None
+    else:  # the fallback's forms are the dense Hessian's within its step error
+        cache = TokenCache(run.data.cache)
+        H = dense_epoch_hessian(model, torch.cat([cache.tokens(b) for b in epoch_plan(run, 1).blocks]))
+        s = rademacher(H.shape[0], 11, 0)
+        assert parts[0]["random_directions"][0]["curvature"] == pytest.approx(float(s @ H @ s), rel=1e-6)
+        assert parts[0]["statistics"]["noise_gauss_newton"] is None
+
+
+def test_sharded_rademacher_signs_are_the_one_process_signs(monkeypatch):
+    """A shard's signs, drawn a chunk at a time (chunks smaller than D here), are the whole
+    direction's entries at the shard's positions, for every rank of an uneven split."""
+    monkeypatch.setattr(gradients, "RADEMACHER_CHUNK", 37)
+    shapes = [torch.Size([16, 8]), torch.Size([8]), torch.Size([5, 3, 2])]
+    D = sum(math.prod(s) for s in shapes)
+    whole = rademacher(D, 7, 2)
+    for rank in range(3):
+        layout = shard_layout(shapes, rank, 3)
+        assert torch.equal(rademacher(D, 7, 2, layout.indices), whole[layout.indices])
+        tensors = [torch.arange(math.prod(s), dtype=torch.float64).reshape(s) + i * 1000 for i, s in enumerate(shapes)]
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        assert torch.equal(shard_rows(tensors, rank, 3), flat[layout.indices])
+
+
+def test_the_generator_sequence_does_not_depend_on_how_it_is_cut():
+    """What chunked drawing relies on: torch's CPU generator gives the same signs drawn at once
+    or in pieces (a change of torch that broke this would change sharded directions)."""
+    generator = torch.Generator().manual_seed(3)
+    whole = torch.randint(0, 2, (5_000_003,), generator=generator, dtype=torch.int8)
+    generator = torch.Generator().manual_seed(3)
+    pieces = [torch.randint(0, 2, (n,), generator=generator, dtype=torch.int8) for n in (7, 1 << 21, 2_902_844)]
+    assert torch.equal(whole, torch.cat(pieces))
