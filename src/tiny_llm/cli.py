@@ -102,6 +102,13 @@ def _add_sampling(an: argparse.ArgumentParser) -> None:
         help="also each parameter block's block-diagonal noise and gradient forms (B_noise per block; "
         "one more form per noise sample and block)",
     )
+    an.add_argument(
+        "--sharded",
+        action="store_true",
+        help="under torchrun: shard the model and every parameter-sized vector over the ranks (FSDP2); "
+        "forms by the Taylor mode block by block (engine auto or taylor) or finite differences, "
+        "spectra's products by finite differences; no precision audit",
+    )
 
 
 def _add_precision(an: argparse.ArgumentParser) -> None:
@@ -279,12 +286,6 @@ def _add_analyze_spectrum(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--cg-damping", type=float, help="λ of (H + λI)x = ḡ (default: 2 x largest |eigenvalue|)")
     sp.add_argument("--cg-rtol", type=float, default=defaults["cg_rtol"], help="CG relative residual target")
     sp.add_argument("--cg-max-iterations", type=int, default=defaults["cg_max_iterations"], help="CG iteration cap")
-    sp.add_argument(
-        "--sharded",
-        action="store_true",
-        help="under torchrun: shard the model and every vector over the ranks (FSDP2); the products are "
-        "finite differences of gradients",
-    )
     sp.set_defaults(func=commands.analyze_spectrum)
 
 

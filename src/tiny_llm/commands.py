@@ -168,6 +168,7 @@ def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
         amp=args.amp,
         consensus=not args.no_consensus,
         block_curvature=args.block_curvature,
+        sharded=args.sharded,
         audit={"auto": "auto", "on": True, "true": True, "off": False, "false": False}[args.audit],
         audit_directions=args.audit_directions,
         audit_batches=args.audit_batches,

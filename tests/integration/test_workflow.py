@@ -79,9 +79,9 @@ def _write_config(workdir: Path, lr: float = 0.003, seed: int = 42) -> None:
             "run": "runs/packed",
             "checkpoints": ["epoch-001.safetensors", "final.pt"],
             "cases": ["seen"],
-            "settings": SETTINGS,
+            "settings": {**SETTINGS, "sharded": True},
             "gpus_per_job": 2,
-            "spectrum": {**spectrum, "top_k": 1, "sharded": True},
+            "spectrum": {**spectrum, "top_k": 1},
         },
     }
     config = {"train_runs": runs, "analyses": analyses, "plots": {"training_norms": True}}
@@ -206,10 +206,12 @@ def test_packed_consensus_columns(workdir):
 
 
 def test_gpus_per_job_runs_each_job_on_ranks(workdir, tmp_path):
-    """gpus_per_job: 2 runs each (state, case) job of packed under torchrun on 2 CPU processes: the
-    statistics of a single-process call, and its spectra sharded over both ranks (FSDP2)."""
+    """gpus_per_job: 2 with settings.sharded runs each (state, case) job of packed under torchrun on 2
+    CPU processes, the model sharded over both ranks (FSDP2): the statistics (consensus errors
+    included) of a single-process call, exact Taylor-mode forms, and its spectra sharded too."""
     state = json.loads(next((workdir / "results/packed/states").glob("*/seen.json")).read_text())
-    assert state["parallel"] == {"ranks": 2, "backend": "gloo"}
+    assert state["parallel"] == {"ranks": 2, "backend": "gloo", "sharded": True}
+    assert state["precision"]["engine"] == "taylor" and state["consensus"]["workers"]
     spectrum = json.loads(next((workdir / "results/packed/spectra").glob("*/seen.json")).read_text())
     assert spectrum["parallel"] == {"ranks": 2, "backend": "gloo", "sharded": True}
     assert spectrum["precision"]["engine"] == "finite_difference"
@@ -219,7 +221,7 @@ def test_gpus_per_job_runs_each_job_on_ranks(workdir, tmp_path):
             "runs/packed",
             [a["file"] for a in state["state"]["aliases"]],
             "seen",
-            settings_from_dict(SETTINGS),
+            settings_from_dict({**SETTINGS, "sharded": True}),  # one process: whole, the same engine
             tmp_path / "direct.json",
         )
     finally:

@@ -236,7 +236,7 @@ def test_group_job_holds_its_gpus_and_runs_its_ranks(cluster, trained, tmp_path)
     logs = [p.read_text() for p in (workdir / "logs/analyze_state/tiny").glob("*/*.log")]
     assert sum("waiting until this job's devices are free" in log for log in logs) == 1, logs
     for result in results.values():
-        assert result["parallel"] == {"ranks": 2, "backend": "gloo"}
+        assert result["parallel"] == {"ranks": 2, "backend": "gloo", "sharded": False}
         assert result["slurm"]["gpus"] == "0,1"  # the two GPUs Slurm gave the job
         assert {key: result["slurm"]["requested"][key] for key in ("gpu", "gpu_model", "cpus_per_gpu")} == {
             "gpu": 2,

@@ -112,7 +112,7 @@ def test_an_analysis_on_ranks_gives_the_single_process_result_written_once(oracl
     single-process result to 1e-12 on every rank; rank 0 writes it, with the rank count recorded
     outside the identity (which is the single process's)."""
     single = analyze_state(oracle_run / "run", ["epoch-002.safetensors"], "seen", SETTINGS, tmp_path / "single.json")
-    assert single["parallel"] == {"ranks": 1, "backend": None}
+    assert single["parallel"] == {"ranks": 1, "backend": None, "sharded": False}
     out = tmp_path / "parallel.json"
     mp.start_processes(
         _analyze,
@@ -121,7 +121,7 @@ def test_an_analysis_on_ranks_gives_the_single_process_result_written_once(oracl
         start_method="spawn",
     )
     written = json.loads(out.read_text())
-    assert written["parallel"] == {"ranks": ranks, "backend": "gloo"}
+    assert written["parallel"] == {"ranks": ranks, "backend": "gloo", "sharded": False}
     assert written["identity"] == single["identity"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("parallel.json")) == [
         "parallel.json",
@@ -213,7 +213,7 @@ def test_torchrun_and_srun_run_the_command_line_unchanged(oracle_run, tmp_path):
     assert sum(out.count('"b_noise"') for out, _ in outputs) == 1
     for name in ("torchrun.json", "srun.json"):
         written = json.loads((tmp_path / name).read_text())
-        assert written["parallel"] == {"ranks": 2, "backend": "gloo"}, name
+        assert written["parallel"]["ranks"] == 2 and written["parallel"]["backend"] == "gloo", name
         for key, value in single["statistics"].items():
             assert written["statistics"][key] == (None if value is None else pytest.approx(value, rel=1e-12)), key
 

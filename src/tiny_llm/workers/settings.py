@@ -67,10 +67,17 @@ class AnalysisSettings:
     block_curvature: bool = False
     """Also measure each parameter block's block-diagonal forms vᵢ,bᵀH_bb vᵢ,b and ḡ_bᵀH_bb ḡ_b (one
     more quadratic form per noise sample and block, and per block for ḡ), giving B_noise per block."""
+    sharded: bool = False
+    """With several ranks (``gpus_per_job`` × ``nodes_per_job``), shard the model and every
+    parameter-sized vector over them with FSDP2, for a model whose statistics do not fit one device:
+    the forms are then exact by the Taylor mode block by block (engine auto or taylor), or finite
+    differences of gradients (engine finite_difference, and auto for a model without second-order
+    rules); spectra are sharded too. The statistics are the same as one process's."""
     audit: bool | Literal["auto"] = "auto"
     """Precision audit, first in the job: ḡ and the loss over the epoch in float64, and a seeded
     subset of the directions rebuilt and measured in float64, giving the error each statistic
-    implies (true / false). auto: on unless the analysis runs in float64 without autocast."""
+    implies (true / false). auto: on unless the analysis runs in float64 without autocast, or
+    sharded (the audit does not run sharded)."""
     audit_directions: int = 4
     """Audited noise directions and random directions (each; ḡᵀHḡ is always audited)."""
     audit_batches: int = 4
@@ -86,7 +93,9 @@ class AnalysisSettings:
     @property
     def audited(self) -> bool:
         """Whether the precision audit runs."""
-        return self.audit is True or (self.audit == "auto" and (self.dtype != "float64" or self.amp))
+        return self.audit is True or (
+            self.audit == "auto" and not self.sharded and (self.dtype != "float64" or self.amp)
+        )
 
     def __post_init__(self) -> None:
         for name in ("random_samples", "seed"):
@@ -115,6 +124,8 @@ class AnalysisSettings:
             raise ValueError(
                 f"memory_budget_gb: expected a positive number of GiB or null, got {self.memory_budget_gb!r}"
             )
+        if self.sharded and self.audit is True:
+            raise ValueError("audit: the precision audit does not run sharded; set audit to auto or false")
         if self.amp and self.dtype != "float32":
             raise ValueError("--amp requires --dtype float32 (bf16 autocast with float32 parameters)")
 
@@ -159,6 +170,14 @@ def quadratic_form_engine(settings: AnalysisSettings, model: ModelConfig | None 
         ValueError: a jet engine for an ``hf`` model, before any work.
     """
     jets = model is None or model.architecture != "hf"
+    if settings.sharded:
+        if settings.engine == AUTO:
+            return "taylor" if jets else FINITE_DIFFERENCE
+        if not engine_named(settings.engine).sharded:
+            raise ValueError(
+                f"sharded: the forms of a sharded model are exact by the Taylor mode (engine taylor or auto) "
+                f"or finite differences of gradients (engine {FINITE_DIFFERENCE}), not {settings.engine}"
+            )
     if settings.engine == AUTO:
         return default_forms_engine(settings.directions_per_pass, jets)
     if not jets and engine_named(settings.engine).jets:
@@ -229,12 +248,13 @@ def spectrum_settings_from_dict(data: dict[str, Any]) -> SpectrumSettings:
 
 
 def sharded_engine(settings: AnalysisSettings, spectrum: SpectrumSettings) -> str | None:
-    """The products of a sharded spectrum (finite differences), or None unsharded.
+    """The products of a sharded spectrum (``spectrum.sharded`` or the analysis's ``sharded``):
+    finite differences; None unsharded.
 
     Raises:
         ValueError: another Hessian-vector-product engine asked for by name.
     """
-    if not spectrum.sharded:
+    if not (spectrum.sharded or settings.sharded):
         return None
     if settings.engine != AUTO and engine_named(settings.engine).products and not engine_named(settings.engine).sharded:
         raise ValueError(

@@ -128,6 +128,8 @@ def analyze_spectrum(
     """
     output = Path(output)
     check_writable_file(output)
+    if settings.sharded:  # the analysis's switch shards its spectra too
+        spectrum = replace(spectrum, sharded=True)
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
     if (engine := sharded_engine(settings, spectrum)) is not None:
         resolved = replace(resolved, hvp_engine=engine, hvp_compiled=False)

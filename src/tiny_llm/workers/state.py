@@ -24,9 +24,10 @@ from tiny_llm.config import RunConfig
 from tiny_llm.curvature.hessian import FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan, device_budget, plan_analysis
 from tiny_llm.curvature.noise import CaseInputs, measure_case
+from tiny_llm.curvature.sharded import shard_rows
 from tiny_llm.data.order import order_report
 from tiny_llm.data.tokens import TokenCache
-from tiny_llm.distributed import is_writer
+from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.model.architectures import build_model
@@ -179,7 +180,7 @@ def _result(
         },
         "software": software(),
         "hardware": hardware(resolved.device),
-        "parallel": parallel_record(),
+        "parallel": {**parallel_record(), "sharded": settings.sharded and world()[1] > 1},
         "slurm": slurm_job(),
     }
 
@@ -199,10 +200,15 @@ def _measure(
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     model = build_model(config.model, attention_backend="reference")
     model.load_state_dict(state.root, strict=True)
-    model.to(device=resolved.device, dtype=resolved.dtype)
-    flat = FlatParameters(model)
-    root_flat = flat.flatten_state(state.root).double()
-    consensus = [(w, flat.flatten_state(worker).double() - root_flat) for w, worker in enumerate(state.workers)]
+    rank, ranks = world()
+    sharded = settings.sharded and ranks > 1
+    # sharded, the model stays on the host until FSDP moves each block's shards to the device
+    model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
+    names = FlatParameters(model).names
+    consensus = [
+        (w, shard_rows([worker[n].double() - state.root[n].double() for n in names], rank, ranks if sharded else 1))
+        for w, worker in enumerate(state.workers)
+    ]
     inputs = CaseInputs(
         cache=cache,
         plan=plan,
@@ -217,6 +223,7 @@ def _measure(
         workers=config.training.workers,
         consensus=consensus,
         block_curvature=settings.block_curvature,
+        sharded=settings.sharded,
         audit=(settings.audit_directions, settings.audit_batches) if settings.audited else None,
         memory=memory,
     )

@@ -164,3 +164,22 @@ def test_the_generator_sequence_does_not_depend_on_how_it_is_cut():
     generator = torch.Generator().manual_seed(3)
     pieces = [torch.randint(0, 2, (n,), generator=generator, dtype=torch.int8) for n in (7, 1 << 21, 2_902_844)]
     assert torch.equal(whole, torch.cat(pieces))
+
+
+def test_the_sharded_setting_resolves_its_engine_and_refuses_what_does_not_shard():
+    """auto is the exact Taylor mode (finite differences without second-order rules); an engine that
+    does not run sharded and an explicit audit are refused by name; auto leaves the audit off."""
+    from types import SimpleNamespace
+
+    from tiny_llm.workers.settings import AnalysisSettings, quadratic_form_engine
+
+    assert quadratic_form_engine(AnalysisSettings(sharded=True)) == "taylor"
+    hf = SimpleNamespace(architecture="hf")  # a model of the adapter's: no second-order rules
+    assert quadratic_form_engine(AnalysisSettings(sharded=True), hf) == "finite_difference"
+    assert quadratic_form_engine(AnalysisSettings(sharded=True, engine="finite_difference")) == "finite_difference"
+    for engine in ("adjoint", "double_backward", "pearlmutter"):
+        with pytest.raises(ValueError, match=f"sharded: .*not {engine}"):
+            quadratic_form_engine(AnalysisSettings(sharded=True, engine=engine))
+    assert not AnalysisSettings(sharded=True).audited and AnalysisSettings().audited
+    with pytest.raises(ValueError, match="audit: the precision audit does not run sharded"):
+        AnalysisSettings(sharded=True, audit=True)
