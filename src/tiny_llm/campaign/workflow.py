@@ -192,7 +192,8 @@ class WorkflowPlan:
         except (ValueError, OSError):
             return None
         budget = None if settings.memory_budget_gb is None else int(settings.memory_budget_gb * GiB)
-        return memory_plan(settings, run, budget, cuda=settings.device.startswith("cuda"))
+        cuda = settings.device.startswith("cuda")
+        return memory_plan(settings, run, budget, cuda=cuda, ranks=self.job_ranks(analysis))
 
     # --- targets ----------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ __all__ = [
     "choose_group_rows",
     "device_budget",
     "features",
+    "gathered_parameters",
     "measure_pass",
     "parameter_count",
     "pass_bytes",
@@ -230,6 +231,19 @@ def parameter_count(config: ModelConfig) -> int:
         return sum(p.numel() for p in build_model(config).parameters())
 
 
+def gathered_parameters(config: ModelConfig) -> tuple[int, int]:
+    """(the root's own parameters, the largest block's) of a model sharded block by block: what a
+    rank holds unsharded, with a direction each, while a sharded pass runs (the root: embedding,
+    final norm, untied head; a block: one transformer layer)."""
+    from tiny_llm.model.architectures import build_model
+
+    with torch.device("meta"):
+        model = build_model(config)
+    root = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("layers."))
+    blocks = [sum(p.numel() for p in layer.parameters()) for layer in getattr(model, "layers", [])]
+    return root, max(blocks, default=0)
+
+
 def features(
     config: ModelConfig, rows: int, seq_len: int, D: int | None = None, head_tokens: int | None = None
 ) -> dict[str, float]:
@@ -310,6 +324,8 @@ class MemoryPlan:
 
     budget_bytes: int | None
     passes: tuple[PassPlan, ...]
+    shards: int = 1
+    """Ranks the model is sharded over: the plan is one rank's."""
 
     @property
     def peak_bytes(self) -> int:
@@ -329,6 +345,7 @@ class MemoryPlan:
         return {
             "budget_bytes": self.budget_bytes,
             "predicted_peak_bytes": self.peak_bytes,
+            **({"shards": self.shards} if self.shards > 1 else {}),
             "passes": [
                 {
                     "name": p.name,
@@ -345,8 +362,9 @@ class MemoryPlan:
 
     def describe(self) -> str:
         budget = "no budget" if self.budget_bytes is None else f"budget {size(self.budget_bytes)}"
+        where = f" per rank, sharded over {self.shards}" if self.shards > 1 else ""
         return (
-            f"memory: predicted peak ~{size(self.peak_bytes)} ({budget}; "
+            f"memory: predicted peak{where} ~{size(self.peak_bytes)} ({budget}; "
             + "; ".join(p.describe() for p in self.passes)
             + ")"
         )
@@ -427,15 +445,26 @@ def plan_analysis(
     audit_directions: int | None,
     extra_vectors: int,
     budget_bytes: int | None,
+    shards: int = 1,
 ) -> MemoryPlan:
     """The grouping of a (state, case) job's passes: the gradient passes (training's micro-batches),
     the quadratic forms (K directions on curvature micro-batches) and, when audited, the float64
     audit (2a + 1 directions, adjoint engine, beside the production model).
 
+    Sharded over ``shards`` ranks (FSDP2, ``tiny_llm.curvature.sharded``) the plan is one rank's:
+    every parameter-sized term is its 1/shards, and a pass adds what FSDP unshards while it runs,
+    the root's parameters (embedding, final norm, head) and the largest block's, with a direction
+    each of the K (forms) or their gradients (gradient passes).
+
     Raises:
         ValueError: a pass that does not fit ``budget_bytes`` even one sequence at a time.
     """
-    D = parameter_count(config)
+    D = -(-parameter_count(config) // shards)
+    if shards > 1:
+        root, block = gathered_parameters(config)
+        unsharded = {GRADIENT: 2 * (root + block) * itemsize, engine: (K + 1) * (root + block) * itemsize}
+    else:
+        unsharded = {GRADIENT: 0, engine: 0}
 
     def chunked(engine_: str) -> bool:  # the head in token chunks: our models' gradients and some engines
         return config.architecture != "hf" and (engine_ == GRADIENT or engine_named(engine_).head_chunks)
@@ -452,7 +481,7 @@ def plan_analysis(
             seq_len,
             itemsize,
             budget_bytes,
-            resident,
+            resident + unsharded[GRADIENT],
             D=D,
             chunk_head=chunked(GRADIENT),
         ),
@@ -465,7 +494,7 @@ def plan_analysis(
             seq_len,
             itemsize,
             budget_bytes,
-            resident,
+            resident + unsharded[engine],
             equal_groups=compiled,
             D=D,
             largest=max(1, hvp_batch_size // K) if engine_named(engine).rows_per_direction else None,
@@ -504,7 +533,7 @@ def plan_analysis(
                 chunk_head=chunked("adjoint"),
             )
         )
-    return MemoryPlan(budget_bytes, tuple(passes))
+    return MemoryPlan(budget_bytes, tuple(passes), shards)
 
 
 def plan_spectrum(

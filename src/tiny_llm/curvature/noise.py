@@ -245,7 +245,13 @@ def _sharded(
     if not engine.sharded:
         raise ValueError(f"engine {inputs.engine} does not run sharded; use taylor, finite_difference or auto")
     operator = ShardedHessian(
-        model, torch.cat(batches), batch_size=inputs.hvp_batch_size, precision=precision, progress=progress
+        model,
+        torch.cat(batches),
+        batch_size=inputs.hvp_batch_size,
+        precision=precision,
+        progress=progress,
+        group_rows=inputs.rows("forms"),
+        head_tokens=inputs.head_tokens("forms"),
     )
     rows = inputs.gradient_micro_batch
 

@@ -116,6 +116,10 @@ class ShardedHessian:
         precision: dtype / device / AMP policy.
         fd_scale: relative step (default: the dtype's, as the single-process engine).
         progress: receives a line per pass.
+        group_rows: at most this many sequences of a micro-batch per Taylor-mode group (None: B/K,
+            as the one-process engine); memory only, as ``EpochHessian``'s.
+        head_tokens: the head and loss of the Taylor mode this many target positions at a time
+            (None: a group's at once); memory only.
 
     ``hvp``, ``quadratic_forms`` and ``gradient`` take and return this rank's shards (``layout``).
     """
@@ -131,7 +135,10 @@ class ShardedHessian:
         precision: Precision,
         fd_scale: float | None = None,
         progress: Callable[[str], None] | None = None,
+        group_rows: int | None = None,
+        head_tokens: int | None = None,
     ):
+        self.group_rows, self.head_tokens = group_rows, head_tokens
         flat = FlatParameters(model)
         self.names, self.sizes, self.D, self._flat = flat.names, flat.sizes, flat.D, flat.flatten  # any tensors
         self.rank, self.ranks = world()
@@ -277,8 +284,11 @@ class ShardedHessian:
         }
         total = torch.zeros(2, K, dtype=torch.float64, device=self.precision.device)
         started = time.perf_counter()
+        B = len(self.batches[0][0])  # every micro-batch's (the last is padded), so every rank's groups
+        rows = min(max(1, B // K), self.group_rows or B)  # the Taylor mode's B/K, capped by the plan
         for inputs, targets in self._my_batches(self.batches):
-            total += self._taylor_batch(shards, K, inputs, targets)
+            for start in range(0, B, rows):
+                total += self._taylor_batch(shards, K, inputs[start : start + rows], targets[start : start + rows])
         self.passes += 1
         self.progress(
             f"sharded taylor pass over {len(self.batches)} micro-batches: {time.perf_counter() - started:.2f} s"
@@ -301,7 +311,12 @@ class ShardedHessian:
         """(2, K): this micro-batch's share of the forms and their Gauss–Newton parts."""
         model = self.model
         model.unshard()  # the root's own parameters
-        jets = JetPass(self._directions(model, "", shards, K, own=True), None, workspace=self.workspace)
+        jets = JetPass(
+            self._directions(model, "", shards, K, own=True),
+            None,
+            workspace=self.workspace,
+            head_tokens=self.head_tokens,
+        )
         for index, layer in enumerate(model.layers):
             layer.jet = self._block_jet(layer, f"layers.{index}.", shards, K)
         try:

@@ -43,9 +43,12 @@ log = logging.getLogger(__name__)
 RESULT_SCHEMA = 1
 
 
-def memory_plan(settings: AnalysisSettings, config: RunConfig, budget_bytes: int | None, cuda: bool) -> MemoryPlan:
+def memory_plan(
+    settings: AnalysisSettings, config: RunConfig, budget_bytes: int | None, cuda: bool, ranks: int | None = None
+) -> MemoryPlan:
     """The grouping of a (state, case) job's passes under ``budget_bytes`` (see
-    :func:`tiny_llm.curvature.memory.device_budget`), for a CUDA device or not.
+    :func:`tiny_llm.curvature.memory.device_budget`), for a CUDA device or not; with
+    ``settings.sharded`` one rank's of ``ranks`` (default: this job's).
 
     Raises:
         ValueError: a pass that does not fit even one sequence at a time (nothing is computed).
@@ -63,6 +66,7 @@ def memory_plan(settings: AnalysisSettings, config: RunConfig, budget_bytes: int
         audit_directions=settings.audit_directions if settings.audited else None,
         extra_vectors=config.training.workers if config.training.packed and settings.consensus else 0,
         budget_bytes=budget_bytes,
+        shards=(ranks or world()[1]) if settings.sharded else 1,
     )
 
 

@@ -170,7 +170,13 @@ def _taylor_rank(rank: int, size: int, store: str, out: str, architecture: str) 
     try:
         op = ShardedHessian(_architecture_model(architecture), _tokens(), batch_size=2, precision=CPU64)
         forms = op.split_quadratic_forms(op.layout.local(_directions(op.D)))
-        torch.save({"taylor": forms}, f"{out}.{rank}")
+        grouped = ShardedHessian(  # a group of one sequence, the head 4 target positions at a time
+            _architecture_model(architecture), _tokens(), batch_size=2, precision=CPU64, group_rows=1, head_tokens=4
+        )
+        torch.save(
+            {"taylor": forms, "grouped": grouped.split_quadratic_forms(grouped.layout.local(_directions(op.D)))},
+            f"{out}.{rank}",
+        )
     finally:
         dist.destroy_process_group()
 
@@ -206,3 +212,4 @@ def test_exact_sharded_forms_on_the_other_architectures(tmp_path, architecture):
     for rank in range(2):
         part = torch.load(tmp_path / f"out.{rank}", weights_only=True)
         torch.testing.assert_close(part["taylor"], single, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(part["grouped"], single, rtol=1e-12, atol=1e-14)
