@@ -145,6 +145,127 @@ def _unsharded_memory(args: argparse.Namespace) -> dict:
     }
 
 
+def _analysis_case(args: argparse.Namespace, folder: str):
+    """A run's configuration and a token cache (random ids) for the benchmark's model; the seen
+    epoch of ``args.analysis_batches`` batches of ``args.analysis_batch`` sequences."""
+    import numpy as np
+
+    from tiny_llm.config import config_from_dict
+    from tiny_llm.data.preparation import prepare_cache
+
+    model = _model(args).config
+    config = config_from_dict(
+        {
+            "model": model.__dict__,
+            "training": {
+                "batch_size": args.analysis_batch,
+                "micro_batch_size": args.micro_batch,
+                "tokens": args.analysis_batch * args.analysis_batches * args.seq_len,
+                "epochs": 1,
+                "attention_backend": "reference",
+            },
+            "data": {"cache": f"{folder}/cache", "seq_len": args.seq_len, "shuffle_group_blocks": 4, "seed": 3},
+        }
+    )
+    blocks = args.analysis_batch * args.analysis_batches * 2
+    ids = np.random.default_rng(5).integers(0, args.vocab, blocks * args.seq_len + 1)
+    prepare_cache(
+        f"{folder}/cache",
+        [ids],
+        tokenizer={"type": "external", "vocab_size": args.vocab},
+        vocab_size=args.vocab,
+        seq_len=args.seq_len,
+        shuffle_group_blocks=4,
+        data_seed=3,
+        prepare_train_tokens=blocks * args.seq_len,
+        shard_blocks=64,
+        source={"kind": "benchmark"},
+    )
+    return config
+
+
+def _analysis_rank(rank: int, size: int, store: str, out: str, args: argparse.Namespace) -> None:
+    """One rank of a sharded (state, case) analysis (``measure_case``, taylor engine): the peak of
+    live storage created during it (the shards FSDP makes included), seconds and bytes per form
+    pass, and the plan's predicted peak for one rank."""
+    from tiny_llm.curvature.memory import plan_analysis
+    from tiny_llm.curvature.noise import CaseInputs, measure_case
+    from tiny_llm.data.tokens import TokenCache, epoch_plan
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        config = _analysis_case(args, os.path.dirname(store)) if rank == 0 else None
+        dist.barrier()
+        if config is None:
+            config = _analysis_case(args, os.path.dirname(store))  # the cache exists: reused
+        inputs = CaseInputs(
+            cache=TokenCache(config.data.cache),
+            plan=epoch_plan(config, 1),
+            micro_batch_size=args.micro_batch,
+            hvp_batch_size=args.micro_batch,
+            noise_samples=args.analysis_noise,
+            random_samples=args.analysis_noise,
+            seed=1,
+            engine="taylor",
+            directions_per_pass=args.K,
+            compile=False,
+            sharded=True,
+        )
+        counter: dict[str, int] = {}
+        _count_collectives(counter)
+        forms_bytes = {"moved": 0}
+        from tiny_llm.curvature import sharded
+
+        original = sharded.ShardedHessian.split_quadratic_forms
+
+        def counted(self, V, _original=original):
+            before = sum(counter.values())
+            try:
+                return _original(self, V)
+            finally:
+                forms_bytes["moved"] += sum(counter.values()) - before
+
+        sharded.ShardedHessian.split_quadratic_forms = counted
+        model = _model(args)
+        with StoragePeak() as peak:
+            result = measure_case(model, inputs, CPU32, progress=lambda message: None)
+        plan = plan_analysis(
+            config.model,
+            args.seq_len,
+            engine="taylor",
+            K=args.K,
+            hvp_batch_size=args.micro_batch,
+            micro_batch_size=args.micro_batch,
+            itemsize=4,
+            compiled=False,
+            audit_directions=None,
+            extra_vectors=0,
+            budget_bytes=None,
+            shards=size,
+        )
+        passes = result["counts"]["hvp_passes"]
+        forms = 2 * args.analysis_noise + 1
+        Path(f"{out}.{rank}").write_text(
+            json.dumps(
+                {
+                    "ranks": size,
+                    "D": result["counts"]["parameters_D"],
+                    "peak_bytes": peak.peak,
+                    "predicted_bytes": plan.peak_bytes,
+                    "forms": forms,
+                    "passes": passes,
+                    "seconds_per_form": result["timing"]["hvp_seconds"] / forms,
+                    "bytes_per_form_pass": forms_bytes["moved"] / passes,
+                    "total_seconds": result["timing"]["total_seconds"],
+                    "noise_curvature": result["statistics"]["noise_curvature"],
+                }
+            )
+        )
+    finally:
+        dist.destroy_process_group()
+
+
 def _speed_rank(rank: int, size: int, store: str, out: str, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     if size > 1:
@@ -201,10 +322,20 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("-K", type=int, default=4, help="directions per pass")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--analysis-batch", type=int, default=4, help="sequences per batch of the analysed epoch")
+    parser.add_argument("--analysis-batches", type=int, default=4, help="batches of the analysed epoch")
+    parser.add_argument("--analysis-noise", type=int, default=2, help="noise (and random) directions analysed")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--only", choices=["analysis"], help="only the sharded analysis's table")
     args = parser.parse_args()
 
     MiB = 2**20
+    if args.only == "analysis":
+        results = {}
+        _analysis_table(args, results)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+        return
     results = {"unsharded": _unsharded_memory(args)}
     print(f"model: D = {results['unsharded']['D']:,} parameters; Lanczos {args.lanczos_steps} steps, float32")
     print(
@@ -242,8 +373,30 @@ def main() -> None:
             f"{record['hvp_bytes'].get('all_reduce', 0) / MiB:.2f} MiB (HVP), "
             f"{record['forms_bytes'].get('all_reduce', 0)} B (forms) |"
         )
+    print()
+    _analysis_table(args, results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+
+
+def _analysis_table(args: argparse.Namespace, results: dict) -> None:
+    """The sharded (state, case) analysis at N = 1, 2, 4: per-rank peak against the plan's."""
+    MiB = 2**20
+    print(
+        f"sharded analysis (taylor, K = {args.K}, {2 * args.analysis_noise + 1} forms, epoch of "
+        f"{args.analysis_batches} x {args.analysis_batch} sequences of {args.seq_len} tokens, float32)"
+    )
+    print("| ranks | peak per rank | predicted | predicted ÷ counted | s per form | moved per form pass |")
+    print("|---|---|---|---|---|---|")
+    for size in (1, 2, 4):
+        ranks = _spawn(_analysis_rank, size, args)
+        results[f"analysis_{size}"] = ranks
+        worst = max(ranks, key=lambda r: r["peak_bytes"])
+        print(
+            f"| {size} | {worst['peak_bytes'] / MiB:.1f} MiB | {worst['predicted_bytes'] / MiB:.1f} MiB | "
+            f"{worst['predicted_bytes'] / worst['peak_bytes']:.2f} | {worst['seconds_per_form']:.2f} | "
+            f"{worst['bytes_per_form_pass'] / MiB:.1f} MiB |"
+        )
 
 
 def _speed_in_process(args: argparse.Namespace) -> dict:

@@ -231,17 +231,18 @@ def parameter_count(config: ModelConfig) -> int:
         return sum(p.numel() for p in build_model(config).parameters())
 
 
-def gathered_parameters(config: ModelConfig) -> tuple[int, int]:
-    """(the root's own parameters, the largest block's) of a model sharded block by block: what a
-    rank holds unsharded, with a direction each, while a sharded pass runs (the root: embedding,
-    final norm, untied head; a block: one transformer layer)."""
+def gathered_parameters(config: ModelConfig) -> tuple[int, int, int]:
+    """(the root's own parameters, the largest block's, the largest parameter) of a model sharded
+    block by block: what a rank holds unsharded, with a direction each, while a sharded pass runs
+    (the root: embedding, final norm, untied head; a block: one transformer layer), and the
+    parameter whose K directions' all-gather needs the largest buffers."""
     from tiny_llm.model.architectures import build_model
 
     with torch.device("meta"):
         model = build_model(config)
     root = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("layers."))
     blocks = [sum(p.numel() for p in layer.parameters()) for layer in getattr(model, "layers", [])]
-    return root, max(blocks, default=0)
+    return root, max(blocks, default=0), max(p.numel() for p in model.parameters())
 
 
 def features(
@@ -454,15 +455,19 @@ def plan_analysis(
     Sharded over ``shards`` ranks (FSDP2, ``tiny_llm.curvature.sharded``) the plan is one rank's:
     every parameter-sized term is its 1/shards, and a pass adds what FSDP unshards while it runs,
     the root's parameters (embedding, final norm, head) and the largest block's, with a direction
-    each of the K (forms) or their gradients (gradient passes).
+    each of the K (forms) or their gradients (gradient passes), and the gather's buffers of the
+    largest parameter's K directions (forms).
 
     Raises:
         ValueError: a pass that does not fit ``budget_bytes`` even one sequence at a time.
     """
     D = -(-parameter_count(config) // shards)
     if shards > 1:
-        root, block = gathered_parameters(config)
-        unsharded = {GRADIENT: 2 * (root + block) * itemsize, engine: (K + 1) * (root + block) * itemsize}
+        root, block, largest = gathered_parameters(config)
+        unsharded = {
+            GRADIENT: 2 * (root + block) * itemsize,
+            engine: ((K + 1) * (root + block) + K * largest) * itemsize,
+        }
     else:
         unsharded = {GRADIENT: 0, engine: 0}
 

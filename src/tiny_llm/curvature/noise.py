@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from tiny_llm.curvature.audit import audit_choice, precision_audit
 from tiny_llm.curvature.blocks import parameter_blocks, squared_norms
@@ -82,7 +83,6 @@ from tiny_llm.curvature.statistics import (
     standard_errors,
     summarise,
 )
-from tiny_llm.distributed import world
 from tiny_llm.model.llama import Llama
 
 __all__ = ["CaseInputs", "measure_case"]
@@ -380,7 +380,7 @@ def measure_case(
 ) -> dict[str, Any]:
     """Every statistic of one (state, case): records, statistics, counts, timing (plain data).
 
-    With ``inputs.sharded`` and several ranks the model is sharded over them (in place; pass it on
+    With ``inputs.sharded`` in a process group the model is sharded over its ranks (in place; pass it on
     the host, FSDP2 moves each rank's shards to the device) and every parameter-sized vector is a
     shard (``_sharded``); the statistics are the same.
     """
@@ -388,7 +388,7 @@ def measure_case(
     plan, cache = inputs.plan, inputs.cache
     batches = [cache.tokens(blocks) for blocks in plan.blocks]
     B, n = len(plan.blocks[0]), len(plan)
-    sharded = inputs.sharded and world()[1] > 1
+    sharded = inputs.sharded and dist.is_available() and dist.is_initialized()  # one rank too, in a group
     setup = (
         _sharded(model, batches, inputs, precision, progress) if sharded else _whole(model, batches, inputs, precision)
     )
