@@ -494,3 +494,83 @@ def test_ctrl_c_leaves_running_jobs_running(cluster, trained, tmp_path):
     assert all(_sacct_state(job) == "COMPLETED" for job in running)
     jobs = _result_jobs(workdir)
     assert len(jobs) == 6 and set(running) <= set(jobs.values())
+
+
+TWO_NODES = {"SLURM_CONF": "/run/two-node-slurm/slurm.conf", "GLOO_SOCKET_IFNAME": "tl0"}
+"""What reaches start-two-node-slurm.sh's cluster, and gloo's interface on both of its nodes."""
+
+
+@pytest.fixture(scope="module")
+def two_nodes(cluster):
+    """A second, two-node Slurm cluster on this machine (tests/slurm/start-two-node-slurm.sh: its
+    second slurmd in a network namespace of its own), stopped afterwards."""
+    started = subprocess.run(["bash", str(HERE / "start-two-node-slurm.sh")], capture_output=True, text=True)
+    if started.returncode != 0:
+        pytest.skip(f"the two-node cluster did not start:\n{started.stdout[-1500:]}{started.stderr[-1500:]}")
+    yield TWO_NODES
+    subprocess.run(["bash", str(HERE / "stop-two-node-slurm.sh")], capture_output=True)
+
+
+def _rank_on_node2() -> int | None:
+    """The pid of a rank (not its torchrun) running on the second node, if there is one."""
+    listed = subprocess.run(["ip", "netns", "pids", "tl-node2"], capture_output=True, text=True).stdout.split()
+    for pid in listed:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"tiny_llm.workers.ranks" in command and b"torch.distributed.run" not in command:
+            return int(pid)
+    return None
+
+
+def test_two_node_sharded_analysis_survives_a_killed_rank(two_nodes, trained, tmp_path):
+    """nodes_per_job: 2 with settings.sharded through the naiss-style profile on a two-node cluster:
+    the job's srun --overlap starts torchrun on both nodes, which meet by c10d rendezvous at the
+    first node and shard the model over the two. A rank killed on the second node fails the job
+    with no result written; the retry completes, equal to one process."""
+    settings = {**SETTINGS, "sharded": True}
+    workdir = _workdir(tmp_path / "two-nodes", settings, trained)
+    checkpoint = sorted(p.name for p in (workdir / "runs/tiny").glob("epoch-*.safetensors"))[0]
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    config["analyses"]["tiny"].update(checkpoints=[checkpoint], cases=["seen"], nodes_per_job=2)
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    log = workdir / "campaign.log"
+    campaign = _start(
+        workdir,
+        log,
+        "--profile",
+        str(REPO / "profiles/test-slurm"),
+        "--retries",
+        "2",  # one for the killed rank, one for a start that this shared 2-core machine may fail
+        "--slurm-status-command",
+        "squeue",  # no accounting on this cluster
+        "--slurm-no-account",
+        "--default-resources",
+        "slurm_partition=two",
+        "runtime=10",
+        "mem_mb=500",
+        "cpus_per_task=1",
+        env=two_nodes,
+    )
+    try:
+        victim = _until(_rank_on_node2, 300, "a rank on the second node")
+        os.kill(victim, signal.SIGKILL)
+        assert campaign.wait(timeout=600) == 0, log.read_text()[-4000:]
+    finally:
+        if campaign.poll() is None:
+            campaign.kill()
+    results = list((workdir / "results/tiny/states").glob("*/seen.json"))
+    assert len(results) == 1, log.read_text()[-3000:]
+    result = json.loads(results[0].read_text())
+    assert result["parallel"] == {"ranks": 2, "backend": "gloo", "sharded": True}
+    # The first attempt failed without a result; the retry's ran from the first node over both.
+    assert result["slurm"]["attempt"] >= 2 and result["slurm"]["node"] == "tlnode1", result["slurm"]
+    assert result["slurm"]["requested"]["nodes"] == 2, result["slurm"]["requested"]
+    os.chdir(workdir)
+    try:
+        alone = analyze_state("runs/tiny", [checkpoint], "seen", settings_from_dict(settings), tmp_path / "alone.json")
+    finally:
+        os.chdir(REPO)
+    for key, value in alone["statistics"].items():
+        assert result["statistics"][key] == (None if value is None else pytest.approx(value, rel=1e-10, abs=1e-14)), key

@@ -98,6 +98,14 @@ get_analyze_runtime = _by("analysis", PLAN.walltimes.analyze_runtime)
 get_gpus = _by("analysis", PLAN.gpus_requested)  # every rank's GPU, over its nodes
 get_nodes = _by("analysis", lambda analysis: PLAN.ranks(analysis)["nodes"])
 get_ranks = _by("analysis", lambda analysis: PLAN.ranks(analysis)["gpus"])  # a node's
+# Slurm tasks of a CPU job: one per node (the plugin asks --ntasks=1 otherwise, which Slurm meets
+# with one node); a GPU job's tasks follow its GPUs (0: the plugin adds nothing).
+get_tasks = _by(
+    "analysis",
+    lambda analysis: (
+        0 if PLAN.gpus_requested(analysis) else PLAN.ranks(analysis)["nodes"]
+    ),
+)
 get_finish_runtime = _by("analysis", PLAN.walltimes.finish_runtime)
 get_attempt = lambda wildcards, attempt: attempt  # 1 + retries so far, in each result
 

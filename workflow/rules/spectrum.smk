@@ -21,6 +21,7 @@ rule analyze_spectrum:
         attempt=get_attempt,
         gpu=get_gpus,
         nodes=get_nodes,
+        tasks=get_tasks,
         ranks=get_ranks,
         state_slot=1,
     params:

@@ -14,15 +14,45 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["launch_command", "run_on_ranks"]
+__all__ = ["allocation_nodes", "launch_command", "run_on_ranks"]
 
 PORT = 29_431
 """The rendezvous port on the first node of a multi-node job."""
+
+
+STEP_VARIABLES = (
+    "SLURM_NNODES",
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_NODELIST",
+    "SLURM_JOB_NODELIST",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_STEP_NUM_NODES",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_TASKS_PER_NODE",
+)
+"""A job step's description of itself, which a step started from inside it must not inherit."""
+
+
+def allocation_nodes() -> list[str]:
+    """The nodes of this Slurm job's allocation, first node first, from the controller (inside a
+    job step the environment names the step's nodes, not the job's)."""
+    shown = subprocess.run(
+        ["scontrol", "show", "job", "-o", os.environ["SLURM_JOB_ID"]], capture_output=True, text=True, check=True
+    ).stdout
+    nodelist = re.search(r"(?:^|\s)NodeList=(\S+)", shown)
+    if nodelist is None:
+        raise RuntimeError(f"scontrol show job {os.environ['SLURM_JOB_ID']} names no NodeList: {shown.strip()}")
+    return subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist.group(1)], capture_output=True, text=True, check=True
+    ).stdout.split()
 
 
 def launch_command(spec: Path, ranks: int, nodes: int = 1) -> list[str]:
@@ -31,14 +61,22 @@ def launch_command(spec: Path, ranks: int, nodes: int = 1) -> list[str]:
     worker = ["-m", "tiny_llm.workers.ranks", str(spec)]
     if nodes == 1:
         return [*module, "--standalone", "--nproc-per-node", str(ranks), *worker]
-    head = subprocess.run(
-        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
-    ).stdout.split()[0]
-    # --overlap: the job's own step (Snakemake's, on the first node) holds its CPUs and GPUs meanwhile
+    head = allocation_nodes()[0]
+    # Run from inside Snakemake's job step, whose environment describes that step (one task on the
+    # first node: SLURM_NTASKS=1, SLURM_NNODES=1, SLURM_JOB_NODELIST=that node), not the job: srun
+    # would take those and run one torchrun, whose rendezvous then waits for the others for ever.
+    # Without them srun asks the controller for the job's allocation. --overlap: the job's own step
+    # holds its CPUs and GPUs meanwhile. --kill-on-bad-exit: a node whose ranks fail (killed, out of
+    # memory) ends the others', which would otherwise wait in a collective until the walltime.
     return [
+        "env",
+        *(f"--unset={name}" for name in STEP_VARIABLES),
         "srun",
         "--overlap",
+        "--kill-on-bad-exit=1",
         "--nodes",
+        str(nodes),
+        "--ntasks",
         str(nodes),
         "--ntasks-per-node",
         "1",
@@ -107,7 +145,13 @@ def _launch(command: list[str], env: dict[str, str]) -> subprocess.CompletedProc
         preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
     )
     forward = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, lambda number, _frame: process.send_signal(number)) for sig in forward}
+    received: list[int] = []
+
+    def pass_on(number: int, _frame) -> None:
+        received.append(number)
+        process.send_signal(number)
+
+    previous = {sig: signal.signal(sig, pass_on) for sig in forward}
     try:
         process.wait()
     finally:
@@ -116,9 +160,10 @@ def _launch(command: list[str], env: dict[str, str]) -> subprocess.CompletedProc
         if process.poll() is None:
             process.terminate()
             process.wait()
-    if process.returncode in (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP) or any(
-        process.returncode == 128 + sig for sig in forward
-    ):
+    # Stopped: this job was (the signal passed on), or the launcher itself was killed. A launcher
+    # that reports its ranks' signal (srun: 128 + the signal of a rank killed on another node) is
+    # a failure of the ranks, which the caller reports as such.
+    if received or process.returncode in (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP, -signal.SIGKILL):
         raise KeyboardInterrupt(f"stopped (the launcher ended with status {process.returncode})")
     return subprocess.CompletedProcess(command, process.returncode)
 
