@@ -229,3 +229,39 @@ def test_at_a_real_vocabulary_the_plan_chunks_the_head_before_it_cuts_the_group(
     assert f"head {plan.head_tokens} tokens at a time" in plan.describe()
     unbounded = choose_group_rows("forms", engine, gpt2, 4, K, 1024, 4, 10**13, 0, D=D, chunk_head=True)
     assert unbounded.head_tokens is None
+
+
+def test_a_sharded_plan_is_one_ranks():
+    """Sharded over N ranks the plan prices one rank: parameter-sized terms 1/N plus the root and
+    the largest block unsharded with their K directions and the gather's buffers of the largest
+    parameter; what fits no rank is refused before any work, naming the budget."""
+    from tiny_llm.curvature.memory import gathered_parameters, parameter_count, pass_bytes, resident_bytes
+
+    kw = dict(
+        engine="taylor",
+        K=16,
+        hvp_batch_size=64,
+        micro_batch_size=32,
+        itemsize=4,
+        compiled=False,
+        audit_directions=None,
+        extra_vectors=0,
+        budget_bytes=None,
+    )
+    D = parameter_count(CAMPAIGN)
+    root, block, largest = gathered_parameters(CAMPAIGN)
+    assert root == 256 * 512 + 512 and block == (D - root) // CAMPAIGN.n_layers and largest == 1368 * 512
+    plans = {n: plan_analysis(CAMPAIGN, 1024, **kw, shards=n) for n in (2, 4)}
+    assert plans[2].shards == 2 and "per rank, sharded over 2" in plans[2].describe()
+    assert plans[4].peak_bytes < plans[2].peak_bytes
+    for n, plan in plans.items():
+        forms = next(p for p in plan.passes if p.name == "forms")
+        shard = -(-D // n)
+        expected = (
+            resident_bytes(shard, 16, 4)
+            + 4 * (17 * (root + block) + 16 * largest)
+            + pass_bytes("taylor", CAMPAIGN, forms.rows, 16, 1024, 4, D=shard, head_tokens=forms.head_tokens)
+        )
+        assert forms.peak_bytes == expected
+    with pytest.raises(ValueError, match="memory_budget_gb"):
+        plan_analysis(CAMPAIGN, 1024, **{**kw, "budget_bytes": 2**20}, shards=2)
