@@ -107,7 +107,7 @@ def _add_sampling(an: argparse.ArgumentParser) -> None:
         action="store_true",
         help="under torchrun: shard the model and every parameter-sized vector over the ranks (FSDP2); "
         "forms by the Taylor mode block by block (engine auto or taylor) or finite differences, "
-        "spectra's products by finite differences; no precision audit",
+        "spectra's products by finite differences; the precision audit sharded too",
     )
 
 

@@ -15,19 +15,23 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tiny_llm.curvature.case import CaseInputs
 from tiny_llm.curvature.engines import default_forms_engine
-from tiny_llm.curvature.gradients import batch_gradient, batch_gradient_and_loss, mean_gradient_and_loss, rademacher
+from tiny_llm.curvature.gradients import batch_gradient_and_loss, mean_gradient_and_loss
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.spectrum import Layout
 from tiny_llm.curvature.statistics import AuditPairs, implied_errors, relative
+from tiny_llm.curvature.vectors import Vectors
 from tiny_llm.data.tokens import group_permutation
 from tiny_llm.model.llama import Llama
 
-__all__ = ["audit_choice", "precision_audit"]
+__all__ = ["AuditSide", "audit_choice", "precision_audit", "whole_sides"]
 
 AUDIT_STREAM = 4
 
@@ -37,50 +41,105 @@ def audit_choice(count: int, take: int, seed: int, stream_index: int) -> list[in
     return sorted(int(i) for i in group_permutation(seed, AUDIT_STREAM, stream_index, count)[:take]) if count else []
 
 
+@dataclass
+class AuditSide:
+    """One precision of the audit (the production's or float64): its batch gradients gᵢ (with their
+    loss), how it holds vectors (whole, or this rank's shard), and its quadratic forms of K
+    directions over given token rows; ``mean_gradient`` is float64's ḡ and epoch loss."""
+
+    vectors: Vectors
+    batch_gradient: Callable[[int], tuple[torch.Tensor, float]]
+    forms: Callable[[torch.Tensor, torch.Tensor], list[float]]
+    dtype: torch.dtype
+    device: torch.device
+    engine: str
+    """The forms' engine; empty: the exact engine for the number of directions (or an HVP engine
+    for a model without second-order rules, ``jets`` false)."""
+    mean_gradient: Callable[[], tuple[torch.Tensor, float]] | None = None
+    jets: bool = True
+
+
+def whole_sides(
+    model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision
+) -> tuple[AuditSide, AuditSide]:
+    """The production and float64 sides of a model held whole (a float64 copy is made here)."""
+    flat = FlatParameters(model)
+    exact = Precision(precision.device, torch.float64)
+    reference = copy.deepcopy(model).to(torch.float64)
+    rows64 = inputs.rows("audit_gradient") or inputs.micro_batch_size
+    h = inputs.hvp_batch_size
+    jets = not getattr(model, "jet_refusal", None)  # float64 forms: the exact engine, or an HVP without rules
+
+    def side(net, prec, engine, rows, head, forms_rows, forms_head) -> AuditSide:
+        made = AuditSide(
+            vectors=Vectors(Layout(flat.D), flat.blocks, inputs.seed),
+            batch_gradient=lambda i: batch_gradient_and_loss(net, flat, batches[i], rows, prec, head),
+            forms=lambda V, tokens: _forms(
+                net, tokens, V, made.engine or default_forms_engine(len(V), jets), prec, h, forms_rows, forms_head
+            ),
+            dtype=prec.dtype,
+            device=prec.device,
+            engine=engine,
+            mean_gradient=lambda: mean_gradient_and_loss(net, flat, batches, rows, prec, head),
+            jets=jets,
+        )
+        return made
+
+    production = side(
+        model,
+        precision,
+        inputs.engine,
+        inputs.gradient_micro_batch,
+        inputs.head_tokens("gradient"),
+        inputs.rows("forms"),
+        inputs.head_tokens("forms"),
+    )
+    float64 = side(
+        reference,
+        exact,
+        "",  # chosen by the number of audited directions
+        rows64,
+        inputs.head_tokens("audit_gradient"),
+        inputs.rows("audit"),
+        inputs.head_tokens("audit"),
+    )
+    return production, float64
+
+
 def _directions(
-    models: tuple[Llama, Llama],
-    batches: list[torch.Tensor],
+    sides: tuple[AuditSide, AuditSide],
     g_bars: tuple[torch.Tensor, torch.Tensor],
     noise_batches: list[int],
     random_indices: list[int],
-    inputs: CaseInputs,
-    precisions: tuple[Precision, Precision],
     sampled: dict[int, tuple[torch.Tensor, float]],
 ) -> tuple[list[dict[str, Any]], torch.Tensor, torch.Tensor]:
     """The audited directions as each precision builds them (production, float64): noise
     directions from each one's own batch gradient and ḡ, Rademacher directions, and ḡ; with a
     record of each (the production batch gradients are left in ``sampled``)."""
-    (model, reference), (g_bar, g_bar64), (precision, exact) = models, g_bars, precisions
-    flat = FlatParameters(model)
-    rows64 = inputs.rows("audit_gradient") or inputs.micro_batch_size
+    (production, exact), (g_bar, g_bar64) = sides, g_bars
     records: list[dict[str, Any]] = []
     production_vectors, exact_vectors = [], []
     for i in noise_batches:
-        g = sampled.setdefault(
-            i,
-            batch_gradient_and_loss(
-                model, flat, batches[i], inputs.gradient_micro_batch, precision, inputs.head_tokens("gradient")
-            ),
-        )[0]
-        g64 = batch_gradient(reference, flat, batches[i], rows64, exact, inputs.head_tokens("audit_gradient"))
-        v, v64 = (g - g_bar).to(precision.dtype), g64 - g_bar64
+        g = sampled.setdefault(i, production.batch_gradient(i))[0]
+        g64 = exact.batch_gradient(i)[0]
+        v, v64 = (g - g_bar).to(production.dtype), g64 - g_bar64
         records.append(
             {
                 "kind": "noise",
                 "batch_index": i,
-                "grad_norm": [float(g.norm()), float(g64.norm())],
-                "squared_norm": [float(v.double().pow(2).sum()), float(v64.pow(2).sum())],
+                "grad_norm": [production.vectors.norm(g), exact.vectors.norm(g64)],
+                "squared_norm": [production.vectors.squared_norm(v), exact.vectors.squared_norm(v64)],
             }
         )
         production_vectors.append(v)
         exact_vectors.append(v64)
     for index in random_indices:
-        direction = rademacher(flat.D, inputs.seed, index).to(precision.device)
+        direction = production.vectors.rademacher(index).to(production.device)
         records.append({"kind": "random", "index": index})
-        production_vectors.append(direction.to(precision.dtype))
+        production_vectors.append(direction.to(production.dtype))
         exact_vectors.append(direction)
     records.append({"kind": "gradient"})
-    production_vectors.append(g_bar.to(precision.dtype))
+    production_vectors.append(g_bar.to(production.dtype))
     exact_vectors.append(g_bar64)
 
     return records, torch.stack(production_vectors), torch.stack(exact_vectors)
@@ -112,56 +171,41 @@ def _forms(
 
 
 def precision_audit(
-    model: Llama,
+    sides: tuple[AuditSide, AuditSide],
     batches: list[torch.Tensor],
     g_bar: torch.Tensor,
     epoch_loss: float,
     noise_batches: list[int],
     random_indices: list[int],
     inputs: CaseInputs,
-    precision: Precision,
     sampled: dict[int, tuple[torch.Tensor, float]] | None = None,
 ) -> dict[str, Any]:
     """End-to-end error of the production precision against float64 (module docstring).
 
-    ``g_bar`` and ``epoch_loss`` are the job's own (production); the audit recomputes ḡ and the epoch
-    loss over the whole epoch in float64, the batch gradients of the audited noise batches
-    (``noise_batches``, indices into ``batches``) in both precisions, and the quadratic forms of every
-    audited direction (as each precision builds it) on a seeded sample of curvature micro-batches.
-    The production batch gradients and losses are left in ``sampled`` (batch index → (gᵢ, loss)),
-    so the job does not compute them twice.
+    ``sides`` are the production and float64 precisions (:func:`whole_sides`, or a sharded
+    model's); ``g_bar`` and ``epoch_loss`` are the job's own (production). The audit recomputes ḡ
+    and the epoch loss over the whole epoch in float64, the batch gradients of the audited noise
+    batches (``noise_batches``, indices into ``batches``) in both precisions, and the quadratic
+    forms of every audited direction (as each precision builds it) on a seeded sample of curvature
+    micro-batches. The production batch gradients and losses are left in ``sampled`` (batch index
+    → (gᵢ, loss)), so the job does not compute them twice.
     """
     sampled = {} if sampled is None else sampled
     started = time.perf_counter()
-    flat = FlatParameters(model)
-    exact = Precision(precision.device, torch.float64)
-    reference = copy.deepcopy(model).to(torch.float64)
-    rows64 = inputs.rows("audit_gradient") or inputs.micro_batch_size
-    g_bar64, loss64 = mean_gradient_and_loss(
-        reference, flat, batches, rows64, exact, inputs.head_tokens("audit_gradient")
-    )
-    records, V, V64 = _directions(
-        (model, reference),
-        batches,
-        (g_bar, g_bar64),
-        noise_batches,
-        random_indices,
-        inputs,
-        (precision, exact),
-        sampled,
-    )
+    production, exact = sides
+    g_bar64, loss64 = exact.mean_gradient()
+    records, V, V64 = _directions(sides, (g_bar, g_bar64), noise_batches, random_indices, sampled)
     h = inputs.hvp_batch_size
     tokens = torch.cat(batches)
     micro = audit_choice(math.ceil(tokens.shape[0] / h), inputs.audit[1], inputs.seed, 2)
     rows = torch.cat([tokens[j * h : (j + 1) * h] for j in micro])
-    production = _forms(model, rows, V, inputs.engine, precision, h, inputs.rows("forms"), inputs.head_tokens("forms"))
-    exact_engine = default_forms_engine(len(V), jets=not getattr(model, "jet_refusal", None))  # no rules: HVP
-    float64 = _forms(reference, rows, V64, exact_engine, exact, h, inputs.rows("audit"), inputs.head_tokens("audit"))
-    for record, q, q64 in zip(records, production, float64, strict=True):
+    production_forms = production.forms(V, rows)
+    float64 = exact.forms(V64, rows)
+    exact_engine = exact.engine or default_forms_engine(len(V64), exact.jets)
+    for record, q, q64 in zip(records, production_forms, float64, strict=True):
         record.update(production=q, float64=q64, relative_error=abs(relative(q, q64)))
-    statistics = implied_errors(
-        AuditPairs.from_records(records, (float(g_bar.norm()), float(g_bar64.norm())), (epoch_loss, loss64))
-    )
+    norms = (production.vectors.norm(g_bar), exact.vectors.norm(g_bar64))
+    statistics = implied_errors(AuditPairs.from_records(records, norms, (epoch_loss, loss64)))
     return {
         "reference": (
             f"float64: ḡ and loss over the whole epoch, the audited batch gradients, {exact_engine}-engine forms"
@@ -170,7 +214,7 @@ def precision_audit(
         "tokens_audited": int(rows[:, 1:].numel()),
         "directions": records,
         "loss": {"production": epoch_loss, "float64": loss64},
-        "full_grad_norm": {"production": float(g_bar.norm()), "float64": float(g_bar64.norm())},
+        "full_grad_norm": {"production": norms[0], "float64": norms[1]},
         "statistics_signed_error": statistics,
         "statistics_relative_error": {k: None if v is None else abs(v) for k, v in statistics.items()},
         "max_statistic_relative_error": max((abs(v) for v in statistics.values() if v is not None), default=None),

@@ -49,6 +49,7 @@ The statistics are declared, with their standard errors and implied audit errors
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -58,15 +59,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tiny_llm.curvature.audit import audit_choice, precision_audit
-from tiny_llm.curvature.blocks import parameter_blocks, squared_norms
+from tiny_llm.curvature.audit import AuditSide, audit_choice, precision_audit, whole_sides
+from tiny_llm.curvature.blocks import parameter_blocks
 from tiny_llm.curvature.case import CaseInputs
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.gradients import (
     batch_gradient_and_loss,
     mean_gradient_and_loss,
     noise_batch_indices,
-    rademacher,
     sampled_gradients,
 )
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
@@ -83,41 +83,12 @@ from tiny_llm.curvature.statistics import (
     standard_errors,
     summarise,
 )
+from tiny_llm.curvature.vectors import Vectors
 from tiny_llm.model.llama import Llama
 
 __all__ = ["CaseInputs", "measure_case"]
 
 log = logging.getLogger(__name__)
-
-
-class _Vectors:
-    """How a measurement holds its parameter-sized vectors: whole (one process, or data-parallel
-    ranks that each hold all of every vector; ``layout`` without indices) or as this rank's shard of
-    an FSDP2-sharded model (``layout.indices``), whose norms are local sums all-reduced.
-    ``pieces`` cuts a vector into its per-parameter views (in the flat vector's order)."""
-
-    def __init__(self, layout: Layout, pieces: Callable[[torch.Tensor], list[torch.Tensor]], seed: int):
-        self.layout, self.pieces, self.seed = layout, pieces, seed
-
-    @property
-    def sharded(self) -> bool:
-        return self.layout.indices is not None
-
-    def squared_norm(self, v: torch.Tensor) -> float:
-        return float(self.layout.reduce(v.double().pow(2).sum()))
-
-    def norm(self, v: torch.Tensor) -> float:
-        return self.squared_norm(v) ** 0.5 if self.sharded else float(v.norm())
-
-    def block_squared_norms(self, v: torch.Tensor, blocks: list[tuple[str, list[int]]]) -> list[float]:
-        local = squared_norms(self.pieces(v), blocks)
-        if not self.sharded:
-            return local
-        return self.layout.reduce(torch.tensor(local, dtype=torch.float64, device=v.device)).tolist()
-
-    def rademacher(self, index: int) -> torch.Tensor:
-        """Rademacher direction ``index``: the signs one process draws, this rank's of them when sharded."""
-        return rademacher(self.layout.D, self.seed, index, self.layout.indices)
 
 
 class _DirectionRunner:
@@ -129,7 +100,7 @@ class _DirectionRunner:
         operator: EpochHessian | ShardedHessian,
         K: int,
         split: bool,
-        vectors: _Vectors,
+        vectors: Vectors,
         total: int,
         dtype: torch.dtype,
         progress: Callable[[str], None],
@@ -186,7 +157,7 @@ class _DirectionRunner:
 class _Setup:
     """What a whole and a sharded measurement do differently: the vectors, the gradients, the forms."""
 
-    vectors: _Vectors
+    vectors: Vectors
     names: list[str]
     sizes: list[int]
     mean_gradient: Callable[[], tuple[torch.Tensor, float]]
@@ -196,6 +167,8 @@ class _Setup:
     operator: Callable[[], EpochHessian | ShardedHessian]
     split: bool
     """Whether the forms come with their Gauss–Newton part (the exact form engines)."""
+    audit_sides: Callable[[], tuple[AuditSide, AuditSide]]
+    """The production and float64 sides of the precision audit."""
 
 
 def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision) -> _Setup:
@@ -217,7 +190,7 @@ def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precis
         )
 
     return _Setup(
-        vectors=_Vectors(Layout(flat.D), flat.blocks, inputs.seed),
+        vectors=Vectors(Layout(flat.D), flat.blocks, inputs.seed),
         names=flat.names,
         sizes=flat.sizes,
         mean_gradient=lambda: mean_gradient_and_loss(model, flat, batches, rows, precision, head),
@@ -230,6 +203,7 @@ def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precis
         ),
         operator=operator,
         split=engine_named(inputs.engine).forms,
+        audit_sides=lambda: whole_sides(model, batches, inputs, precision),
     )
 
 
@@ -239,45 +213,67 @@ def _sharded(
     """The model sharded over the ranks with FSDP2 (here, in place), every vector this rank's shard:
     the gradients are FSDP's reduce-scattered shards, the exact forms the Taylor mode block by block
     (``ShardedHessian.split_quadratic_forms``), the fallback shard-local finite differences."""
-    if inputs.audit:
-        raise ValueError("audit: the precision audit does not run sharded; set audit to false or auto")
     engine = engine_named(inputs.engine)
     if not engine.sharded:
         raise ValueError(f"engine {inputs.engine} does not run sharded; use taylor, finite_difference or auto")
-    operator = ShardedHessian(
-        model,
-        torch.cat(batches),
-        batch_size=inputs.hvp_batch_size,
-        precision=precision,
-        progress=progress,
-        group_rows=inputs.rows("forms"),
-        head_tokens=inputs.head_tokens("forms"),
-    )
+    reference = copy.deepcopy(model).double() if inputs.audit else None  # the audit's, sharded in turn
+
+    def sharded(net: Llama, prec: Precision, group: str) -> ShardedHessian:
+        return ShardedHessian(
+            net,
+            torch.cat(batches),
+            batch_size=inputs.hvp_batch_size,
+            precision=prec,
+            progress=progress,
+            group_rows=inputs.rows(group),
+            head_tokens=inputs.head_tokens(group),
+        )
+
+    operator = sharded(model, precision, "forms")
     rows = inputs.gradient_micro_batch
+
+    def side(op: ShardedHessian, gradient_rows: int) -> AuditSide:
+        def forms(V: torch.Tensor, tokens: torch.Tensor) -> list[float]:
+            on = op.on(tokens)
+            return (on.split_quadratic_forms(V)[0] if engine.forms else on.quadratic_forms(V)).tolist()
+
+        return AuditSide(
+            vectors=Vectors(op.layout, op.pieces, inputs.seed),
+            batch_gradient=lambda i: op.gradient_and_loss(batches[i], gradient_rows),
+            forms=forms,
+            dtype=op.precision.dtype,
+            device=op.precision.device,
+            engine=inputs.engine,
+            mean_gradient=lambda: op.gradient_and_loss(torch.cat(batches), gradient_rows),
+        )
+
+    def audit_sides() -> tuple[AuditSide, AuditSide]:
+        exact = sharded(reference, Precision(precision.device, torch.float64), "audit")
+        return side(operator, rows), side(exact, inputs.rows("audit_gradient") or inputs.micro_batch_size)
 
     def gradients(selected, known):
         for i in selected:
             yield known.pop(i, None) or operator.gradient_and_loss(batches[i], rows)
 
     return _Setup(
-        vectors=_Vectors(operator.layout, operator.pieces, inputs.seed),
+        vectors=Vectors(operator.layout, operator.pieces, inputs.seed),
         names=operator.names,
         sizes=operator.sizes,
         mean_gradient=lambda: operator.gradient_and_loss(torch.cat(batches), rows),
         gradients=gradients,
         operator=lambda: operator,
         split=engine.forms,
+        audit_sides=audit_sides,
     )
 
 
 def _audit_first(
-    model: Llama,
+    setup: _Setup,
     batches: list[torch.Tensor],
     g_bar: torch.Tensor,
     epoch_loss: float,
     selected: list[int],
     inputs: CaseInputs,
-    precision: Precision,
     sampled: dict[int, tuple[torch.Tensor, float]],
     progress: Callable[[str], None],
 ) -> dict[str, Any] | None:
@@ -293,7 +289,7 @@ def _audit_first(
         f"directions and ḡ on {inputs.audit[1]} curvature micro-batches"
     )
     audit = precision_audit(
-        model, batches, g_bar, epoch_loss, audited_noise, audited_random, inputs, precision, sampled
+        setup.audit_sides(), batches, g_bar, epoch_loss, audited_noise, audited_random, inputs, sampled
     )
     progress(
         f"precision audit: largest implied statistic error {audit['max_statistic_relative_error']:.2e} "
@@ -340,7 +336,7 @@ def _noise_samples(
 
 
 def _add_block_directions(
-    runner: _DirectionRunner, vectors: _Vectors, vector: torch.Tensor, blocks: list[tuple[str, list[int]]]
+    runner: _DirectionRunner, vectors: Vectors, vector: torch.Tensor, blocks: list[tuple[str, list[int]]]
 ) -> list[Direction]:
     """Queue ``vector`` restricted to each parameter block (zero elsewhere), so that each form is the
     block-diagonal v_bᵀH_bb v_b; returns their records, in block order."""
@@ -399,7 +395,7 @@ def measure_case(
 
     selected = noise_batch_indices(n, inputs.noise_samples, inputs.seed)
     sampled: dict[int, tuple[torch.Tensor, float]] = {}  # the audit's production batch gradients, reused
-    audit = _audit_first(model, batches, g_bar, epoch_loss, selected, inputs, precision, sampled, progress)
+    audit = _audit_first(setup, batches, g_bar, epoch_loss, selected, inputs, sampled, progress)
 
     operator = setup.operator()
     blocks = parameter_blocks(setup.names)

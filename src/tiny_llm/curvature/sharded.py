@@ -27,6 +27,7 @@ parameter-sized vector beyond one block's K directions.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -208,6 +209,15 @@ class ShardedHessian:
             total += gradient.double()
             loss += batch_loss
         return total, float(all_reduce_sum(loss))
+
+    def on(self, tokens: torch.Tensor) -> ShardedHessian:
+        """The same operator (the same sharded model, layout and step) over other token rows (n, T+1):
+        the Hessian of their token-mean loss (the precision audit's micro-batches)."""
+        other = copy.copy(self)
+        other.batches = pad_sequences(tokens.to(self.precision.device), len(self.batches[0][0]))
+        other.n_targets = int(tokens[:, 1:].numel())
+        other.workspace, other.passes = {}, 0
+        return other
 
     def pieces(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """This rank's part of a vector (its shard, (d,)) as views, one per parameter (in order)."""

@@ -72,12 +72,12 @@ class AnalysisSettings:
     parameter-sized vector over them with FSDP2, for a model whose statistics do not fit one device:
     the forms are then exact by the Taylor mode block by block (engine auto or taylor), or finite
     differences of gradients (engine finite_difference, and auto for a model without second-order
-    rules); spectra are sharded too. The statistics are the same as one process's."""
+    rules); spectra are sharded too, and so is the precision audit (its float64 copy of the model as
+    well). The statistics are the same as one process's."""
     audit: bool | Literal["auto"] = "auto"
     """Precision audit, first in the job: ḡ and the loss over the epoch in float64, and a seeded
     subset of the directions rebuilt and measured in float64, giving the error each statistic
-    implies (true / false). auto: on unless the analysis runs in float64 without autocast, or
-    sharded (the audit does not run sharded)."""
+    implies (true / false). auto: on unless the analysis runs in float64 without autocast."""
     audit_directions: int = 4
     """Audited noise directions and random directions (each; ḡᵀHḡ is always audited)."""
     audit_batches: int = 4
@@ -93,9 +93,7 @@ class AnalysisSettings:
     @property
     def audited(self) -> bool:
         """Whether the precision audit runs."""
-        return self.audit is True or (
-            self.audit == "auto" and not self.sharded and (self.dtype != "float64" or self.amp)
-        )
+        return self.audit is True or (self.audit == "auto" and (self.dtype != "float64" or self.amp))
 
     def __post_init__(self) -> None:
         for name in ("random_samples", "seed"):
@@ -124,8 +122,6 @@ class AnalysisSettings:
             raise ValueError(
                 f"memory_budget_gb: expected a positive number of GiB or null, got {self.memory_budget_gb!r}"
             )
-        if self.sharded and self.audit is True:
-            raise ValueError("audit: the precision audit does not run sharded; set audit to auto or false")
         if self.amp and self.dtype != "float32":
             raise ValueError("--amp requires --dtype float32 (bf16 autocast with float32 parameters)")
 

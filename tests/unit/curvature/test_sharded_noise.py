@@ -60,6 +60,7 @@ def _inputs(config, engine: str, consensus, sharded: bool) -> CaseInputs:
         consensus=consensus,
         block_curvature=True,
         sharded=sharded,
+        audit=(1, 2),  # the precision audit, sharded too (float64 here: its errors are rounding)
     )
 
 
@@ -79,10 +80,29 @@ def _rank(rank: int, size: int, store: str, out: str, config, architecture: str,
 
 def _numbers(result: dict) -> dict:
     """Every number a result reports but its timings and counts."""
-    return {
+    numbers = {
         key: result[key]
         for key in ("statistics", "standard_errors", "consensus", "blocks", "noise_samples", "random_directions")
     }
+    # The audit's numbers (its float64 forms: taylor sharded, adjoint whole, equal to rounding). Its
+    # errors, float64 against float64 here, are rounding: checked apart (``_audit_errors``).
+    errors = (
+        "reference",
+        "statistics_signed_error",
+        "statistics_relative_error",
+        "max_statistic_relative_error",
+        "max_relative_error",
+    )
+    audit = {k: v for k, v in result["audit"].items() if k not in errors}
+    audit["directions"] = [{k: v for k, v in d.items() if k != "relative_error"} for d in audit["directions"]]
+    return numbers | {"audit": audit}
+
+
+def _audit_errors(result: dict) -> list[float]:
+    audit = result["audit"]
+    return [d["relative_error"] for d in audit["directions"]] + [
+        abs(v) for v in audit["statistics_signed_error"].values() if v is not None
+    ]
 
 
 def _assert_equal(sharded, single, rel: float, where: str = "") -> None:
@@ -128,6 +148,7 @@ def test_sharded_statistics_equal_one_process(tmp_path, run, architecture, ranks
     )
     parts = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(ranks)]
     exact = engine == "taylor"
+    assert max(_audit_errors(parts[0])) < 1e-9 and len(parts[0]["audit"]["directions"]) == 3  # audited, sharded
     for part in parts:  # every rank holds the statistics
         _assert_equal(_numbers(part), _numbers(single), 1e-12 if exact else 1e-6)
         assert part["counts"] == single["counts"] | {"hvp_passes": part["counts"]["hvp_passes"]}
@@ -168,7 +189,7 @@ def test_the_generator_sequence_does_not_depend_on_how_it_is_cut():
 
 def test_the_sharded_setting_resolves_its_engine_and_refuses_what_does_not_shard():
     """auto is the exact Taylor mode (finite differences without second-order rules); an engine that
-    does not run sharded and an explicit audit are refused by name; auto leaves the audit off."""
+    does not run sharded is refused by name; the audit runs sharded as it does whole."""
     from types import SimpleNamespace
 
     from tiny_llm.workers.settings import AnalysisSettings, quadratic_form_engine
@@ -180,6 +201,4 @@ def test_the_sharded_setting_resolves_its_engine_and_refuses_what_does_not_shard
     for engine in ("adjoint", "double_backward", "pearlmutter"):
         with pytest.raises(ValueError, match=f"sharded: .*not {engine}"):
             quadratic_form_engine(AnalysisSettings(sharded=True, engine=engine))
-    assert not AnalysisSettings(sharded=True).audited and AnalysisSettings().audited
-    with pytest.raises(ValueError, match="audit: the precision audit does not run sharded"):
-        AnalysisSettings(sharded=True, audit=True)
+    assert AnalysisSettings(sharded=True).audited == AnalysisSettings().audited  # sharded, audited alike

@@ -1,0 +1,45 @@
+"""How a measurement holds its parameter-sized vectors: whole, or as this rank's shard of an
+FSDP2-sharded model (norms then local sums all-reduced), with the Rademacher directions one
+process draws."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from tiny_llm.curvature.blocks import squared_norms
+from tiny_llm.curvature.gradients import rademacher
+from tiny_llm.curvature.spectrum import Layout
+
+__all__ = ["Vectors"]
+
+
+class Vectors:
+    """How a measurement holds its parameter-sized vectors: whole (one process, or data-parallel
+    ranks that each hold all of every vector; ``layout`` without indices) or as this rank's shard of
+    an FSDP2-sharded model (``layout.indices``), whose norms are local sums all-reduced.
+    ``pieces`` cuts a vector into its per-parameter views (in the flat vector's order)."""
+
+    def __init__(self, layout: Layout, pieces: Callable[[torch.Tensor], list[torch.Tensor]], seed: int):
+        self.layout, self.pieces, self.seed = layout, pieces, seed
+
+    @property
+    def sharded(self) -> bool:
+        return self.layout.indices is not None
+
+    def squared_norm(self, v: torch.Tensor) -> float:
+        return float(self.layout.reduce(v.double().pow(2).sum()))
+
+    def norm(self, v: torch.Tensor) -> float:
+        return self.squared_norm(v) ** 0.5 if self.sharded else float(v.norm())
+
+    def block_squared_norms(self, v: torch.Tensor, blocks: list[tuple[str, list[int]]]) -> list[float]:
+        local = squared_norms(self.pieces(v), blocks)
+        if not self.sharded:
+            return local
+        return self.layout.reduce(torch.tensor(local, dtype=torch.float64, device=v.device)).tolist()
+
+    def rademacher(self, index: int) -> torch.Tensor:
+        """Rademacher direction ``index``: the signs one process draws, this rank's of them when sharded."""
+        return rademacher(self.layout.D, self.seed, index, self.layout.indices)
