@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from tiny_llm.config import RunConfig
-from tiny_llm.curvature.hessian import FlatParameters, Precision, runtime_settings
+from tiny_llm.curvature.engines import FINITE_DIFFERENCE
+from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan, device_budget, plan_analysis
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.sharded import shard_rows
@@ -161,6 +162,12 @@ def _result(
             "attention_backend": "reference",
             "reductions": "float64",
             "cuda_matmul_fp32_precision": measured["cuda_matmul_fp32_precision"],
+            # the step regime of forms by finite differences (the fallback of sharded analyses)
+            **(
+                {"finite_difference_scale": FD_SCALE.get(resolved.dtype, 3e-3)}
+                if resolved.engine == FINITE_DIFFERENCE
+                else {}
+            ),
         },
         "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started, "compile": compile_record()},
         "memory": memory.record(),

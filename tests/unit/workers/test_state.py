@@ -515,9 +515,16 @@ def test_a_gpt2_run_trains_resumes_and_is_analysed(tmp_path):
             replace(FAST, engine=engine),
             tmp_path / f"{engine}.json",
         )
-        for engine in ("adjoint", "taylor", "double_backward")
+        for engine in ("adjoint", "taylor", "double_backward", "finite_difference")
     }
     reference = results["double_backward"]["statistics"]
+    # the step regime of finite-difference forms is recorded (1e-6 in float64), and only for them
+    assert results["finite_difference"]["precision"]["finite_difference_scale"] == 1e-6
+    assert "finite_difference_scale" not in results["taylor"]["precision"]
+    for key, value in reference.items():
+        assert results["finite_difference"]["statistics"][key] == (
+            None if value is None else pytest.approx(value, rel=1e-6, abs=1e-9)
+        ), key
     for engine in ("adjoint", "taylor"):
         for key, value in reference.items():
             if value is not None:
