@@ -64,13 +64,16 @@ def _inputs(config, engine: str, consensus, sharded: bool) -> CaseInputs:
     )
 
 
-def _rank(rank: int, size: int, store: str, out: str, config, architecture: str, engine: str) -> None:
+def _rank(
+    rank: int, size: int, store: str, out: str, config, architecture: str, engine: str, dtype: str = "float64"
+) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
     try:
-        model = _model(config, architecture)
+        model = _model(config, architecture).to(getattr(torch, dtype))
         consensus = [(w, shard_rows(e, rank, size)) for w, e in enumerate(_consensus(model))]
-        result = measure_case(model, _inputs(config, engine, consensus, sharded=True), CPU64)
+        precision = Precision(torch.device("cpu"), getattr(torch, dtype))
+        result = measure_case(model, _inputs(config, engine, consensus, sharded=True), precision)
         assert all(type(p).__name__ == "DTensor" for p in model.parameters())  # it was sharded
         with open(f"{out}.{rank}", "w") as f:
             json.dump(result, f)
@@ -160,6 +163,30 @@ def test_sharded_statistics_equal_one_process(tmp_path, run, architecture, ranks
         s = rademacher(H.shape[0], 11, 0)
         assert parts[0]["random_directions"][0]["curvature"] == pytest.approx(float(s @ H @ s), rel=1e-6)
         assert parts[0]["statistics"]["noise_gauss_newton"] is None
+
+
+def test_a_float32_sharded_audit_measures_what_one_process_measures(tmp_path, run):
+    """In float32 the sharded audit finds the production precision's real error: its float64 forms
+    are one process's (1e-9), its float32 forms one process's to float32 rounding, and the errors
+    they imply agree."""
+    model = _model(run, "llama").float()
+    flat = FlatParameters(model)
+    consensus = [(w, flat.flatten(e)) for w, e in enumerate(_consensus(model))]
+    cpu32 = Precision(torch.device("cpu"), torch.float32)
+    single = measure_case(model, _inputs(run, "taylor", consensus, sharded=True), cpu32)["audit"]
+    mp.start_processes(
+        _rank,
+        args=(2, str(tmp_path / "store"), str(tmp_path / "out"), run, "llama", "taylor", "float32"),
+        nprocs=2,
+        start_method="spawn",
+    )
+    audit = json.loads((tmp_path / "out.0").read_text())["audit"]
+    assert 0 < audit["max_relative_error"] < 1e-3
+    for d, e in zip(audit["directions"], single["directions"], strict=True):
+        assert d["float64"] == pytest.approx(e["float64"], rel=1e-9) and d["kind"] == e["kind"]
+        assert d["production"] == pytest.approx(e["production"], rel=1e-4)
+        assert d["relative_error"] == pytest.approx(e["relative_error"], rel=0.5, abs=1e-6)
+    assert audit["loss"]["float64"] == pytest.approx(single["loss"]["float64"], rel=1e-12)
 
 
 def test_sharded_rademacher_signs_are_the_one_process_signs(monkeypatch):
