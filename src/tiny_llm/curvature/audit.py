@@ -52,11 +52,9 @@ class AuditSide:
     forms: Callable[[torch.Tensor, torch.Tensor], list[float]]
     dtype: torch.dtype
     device: torch.device
-    engine: str
-    """The forms' engine; empty: the exact engine for the number of directions (or an HVP engine
-    for a model without second-order rules, ``jets`` false)."""
-    mean_gradient: Callable[[], tuple[torch.Tensor, float]] | None = None
-    jets: bool = True
+    engine: Callable[[int], str]
+    """The forms' engine for K directions."""
+    mean_gradient: Callable[[], tuple[torch.Tensor, float]]
 
 
 def whole_sides(
@@ -71,24 +69,20 @@ def whole_sides(
     jets = not getattr(model, "jet_refusal", None)  # float64 forms: the exact engine, or an HVP without rules
 
     def side(net, prec, engine, rows, head, forms_rows, forms_head) -> AuditSide:
-        made = AuditSide(
+        return AuditSide(
             vectors=Vectors(Layout(flat.D), flat.blocks, inputs.seed),
             batch_gradient=lambda i: batch_gradient_and_loss(net, flat, batches[i], rows, prec, head),
-            forms=lambda V, tokens: _forms(
-                net, tokens, V, made.engine or default_forms_engine(len(V), jets), prec, h, forms_rows, forms_head
-            ),
+            forms=lambda V, tokens: _forms(net, tokens, V, engine(len(V)), prec, h, forms_rows, forms_head),
             dtype=prec.dtype,
             device=prec.device,
             engine=engine,
             mean_gradient=lambda: mean_gradient_and_loss(net, flat, batches, rows, prec, head),
-            jets=jets,
         )
-        return made
 
     production = side(
         model,
         precision,
-        inputs.engine,
+        lambda K: inputs.engine,
         inputs.gradient_micro_batch,
         inputs.head_tokens("gradient"),
         inputs.rows("forms"),
@@ -97,7 +91,7 @@ def whole_sides(
     float64 = side(
         reference,
         exact,
-        "",  # chosen by the number of audited directions
+        lambda K: default_forms_engine(K, jets),
         rows64,
         inputs.head_tokens("audit_gradient"),
         inputs.rows("audit"),
@@ -201,7 +195,7 @@ def precision_audit(
     rows = torch.cat([tokens[j * h : (j + 1) * h] for j in micro])
     production_forms = production.forms(V, rows)
     float64 = exact.forms(V64, rows)
-    exact_engine = exact.engine or default_forms_engine(len(V64), exact.jets)
+    exact_engine = exact.engine(len(V64))
     for record, q, q64 in zip(records, production_forms, float64, strict=True):
         record.update(production=q, float64=q64, relative_error=abs(relative(q, q64)))
     norms = (production.vectors.norm(g_bar), exact.vectors.norm(g_bar64))

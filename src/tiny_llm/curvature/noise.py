@@ -243,7 +243,7 @@ def _sharded(
             forms=forms,
             dtype=op.precision.dtype,
             device=op.precision.device,
-            engine=inputs.engine,
+            engine=lambda K: inputs.engine,
             mean_gradient=lambda: op.gradient_and_loss(torch.cat(batches), gradient_rows),
         )
 

@@ -162,10 +162,6 @@ class ShardedHessian:
     def _local(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
-    def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        sizes = [self._local(p).numel() for p in self.params]
-        return [piece.view_as(self._local(p)) for piece, p in zip(flat.split(sizes), self.params, strict=True)]
-
     def _my_batches(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's micro-batches, padded with an all-ignored one to the longest rank's count."""
         mine = batches[self.rank :: self.ranks]
@@ -221,23 +217,12 @@ class ShardedHessian:
 
     def pieces(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """This rank's part of a vector (its shard, (d,)) as views, one per parameter (in order)."""
-        return self._split(flat)
-
-    def local(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """This rank's shard (d,) of a parameter-sized vector given whole, one tensor per parameter in
-        order (e.g. a checkpoint's): each one's rows of this rank, flattened; nothing else is copied."""
-        parts = []
-        for tensor, p in zip(tensors, self.params, strict=True):
-            rows = self._local(p).shape[0] if p.dim() else 1
-            chunk = -(-(tensor.shape[0] if tensor.dim() else 1) // self.ranks)
-            parts.append(
-                tensor.reshape(-1, *tensor.shape[1:])[self.rank * chunk : self.rank * chunk + rows].reshape(-1)
-            )
-        return torch.cat(parts)
+        sizes = [self._local(p).numel() for p in self.params]
+        return [piece.view_as(self._local(p)) for piece, p in zip(flat.split(sizes), self.params, strict=True)]
 
     def _shift(self, step: torch.Tensor) -> None:
         with torch.no_grad():
-            for p, piece in zip(self.params, self._split(step.to(self.precision.dtype)), strict=True):
+            for p, piece in zip(self.params, self.pieces(step.to(self.precision.dtype)), strict=True):
                 self._local(p).add_(piece)
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
