@@ -13,7 +13,7 @@ from torch import nn
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.model.causal import AttentionBackend, CausalLM
-from tiny_llm.model.jets import Jet, JetPass
+from tiny_llm.model.jets import Jet, JetPass, elementwise_jet
 from tiny_llm.model.layers import LayerNorm, embedding_jet, linear_jet, reference_attention, reference_attention_jet
 
 __all__ = ["GPT2", "gelu", "gelu_jet"]
@@ -40,8 +40,7 @@ def gelu_derivatives(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def gelu_jet(a: Jet) -> Jet:
     """gelu(a): y1 = g′a1, y2 = g′a2 + g″a1²."""
-    d1, d2 = gelu_derivatives(a.z0)
-    return Jet(gelu(a.z0), d1 * a.z1, d2 * a.z1.square() if a.z2 is None else d2 * a.z1.square() + d1 * a.z2)
+    return elementwise_jet(a, gelu, gelu_derivatives)
 
 
 class GPT2Attention(nn.Module):

@@ -14,7 +14,7 @@ from torch import nn
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.model.causal import AttentionBackend
-from tiny_llm.model.jets import Jet, JetPass, add_terms
+from tiny_llm.model.jets import Jet, JetPass, elementwise_jet
 from tiny_llm.model.layers import (
     LayerNorm,
     RotaryDecoder,
@@ -44,8 +44,7 @@ def gelu_exact_derivatives(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 def gelu_exact_jet(a: Jet) -> Jet:
     """gelu_exact(a): y1 = g′a1, y2 = g′a2 + g″a1²."""
-    d1, d2 = gelu_exact_derivatives(a.z0)
-    return Jet(gelu_exact(a.z0), d1 * a.z1, add_terms(d2 * a.z1.square(), None if a.z2 is None else d1 * a.z2))
+    return elementwise_jet(a, gelu_exact, gelu_exact_derivatives)
 
 
 class GPTNeoXAttention(nn.Module):

@@ -23,7 +23,17 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Jet", "JetPass", "add_terms", "per_direction", "per_direction_dot", "shared_matmul"]
+__all__ = [
+    "Jet",
+    "JetPass",
+    "add_terms",
+    "directions_last",
+    "elementwise_jet",
+    "per_direction",
+    "per_direction_dot",
+    "shared_matmul",
+    "wide_matmul",
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,18 @@ def add_terms(*terms: torch.Tensor | None) -> torch.Tensor | None:
     return None if not present else present[0] if len(present) == 1 else sum(present[1:], present[0])
 
 
+def elementwise_jet(
+    a: Jet, f: Callable[[torch.Tensor], torch.Tensor], derivatives: Callable[[torch.Tensor], tuple]
+) -> Jet:
+    """f(a) for an elementwise f whose f′ and f″ are ``derivatives(a0)``: y1 = f′a1,
+    y2 = f′a2 + f″a1². Without directions (the adjoint mode's record pass: K = 0) the derivatives,
+    which only multiply empty tangents, are not computed."""
+    if a.z1.size(0) == 0:
+        return Jet(f(a.z0), a.z1, a.z2)
+    d1, d2 = derivatives(a.z0)
+    return Jet(f(a.z0), d1 * a.z1, add_terms(d2 * a.z1.square(), None if a.z2 is None else d1 * a.z2))
+
+
 def per_direction(
     x: torch.Tensor, V: torch.Tensor, out: torch.Tensor | None = None, buffer: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -73,9 +95,18 @@ def per_direction(
 def shared_matmul(A: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     """A Xₖ for every direction k as one matmul that reads A once: A (..., m, r) shared,
     X (K, ..., r, n) → (K, ..., m, n)."""
-    K, n = X.size(0), X.size(-1)
-    wide = X.movedim(0, -2).reshape(*X.shape[1:-1], K * n)  # (..., r, K·n)
-    return (A @ wide).unflatten(-1, (K, n)).movedim(-2, 0)
+    return wide_matmul(A, directions_last(X), X.size(0))
+
+
+def directions_last(X: torch.Tensor) -> torch.Tensor:
+    """X (K, ..., r, n) laid out as (..., r, K·n), the right operand of ``wide_matmul`` (one copy;
+    rows along r stay rows, so a slice of them is a view)."""
+    return X.movedim(0, -2).reshape(*X.shape[1:-1], X.size(0) * X.size(-1))
+
+
+def wide_matmul(A: torch.Tensor, wide: torch.Tensor, K: int) -> torch.Tensor:
+    """``shared_matmul`` of A (..., m, r) and X given as ``directions_last(X)`` → (K, ..., m, n)."""
+    return (A @ wide).unflatten(-1, (K, wide.size(-1) // K)).movedim(-2, 0)
 
 
 def per_direction_dot(a: torch.Tensor, b: torch.Tensor, overwrite: bool = False) -> torch.Tensor:

@@ -15,7 +15,7 @@ from torch import nn
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.model.causal import CausalLM, upcast, without_autocast
-from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot, shared_matmul
+from tiny_llm.model.jets import Jet, JetPass, directions_last, per_direction, per_direction_dot, wide_matmul
 
 __all__ = [
     "LayerNorm",
@@ -231,6 +231,8 @@ def _attention_adjoint_jet(
     def view(name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
         return None if scratch[name] is None else scratch[name][: math.prod(shape)].view(shape)
 
+    K = q.z1.size(0)
+    k1_wide, v1_wide = directions_last(k.z1), directions_last(v1)  # once, not once per block
     out1, absorbed = torch.empty_like(v1), 0
     for a, e in blocks:
         shape = (*lead, e - a, e)
@@ -238,24 +240,24 @@ def _attention_adjoint_jet(
         q1, q0, k1, p0_, lam = (
             q.z1[..., a:e, :],
             q.z0[..., a:e, :],
-            k.z1[..., :e, :],
+            k1_wide[..., :e, :],
             p0[..., a:e, :e],
             lam_s[..., a:e, :e],
         )
         # ⟨p0, s1⟩ row by row, from s1 = q1k0ᵀ + q0k1ᵀ without forming s1: q1·(p0k0) + q0·(p0k1).
-        m = (q1 * p0k0[..., a:e, :]).sum(-1, keepdim=True) + (q0 * shared_matmul(p0_, k1)).sum(-1, keepdim=True)
+        m = (q1 * p0k0[..., a:e, :]).sum(-1, keepdim=True) + (q0 * wide_matmul(p0_, k1, K)).sum(-1, keepdim=True)
         left = torch.cat([q1, q0.expand_as(q1), -m], dim=-1, out=view("left", (*lead, e - a, width)))
         c = torch.matmul(left, right[..., :e, :].transpose(-2, -1), out=view("c", shape))
         p1 = torch.mul(p0_, c, out=view("p1", shape))
         absorbed = (
             absorbed
             + (
-                2 * per_direction_dot(shared_matmul(lam, k1), q1, overwrite=True)
+                2 * per_direction_dot(wide_matmul(lam, k1, K), q1, overwrite=True)
                 + per_direction_dot(c.mul_(c), lam)  # c² in place: c is not used again
                 + 2 * per_direction_dot(p1.transpose(-2, -1) @ lam_o[..., a:e, :], v1[..., :e, :], overwrite=True)
             )
         )
-        torch.add(p1 @ v0[..., :e, :], shared_matmul(p0_, v1[..., :e, :]), out=out1[..., a:e, :])
+        torch.add(p1 @ v0[..., :e, :], wide_matmul(p0_, v1_wide[..., :e, :], K), out=out1[..., a:e, :])
     jets.absorb(absorbed)
     return Jet(p0 @ v0, out1).map(lambda z: z.to(v.z0.dtype))
 

@@ -21,7 +21,7 @@ from tiny_llm.model.causal import (
     upcast,
     without_autocast,
 )
-from tiny_llm.model.jets import Jet, JetPass, add_terms, per_direction_dot
+from tiny_llm.model.jets import Jet, JetPass, elementwise_jet, per_direction_dot
 from tiny_llm.model.layers import (
     RotaryDecoder,
     apply_rope,
@@ -65,8 +65,7 @@ def silu_derivatives(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def silu_jet(a: Jet) -> Jet:
     """silu(a): y1 = s′a1, y2 = s′a2 + s″a1²."""
-    d1, d2 = silu_derivatives(a.z0)
-    return Jet(silu(a.z0), d1 * a.z1, add_terms(d2 * a.z1.square(), None if a.z2 is None else d1 * a.z2))
+    return elementwise_jet(a, silu, silu_derivatives)
 
 
 class RMSNorm(nn.Module):
