@@ -32,6 +32,7 @@ from tiny_llm.config import ModelConfig, load_config
 from tiny_llm.curvature.hessian import EpochHessian, Precision, pad_sequences
 from tiny_llm.model.causal import count_parameters, token_losses
 from tiny_llm.model.llama import Llama
+from tiny_llm.runtime import keep_freed_memory
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter")
@@ -147,7 +148,7 @@ def _peak_memory_mb(args, name: str, what: str) -> float:
         "--memory-of",
         f"{name}:{what}",
     ]
-    command += ["--amp"] * args.amp + ["--compile"] * args.compile
+    command += ["--amp"] * args.amp + ["--compile"] * args.compile + ["--glibc-defaults"] * args.glibc_defaults
     return float(subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip())
 
 
@@ -203,7 +204,7 @@ def _print_report(report: dict) -> None:
     print(
         f"{report['device']} {report['dtype']}{' amp' if report['amp'] else ''}"
         f"{' compiled pearlmutter' if report['compile'] else ''}, torch {report['torch']}, "
-        f"{report['threads']} threads, {report['trials']} paired trials"
+        f"{report['threads']} threads, {report['trials']} paired trials, allocator: {report['allocator']}"
     )
     for name, model in report["models"].items():
         print(
@@ -240,9 +241,16 @@ def main() -> None:
     parser.add_argument("--ks", default="1,4,16", help="directions per pass to measure (default 1,4,16)")
     parser.add_argument("--trials", type=int, default=5, help="paired trials per engine and K (default 5)")
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated (default {','.join(ENGINES)})")
+    parser.add_argument(
+        "--glibc-defaults",
+        action="store_true",
+        help="leave glibc's allocator as it is (default: keep freed memory, as tiny-llm's commands do)",
+    )
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/out/hvp_cost.json")
     args = parser.parse_args()
+    if not args.glibc_defaults:
+        keep_freed_memory()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device is available here")
     if args.memory_of:
@@ -254,6 +262,7 @@ def main() -> None:
         "compile": args.compile,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "allocator": "glibc defaults" if args.glibc_defaults else "freed memory kept",
         "trials": args.trials,
         "at": time.strftime("%Y-%m-%d"),
         "models": {name: _paired_ratios(args, name) for name in args.models.split(",")},

@@ -45,6 +45,7 @@ from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import GRADIENT, measure_pass
 from tiny_llm.model.architectures import build_model
 from tiny_llm.model.causal import token_losses
+from tiny_llm.runtime import keep_freed_memory
 
 REPO = Path(__file__).resolve().parents[1]
 CPU32 = Precision(torch.device("cpu"), torch.float32)
@@ -305,9 +306,16 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5, help="paired trials (default 5)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--no-peers", action="store_true", help="only our engines")
+    parser.add_argument(
+        "--glibc-defaults",
+        action="store_true",
+        help="leave glibc's allocator as it is (default: keep freed memory, as tiny-llm's commands do)",
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory passes")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/out/real_shapes.json")
     args = parser.parse_args()
+    if not args.glibc_defaults:
+        keep_freed_memory()
     torch.set_num_threads(args.threads)
     report = {"torch": torch.__version__, "threads": args.threads, "shapes": {}}
     for name in args.shapes.split(","):

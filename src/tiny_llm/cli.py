@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import tiny_llm.commands as commands
+from tiny_llm.runtime import keep_freed_memory
 from tiny_llm.workers.settings import CASES, ENGINE_SETTINGS, LANCZOS_BASES, AnalysisSettings, SpectrumSettings
 
 log = logging.getLogger("tiny_llm")
@@ -443,6 +444,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tiny-llm`` console script."""
     args = _parser().parse_args(argv)
+    keep_freed_memory()
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO,
         stream=sys.stderr,

@@ -195,9 +195,10 @@ def main(spec_path: str) -> None:
     import torch
 
     from tiny_llm.distributed import init_from_environment, is_writer
-    from tiny_llm.runtime import die_with_parent
+    from tiny_llm.runtime import die_with_parent, keep_freed_memory
 
     die_with_parent()  # the launcher killed: this rank stops too
+    keep_freed_memory()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
