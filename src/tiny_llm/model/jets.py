@@ -110,9 +110,12 @@ def wide_matmul(A: torch.Tensor, wide: torch.Tensor, K: int) -> torch.Tensor:
 
 
 def per_direction_dot(a: torch.Tensor, b: torch.Tensor, overwrite: bool = False) -> torch.Tensor:
-    """⟨aₖ, bₖ⟩ over all axes but the first, in at least float32: a (K, ...) and b either (K, ...)
-    with the same elements in the same order (any view) or shared (...) → (K,). With ``overwrite``
-    (a is a temporary the caller no longer needs) the paired products are written into a."""
+    """⟨aₖ, bₖ⟩ over all axes but the first: a (K, ...) and b either (K, ...) with the same elements
+    in the same order (any view) or shared (...) → (K,) in float64. The products are taken in at
+    least float32 and summed in blocks of ``DOT_BLOCK`` whose sums are added in float64; the total
+    stays float64, because the terms a form adds up cancel (a float32 total would keep its rounding,
+    relative to the largest term). With ``overwrite`` (a is a temporary the caller no longer needs)
+    the paired products are written into a."""
     wide = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
     K = a.size(0)
     if b.numel() * K == a.numel() and b.numel() != a.numel():
@@ -132,31 +135,31 @@ DOT_BLOCK = 4096
 
 
 def _blocked_sum(x: torch.Tensor) -> torch.Tensor:
-    """Row sums of x (K, L), in blocks of DOT_BLOCK terms added in float64, in x's dtype."""
+    """Row sums of x (K, L), in blocks of DOT_BLOCK terms added in float64: (K,) float64."""
     K, L = x.shape
     if L <= DOT_BLOCK or x.dtype == torch.float64:
-        return x.sum(1)
+        return x.sum(1).double()
     blocks, main = L // DOT_BLOCK, L - L % DOT_BLOCK
     total = x[:, :main].reshape(K, blocks, DOT_BLOCK).sum(2).double().sum(1)
     if main < L:
         total += x[:, main:].sum(1).double()
-    return total.to(x.dtype)
+    return total
 
 
 def _blocked_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a (K, L) @ b (L,), in blocks of DOT_BLOCK terms whose sums are added in float64, returned
-    in a's dtype. One float32 matrix-vector product over millions of terms (the logits' or the
+    """a (K, L) @ b (L,), in blocks of DOT_BLOCK terms whose sums are added in float64: (K,)
+    float64. One float32 matrix-vector product over millions of terms (the logits' or the
     attention scores' of a long sequence at a real vocabulary) keeps about four digits; blocks
     keep the sum to a float32 rounding of each term."""
     K, L = a.shape
     if L <= DOT_BLOCK or a.dtype == torch.float64:
-        return a @ b
+        return (a @ b).double()
     blocks, main = L // DOT_BLOCK, L - L % DOT_BLOCK
     parts = torch.bmm(a[:, :main].view(K, blocks, DOT_BLOCK).transpose(0, 1), b[:main].view(blocks, DOT_BLOCK, 1))
     total = parts.double().sum((0, 2))
     if main < L:
         total += (a[:, main:] @ b[main:]).double()
-    return total.to(a.dtype)
+    return total
 
 
 class JetPass:
@@ -213,7 +216,8 @@ class JetPass:
         return self.adjoints.get(key)
 
     def absorb(self, forms: torch.Tensor) -> None:
-        forms = forms.to(torch.promote_types(forms.dtype, torch.float32))
+        """Add a node's ⟨λ, Q⟩ (K,) to ``absorbed``, in float64: the nodes' terms cancel."""
+        forms = forms.double()
         self.absorbed = forms if self.absorbed is None else self.absorbed + forms
 
     def emit(self, key: Hashable, out: Jet) -> Jet:

@@ -110,11 +110,11 @@ class RMSNorm(nn.Module):
             lam_w, u = lam * w, wv.reshape(K, C)
             rows = (x1 * lam_w).sum(-1, keepdim=True)  # ⟨λw, x1⟩ by row, (K, ..., 1)
             every, tokens = tuple(range(1, x1.dim())), tuple(range(1, x1.dim() - 1))
-            forms = (
-                2 * (r1 * rows).sum(every)  # 2Σ r1⟨λw, x1⟩
-                + (r2 * (lam_w * x0).sum(-1, keepdim=True)).sum(every)  # Σ r2⟨λw, x0⟩
-                + 2 * ((x1 * (r0 * lam)).sum(tokens).reshape(K, C) * u).sum(-1)  # 2⟨r0 λ w_v, x1⟩
-                + 2 * (r1.reshape(K, -1) * (u @ (lam * x0).reshape(-1, C).t())).sum(-1)  # 2Σ r1⟨λ x0, w_v⟩
+            forms = (  # each term's last sum in float64 (the terms cancel); the long ones are per row or feature
+                2 * (r1 * rows).double().sum(every)  # 2Σ r1⟨λw, x1⟩
+                + (r2 * (lam_w * x0).sum(-1, keepdim=True)).double().sum(every)  # Σ r2⟨λw, x0⟩
+                + 2 * ((x1 * (r0 * lam)).sum(tokens).reshape(K, C) * u).double().sum(-1)  # 2⟨r0 λ w_v, x1⟩
+                + 2 * (r1.reshape(K, -1) * (u @ (lam * x0).reshape(-1, C).t())).double().sum(-1)  # 2Σ r1⟨λ x0, w_v⟩
             )
             jets.absorb(forms)
             z1 = torch.mul(x1, r0 * w).addcmul_(x0 * w, r1).addcmul_(x0 * r0, wv)
