@@ -8,15 +8,9 @@ import torch  # noqa: E402
 
 torch.set_num_threads(snakemake.threads)  # the rule's threads, not every core of a shared node
 
-from tiny_llm.runtime import (  # noqa: E402
-    announce_job,
-    devices_of_the_job,
-    keep_freed_memory,
-    node_local_compile_cache,
-)
+from tiny_llm.runtime import announce_job, devices_of_the_job, node_local_compile_cache  # noqa: E402
 from tiny_llm.workers.ranks import run_on_ranks  # noqa: E402
 
-keep_freed_memory()  # CPU passes reuse freed memory instead of faulting in fresh pages
 announce_job(snakemake.resources, snakemake.threads)  # attempt and requested resources, in the result
 job = f"{snakemake.rule} {snakemake.wildcards.analysis}/{snakemake.wildcards.key}/{snakemake.wildcards.case}"
 # in a cluster job: its GPUs for one case at a time; both cases of the state share the compile cache

@@ -107,6 +107,9 @@ def run_on_ranks(
     """
     output = Path(output)
     if ranks * nodes == 1:
+        from tiny_llm.runtime import keep_freed_memory
+
+        keep_freed_memory()  # as each rank does (``main``)
         return _worker(worker)(**arguments, output=output)
     spec = output.with_name(f".{output.name}.ranks.json")
     error = spec.with_suffix(".error")

@@ -129,6 +129,20 @@ def test_memory_model_at_a_checkpoints_real_width_and_vocabulary(engine):
 CAMPAIGN = ModelConfig(vocab_size=256, d_model=512, n_heads=8, d_ff=1368, n_layers=6, max_seq_len=1024)
 
 
+def campaign_plan(engine: str, audit_directions: int | None, budget_bytes: int | None, shards: int = 1):
+    """The plan of the campaign's analysis settings (T = 1024, K = 16, micro-batches of 64 and 32)."""
+    settings = dict(K=16, hvp_batch_size=64, micro_batch_size=32, itemsize=4, compiled=False, extra_vectors=0)
+    return plan_analysis(
+        CAMPAIGN,
+        1024,
+        engine=engine,
+        audit_directions=audit_directions,
+        budget_bytes=budget_bytes,
+        shards=shards,
+        **settings,
+    )
+
+
 def test_group_rows_are_the_largest_that_fit():
     D = parameter_count(CAMPAIGN)
     resident = 10 * GiB
@@ -156,49 +170,13 @@ def test_a_pass_that_cannot_fit_one_sequence_is_refused_naming_the_setting():
 
 
 def test_the_campaign_plan_fits_a_gh200_by_cutting_its_passes():
-    unbounded = plan_analysis(
-        CAMPAIGN,
-        1024,
-        engine="adjoint",
-        K=16,
-        hvp_batch_size=64,
-        micro_batch_size=32,
-        itemsize=4,
-        compiled=False,
-        audit_directions=2,
-        extra_vectors=0,
-        budget_bytes=None,
-    )
+    unbounded = campaign_plan("adjoint", 2, None)
     assert unbounded.peak_bytes > 89 * GiB  # what a GH200 holds: the unchunked campaign does not fit
-    bounded = plan_analysis(
-        CAMPAIGN,
-        1024,
-        engine="adjoint",
-        K=16,
-        hvp_batch_size=64,
-        micro_batch_size=32,
-        itemsize=4,
-        compiled=False,
-        audit_directions=2,
-        extra_vectors=0,
-        budget_bytes=80 * GiB,
-    )
+    bounded = campaign_plan("adjoint", 2, 80 * GiB)
     assert bounded.peak_bytes <= 80 * GiB
     assert bounded.rows("forms") < 64 and bounded.rows("audit") < 64
     assert "predicted peak" in bounded.describe() and "budget 80 GiB" in bounded.describe()
-    taylor = plan_analysis(
-        CAMPAIGN,
-        1024,
-        engine="taylor",
-        K=16,
-        hvp_batch_size=64,
-        micro_batch_size=32,
-        itemsize=4,
-        compiled=False,
-        audit_directions=None,
-        extra_vectors=0,
-        budget_bytes=None,
-    )
+    taylor = campaign_plan("taylor", None, None)
     assert taylor.rows("forms") == 4  # taylor mode's own groups of B/K sequences
 
 
@@ -237,21 +215,10 @@ def test_a_sharded_plan_is_one_ranks():
     parameter; what fits no rank is refused before any work, naming the budget."""
     from tiny_llm.curvature.memory import gathered_parameters, parameter_count, pass_bytes, resident_bytes
 
-    kw = dict(
-        engine="taylor",
-        K=16,
-        hvp_batch_size=64,
-        micro_batch_size=32,
-        itemsize=4,
-        compiled=False,
-        audit_directions=None,
-        extra_vectors=0,
-        budget_bytes=None,
-    )
     D = parameter_count(CAMPAIGN)
     root, block, largest = gathered_parameters(CAMPAIGN)
     assert root == 256 * 512 + 512 and block == (D - root) // CAMPAIGN.n_layers and largest == 1368 * 512
-    plans = {n: plan_analysis(CAMPAIGN, 1024, **kw, shards=n) for n in (2, 4)}
+    plans = {n: campaign_plan("taylor", None, None, shards=n) for n in (2, 4)}
     assert plans[2].shards == 2 and "per rank, sharded over 2" in plans[2].describe()
     assert plans[4].peak_bytes < plans[2].peak_bytes
     for n, plan in plans.items():
@@ -264,4 +231,4 @@ def test_a_sharded_plan_is_one_ranks():
         )
         assert forms.peak_bytes == expected
     with pytest.raises(ValueError, match="memory_budget_gb"):
-        plan_analysis(CAMPAIGN, 1024, **{**kw, "budget_bytes": 2**20}, shards=2)
+        campaign_plan("taylor", None, 2**20, shards=2)
