@@ -222,6 +222,20 @@ CASES = {
         lambda t: [*_state(t), "--checkpoint", "epoch-001.safetensors", "--amp"],
         "--amp requires --dtype float32",
     ),
+    "finite differences under bf16 autocast": (
+        None,
+        lambda t: [
+            *_state(t),
+            "--checkpoint",
+            "epoch-001.safetensors",
+            "--dtype",
+            "float32",
+            "--amp",
+            "--engine",
+            "finite_difference",
+        ],
+        r"engine finite_difference: under bf16 autocast \(amp\) .* without amp",
+    ),
     "bogus device for train": (
         None,
         lambda t: [

@@ -23,20 +23,30 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call
 
+from tiny_llm.curvature.engines import AMP_DIFFERENCES, names
 from tiny_llm.curvature.engines import ENGINES as REGISTRY
 from tiny_llm.curvature.engines import engine as engine_named
-from tiny_llm.curvature.engines import names
 from tiny_llm.distributed import all_reduce_sum, shard
 from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
 from tiny_llm.model.llama import Llama
 
-__all__ = ["EpochHessian", "FlatParameters", "Precision", "pad_sequences"]
+__all__ = ["EpochHessian", "FlatParameters", "Precision", "check_differences", "pad_sequences"]
 
 log = logging.getLogger(__name__)
 
 FD_SCALE = {torch.float64: 1e-6, torch.float32: 3e-4}
 """Default relative step of the finite-difference engine per dtype: ε = scale · max(1, ‖θ‖) / ‖v‖
 (chosen from the measured truncation / round-off trade-off, benchmarks/README.md)."""
+
+
+def check_differences(precision: Precision) -> None:
+    """Refuse finite differences of gradients under bf16 autocast (``AMP_DIFFERENCES``).
+
+    Raises:
+        ValueError: ``precision.amp`` is set.
+    """
+    if precision.amp:
+        raise ValueError(f"finite differences: {AMP_DIFFERENCES}; analyse without amp, or with an exact engine")
 
 
 @dataclass(frozen=True)
@@ -166,6 +176,8 @@ class EpochHessian:
                 "Llama(config, attention_backend='reference'), or use an engine of first derivatives "
                 f"({', '.join(e.name for e in REGISTRY.values() if not e.second_derivatives)})"
             )
+        if not self.spec.second_derivatives:
+            check_differences(precision)
         if compile and not self.spec.compiled:
             compiled = ", ".join(e.name for e in REGISTRY.values() if e.compiled)
             raise ValueError(f"only the {compiled} engine is compiled; use --no-compile-hvp with the other engines")

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from tiny_llm.curvature.engines import FINITE_DIFFERENCE
-from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, pad_sequences
+from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, check_differences, pad_sequences
 from tiny_llm.curvature.spectrum import Layout
 from tiny_llm.distributed import all_reduce_sum, world
 from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
@@ -231,7 +231,12 @@ class ShardedHessian:
                 self._local(p).copy_(value)
 
     def hvp(self, V: torch.Tensor) -> torch.Tensor:
-        """H V for the rows of V, this rank's shards (K, d), accumulated over micro-batches in float64."""
+        """H V for the rows of V, this rank's shards (K, d), accumulated over micro-batches in float64.
+
+        Raises:
+            ValueError: under bf16 autocast (``AMP_DIFFERENCES``), before any work.
+        """
+        check_differences(self.precision)
         V = V.to(device=self.precision.device, dtype=torch.float64)
         norms = self.layout.norms(V).tolist()
         out = torch.zeros_like(V)

@@ -13,7 +13,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from tiny_llm.config import ModelConfig
-from tiny_llm.curvature.engines import AUTO, FINITE_DIFFERENCE, JET_REFUSAL, default_forms_engine, names
+from tiny_llm.curvature.engines import (
+    AMP_DIFFERENCES,
+    AUTO,
+    FINITE_DIFFERENCE,
+    JET_REFUSAL,
+    default_forms_engine,
+    names,
+)
 from tiny_llm.curvature.engines import engine as engine_named
 
 ENGINE_SETTINGS = (AUTO, *names())
@@ -163,11 +170,14 @@ def quadratic_form_engine(settings: AnalysisSettings, model: ModelConfig | None 
     hf``, no second-order rules) auto is double_backward, and the jet engines are refused.
 
     Raises:
-        ValueError: a jet engine for an ``hf`` model, before any work.
+        ValueError: a jet engine for an ``hf`` model, or forms by finite differences under bf16
+            autocast (``amp``), before any work.
     """
     jets = model is None or model.architecture != "hf"
     if settings.sharded:
         if settings.engine == AUTO:
+            if not jets:
+                _refuse_amp(settings, "sharded: a model of another architecture (hf) has its forms by differences")
             return "taylor" if jets else FINITE_DIFFERENCE
         if not engine_named(settings.engine).sharded:
             raise ValueError(
@@ -178,7 +188,16 @@ def quadratic_form_engine(settings: AnalysisSettings, model: ModelConfig | None 
         return default_forms_engine(settings.directions_per_pass, jets)
     if not jets and engine_named(settings.engine).jets:
         raise ValueError(f"engine {settings.engine}: {JET_REFUSAL}")
+    if not engine_named(settings.engine).second_derivatives:
+        _refuse_amp(settings, f"engine {settings.engine}")
     return settings.engine
+
+
+def _refuse_amp(settings: AnalysisSettings, what: str) -> None:
+    """Refuse ``what``, which computes by finite differences of gradients, under bf16 autocast
+    (``AMP_DIFFERENCES``), naming the setting to change."""
+    if settings.amp:
+        raise ValueError(f"{what}: {AMP_DIFFERENCES}; analyse it without amp (amp: false, or without --amp)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,7 +267,8 @@ def sharded_engine(settings: AnalysisSettings, spectrum: SpectrumSettings) -> st
     finite differences; None unsharded.
 
     Raises:
-        ValueError: another Hessian-vector-product engine asked for by name.
+        ValueError: another Hessian-vector-product engine asked for by name, or bf16 autocast
+            (``amp``: finite differences would measure its rounding).
     """
     if not (spectrum.sharded or settings.sharded):
         return None
@@ -257,4 +277,5 @@ def sharded_engine(settings: AnalysisSettings, spectrum: SpectrumSettings) -> st
             f"spectrum.sharded: sharded products are finite differences of gradients; set engine to "
             f"{FINITE_DIFFERENCE} or auto, not {settings.engine}"
         )
+    _refuse_amp(settings, "spectrum.sharded: a sharded spectrum has its products by differences")
     return FINITE_DIFFERENCE

@@ -158,6 +158,28 @@ def test_amp_forward_is_close_to_float32(dense_problem):
         torch.testing.assert_close(amp.quadratic_forms(V), exact, rtol=0.1, atol=1e-3)
 
 
+def test_finite_differences_refuse_bf16_autocast(dense_problem):
+    """Under bf16 autocast two gradients 2ε apart differ by the forward's rounding, not only by
+    2εHv: the forms by differences miss by a tenth of their own size or more, ten times the exact
+    engines' error under the same autocast, so the operator refuses the combination by name."""
+    model, tokens, H = dense_problem
+    model32 = Llama(model.config, attention_backend="reference")
+    model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    V = torch.randn(4, H.shape[0], generator=torch.Generator().manual_seed(9))
+    exact = ((V.double() @ H) * V.double()).sum(1)
+    amp = Precision(torch.device("cpu"), torch.float32, amp=True)
+    with pytest.raises(ValueError, match=r"finite differences: under bf16 autocast \(amp\)"):
+        EpochHessian(model32, tokens, batch_size=4, engine="finite_difference", precision=amp)
+    errors = {}
+    for engine in ("finite_difference", "double_backward"):
+        op = EpochHessian(
+            model32, tokens, batch_size=4, engine=engine, precision=Precision(torch.device("cpu"), torch.float32)
+        )
+        op.precision = amp  # for finite differences, what the refusal prevents
+        errors[engine] = float((op.quadratic_forms(V).double() - exact).abs().max() / exact.pow(2).mean().sqrt())
+    assert errors["finite_difference"] > max(0.1, 10 * errors["double_backward"]), errors
+
+
 def test_operator_refuses_bad_use(dense_problem):
     model, tokens, H = dense_problem
     with pytest.raises(ValueError, match="engine: expected one of taylor, adjoint, double_backward, pearlmutter"):

@@ -229,3 +229,33 @@ def test_the_sharded_setting_resolves_its_engine_and_refuses_what_does_not_shard
         with pytest.raises(ValueError, match=f"sharded: .*not {engine}"):
             quadratic_form_engine(AnalysisSettings(sharded=True, engine=engine))
     assert AnalysisSettings(sharded=True).audited == AnalysisSettings().audited  # sharded, audited alike
+
+
+def test_finite_differences_are_refused_under_bf16_autocast_before_any_work():
+    """Forms or products by differences under amp (their error would be the bf16 forward's
+    rounding) are refused by the settings, naming amp; the exact sharded forms keep it."""
+    from types import SimpleNamespace
+
+    from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings, quadratic_form_engine, sharded_engine
+
+    hf = SimpleNamespace(architecture="hf")
+    for settings, model in (
+        (AnalysisSettings(engine="finite_difference", amp=True), None),
+        (AnalysisSettings(sharded=True, engine="finite_difference", amp=True), None),
+        (AnalysisSettings(sharded=True, amp=True), hf),
+    ):
+        with pytest.raises(ValueError, match=r"under bf16 autocast \(amp\) .*without amp"):
+            quadratic_form_engine(settings, model)
+        assert (
+            quadratic_form_engine(AnalysisSettings(**{**settings.__dict__, "amp": False}), model) == "finite_difference"
+        )
+    assert quadratic_form_engine(AnalysisSettings(sharded=True, amp=True)) == "taylor"
+    assert quadratic_form_engine(AnalysisSettings(amp=True), hf) == "double_backward"
+    for settings, spectrum in (
+        (AnalysisSettings(amp=True), SpectrumSettings(sharded=True)),
+        (AnalysisSettings(sharded=True, amp=True), SpectrumSettings()),
+    ):
+        with pytest.raises(ValueError, match=r"spectrum.sharded: .*without amp"):
+            sharded_engine(settings, spectrum)
+        assert sharded_engine(AnalysisSettings(sharded=settings.sharded), spectrum) == "finite_difference"
+    assert sharded_engine(AnalysisSettings(amp=True), SpectrumSettings()) is None  # unsharded: exact products
