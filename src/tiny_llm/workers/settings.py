@@ -277,5 +277,6 @@ def sharded_engine(settings: AnalysisSettings, spectrum: SpectrumSettings) -> st
             f"spectrum.sharded: sharded products are finite differences of gradients; set engine to "
             f"{FINITE_DIFFERENCE} or auto, not {settings.engine}"
         )
-    _refuse_amp(settings, "spectrum.sharded: a sharded spectrum has its products by differences")
+    where = "spectrum.sharded" if spectrum.sharded else "settings.sharded"
+    _refuse_amp(settings, f"{where}: a sharded spectrum has its products by differences")
     return FINITE_DIFFERENCE
