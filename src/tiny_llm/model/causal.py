@@ -166,9 +166,9 @@ class CausalLM(nn.Module):
             keep = (targets != IGNORE_INDEX).reshape(-1, 1)  # (n, 1)
             p = torch.softmax(upcast(z0), dim=-1) * keep  # ignored rows: 0
             E, Ut = weight.to(p.dtype), U.transpose(1, 2).to(p.dtype)
-            h0, h1 = upcast(h0), upcast(h1)
-            p_z1 = (h1 * (p @ E)).sum(-1) + (h0 * per_direction(p, Ut)).sum(-1)  # ⟨p, z1⟩ by row, (K, n)
+            h1 = upcast(h1)
             z1 = upcast(z1)
+            p_z1 = _row_dots(z1, p)  # ⟨p, z1⟩ by row, (K, n): from z1 itself, not two more head products
             # Σ p (z1 − ⟨p, z1⟩)², centred in place: not ⟨p, z1²⟩ − ⟨p, z1⟩², whose two large terms
             # cancel (at a 50k vocabulary in float32 that difference kept three digits).
             curvature = per_direction_dot(z1.sub_(p_z1.unsqueeze(-1).to(z1.dtype)).square_(), p)
@@ -177,6 +177,22 @@ class CausalLM(nn.Module):
             if h2 is not None:
                 first = first + per_direction_dot(upcast(h2), r @ E)  # rE: shared
         return first + curvature, curvature
+
+
+ROW_DOT_ELEMENTS = 1 << 22
+"""Most elements of the temporary products ``_row_dots`` forms at once (16 MiB in float32)."""
+
+
+def _row_dots(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """⟨pₜ, zₖₜ⟩ over the last axis: z (K, n, V), p (n, V) → (K, n), a few rows at a time so that
+    the products never exceed ``ROW_DOT_ELEMENTS`` (one pass over z, where p E and the K products
+    p Uₖ would cost two head matrix products per direction)."""
+    K, n, V = z.shape
+    out = z.new_empty(K, n)
+    rows = max(1, ROW_DOT_ELEMENTS // max(1, K * V))
+    for a in range(0, n, rows):
+        torch.sum(z[:, a : a + rows] * p[a : a + rows], dim=-1, out=out[:, a : a + rows])
+    return out
 
 
 def head_loss_chunks(
