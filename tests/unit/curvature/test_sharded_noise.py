@@ -246,9 +246,7 @@ def test_finite_differences_are_refused_under_bf16_autocast_before_any_work():
     ):
         with pytest.raises(ValueError, match=r"under bf16 autocast \(amp\) .*without amp"):
             quadratic_form_engine(settings, model)
-        assert (
-            quadratic_form_engine(AnalysisSettings(**{**settings.__dict__, "amp": False}), model) == "finite_difference"
-        )
+        assert quadratic_form_engine(dataclasses.replace(settings, amp=False), model) == "finite_difference"
     assert quadratic_form_engine(AnalysisSettings(sharded=True, amp=True)) == "taylor"
     assert quadratic_form_engine(AnalysisSettings(amp=True), hf) == "double_backward"
     for settings, spectrum in (
