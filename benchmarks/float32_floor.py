@@ -31,13 +31,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
-from real_shapes import SHAPES  # run as a script: benchmarks/ is on the path
+from real_shapes import SHAPES, _jvp_of_grad, problem  # run as a script: benchmarks/ is on the path
 from torch import nn
-from torch.func import functional_call, grad, jvp
 
-from tiny_llm.curvature.hessian import FlatParameters
-from tiny_llm.model.architectures import build_model
-from tiny_llm.model.causal import CausalLM, token_losses
+from tiny_llm.model.causal import CausalLM
 
 _LINEAR, _LOGITS = nn.Linear.forward, CausalLM.logits
 
@@ -97,33 +94,13 @@ VARIANTS = {
 
 
 def _forms(model: nn.Module, tokens: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
-    """vᵀ(Hv) for each direction by jvp of grad, in the model's dtype."""
-    names = [n for n, _ in model.named_parameters()]
-    primals = {n: p.detach() for n, p in model.named_parameters()}
-    flat = FlatParameters(model)
-
-    def loss(params):
-        return token_losses(functional_call(model, params, (tokens[:, :-1],)), tokens[:, 1:]).mean()
-
-    out = []
-    for v in directions.to(next(model.parameters()).dtype):
-        blocks = flat.blocks(v.unsqueeze(0))
-        tangents = {n: b.view_as(primals[n]) for n, b in zip(names, blocks, strict=True)}
-        _, Hv = jvp(grad(loss), (primals,), (tangents,))
-        out.append(sum((Hv[n].double() * tangents[n].double()).sum() for n in names))
-    return torch.stack(out)
+    """vᵀ(Hv) for each direction by jvp of grad (``real_shapes.py``'s), in the model's dtype."""
+    return _jvp_of_grad(model, tokens)(directions.to(next(model.parameters()).dtype))
 
 
 def measure(name: str) -> dict[str, tuple[float, float]]:
     """Per variant: (max, median) of |forms − float64| ÷ RMS, as ``real_shapes.py`` draws them."""
-    config, sequences = SHAPES[name]
-    torch.manual_seed(0)
-    model = build_model(config).float()
-    tokens = torch.randint(
-        0, config.vocab_size, (sequences, config.max_seq_len + 1), generator=torch.Generator().manual_seed(1)
-    )
-    directions = torch.randn(16, FlatParameters(model).D, generator=torch.Generator().manual_seed(2))
-    directions /= directions.norm(dim=1, keepdim=True)
+    model, tokens, directions = problem(name)
     reference = copy.deepcopy(model).double()
     exact = _forms(reference, tokens, directions)
     rms = exact.square().mean().sqrt()

@@ -208,17 +208,24 @@ def _available(module: str | None) -> bool:
     return True
 
 
-def measure_shape(name: str, trials: int, peers: bool, memory: bool) -> dict:
+def problem(name: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """A shape's float32 model (its own seeded initialisation), tokens and the 16 unit directions
+    every method is checked on (unit: the finite-difference steps are absolute)."""
     config, sequences = SHAPES[name]
     torch.manual_seed(0)
     model = build_model(config).float()
     tokens = torch.randint(
         0, config.vocab_size, (sequences, config.max_seq_len + 1), generator=torch.Generator().manual_seed(1)
     )
+    directions = torch.randn(16, FlatParameters(model).D, generator=torch.Generator().manual_seed(2))
+    return model, tokens, directions / directions.norm(dim=1, keepdim=True)
+
+
+def measure_shape(name: str, trials: int, peers: bool, memory: bool) -> dict:
+    config, sequences = SHAPES[name]
+    model, tokens, directions = problem(name)
     flat = FlatParameters(model)
     reference = copy.deepcopy(model).double()
-    directions = torch.randn(16, flat.D, generator=torch.Generator().manual_seed(2))
-    directions /= directions.norm(dim=1, keepdim=True)  # unit directions: the finite-difference steps are absolute
     exact = _ours(reference, tokens, "adjoint", 16, CPU64, head_tokens=64)(directions.double())
     del reference
     rms = float(exact.square().mean().sqrt())
