@@ -51,7 +51,7 @@ bench-peers: $(STAMP)
 	$(BIN)/python benchmarks/real_shapes.py
 
 # On a machine with a CUDA GPU: CUDA tests, walltime calibration, GPU benchmarks and precision
-# study in one go (at most 7 minutes); report in benchmarks/out/gpu-check/report.md. With
+# study in one go (at most 9 minutes); report in benchmarks/out/gpu-check/report.md. With
 # `make gpu-check PYTHON=python3` it runs with that interpreter as it is (a CUDA torch, pytest,
 # pyyaml, pandas; the source on PYTHONPATH): no .venv, no install, no network.
 ifeq ($(origin PYTHON),command line)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU check (`make gpu-check`), at most 7 minutes in all on one H200 or GH200. In order
+# One prepared GPU check (`make gpu-check`), at most 9 minutes in all on one H200 or GH200. In order
 # of what only a GPU can tell:
 #   1. the CUDA tests (adjoint forms and compiled Pearlmutter, TF32, bf16 autocast, against CPU
 #      float64);
@@ -10,12 +10,15 @@
 #      entries for config/timing.yaml keyed by this GPU;
 #   4. benchmarks/hvp_cost.py --device cuda at the 20M shape and the demo's, eager and compiled;
 #   5. benchmarks/precision.py --device cuda (float32, TF32, bf16 autocast, bf16 Lanczos basis);
+#   6. benchmarks/real_shapes.py --device cuda --compile: the quadratic-form table at GPT-2 small's
+#      and Pythia-160M's widths and vocabularies (and the 0.8M shape), our engines eager and our
+#      Pearlmutter product compiled, beside the peers installed there, each against float64;
 # and writes benchmarks/out/gpu-check/report.{json,md} after every step, so a check cut short still
 # leaves the report of what ran. Each step's output goes to its log as it comes.
 #
 # PYTHON names the interpreter (default .venv/bin/python). Any Python with a CUDA build of torch,
 # pytest, pyyaml and pandas will do, as it is: the source comes from src/ on PYTHONPATH, nothing is
-# installed and no network is needed (snakemake is not used). GPU_CHECK_SECONDS (default 420) is
+# installed and no network is needed (snakemake is not used). GPU_CHECK_SECONDS (default 540) is
 # the time for all steps together; a step that would start after it is skipped. A failed step does
 # not stop the others; the exit status is non-zero when any step failed. Without a CUDA device it
 # stops at once, with exit status 2, and says so.
@@ -35,7 +38,7 @@ if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 rm -rf "$OUT" && mkdir -p "$OUT"
 export TINY_LLM_GPU_CHECK_OUT="$OUT"
-DEADLINE=$((SECONDS + ${GPU_CHECK_SECONDS:-420}))
+DEADLINE=$((SECONDS + ${GPU_CHECK_SECONDS:-540}))
 failed=0
 
 step() {  # step NAME LIMIT_SECONDS COMMAND...: run within the time left, log to $OUT/NAME.log, then report
@@ -66,7 +69,7 @@ except (RuntimeError, AssertionError) as error:  # the report is written whateve
     device = f"unknown ({error})"
 report = {"device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
           "machine": platform.machine(), "steps": steps}
-for name in ("memory-model", "hvp-cost-eager", "hvp-cost-compiled"):
+for name in ("memory-model", "hvp-cost-eager", "hvp-cost-compiled", "real-shapes"):
     path = out / f"{name}.json"
     report[name] = json.loads(path.read_text()) if path.exists() else None
 precision = sorted(Path("benchmarks/out").glob("precision-*.md"), key=lambda p: p.stat().st_mtime)
@@ -76,9 +79,9 @@ lines = [f"# GPU check: {report['device']} (torch {report['torch']}, CUDA {repor
          *[f"| {s['step']} | {s['status']} | {s['seconds']} |" for s in steps], ""]
 tests = (out / "cuda-tests.log").read_text().strip().splitlines()[-3:] if (out / "cuda-tests.log").exists() else []
 lines += ["## CUDA tests", "", "```", *tests, "```", ""]
-for name in ("memory-model", "calibrate", "hvp-cost-eager", "hvp-cost-compiled"):
+for name in ("memory-model", "calibrate", "hvp-cost-eager", "hvp-cost-compiled", "real-shapes"):
     log = (out / f"{name}.log").read_text() if (out / f"{name}.log").exists() else ""
-    lines += [f"## {name}", "", "```", *log.strip().splitlines()[-30:], "```", ""]
+    lines += [f"## {name}", "", "```", *log.strip().splitlines()[-40:], "```", ""]
 if precision:
     lines += ["## Precision against float64", "", precision[-1].read_text(), ""]
     report["precision"] = precision[-1].read_text()
@@ -117,5 +120,7 @@ step hvp-cost-eager 60 "$PY" benchmarks/hvp_cost.py --device cuda --dtype float3
 step hvp-cost-compiled 60 "$PY" benchmarks/hvp_cost.py --device cuda --dtype float32 --amp --compile --trials 3 \
     --models 20m,demo --ks 1,16 --engines pearlmutter --out "$OUT/hvp-cost-compiled.json"
 step precision 40 "$PY" benchmarks/precision.py --device cuda --samples 8
+step real-shapes 150 "$PY" benchmarks/real_shapes.py --device cuda --compile --trials 3 \
+    --shapes gpt2-small,pythia-160m,0.8M --out "$OUT/real-shapes.json"
 echo "gpu-check: report in $OUT/report.md" >&2
 exit $failed

@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/real_shapes.py                      # gpt2-small and pythia-160m, 5 trials
     .venv/bin/python benchmarks/real_shapes.py --shapes 0.8M,demo   # the small shapes of hvp_cost.py
+    python3 benchmarks/real_shapes.py --device cuda [--compile]     # the same table on a GPU (make gpu-check)
     make bench-peers                                                # installs the peers, then runs this
 
 Each shape keeps a real checkpoint's width, heads, MLP and vocabulary with fewer layers (2) and
@@ -26,6 +27,13 @@ which no float32 method goes below. The peers are optional: one that is not inst
 
 Memory: the peak live storage of one pass of the gradient and of adjoint K = 16 (``StoragePeak``),
 with the head and loss in 64-token chunks and without.
+
+On a GPU (``--device cuda``) the same table in float32 (TF32 off), each pass timed between two
+synchronisations and memory as the allocator's peak (``torch.cuda.max_memory_allocated``); the
+thread count does not apply. ``--compile`` adds our Pearlmutter product compiled with
+``torch.compile`` at K = 1 and K = 16 (what the campaign's spectra run on CUDA) beside the eager
+rows; the other engines and the peers stay eager, as they run in the product (on CPU it works too,
+given a C++ compiler; the product compiles on CUDA only).
 """
 
 from __future__ import annotations
@@ -50,8 +58,9 @@ from tiny_llm.model.causal import token_losses
 from tiny_llm.runtime import keep_freed_memory
 
 REPO = Path(__file__).resolve().parents[1]
-CPU32 = Precision(torch.device("cpu"), torch.float32)
-CPU64 = Precision(torch.device("cpu"), torch.float64)
+CPU = torch.device("cpu")
+COMPILED = (("pearlmutter", 1), ("pearlmutter", 16))
+"""With --compile: our compiled Pearlmutter product (the campaign's spectra on CUDA)."""
 
 SHAPES = {
     "gpt2-small": (
@@ -91,7 +100,7 @@ FLOOR = {
 
 
 def _ours(
-    model, tokens, engine: str, K: int, precision: Precision, head_tokens: int | None = None
+    model, tokens, engine: str, K: int, precision: Precision, head_tokens: int | None = None, compile: bool = False
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     operator = EpochHessian(
         model,
@@ -101,6 +110,7 @@ def _ours(
         precision=precision,
         directions_per_pass=K,
         head_tokens=head_tokens,
+        compile=compile,
     )
     return operator.quadratic_forms
 
@@ -192,9 +202,14 @@ PEERS = {
 }
 
 
-def _seconds(fn) -> float:
+def _seconds(fn, device: torch.device) -> float:
+    """Wall seconds of fn(), between two synchronisations on CUDA (its kernels finished)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     start = time.perf_counter()
     fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - start
 
 
@@ -208,9 +223,10 @@ def _available(module: str | None) -> bool:
     return True
 
 
-def problem(name: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+def problem(name: str, device: torch.device = CPU) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     """A shape's float32 model (its own seeded initialisation), tokens and the 16 unit directions
-    every method is checked on (unit: the finite-difference steps are absolute)."""
+    every method is checked on (unit: the finite-difference steps are absolute), on ``device``
+    (drawn on the CPU: the same on every device)."""
     config, sequences = SHAPES[name]
     torch.manual_seed(0)
     model = build_model(config).float()
@@ -218,21 +234,30 @@ def problem(name: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
         0, config.vocab_size, (sequences, config.max_seq_len + 1), generator=torch.Generator().manual_seed(1)
     )
     directions = torch.randn(16, FlatParameters(model).D, generator=torch.Generator().manual_seed(2))
-    return model, tokens, directions / directions.norm(dim=1, keepdim=True)
+    directions = directions / directions.norm(dim=1, keepdim=True)
+    return model.to(device), tokens.to(device), directions.to(device)
 
 
-def measure_shape(name: str, trials: int, peers: bool, memory: bool) -> dict:
+def measure_shape(
+    name: str, trials: int, peers: bool, memory: bool, device: torch.device = CPU, compile: bool = False
+) -> dict:
     config, sequences = SHAPES[name]
-    model, tokens, directions = problem(name)
+    model, tokens, directions = problem(name, device)
     flat = FlatParameters(model)
     reference = copy.deepcopy(model).double()
-    exact = _ours(reference, tokens, "adjoint", 16, CPU64, head_tokens=64)(directions.double())
+    exact = _ours(reference, tokens, "adjoint", 16, Precision(device, torch.float64), head_tokens=64)(
+        directions.double()
+    )
     del reference
     rms = float(exact.square().mean().sqrt())
 
+    float32 = Precision(device, torch.float32)
     methods: dict[str, tuple[Callable, int]] = {
-        f"ours: {engine} K={K}": (_ours(model, tokens, engine, K, CPU32), K) for engine, K in OURS
+        f"ours: {engine} K={K}": (_ours(model, tokens, engine, K, float32), K) for engine, K in OURS
     }
+    if compile:
+        for engine, K in COMPILED:
+            methods[f"ours: {engine} K={K}, compiled"] = (_ours(model, tokens, engine, K, float32, compile=True), K)
     skipped = []
     if peers:
         for label, (make, module) in PEERS.items():
@@ -249,13 +274,14 @@ def measure_shape(name: str, trials: int, peers: bool, memory: bool) -> dict:
     for label, (forms, _) in methods.items():  # warm-up, and each method's forms against float64
         errors = (forms(directions).double() - exact).abs() / rms  # the same 16 directions for every method
         accuracy[label] = (float(errors.max()), float(errors.median()))
+        print(f"  {name}: {label} checked against float64", file=sys.stderr, flush=True)
     gradient()
     ratios = {label: [] for label in methods}
     gradient_seconds = []
     for trial in range(trials):
         for label, (forms, K) in methods.items():
-            g = _seconds(gradient)
-            q = _seconds(lambda forms=forms, K=K: forms(directions[:K]))
+            g = _seconds(gradient, device)
+            q = _seconds(lambda forms=forms, K=K: forms(directions[:K]), device)
             gradient_seconds.append(g)
             ratios[label].append(q / K / g)
         print(f"  {name}: trial {trial + 1}/{trials}", file=sys.stderr, flush=True)
@@ -279,7 +305,7 @@ def measure_shape(name: str, trials: int, peers: bool, memory: bool) -> dict:
     if memory:
         result["peak_memory_gib"] = {
             f"{what} K={K}{'' if head is None else f' head {head}'}": measure_pass(
-                config, what, sequences, K, config.max_seq_len, head_tokens=head
+                config, what, sequences, K, config.max_seq_len, device=device, head_tokens=head
             )
             / 2**30
             for what, K in ((GRADIENT, 1), ("adjoint", 16))
@@ -288,7 +314,7 @@ def measure_shape(name: str, trials: int, peers: bool, memory: bool) -> dict:
     return result
 
 
-def _print(name: str, result: dict) -> None:
+def _print(name: str, result: dict, device: torch.device) -> None:
     print(
         f"\n### {name} (D = {result['parameters_D']:,}, {result['tokens']} tokens; gradient pass "
         f"{result['gradient_seconds_median']:.2f} s)\n"
@@ -308,7 +334,7 @@ def _print(name: str, result: dict) -> None:
         print(f"| {label} | not installed (make bench-peers) | | |")
     if "peak_memory_gib" in result:
         print(
-            "\npeak live storage of one pass (GiB): "
+            f"\n{'peak live storage' if device.type == 'cpu' else 'allocator peak'} of one pass (GiB): "
             + ", ".join(f"{k} {v:.2f}" for k, v in result["peak_memory_gib"].items())
         )
 
@@ -317,7 +343,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="gpt2-small,pythia-160m", help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--trials", type=int, default=5, help="paired trials (default 5)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also our Pearlmutter product compiled (torch.compile; on CPU it needs a C++ compiler)",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (default 1)")
     parser.add_argument("--no-peers", action="store_true", help="only our engines")
     parser.add_argument(
         "--glibc-defaults",
@@ -325,15 +357,30 @@ def main() -> None:
         help="leave glibc's allocator as it is (default: keep freed memory, as tiny-llm's commands do)",
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory passes")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/out/real_shapes.json")
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "benchmarks/out/real_shapes.json", help="the report (JSON), after each shape"
+    )
     args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device is available here")
+    if unknown := [name for name in args.shapes.split(",") if name not in SHAPES]:
+        sys.exit(f"--shapes: unknown {', '.join(unknown)}; choose from {', '.join(SHAPES)}")
     if not args.glibc_defaults:
         keep_freed_memory()
     torch.set_num_threads(args.threads)
-    report = {"torch": torch.__version__, "threads": args.threads, "shapes": {}}
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 as it is, on every device
+    report = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "threads": args.threads if device.type == "cpu" else None,
+        "shapes": {},
+    }
     for name in args.shapes.split(","):
-        report["shapes"][name] = measure_shape(name, args.trials, not args.no_peers, not args.no_memory)
-        _print(name, report["shapes"][name])
+        report["shapes"][name] = measure_shape(
+            name, args.trials, not args.no_peers, not args.no_memory, device, args.compile
+        )
+        _print(name, report["shapes"][name], device)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -101,7 +101,7 @@ def test_gpu_check_runs_with_the_given_interpreter_as_it_is(tmp_path):
 
 
 def test_benchmark_scripts_document_their_options():
-    for script in ("hvp_cost.py", "precision.py", "spectrum_cost.py", "memory.py"):
+    for script in ("hvp_cost.py", "precision.py", "spectrum_cost.py", "memory.py", "real_shapes.py"):
         result = subprocess.run(
             [sys.executable, f"benchmarks/{script}", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
         )
