@@ -10,9 +10,9 @@
 #      entries for config/timing.yaml keyed by this GPU;
 #   4. benchmarks/hvp_cost.py --device cuda at the 20M shape and the demo's, eager and compiled;
 #   5. benchmarks/precision.py --device cuda (float32, TF32, bf16 autocast, bf16 Lanczos basis);
-#   6. benchmarks/real_shapes.py --device cuda --compile: the quadratic-form table at GPT-2 small's
-#      and Pythia-160M's widths and vocabularies (and the 0.8M shape), our engines eager and our
-#      Pearlmutter product compiled, beside the peers installed there, each against float64;
+#   6. benchmarks/real_shapes.py --device cuda: the quadratic-form table at GPT-2 small's and
+#      Pythia-160M's widths and vocabularies (and the 0.8M shape) beside the peers installed there,
+#      each against float64; then at GPT-2 small with our Pearlmutter product compiled (--compile);
 # and writes benchmarks/out/gpu-check/report.{json,md} after every step, so a check cut short still
 # leaves the report of what ran. Each step's output goes to its log as it comes.
 #
@@ -69,7 +69,7 @@ except (RuntimeError, AssertionError) as error:  # the report is written whateve
     device = f"unknown ({error})"
 report = {"device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
           "machine": platform.machine(), "steps": steps}
-for name in ("memory-model", "hvp-cost-eager", "hvp-cost-compiled", "real-shapes"):
+for name in ("memory-model", "hvp-cost-eager", "hvp-cost-compiled", "real-shapes", "real-shapes-compiled"):
     path = out / f"{name}.json"
     report[name] = json.loads(path.read_text()) if path.exists() else None
 precision = sorted(Path("benchmarks/out").glob("precision-*.md"), key=lambda p: p.stat().st_mtime)
@@ -79,7 +79,7 @@ lines = [f"# GPU check: {report['device']} (torch {report['torch']}, CUDA {repor
          *[f"| {s['step']} | {s['status']} | {s['seconds']} |" for s in steps], ""]
 tests = (out / "cuda-tests.log").read_text().strip().splitlines()[-3:] if (out / "cuda-tests.log").exists() else []
 lines += ["## CUDA tests", "", "```", *tests, "```", ""]
-for name in ("memory-model", "calibrate", "hvp-cost-eager", "hvp-cost-compiled", "real-shapes"):
+for name in ("memory-model", "calibrate", "hvp-cost-eager", "hvp-cost-compiled", "real-shapes", "real-shapes-compiled"):
     log = (out / f"{name}.log").read_text() if (out / f"{name}.log").exists() else ""
     lines += [f"## {name}", "", "```", *log.strip().splitlines()[-40:], "```", ""]
 if precision:
@@ -120,7 +120,9 @@ step hvp-cost-eager 60 "$PY" benchmarks/hvp_cost.py --device cuda --dtype float3
 step hvp-cost-compiled 60 "$PY" benchmarks/hvp_cost.py --device cuda --dtype float32 --amp --compile --trials 3 \
     --models 20m,demo --ks 1,16 --engines pearlmutter --out "$OUT/hvp-cost-compiled.json"
 step precision 40 "$PY" benchmarks/precision.py --device cuda --samples 8
-step real-shapes 150 "$PY" benchmarks/real_shapes.py --device cuda --compile --trials 3 \
+step real-shapes 90 "$PY" benchmarks/real_shapes.py --device cuda --trials 3 \
     --shapes gpt2-small,pythia-160m,0.8M --out "$OUT/real-shapes.json"
+step real-shapes-compiled 120 "$PY" benchmarks/real_shapes.py --device cuda --compile --no-peers --trials 3 \
+    --shapes gpt2-small --out "$OUT/real-shapes-compiled.json"
 echo "gpu-check: report in $OUT/report.md" >&2
 exit $failed
