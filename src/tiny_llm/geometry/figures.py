@@ -1,6 +1,7 @@
 """Figures of cross-seed experiments, drawn from comparison.csv only.
 
-- :func:`dashboard`: one panel per metric against the training tokens, each with its unit on the
+- :func:`dashboard`: one panel per metric against the training tokens (one x range for all; a
+  metric recorded without any value is named under the title instead), each with its unit on the
   y-axis, one colour per run in every panel (controls fixed: same seed red, data order green) and
   one legend for the figure. Per-run metrics draw every seed as a line (controls dashed); pair
   metrics draw the mean over seed pairs in black (each pair thin) and each control paired with the
@@ -22,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-__all__ = ["CONTROL_LABELS", "PAIR_METRICS", "RUN_METRICS", "compare_experiments", "dashboard"]
+__all__ = ["CONTROL_LABELS", "PAIR_METRICS", "RUN_METRICS", "compare_experiments", "dashboard", "panels", "x_limits"]
 
 RUN_METRICS = (
     "eval_loss",
@@ -160,11 +161,31 @@ def _pair_panel(ax: plt.Axes, rows: pd.DataFrame, controls: dict[str, str]) -> N
         )
 
 
+def panels(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The dashboard's metrics in panel order: those with a value (drawn) and those recorded without
+    any (e.g. the training loss of checkpoints trained elsewhere, which come without a training log),
+    named under the title instead of an empty panel."""
+    present, valued = set(frame["metric"]), set(frame.dropna(subset=["value"])["metric"])
+    ordered = [m for m in (*RUN_METRICS, *PAIR_METRICS) if m in present]
+    return [m for m in ordered if m in valued], [m for m in ordered if m not in valued]
+
+
+def x_limits(frame: pd.DataFrame) -> tuple[float, float]:
+    """One x range for every panel (the experiment's steps or tokens, a margin either side), so that
+    a metric measured at fewer checkpoints (a pair's function update has none at the first) is
+    placed on the same axis as the others."""
+    x = frame[_x(frame)].dropna()
+    low, high = float(x.min()), float(x.max())
+    margin = 0.04 * (high - low) or max(1.0, 0.04 * abs(high))
+    return low - margin, high + margin
+
+
 def dashboard(comparison: str | Path, outputs: list[str | Path], title: str) -> None:
     """Every metric of one experiment's comparison.csv against the training tokens (see module
     docstring): labelled axes, one colour per run in every panel, and one legend for the figure."""
     frame = pd.read_csv(comparison)
-    metrics = [m for m in (*RUN_METRICS, *PAIR_METRICS) if m in set(frame["metric"])]
+    metrics, empty = panels(frame)
+    limits = x_limits(frame)
     figure, axes = _grid(len(metrics))
     prefix = f"{title}-"
     colours = _colours(frame)
@@ -187,10 +208,12 @@ def dashboard(comparison: str | Path, outputs: list[str | Path], title: str) -> 
         ax.set_title(metric.replace("_", " ") + SYMMETRY_NOTE.get(metric, ""), fontsize=10)
         ax.set_xlabel("training tokens (0 = untrained)" if _x(frame) == "tokens" else "training step (0 = untrained)")
         ax.set_ylabel(UNITS.get(metric, "value"), fontsize=9)
+        ax.set_xlim(*limits)
         ax.grid(alpha=0.3)
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
-    figure.suptitle(f"{title}: seeds at matched training tokens (error bars: ±1 standard error)", fontsize=12)
+    note = f"\nno values recorded for these runs: {', '.join(m.replace('_', ' ') for m in empty)}" if empty else ""
+    figure.suptitle(f"{title}: seeds at matched training tokens (error bars: ±1 standard error){note}", fontsize=12)
     figure.legend(
         handles.values(), handles.keys(), loc="lower center", ncol=min(3, len(handles)), fontsize=8, frameon=False
     )
