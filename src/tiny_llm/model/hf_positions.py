@@ -1,12 +1,14 @@
 """Where each checkpoint of a suite trained elsewhere stands in its training: its optimizer step and
 the tokens it had seen, given, read from a ``transformers`` Trainer's ``trainer_state.json``,
 derived from the step, or unknown (then the figures use steps, and a warning says how to give
-them). Checkpoints must be listed oldest first.
+them). Checkpoints must be listed oldest first. A Trainer's logged training loss and gradient norms
+(``log_history``) become the run's training log (:func:`trainer_log`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any
 
 from tiny_llm.model.hf import read_json_object
 
-__all__ = ["CheckpointPosition", "checkpoint_positions", "read_trainer_state"]
+__all__ = ["CheckpointPosition", "checkpoint_positions", "read_trainer_state", "trainer_log"]
 
 log = logging.getLogger(__name__)
 
@@ -158,3 +160,63 @@ def checkpoint_positions(
     ]
     _check_order(paths, positions, states)
     return positions
+
+
+TRAINER_LOG_SOURCE = "trainer_state.json"
+"""``source`` of the training log records an import takes from a Trainer's log_history."""
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def trainer_log(paths: list[Path], tokens_per_step: int | None = None) -> tuple[Path, list[dict[str, Any]]] | None:
+    """The training log a ``transformers`` Trainer kept, as the records of a run's training log:
+    the ``log_history`` of the newest checkpoint that has a trainer_state.json (each holds every
+    entry up to its step), its training entries (those with a ``loss``) in order, each with
+    ``step``, ``epoch``, ``tokens`` (its ``num_input_tokens_seen``, else step × ``tokens_per_step``,
+    else none), ``lr``, ``loss`` (the Trainer's mean over its logging interval), ``grad_norm``
+    (before clipping, as the Trainer logs it) and ``source``. Returns (that trainer_state.json,
+    records), or None when no checkpoint has one or it logged no training loss.
+
+    Raises:
+        ValueError: a log_history that is not a list, or a training entry whose step or loss is
+            not a number, naming the file and the entry.
+    """
+    for path in reversed(paths):
+        state = read_trainer_state(path)
+        if state is None:
+            continue
+        file = Path(path) / "trainer_state.json"
+        history = state.get("log_history", [])
+        if not isinstance(history, list):
+            raise ValueError(f"{file}: log_history is not a list; fix the file or remove log_history")
+        records = []
+        for index, entry in enumerate(history):
+            if not isinstance(entry, dict) or "loss" not in entry:
+                continue  # evaluation entries, the final summary
+            step, loss = entry.get("step"), entry.get("loss")
+            if not _is_count(step) or not isinstance(loss, int | float) or isinstance(loss, bool):
+                raise ValueError(
+                    f"{file}: log_history entry {index} has step {step!r} and loss {loss!r}, not numbers; "
+                    "fix the file or remove the entry"
+                )
+            record: dict[str, Any] = {"step": step}
+            if _is_number(entry.get("epoch")):
+                record["epoch"] = float(entry["epoch"])
+            if _is_count(seen := entry.get("num_input_tokens_seen")) and seen > 0:
+                record["tokens"] = seen
+            elif tokens_per_step is not None:
+                record["tokens"] = step * tokens_per_step
+            if _is_number(entry.get("learning_rate")):
+                record["lr"] = float(entry["learning_rate"])
+            record["loss"] = float(loss)  # a diverged step's NaN stays NaN
+            if _is_number(entry.get("grad_norm")):
+                record.update(grad_norm=float(entry["grad_norm"]), grad_norm_kind="pre_clip")
+            records.append({**record, "source": TRAINER_LOG_SOURCE})
+        return (file, records) if records else None
+    return None

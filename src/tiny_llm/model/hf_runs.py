@@ -14,7 +14,10 @@ import; the next import removes what the killed one left.
 
 An imported run's ``resolved.yaml`` holds the model, the data section and the four training keys
 that cut its analysis epoch (batch_size, micro_batch_size, tokens, epochs); the hyper-parameters
-it was trained with elsewhere are unknown and are not written (``imported.json`` says so).
+it was trained with elsewhere are unknown and are not written (``imported.json`` says so). When a
+checkpoint carries a Trainer's ``trainer_state.json``, its logged training loss and gradient norms
+become the run's ``train-log.jsonl`` (records marked ``source: trainer_state.json``), so that the
+figures draw the training curve behind the measured losses.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from safetensors.torch import save_file
 
 from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, load_config
 from tiny_llm.io import atomic_directory, atomic_write_json, local_directory, sha256_file
-from tiny_llm.layout import IMPORTED, RESOLVED, epoch_file
+from tiny_llm.layout import IMPORTED, RESOLVED, TRAIN_LOG, epoch_file
 from tiny_llm.model.hf import (
     HF_CONFIG,
     from_hf_state,
@@ -41,7 +44,7 @@ from tiny_llm.model.hf import (
     read_weights,
     write_hf_files,
 )
-from tiny_llm.model.hf_positions import CheckpointPosition, checkpoint_positions, read_trainer_state
+from tiny_llm.model.hf_positions import CheckpointPosition, checkpoint_positions, read_trainer_state, trainer_log
 
 __all__ = [
     "IMPORTED",
@@ -228,6 +231,7 @@ def import_run(
     for path in paths:
         local_directory(path, "checkpoint directory")
     positions = checkpoint_positions(paths, steps, tokens, tokens_per_step)
+    training_log = trainer_log(paths, tokens_per_step)
     planned = imported_config(paths, config, adapter=adapter)
     tokenizer = checkpoint_tokenizer(paths, planned.model.vocab_size)
     states = _checked_states(paths, planned)
@@ -235,7 +239,7 @@ def import_run(
         log.info("removing %s, left by an interrupted import", stale)
         shutil.rmtree(stale, ignore_errors=True)
     with atomic_directory(run_dir, kind="import") as tmp:  # renamed onto a missing or empty directory only
-        _write_import(tmp, run_dir, paths, planned, positions, tokenizer, states)
+        _write_import(tmp, run_dir, paths, planned, positions, tokenizer, states, training_log)
     log.info("imported %d checkpoint(s) into %s", len(paths), run_dir)
     return run_dir
 
@@ -248,6 +252,7 @@ def _write_import(
     positions: list[CheckpointPosition],
     tokenizer: dict[str, Any] | None,
     states: list[dict[str, torch.Tensor]],
+    training_log: tuple[Path, list[dict[str, Any]]] | None,
 ) -> None:
     """The import's files in ``tmp`` (renamed onto ``run_dir`` by the caller): the marker first,
     the full record last."""
@@ -285,11 +290,16 @@ def _write_import(
         )
     resolved = config_from_dict({**config_to_dict(planned), "model": config_to_dict(model)})
     (tmp / RESOLVED).write_text(_resolved_text(resolved))
+    if training_log is not None:  # the Trainer's logged losses and norms, for the figures
+        (tmp / TRAIN_LOG).write_text("".join(json.dumps(r) + "\n" for r in training_log[1]))
     record.update(
         {
             "complete": True,
             "checkpoints": checkpoints,
             "tokenizer": tokenizer,
+            "training_log": None
+            if training_log is None
+            else {"source": str(training_log[0].resolve()), "records": len(training_log[1])},
             "training": "trained elsewhere: hyper-parameters unknown; resolved.yaml holds only "
             + ", ".join(IMPORTED_TRAINING_KEYS),
         }

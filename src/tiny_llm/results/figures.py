@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from tiny_llm.layout import BLOCKS, TRAIN_LOG
+from tiny_llm.model.hf_positions import TRAINER_LOG_SOURCE
 from tiny_llm.results.drawing import (
     COLUMN,
     RC,
@@ -98,7 +99,7 @@ def _noise_alignment(table, context, out_dir) -> list[Path]:
 
 def _training_log(run_dir: Path, context: dict) -> list[dict]:
     """The run's train-log.jsonl records with an x value on the figures' axis; none (and a note in
-    ``context``) for a run without one (an imported run: trained elsewhere)."""
+    ``context``) for a run without one (imported from checkpoints without a Trainer's log)."""
     log_path = run_dir / TRAIN_LOG
     if not log_path.exists():
         context["missing_log"] = f"no training log in {run_dir} (trained elsewhere): training curves not drawn"
@@ -115,6 +116,8 @@ def _training_norms(ax, run_dir: Path, context: dict) -> str:
     """The logged pre-clipping norms behind the measured ones; returns a note when there are none."""
     records = [r for r in _training_log(run_dir, context) if "grad_norm" in r]
     label = "max worker pre-clipping norm (training)" if context["packed"] else "pre-clipping norm (training)"
+    if records and records[0].get("source") == TRAINER_LOG_SOURCE:
+        label = "pre-clipping norm (the Trainer's log)"
     if records:
         ax.plot(
             [_log_x(r, context) for r in records], [r["grad_norm"] for r in records], color="0.6", lw=0.6, label=label
@@ -137,10 +140,13 @@ def _gradient_norms(table, context, out_dir, run_dir: Path | None) -> list[Path]
 
 
 def _training_losses(ax, run_dir: Path, context: dict) -> None:
-    """The per-step training loss the run logged (each optimizer batch), behind the epoch losses."""
+    """The per-step training loss the run logged (each optimizer batch; an imported Trainer's log:
+    its logging intervals), behind the epoch losses."""
     records = [r for r in _training_log(run_dir, context) if "loss" in r]
     if records:
         label = "training loss per step (mean over workers)" if context["packed"] else "training loss per step"
+        if records[0].get("source") == TRAINER_LOG_SOURCE:
+            label = "training loss (the Trainer's log: mean over its logging interval)"
         ax.plot(
             [_log_x(r, context) for r in records],
             [r["loss"] for r in records],

@@ -98,6 +98,60 @@ def test_a_trainer_suite_imports_with_its_steps_tokens_and_tokenizer_and_nothing
     assert "tokens" not in metadata and metadata["step"] == "2"
 
 
+def _log(run: str) -> list[dict]:
+    path = Path(run) / "train-log.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_trainers_logged_losses_become_the_runs_training_log(suites, project, tmp_path):
+    """The newest trainer_state.json's log_history: every training entry, with the tokens the
+    checkpoints take (seen, or step x tokens_per_step, else none); none without a Trainer's state."""
+    neox = suites["neox"]
+    assert main(["--quiet", "import-hf", *map(str, neox), "--run-dir", "runs/neox", "--config", "run.yaml"]) == 0
+    history = [e for e in json.loads((neox[-1] / "trainer_state.json").read_text())["log_history"] if "loss" in e]
+    log = _log("runs/neox")
+    assert [r["step"] for r in log] == [2, 4, 6] == [e["step"] for e in history]  # logging_steps 2, up to step 6
+    assert [r["loss"] for r in log] == [e["loss"] for e in history]
+    assert [r["tokens"] for r in log] == [s * BATCH * SEQ for s in (2, 4, 6)]  # the checkpoints' own count
+    assert all(r["grad_norm"] > 0 and r["grad_norm_kind"] == "pre_clip" and r["lr"] > 0 for r in log)
+    assert {r["source"] for r in log} == {"trainer_state.json"}
+    record = json.loads(Path("runs/neox/imported.json").read_text())["training_log"]
+    assert record == {"source": str((neox[-1] / "trainer_state.json").resolve()), "records": 3}
+    # the first two checkpoints only: the log ends at the newest one given
+    argv = ["--quiet", "import-hf", *map(str, neox[:2]), "--run-dir", "runs/two", "--config", "run.yaml"]
+    assert main(argv) == 0 and [r["step"] for r in _log("runs/two")] == [2, 4]
+    llama = [str(p) for p in suites["llama"]]  # no num_input_tokens_seen
+    argv = ["--quiet", "import-hf", *llama, "--config", "run.yaml"]
+    assert main([*argv, "--run-dir", "runs/derived", "--tokens-per-step", "96"]) == 0
+    assert [r["tokens"] for r in _log("runs/derived")] == [192, 384, 576]
+    assert main([*argv, "--run-dir", "runs/unknown"]) == 0
+    unknown = _log("runs/unknown")
+    assert [r["step"] for r in unknown] == [2, 4, 6] and not any("tokens" in r for r in unknown)
+    # checkpoints without a Trainer's state (as a hub's revisions come): no training log, and the record says so
+    bare = []
+    for path in neox:
+        shutil.copytree(path, tmp_path / "bare" / path.name)
+        (tmp_path / "bare" / path.name / "trainer_state.json").unlink()
+        bare.append(str(tmp_path / "bare" / path.name))
+    argv = ["--quiet", "import-hf", *bare, "--step", "2", "4", "6", "--run-dir", "runs/bare", "--config", "run.yaml"]
+    assert main(argv) == 0
+    assert not Path("runs/bare/train-log.jsonl").exists()
+    assert json.loads(Path("runs/bare/imported.json").read_text())["training_log"] is None
+
+
+def test_a_trainer_log_that_is_not_a_log_is_refused_by_name(suites, project, tmp_path, capsys):
+    suite = tmp_path / "suite"
+    for path in suites["neox"]:
+        shutil.copytree(path, suite / path.name)
+    state_path = suite / suites["neox"][-1].name / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    state["log_history"][1]["loss"] = "low"
+    state_path.write_text(json.dumps(state))
+    argv = ["import-hf", *map(str, sorted(suite.iterdir())), "--run-dir", "runs/bad", "--config", "run.yaml"]
+    _refused(capsys, argv, "trainer_state.json: log_history entry 1", "fix the file")
+    assert not Path("runs/bad").exists()
+
+
 def _corrupt(kind, path: Path):
     """Break one file of a copied checkpoint directory the way ``kind`` says."""
     config = json.loads((path / "config.json").read_text())
