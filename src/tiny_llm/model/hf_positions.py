@@ -51,7 +51,7 @@ def read_trainer_state(directory: Path) -> dict[str, Any] | None:
         return None
     data = read_json_object(path)
     step = data.get("global_step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+    if not _is_count(step):
         raise ValueError(
             f"{path}: global_step {step!r} is not a non-negative integer; fix the file or give the "
             "step (--step, hf_checkpoints[].step)"
@@ -59,8 +59,16 @@ def read_trainer_state(directory: Path) -> dict[str, Any] | None:
     return data
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _count(value: Any, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not _is_count(value):
         raise ValueError(f"{what}: expected a non-negative integer, got {value!r}")
     return value
 
@@ -83,7 +91,7 @@ def _position(
     seen_tokens = (state or {}).get("num_input_tokens_seen")
     if count is not None:
         count, tokens_source = _count(count, f"tokens of {path}"), "given"
-    elif isinstance(seen_tokens, int) and not isinstance(seen_tokens, bool) and seen_tokens > 0:
+    elif _is_count(seen_tokens) and seen_tokens > 0:
         count, tokens_source = seen_tokens, "trainer_state.json num_input_tokens_seen"
     elif tokens_per_step is not None and step_source != "unknown":
         count, tokens_source = step * tokens_per_step, f"step x tokens_per_step ({tokens_per_step})"
@@ -164,14 +172,6 @@ def checkpoint_positions(
 
 TRAINER_LOG_SOURCE = "trainer_state.json"
 """``source`` of the training log records an import takes from a Trainer's log_history."""
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def trainer_log(paths: list[Path], tokens_per_step: int | None = None) -> tuple[Path, list[dict[str, Any]]] | None:
