@@ -30,6 +30,7 @@ __all__ = [
     "STATE_RESULT",
     "SUMMARY",
     "TRAINED",
+    "TRAINER_LOG_SOURCE",
     "TRAIN_LOG",
     "epoch_file",
     "epoch_stem",
@@ -42,6 +43,9 @@ IMPORTED = "imported.json"
 """Marks a run directory made by an import: training refuses it (it would overwrite the weights)."""
 TRAIN_LOG = "train-log.jsonl"
 """A run's log of every optimizer step (step, tokens, loss, pre-clipping gradient norm)."""
+TRAINER_LOG_SOURCE = "trainer_state.json"
+"""``source`` of an imported run's training log records, taken from a Trainer's log_history (one
+record per logging interval, not per step)."""
 FINAL = "final.pt"
 """A finished run's training state (weights, optimizer, position)."""
 RESUME = "resume.pt"

@@ -14,6 +14,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from tiny_llm.layout import TRAINER_LOG_SOURCE
 from tiny_llm.model.hf import read_json_object
 
 __all__ = ["CheckpointPosition", "checkpoint_positions", "read_trainer_state", "trainer_log"]
@@ -168,10 +169,6 @@ def checkpoint_positions(
     ]
     _check_order(paths, positions, states)
     return positions
-
-
-TRAINER_LOG_SOURCE = "trainer_state.json"
-"""``source`` of the training log records an import takes from a Trainer's log_history."""
 
 
 def trainer_log(paths: list[Path], tokens_per_step: int | None = None) -> tuple[Path, list[dict[str, Any]]] | None:

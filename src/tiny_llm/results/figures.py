@@ -22,8 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from tiny_llm.layout import BLOCKS, TRAIN_LOG
-from tiny_llm.model.hf_positions import TRAINER_LOG_SOURCE
+from tiny_llm.layout import BLOCKS, TRAIN_LOG, TRAINER_LOG_SOURCE
 from tiny_llm.results.drawing import (
     COLUMN,
     RC,
