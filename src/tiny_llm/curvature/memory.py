@@ -233,9 +233,9 @@ def parameter_count(config: ModelConfig) -> int:
 
 def gathered_parameters(config: ModelConfig) -> tuple[int, int, int]:
     """(the root's own parameters, the largest block's, the largest parameter) of a model sharded
-    block by block: what a rank holds unsharded, with a direction each, while a sharded pass runs
-    (the root: embedding, final norm, untied head; a block: one transformer layer), and the
-    parameter whose K directions' all-gather needs the largest buffers."""
+    block by block: what a rank holds unsharded while a sharded pass runs (the root: embedding,
+    final norm, untied head; a block: one transformer layer), and the parameter whose K gathered
+    directions, with the gather's buffers, are the largest a form pass holds outside a block."""
     from tiny_llm.model.architectures import build_model
 
     with torch.device("meta"):
@@ -453,10 +453,10 @@ def plan_analysis(
     audit (2a + 1 directions, adjoint engine, beside the production model).
 
     Sharded over ``shards`` ranks (FSDP2, ``tiny_llm.curvature.sharded``) the plan is one rank's:
-    every parameter-sized term is its 1/shards, and a pass adds what FSDP unshards while it runs,
-    the root's parameters (embedding, final norm, head) and the largest block's, with a direction
-    each of the K (forms) or their gradients (gradient passes), and the gather's buffers of the
-    largest parameter's K directions (forms).
+    every parameter-sized term is its 1/shards, and a pass adds what FSDP unshards while it runs:
+    the root's parameters (embedding, final norm, head) and the largest block's, with their
+    gradients (gradient passes); the forms add the K directions of the largest block or root
+    parameter (gathered only while the rule that reads them runs) and the gather's buffers.
 
     Raises:
         ValueError: a pass that does not fit ``budget_bytes`` even one sequence at a time.
@@ -466,7 +466,10 @@ def plan_analysis(
         root, block, largest = gathered_parameters(config)
         unsharded = {
             GRADIENT: 2 * (root + block) * itemsize,
-            engine: ((K + 1) * (root + block) + K * largest) * itemsize,
+            # the root's and one block's parameters, the K directions of one block or of one root
+            # parameter (gathered only while its rule runs), and the gather's buffers: one padded
+            # chunk and one parameter-sized scratch
+            engine: (root + block + K * max(block, largest) + largest + -(-largest // shards)) * itemsize,
         }
     else:
         unsharded = {GRADIENT: 0, engine: 0}

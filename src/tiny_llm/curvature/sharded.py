@@ -21,8 +21,10 @@ gradient), since every rank must join every gather.
 Exact quadratic forms (``split_quadratic_forms``) come from the forward Taylor mode instead: for
 each micro-batch the jets run block by block, each block's parameters unsharded (FSDP2's
 ``unshard``) and its K direction shards all-gathered only while its jet runs, then freed; the
-root's own parameters (embedding, final norm, head) for the whole pass. No rank holds a full
-parameter-sized vector beyond one block's K directions.
+root's own parameters (embedding, final norm, head) stay unsharded for the whole pass, but their K
+directions are gathered only while the rule that reads them runs (the embedding's at the start, the
+head's in the loss). No rank holds a full parameter-sized vector beyond the K directions of one
+block or of one root parameter.
 """
 
 from __future__ import annotations
@@ -47,19 +49,76 @@ __all__ = ["ShardedHessian", "shard_layout", "shard_model", "shard_rows"]
 
 def _gather_rows(shard: torch.Tensor, rows: int, ranks: int) -> torch.Tensor:
     """K directions of a parameter cut along its first axis into ``ranks`` chunks of ⌈rows / ranks⌉
-    rows (Shard(0)): this rank's (K, local rows, ...) → every rank's, (K, rows, ...)."""
+    rows (Shard(0)): this rank's (K, local rows, ...) → every rank's, (K, rows, ...), contiguous.
+
+    One all-gather per direction, each straight into its rows of the result: a rank-major gather of
+    all K at once would need a second, transposed copy of the K gathered directions, the largest
+    tensor of a pass at a real vocabulary. Beside the result it needs at most one chunk (a short
+    shard padded) and, when the rows do not divide evenly, one parameter-sized scratch."""
     import torch.distributed as dist
 
-    K, chunk = shard.size(0), -(-rows // ranks)
-    padded = shard.new_zeros(K, chunk, *shard.shape[2:])
-    padded[:, : shard.size(1)] = shard
-    gathered = shard.new_empty(ranks * K, chunk, *shard.shape[2:])
-    dist.all_gather_single(gathered, padded)
-    return (
-        gathered.view(ranks, K, chunk, *shard.shape[2:])
-        .transpose(0, 1)
-        .reshape(K, ranks * chunk, *shard.shape[2:])[:, :rows]
-    )
+    K, held, trailing = shard.size(0), shard.size(1), shard.shape[2:]
+    chunk = -(-rows // ranks)
+    out = shard.new_empty(K, rows, *trailing)
+    padded = None if held == chunk else shard.new_zeros(chunk, *trailing)
+    scratch = None if ranks * chunk == rows else shard.new_empty(ranks * chunk, *trailing)
+    for k in range(K):
+        mine = shard[k].contiguous()
+        if padded is not None:
+            padded[:held] = mine
+            mine = padded
+        dist.all_gather_single(out[k] if scratch is None else scratch, mine)
+        if scratch is not None:
+            out[k].copy_(scratch[:rows])
+    return out
+
+
+def _lookup_rows(shard: torch.Tensor, rows: int, idx: torch.Tensor) -> torch.Tensor:
+    """Rows ``idx`` (any shape, this rank's) of K directions cut as ``_gather_rows``'s, each taken
+    from the rank that holds it: every rank's ids are all-gathered, each rank picks the rows it
+    holds for every rank (zero elsewhere) and a reduce-scatter sums them back to their owners
+    (exactly: each row has one owner). (K, *idx.shape, ...), moving ranks × the result's size instead
+    of the K whole directions (an embedding's: K × vocabulary × width)."""
+    import torch.distributed as dist
+
+    rank, ranks = world()
+    K, held, trailing = shard.size(0), shard.size(1), shard.shape[2:]
+    every = idx.new_empty(ranks * idx.numel())
+    dist.all_gather_single(every, idx.reshape(-1).contiguous())
+    local = every.view(ranks, *idx.shape) - rank * -(-rows // ranks)
+    mine = (local >= 0) & (local < held)
+    picked = shard.new_zeros(ranks, K, *idx.shape, *trailing)
+    if held:
+        rows_of = shard[:, local.clamp(0, held - 1)].movedim(1, 0)  # (ranks, K, *idx.shape, ...)
+        mask = mine.view(ranks, 1, *idx.shape, *([1] * len(trailing)))
+        picked = torch.where(mask, rows_of, picked)
+    out = shard.new_empty(K, *idx.shape, *trailing)
+    dist.reduce_scatter_single(out.view(-1), picked.contiguous().view(-1))
+    return out
+
+
+class _ShardedJets(JetPass):
+    """The jet pass of a sharded model: a block's directions are put into ``directions`` while its
+    jet runs; the root's (embedding, final norm, head), given as this rank's shards, are all-gathered
+    each time a rule asks for them and held only by that rule (the head's K directions only during
+    the loss, never while the blocks run), and an embedding's lookup takes only the rows it needs
+    from the ranks that hold them. Every rank runs the same rules in the same order, so the
+    collectives pair up."""
+
+    def __init__(self, root: dict[torch.Tensor, torch.Tensor], ranks: int, **kwargs):
+        super().__init__({}, None, **kwargs)
+        self.root, self.ranks = root, ranks
+        """Each unsharded root parameter → this rank's (K, local rows, ...) shard of its directions."""
+
+    def direction(self, parameter: torch.Tensor) -> torch.Tensor:
+        if parameter in self.directions:
+            return self.directions[parameter]
+        return _gather_rows(self.root[parameter], parameter.shape[0], self.ranks)
+
+    def direction_rows(self, parameter: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        if parameter in self.directions:
+            return super().direction_rows(parameter, idx)
+        return _lookup_rows(self.root[parameter], parameter.shape[0], idx)
 
 
 def shard_model(model: nn.Module) -> nn.Module:
@@ -288,37 +347,28 @@ class ShardedHessian:
         rows = min(max(1, B // K), self.group_rows or B)  # the Taylor mode's B/K, capped by the plan
         for inputs, targets in self._my_batches(self.batches):
             for start in range(0, B, rows):
-                total += self._taylor_batch(shards, K, inputs[start : start + rows], targets[start : start + rows])
+                total += self._taylor_batch(shards, inputs[start : start + rows], targets[start : start + rows])
         self.passes += 1
         self.progress(
             f"sharded taylor pass over {len(self.batches)} micro-batches: {time.perf_counter() - started:.2f} s"
         )
         return all_reduce_sum(total)
 
-    def _directions(self, module: nn.Module, prefix: str, shards: dict[str, torch.Tensor], K: int, own: bool) -> dict:
-        """The K full directions of ``module``'s unsharded parameters (its own only, or those of its
-        blocks too), all-gathered from this rank's shards."""
-        out = {}
-        for name, p in module.named_parameters():
-            if own and name.startswith("layers."):
-                continue
-            out[p] = _gather_rows(shards[prefix + name], p.shape[0], self.ranks).reshape(K, *p.shape)
-        return out
+    def _directions(self, module: nn.Module, prefix: str, shards: dict[str, torch.Tensor]) -> dict:
+        """The K full directions of ``module``'s unsharded parameters, all-gathered from this rank's
+        shards."""
+        return {p: _gather_rows(shards[prefix + name], p.shape[0], self.ranks) for name, p in module.named_parameters()}
 
     def _taylor_batch(
-        self, shards: dict[str, torch.Tensor], K: int, inputs: torch.Tensor, targets: torch.Tensor
+        self, shards: dict[str, torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor:
         """(2, K): this micro-batch's share of the forms and their Gauss–Newton parts."""
         model = self.model
         model.unshard()  # the root's own parameters
-        jets = JetPass(
-            self._directions(model, "", shards, K, own=True),
-            None,
-            workspace=self.workspace,
-            head_tokens=self.head_tokens,
-        )
+        root = {p: shards[name] for name, p in model.named_parameters() if not name.startswith("layers.")}
+        jets = _ShardedJets(root, self.ranks, workspace=self.workspace, head_tokens=self.head_tokens)
         for index, layer in enumerate(model.layers):
-            layer.jet = self._block_jet(layer, f"layers.{index}.", shards, K)
+            layer.jet = self._block_jet(layer, f"layers.{index}.", shards)
         try:
             with torch.no_grad(), self.precision.autocast():
                 forms = model.loss_jet(model.jet(inputs, jets), targets, jets).double() / self.n_targets
@@ -328,14 +378,14 @@ class ShardedHessian:
             model.reshard()
         return torch.stack([forms, jets.gauss_newton.double() / self.n_targets])
 
-    def _block_jet(self, layer: nn.Module, prefix: str, shards: dict[str, torch.Tensor], K: int) -> Callable:
+    def _block_jet(self, layer: nn.Module, prefix: str, shards: dict[str, torch.Tensor]) -> Callable:
         """``layer.jet`` with the block's parameters unsharded and its directions gathered around it."""
         rule = type(layer).jet
 
         def jet(*args):  # (x, jets), or (x, cos, sin, jets) for rotary blocks: the pass is last
             jets: JetPass = args[-1]
             layer.unshard()
-            directions = self._directions(layer, prefix, shards, K, own=False)
+            directions = self._directions(layer, prefix, shards)
             jets.directions.update(directions)
             try:
                 return rule(layer, *args)

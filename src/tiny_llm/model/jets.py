@@ -193,6 +193,11 @@ class JetPass:
     def direction(self, parameter: torch.Tensor) -> torch.Tensor:
         return self.directions[parameter]
 
+    def direction_rows(self, parameter: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """U[:, idx], the rows ``idx`` of the parameter's K directions (an embedding's lookup):
+        (K, *idx.shape, *parameter.shape[1:])."""
+        return self.direction(parameter)[:, idx]
+
     def buffer(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor | None:
         """A reusable scratch tensor for the largest per-direction intermediates (``out=`` targets).
 

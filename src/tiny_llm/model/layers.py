@@ -61,7 +61,7 @@ def linear_jet(x: Jet, linear: nn.Linear, jets: JetPass) -> Jet:
 
 def embedding_jet(idx: torch.Tensor, embedding: nn.Embedding, jets: JetPass) -> Jet:
     """Lookup E[idx] with E(t) = E + tU: linear in E, so e1 = U[idx] and e2 = 0."""
-    return Jet(embedding(idx), jets.direction(embedding.weight)[:, idx])
+    return Jet(embedding(idx), jets.direction_rows(embedding.weight, idx))
 
 
 def rms_normalize_jet(x: Jet, eps: float, jets: JetPass) -> Jet:

@@ -211,8 +211,9 @@ def test_at_a_real_vocabulary_the_plan_chunks_the_head_before_it_cuts_the_group(
 
 def test_a_sharded_plan_is_one_ranks():
     """Sharded over N ranks the plan prices one rank: parameter-sized terms 1/N plus the root and
-    the largest block unsharded with their K directions and the gather's buffers of the largest
-    parameter; what fits no rank is refused before any work, naming the budget."""
+    the largest block unsharded, the K directions of the largest block or root parameter (the root's
+    are gathered only while their rule runs) and the gather's buffers; what fits no rank is refused
+    before any work, naming the budget."""
     from tiny_llm.curvature.memory import gathered_parameters, parameter_count, pass_bytes, resident_bytes
 
     D = parameter_count(CAMPAIGN)
@@ -226,7 +227,7 @@ def test_a_sharded_plan_is_one_ranks():
         shard = -(-D // n)
         expected = (
             resident_bytes(shard, 16, 4)
-            + 4 * (17 * (root + block) + 16 * largest)
+            + 4 * (root + block + 16 * max(block, largest) + largest + -(-largest // n))
             + pass_bytes("taylor", CAMPAIGN, forms.rows, 16, 1024, 4, D=shard, head_tokens=forms.head_tokens)
         )
         assert forms.peak_bytes == expected
