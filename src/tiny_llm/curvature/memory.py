@@ -232,17 +232,21 @@ def parameter_count(config: ModelConfig) -> int:
 
 
 def gathered_parameters(config: ModelConfig) -> tuple[int, int, int]:
-    """(the root's own parameters, the largest block's, the largest parameter) of a model sharded
-    block by block: what a rank holds unsharded while a sharded pass runs (the root: embedding,
-    final norm, untied head; a block: one transformer layer), and the parameter whose K gathered
-    directions, with the gather's buffers, are the largest a form pass holds outside a block."""
+    """(the root's own parameters, the largest block's, the largest parameter gathered whole) of a
+    model sharded block by block: what a rank holds unsharded while a sharded pass runs (the root:
+    embedding, final norm, untied head; a block: one transformer layer), and the parameter whose K
+    gathered directions need the largest gather buffers. The embeddings' and the head's directions
+    are never gathered whole (their rows are looked up, the loss runs on each rank's rows)."""
     from tiny_llm.model.architectures import build_model
 
     with torch.device("meta"):
         model = build_model(config)
     root = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("layers."))
     blocks = [sum(p.numel() for p in layer.parameters()) for layer in getattr(model, "layers", [])]
-    return root, max(blocks, default=0), max(p.numel() for p in model.parameters())
+    by_rows = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    by_rows.add(id(getattr(model, "head_weight", None)))
+    gathered = [p.numel() for p in model.parameters() if id(p) not in by_rows]
+    return root, max(blocks, default=0), max(gathered, default=0)
 
 
 def features(
@@ -455,8 +459,8 @@ def plan_analysis(
     Sharded over ``shards`` ranks (FSDP2, ``tiny_llm.curvature.sharded``) the plan is one rank's:
     every parameter-sized term is its 1/shards, and a pass adds what FSDP unshards while it runs:
     the root's parameters (embedding, final norm, head) and the largest block's, with their
-    gradients (gradient passes); the forms add the K directions of the largest block or root
-    parameter (gathered only while the rule that reads them runs) and the gather's buffers.
+    gradients (gradient passes); the forms add the K directions of the largest block (the
+    embeddings' and the head's are never gathered whole) and the gather's buffers.
 
     Raises:
         ValueError: a pass that does not fit ``budget_bytes`` even one sequence at a time.
@@ -466,9 +470,9 @@ def plan_analysis(
         root, block, largest = gathered_parameters(config)
         unsharded = {
             GRADIENT: 2 * (root + block) * itemsize,
-            # the root's and one block's parameters, the K directions of one block or of one root
-            # parameter (gathered only while its rule runs), and the gather's buffers: one padded
-            # chunk and one parameter-sized scratch
+            # the root's and one block's parameters, the K directions of one block (or of a small
+            # root parameter, the final norm's, gathered only while its rule runs), and the gather's
+            # buffers: one padded chunk and one parameter-sized scratch
             engine: (root + block + K * max(block, largest) + largest + -(-largest // shards)) * itemsize,
         }
     else:

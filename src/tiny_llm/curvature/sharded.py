@@ -41,8 +41,16 @@ from tiny_llm.curvature.engines import FINITE_DIFFERENCE
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, check_differences, pad_sequences
 from tiny_llm.curvature.spectrum import Layout
 from tiny_llm.distributed import all_reduce_sum, world
-from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
-from tiny_llm.model.jets import JetPass
+from tiny_llm.model.causal import (
+    IGNORE_INDEX,
+    CausalLM,
+    check_jet_rules,
+    row_dots,
+    token_losses,
+    upcast,
+    without_autocast,
+)
+from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot
 
 __all__ = ["ShardedHessian", "shard_layout", "shard_model", "shard_rows"]
 
@@ -119,6 +127,97 @@ class _ShardedJets(JetPass):
         if parameter in self.directions:
             return super().direction_rows(parameter, idx)
         return _lookup_rows(self.root[parameter], parameter.shape[0], idx)
+
+
+def _loss_jet_on_shards(model: CausalLM, h: Jet, targets: torch.Tensor, jets: _ShardedJets) -> torch.Tensor:
+    """``CausalLM.loss_jet`` with the head cut by vocabulary rows, so that its K directions are never
+    gathered: each rank forms the logits and their tangents of its own rows of the head (its shard of
+    the head's directions, its rows of the unsharded weight) for every rank's tokens, which each rank
+    broadcasts in turn, ``jets.head_tokens`` positions at a time; the softmax's maximum and
+    normaliser and ⟨p, z1⟩ are all-reduced over the rows. Every term of the form is a sum over the
+    vocabulary, so each rank returns its rows' share of every rank's tokens: (K,), whose sum over the
+    ranks is the sum of the ranks' own forms (``split_quadratic_forms`` all-reduces it). Moves about
+    ranks × (3K + 2) × tokens × width (the tokens' activations out, rU and rE back) instead of the
+    head's K directions (K × vocabulary × width)."""
+    rank, ranks = world()
+    weight = model.head_weight  # (V, C), unsharded
+    U = jets.root[weight]  # (K, rows here, C): this rank's shard of the head's directions
+    K, held, C = U.size(0), U.size(1), weight.size(1)
+    first_row = rank * -(-weight.size(0) // ranks)
+    E = weight[first_row : first_row + held]
+    N = targets.numel()
+    mine = (h.z0.reshape(N, C), h.z1.reshape(K, N, C), None if h.z2 is None else h.z2.reshape(K, N, C))
+    chunk = min(N, jets.head_tokens or N)
+    total, gauss_newton = 0, 0
+    for source in range(ranks):
+        for start in range(0, N, chunk):
+            rows = slice(start, start + chunk)
+            h0, h1, h2, y = _broadcast_rows(
+                source, rank, [*(None if x is None else x[..., rows, :] for x in mine), targets.reshape(N)[rows]]
+            )
+            form, curvature = _loss_rows_on_shards(h0, h1, h2, y, E, U, first_row, source, rank)
+            total, gauss_newton = total + form, gauss_newton + curvature
+    jets.gauss_newton = gauss_newton
+    return total
+
+
+def _broadcast_rows(source: int, rank: int, tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Rank ``source``'s ``tensors`` on every rank (the same shapes and dtypes on every rank)."""
+    import torch.distributed as dist
+
+    out = []
+    for x in tensors:
+        if x is not None:
+            x = x.contiguous() if rank == source else torch.empty_like(x, memory_format=torch.contiguous_format)
+            dist.broadcast(x, src=source)
+        out.append(x)
+    return out
+
+
+def _loss_rows_on_shards(
+    h0: torch.Tensor,
+    h1: torch.Tensor,
+    h2: torch.Tensor | None,
+    targets: torch.Tensor,
+    E: torch.Tensor,
+    U: torch.Tensor,
+    first_row: int,
+    source: int,
+    rank: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``CausalLM._loss_jet_rows`` over this rank's vocabulary rows [first_row, first_row + len(E)):
+    its share of (form, Gauss–Newton part) of n target positions of rank ``source``, h0 (n, C), h1
+    and h2 (K, n, C)."""
+    import torch.distributed as dist
+
+    z0 = h0 @ E.t()  # (n, rows here)
+    z1 = per_direction(h0, U, out=torch.matmul(h1, E.t()))  # h1Eᵀ + h0Uₖᵀ, (K, n, rows here)
+    with without_autocast(z0):
+        keep = (targets != IGNORE_INDEX).reshape(-1, 1)
+        z0 = upcast(z0)
+        top = z0.amax(-1) if len(E) else z0.new_full(z0.shape[:1], float("-inf"))
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        p = torch.exp(z0 - top.unsqueeze(-1))
+        p = p / all_reduce_sum(p.sum(-1, keepdim=True)) * keep  # the softmax over every rank's rows
+        Et, Ut = E.to(p.dtype), U.transpose(1, 2).to(p.dtype)
+        h1, z1 = upcast(h1), upcast(z1)
+        p_z1 = all_reduce_sum(row_dots(z1, p))  # ⟨p, z1⟩ by row, (K, n)
+        curvature = per_direction_dot(z1.sub_(p_z1.unsqueeze(-1).to(z1.dtype)).square_(), p)
+        r = p.clone()  # p − e_y, e_y on the rank that holds row y
+        here = ((targets >= first_row) & (targets < first_row + len(E)) & keep.view(-1)).nonzero().view(-1)
+        r[here, targets[here] - first_row] -= 1
+        # rU and rE summed over the ranks' rows before they meet h1 and h2, on the tokens' own rank:
+        # p's part and e_y's cancel, and each rank's share alone would carry the rounding of the
+        # larger uncancelled terms into the form
+        rU = per_direction(r, Ut)
+        dist.reduce(rU, dst=source)
+        first = 2 * per_direction_dot(rU, h1, overwrite=True) if rank == source else torch.zeros_like(curvature)
+        if h2 is not None:
+            rE = r @ Et
+            dist.reduce(rE, dst=source)
+            if rank == source:
+                first = first + per_direction_dot(upcast(h2), rE)
+    return first + curvature, curvature
 
 
 def shard_model(model: nn.Module) -> nn.Module:
@@ -371,7 +470,7 @@ class ShardedHessian:
             layer.jet = self._block_jet(layer, f"layers.{index}.", shards)
         try:
             with torch.no_grad(), self.precision.autocast():
-                forms = model.loss_jet(model.jet(inputs, jets), targets, jets).double() / self.n_targets
+                forms = _loss_jet_on_shards(model, model.jet(inputs, jets), targets, jets).double() / self.n_targets
         finally:
             for layer in model.layers:
                 del layer.jet  # the class's rule again

@@ -168,7 +168,7 @@ class CausalLM(nn.Module):
             E, Ut = weight.to(p.dtype), U.transpose(1, 2).to(p.dtype)
             h1 = upcast(h1)
             z1 = upcast(z1)
-            p_z1 = _row_dots(z1, p)  # ⟨p, z1⟩ by row, (K, n): from z1 itself, not two more head products
+            p_z1 = row_dots(z1, p)  # ⟨p, z1⟩ by row, (K, n): from z1 itself, not two more head products
             # Σ p (z1 − ⟨p, z1⟩)², centred in place: not ⟨p, z1²⟩ − ⟨p, z1⟩², whose two large terms
             # cancel (at a 50k vocabulary in float32 that difference kept three digits).
             curvature = per_direction_dot(z1.sub_(p_z1.unsqueeze(-1).to(z1.dtype)).square_(), p)
@@ -180,10 +180,10 @@ class CausalLM(nn.Module):
 
 
 ROW_DOT_ELEMENTS = 1 << 22
-"""Most elements of the temporary products ``_row_dots`` forms at once (16 MiB in float32)."""
+"""Most elements of the temporary products ``row_dots`` forms at once (16 MiB in float32)."""
 
 
-def _row_dots(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+def row_dots(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """⟨pₜ, zₖₜ⟩ over the last axis: z (K, n, V), p (n, V) → (K, n), a few rows at a time so that
     the products never exceed ``ROW_DOT_ELEMENTS`` (one pass over z, where p E and the K products
     p Uₖ would cost two head matrix products per direction)."""

@@ -211,9 +211,9 @@ def test_at_a_real_vocabulary_the_plan_chunks_the_head_before_it_cuts_the_group(
 
 def test_a_sharded_plan_is_one_ranks():
     """Sharded over N ranks the plan prices one rank: parameter-sized terms 1/N plus the root and
-    the largest block unsharded, the K directions of the largest block or root parameter (the root's
-    are gathered only while their rule runs) and the gather's buffers; what fits no rank is refused
-    before any work, naming the budget."""
+    the largest block unsharded, the K directions of the largest block (the embeddings' and the
+    head's are never gathered whole) and the gather's buffers; what fits no rank is refused before
+    any work, naming the budget."""
     from tiny_llm.curvature.memory import gathered_parameters, parameter_count, pass_bytes, resident_bytes
 
     D = parameter_count(CAMPAIGN)

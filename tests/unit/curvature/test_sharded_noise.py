@@ -168,7 +168,9 @@ def test_sharded_statistics_equal_one_process(tmp_path, run, architecture, ranks
 def test_a_float32_sharded_audit_measures_what_one_process_measures(tmp_path, run):
     """In float32 the sharded audit finds the production precision's real error: its float64 forms
     are one process's (1e-9), its float32 forms one process's to float32 rounding, and the errors
-    they imply agree."""
+    they imply agree to float32's floor (the sharded loss sums each token's vocabulary in the ranks'
+    row blocks, so its float32 rounding is not one process's: either lands up to a few 1e-6 from
+    float64)."""
     model = _model(run, "llama").float()
     flat = FlatParameters(model)
     consensus = [(w, flat.flatten(e)) for w, e in enumerate(_consensus(model))]
@@ -184,8 +186,8 @@ def test_a_float32_sharded_audit_measures_what_one_process_measures(tmp_path, ru
     assert 0 < audit["max_relative_error"] < 1e-3
     for d, e in zip(audit["directions"], single["directions"], strict=True):
         assert d["float64"] == pytest.approx(e["float64"], rel=1e-9) and d["kind"] == e["kind"]
-        assert d["production"] == pytest.approx(e["production"], rel=1e-4)
-        assert d["relative_error"] == pytest.approx(e["relative_error"], rel=0.5, abs=1e-6)
+        assert d["production"] == pytest.approx(e["production"], rel=1e-5)
+        assert d["relative_error"] == pytest.approx(e["relative_error"], rel=0.5, abs=3e-6)
     assert audit["loss"]["float64"] == pytest.approx(single["loss"]["float64"], rel=1e-12)
 
 
