@@ -28,7 +28,7 @@ the measured peak differs by a few per cent.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -500,7 +500,10 @@ def plan_analysis(
         choose_group_rows(
             "forms",
             engine,
-            config,
+            # sharded jets run the loss on each rank's rows of the vocabulary: its activations are 1/shards
+            replace(config, vocab_size=-(-config.vocab_size // shards))
+            if shards > 1 and engine_named(engine).jets
+            else config,
             hvp_batch_size,
             K,
             seq_len,

@@ -1,5 +1,6 @@
 """The memory model of the curvature passes against storage counts, and the grouping it chooses."""
 
+import dataclasses
 import random
 
 import pytest
@@ -228,7 +229,16 @@ def test_a_sharded_plan_is_one_ranks():
         expected = (
             resident_bytes(shard, 16, 4)
             + 4 * (root + block + 16 * max(block, largest) + largest + -(-largest // n))
-            + pass_bytes("taylor", CAMPAIGN, forms.rows, 16, 1024, 4, D=shard, head_tokens=forms.head_tokens)
+            + pass_bytes(  # the loss on this rank's rows of the vocabulary
+                "taylor",
+                dataclasses.replace(CAMPAIGN, vocab_size=-(-CAMPAIGN.vocab_size // n)),
+                forms.rows,
+                16,
+                1024,
+                4,
+                D=shard,
+                head_tokens=forms.head_tokens,
+            )
         )
         assert forms.peak_bytes == expected
     with pytest.raises(ValueError, match="memory_budget_gb"):
