@@ -21,10 +21,11 @@ gradient), since every rank must join every gather.
 Exact quadratic forms (``split_quadratic_forms``) come from the forward Taylor mode instead: for
 each micro-batch the jets run block by block, each block's parameters unsharded (FSDP2's
 ``unshard``) and its K direction shards all-gathered only while its jet runs, then freed; the
-root's own parameters (embedding, final norm, head) stay unsharded for the whole pass, but their K
-directions are gathered only while the rule that reads them runs (the embedding's at the start, the
-head's in the loss). No rank holds a full parameter-sized vector beyond the K directions of one
-block or of one root parameter.
+root's own parameters (embedding, final norm, head) stay unsharded for the whole pass. The
+embedding's and the head's K directions are never gathered whole: the embedding's lookup takes its
+rows from the ranks that hold them, and the loss runs on each rank's rows of the vocabulary for
+every rank's tokens (``_loss_jet_on_shards``). No rank holds a full parameter-sized vector beyond
+one block's K directions.
 """
 
 from __future__ import annotations
@@ -107,11 +108,11 @@ def _lookup_rows(shard: torch.Tensor, rows: int, idx: torch.Tensor) -> torch.Ten
 
 class _ShardedJets(JetPass):
     """The jet pass of a sharded model: a block's directions are put into ``directions`` while its
-    jet runs; the root's (embedding, final norm, head), given as this rank's shards, are all-gathered
-    each time a rule asks for them and held only by that rule (the head's K directions only during
-    the loss, never while the blocks run), and an embedding's lookup takes only the rows it needs
-    from the ranks that hold them. Every rank runs the same rules in the same order, so the
-    collectives pair up."""
+    jet runs; the root's (embedding, final norm, head) are given as this rank's shards (``root``,
+    which the sharded loss reads directly): a rule that asks for one whole (the final norm's) gets
+    it all-gathered and holds it alone, and an embedding's lookup takes only the rows it needs from
+    the ranks that hold them. Every rank runs the same rules in the same order, so the collectives
+    pair up."""
 
     def __init__(self, root: dict[torch.Tensor, torch.Tensor], ranks: int, **kwargs):
         super().__init__({}, None, **kwargs)
