@@ -468,12 +468,16 @@ def plan_analysis(
     D = -(-parameter_count(config) // shards)
     if shards > 1:
         root, block, largest = gathered_parameters(config)
+        gradient = 2 * (root + block) * itemsize  # the root's and one block's parameters and gradients
         unsharded = {
-            GRADIENT: 2 * (root + block) * itemsize,
-            # the root's and one block's parameters, the K directions of one block (or of a small
-            # root parameter, the final norm's, gathered only while its rule runs), and the gather's
-            # buffers: one padded chunk and one parameter-sized scratch
-            engine: (root + block + K * max(block, largest) + largest + -(-largest // shards)) * itemsize,
+            GRADIENT: gradient,
+            # jets: the root's and one block's parameters, the K directions of one block (or of a
+            # small root parameter, the final norm's, gathered only while its rule runs), and the
+            # gather's buffers: one padded chunk and one parameter-sized scratch; finite differences
+            # run gradient passes and gather no directions
+            engine: (root + block + K * max(block, largest) + largest + -(-largest // shards)) * itemsize
+            if engine_named(engine).jets
+            else gradient,
         }
     else:
         unsharded = {GRADIENT: 0, engine: 0}

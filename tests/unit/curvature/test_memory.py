@@ -241,5 +241,15 @@ def test_a_sharded_plan_is_one_ranks():
             )
         )
         assert forms.peak_bytes == expected
+    # sharded finite differences run gradient passes: the root's and a block's parameters and
+    # gradients unsharded, no gathered directions
+    plan = campaign_plan("finite_difference", None, None, shards=2)
+    forms = next(p for p in plan.passes if p.name == "forms")
+    shard = -(-D // 2)
+    assert forms.peak_bytes == (
+        resident_bytes(shard, 16, 4)
+        + 4 * 2 * (root + block)
+        + pass_bytes("finite_difference", CAMPAIGN, forms.rows, 16, 1024, 4, D=shard, head_tokens=forms.head_tokens)
+    )
     with pytest.raises(ValueError, match="memory_budget_gb"):
         campaign_plan("taylor", None, 2**20, shards=2)
