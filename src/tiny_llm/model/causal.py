@@ -27,6 +27,7 @@ __all__ = [
     "check_jet_rules",
     "count_parameters",
     "head_loss_chunks",
+    "row_dots",
     "token_losses",
     "upcast",
     "without_autocast",
