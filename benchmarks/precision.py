@@ -135,54 +135,27 @@ def _measure(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--models", default="demo,0.8M")
-    parser.add_argument("--samples", type=int, default=8, help="S_v and S_r per measurement")
-    parser.add_argument("--lanczos-steps", type=int, default=12, help="Lanczos steps for the largest eigenvalue")
-    args = parser.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible")
-    rows = []
-    for name in args.models.split(","):
-        config, run = _trained(name)
-        epochs = config.training.epochs
-        for checkpoint in (
-            "epoch-000.safetensors",
-            f"epoch-{epochs // 2:03d}.safetensors",
-            f"epoch-{epochs:03d}.safetensors",
-        ):
-            reference = _measure(
-                config, run, checkpoint, Precision(device, torch.float64), False, args.samples, args.lanczos_steps
-            )
-            print(f"{name} {checkpoint} float64 reference: {reference['seconds']:.0f} s", flush=True)
-            for mode, (precision, tf32) in _modes(device).items():
-                measured = _measure(config, run, checkpoint, precision, tf32, args.samples, args.lanczos_steps)
-                errors = {}
-                for key in STATISTICS + ["lambda_max"]:
-                    exact, value = reference.get(key), measured.get(key)
-                    errors[key] = None if exact in (None, 0) or value is None else abs(value - exact) / abs(exact)
-                errors["lambda_max_bf16_basis"] = abs(
-                    measured["lambda_max_bf16_basis"] - reference["lambda_max"]
-                ) / abs(reference["lambda_max"])
-                rows.append(
-                    {
-                        "model": name,
-                        "parameters": count_parameters(_model(config, run / checkpoint, precision)),
-                        "checkpoint": checkpoint,
-                        "mode": mode,
-                        "relative_error": errors,
-                        "reference": reference,
-                        "measured": measured,
-                    }
-                )
-                print(
-                    f"{name} {checkpoint} {mode}: "
-                    + ", ".join(f"{k} {v:.1e}" for k, v in errors.items() if v is not None),
-                    flush=True,
-                )
+CHECKPOINTS = ("initial", "middle", "final")
+
+
+def _checkpoint(which: str, epochs: int) -> str:
+    return f"epoch-{ {'initial': 0, 'middle': epochs // 2, 'final': epochs}[which]:03d}.safetensors"
+
+
+def _errors(reference: dict, measured: dict) -> dict:
+    errors = {}
+    for key in STATISTICS + ["lambda_max"]:
+        exact, value = reference.get(key), measured.get(key)
+        errors[key] = None if exact in (None, 0) or value is None else abs(value - exact) / abs(exact)
+    errors["lambda_max_bf16_basis"] = abs(measured["lambda_max_bf16_basis"] - reference["lambda_max"]) / abs(
+        reference["lambda_max"]
+    )
+    return errors
+
+
+def _write(rows: list[dict], device: torch.device, samples: int) -> str:
+    """benchmarks/out/precision-<device>.{json,md} from the rows so far (after every checkpoint, so a
+    run cut short keeps what it measured)."""
     columns = [
         "loss",
         "noise_curvature",
@@ -203,10 +176,58 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     label = "cpu" if device.type == "cpu" else torch.cuda.get_device_name(device).replace(" ", "-")
     (OUT / f"precision-{label}.json").write_text(
-        json.dumps({"device": label, "samples": args.samples, "rows": rows}, indent=1)
+        json.dumps({"device": label, "samples": samples, "rows": rows}, indent=1)
     )
     (OUT / f"precision-{label}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--models", default="demo,0.8M")
+    parser.add_argument(
+        "--checkpoints",
+        default=",".join(CHECKPOINTS),
+        help=f"comma-separated, of {', '.join(CHECKPOINTS)} (default all three)",
+    )
+    parser.add_argument("--samples", type=int, default=8, help="S_v and S_r per measurement")
+    parser.add_argument("--lanczos-steps", type=int, default=12, help="Lanczos steps for the largest eigenvalue")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible")
+    if unknown := [c for c in args.checkpoints.split(",") if c not in CHECKPOINTS]:
+        raise SystemExit(f"--checkpoints: unknown {', '.join(unknown)}; choose from {', '.join(CHECKPOINTS)}")
+    rows, table = [], ""
+    for name in args.models.split(","):
+        config, run = _trained(name)
+        for checkpoint in (_checkpoint(c, config.training.epochs) for c in args.checkpoints.split(",")):
+            reference = _measure(
+                config, run, checkpoint, Precision(device, torch.float64), False, args.samples, args.lanczos_steps
+            )
+            print(f"{name} {checkpoint} float64 reference: {reference['seconds']:.0f} s", flush=True)
+            for mode, (precision, tf32) in _modes(device).items():
+                measured = _measure(config, run, checkpoint, precision, tf32, args.samples, args.lanczos_steps)
+                errors = _errors(reference, measured)
+                rows.append(
+                    {
+                        "model": name,
+                        "parameters": count_parameters(_model(config, run / checkpoint, precision)),
+                        "checkpoint": checkpoint,
+                        "mode": mode,
+                        "relative_error": errors,
+                        "reference": reference,
+                        "measured": measured,
+                    }
+                )
+                print(
+                    f"{name} {checkpoint} {mode}: "
+                    + ", ".join(f"{k} {v:.1e}" for k, v in errors.items() if v is not None),
+                    flush=True,
+                )
+            table = _write(rows, device, args.samples)
+    print(table or "no checkpoint measured")
 
 
 if __name__ == "__main__":

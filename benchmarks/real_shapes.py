@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import statistics
 import sys
@@ -99,8 +100,31 @@ FLOOR = {
 """The matmul floor per direction, in gradient passes (a gradient: 3 products per linear layer)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Chunks:
+    """How a pass is cut: at most ``group_rows`` sequences at a time (the gradient too), the head and
+    loss ``head_tokens`` positions at a time (None: whole); neither changes a number."""
+
+    group_rows: int | None = None
+    head_tokens: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokens:
+    """A pass's tokens: ``sequences`` rows of ``seq_len`` (None: the shape's own)."""
+
+    sequences: int | None = None
+    seq_len: int | None = None
+
+    def of(self, name: str) -> tuple[ModelConfig, int]:
+        config, sequences = SHAPES[name]
+        if self.seq_len is not None:
+            config = dataclasses.replace(config, max_seq_len=self.seq_len)
+        return config, self.sequences or sequences
+
+
 def _ours(
-    model, tokens, engine: str, K: int, precision: Precision, head_tokens: int | None = None, compile: bool = False
+    model, tokens, engine: str, K: int, precision: Precision, chunks: Chunks = Chunks(), compile: bool = False
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     operator = EpochHessian(
         model,
@@ -109,7 +133,8 @@ def _ours(
         engine=engine,
         precision=precision,
         directions_per_pass=K,
-        head_tokens=head_tokens,
+        group_rows=chunks.group_rows,
+        head_tokens=chunks.head_tokens,
         compile=compile,
     )
     return operator.quadratic_forms
@@ -223,11 +248,13 @@ def _available(module: str | None) -> bool:
     return True
 
 
-def problem(name: str, device: torch.device = CPU) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+def problem(
+    name: str, device: torch.device = CPU, size: Tokens = Tokens()
+) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     """A shape's float32 model (its own seeded initialisation), tokens and the 16 unit directions
     every method is checked on (unit: the finite-difference steps are absolute), on ``device``
     (drawn on the CPU: the same on every device)."""
-    config, sequences = SHAPES[name]
+    config, sequences = size.of(name)
     torch.manual_seed(0)
     model = build_model(config).float()
     tokens = torch.randint(
@@ -238,14 +265,27 @@ def problem(name: str, device: torch.device = CPU) -> tuple[torch.nn.Module, tor
     return model.to(device), tokens.to(device), directions.to(device)
 
 
-def measure_shape(
-    name: str, trials: int, peers: bool, memory: bool, device: torch.device = CPU, compile: bool = False
-) -> dict:
-    config, sequences = SHAPES[name]
-    model, tokens, directions = problem(name, device)
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What a table measures beyond the shape: trials, the peers, the memory passes, the device,
+    the compiled rows, the tokens and how a pass is cut."""
+
+    trials: int = 5
+    peers: bool = True
+    memory: bool = True
+    device: torch.device = CPU
+    compile: bool = False
+    size: Tokens = Tokens()
+    chunks: Chunks = Chunks()
+
+
+def measure_shape(name: str, options: Options = Options()) -> dict:
+    device, chunks = options.device, options.chunks
+    config, sequences = options.size.of(name)
+    model, tokens, directions = problem(name, device, options.size)
     flat = FlatParameters(model)
     reference = copy.deepcopy(model).double()
-    exact = _ours(reference, tokens, "adjoint", 16, Precision(device, torch.float64), head_tokens=64)(
+    exact = _ours(reference, tokens, "adjoint", 16, Precision(device, torch.float64), Chunks(chunks.group_rows, 64))(
         directions.double()
     )
     del reference
@@ -253,13 +293,16 @@ def measure_shape(
 
     float32 = Precision(device, torch.float32)
     methods: dict[str, tuple[Callable, int]] = {
-        f"ours: {engine} K={K}": (_ours(model, tokens, engine, K, float32), K) for engine, K in OURS
+        f"ours: {engine} K={K}": (_ours(model, tokens, engine, K, float32, chunks), K) for engine, K in OURS
     }
-    if compile:
+    if options.compile:
         for engine, K in COMPILED:
-            methods[f"ours: {engine} K={K}, compiled"] = (_ours(model, tokens, engine, K, float32, compile=True), K)
+            methods[f"ours: {engine} K={K}, compiled"] = (
+                _ours(model, tokens, engine, K, float32, chunks, compile=True),
+                K,
+            )
     skipped = []
-    if peers:
+    if options.peers:
         for label, (make, module) in PEERS.items():
             if _available(module):
                 methods[label] = (make(model, tokens), 1)
@@ -267,7 +310,8 @@ def measure_shape(
                 skipped.append(label)
 
     def gradient() -> None:  # forward and backward of the token-mean loss, as the engines' passes are timed
-        _loss(model, tokens).backward()
+        for rows in tokens.split(chunks.group_rows or len(tokens)):  # a group's share of the mean
+            (_loss(model, rows) * (len(rows) / len(tokens))).backward()
         model.zero_grad(set_to_none=True)
 
     accuracy = {}
@@ -278,13 +322,13 @@ def measure_shape(
     gradient()
     ratios = {label: [] for label in methods}
     gradient_seconds = []
-    for trial in range(trials):
+    for trial in range(options.trials):
         for label, (forms, K) in methods.items():
             g = _seconds(gradient, device)
             q = _seconds(lambda forms=forms, K=K: forms(directions[:K]), device)
             gradient_seconds.append(g)
             ratios[label].append(q / K / g)
-        print(f"  {name}: trial {trial + 1}/{trials}", file=sys.stderr, flush=True)
+        print(f"  {name}: trial {trial + 1}/{options.trials}", file=sys.stderr, flush=True)
     rows = [
         {
             "method": label,
@@ -298,11 +342,15 @@ def measure_shape(
     result = {
         "parameters_D": flat.D,
         "tokens": sequences * config.max_seq_len,
+        "sequences": sequences,
+        "seq_len": config.max_seq_len,
+        "group_rows": chunks.group_rows,
+        "head_tokens": chunks.head_tokens,
         "gradient_seconds_median": statistics.median(gradient_seconds),
         "rows": rows,
         "skipped": skipped,
     }
-    if memory:
+    if options.memory:
         result["peak_memory_gib"] = {
             f"{what} K={K}{'' if head is None else f' head {head}'}": measure_pass(
                 config, what, sequences, K, config.max_seq_len, device=device, head_tokens=head
@@ -357,6 +405,12 @@ def main() -> None:
         help="leave glibc's allocator as it is (default: keep freed memory, as tiny-llm's commands do)",
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory passes")
+    parser.add_argument("--sequences", type=int, help="sequences per pass (default: the shape's own, 1 or 8)")
+    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: the shape's own, 256 or 128)")
+    parser.add_argument(
+        "--group-rows", type=int, help="at most this many sequences at a time, the gradient too (default: all)"
+    )
+    parser.add_argument("--head-tokens", type=int, help="the head and loss this many positions at a time")
     parser.add_argument(
         "--out", type=Path, default=REPO / "benchmarks/out/real_shapes.json", help="the report (JSON), after each shape"
     )
@@ -377,9 +431,16 @@ def main() -> None:
         "shapes": {},
     }
     for name in args.shapes.split(","):
-        report["shapes"][name] = measure_shape(
-            name, args.trials, not args.no_peers, not args.no_memory, device, args.compile
+        options = Options(
+            args.trials,
+            not args.no_peers,
+            not args.no_memory,
+            device,
+            args.compile,
+            Tokens(args.sequences, args.seq_len),
+            Chunks(args.group_rows, args.head_tokens),
         )
+        report["shapes"][name] = measure_shape(name, options)
         _print(name, report["shapes"][name], device)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
