@@ -121,8 +121,8 @@ def _paired_ratios(args, name: str) -> dict:
         {"engine": e, "K": K, "per_direction_over_gradient": statistics.median(r), "range": [min(r), max(r)]}
         for (e, K), r in ratios.items()
     ]
-    memory = {"gradient": _peak_memory_mb(args, name, "gradient")}
-    for engine in engines:
+    memory = {} if args.no_memory else {"gradient": _peak_memory_mb(args, name, "gradient")}
+    for engine in engines if memory else ():
         for K in sorted({min(ks), max(ks)}):
             memory[f"{engine} K={K}"] = _peak_memory_mb(args, name, f"{engine}:{K}")
     return {
@@ -224,14 +224,15 @@ def _print_report(report: dict) -> None:
                 f"{r['range'][0]:.2f}–{r['range'][1]:.2f} |"
             )
         memory = model["peak_memory_mb"]
-        print("peak memory of one pass (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
+        if memory:
+            print("peak memory of one pass (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
         one = [r["per_direction_over_gradient"] for r in model["rows"] if r["K"] == 1]
         k16 = [r["per_direction_over_gradient"] for r in model["rows"] if r["K"] == 16 and r["engine"] == "adjoint"]
         print(
             "targets: "
             + (f"one direction {min(one):.2f} (≤ 1.5); " if one else "")
             + (f"adjoint K=16 {k16[0]:.2f}{_target(name)}; " if k16 else "")
-            + "memory ÷ gradient: "
+            + ("memory ÷ gradient: " if memory else "")
             + ", ".join(f"{k} {v / memory['gradient']:.1f}" for k, v in memory.items() if k != "gradient")
         )
 
@@ -251,6 +252,7 @@ def main() -> None:
         action="store_true",
         help="leave glibc's allocator as it is (default: keep freed memory, as tiny-llm's commands do)",
     )
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory passes (a process each)")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/out/hvp_cost.json")
     args = parser.parse_args()
