@@ -8,14 +8,15 @@
 #   3. walltime calibration at the campaign's settings (config/naiss.yaml: curvature micro-batch 64,
 #      K = 16, bf16 autocast + TF32, the memory budget's grouping) and of the demo shape, as timing
 #      entries for config/timing.yaml keyed by this GPU;
-#   4. benchmarks/hvp_cost.py --device cuda at the 20M shape, eager;
+#   4. benchmarks/hvp_cost.py --device cuda at the 20M shape, eager (memory is step 2's);
 #   5. benchmarks/precision.py --device cuda at the demo's final checkpoint (float32, TF32, bf16
 #      autocast, bf16 Lanczos basis);
 #   6. benchmarks/real_shapes.py --device cuda: the quadratic-form table at GPT-2 small's and
 #      Pythia-160M's widths and vocabularies (and the 0.8M shape) beside the peers installed there,
 #      each against float64, over one 256-token sequence;
-#   7. the same table at GPT-2 small over a campaign job's micro-batch, 64 sequences of 1,024 tokens
-#      (groups of 8 sequences, the head 4,096 positions at a time), our engines only;
+#   7. the same table at GPT-2 small over a campaign job's context, 16 sequences of 1,024 tokens (a
+#      quarter of a campaign micro-batch, compute-bound already: 64 sequences take four times as
+#      long and do not fit the 9 minutes), in groups of 8, the head 4,096 positions at a time;
 # Each step's limit is its time on the first H200 run (a fresh machine, first compilations
 # included) with a margin, and a step whose limit no longer fits in the time left is left out by
 # name rather than cut short. Left out by name, because they do not fit the 9 minutes (run them with
@@ -115,8 +116,9 @@ print(f"gpu-check: report in {out}/report.md")
 EOF
 }
 
-# Limits: the first H200 run's seconds (cuda-tests 96, memory-model 31, calibrate 46, hvp-cost at
-# 20M about 65, precision's demo checkpoint about 45, real-shapes 72) with a margin; together 500 s.
+# Limits: the H200 runs' seconds (2026-12-04: cuda-tests 96-106, memory-model 31, calibrate 45-46,
+# hvp-cost at 20M 22 without its per-engine memory processes, real-shapes 50, the campaign table 55,
+# precision's final demo checkpoint 68, its demo trained first) with a margin; together 505 s.
 step cuda-tests 120 "$PY" -m pytest -q -rs -m "" -p no:cacheprovider \
     tests/unit/workers/test_state.py tests/unit/curvature/test_hessian.py -k cuda
 step memory-model 45 "$PY" benchmarks/memory.py --device cuda --out "$OUT/memory-model.json"
@@ -138,14 +140,14 @@ for run, settings in (("config/runs/20m.yaml", campaign), ("config/runs/demo.yam
     print(f"{run}: {entry['seconds']}; memory {entry['measured']['memory']}", flush=True)
     (out / "timing-entries.yaml").write_text(yaml.safe_dump({"entries": entries}, sort_keys=False))
 EOF
-step hvp-cost-eager 80 "$PY" benchmarks/hvp_cost.py --device cuda --dtype float32 --amp --trials 3 \
+step hvp-cost-eager 45 "$PY" benchmarks/hvp_cost.py --device cuda --dtype float32 --amp --trials 3 --no-memory \
     --models 20m --ks 1,16 --engines taylor,adjoint,pearlmutter --out "$OUT/hvp-cost-eager.json"
 step real-shapes 70 "$PY" benchmarks/real_shapes.py --device cuda --trials 2 \
     --shapes gpt2-small,pythia-160m --out "$OUT/real-shapes.json"
-step real-shapes-campaign 65 "$PY" benchmarks/real_shapes.py --device cuda --trials 2 --no-peers --no-memory \
-    --shapes gpt2-small --sequences 64 --seq-len 1024 --group-rows 8 --head-tokens 4096 \
+step real-shapes-campaign 75 "$PY" benchmarks/real_shapes.py --device cuda --trials 2 --no-peers --no-memory \
+    --shapes gpt2-small --sequences 16 --seq-len 1024 --group-rows 8 --head-tokens 4096 \
     --out "$OUT/real-shapes-campaign.json"
-step precision 55 "$PY" benchmarks/precision.py --device cuda --models demo --checkpoints final --samples 8
+step precision 85 "$PY" benchmarks/precision.py --device cuda --models demo --checkpoints final --samples 8
 full real-shapes-compiled "about 120 s of first compilation; GPU_CHECK_FULL=1 runs it" \
     "$PY" benchmarks/real_shapes.py --device cuda --compile --no-peers --no-memory \
     --trials 2 --shapes gpt2-small --out "$OUT/real-shapes-compiled.json"
