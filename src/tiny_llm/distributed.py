@@ -19,7 +19,17 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_reduce_sum", "barrier", "broadcast", "init_from_environment", "is_writer", "record", "shard", "world"]
+__all__ = [
+    "all_reduce_sum",
+    "barrier",
+    "broadcast",
+    "init_from_environment",
+    "is_writer",
+    "record",
+    "shard",
+    "sharded",
+    "world",
+]
 
 T = TypeVar("T")
 
@@ -29,6 +39,13 @@ def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def sharded(asked: bool) -> bool:
+    """Whether a job that asked for a sharded model (``sharded: true``) runs sharded: when it asked and
+    runs in a process group, however many ranks it has (one rank is the N-rank path with trivial
+    collectives). The one answer every part asks (the statistics, spectra, their records)."""
+    return asked and dist.is_available() and dist.is_initialized()
 
 
 def shard(items: Sequence[T]) -> list[T]:

@@ -29,6 +29,7 @@ from tiny_llm.curvature.spectrum import Layout
 from tiny_llm.curvature.statistics import AuditPairs, implied_errors, relative
 from tiny_llm.curvature.vectors import Vectors
 from tiny_llm.data.tokens import group_permutation
+from tiny_llm.model.architectures import jet_rules
 from tiny_llm.model.llama import Llama
 
 __all__ = ["AuditSide", "audit_choice", "precision_audit", "whole_sides"]
@@ -66,7 +67,7 @@ def whole_sides(
     reference = copy.deepcopy(model).to(torch.float64)
     rows64 = inputs.rows("audit_gradient") or inputs.micro_batch_size
     h = inputs.hvp_batch_size
-    jets = not getattr(model, "jet_refusal", None)  # float64 forms: the exact engine, or an HVP without rules
+    jets = jet_rules(model)  # float64 forms: the exact engine, or an HVP without rules
 
     def side(net, prec, engine, rows, head, forms_rows, forms_head) -> AuditSide:
         return AuditSide(

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tiny_llm.model.architectures import JET_REFUSAL  # why a jet engine refuses a model (declared there)
+
 __all__ = [
     "AMP_DIFFERENCES",
     "AUTO",
@@ -51,14 +53,6 @@ AMP_DIFFERENCES = (
 apart is of order ε‖Hv‖, the bf16 forward's rounding of each gradient of order 4e-3‖g‖: measured
 on the demo shape (benchmarks/README.md), 1.2× the forms' RMS at the default step and 2 % at best
 with a larger one, against 0.2–0.7 % for the exact engines under the same autocast."""
-
-
-JET_REFUSAL = (
-    "the taylor and adjoint engines need second-order rules, which only this project's own "
-    "architectures (llama, gpt2, gpt_neox) have; measure a Hugging Face model of another architecture "
-    "(or one imported with --adapter) with engine double_backward, pearlmutter or finite_difference"
-)
-"""Why a jet engine refuses a model without second-order rules (the adapter's models)."""
 
 
 @dataclass(frozen=True)

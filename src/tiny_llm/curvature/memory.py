@@ -35,9 +35,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tiny_llm.config import ModelConfig
-from tiny_llm.curvature.engines import GRADIENT
+from tiny_llm.curvature.engines import GRADIENT, default_forms_engine
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.memory_fit import COEFFICIENTS
+from tiny_llm.model.architectures import jet_rules
 
 __all__ = [
     "COEFFICIENTS",
@@ -454,7 +455,7 @@ def plan_analysis(
 ) -> MemoryPlan:
     """The grouping of a (state, case) job's passes: the gradient passes (training's micro-batches),
     the quadratic forms (K directions on curvature micro-batches) and, when audited, the float64
-    audit (2a + 1 directions, adjoint engine, beside the production model).
+    audit (2a + 1 directions, by the engine ``auto`` gives the model, beside the production model).
 
     Sharded over ``shards`` ranks (FSDP2, ``tiny_llm.curvature.sharded``) the plan is one rank's:
     every parameter-sized term is its 1/shards, and a pass adds what FSDP unshards while it runs:
@@ -483,7 +484,7 @@ def plan_analysis(
         unsharded = {GRADIENT: 0, engine: 0}
 
     def chunked(engine_: str) -> bool:  # the head in token chunks: our models' gradients and some engines
-        return config.architecture != "hf" and (engine_ == GRADIENT or engine_named(engine_).head_chunks)
+        return jet_rules(config) and (engine_ == GRADIENT or engine_named(engine_).head_chunks)
 
     audited = 0 if audit_directions is None else 2 * audit_directions + 1
     resident = resident_bytes(D, K, itemsize, extra_vectors + audited)
@@ -537,10 +538,11 @@ def plan_analysis(
                 chunk_head=chunked(GRADIENT),
             )
         )
+        audit_engine = default_forms_engine(audited, jet_rules(config))  # the audit's, as it resolves it
         passes.append(
             choose_group_rows(
                 "audit",
-                "adjoint",
+                audit_engine,
                 config,
                 hvp_batch_size,
                 audited,
@@ -549,7 +551,7 @@ def plan_analysis(
                 budget_bytes,
                 beside,
                 D=D,
-                chunk_head=chunked("adjoint"),
+                chunk_head=chunked(audit_engine),
             )
         )
     return MemoryPlan(budget_bytes, tuple(passes), shards)

@@ -57,7 +57,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from tiny_llm.curvature.audit import AuditSide, audit_choice, precision_audit, whole_sides
 from tiny_llm.curvature.blocks import parameter_blocks
@@ -84,6 +83,7 @@ from tiny_llm.curvature.statistics import (
     summarise,
 )
 from tiny_llm.curvature.vectors import Vectors
+from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.model.llama import Llama
 
 __all__ = ["CaseInputs", "measure_case"]
@@ -384,7 +384,7 @@ def measure_case(
     plan, cache = inputs.plan, inputs.cache
     batches = [cache.tokens(blocks) for blocks in plan.blocks]
     B, n = len(plan.blocks[0]), len(plan)
-    sharded = inputs.sharded and dist.is_available() and dist.is_initialized()  # one rank too, in a group
+    sharded = is_sharded(inputs.sharded)
     setup = (
         _sharded(model, batches, inputs, precision, progress) if sharded else _whole(model, batches, inputs, precision)
     )

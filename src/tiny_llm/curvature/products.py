@@ -22,6 +22,7 @@ import torch
 from torch.func import grad, jvp, vjp, vmap
 
 from tiny_llm.curvature.head import head_gradient, head_loss
+from tiny_llm.model.architectures import jet_rules
 from tiny_llm.model.causal import head_loss_chunks
 
 if TYPE_CHECKING:
@@ -122,10 +123,8 @@ def finite_difference(
 
 def _chunked(hessian: EpochHessian, targets: torch.Tensor) -> bool:
     """Whether this group's head and loss run in token chunks: ``head_tokens`` set, fewer than the
-    group's targets, and a model of this project's (which has ``hidden``)."""
-    return (
-        hessian.head_tokens is not None and hessian.head_tokens < targets.numel() and hasattr(hessian.model, "hidden")
-    )
+    group's targets, and a model with second-order rules (which has ``hidden``)."""
+    return hessian.head_tokens is not None and hessian.head_tokens < targets.numel() and jet_rules(hessian.model)
 
 
 def _chunked_gradient(

@@ -3,38 +3,40 @@ rules architectures share (layers), the Llama (llama) and GPT-2 (gpt2) with each
 second-order jet rule beside it (jets holds the jet arithmetic), ``build_model`` (architectures),
 Hugging Face formats and imports (hf, hf_runs, adapter), and checkpoint files (safetensors
 weights, training state loaded as data, strict key and shape checks, state hashes).
+
+Names are imported on first use, so that the torch-free module (the architecture registry,
+``architectures``) can be imported alone.
 """
 
-from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, count_parameters, token_losses
-from tiny_llm.model.checkpoint import (
-    check_state_dict,
-    load_model_weights,
-    load_train_state,
-    load_weights,
-    save_train_state,
-    save_weights,
-    state_hash,
-)
-from tiny_llm.model.jets import Jet, JetPass, add_terms, per_direction, per_direction_dot, shared_matmul
-from tiny_llm.model.llama import Llama
+from __future__ import annotations
 
-__all__ = [
-    "IGNORE_INDEX",
-    "Jet",
-    "JetPass",
-    "Llama",
-    "add_terms",
-    "check_jet_rules",
-    "check_state_dict",
-    "count_parameters",
-    "load_model_weights",
-    "load_train_state",
-    "load_weights",
-    "per_direction",
-    "per_direction_dot",
-    "save_train_state",
-    "save_weights",
-    "shared_matmul",
-    "state_hash",
-    "token_losses",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    **dict.fromkeys(["IGNORE_INDEX", "check_jet_rules", "count_parameters", "token_losses"], "tiny_llm.model.causal"),
+    **dict.fromkeys(
+        [
+            "check_state_dict",
+            "load_model_weights",
+            "load_train_state",
+            "load_weights",
+            "save_train_state",
+            "save_weights",
+            "state_hash",
+        ],
+        "tiny_llm.model.checkpoint",
+    ),
+    **dict.fromkeys(
+        ["Jet", "JetPass", "add_terms", "per_direction", "per_direction_dot", "shared_matmul"], "tiny_llm.model.jets"
+    ),
+    **dict.fromkeys(["Llama"], "tiny_llm.model.llama"),
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use (PEP 562)."""
+    if name not in _WHERE:
+        raise AttributeError(f"module 'tiny_llm.model' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -35,12 +35,6 @@ class HFCausalLM(nn.Module):
         attention_backend: kept for the interface; the adapter always uses eager attention.
     """
 
-    jet_refusal = (  # the words of tiny_llm.curvature.engines.JET_REFUSAL (a layer above this one)
-        "the taylor and adjoint engines need second-order rules, which only this project's own "
-        "architectures (llama, gpt2, gpt_neox) have; measure a Hugging Face model of another architecture "
-        "(or one imported with --adapter) with engine double_backward, pearlmutter or finite_difference"
-    )
-
     def __init__(self, config: ModelConfig, attention_backend: str = "reference"):
         super().__init__()
         import transformers

@@ -1,20 +1,90 @@
-"""The architectures a run can name (``model.architecture``) and the one constructor for them:
-our Llama family, GPT-2 and GPT-NeoX (every engine), and ``hf``, any other Hugging Face causal LM through the
-adapter (the HVP engines)."""
+"""The architectures a run can name (``model.architecture``), declared once, and the one constructor
+for them: our Llama family, GPT-2 and GPT-NeoX (every engine), and ``hf``, any other Hugging Face
+causal LM through the adapter (the engines that need no second-order rules).
+
+Each is an :class:`Architecture` in :data:`ARCHITECTURES`: its model class (``"module:Class"``,
+imported when a model is built, so that this registry, and the planner and settings that ask it,
+need no torch) and what it can do. Whatever asks whether a model has second-order rules (the
+engines' refusal, ``auto``'s choice, the head in token chunks, the memory plan, the precision
+audit) asks :func:`jet_rules` here; nothing infers it from a model's attributes.
+"""
 
 from __future__ import annotations
 
-from torch import nn
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from tiny_llm.config import ModelConfig
-from tiny_llm.model.causal import AttentionBackend, CausalLM
-from tiny_llm.model.gpt2 import GPT2
-from tiny_llm.model.gpt_neox import GPTNeoX
-from tiny_llm.model.llama import Llama
 
-__all__ = ["ARCHITECTURES", "build_model"]
+if TYPE_CHECKING:
+    from torch import nn
 
-ARCHITECTURES: dict[str, type[CausalLM]] = {"llama": Llama, "gpt2": GPT2, "gpt_neox": GPTNeoX}
+    from tiny_llm.model.causal import AttentionBackend
+
+__all__ = ["ARCHITECTURES", "JET_REFUSAL", "Architecture", "architecture", "build_model", "jet_rules"]
+
+JET_REFUSAL = (
+    "the taylor and adjoint engines need second-order rules, which only this project's own "
+    "architectures (llama, gpt2, gpt_neox) have; measure a Hugging Face model of another architecture "
+    "(or one imported with --adapter) with engine double_backward, pearlmutter or finite_difference"
+)
+"""Why a jet engine refuses a model without second-order rules (the adapter's models)."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One architecture and what it declares."""
+
+    name: str
+    model: str
+    """``module:Class`` of its model, built as ``Class(config, attention_backend=...)``."""
+    jets: bool
+    """Every layer has a second-order (jet) rule, and the model exposes ``hidden`` and
+    ``head_weight``: the taylor and adjoint engines, the head and loss in token chunks and the
+    sharded exact forms."""
+
+    def model_class(self) -> type:
+        """Its model class (imported on first use)."""
+        module, name = self.model.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a
+    for a in (
+        Architecture("llama", "tiny_llm.model.llama:Llama", jets=True),
+        Architecture("gpt2", "tiny_llm.model.gpt2:GPT2", jets=True),
+        Architecture("gpt_neox", "tiny_llm.model.gpt_neox:GPTNeoX", jets=True),
+        Architecture("hf", "tiny_llm.model.adapter:HFCausalLM", jets=False),
+    )
+}
+"""Every architecture by the name ``model.architecture`` gives."""
+
+
+def architecture(name: str) -> Architecture:
+    """The architecture called ``name``.
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    try:
+        return ARCHITECTURES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"model.architecture: expected one of {', '.join(ARCHITECTURES)}, got {name!r}") from None
+
+
+def jet_rules(config: ModelConfig | Any) -> bool:
+    """Whether the models of ``config`` (a ``ModelConfig``, or a model that carries one as its
+    ``config``) have second-order rules, as their architecture declares.
+
+    Example:
+        >>> jet_rules(ModelConfig(architecture="gpt2", d_model=8, n_heads=2, d_ff=32))
+        True
+    """
+    if not hasattr(config, "architecture"):  # a model: its configuration
+        config = config.config
+    return architecture(config.architecture).jets
 
 
 def build_model(config: ModelConfig, attention_backend: AttentionBackend = "reference") -> nn.Module:
@@ -24,8 +94,4 @@ def build_model(config: ModelConfig, attention_backend: AttentionBackend = "refe
         >>> type(build_model(ModelConfig(architecture="gpt2", d_model=8, n_heads=2, d_ff=32))).__name__
         'GPT2'
     """
-    if config.architecture == "hf":
-        from tiny_llm.model.adapter import HFCausalLM
-
-        return HFCausalLM(config)
-    return ARCHITECTURES[config.architecture](config, attention_backend=attention_backend)
+    return architecture(config.architecture).model_class()(config, attention_backend=attention_backend)

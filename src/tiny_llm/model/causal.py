@@ -232,8 +232,10 @@ def check_jet_rules(model: nn.Module) -> None:
     Raises:
         ValueError: naming the layer, its type and what to do.
     """
-    if refusal := getattr(model, "jet_refusal", None):
-        raise ValueError(refusal)
+    from tiny_llm.model.architectures import JET_REFUSAL, jet_rules  # the registry builds this module's models
+
+    if not jet_rules(model):
+        raise ValueError(JET_REFUSAL)
     for name, module in model.named_modules():
         if not isinstance(module, _JET_LEAVES) and not callable(getattr(type(module), "jet", None)):
             raise ValueError(

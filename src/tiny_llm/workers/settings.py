@@ -22,6 +22,7 @@ from tiny_llm.curvature.engines import (
     names,
 )
 from tiny_llm.curvature.engines import engine as engine_named
+from tiny_llm.model.architectures import jet_rules
 
 ENGINE_SETTINGS = (AUTO, *names())
 """What ``engine`` may be set to: auto or a registered engine."""
@@ -173,7 +174,7 @@ def quadratic_form_engine(settings: AnalysisSettings, model: ModelConfig | None 
         ValueError: a jet engine for an ``hf`` model, or forms by finite differences under bf16
             autocast (``amp``), before any work.
     """
-    jets = model is None or model.architecture != "hf"
+    jets = model is None or jet_rules(model)
     if settings.sharded:
         if settings.engine == AUTO:
             if not jets:

@@ -27,7 +27,7 @@ from tiny_llm.curvature.spectrum import (
     tensor_blocks,
     top_eigenpairs,
 )
-from tiny_llm.distributed import world
+from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.model.causal import CausalLM
 from tiny_llm.runtime import compile_record
 from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
@@ -112,7 +112,7 @@ def _spectrum_operator(
     sharded over the ranks (the model is sharded in place; vectors are this rank's parts) or whole."""
     flat = FlatParameters(model)
     micro_batch_size = (memory.rows("gradient") if memory else None) or micro_batch_size
-    if spectrum.sharded and world()[1] > 1:
+    if is_sharded(spectrum.sharded):
         operator = ShardedHessian(
             model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, precision=precision, progress=log.info
         )

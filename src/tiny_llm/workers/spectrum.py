@@ -20,6 +20,7 @@ from tiny_llm.curvature.hessian import FD_SCALE, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan, device_budget, parameter_count, plan_spectrum
 from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
+from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.model.architectures import build_model
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
@@ -143,7 +144,7 @@ def analyze_spectrum(
         precision = Precision(resolved.device, resolved.dtype, settings.amp)
         model = build_model(config.model, attention_backend="reference")
         model.load_state_dict(state.root, strict=True)
-        sharded = spectrum.sharded and world()[1] > 1
+        sharded = is_sharded(spectrum.sharded)
         # sharded, the model stays on the host until FSDP moves each block's shards to the device
         model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
         batches = [cache.tokens(blocks) for blocks in plan.blocks]

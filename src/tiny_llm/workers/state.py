@@ -30,6 +30,7 @@ from tiny_llm.data.order import order_report
 from tiny_llm.data.tokens import TokenCache
 from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
+from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.model.architectures import build_model
 from tiny_llm.provenance import hardware, slurm_job, software
@@ -191,7 +192,7 @@ def _result(
         },
         "software": software(),
         "hardware": hardware(resolved.device),
-        "parallel": {**parallel_record(), "sharded": settings.sharded and world()[1] > 1},
+        "parallel": {**parallel_record(), "sharded": is_sharded(settings.sharded)},
         "slurm": slurm_job(),
     }
 

@@ -17,7 +17,7 @@ from oracles import (
 from tiny_llm.config import ModelConfig, RopeScaling
 from tiny_llm.curvature.gradients import batch_gradient
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.model.architectures import ARCHITECTURES, build_model
+from tiny_llm.model.architectures import ARCHITECTURES, architecture, build_model, jet_rules
 from tiny_llm.model.causal import CausalLM, check_jet_rules
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
@@ -57,8 +57,22 @@ def _model(variant: str) -> CausalLM:
     return model
 
 
-def test_every_registered_architecture_has_variants_here():
-    assert set(ARCHITECTURES) == {v["architecture"] for v in VARIANTS.values()}
+def test_every_registered_architecture_with_second_order_rules_has_variants_here():
+    """The adapter (``hf``, no second-order rules) is tested in test_adapter.py."""
+    assert {name for name, spec in ARCHITECTURES.items() if spec.jets} == {v["architecture"] for v in VARIANTS.values()}
+
+
+def test_whether_a_model_has_second_order_rules_is_asked_of_its_architecture(tmp_path):
+    """jet_rules answers for a configuration and for a model alike, from the registry; a model of an
+    architecture without rules is refused by the jet engines' check, before any work."""
+    for name, spec in ARCHITECTURES.items():
+        assert architecture(name) is spec and spec.model_class().__name__ in spec.model
+    model = _model("gpt2")
+    assert jet_rules(model) and jet_rules(model.config)
+    adapter_config = ModelConfig(architecture="hf", hf_config=str(tmp_path / "config.json"))
+    assert not jet_rules(adapter_config)
+    with pytest.raises(ValueError, match="model.architecture: expected one of llama, gpt2, gpt_neox, hf"):
+        architecture("mamba")
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
