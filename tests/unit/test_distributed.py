@@ -325,8 +325,8 @@ def test_a_spectrum_on_ranks_data_parallel_and_sharded(oracle_run, tmp_path):
 def test_a_sharded_spectrum_refuses_another_product_engine(oracle_run, tmp_path):
     with pytest.raises(
         ValueError,
-        match="spectrum.sharded: sharded products are finite differences of gradients; "
-        "set engine to finite_difference or auto, not double_backward",
+        match="spectrum.sharded: the products engines that run on a sharded model are finite_difference; "
+        "set engine to one of them or auto, not double_backward",
     ):
         analyze_spectrum(
             oracle_run / "run",

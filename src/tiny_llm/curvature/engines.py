@@ -37,6 +37,7 @@ __all__ = [
     "engine",
     "names",
     "register",
+    "sharded_names",
 ]
 
 AUTO = "auto"
@@ -73,9 +74,12 @@ class Engine:
     """Differentiates attention twice, so needs the reference (explicit softmax) attention."""
     compiled: bool = False
     """Runs under ``torch.compile`` when asked (CUDA)."""
-    sharded: bool = False
-    """Runs on an FSDP2-sharded model (``tiny_llm.curvature.sharded``): shard-local products (sharded
-    spectra) or forms with each block's directions gathered only while it runs (sharded statistics)."""
+    sharded: str = ""
+    """``module:function`` of its computation on an FSDP2-sharded model (``ShardedHessian``, the
+    one-rank case included): ``f(operator, V)`` with V this rank's shards (K, d) returns the (2, K)
+    forms and Gauss–Newton parts of the ranks' micro-batches together (``forms``), or this rank's
+    shards of the products (K, d) (``products``). Empty: it does not run sharded, and a sharded
+    operator refuses it by name."""
     head_chunks: bool = False
     """Takes the output head and loss in token chunks when the memory plan asks (``head_tokens``),
     on this project's own architectures: a chunk's logits, not a group's, exist at once."""
@@ -102,6 +106,19 @@ class Engine:
     def compute(self) -> Callable[..., Any]:
         """Its batch computation (imported on first use)."""
         module, function = self.batch.split(":")
+        return getattr(importlib.import_module(module), function)
+
+    def compute_sharded(self) -> Callable[..., Any]:
+        """Its computation on a sharded model (imported on first use).
+
+        Raises:
+            ValueError: an engine that does not run sharded, naming those that do.
+        """
+        if not self.sharded:
+            raise ValueError(
+                f"engine {self.name} does not run on a sharded model; the engines that do: {', '.join(sharded_names())}"
+            )
+        module, function = self.sharded.split(":")
         return getattr(importlib.import_module(module), function)
 
     def group_rows(self, K: int, B: int) -> int:
@@ -138,10 +155,20 @@ def names(kind: str | None = None) -> tuple[str, ...]:
     return tuple(name for name, e in ENGINES.items() if kind is None or e.kind == kind)
 
 
-def default_forms_engine(K: int, jets: bool) -> str:
+def sharded_names(kind: str | None = None, jets: bool = True) -> tuple[str, ...]:
+    """Names of the engines that run on a sharded model (of one kind, or all), in registry order;
+    ``jets=False``: only those that need no second-order rules."""
+    return tuple(e.name for e in ENGINES.values() if e.sharded and kind in (None, e.kind) and (jets or not e.jets))
+
+
+def default_forms_engine(K: int, jets: bool, sharded: bool = False) -> str:
     """The engine of quadratic forms under ``engine: auto``: adjoint for K > 1 directions per pass,
     taylor for K = 1 (the fastest exact engines measured, benchmarks/README.md); without jet rules
-    (the adapter's models) double_backward."""
+    (the adapter's models) double_backward. Sharded: the first registered engine that runs sharded
+    on this model, an exact forms engine before a products one (taylor; finite_difference without
+    jet rules)."""
+    if sharded:
+        return (sharded_names("forms", jets) + sharded_names("products", jets))[0]
     if not jets:
         return "double_backward"
     return "adjoint" if K > 1 else "taylor"
@@ -162,7 +189,7 @@ register(
         "forward Taylor mode: one no-grad pass carries each activation's jet (z, dz/dt, d²z/dt²)",
         "tiny_llm.curvature.forms:taylor",
         jets=True,
-        sharded=True,
+        sharded="tiny_llm.curvature.sharded_taylor:taylor_forms",
         head_chunks=True,
         rows_per_direction=True,
     )
@@ -204,7 +231,7 @@ register(
         "central differences of gradients (first derivatives only: any attention, shard-local)",
         "tiny_llm.curvature.products:finite_difference",
         second_derivatives=False,
-        sharded=True,
+        sharded="tiny_llm.curvature.sharded:difference_products",
         head_chunks=True,
     )
 )

@@ -211,11 +211,10 @@ def _sharded(
     model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision, progress: Callable[[str], None]
 ) -> _Setup:
     """The model sharded over the ranks with FSDP2 (here, in place), every vector this rank's shard:
-    the gradients are FSDP's reduce-scattered shards, the exact forms the Taylor mode block by block
-    (``ShardedHessian.split_quadratic_forms``), the fallback shard-local finite differences."""
+    the gradients are FSDP's reduce-scattered shards, the forms the engine's sharded computation
+    (``Engine.sharded``; an engine without one is refused by name before any work)."""
     engine = engine_named(inputs.engine)
-    if not engine.sharded:
-        raise ValueError(f"engine {inputs.engine} does not run sharded; use taylor, finite_difference or auto")
+    engine.compute_sharded()  # refused by name before the model is copied or sharded
     reference = copy.deepcopy(model).double() if inputs.audit else None  # the audit's, sharded in turn
 
     def sharded(net: Llama, prec: Precision, group: str) -> ShardedHessian:
@@ -224,6 +223,7 @@ def _sharded(
             torch.cat(batches),
             batch_size=inputs.hvp_batch_size,
             precision=prec,
+            engine=inputs.engine,
             progress=progress,
             group_rows=inputs.rows(group),
             head_tokens=inputs.head_tokens(group),
@@ -234,8 +234,7 @@ def _sharded(
 
     def side(op: ShardedHessian, gradient_rows: int) -> AuditSide:
         def forms(V: torch.Tensor, tokens: torch.Tensor) -> list[float]:
-            on = op.on(tokens)
-            return (on.split_quadratic_forms(V)[0] if engine.forms else on.quadratic_forms(V)).tolist()
+            return op.on(tokens).quadratic_forms(V).tolist()
 
         return AuditSide(
             vectors=Vectors(op.layout, op.pieces, inputs.seed),

@@ -15,7 +15,7 @@ takes the output head and loss that many target positions at a time
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,7 +28,7 @@ from tiny_llm.model.causal import head_loss_chunks
 if TYPE_CHECKING:
     from tiny_llm.curvature.hessian import EpochHessian
 
-__all__ = ["double_backward", "finite_difference", "pearlmutter"]
+__all__ = ["central_differences", "double_backward", "finite_difference", "pearlmutter"]
 
 
 def double_backward(
@@ -110,14 +110,24 @@ def finite_difference(
     chunked = _chunked(hessian, targets)
     gradient = (lambda theta: _chunked_gradient(hessian, theta, inputs, targets)) if chunked else grad(loss)
     scale = hessian.fd_scale * max(1.0, float(hessian.theta.norm()))
+    return central_differences(lambda step: gradient(hessian.theta + step), V, [float(v.norm()) for v in V], scale)
+
+
+def central_differences(
+    gradient_at: Callable[[torch.Tensor], torch.Tensor], V: torch.Tensor, norms: list[float], scale: float
+) -> torch.Tensor:
+    """(∇L(θ + εv) − ∇L(θ − εv)) / 2ε for each row v of V, ε = scale / ‖v‖, where ``gradient_at(s)``
+    is the gradient at θ + s and ``norms`` the rows' norms (the whole vectors', when V holds a rank's
+    shards); a zero row gives zeros. The one rule of the whole-model and the sharded engines (the
+    step's scale is ``fd_scale · max(1, ‖θ‖)`` in both)."""
     rows = []
-    for v in V:
-        norm = float(v.norm())
+    for v, norm in zip(V, norms, strict=True):
         if norm == 0:
             rows.append(torch.zeros_like(v))
             continue
         eps = scale / norm
-        rows.append((gradient(hessian.theta + eps * v) - gradient(hessian.theta - eps * v)) / (2 * eps))
+        step = eps * v
+        rows.append((gradient_at(step) - gradient_at(-step)) / (2 * eps))
     return torch.stack(rows)
 
 

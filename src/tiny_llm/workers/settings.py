@@ -16,10 +16,10 @@ from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.engines import (
     AMP_DIFFERENCES,
     AUTO,
-    FINITE_DIFFERENCE,
     JET_REFUSAL,
     default_forms_engine,
     names,
+    sharded_names,
 )
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.model.architectures import jet_rules
@@ -177,13 +177,14 @@ def quadratic_form_engine(settings: AnalysisSettings, model: ModelConfig | None 
     jets = model is None or jet_rules(model)
     if settings.sharded:
         if settings.engine == AUTO:
-            if not jets:
-                _refuse_amp(settings, "sharded: a model of another architecture (hf) has its forms by differences")
-            return "taylor" if jets else FINITE_DIFFERENCE
+            chosen = default_forms_engine(settings.directions_per_pass, jets, sharded=True)
+            if not engine_named(chosen).second_derivatives:
+                _refuse_amp(settings, f"sharded: a model without second-order rules has its forms by {chosen}")
+            return chosen
         if not engine_named(settings.engine).sharded:
             raise ValueError(
-                f"sharded: the forms of a sharded model are exact by the Taylor mode (engine taylor or auto) "
-                f"or finite differences of gradients (engine {FINITE_DIFFERENCE}), not {settings.engine}"
+                f"sharded: the engines that run on a sharded model are {', '.join(sharded_names())} "
+                f"(or auto), not {settings.engine}"
             )
     if settings.engine == AUTO:
         return default_forms_engine(settings.directions_per_pass, jets)
@@ -264,8 +265,9 @@ def spectrum_settings_from_dict(data: dict[str, Any]) -> SpectrumSettings:
 
 
 def sharded_engine(settings: AnalysisSettings, spectrum: SpectrumSettings) -> str | None:
-    """The products of a sharded spectrum (``spectrum.sharded`` or the analysis's ``sharded``):
-    finite differences; None unsharded.
+    """The products engine of a sharded spectrum (``spectrum.sharded`` or the analysis's ``sharded``):
+    the analysis's engine when it computes products (and runs sharded), else the first registered
+    products engine that runs sharded (finite differences); None unsharded.
 
     Raises:
         ValueError: another Hessian-vector-product engine asked for by name, or bf16 autocast
@@ -275,9 +277,12 @@ def sharded_engine(settings: AnalysisSettings, spectrum: SpectrumSettings) -> st
         return None
     if settings.engine != AUTO and engine_named(settings.engine).products and not engine_named(settings.engine).sharded:
         raise ValueError(
-            f"spectrum.sharded: sharded products are finite differences of gradients; set engine to "
-            f"{FINITE_DIFFERENCE} or auto, not {settings.engine}"
+            f"spectrum.sharded: the products engines that run on a sharded model are "
+            f"{', '.join(sharded_names('products'))}; set engine to one of them or auto, not {settings.engine}"
         )
-    where = "spectrum.sharded" if spectrum.sharded else "settings.sharded"
-    _refuse_amp(settings, f"{where}: a sharded spectrum has its products by differences")
-    return FINITE_DIFFERENCE
+    named = settings.engine != AUTO and engine_named(settings.engine).products
+    chosen = settings.engine if named else sharded_names("products")[0]  # the first that runs sharded
+    if not engine_named(chosen).second_derivatives:
+        where = "spectrum.sharded" if spectrum.sharded else "settings.sharded"
+        _refuse_amp(settings, f"{where}: a sharded spectrum has its products by differences")
+    return chosen

@@ -114,7 +114,12 @@ def _spectrum_operator(
     micro_batch_size = (memory.rows("gradient") if memory else None) or micro_batch_size
     if is_sharded(spectrum.sharded):
         operator = ShardedHessian(
-            model, torch.cat(tokens_by_batch), batch_size=hvp_batch_size, precision=precision, progress=log.info
+            model,
+            torch.cat(tokens_by_batch),
+            batch_size=hvp_batch_size,
+            precision=precision,
+            engine=engine,
+            progress=log.info,
         )
 
         def gradient(tokens: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from oracles import TINY_MODEL
 
 from tiny_llm.curvature.engines import AUTO, ENGINES, GRADIENT, Engine, engine, names, register
 from tiny_llm.curvature.memory import COEFFICIENTS
@@ -70,3 +71,50 @@ def test_no_module_outside_the_registry_compares_an_engine_by_name():
         if compared.search(line)
     ]
     assert offenders == []
+
+
+def test_the_sharded_capability_dispatches_and_an_engine_without_it_is_refused_by_name(monkeypatch):
+    """An engine that declares a sharded computation is what a sharded operator runs (auto picks the
+    first registered: exact forms before products, none needing rules the model lacks); one that
+    declares none is refused by the operator, naming those that run sharded, before any work."""
+    import torch
+
+    from tiny_llm.curvature.engines import default_forms_engine, sharded_names
+    from tiny_llm.curvature.hessian import Precision
+    from tiny_llm.curvature.sharded import ShardedHessian
+    from tiny_llm.model.architectures import build_model
+    from tiny_llm.workers.settings import quadratic_form_engine
+
+    for declared in ENGINES.values():
+        if declared.sharded:
+            assert callable(declared.compute_sharded()), declared.name
+        else:
+            with pytest.raises(ValueError, match=f"engine {declared.name} does not run on a sharded model"):
+                declared.compute_sharded()
+    assert sharded_names() == ("taylor", "finite_difference")
+    assert default_forms_engine(16, jets=True, sharded=True) == sharded_names("forms")[0]
+    assert default_forms_engine(16, jets=False, sharded=True) == sharded_names("products", jets=False)[0]
+    model = build_model(TINY_MODEL)
+    tokens = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="engine adjoint does not run on a sharded model; .*taylor, finite_difference"):
+        ShardedHessian(
+            model, tokens, batch_size=1, precision=Precision(torch.device("cpu"), torch.float64), engine="adjoint"
+        )
+
+    # a new engine registered as sharded is chosen and accepted by the settings with no other edit
+    monkeypatch.setitem(
+        ENGINES,
+        "sharded_adjoint",
+        Engine(
+            "sharded_adjoint",
+            "forms",
+            "test",
+            "tiny_llm.curvature.forms:adjoint",
+            jets=True,
+            sharded="tiny_llm.curvature.sharded_taylor:taylor_forms",
+        ),
+    )
+    assert "sharded_adjoint" in sharded_names("forms")
+    assert quadratic_form_engine(AnalysisSettings(sharded=True)) == "taylor"  # registry order: the first
+    monkeypatch.delitem(ENGINES, "taylor")
+    assert quadratic_form_engine(AnalysisSettings(sharded=True)) == "sharded_adjoint"

@@ -11,8 +11,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from oracles import TINY_MODEL
 
+from tiny_llm.curvature.engines import sharded_names
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.curvature.sharded import ShardedHessian, _gather_rows, _lookup_rows, shard_layout, shard_rows
+from tiny_llm.curvature.sharded import ShardedHessian, shard_layout, shard_rows
+from tiny_llm.curvature.sharded_taylor import gather_rows, lookup_rows
 from tiny_llm.curvature.spectrum import (
     Layout,
     block_diagonal_error,
@@ -72,13 +74,15 @@ def _measure(op, layout, D: int, damping: float, spectra: bool) -> dict:
     }
 
 
-def _rank(rank: int, size: int, store: str, out: str, damping: float) -> None:
+def _rank(rank: int, size: int, store: str, out: str, damping: float, engine: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
     try:
-        op = ShardedHessian(_model(), _tokens(), batch_size=2, precision=CPU64)
+        op = ShardedHessian(_model(), _tokens(), batch_size=2, precision=CPU64, engine=engine)
         measured = _measure(op, op.layout, op.D, damping, spectra=size == 2)
-        measured["taylor"] = op.split_quadratic_forms(op.layout.local(_directions(op.D)))
+        for forms in sharded_names("forms"):  # every exact sharded forms engine of the registry
+            exact = ShardedHessian(_model(), _tokens(), batch_size=2, precision=CPU64, engine=forms)
+            measured[forms] = exact.split_quadratic_forms(exact.layout.local(_directions(op.D)))
         torch.save(measured, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
@@ -111,8 +115,8 @@ def _rows_rank(rank: int, size: int, store: str, out: str) -> None:
             full = torch.randn(2, rows, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(rows))
             shard = shard_rows(list(full), rank, size).view(2, -1, 3)
             ids = torch.randint(0, rows, (2, 5), generator=torch.Generator().manual_seed(10 * rank + rows))
-            measured[rows] = {"shard rows": shard.size(1), "gathered": _gather_rows(shard, rows, size)}
-            measured[rows] |= {"ids": ids, "looked up": _lookup_rows(shard, rows, ids), "full": full}
+            measured[rows] = {"shard rows": shard.size(1), "gathered": gather_rows(shard, rows, size)}
+            measured[rows] |= {"ids": ids, "looked up": lookup_rows(shard, rows, ids), "full": full}
         torch.save(measured, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
@@ -131,16 +135,22 @@ def test_directions_are_gathered_whole_or_looked_up_from_the_ranks_that_hold_the
             assert torch.equal(measured["looked up"], measured["full"][:, measured["ids"]])
 
 
+@pytest.mark.parametrize("engine", sharded_names("products"))
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_sharded_curvature_is_the_finite_difference_engine_on_shards(tmp_path, dense_problem, ranks):
+def test_sharded_curvature_is_each_engine_on_shards(tmp_path, dense_problem, ranks, engine):
+    """Every engine the registry runs sharded: its products (and spectra) those of the same engine in
+    one process, and every sharded forms engine's exact forms and Gauss–Newton parts."""
     model, tokens, H = dense_problem
     assert torch.equal(tokens, _tokens())
     D = H.shape[0]
     damping = 2 * float(torch.linalg.eigvalsh(H).abs().max())  # H + λI positive definite
-    unsharded = EpochHessian(_model(), _tokens(), batch_size=2, engine="finite_difference", precision=CPU64)
+    unsharded = EpochHessian(_model(), _tokens(), batch_size=2, engine=engine, precision=CPU64)
     single = _measure(unsharded, Layout(D), D, damping, spectra=ranks == 2)
     mp.start_processes(
-        _rank, args=(ranks, str(tmp_path / "store"), str(tmp_path / "out"), damping), nprocs=ranks, start_method="spawn"
+        _rank,
+        args=(ranks, str(tmp_path / "store"), str(tmp_path / "out"), damping, engine),
+        nprocs=ranks,
+        start_method="spawn",
     )
     parts = [torch.load(tmp_path / f"out.{rank}", weights_only=True) for rank in range(ranks)]
     assert sorted(torch.cat([p["indices"] for p in parts]).tolist()) == list(range(D))  # each entry once
@@ -158,12 +168,14 @@ def test_sharded_curvature_is_the_finite_difference_engine_on_shards(tmp_path, d
         torch.testing.assert_close(part["forms"], forms, rtol=1e-7, atol=0)
         torch.testing.assert_close(part["forms"], single["forms"], rtol=1e-9, atol=0)
 
-    # exact forms and their Gauss–Newton parts by the Taylor mode on shards: those of one process
-    taylor = EpochHessian(_model(), _tokens(), batch_size=2, engine="taylor", precision=CPU64, directions_per_pass=3)
-    split = taylor.split_quadratic_forms(V)
-    for part in parts:
-        torch.testing.assert_close(part["taylor"], split, rtol=1e-12, atol=1e-14)
-        torch.testing.assert_close(part["taylor"][0], forms, rtol=1e-10, atol=0)
+    # exact forms and their Gauss–Newton parts on shards: those of the same engine in one process
+    assert sharded_names("forms")
+    for name in sharded_names("forms"):
+        one = EpochHessian(_model(), _tokens(), batch_size=2, engine=name, precision=CPU64, directions_per_pass=3)
+        split = one.split_quadratic_forms(V)
+        for part in parts:
+            torch.testing.assert_close(part[name], split, rtol=1e-12, atol=1e-14)
+            torch.testing.assert_close(part[name][0], forms, rtol=1e-10, atol=0)
 
     flat = FlatParameters(model)
     model.zero_grad()
@@ -194,14 +206,21 @@ def test_sharded_curvature_is_the_finite_difference_engine_on_shards(tmp_path, d
     assert float((x - dense).norm()) <= 1e-6 * float(dense.norm())
 
 
-def _taylor_rank(rank: int, size: int, store: str, out: str, architecture: str) -> None:
+def _taylor_rank(rank: int, size: int, store: str, out: str, architecture: str, engine: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
     try:
-        op = ShardedHessian(_architecture_model(architecture), _tokens(), batch_size=2, precision=CPU64)
+        model = _architecture_model(architecture)
+        op = ShardedHessian(model, _tokens(), batch_size=2, precision=CPU64, engine=engine)
         forms = op.split_quadratic_forms(op.layout.local(_directions(op.D)))
         grouped = ShardedHessian(  # a group of one sequence, the head 4 target positions at a time
-            _architecture_model(architecture), _tokens(), batch_size=2, precision=CPU64, group_rows=1, head_tokens=4
+            _architecture_model(architecture),
+            _tokens(),
+            batch_size=2,
+            precision=CPU64,
+            engine=engine,
+            group_rows=1,
+            head_tokens=4,
         )
         torch.save(
             {"taylor": forms, "grouped": grouped.split_quadratic_forms(grouped.layout.local(_directions(op.D)))},
@@ -219,23 +238,25 @@ def _architecture_model(architecture: str):
     return build_model(config).double()
 
 
+@pytest.mark.parametrize("engine", sharded_names("forms"))
 @pytest.mark.parametrize("architecture", ["gpt2", "gpt_neox"])
-def test_exact_sharded_forms_on_the_other_architectures(tmp_path, architecture):
+def test_exact_sharded_forms_on_the_other_architectures(tmp_path, architecture, engine):
     """GPT-2 (learned positions, LayerNorm, tied head) and GPT-NeoX (parallel residual, untied
-    head) on 2 ranks: the Taylor-mode forms and Gauss–Newton parts of one process, to 1e-12."""
+    head) on 2 ranks: each sharded forms engine's forms and Gauss–Newton parts are those of the
+    same engine in one process, to 1e-12."""
     D = FlatParameters(_architecture_model(architecture)).D
     V = _directions(D)
     single = EpochHessian(
         _architecture_model(architecture),
         _tokens(),
         batch_size=2,
-        engine="taylor",
+        engine=engine,
         precision=CPU64,
         directions_per_pass=3,
     ).split_quadratic_forms(V)
     mp.start_processes(
         _taylor_rank,
-        args=(2, str(tmp_path / "store"), str(tmp_path / "out"), architecture),
+        args=(2, str(tmp_path / "store"), str(tmp_path / "out"), architecture, engine),
         nprocs=2,
         start_method="spawn",
     )

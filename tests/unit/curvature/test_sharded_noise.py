@@ -16,6 +16,7 @@ from builders import make_oracle_run
 from oracles import dense_epoch_hessian
 
 from tiny_llm.curvature import gradients
+from tiny_llm.curvature.engines import sharded_names
 from tiny_llm.curvature.gradients import rademacher
 from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.curvature.noise import CaseInputs, measure_case
@@ -130,12 +131,13 @@ def run(tmp_path_factory):
 
 @pytest.mark.parametrize(
     ("architecture", "ranks", "engine"),
-    [
-        ("llama", 2, "taylor"),
-        ("llama", 3, "taylor"),
-        ("gpt2", 2, "taylor"),
-        ("gpt_neox", 3, "taylor"),
-        ("llama", 2, "finite_difference"),
+    [  # every engine the registry runs sharded: the exact forms on every architecture, the products on one
+        *(
+            (a, r, e)
+            for e in sharded_names("forms")
+            for a, r in (("llama", 2), ("llama", 3), ("gpt2", 2), ("gpt_neox", 3))
+        ),
+        *(("llama", 2, e) for e in sharded_names("products")),
     ],
 )
 def test_sharded_statistics_equal_one_process(tmp_path, run, architecture, ranks, engine):

@@ -1,0 +1,272 @@
+"""The exact quadratic forms of a model sharded over the ranks (FSDP2): the ``taylor`` engine's
+computation on a ``ShardedHessian`` (its registry entry's ``sharded``).
+
+For each micro-batch the jets run block by block, each block's parameters unsharded (FSDP2's
+``unshard``) and its K direction shards all-gathered only while its jet runs, then freed; the
+root's own parameters (embedding, final norm, head) stay unsharded for the whole pass. The
+embedding's and the head's K directions are never gathered whole: the embedding's lookup takes its
+rows from the ranks that hold them, and the loss runs on each rank's rows of the vocabulary for
+every rank's tokens (``_loss_jet_on_shards``). No rank holds a full parameter-sized vector beyond
+one block's K directions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tiny_llm.distributed import all_reduce_sum, world
+from tiny_llm.model.causal import (
+    IGNORE_INDEX,
+    CausalLM,
+    check_jet_rules,
+    row_dots,
+    upcast,
+    without_autocast,
+)
+from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot
+
+if TYPE_CHECKING:
+    from tiny_llm.curvature.sharded import ShardedHessian
+
+__all__ = ["gather_rows", "lookup_rows", "taylor_forms"]
+
+
+def gather_rows(shard: torch.Tensor, rows: int, ranks: int) -> torch.Tensor:
+    """K directions of a parameter cut along its first axis into ``ranks`` chunks of ⌈rows / ranks⌉
+    rows (Shard(0)): this rank's (K, local rows, ...) → every rank's, (K, rows, ...), contiguous.
+
+    One all-gather per direction, each straight into its rows of the result: a rank-major gather of
+    all K at once would need a second, transposed copy of the K gathered directions, the largest
+    tensor of a pass at a real vocabulary. Beside the result it needs at most one chunk (a short
+    shard padded) and, when the rows do not divide evenly, one parameter-sized scratch."""
+
+    K, held, trailing = shard.size(0), shard.size(1), shard.shape[2:]
+    chunk = -(-rows // ranks)
+    out = shard.new_empty(K, rows, *trailing)
+    padded = None if held == chunk else shard.new_zeros(chunk, *trailing)
+    scratch = None if ranks * chunk == rows else shard.new_empty(ranks * chunk, *trailing)
+    for k in range(K):
+        mine = shard[k].contiguous()
+        if padded is not None:
+            padded[:held] = mine
+            mine = padded
+        dist.all_gather_single(out[k] if scratch is None else scratch, mine)
+        if scratch is not None:
+            out[k].copy_(scratch[:rows])
+    return out
+
+
+def lookup_rows(shard: torch.Tensor, rows: int, idx: torch.Tensor) -> torch.Tensor:
+    """Rows ``idx`` (any shape, this rank's) of K directions cut as ``_gather_rows``'s, each taken
+    from the rank that holds it: every rank's ids are all-gathered, each rank picks the rows it
+    holds for every rank (zero elsewhere) and a reduce-scatter sums them back to their owners
+    (exactly: each row has one owner). (K, *idx.shape, ...), moving ranks × the result's size instead
+    of the K whole directions (an embedding's: K × vocabulary × width)."""
+
+    rank, ranks = world()
+    K, held, trailing = shard.size(0), shard.size(1), shard.shape[2:]
+    every = idx.new_empty(ranks * idx.numel())
+    dist.all_gather_single(every, idx.reshape(-1).contiguous())
+    local = every.view(ranks, *idx.shape) - rank * -(-rows // ranks)
+    mine = (local >= 0) & (local < held)
+    picked = shard.new_zeros(ranks, K, *idx.shape, *trailing)
+    if held:
+        rows_of = shard[:, local.clamp(0, held - 1)].movedim(1, 0)  # (ranks, K, *idx.shape, ...)
+        mask = mine.view(ranks, 1, *idx.shape, *([1] * len(trailing)))
+        picked = torch.where(mask, rows_of, picked)
+    out = shard.new_empty(K, *idx.shape, *trailing)
+    dist.reduce_scatter_single(out.view(-1), picked.contiguous().view(-1))
+    return out
+
+
+class _ShardedJets(JetPass):
+    """The jet pass of a sharded model: a block's directions are put into ``directions`` while its
+    jet runs; the root's (embedding, final norm, head) are given as this rank's shards (``root``,
+    which the sharded loss reads directly): a rule that asks for one whole (the final norm's) gets
+    it all-gathered and holds it alone, and an embedding's lookup takes only the rows it needs from
+    the ranks that hold them. Every rank runs the same rules in the same order, so the collectives
+    pair up."""
+
+    def __init__(self, root: dict[torch.Tensor, torch.Tensor], ranks: int, **kwargs):
+        super().__init__({}, None, **kwargs)
+        self.root, self.ranks = root, ranks
+        """Each unsharded root parameter → this rank's (K, local rows, ...) shard of its directions."""
+
+    def direction(self, parameter: torch.Tensor) -> torch.Tensor:
+        if parameter in self.directions:
+            return self.directions[parameter]
+        return gather_rows(self.root[parameter], parameter.shape[0], self.ranks)
+
+    def direction_rows(self, parameter: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        if parameter in self.directions:
+            return super().direction_rows(parameter, idx)
+        return lookup_rows(self.root[parameter], parameter.shape[0], idx)
+
+
+def _loss_jet_on_shards(model: CausalLM, h: Jet, targets: torch.Tensor, jets: _ShardedJets) -> torch.Tensor:
+    """``CausalLM.loss_jet`` with the head cut by vocabulary rows, so that its K directions are never
+    gathered: each rank forms the logits and their tangents of its own rows of the head (its shard of
+    the head's directions, its rows of the unsharded weight) for every rank's tokens, which each rank
+    broadcasts in turn, ``jets.head_tokens`` positions at a time; the softmax's maximum and
+    normaliser and ⟨p, z1⟩ are all-reduced over the rows. Every term of the form is a sum over the
+    vocabulary, so each rank returns its rows' share of every rank's tokens: (K,), whose sum over the
+    ranks is the sum of the ranks' own forms (``split_quadratic_forms`` all-reduces it). Moves about
+    ranks × (3K + 2) × tokens × width (the tokens' activations out, rU and rE back) instead of the
+    head's K directions (K × vocabulary × width)."""
+    rank, ranks = world()
+    weight = model.head_weight  # (V, C), unsharded
+    U = jets.root[weight]  # (K, rows here, C): this rank's shard of the head's directions
+    K, held, C = U.size(0), U.size(1), weight.size(1)
+    first_row = rank * -(-weight.size(0) // ranks)
+    E = weight[first_row : first_row + held]
+    N = targets.numel()
+    mine = (h.z0.reshape(N, C), h.z1.reshape(K, N, C), None if h.z2 is None else h.z2.reshape(K, N, C))
+    chunk = min(N, jets.head_tokens or N)
+    total, gauss_newton = 0, 0
+    for source in range(ranks):
+        for start in range(0, N, chunk):
+            rows = slice(start, start + chunk)
+            h0, h1, h2, y = _broadcast_rows(
+                source, rank, [*(None if x is None else x[..., rows, :] for x in mine), targets.reshape(N)[rows]]
+            )
+            form, curvature = _loss_rows_on_shards(h0, h1, h2, y, E, U, first_row, source, rank)
+            total, gauss_newton = total + form, gauss_newton + curvature
+    jets.gauss_newton = gauss_newton
+    return total
+
+
+def _broadcast_rows(source: int, rank: int, tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Rank ``source``'s ``tensors`` on every rank (the same shapes and dtypes on every rank)."""
+
+    out = []
+    for x in tensors:
+        if x is not None:
+            x = x.contiguous() if rank == source else torch.empty_like(x, memory_format=torch.contiguous_format)
+            dist.broadcast(x, src=source)
+        out.append(x)
+    return out
+
+
+def _loss_rows_on_shards(
+    h0: torch.Tensor,
+    h1: torch.Tensor,
+    h2: torch.Tensor | None,
+    targets: torch.Tensor,
+    E: torch.Tensor,
+    U: torch.Tensor,
+    first_row: int,
+    source: int,
+    rank: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``CausalLM._loss_jet_rows`` over this rank's vocabulary rows [first_row, first_row + len(E)):
+    its share of (form, Gauss–Newton part) of n target positions of rank ``source``, h0 (n, C), h1
+    and h2 (K, n, C)."""
+
+    z0 = h0 @ E.t()  # (n, rows here)
+    z1 = per_direction(h0, U, out=torch.matmul(h1, E.t()))  # h1Eᵀ + h0Uₖᵀ, (K, n, rows here)
+    with without_autocast(z0):
+        keep = (targets != IGNORE_INDEX).reshape(-1, 1)
+        z0 = upcast(z0)
+        top = z0.amax(-1) if len(E) else z0.new_full(z0.shape[:1], float("-inf"))
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        p = torch.exp(z0 - top.unsqueeze(-1))
+        p = p / all_reduce_sum(p.sum(-1, keepdim=True)) * keep  # the softmax over every rank's rows
+        Et, Ut = E.to(p.dtype), U.transpose(1, 2).to(p.dtype)
+        h1, z1 = upcast(h1), upcast(z1)
+        p_z1 = all_reduce_sum(row_dots(z1, p))  # ⟨p, z1⟩ by row, (K, n)
+        curvature = per_direction_dot(z1.sub_(p_z1.unsqueeze(-1).to(z1.dtype)).square_(), p)
+        r = p.clone()  # p − e_y, e_y on the rank that holds row y
+        here = ((targets >= first_row) & (targets < first_row + len(E)) & keep.view(-1)).nonzero().view(-1)
+        r[here, targets[here] - first_row] -= 1
+        # rU and rE summed over the ranks' rows before they meet h1 and h2, on the tokens' own rank:
+        # p's part and e_y's cancel, and each rank's share alone would carry the rounding of the
+        # larger uncancelled terms into the form
+        rU = per_direction(r, Ut)
+        dist.reduce(rU, dst=source)
+        first = 2 * per_direction_dot(rU, h1, overwrite=True) if rank == source else torch.zeros_like(curvature)
+        if h2 is not None:
+            rE = r @ Et
+            dist.reduce(rE, dst=source)
+            if rank == source:
+                first = first + per_direction_dot(upcast(h2), rE)
+    return first + curvature, curvature
+
+
+def taylor_forms(operator: ShardedHessian, V: torch.Tensor) -> torch.Tensor:
+    """``taylor`` on a sharded model: vᵀHv and vᵀGv for this rank's shards V (K, d), exact, by the
+    forward Taylor mode block by block (module docstring): (2, K) float64, the same on every rank.
+
+    Raises:
+        ValueError: a model without second-order rules (an adapter's), naming the layer.
+    """
+    check_jet_rules(operator.model)
+    V = V.to(device=operator.precision.device, dtype=operator.precision.dtype)
+    K = len(V)
+    pieces = V.split([operator.local(p).numel() for p in operator.params], dim=1)
+    shards = {
+        name: piece.reshape(K, *operator.local(p).shape)
+        for name, p, piece in zip(operator.names, operator.params, pieces, strict=True)
+    }
+    total = torch.zeros(2, K, dtype=torch.float64, device=operator.precision.device)
+    started = time.perf_counter()
+    B = len(operator.batches[0][0])  # every micro-batch's (the last is padded), so every rank's groups
+    rows = min(max(1, B // K), operator.group_rows or B)  # the Taylor mode's B/K, capped by the plan
+    for inputs, targets in operator.rank_batches(operator.batches):
+        for start in range(0, B, rows):
+            total += _taylor_batch(operator, shards, inputs[start : start + rows], targets[start : start + rows])
+    operator.passes += 1
+    operator.progress(
+        f"sharded taylor pass over {len(operator.batches)} micro-batches: {time.perf_counter() - started:.2f} s"
+    )
+    return all_reduce_sum(total)
+
+
+def _directions(module: nn.Module, prefix: str, shards: dict[str, torch.Tensor], ranks: int) -> dict:
+    """The K full directions of ``module``'s unsharded parameters, all-gathered from this rank's
+    shards."""
+    return {p: gather_rows(shards[prefix + name], p.shape[0], ranks) for name, p in module.named_parameters()}
+
+
+def _taylor_batch(
+    operator: ShardedHessian, shards: dict[str, torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """(2, K): this micro-batch's share of the forms and their Gauss–Newton parts."""
+    model = operator.model
+    model.unshard()  # the root's own parameters
+    root = {p: shards[name] for name, p in model.named_parameters() if not name.startswith("layers.")}
+    jets = _ShardedJets(root, operator.ranks, workspace=operator.workspace, head_tokens=operator.head_tokens)
+    for index, layer in enumerate(model.layers):
+        layer.jet = _block_jet(layer, f"layers.{index}.", shards, operator.ranks)
+    try:
+        with torch.no_grad(), operator.precision.autocast():
+            forms = _loss_jet_on_shards(model, model.jet(inputs, jets), targets, jets).double() / operator.n_targets
+    finally:
+        for layer in model.layers:
+            del layer.jet  # the class's rule again
+        model.reshard()
+    return torch.stack([forms, jets.gauss_newton.double() / operator.n_targets])
+
+
+def _block_jet(layer: nn.Module, prefix: str, shards: dict[str, torch.Tensor], ranks: int) -> Callable:
+    """``layer.jet`` with the block's parameters unsharded and its directions gathered around it."""
+    rule = type(layer).jet
+
+    def jet(*args):  # (x, jets), or (x, cos, sin, jets) for rotary blocks: the pass is last
+        jets: JetPass = args[-1]
+        layer.unshard()
+        directions = _directions(layer, prefix, shards, ranks)
+        jets.directions.update(directions)
+        try:
+            return rule(layer, *args)
+        finally:
+            for p in directions:
+                del jets.directions[p]
+            layer.reshard()
+
+    return jet
