@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch.func import functional_call
@@ -30,7 +31,7 @@ from tiny_llm.distributed import all_reduce_sum, shard
 from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
 from tiny_llm.model.llama import Llama
 
-__all__ = ["EpochHessian", "FlatParameters", "Precision", "check_differences", "pad_sequences"]
+__all__ = ["CurvatureOperator", "EpochHessian", "FlatParameters", "Precision", "check_differences", "pad_sequences"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,31 @@ class _HiddenAndHead(torch.nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.hidden(inputs), self.model.head_weight
+
+
+class CurvatureOperator(Protocol):
+    """What the statistics and spectra ask of an epoch Hessian, held whole (``EpochHessian``) or
+    sharded over the ranks (``tiny_llm.curvature.sharded.ShardedHessian``): the same interface, so
+    no part asks which it has. Vectors are the whole (K, D) directions, or this rank's shards."""
+
+    engine: str
+    """The engine it runs (a name of the registry)."""
+    precision: Precision
+    batches: list[tuple[torch.Tensor, torch.Tensor]]
+    """The epoch's curvature micro-batches (inputs, targets), the last padded."""
+    n_targets: int
+    """The epoch's target tokens (the mean's denominator)."""
+    passes: int
+    """Passes over the epoch so far."""
+
+    def quadratic_forms(self, V: torch.Tensor) -> torch.Tensor:
+        """vᵀHv for the rows of V: (K,) float64."""
+
+    def split_quadratic_forms(self, V: torch.Tensor) -> torch.Tensor:
+        """vᵀHv and its Gauss–Newton part for the rows of V (forms engines): (2, K) float64."""
+
+    def hvp(self, V: torch.Tensor) -> torch.Tensor:
+        """H V for the rows of V (products engines), float64."""
 
 
 class EpochHessian:

@@ -68,7 +68,7 @@ from tiny_llm.curvature.gradients import (
     noise_batch_indices,
     sampled_gradients,
 )
-from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.sharded import ShardedHessian
 from tiny_llm.curvature.spectrum import Layout
 from tiny_llm.curvature.statistics import (
@@ -97,7 +97,7 @@ class _DirectionRunner:
 
     def __init__(
         self,
-        operator: EpochHessian | ShardedHessian,
+        operator: CurvatureOperator,
         K: int,
         split: bool,
         vectors: Vectors,
@@ -164,7 +164,7 @@ class _Setup:
     """ḡ and the epoch loss."""
     gradients: Callable[[list[int], dict[int, tuple[torch.Tensor, float]]], Iterator[tuple[torch.Tensor, float]]]
     """(gᵢ, batch loss) of the selected batches in order, reusing those known (the audit's)."""
-    operator: Callable[[], EpochHessian | ShardedHessian]
+    operator: Callable[[], CurvatureOperator]
     split: bool
     """Whether the forms come with their Gauss–Newton part (the exact form engines)."""
     audit_sides: Callable[[], tuple[AuditSide, AuditSide]]
@@ -350,7 +350,7 @@ def _add_block_directions(
     return records
 
 
-def _counts(samples: Samples, inputs: CaseInputs, operator: EpochHessian | ShardedHessian) -> dict[str, Any]:
+def _counts(samples: Samples, inputs: CaseInputs, operator: CurvatureOperator) -> dict[str, Any]:
     """What a (state, case) counted: parameters, the epoch's batches, sequences and tokens, the
     samples, the batch sizes and the passes over the data."""
     return {

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tiny_llm.curvature.gradients import batch_gradient, mean_gradient, noise_batch_indices, rademacher
-from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.sharded import ShardedHessian
 from tiny_llm.curvature.spectrum import (
@@ -107,7 +107,7 @@ def _spectrum_operator(
     compile: bool,
     micro_batch_size: int,
     memory: MemoryPlan | None,
-) -> tuple[EpochHessian | ShardedHessian, Layout, Callable, Callable]:
+) -> tuple[CurvatureOperator, Layout, Callable, Callable]:
     """The operator of a spectrum job, the layout of its vectors, and its batch and epoch gradients:
     sharded over the ranks (the model is sharded in place; vectors are this rank's parts) or whole."""
     flat = FlatParameters(model)
