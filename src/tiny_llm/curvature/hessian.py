@@ -28,6 +28,7 @@ from tiny_llm.curvature.engines import AMP_DIFFERENCES, names
 from tiny_llm.curvature.engines import ENGINES as REGISTRY
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.distributed import all_reduce_sum, shard
+from tiny_llm.model.architectures import jet_rules
 from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
 from tiny_llm.model.llama import Llama
 
@@ -40,14 +41,27 @@ FD_SCALE = {torch.float64: 1e-6, torch.float32: 3e-4}
 (chosen from the measured truncation / round-off trade-off, benchmarks/README.md)."""
 
 
-def check_differences(precision: Precision) -> None:
-    """Refuse finite differences of gradients under bf16 autocast (``AMP_DIFFERENCES``).
+def check_differences(
+    precision: Precision, model: torch.nn.Module | None = None, inputs: torch.Tensor | None = None
+) -> None:
+    """Refuse finite differences of gradients under bf16 autocast (``AMP_DIFFERENCES``), and in
+    float64 on a model without second-order rules (an adapter's) that still computes some operation
+    in a lower precision on ``inputs`` (one forward measures it): the difference of two gradients
+    rounded there is about 1e-3 off, not a float64 derivative.
 
     Raises:
-        ValueError: ``precision.amp`` is set.
+        ValueError: either, naming the operations and what to use instead.
     """
     if precision.amp:
         raise ValueError(f"finite differences: {AMP_DIFFERENCES}; analyse without amp, or with an exact engine")
+    if precision.dtype != torch.float64 or model is None or inputs is None or jet_rules(model):
+        return
+    if lowered := model.lower_precision(inputs):
+        raise ValueError(
+            f"finite differences in float64: this model computes {', '.join(lowered)} below float64, so its "
+            "gradients are rounded there and their differences are not float64 derivatives; use engine "
+            "double_backward or pearlmutter"
+        )
 
 
 @dataclass(frozen=True)
@@ -202,8 +216,6 @@ class EpochHessian:
                 "Llama(config, attention_backend='reference'), or use an engine of first derivatives "
                 f"({', '.join(e.name for e in REGISTRY.values() if not e.second_derivatives)})"
             )
-        if not self.spec.second_derivatives:
-            check_differences(precision)
         if compile and not self.spec.compiled:
             compiled = ", ".join(e.name for e in REGISTRY.values() if e.compiled)
             raise ValueError(f"only the {compiled} engine is compiled; use --no-compile-hvp with the other engines")
@@ -218,6 +230,8 @@ class EpochHessian:
         self.flat = FlatParameters(model)
         self.theta = self.flat.flatten([p.detach() for p in model.parameters()])
         self.batches = pad_sequences(tokens.to(precision.device), batch_size)
+        if not self.spec.second_derivatives:
+            check_differences(precision, model, self.batches[0][0][:1])
         self.n_targets = int(tokens[:, 1:].numel())
         self.n_targets_tensor = torch.tensor(float(self.n_targets), dtype=precision.dtype, device=precision.device)
         self.progress = progress or (lambda message: None)

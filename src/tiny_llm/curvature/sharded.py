@@ -280,7 +280,7 @@ def difference_products(operator: ShardedHessian, V: torch.Tensor) -> torch.Tens
     Raises:
         ValueError: under bf16 autocast (``AMP_DIFFERENCES``), before any work.
     """
-    check_differences(operator.precision)
+    check_differences(operator.precision, operator.model, operator.batches[0][0][:1])
     V = V.to(device=operator.precision.device, dtype=torch.float64)
     norms = operator.layout.norms(V).tolist()
     out = torch.zeros_like(V)

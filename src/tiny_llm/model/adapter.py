@@ -11,6 +11,16 @@ Attention runs in ``transformers``' eager implementation (explicit softmax: ever
 path has its rules), and the model stays in evaluation mode (no dropout) whatever mode it is put
 in. The state dict keys are the Hugging Face model's own, with the tensors a tied head shares
 saved once (safetensors refuses shared storage).
+
+A float64 model is float64 in every operation. ``transformers`` keeps float32 arithmetic inside a
+float64 model (the eager softmax, RMSNorm and the RoPE frequencies and angles are taken in float32:
+about 1e-7 of the logits, and finite differences of its gradients 1e-3 off). While a float64 model
+runs, ``Float64Arithmetic`` (a torch function mode, so it holds for any family's code, not a list of
+patched classes) turns every request for float32 into float64: a ``dtype=torch.float32`` argument,
+``.float()``, ``.to``/``.type`` to float32, and factory functions' default dtype; and the derived
+buffers a model computed in float32 when it was built (RoPE's ``inv_freq``) are built again under it.
+What still comes out in a lower precision (an operation that defeats the mode) is recorded by name
+in ``lowered``: a float64 analysis reports it.
 """
 
 from __future__ import annotations
@@ -21,10 +31,64 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from tiny_llm.config import ModelConfig
 
-__all__ = ["HFCausalLM"]
+__all__ = ["Float64Arithmetic", "HFCausalLM"]
+
+
+class Float64Arithmetic(TorchFunctionMode):
+    """Every float32 request of the code run under it becomes float64 (module docstring); the names
+    of operations whose floating output is still of a lower precision go to ``lowered``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lowered: set[str] = set()
+        self._default = torch.get_default_dtype()
+
+    def __enter__(self) -> Float64Arithmetic:
+        self._default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.set_default_dtype(self._default)
+        return super().__exit__(*exc)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.float:
+            return args[0].to(torch.float64)
+        if kwargs.get("dtype") is torch.float32:
+            kwargs["dtype"] = torch.float64
+        if func in (torch.Tensor.to, torch.Tensor.type):
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.is_floating_point() and out.dtype != torch.float64:
+            self.lowered.add(getattr(func, "__name__", repr(func)))
+        return out
+
+
+def _float64_buffers(model: nn.Module) -> list[str]:
+    """Build again, under ``Float64Arithmetic``, every module's derived floating buffers (those not
+    in the state dict: RoPE frequencies and the like, computed from the configuration when the model
+    was built); the names of those whose module could not be rebuilt from its ``config``."""
+    kept = []
+    for name, module in model.named_modules():
+        derived = [b for b in module._non_persistent_buffers_set if getattr(module, b) is not None]
+        derived = [b for b in derived if getattr(module, b).is_floating_point()]
+        if not derived:
+            continue
+        try:
+            with Float64Arithmetic():
+                fresh = type(module)(module.config)
+        except (AttributeError, TypeError, ValueError):  # not built from a config alone
+            kept += [f"{name}.{b}" for b in derived]
+            continue
+        for b in derived:
+            setattr(module, b, getattr(fresh, b).to(getattr(module, b).device))
+    return kept
 
 
 class HFCausalLM(nn.Module):
@@ -54,6 +118,9 @@ class HFCausalLM(nn.Module):
         self.config, self.attention_backend = config, "reference"
         self.model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
         self.model.eval()
+        self.lowered: set[str] = set()
+        """Operations (and derived buffers) still of a lower precision in a float64 forward."""
+        self._float64_buffers = False
 
     def train(self, mode: bool = True) -> HFCausalLM:
         """Evaluation mode always: dropout would make the loss random."""
@@ -64,7 +131,23 @@ class HFCausalLM(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if idx.size(1) > self.config.max_seq_len:
             raise ValueError(f"sequence length {idx.size(1)} exceeds model.max_seq_len={self.config.max_seq_len}")
-        return self.model(input_ids=idx, use_cache=False).logits
+        if self.model.get_input_embeddings().weight.dtype != torch.float64:
+            return self.model(input_ids=idx, use_cache=False).logits
+        if not self._float64_buffers:  # once: the buffers built in float32 with the model
+            self.lowered |= set(_float64_buffers(self.model))
+            self._float64_buffers = True
+        with Float64Arithmetic() as arithmetic:
+            logits = self.model(input_ids=idx, use_cache=False).logits
+        self.lowered |= arithmetic.lowered
+        return logits
+
+    def lower_precision(self, inputs: torch.Tensor) -> list[str]:
+        """What a float64 forward of ``inputs`` still computes below float64 (one forward, no
+        gradient): the operations and derived buffers ``Float64Arithmetic`` could not lift; empty
+        when the model is not float64 or nothing remains."""
+        with torch.no_grad():
+            self(inputs)
+        return sorted(self.lowered) if self.model.get_input_embeddings().weight.dtype == torch.float64 else []
 
     def shared_keys(self) -> dict[str, str]:
         """State dict keys whose tensor is another key's (tied weights) -> that key."""
