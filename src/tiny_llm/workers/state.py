@@ -32,7 +32,7 @@ from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
-from tiny_llm.model.architectures import build_model
+from tiny_llm.model.architectures import build_model, jet_rules
 from tiny_llm.provenance import hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
 from tiny_llm.workers.binding import _identity, _reusable, single_writer
@@ -163,6 +163,7 @@ def _result(
             "attention_backend": "reference",
             "reductions": "float64",
             "cuda_matmul_fp32_precision": measured["cuda_matmul_fp32_precision"],
+            "below_float64": measured["below_float64"],
             # the step regime of forms by finite differences (the fallback of sharded analyses)
             **(
                 {"finite_difference_scale": FD_SCALE.get(resolved.dtype, 3e-3)}
@@ -213,7 +214,7 @@ def _measure(
     model = build_model(config.model, attention_backend="reference")
     model.load_state_dict(state.root, strict=True)
     rank, ranks = world()
-    sharded = settings.sharded and ranks > 1
+    sharded = is_sharded(settings.sharded)
     # sharded, the model stays on the host until FSDP moves each block's shards to the device
     model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
     names = FlatParameters(model).names
@@ -245,4 +246,6 @@ def _measure(
         explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
     ):
         measured = measure_case(model, inputs, precision, progress=lambda m: log.info("%s %s", label, m))
+    # what a model without our rules (an adapter's) still computed below a float64 analysis's dtype
+    measured["below_float64"] = sorted(model.lowered) if not jet_rules(model) else []
     return _result(config, cache, plan, state, case, settings, resolved, identity, memory, measured | runtime, started)
