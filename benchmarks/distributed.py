@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.curvature.memory import StoragePeak
+from tiny_llm.curvature.memory_measure import StoragePeak
 from tiny_llm.curvature.sharded import ShardedHessian
 from tiny_llm.curvature.spectrum import top_eigenpairs
 from tiny_llm.model.llama import Llama

@@ -44,13 +44,12 @@ from tiny_llm.curvature.memory import (
     GRADIENT,
     PHASES,
     GiB,
-    StoragePeak,
     features,
-    measure_pass,
     pass_bytes,
     plan_analysis,
     size,
 )
+from tiny_llm.curvature.memory_measure import StoragePeak, measure_pass
 from tiny_llm.model.llama import Llama
 
 ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference", GRADIENT)

@@ -25,7 +25,8 @@ import yaml
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.gradients import batch_gradient
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, runtime_settings
-from tiny_llm.curvature.memory import MemoryPlan, device_budget
+from tiny_llm.curvature.memory import MemoryPlan
+from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model.architectures import build_model
 from tiny_llm.workers.loading import _resolve, _Resolved

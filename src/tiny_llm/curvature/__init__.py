@@ -29,9 +29,8 @@ _WHERE = {
         "tiny_llm.curvature.gradients",
     ),
     **dict.fromkeys(["EpochHessian", "FlatParameters", "Precision", "pad_sequences"], "tiny_llm.curvature.hessian"),
-    **dict.fromkeys(
-        ["MemoryPlan", "StoragePeak", "device_budget", "pass_bytes", "plan_analysis"], "tiny_llm.curvature.memory"
-    ),
+    **dict.fromkeys(["MemoryPlan", "pass_bytes", "plan_analysis"], "tiny_llm.curvature.memory"),
+    **dict.fromkeys(["StoragePeak", "device_budget", "measure_pass"], "tiny_llm.curvature.memory_measure"),
     **dict.fromkeys(["CaseInputs"], "tiny_llm.curvature.case"),
     **dict.fromkeys(["measure_case"], "tiny_llm.curvature.noise"),
     **dict.fromkeys(

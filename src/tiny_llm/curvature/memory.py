@@ -27,17 +27,16 @@ the measured peak differs by a few per cent.
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.engines import GRADIENT, default_forms_engine
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.memory_fit import COEFFICIENTS
+from tiny_llm.curvature.sharded import forms_shape, held_unsharded
 from tiny_llm.model.architectures import jet_rules
 
 __all__ = [
@@ -48,12 +47,8 @@ __all__ = [
     "MemoryPlan",
     "PHASES",
     "PassPlan",
-    "StoragePeak",
     "choose_group_rows",
-    "device_budget",
     "features",
-    "gathered_parameters",
-    "measure_pass",
     "parameter_count",
     "pass_bytes",
     "plan_analysis",
@@ -87,135 +82,6 @@ the logits and loss, or the end of a reverse pass (the parameters' gradients, th
 Each phase's live memory is linear in the features it names."""
 
 
-class StoragePeak(TorchDispatchMode):
-    """Count the bytes of live tensor storage created inside the block, and their peak.
-
-    Every storage that an operator returns is counted once (views share it) until it is freed.
-    Storages that existed before the block (the model, the inputs, the directions) are not
-    counted, nor are their views and in-place results (an output whose storage is one of the
-    operator's inputs' is never new).
-
-    Example:
-        >>> with StoragePeak() as counter:
-        ...     x = torch.ones(1000, dtype=torch.float64); y = x * 2; del x
-        >>> counter.peak, counter.live
-        (16000, 8000)
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.live = self.peak = 0
-        self._seen: dict[int, weakref.ref] = {}
-
-    def _release(self, key: int, nbytes: int) -> None:
-        self._seen.pop(key, None)
-        self.live -= nbytes
-
-    def _count(self, tensor: torch.Tensor) -> None:
-        storage = tensor.untyped_storage()
-        key = storage._cdata
-        if key in self._seen or tensor.device.type == "meta":
-            return
-        nbytes = storage.nbytes()
-        self._seen[key] = weakref.ref(storage, lambda _, key=key, nbytes=nbytes: self._release(key, nbytes))
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {
-            t.untyped_storage()._cdata
-            for t in torch.utils._pytree.tree_leaves((args, kwargs or {}))
-            if isinstance(t, torch.Tensor) and t.device.type != "meta"
-        }
-        for value in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(value, torch.Tensor) and value.untyped_storage()._cdata not in inputs:
-                self._count(value)
-        return out
-
-
-class _CudaPeak:
-    """``torch.cuda.max_memory_allocated`` above what was allocated when the block began."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.peak = device, 0
-
-    def __enter__(self) -> _CudaPeak:
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self.base = torch.cuda.memory_allocated(self.device)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        torch.cuda.synchronize(self.device)
-        self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
-
-
-def measure_pass(
-    config: ModelConfig,
-    engine: str,
-    rows: int,
-    K: int,
-    seq_len: int,
-    dtype: torch.dtype = torch.float32,
-    amp: bool = False,
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    compile: bool = False,
-    head_tokens: int | None = None,
-) -> int:
-    """Peak bytes that one pass of ``engine`` (or ``GRADIENT``) over one group of ``rows``
-    sequences with K directions (the head ``head_tokens`` target positions at a time) allocates:
-    live storage on CPU (:class:`StoragePeak`), the allocator's peak on CUDA. The parameters and
-    the directions themselves are not included (they are part of :func:`resident_bytes`)."""
-    from tiny_llm.curvature.hessian import EpochHessian, Precision
-    from tiny_llm.model.architectures import build_model
-    from tiny_llm.training.loop import accumulate_batch_gradient
-
-    device = torch.device(device)
-    counter = _CudaPeak(device) if device.type == "cuda" else StoragePeak()
-    torch.manual_seed(seed)
-    model = build_model(config, attention_backend="reference").to(device, dtype)
-    precision = Precision(device, dtype, amp)
-    if engine == GRADIENT:
-        tokens = torch.randint(0, config.vocab_size, (rows, seq_len + 1), device=device)
-        with counter:
-            accumulate_batch_gradient(
-                model,
-                tokens,
-                rows,
-                forward=lambda x: precision.forward(model, x),
-                head_tokens=head_tokens,
-                autocast=precision.autocast,
-            )
-        return counter.peak
-    spec = engine_named(engine)
-    tokens = torch.randint(0, config.vocab_size, (rows, seq_len + 1), device=device)
-    H = EpochHessian(
-        model,
-        tokens,
-        batch_size=rows,
-        engine=engine,
-        precision=precision,
-        directions_per_pass=K,
-        group_rows=rows,
-        compile=compile,
-        head_tokens=head_tokens,
-    )
-    V = torch.randn(K, H.flat.D, dtype=dtype, device=device)
-    if spec.products:
-        if compile:  # compilation's own workspaces are not the pass's
-            H.hvp(V)
-        with counter:
-            H.hvp(V)
-        return counter.peak
-    inputs, targets = H.batches[0]
-    with counter:  # one group of ``rows`` sequences (whatever the engine's default grouping), twice: the
-        for _ in range(2):  # jet engines keep their workspace between groups, the second is the steady state
-            H._batch(H, V, inputs, targets)
-    return counter.peak
-
-
 def size(nbytes: float) -> str:
     """Bytes as a short human-readable size (binary units)."""
     for unit, scale in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
@@ -230,24 +96,6 @@ def parameter_count(config: ModelConfig) -> int:
 
     with torch.device("meta"):
         return sum(p.numel() for p in build_model(config).parameters())
-
-
-def gathered_parameters(config: ModelConfig) -> tuple[int, int, int]:
-    """(the root's own parameters, the largest block's, the largest parameter gathered whole) of a
-    model sharded block by block: what a rank holds unsharded while a sharded pass runs (the root:
-    embedding, final norm, untied head; a block: one transformer layer), and the parameter whose K
-    gathered directions need the largest gather buffers. The embeddings' and the head's directions
-    are never gathered whole (their rows are looked up, the loss runs on each rank's rows)."""
-    from tiny_llm.model.architectures import build_model
-
-    with torch.device("meta"):
-        model = build_model(config)
-    root = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("layers."))
-    blocks = [sum(p.numel() for p in layer.parameters()) for layer in getattr(model, "layers", [])]
-    by_rows = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    by_rows.add(id(getattr(model, "head_weight", None)))
-    gathered = [p.numel() for p in model.parameters() if id(p) not in by_rows]
-    return root, max(blocks, default=0), max(gathered, default=0)
 
 
 def features(
@@ -467,21 +315,7 @@ def plan_analysis(
         ValueError: a pass that does not fit ``budget_bytes`` even one sequence at a time.
     """
     D = -(-parameter_count(config) // shards)
-    if shards > 1:
-        root, block, largest = gathered_parameters(config)
-        gradient = 2 * (root + block) * itemsize  # the root's and one block's parameters and gradients
-        unsharded = {
-            GRADIENT: gradient,
-            # jets: the root's and one block's parameters, the K directions of one block (or of a
-            # small root parameter, the final norm's, gathered only while its rule runs), and the
-            # gather's buffers: one padded chunk and one parameter-sized scratch; finite differences
-            # run gradient passes and gather no directions
-            engine: (root + block + K * max(block, largest) + largest + -(-largest // shards)) * itemsize
-            if engine_named(engine).jets
-            else gradient,
-        }
-    else:
-        unsharded = {GRADIENT: 0, engine: 0}
+    unsharded = held_unsharded(config, engine, K, shards, itemsize)  # what the sharded operator says
 
     def chunked(engine_: str) -> bool:  # the head in token chunks: our models' gradients and some engines
         return jet_rules(config) and (engine_ == GRADIENT or engine_named(engine_).head_chunks)
@@ -505,10 +339,7 @@ def plan_analysis(
         choose_group_rows(
             "forms",
             engine,
-            # sharded jets run the loss on each rank's rows of the vocabulary: its activations are 1/shards
-            replace(config, vocab_size=-(-config.vocab_size // shards))
-            if shards > 1 and engine_named(engine).jets
-            else config,
+            forms_shape(config, engine, shards),
             hvp_batch_size,
             K,
             seq_len,
@@ -604,15 +435,3 @@ def plan_spectrum(
             ),
         ),
     )
-
-
-def device_budget(device: torch.device, setting_gb: float | None, margin: float = 0.1) -> int | None:
-    """The memory budget of a job in bytes: ``setting_gb`` when given; on CUDA by default the
-    device's free memory less a margin (10 %, at least 2 GiB, for the allocator's fragmentation
-    and the compiled kernels' workspaces); elsewhere None (no budget)."""
-    if setting_gb is not None:
-        return int(setting_gb * GiB)
-    if device.type != "cuda":
-        return None
-    free, total = torch.cuda.mem_get_info(device)
-    return int(free - max(margin * total, 2 * GiB))

@@ -17,7 +17,8 @@ import torch
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.hessian import FD_SCALE, Precision, runtime_settings
-from tiny_llm.curvature.memory import MemoryPlan, device_budget, parameter_count, plan_spectrum
+from tiny_llm.curvature.memory import MemoryPlan, parameter_count, plan_spectrum
+from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.distributed import sharded as is_sharded

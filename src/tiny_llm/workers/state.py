@@ -23,7 +23,8 @@ import torch
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.engines import FINITE_DIFFERENCE
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
-from tiny_llm.curvature.memory import MemoryPlan, device_budget, plan_analysis
+from tiny_llm.curvature.memory import MemoryPlan, plan_analysis
+from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.sharded import shard_rows
 from tiny_llm.data.order import order_report
@@ -49,7 +50,7 @@ def memory_plan(
     settings: AnalysisSettings, config: RunConfig, budget_bytes: int | None, cuda: bool, ranks: int | None = None
 ) -> MemoryPlan:
     """The grouping of a (state, case) job's passes under ``budget_bytes`` (see
-    :func:`tiny_llm.curvature.memory.device_budget`), for a CUDA device or not; with
+    :func:`tiny_llm.curvature.memory_measure.device_budget`), for a CUDA device or not; with
     ``settings.sharded`` one rank's of ``ranks`` (default: this job's).
 
     Raises:

@@ -13,13 +13,12 @@ from tiny_llm.curvature.memory import (
     GRADIENT,
     MODEL_MARGIN,
     GiB,
-    StoragePeak,
     choose_group_rows,
-    measure_pass,
     parameter_count,
     pass_bytes,
     plan_analysis,
 )
+from tiny_llm.curvature.memory_measure import StoragePeak, measure_pass
 
 ENGINES = (*names(), GRADIENT)
 
@@ -215,7 +214,8 @@ def test_a_sharded_plan_is_one_ranks():
     the largest block unsharded, the K directions of the largest block (the embeddings' and the
     head's are never gathered whole) and the gather's buffers; what fits no rank is refused before
     any work, naming the budget."""
-    from tiny_llm.curvature.memory import gathered_parameters, parameter_count, pass_bytes, resident_bytes
+    from tiny_llm.curvature.memory import parameter_count, pass_bytes, resident_bytes
+    from tiny_llm.curvature.sharded import gathered_parameters
 
     D = parameter_count(CAMPAIGN)
     root, block, largest = gathered_parameters(CAMPAIGN)
