@@ -9,22 +9,17 @@ the engine registry.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
 from pathlib import Path
 
 import tiny_llm.commands as commands
+from tiny_llm.declared import add_options
 from tiny_llm.runtime import keep_freed_memory
-from tiny_llm.workers.settings import CASES, ENGINE_SETTINGS, LANCZOS_BASES, AnalysisSettings, SpectrumSettings
+from tiny_llm.workers.settings import CASES, AnalysisSettings, SpectrumSettings
 
 log = logging.getLogger("tiny_llm")
-
-ANALYSIS = {f.name: f.default for f in dataclasses.fields(AnalysisSettings)}
-"""AnalysisSettings' defaults: the options of the analysis commands show and use them."""
-SPECTRUM = {f.name: f.default for f in dataclasses.fields(SpectrumSettings)}
-"""SpectrumSettings' defaults."""
 
 
 def _samples(text: str) -> int | None:
@@ -39,12 +34,18 @@ def _samples(text: str) -> int | None:
     return value
 
 
+def _audit(text: str) -> bool | str:
+    words = {"auto": "auto", "on": True, "true": True, "off": False, "false": False}
+    if text not in words:
+        raise argparse.ArgumentTypeError(f"expected auto, on (true) or off (false), got {text!r}")
+    return words[text]
+
+
 def _add_state_arguments(an: argparse.ArgumentParser) -> None:
-    """Inputs and numerical settings shared by the analysis workers."""
+    """Inputs and numerical settings shared by the analysis workers: one option per field of
+    ``AnalysisSettings`` (its default, choices and docstring)."""
     _add_inputs(an)
-    _add_sampling(an)
-    _add_precision(an)
-    _add_audit_and_memory(an)
+    add_options(an, AnalysisSettings, parsers={"noise_samples": _samples, "audit": _audit})
 
 
 def _add_inputs(an: argparse.ArgumentParser) -> None:
@@ -63,91 +64,8 @@ def _add_inputs(an: argparse.ArgumentParser) -> None:
         help="seen: epoch 1 as trained; unseen: one epoch after training's final shuffle group; offset: "
         "one batch-aligned epoch of the cache from --data-offset (imported runs: the only case)",
     )
-    an.add_argument(
-        "--data-offset",
-        type=int,
-        default=ANALYSIS["data_offset"],
-        help="case offset: batches (of training.batch_size sequences) into the cache where the epoch "
-        "starts (default 0)",
-    )
     an.add_argument("--output", required=True, type=Path, help="result JSON to write")
     an.add_argument("--expect-key", help="refuse unless the checkpoints hash to this state key")
-
-
-def _add_sampling(an: argparse.ArgumentParser) -> None:
-    """How many directions, drawn how, measured by which engine."""
-    an.add_argument(
-        "--noise-samples", type=_samples, default=ANALYSIS["noise_samples"], help="S_v sampled batches, or 'all'"
-    )
-    an.add_argument("--random-samples", type=int, default=ANALYSIS["random_samples"], help="S_r Rademacher directions")
-    an.add_argument("--seed", type=int, default=ANALYSIS["seed"], help="seed of batch draws and directions")
-    an.add_argument("--hvp-batch-size", type=int, help="curvature micro-batch (default: training micro-batch)")
-    an.add_argument(
-        "--directions-per-pass", type=int, default=ANALYSIS["directions_per_pass"], help="K directions per data pass"
-    )
-    an.add_argument(
-        "--engine",
-        default=ANALYSIS["engine"],
-        choices=ENGINE_SETTINGS,
-        help="engine of the quadratic forms vᵀHv: taylor, adjoint (no Hessian-vector products) or an HVP "
-        "engine (auto: adjoint, or taylor with --directions-per-pass 1); spectra use an HVP engine",
-    )
-    an.add_argument(
-        "--no-compile-hvp",
-        action="store_true",
-        help="no torch.compile of Pearlmutter HVPs on CUDA (spectra then use double_backward)",
-    )
-    an.add_argument(
-        "--block-curvature",
-        action="store_true",
-        help="also each parameter block's block-diagonal noise and gradient forms (B_noise per block; "
-        "one more form per noise sample and block)",
-    )
-    an.add_argument(
-        "--sharded",
-        action="store_true",
-        help="under torchrun: shard the model and every parameter-sized vector over the ranks (FSDP2); "
-        "forms by the Taylor mode block by block (engine auto or taylor) or finite differences, "
-        "spectra's products by finite differences; the precision audit sharded too",
-    )
-
-
-def _add_precision(an: argparse.ArgumentParser) -> None:
-    """Device and numerical precision; packed runs' consensus."""
-    an.add_argument("--device", default=ANALYSIS["device"], help="cpu, cuda, cuda:N or auto (cuda when available)")
-    an.add_argument("--dtype", default=ANALYSIS["dtype"], choices=["float32", "float64"], help="parameter dtype")
-    an.add_argument("--no-tf32", action="store_true", help="IEEE float32 matmuls on CUDA")
-    an.add_argument("--amp", action="store_true", help="bf16 autocast in the forward (requires float32)")
-    an.add_argument("--no-consensus", action="store_true", help="packed runs: skip consensus errors")
-
-
-def _add_audit_and_memory(an: argparse.ArgumentParser) -> None:
-    """The precision audit and the memory budget."""
-    an.add_argument(
-        "--audit",
-        choices=["auto", "on", "off", "true", "false"],
-        default=ANALYSIS["audit"],
-        help="precision audit in float64: on (true), off (false) or auto (on unless the analysis runs in "
-        "float64 without --amp)",
-    )
-    an.add_argument(
-        "--audit-directions",
-        type=int,
-        default=ANALYSIS["audit_directions"],
-        help="audited noise and random directions (each; ḡ is always audited)",
-    )
-    an.add_argument(
-        "--audit-batches",
-        type=int,
-        default=ANALYSIS["audit_batches"],
-        help="curvature micro-batches the audit measures",
-    )
-    an.add_argument(
-        "--memory-budget-gb",
-        type=float,
-        help="GiB a job may use on its device; passes are cut into groups of sequences to fit "
-        "(default: CUDA free memory less a margin; no budget on CPU)",
-    )
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -254,39 +172,7 @@ def _add_analyze_spectrum(sub: argparse._SubParsersAction) -> None:
         "one result JSON, written atomically.",
     )
     _add_state_arguments(sp)
-    defaults = SPECTRUM
-    sp.add_argument("--top-k", type=int, default=defaults["top_k"], help="eigenpairs reported")
-    sp.add_argument(
-        "--lanczos-steps",
-        type=int,
-        default=defaults["lanczos_steps"],
-        help="most Lanczos iterations (stops earlier once the top eigenpairs converge)",
-    )
-    sp.add_argument(
-        "--lanczos-tolerance",
-        type=float,
-        help="converged: residual <= this x |eigenvalue| (default 1e-6 in float64, 1e-3 in float32)",
-    )
-    sp.add_argument(
-        "--lanczos-basis",
-        default=defaults["lanczos_basis"],
-        choices=LANCZOS_BASES,
-        help="storage dtype of the Lanczos vectors",
-    )
-    sp.add_argument(
-        "--lanczos-reduction",
-        default=defaults["lanczos_reduction"],
-        choices=["float64", "float32"],
-        help="dtype of the Lanczos dot products, norms and reorthogonalisation",
-    )
-    sp.add_argument("--slq-vectors", type=int, default=defaults["slq_vectors"], help="SLQ starting vectors")
-    sp.add_argument("--slq-steps", type=int, default=defaults["slq_steps"], help="SLQ Lanczos steps per vector")
-    sp.add_argument(
-        "--block-samples", type=int, default=defaults["block_samples"], help="directions for the block-diagonal error"
-    )
-    sp.add_argument("--cg-damping", type=float, help="λ of (H + λI)x = ḡ (default: 2 x largest |eigenvalue|)")
-    sp.add_argument("--cg-rtol", type=float, default=defaults["cg_rtol"], help="CG relative residual target")
-    sp.add_argument("--cg-max-iterations", type=int, default=defaults["cg_max_iterations"], help="CG iteration cap")
+    add_options(sp, SpectrumSettings, skip=("sharded",))  # sharded: the analysis option shards both
     sp.set_defaults(func=commands.analyze_spectrum)
 
 

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
+from tiny_llm.declared import from_options
 from tiny_llm.layout import RESOLVED
 from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
 
@@ -154,27 +155,8 @@ def plot_analysis(args: argparse.Namespace) -> None:
 
 
 def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
-    return AnalysisSettings(
-        noise_samples=args.noise_samples,
-        random_samples=args.random_samples,
-        seed=args.seed,
-        hvp_batch_size=args.hvp_batch_size,
-        directions_per_pass=args.directions_per_pass,
-        engine=args.engine,
-        compile_hvp=not args.no_compile_hvp,
-        device=args.device,
-        dtype=args.dtype,
-        tf32=not args.no_tf32,
-        amp=args.amp,
-        consensus=not args.no_consensus,
-        block_curvature=args.block_curvature,
-        sharded=args.sharded,
-        audit={"auto": "auto", "on": True, "true": True, "off": False, "false": False}[args.audit],
-        audit_directions=args.audit_directions,
-        audit_batches=args.audit_batches,
-        data_offset=args.data_offset,
-        memory_budget_gb=args.memory_budget_gb,
-    )
+    """The analysis settings the command line's options parsed to (one option per field)."""
+    return from_options(AnalysisSettings, args)
 
 
 def analyze_spectrum(args: argparse.Namespace) -> None:
@@ -183,20 +165,7 @@ def analyze_spectrum(args: argparse.Namespace) -> None:
     from tiny_llm.workers.spectrum import analyze_spectrum
 
     init_from_environment(args.device)  # under torchrun: one rank of the data-parallel passes
-    spectrum = SpectrumSettings(
-        top_k=args.top_k,
-        lanczos_steps=args.lanczos_steps,
-        lanczos_tolerance=args.lanczos_tolerance,
-        lanczos_basis=args.lanczos_basis,
-        lanczos_reduction=args.lanczos_reduction,
-        slq_vectors=args.slq_vectors,
-        slq_steps=args.slq_steps,
-        block_samples=args.block_samples,
-        cg_damping=args.cg_damping,
-        cg_rtol=args.cg_rtol,
-        cg_max_iterations=args.cg_max_iterations,
-        sharded=args.sharded,
-    )
+    spectrum = from_options(SpectrumSettings, args)  # sharded: the analysis option shards both
     result = analyze_spectrum(
         args.run,
         args.checkpoint,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
+
+from tiny_llm.declared import build, fail
 
 __all__ = [
     "DataConfig",
@@ -49,14 +49,10 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
-def _fail(key: str, allowed: str, got: Any) -> typing.NoReturn:
-    raise ValueError(f"{key}: expected {allowed}, got {got!r}")
-
-
 def _require_positive(section: str, obj: Any, *names: str) -> None:
     for name in names:
         if getattr(obj, name) <= 0:
-            _fail(f"{section}.{name}", "a positive number", getattr(obj, name))
+            fail(f"{section}.{name}", "a positive number", getattr(obj, name))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,9 +79,9 @@ class RopeScaling:
         _require_positive(self.SECTION, self, "factor", "low_freq_factor", "high_freq_factor")
         if self.kind == "llama3":
             if self.original_max_seq_len is None or self.original_max_seq_len <= 0:
-                _fail(f"{self.SECTION}.original_max_seq_len", "a positive integer for kind llama3", None)
+                fail(f"{self.SECTION}.original_max_seq_len", "a positive integer for kind llama3", None)
             if self.high_freq_factor <= self.low_freq_factor:
-                _fail(
+                fail(
                     f"{self.SECTION}.high_freq_factor",
                     f"a number above low_freq_factor={self.low_freq_factor}",
                     self.high_freq_factor,
@@ -169,20 +165,20 @@ class ModelConfig:
         )
         if self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
-            _fail("model.n_heads", f"a divisor of model.d_model={self.d_model} ({divisors})", self.n_heads)
+            fail("model.n_heads", f"a divisor of model.d_model={self.d_model} ({divisors})", self.n_heads)
         if (self.architecture == "hf") != (self.hf_config is not None):
-            _fail("model.hf_config", "a config.json path exactly when model.architecture is hf", self.hf_config)
+            fail("model.hf_config", "a config.json path exactly when model.architecture is hf", self.hf_config)
         if self.architecture in ("llama", "gpt_neox") and (self.rotary_dim % 2 or self.rotary_dim == 0):
             if self.rotary_pct == 1.0:
-                _fail("model.n_heads", f"a value giving an even head_dim (d_model={self.d_model})", self.n_heads)
-            _fail("model.rotary_pct", f"a fraction giving an even, positive share of {self.head_dim}", self.rotary_pct)
+                fail("model.n_heads", f"a value giving an even head_dim (d_model={self.d_model})", self.n_heads)
+            fail("model.rotary_pct", f"a fraction giving an even, positive share of {self.head_dim}", self.rotary_pct)
         self._check_variants()
 
     def _check_variants(self) -> None:
         """Each architecture's own options: what another architecture would ignore is refused."""
         if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
             divisors = [h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]
-            _fail("model.n_kv_heads", f"null or a divisor of n_heads={self.n_heads} ({divisors})", self.n_kv_heads)
+            fail("model.n_kv_heads", f"null or a divisor of n_heads={self.n_heads} ({divisors})", self.n_kv_heads)
         only = {
             "n_kv_heads": (("llama",), self.n_kv_heads not in (None, self.n_heads)),
             "rope_scaling": (("llama", "gpt_neox"), self.rope_scaling is not None),
@@ -191,17 +187,17 @@ class ModelConfig:
         }
         for key, (architectures, used) in only.items():
             if used and self.architecture not in (*architectures, "hf"):
-                _fail(
+                fail(
                     f"model.{key}",
                     f"its default unless model.architecture is {' or '.join(architectures)}",
                     getattr(self, key),
                 )
         if self.architecture == "gpt2" and self.attention_bias not in (None, "all"):
-            _fail("model.attention_bias", "null or all for gpt2 (its projections are biased)", self.attention_bias)
+            fail("model.attention_bias", "null or all for gpt2 (its projections are biased)", self.attention_bias)
         if self.architecture == "gpt2" and self.mlp_bias is False:
-            _fail("model.mlp_bias", "null or true for gpt2 (its projections are biased)", self.mlp_bias)
+            fail("model.mlp_bias", "null or true for gpt2 (its projections are biased)", self.mlp_bias)
         if self.architecture == "gpt_neox" and self.attention_bias == "qkv":
-            _fail("model.attention_bias", "none, all or null for gpt_neox", self.attention_bias)
+            fail("model.attention_bias", "none, all or null for gpt_neox", self.attention_bias)
 
     @property
     def head_dim(self) -> int:
@@ -251,9 +247,9 @@ class DataConfig:
     def __post_init__(self) -> None:
         _require_positive(self.SECTION, self, "seq_len", "shuffle_group_blocks")
         if self.seed < 0:
-            _fail("data.seed", "a non-negative integer", self.seed)
+            fail("data.seed", "a non-negative integer", self.seed)
         if self.prepare_train_tokens is not None and self.prepare_train_tokens <= 0:
-            _fail("data.prepare_train_tokens", "null or a positive integer", self.prepare_train_tokens)
+            fail("data.prepare_train_tokens", "null or a positive integer", self.prepare_train_tokens)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,7 +265,7 @@ class PackedConfig:
 
     def __post_init__(self) -> None:
         if self.workers < 2:
-            _fail("training.packed.workers", "an integer >= 2 (use packed: null for ordinary runs)", self.workers)
+            fail("training.packed.workers", "an integer >= 2 (use packed: null for ordinary runs)", self.workers)
         _require_positive(self.SECTION, self, "sync_every")
 
 
@@ -325,15 +321,15 @@ class TrainingConfig:
             self.SECTION, self, "batch_size", "micro_batch_size", "tokens", "epochs", "lr", "adam_eps", "log_every"
         )
         if self.micro_batch_size > self.batch_size:
-            _fail("training.micro_batch_size", f"at most training.batch_size={self.batch_size}", self.micro_batch_size)
+            fail("training.micro_batch_size", f"at most training.batch_size={self.batch_size}", self.micro_batch_size)
         for name in ("warmup_steps", "weight_decay", "grad_clip", "momentum", "seed"):
             if getattr(self, name) < 0:
-                _fail(f"training.{name}", "a non-negative number", getattr(self, name))
+                fail(f"training.{name}", "a non-negative number", getattr(self, name))
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
-                _fail(f"training.{name}", "a number in [0, 1)", getattr(self, name))
+                fail(f"training.{name}", "a number in [0, 1)", getattr(self, name))
         if not 0 <= self.min_lr_ratio <= 1:
-            _fail("training.min_lr_ratio", "a number in [0, 1]", self.min_lr_ratio)
+            fail("training.min_lr_ratio", "a number in [0, 1]", self.min_lr_ratio)
 
     @property
     def workers(self) -> int:
@@ -350,12 +346,12 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.data.seq_len > self.model.max_seq_len:
-            _fail("data.seq_len", f"at most model.max_seq_len={self.model.max_seq_len}", self.data.seq_len)
+            fail("data.seq_len", f"at most model.max_seq_len={self.model.max_seq_len}", self.data.seq_len)
         if self.steps_per_epoch < 1:
             need = self.training.epochs * self.batch_tokens
-            _fail("training.tokens", f"at least epochs x batch_size x seq_len = {need}", self.training.tokens)
+            fail("training.tokens", f"at least epochs x batch_size x seq_len = {need}", self.training.tokens)
         if self.steps_per_epoch % self.training.workers:
-            _fail(
+            fail(
                 "training.tokens",
                 f"a budget giving whole rounds of {self.training.workers} workers per epoch "
                 f"(stream batches per epoch = {self.steps_per_epoch})",
@@ -386,56 +382,6 @@ class RunConfig:
 # --- dict <-> dataclass ---------------------------------------------------------------------
 
 
-def _describe(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else _describe(a) for a in typing.get_args(tp))
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        if value in typing.get_args(tp) and isinstance(value, str):
-            return value
-    elif origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(tp):
-            return None
-        for arm in typing.get_args(tp):
-            if arm is not type(None):
-                return _coerce(value, arm, key)
-    elif dataclasses.is_dataclass(tp):
-        if isinstance(value, dict):
-            return _build(tp, value, key + ".")
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    _fail(key, _describe(tp), value)
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in data:
-        if key not in names:
-            raise ValueError(f"unknown key {prefix}{key}; allowed keys: {', '.join(prefix + n for n in names)}")
-    kwargs = {name: _coerce(data[name], hints[name], prefix + name) for name in names if name in data}
-    return cls(**kwargs)
-
-
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """Build a validated RunConfig from nested plain data (defaults fill missing keys).
 
@@ -444,7 +390,7 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """
     if not isinstance(data, dict):
         raise ValueError(f"configuration must be a mapping with sections model, data, training; got {data!r}")
-    return _build(RunConfig, data, "")
+    return build(RunConfig, data, "")
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

@@ -208,4 +208,5 @@ def test_help_describes_every_subcommand_and_shows_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["analyze-spectrum", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "eigenpairs reported (default: 3)" in text and "converge) (default: 100)" in text
+    assert "Eigenpairs reported (largest algebraic, and largest magnitude). (default: 3)" in text
+    assert "once every wanted eigenpair has converged (lanczos_tolerance). (default: 100)" in text

@@ -145,7 +145,7 @@ def test_the_cli_compares_experiments(experiment, tmp_path):
     [
         (
             {"settings": {**SETTINGS, "rows": 3}},
-            r"seed_experiments.tiny.settings: unknown geometry settings \['rows'\]",
+            "seed_experiments.tiny.settings: unknown key rows; allowed keys: reference_rows",
         ),
         ({"seeds": [1]}, "seeds"),
     ],

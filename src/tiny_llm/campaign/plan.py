@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.blocks import block_count
+from tiny_llm.declared import build
 from tiny_llm.layout import FINAL, IMPORTED, STATES
 from tiny_llm.workers.settings import AnalysisSettings
 
@@ -62,11 +63,9 @@ class ClusterSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ClusterSettings:
-        """The settings of a ``cluster`` section (unknown keys are the schema's to refuse)."""
-        data = {k: v for k, v in (data or {}).items() if k in cls.__dataclass_fields__}
-        if "timing_profiles" in data:
-            data["timing_profiles"] = tuple(data["timing_profiles"])
-        return cls(**data)
+        """The settings of a ``cluster`` section, typed by the one loader (unknown keys are the
+        schema's to refuse: the section holds the profile's other keys too)."""
+        return build(cls, {k: v for k, v in (data or {}).items() if k in cls.__dataclass_fields__}, "cluster.")
 
     @property
     def estimated(self) -> bool:

@@ -149,7 +149,7 @@ class Walltimes:
     def rule(self) -> str:
         """The walltime rule in force, in words (for the campaign record)."""
         if self.cluster.walltime_hours:
-            return f"cluster.walltime_hours: {self.cluster.walltime_hours} per state job"
+            return f"cluster.walltime_hours: {self.cluster.walltime_hours:g} per state job"
         if self.cluster.walltime == "estimate":
             return "2 x estimated work + 30 min per state job, rounded up to the hour"
         return "none (local run, or the profile's default)"

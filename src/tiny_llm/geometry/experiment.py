@@ -25,9 +25,9 @@ import hashlib
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import save_file
@@ -36,6 +36,7 @@ from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.spectrum import top_eigenpairs
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, unseen_plan
+from tiny_llm.declared import build, check_fields
 from tiny_llm.geometry import metrics as geometry
 from tiny_llm.io import atomic_path, atomic_write_json
 from tiny_llm.layout import RESOLVED, TRAIN_LOG
@@ -100,10 +101,11 @@ class GeometrySettings:
     """Seed of the Hutchinson and Lanczos probes and of the SGLD chains."""
     device: str = "cpu"
     """cpu, cuda, cuda:N or auto."""
-    dtype: str = "float64"
+    dtype: Literal["float64", "float32"] = "float64"
     """float64 or float32."""
 
     def __post_init__(self):
+        check_fields(self)  # types and literals, as the loader checks them; ranges below
         for name in (
             "reference_rows",
             "cov_batch_size",
@@ -124,18 +126,11 @@ class GeometrySettings:
             raise ValueError("hessian_proxy_every, hessian_eig_every and llc_every must be 0 (never) or positive")
         if self.llc_chains < 1 or self.llc_draws < 1:
             raise ValueError("llc_chains and llc_draws must be at least 1")
-        if self.dtype not in ("float64", "float32"):
-            raise ValueError(f"dtype: expected float64 or float32, got {self.dtype!r}")
 
 
 def geometry_settings_from_dict(data: dict[str, Any] | None) -> GeometrySettings:
     """Settings from a config mapping; unknown keys are an error that lists the known ones."""
-    data = dict(data or {})
-    known = {f.name for f in fields(GeometrySettings)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown geometry settings {unknown}; known: {sorted(known)}")
-    return GeometrySettings(**data)
+    return build(GeometrySettings, dict(data or {}))
 
 
 def as_analysis_settings(settings: GeometrySettings) -> AnalysisSettings:

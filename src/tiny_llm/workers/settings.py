@@ -22,6 +22,7 @@ from tiny_llm.curvature.engines import (
     sharded_names,
 )
 from tiny_llm.curvature.engines import engine as engine_named
+from tiny_llm.declared import build, check_fields
 from tiny_llm.model.architectures import jet_rules
 
 ENGINE_SETTINGS = (AUTO, *names())
@@ -46,7 +47,7 @@ class AnalysisSettings:
     """Numerical and sampling settings of an analysis (all part of a result's identity)."""
 
     noise_samples: int | None = 32
-    """S_v, sampled effective batches (None = every batch of the epoch; capped by the epoch)."""
+    """S_v, sampled effective batches (all, None in code: every batch of the epoch; capped by the epoch)."""
     random_samples: int = 32
     """S_r, Rademacher directions."""
     seed: int = 42
@@ -104,6 +105,11 @@ class AnalysisSettings:
         return self.audit is True or (self.audit == "auto" and (self.dtype != "float64" or self.amp))
 
     def __post_init__(self) -> None:
+        if self.audit in ("on", "off"):  # the command line's words, in a configuration too
+            object.__setattr__(self, "audit", self.audit == "on")
+        if self.engine not in ENGINE_SETTINGS:  # a name beside the registry's, before the types' message
+            raise ValueError(f"engine: expected one of {', '.join(ENGINE_SETTINGS)}, got {self.engine!r}")
+        check_fields(self)  # types and literals, as the loader checks them; ranges and the rest below
         for name in ("random_samples", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected a non-negative integer, got {getattr(self, name)}")
@@ -113,14 +119,6 @@ class AnalysisSettings:
                 raise ValueError(f"{name}: expected a positive integer or all/default, got {value}")
         if self.directions_per_pass < 1:
             raise ValueError(f"directions_per_pass: expected a positive integer, got {self.directions_per_pass}")
-        if self.engine not in ENGINE_SETTINGS:
-            raise ValueError(f"engine: expected one of {', '.join(ENGINE_SETTINGS)}, got {self.engine!r}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype: expected float32 or float64, got {self.dtype!r}")
-        if self.audit in ("on", "off"):  # the command line's words, in a configuration too
-            object.__setattr__(self, "audit", self.audit == "on")
-        if not (self.audit == "auto" or isinstance(self.audit, bool)):
-            raise ValueError(f"audit: expected auto, true or false, got {self.audit!r}")
         for name in ("audit_directions", "audit_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
@@ -154,14 +152,12 @@ def settings_from_dict(data: dict[str, Any]) -> AnalysisSettings:
     Raises:
         ValueError: unknown keys or impossible values, naming them.
     """
-    names = set(AnalysisSettings.__dataclass_fields__)
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"unknown analysis settings {unknown}; allowed: {sorted(names)}")
     values = dict(data)
     if values.get("noise_samples") == "all":
         values["noise_samples"] = None
-    return AnalysisSettings(**values)
+    if values.get("audit") in ("on", "off"):  # the command line's words, in a configuration too
+        values["audit"] = values["audit"] == "on"
+    return build(AnalysisSettings, values)
 
 
 def quadratic_form_engine(settings: AnalysisSettings, model: ModelConfig | None = None) -> str:
@@ -237,31 +233,21 @@ class SpectrumSettings:
     (engine auto or finite_difference). With one rank it runs the same products unsharded."""
 
     def __post_init__(self) -> None:
+        check_fields(self, "spectrum.")  # types and literals, as the loader checks them
         for name in ("top_k", "lanczos_steps", "slq_vectors", "slq_steps", "block_samples", "cg_max_iterations"):
             if getattr(self, name) < 1:
                 raise ValueError(f"spectrum.{name}: expected a positive integer, got {getattr(self, name)}")
         if self.lanczos_steps < self.top_k:
             raise ValueError(f"spectrum.lanczos_steps: expected at least top_k={self.top_k}, got {self.lanczos_steps}")
-        if self.lanczos_basis not in LANCZOS_BASES:
-            raise ValueError(
-                f"spectrum.lanczos_basis: expected one of {', '.join(LANCZOS_BASES)}, got {self.lanczos_basis!r}"
-            )
         if self.lanczos_tolerance is not None and not self.lanczos_tolerance > 0:
             raise ValueError(
                 f"spectrum.lanczos_tolerance: expected a positive number or null, got {self.lanczos_tolerance!r}"
             )
-        if self.lanczos_reduction not in ("float64", "float32"):
-            raise ValueError(f"spectrum.lanczos_reduction: expected float64 or float32, got {self.lanczos_reduction!r}")
 
 
 def spectrum_settings_from_dict(data: dict[str, Any]) -> SpectrumSettings:
     """SpectrumSettings from config data, refusing unknown keys."""
-    unknown = sorted(set(data) - set(SpectrumSettings.__dataclass_fields__) - {"enabled"})
-    if unknown:
-        raise ValueError(
-            f"unknown spectrum settings {unknown}; allowed: {sorted(SpectrumSettings.__dataclass_fields__)}"
-        )
-    return SpectrumSettings(**{k: v for k, v in data.items() if k != "enabled"})
+    return build(SpectrumSettings, {k: v for k, v in data.items() if k != "enabled"}, "spectrum.")
 
 
 def sharded_engine(settings: AnalysisSettings, spectrum: SpectrumSettings) -> str | None:

@@ -149,7 +149,7 @@ def test_changed_vectors_are_refused(experiment, tmp_path):
 
 
 def test_settings_are_checked():
-    with pytest.raises(ValueError, match=r"unknown geometry settings \['rows'\]"):
+    with pytest.raises(ValueError, match="unknown key rows; allowed keys: reference_rows"):
         geometry_settings_from_dict({"rows": 3})
     with pytest.raises(ValueError, match="top_k .3. must not exceed cov_num_batches .2."):
         GeometrySettings(top_k=3, cov_num_batches=2)

@@ -393,7 +393,7 @@ def test_the_audit_is_on_by_default_unless_float64():
     assert AnalysisSettings(audit="on") == AnalysisSettings(audit=True)
     assert AnalysisSettings(audit="off") == AnalysisSettings(audit=False)
     for bad in ("yes", 1, None):
-        with pytest.raises(ValueError, match="audit: expected auto, true or false"):
+        with pytest.raises(ValueError, match="audit: expected true or false or one of 'auto'"):
             AnalysisSettings(audit=bad)
     with pytest.raises(ValueError, match="audit_batches: expected a positive integer"):
         AnalysisSettings(audit_batches=0)

@@ -1,0 +1,190 @@
+"""Settings declared once: a frozen dataclass's fields (their types, defaults and docstrings) are
+the one declaration from which a configuration file is loaded, a command line is built and parsed,
+and a value built in code is checked.
+
+* ``build(cls, data, prefix)``: the typed loader of run configurations and every settings class:
+  unknown keys, types and literals refused in one line naming the key as the user spelled it
+  (``prefix`` + field); nested dataclasses from mappings.
+* ``check_fields(obj)``: the same checks on an instance built in code (a class's ``__post_init__``
+  calls it, then writes only its ranges and cross-field checks by hand).
+* ``field_docs(cls)``: each field's docstring (the string under it), for help texts.
+* ``add_options(parser, cls)`` and ``from_options(cls, args)``: a command line whose options,
+  defaults, choices and help come from the fields (``--name-with-dashes``; a bool is
+  ``--name``/``--no-name``; a ``Literal`` gives its choices), and the instance it parsed to.
+
+Torch-free, so the command line answers ``--help`` at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Literal
+
+__all__ = ["add_options", "build", "check_fields", "coerce", "describe", "fail", "field_docs", "from_options"]
+
+
+def fail(key: str, allowed: str, got: Any) -> typing.NoReturn:
+    """Refuse ``got`` for ``key`` in one line: what was expected, what came."""
+    raise ValueError(f"{key}: expected {allowed}, got {got!r}")
+
+
+def describe(tp: Any) -> str:
+    """What a value of type ``tp`` is, in the words of a refusal."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else describe(a) for a in typing.get_args(tp))
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    if typing.get_origin(tp) in (tuple, list):
+        return f"a list of {describe(typing.get_args(tp)[0]).removeprefix('a ').removeprefix('an ')}s"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """``value`` as a ``tp`` (an int as a float; a mapping as a dataclass), or refused naming ``key``.
+
+    Raises:
+        ValueError: ``key: expected <what tp is>, got <value>``.
+    """
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value in typing.get_args(tp) and isinstance(value, type(typing.get_args(tp)[0])):
+            return value
+    elif origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        for arm in typing.get_args(tp):
+            if arm is not type(None):
+                try:
+                    return coerce(value, arm, key)
+                except ValueError:
+                    continue
+        fail(key, describe(tp), value)
+    elif origin in (tuple, list):
+        if isinstance(value, (tuple, list)):
+            return origin(coerce(item, typing.get_args(tp)[0], f"{key}[{i}]") for i, item in enumerate(value))
+    elif dataclasses.is_dataclass(tp):
+        if isinstance(value, dict):
+            return build(tp, value, key + ".")
+        if isinstance(value, tp):
+            return value
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif tp is Any:
+        return value
+    fail(key, describe(tp), value)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """``cls`` from plain data: every key a field (refused by name otherwise, listing the allowed
+    ones), every value of its field's type; missing keys take the defaults.
+
+    Raises:
+        ValueError: an unknown key or a value of the wrong type, naming ``prefix`` + the key.
+    """
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise ValueError(f"unknown key {prefix}{key}; allowed keys: {', '.join(prefix + n for n in names)}")
+    hints = _hints(cls)
+    return cls(**{name: coerce(data[name], hints[name], prefix + name) for name in names if name in data})
+
+
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Check every field of a dataclass instance against its declared type (what ``build`` checks
+    of loaded data, for a value built in code).
+
+    Raises:
+        ValueError: the first field whose value is not of its type, naming ``prefix`` + the field.
+    """
+    hints = _hints(type(obj))
+    for field in dataclasses.fields(obj):
+        coerce(getattr(obj, field.name), hints[field.name], prefix + field.name)
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string literal right below it in the class body), whitespace
+    folded; the fields of base classes too."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, after in zip(body, body[1:], strict=False):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_options(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    skip: tuple[str, ...] = (),
+    parsers: dict[str, Callable[[str], Any]] | None = None,
+) -> None:
+    """One option per field of ``cls`` (but ``skip``): ``--field-name``, its default the field's,
+    its help the field's docstring; a bool ``--name``/``--no-name``; a ``Literal`` its choices;
+    ``parsers`` a field's own text parser (``all`` for None, say) in place of its type's."""
+    hints, docs, parsers = _hints(cls), field_docs(cls), parsers or {}
+    for field in dataclasses.fields(cls):
+        if field.name in skip:
+            continue
+        help_text = docs.get(field.name, "").replace("``", "")  # the docstring's markup is not the terminal's
+        tp, options = hints[field.name], {"dest": field.name, "default": field.default, "help": help_text}
+        arms = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+        if field.name in parsers:
+            options["type"] = parsers[field.name]
+        elif tp is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(tp) is Literal:
+            options["choices"] = typing.get_args(tp)
+        elif arms[0] in (int, float, str):
+            options["type"] = arms[0]
+        parser.add_argument(_flag(field.name), **options)
+
+
+def from_options(cls: type, args: argparse.Namespace) -> Any:
+    """The ``cls`` that ``add_options``' options parsed to (checked as ``build`` checks data),
+    naming a refused value by its flag."""
+    data = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    hints = _hints(cls)
+    return cls(**{name: coerce(value, hints[name], _flag(name)) for name, value in data.items()})
