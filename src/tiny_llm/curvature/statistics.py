@@ -434,6 +434,8 @@ STATISTICS: tuple[Statistic, ...] = (
 )
 """Every statistic, in the order of a result's ``statistics`` block and of summary.csv."""
 
+DECLARED: dict[str, Statistic] = {s.name: s for s in STATISTICS}
+"""Every statistic by name."""
 STANDARD_ERRORS: list[str] = [s.name for s in STATISTICS if s.sampled]
 """The statistics that are means over sampled directions; each has ``<name>_se``."""
 
@@ -456,6 +458,24 @@ BLOCK_STANDARD_ERRORS = ("mean_grad_norm", "mean_noise_norm", "b_simple", "noise
 """The per-block statistics that are means over the noise samples."""
 
 
+def block_samples(samples: Samples, b: int, g_bar_squared: float, grad_curvature: float | None) -> Samples:
+    """Parameter block b's view of the samples: each noise record's block-b parts (‖gᵢ,b‖, vᵢ,b's
+    squared norm as measured and, with the block-diagonal forms, vᵢ,bᵀH_bb vᵢ,b), ‖ḡ_b‖² and
+    ḡ_bᵀH_bb ḡ_b (None without the forms), so that the declared STATISTICS and their standard
+    errors are the block's; no random directions."""
+    noise = [
+        NoiseSample(
+            curvature=None if r.block_noise_curvatures is None else r.block_noise_curvatures[b],
+            squared_norm=r.block_noise_squared_norms[b],
+            grad_norm=math.sqrt(r.block_grad_squared_norms[b]),
+        )
+        for r in samples.noise
+    ]
+    view = Samples(noise, [], math.sqrt(g_bar_squared), grad_curvature, samples.D, samples.B, samples.M)
+    object.__setattr__(view, "vv", [r.squared_norm for r in noise])  # the block's ‖vᵢ,b‖² as measured
+    return view
+
+
 def block_statistics(
     samples: Samples,
     names: list[str],
@@ -463,58 +483,28 @@ def block_statistics(
     g_bar_squared: list[float],
     grad_curvatures: list[float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per parameter block b, from the noise samples' block norms and ‖ḡ_b‖²: ‖ḡ_b‖, mean ‖gᵢ,b‖ and
-    mean ‖vᵢ,b‖ (with standard errors as the whole model's), B_simple per block
-    B·c·mean ‖vᵢ,b‖² / ‖ḡ_b‖² (null when ‖ḡ_b‖ = 0 or the epoch is one batch), and the block's
-    shares ‖ḡ_b‖²/‖ḡ‖² and Σᵢ‖vᵢ,b‖²/Σᵢ‖vᵢ‖² (the squared block norms add up to the model's). With
-    the block-diagonal forms (``grad_curvatures`` ḡ_bᵀH_bb ḡ_b, and the samples' vᵢ,bᵀH_bb vᵢ,b):
-    noise_curvature mean vᵢ,bᵀH_bb vᵢ,b, grad_curvature and B_noise per block
-    B·c·mean vᵢ,bᵀH_bb vᵢ,b / ḡ_bᵀH_bb ḡ_b (null when that is ≤ 0); else those are null."""
+    """Per parameter block b: the declared STATISTICS named in BLOCK_STATISTICS (with the standard
+    errors of BLOCK_STANDARD_ERRORS), estimated by the same declarations on the block's view of the
+    samples (:func:`block_samples`: ‖ḡ_b‖, mean ‖gᵢ,b‖ and ‖vᵢ,b‖, B_simple per block
+    B·c·mean ‖vᵢ,b‖² / ‖ḡ_b‖², and with the block-diagonal forms noise_curvature, grad_curvature and
+    B_noise per block B·c·mean vᵢ,bᵀH_bb vᵢ,b / ḡ_bᵀH_bb ḡ_b; null where the whole model's would be,
+    and without the forms), and the block's shares ‖ḡ_b‖²/‖ḡ‖² and Σᵢ‖vᵢ,b‖²/Σᵢ‖vᵢ‖² (the squared
+    block norms add up to the model's)."""
     g2_total, vv_total = math.fsum(g_bar_squared), math.fsum(samples.vv)
     rows = []
     for b, (name, count) in enumerate(zip(names, parameters, strict=True)):
-        vv = [r.block_noise_squared_norms[b] for r in samples.noise]
-        grads = [math.sqrt(r.block_grad_squared_norms[b]) for r in samples.noise]
-        noises = [math.sqrt(x) for x in vv]
-        g2, mean_vv, vv_se = g_bar_squared[b], samples.mean(vv), _mean_se(vv, samples.n)
-        bs = (
-            None
-            if samples.correction is None or mean_vv is None
-            else _ratio(samples.B * samples.correction * mean_vv, g2)
-        )
-        rows.append(
-            {
-                "block": name,
-                "parameters": count,
-                "full_grad_norm": math.sqrt(g2),
-                "mean_grad_norm": samples.mean(grads),
-                "mean_grad_norm_se": _mean_se(grads, samples.n),
-                "mean_noise_norm": samples.mean(noises),
-                "mean_noise_norm_se": _mean_se(noises, samples.n),
-                "b_simple": bs,
-                "b_simple_se": None if bs is None or vv_se is None else samples.scale * vv_se / g2,
-                "gradient_share": _ratio(g2, g2_total),
-                "noise_share": _ratio(math.fsum(vv), vv_total),
-                **_block_curvature(samples, b, None if grad_curvatures is None else grad_curvatures[b]),
-            }
-        )
+        view = block_samples(samples, b, g_bar_squared[b], None if grad_curvatures is None else grad_curvatures[b])
+        shares = {
+            "gradient_share": _ratio(g_bar_squared[b], g2_total),
+            "noise_share": _ratio(math.fsum(view.vv), vv_total),
+        }
+        row: dict[str, Any] = {"block": name, "parameters": count}
+        for statistic in BLOCK_STATISTICS:  # the declared estimators, on the block's view
+            row[statistic] = shares[statistic] if statistic in shares else DECLARED[statistic].estimate(view)
+            if statistic in BLOCK_STANDARD_ERRORS:
+                row[f"{statistic}_se"] = DECLARED[statistic].standard_error(view)
+        rows.append(row)
     return rows
-
-
-def _block_curvature(samples: Samples, b: int, gHg: float | None) -> dict[str, float | None]:
-    """Block b's block-diagonal noise and ḡ forms and B_noise, with standard errors (null without)."""
-    if gHg is None:
-        return dict.fromkeys(("noise_curvature", "noise_curvature_se", "grad_curvature", "b_noise", "b_noise_se"))
-    vhv = [r.block_noise_curvatures[b] for r in samples.noise]
-    mean, se = samples.mean(vhv), _mean_se(vhv, samples.n)
-    usable = samples.correction is not None and mean is not None and gHg > 0
-    return {
-        "noise_curvature": mean,
-        "noise_curvature_se": se,
-        "grad_curvature": gHg,
-        "b_noise": samples.B * samples.correction * mean / gHg if usable else None,
-        "b_noise_se": samples.scale * se / gHg if usable and se is not None else None,
-    }
 
 
 def summarise(samples: Samples) -> dict[str, float | None]:
