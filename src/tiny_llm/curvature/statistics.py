@@ -340,6 +340,8 @@ class Statistic:
     """The signed relative error that the audit's pairs imply; None: not audited."""
     part_of: str | None = None
     """The statistic whose generalised Gauss–Newton part this is (quadratic-form engines)."""
+    symbol: str | None = None
+    """Its header in the terminal summary (``tiny-llm summarize``); None: not printed there."""
 
     @property
     def sampled(self) -> bool:
@@ -365,18 +367,20 @@ def _b_noise(s: Samples) -> float | None:
 
 
 STATISTICS: tuple[Statistic, ...] = (
-    Statistic("loss", None, implied_error=lambda a: relative(*a.losses)),
+    Statistic("loss", None, implied_error=lambda a: relative(*a.losses), symbol="loss"),
     Statistic(
         "noise_curvature",
         lambda s: s.mean(s.vhv),
         lambda s: _mean_se(s.vhv, s.n),
         lambda a: a.ratio(a.noise),
+        symbol="vᵀHv",
     ),
     Statistic(
         "normalized_alignment",
         lambda s: _ratio(math.fsum(s.vhv), math.fsum(s.vv)),
         lambda s: _ratio_se(s.vhv, s.vv, s.n),
         lambda a: a.ratio(a.noise, a.norms2),
+        symbol="align",
     ),
     Statistic(
         "mean_noise_norm",
@@ -396,8 +400,9 @@ STATISTICS: tuple[Statistic, ...] = (
         lambda s: s.mean([r.curvature for r in s.random], scale=s.D),
         lambda s: _per(_mean_se([r.curvature for r in s.random], None), s.D),
         lambda a: a.ratio(a.random),
+        symbol="tr(H)/D",
     ),
-    Statistic("grad_curvature", lambda s: s.grad_curvature, implied_error=lambda a: a.ratio(a.gradient)),
+    Statistic("grad_curvature", lambda s: s.grad_curvature, implied_error=lambda a: a.ratio(a.gradient), symbol="ḡᵀHḡ"),
     Statistic(
         "b_simple",
         _b_simple,
@@ -407,6 +412,7 @@ STATISTICS: tuple[Statistic, ...] = (
             else s.scale * se / s.g_bar_norm**2
         ),
         lambda a: a.ratio(a.norms2, a.g2),
+        symbol="B_simple",
     ),
     Statistic(
         "b_noise",
@@ -417,12 +423,14 @@ STATISTICS: tuple[Statistic, ...] = (
             else s.scale * se / s.grad_curvature
         ),
         lambda a: a.ratio(a.noise, a.gradient) if a.positive_gradient_form else None,
+        symbol="B_noise",
     ),
     Statistic(
         "noise_gauss_newton",
         lambda s: s.mean([r.gauss_newton for r in s.noise]),
         lambda s: _mean_se([r.gauss_newton for r in s.noise], s.n),
         part_of="noise_curvature",
+        symbol="vᵀGv",
     ),
     Statistic(
         "random_gauss_newton",

@@ -18,21 +18,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tiny_llm.curvature.statistics import STATISTICS
 from tiny_llm.layout import MANIFEST, SUMMARY
 
 __all__ = ["COLUMNS", "summarize"]
 
-COLUMNS = [
-    ("loss", "loss", None),
-    ("noise_curvature", "vᵀHv", "noise_curvature_se"),
-    ("normalized_alignment", "align", "normalized_alignment_se"),
-    ("random_curvature", "tr(H)/D", "random_curvature_se"),
-    ("grad_curvature", "ḡᵀHḡ", None),
-    ("noise_gauss_newton", "vᵀGv", "noise_gauss_newton_se"),
-    ("b_simple", "B_simple", "b_simple_se"),
-    ("b_noise", "B_noise", "b_noise_se"),
-]
-"""(summary.csv column, header, its standard-error column) of each printed statistic."""
+COLUMNS = [(s.name, s.symbol, f"{s.name}_se" if s.sampled else None) for s in STATISTICS if s.symbol]
+"""(summary.csv column, header, its standard-error column) of each printed statistic: those whose
+declaration gives a terminal symbol, in the declarations' order."""
 CURVATURES = {
     "noise_curvature": "noise_samples",
     "normalized_alignment": "noise_samples",
