@@ -69,16 +69,12 @@ from tiny_llm.curvature.gradients import (
     sampled_gradients,
 )
 from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.records import ConsensusWorker, Direction, NoiseSample, RandomDirection, consensus_block
 from tiny_llm.curvature.sharded import ShardedHessian
 from tiny_llm.curvature.spectrum import Layout
 from tiny_llm.curvature.statistics import (
-    ConsensusWorker,
-    Direction,
-    NoiseSample,
-    RandomDirection,
     Samples,
     block_statistics,
-    consensus_block,
     standard_errors,
     summarise,
 )

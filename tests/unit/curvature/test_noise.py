@@ -12,10 +12,9 @@ from tiny_llm.curvature.blocks import parameter_blocks
 from tiny_llm.curvature.gradients import mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.noise import CaseInputs, measure_case
+from tiny_llm.curvature.records import NoiseSample, RandomDirection
 from tiny_llm.curvature.statistics import (
     STANDARD_ERRORS,
-    NoiseSample,
-    RandomDirection,
     Samples,
     standard_errors,
     summarise,
