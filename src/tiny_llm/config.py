@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,8 +52,9 @@ def parse_yaml(text: str) -> Any:
 
 def _require_positive(section: str, obj: Any, *names: str) -> None:
     for name in names:
-        if getattr(obj, name) <= 0:
-            fail(f"{section}.{name}", "a positive number", getattr(obj, name))
+        value = getattr(obj, name)
+        if not (value > 0 and math.isfinite(value)):  # NaN compares false, infinity is no size
+            fail(f"{section}.{name}", "a positive number", value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +79,10 @@ class RopeScaling:
 
     def __post_init__(self) -> None:
         _require_positive(self.SECTION, self, "factor", "low_freq_factor", "high_freq_factor")
+        if self.kind == "linear":  # llama3's options would be ignored: refused, not dropped
+            for name, default in (("low_freq_factor", 1.0), ("high_freq_factor", 4.0), ("original_max_seq_len", None)):
+                if getattr(self, name) != default:
+                    fail(f"{self.SECTION}.{name}", "no value under kind linear (a llama3 option)", getattr(self, name))
         if self.kind == "llama3":
             if self.original_max_seq_len is None or self.original_max_seq_len <= 0:
                 fail(f"{self.SECTION}.original_max_seq_len", "a positive integer for kind llama3", None)
@@ -166,6 +172,8 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             fail("model.n_heads", f"a divisor of model.d_model={self.d_model} ({divisors})", self.n_heads)
+        if self.rotary_pct > 1:
+            fail("model.rotary_pct", "a fraction of each head in (0, 1]", self.rotary_pct)
         if (self.architecture == "hf") != (self.hf_config is not None):
             fail("model.hf_config", "a config.json path exactly when model.architecture is hf", self.hf_config)
         if self.architecture in ("llama", "gpt_neox") and (self.rotary_dim % 2 or self.rotary_dim == 0):

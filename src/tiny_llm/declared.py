@@ -63,12 +63,14 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     elif origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(tp):
             return None
-        for arm in typing.get_args(tp):
-            if arm is not type(None):
-                try:
-                    return coerce(value, arm, key)
-                except ValueError:
-                    continue
+        arms = [arm for arm in typing.get_args(tp) if arm is not type(None)]
+        if len(arms) == 1 and dataclasses.is_dataclass(arms[0]) and isinstance(value, dict):
+            return coerce(value, arms[0], key)  # a section or null: the section's own refusal names its key
+        for arm in arms:
+            try:
+                return coerce(value, arm, key)
+            except ValueError:
+                continue
         fail(key, describe(tp), value)
     elif origin in (tuple, list):
         if isinstance(value, (tuple, list)):

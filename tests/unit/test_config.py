@@ -52,6 +52,22 @@ def test_defaults_round_trip(tmp_path):
         ({"training": {"tokens": 3 * 4 * 16 * 64, "epochs": 4, "packed": {"workers": 2}}}, "whole rounds of 2 workers"),
         ({"data": {"seq_len": 128}}, "data.seq_len: expected at most model.max_seq_len=64"),
         ({"training": {"lr": -1.0}}, "training.lr: expected a positive number"),
+        ({"model": {"norm_eps": float("nan")}}, "model.norm_eps: expected a positive number, got nan"),
+        ({"model": {"rope_theta": float("inf")}}, "model.rope_theta: expected a positive number, got inf"),
+        ({"model": {"architecture": "gpt_neox", "rotary_pct": 1.5}}, "model.rotary_pct: expected a fraction of each"),
+        ({"model": {"architecture": "gpt_neox", "rotary_pct": 0.0}}, "model.rotary_pct: expected a positive number"),
+        (
+            {"model": {"architecture": "gpt_neox", "rotary_pct": float("nan")}},
+            "model.rotary_pct: expected a positive number, got nan",
+        ),
+        (
+            {"model": {"rope_scaling": {"kind": "linear", "factor": float("nan")}}},
+            "model.rope_scaling.factor: expected a positive number, got nan",
+        ),
+        (
+            {"model": {"rope_scaling": {"kind": "linear", "factor": 2.0, "original_max_seq_len": 64}}},
+            "model.rope_scaling.original_max_seq_len: expected no value under kind linear",
+        ),
     ],
 )
 def test_bad_values_name_the_key(data, message):
