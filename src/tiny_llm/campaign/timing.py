@@ -29,7 +29,7 @@ from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.io import atomic_write_json
 from tiny_llm.model.architectures import build_model
-from tiny_llm.workers.loading import _resolve, _Resolved
+from tiny_llm.workers.loading import Resolved, resolve_job
 from tiny_llm.workers.settings import AnalysisSettings, quadratic_form_engine
 from tiny_llm.workers.state import explain_out_of_memory, memory_plan
 
@@ -115,7 +115,7 @@ def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -
     Raises:
         ValueError: the setup does not fit the device's memory, naming the settings to lower.
     """
-    resolved = _resolve(settings, config)
+    resolved = resolve_job(settings, config)
     memory = memory_plan(
         settings, config, device_budget(resolved.device, settings.memory_budget_gb), cuda=resolved.device.type == "cuda"
     )
@@ -139,7 +139,7 @@ def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -
 
 
 def _measure_seconds(
-    config: RunConfig, settings: AnalysisSettings, resolved: _Resolved, repeats: int, memory: MemoryPlan
+    config: RunConfig, settings: AnalysisSettings, resolved: Resolved, repeats: int, memory: MemoryPlan
 ) -> dict[str, float]:
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     started = time.perf_counter()

@@ -23,13 +23,15 @@ from tiny_llm.distributed import barrier, broadcast, is_writer
 from tiny_llm.io import atomic_write_json, exclusive, remove_leftovers
 from tiny_llm.layout import SUMMARY
 from tiny_llm.provenance import canonical_hash, source_hash
-from tiny_llm.workers.loading import _Resolved
+from tiny_llm.workers.loading import Resolved
 from tiny_llm.workers.settings import AnalysisSettings, numerical_settings
 
 log = logging.getLogger(__name__)
 
 
-def _identity(settings: AnalysisSettings, resolved: _Resolved, config: RunConfig, cache: TokenCache) -> dict:
+def result_identity(settings: AnalysisSettings, resolved: Resolved, config: RunConfig, cache: TokenCache) -> dict:
+    """What a (state, case) result's numbers depend on, and its hash: the numerical settings as the
+    job resolved them (device kind, engine), the run's configuration and the cache's content."""
     numerical = {
         **numerical_settings(settings),
         "device": resolved.device.type,
@@ -58,7 +60,9 @@ def _exclusive(output: Path) -> contextlib.AbstractContextManager:
     return exclusive(output.with_name(f".{output.name}.lock"), f"writing {output}")
 
 
-def _reusable(output: Path, identity: dict, key: str, case: str) -> dict | None:
+def reusable_result(output: Path, identity: dict, key: str, case: str) -> dict | None:
+    """The result already at ``output`` when it was made for this identity, state and case (reused,
+    not recomputed); None otherwise."""
     if not output.exists():
         return None
     try:

@@ -150,7 +150,10 @@ def load_state(run_dir: Path, paths: list[Path], config: RunConfig, consensus: b
 
 
 @dataclass(frozen=True)
-class _Resolved:
+class Resolved:
+    """What a job's settings resolve to on this machine: device, dtype, engines, compilation, the
+    curvature micro-batch and TF32."""
+
     device: torch.device
     dtype: torch.dtype
     engine: str
@@ -163,25 +166,26 @@ class _Resolved:
     hvp_compiled: bool
 
 
-def _compiled(settings: AnalysisSettings, engine: str, cuda: bool) -> bool:
+def runs_compiled(settings: AnalysisSettings, engine: str, cuda: bool) -> bool:
     """Whether ``engine`` runs compiled: an engine that compiles, on CUDA, with compile_hvp."""
     return cuda and settings.compile_hvp and engine_named(engine).compiled
 
 
-def _resolve(settings: AnalysisSettings, config: RunConfig) -> _Resolved:
+def resolve_job(settings: AnalysisSettings, config: RunConfig) -> Resolved:
+    """Resolve a job's settings for its run on this machine (device, engines, compilation), once."""
     device = resolve_device(settings.device)
     cuda = device.type == "cuda"
     engine = quadratic_form_engine(settings, config.model)
     hvp_engine = default_products_engine(engine, cuda and settings.compile_hvp)
-    return _Resolved(
+    return Resolved(
         device=device,
         dtype=getattr(torch, settings.dtype),
         engine=engine,
-        compiled=_compiled(settings, engine, cuda),
+        compiled=runs_compiled(settings, engine, cuda),
         tf32=cuda and settings.dtype == "float32" and settings.tf32,
         hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
         hvp_engine=hvp_engine,
-        hvp_compiled=_compiled(settings, hvp_engine, cuda),
+        hvp_compiled=runs_compiled(settings, hvp_engine, cuda),
     )
 
 
@@ -227,7 +231,7 @@ def prepare_inputs(
     run_dir = Path(run_dir)
     config = load_config(run_dir / RESOLVED)
     carried = run_tokenizer(run_dir)  # an import that did not finish is refused first
-    resolved = _resolve(settings, config)
+    resolved = resolve_job(settings, config)
     cache = TokenCache(config.data.cache)
     cache.check_layout(config)
     check_tokenizer(run_dir, cache, carried)

@@ -25,8 +25,8 @@ from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.model.architectures import build_model
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
-from tiny_llm.workers.binding import _identity, _reusable, single_writer
-from tiny_llm.workers.loading import _Resolved, prepare_inputs
+from tiny_llm.workers.binding import result_identity, reusable_result, single_writer
+from tiny_llm.workers.loading import Resolved, prepare_inputs
 from tiny_llm.workers.settings import (
     AnalysisSettings,
     SpectrumSettings,
@@ -42,7 +42,7 @@ __all__ = ["SpectrumSettings", "analyze_spectrum", "lanczos_tolerance", "sharded
 log = logging.getLogger(__name__)
 
 
-def _steps(resolved: _Resolved) -> dict[str, Any]:
+def _steps(resolved: Resolved) -> dict[str, Any]:
     """The finite-difference step's relative scale (ε = scale · max(1, ‖θ‖) / ‖v‖), when that engine runs."""
     if engine_named(resolved.hvp_engine).second_derivatives:
         return {}
@@ -53,7 +53,7 @@ def spectrum_memory(
     settings: AnalysisSettings,
     spectrum: SpectrumSettings,
     config: RunConfig,
-    resolved: _Resolved,
+    resolved: Resolved,
     n_batches: int,
     ranks: int | None = None,
 ) -> MemoryPlan:
@@ -135,12 +135,12 @@ def analyze_spectrum(
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
     if (engine := sharded_engine(settings, spectrum)) is not None:
         resolved = replace(resolved, hvp_engine=engine, hvp_compiled=False)
-    identity = {k: v for k, v in _identity(settings, resolved, config, cache).items() if k != "hash"}
+    identity = {k: v for k, v in result_identity(settings, resolved, config, cache).items() if k != "hash"}
     identity["spectrum"] = asdict(spectrum)
     identity["hash"] = canonical_hash(identity)
     memory = spectrum_memory(settings, spectrum, config, resolved, len(plan))
     with single_writer(output) as reuse:  # every rank computes, rank 0 writes
-        if (old := reuse(lambda: _reusable(output, identity, state.key, case))) is not None:
+        if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
             return old
         precision = Precision(resolved.device, resolved.dtype, settings.amp)
         model = build_model(config.model, attention_backend="reference")

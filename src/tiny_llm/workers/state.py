@@ -36,8 +36,8 @@ from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.model.architectures import build_model, jet_rules
 from tiny_llm.provenance import hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
-from tiny_llm.workers.binding import _identity, _reusable, single_writer
-from tiny_llm.workers.loading import LoadedState, _compiled, _Resolved, prepare_inputs
+from tiny_llm.workers.binding import result_identity, reusable_result, single_writer
+from tiny_llm.workers.loading import LoadedState, Resolved, prepare_inputs, runs_compiled
 from tiny_llm.workers.settings import AnalysisSettings, quadratic_form_engine, settings_record
 
 __all__ = ["RESULT_SCHEMA", "analyze_state", "explain_out_of_memory", "memory_plan"]
@@ -65,7 +65,7 @@ def memory_plan(
         hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
         micro_batch_size=config.training.micro_batch_size,
         itemsize=torch.finfo(getattr(torch, settings.dtype)).bits // 8,
-        compiled=_compiled(settings, engine, cuda),
+        compiled=runs_compiled(settings, engine, cuda),
         audit_directions=settings.audit_directions if settings.audited else None,
         extra_vectors=config.training.workers if config.training.packed and settings.consensus else 0,
         budget_bytes=budget_bytes,
@@ -89,12 +89,12 @@ def analyze_state(
     output = Path(output)
     check_writable_file(output)
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
-    identity = _identity(settings, resolved, config, cache)
+    identity = result_identity(settings, resolved, config, cache)
     memory = memory_plan(
         settings, config, device_budget(resolved.device, settings.memory_budget_gb), cuda=resolved.device.type == "cuda"
     )
     with single_writer(output) as reuse:
-        if (old := reuse(lambda: _reusable(output, identity, state.key, case))) is not None:
+        if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
             log.info("reusing %s (same identity)", output)
             return old
         log.info("%s", memory.describe())
@@ -131,7 +131,7 @@ def _result(
     state: LoadedState,
     case: str,
     settings: AnalysisSettings,
-    resolved: _Resolved,
+    resolved: Resolved,
     identity: dict,
     memory: MemoryPlan,
     measured: dict[str, Any],
@@ -206,7 +206,7 @@ def _measure(
     state: LoadedState,
     case: str,
     settings: AnalysisSettings,
-    resolved: _Resolved,
+    resolved: Resolved,
     identity: dict,
     memory: MemoryPlan,
 ) -> dict[str, Any]:

@@ -190,7 +190,7 @@ def test_a_memory_budget_cuts_the_products_without_changing_the_spectrum(run):
     of the unchunked job (float64; Lanczos amplifies rounding only slightly over a few steps)."""
     from dataclasses import replace
 
-    from tiny_llm.workers.loading import _resolve
+    from tiny_llm.workers.loading import resolve_job
     from tiny_llm.workers.spectrum import spectrum_memory
 
     config, path = run
@@ -199,7 +199,7 @@ def test_a_memory_budget_cuts_the_products_without_changing_the_spectrum(run):
     n_batches = len(epoch_plan(config, 1))
     high = smallest_budget_gb(
         lambda gb: spectrum_memory(
-            replace(SETTINGS, memory_budget_gb=gb), small, config, _resolve(SETTINGS, config), n_batches
+            replace(SETTINGS, memory_budget_gb=gb), small, config, resolve_job(SETTINGS, config), n_batches
         )
     )
     cut = analyze_spectrum(
