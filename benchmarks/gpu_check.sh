@@ -24,8 +24,10 @@
 # hvp_cost.py --compile: about two minutes of first compilation each), and precision.py's initial
 # and middle checkpoints and 0.8M model. The demo and 0.8M shapes of hvp_cost.py and real_shapes.py
 # are CPU-sized (launch-bound on a GPU) and not run here.
-# The report, benchmarks/out/gpu-check/report.{json,md}, is written after every step, so a check
-# cut short still leaves the report of what ran. Each step's output goes to its log as it comes.
+# GPU_CHECK_STEPS (space-separated step names) runs only those, the others left out by name, e.g.
+# GPU_CHECK_STEPS="hvp-cost-eager precision" to run two steps again. The report,
+# benchmarks/out/gpu-check/report.{json,md}, is written after every step that ran and at the end,
+# so a check cut short still leaves the report of what ran. Each step's output goes to its log as it comes.
 #
 # PYTHON names the interpreter (default .venv/bin/python). Any Python with a CUDA build of torch,
 # pytest, pyyaml and pandas will do, as it is: the source comes from src/ on PYTHONPATH, nothing is
@@ -52,23 +54,35 @@ export TINY_LLM_GPU_CHECK_OUT="$OUT"
 DEADLINE=$((SECONDS + ${GPU_CHECK_SECONDS:-540}))
 failed=0
 
-step() {  # step NAME LIMIT_SECONDS COMMAND...: run if its limit fits in the time left, log to $OUT/NAME.log, report
+selected() {  # selected NAME: whether GPU_CHECK_STEPS (a space-separated list; empty: all) names the step
+    [[ -z ${GPU_CHECK_STEPS:-} || " $GPU_CHECK_STEPS " == *" $1 "* ]]
+}
+
+step() {  # step NAME LIMIT_SECONDS COMMAND...: run if selected and its limit fits in the time left
     local name=$1 limit=$2; shift 2
-    local start=$SECONDS status=ok left=$((DEADLINE - SECONDS))
-    if ((limit > left)); then
-        status="left out: needs up to ${limit} s, ${left} s left"
-    else
-        echo "gpu-check: $name (at most ${limit} s) ..." >&2
-        timeout "$limit" "$@" >"$OUT/$name.log" 2>&1 || { status="failed (exit $?)"; failed=1; }
+    local start=$SECONDS left=$((DEADLINE - SECONDS))
+    if ! selected "$name"; then
+        left_out "$name" "not in GPU_CHECK_STEPS"
+        return
+    elif ((limit > left)); then
+        left_out "$name" "needs up to ${limit} s, ${left} s left"
+        return
     fi
+    local status=ok
+    echo "gpu-check: $name (at most ${limit} s) ..." >&2
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1 || { status="failed (exit $?)"; failed=1; }
     echo "{\"step\": \"$name\", \"status\": \"$status\", \"seconds\": $((SECONDS - start))}" >>"$OUT/steps.jsonl"
     echo "gpu-check: $name: $status in $((SECONDS - start)) s" >&2
     report
 }
 
-full() {  # full NAME REASON COMMAND...: a step beyond the 9 minutes, run only with GPU_CHECK_FULL=1
+full() {  # full NAME REASON COMMAND...: a step beyond the 9 minutes: with GPU_CHECK_FULL=1, or named
     local name=$1 reason=$2; shift 2
-    if [[ ${GPU_CHECK_FULL:-0} == 1 ]]; then step "$name" 300 "$@"; else left_out "$name" "$reason"; report; fi
+    if [[ ${GPU_CHECK_FULL:-0} == 1 || " ${GPU_CHECK_STEPS:-} " == *" $name "* ]]; then
+        step "$name" 300 "$@"
+    else
+        left_out "$name" "$reason"
+    fi
 }
 
 left_out() {  # left_out NAME REASON: a step this check does not run, named in the report
@@ -156,5 +170,5 @@ full hvp-cost-compiled "the compiled Pearlmutter product's first compilation at 
     --models 20m --ks 1,16 --engines pearlmutter --out "$OUT/hvp-cost-compiled.json"
 full precision-all "the initial and middle checkpoints and the 0.8M model; GPU_CHECK_FULL=1 runs them" \
     "$PY" benchmarks/precision.py --device cuda --samples 8
-echo "gpu-check: report in $OUT/report.md" >&2
+report  # the steps left out since the last that ran
 exit $failed

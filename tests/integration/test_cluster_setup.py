@@ -84,8 +84,8 @@ def test_gpu_check_runs_with_the_given_interpreter_as_it_is(tmp_path):
     python.write_text(f'#!/bin/sh\nPYTHONPATH="{fake}${{PYTHONPATH:+:$PYTHONPATH}}" exec {sys.executable} "$@"\n')
     python.chmod(0o755)
     assert subprocess.run([str(python), "-c", "import snakemake"], capture_output=True).returncode != 0
-    # 15 s: the steps (about 20 s on an idle machine) outrun it, so a later one is always skipped
-    env = {**os.environ, "PYTHON": str(python), "GPU_CHECK_SECONDS": "15"}
+    # the first step alone (GPU_CHECK_STEPS), with the time it needs; the others are left out by name
+    env = {**os.environ, "PYTHON": str(python), "GPU_CHECK_SECONDS": "130", "GPU_CHECK_STEPS": "cuda-tests"}
     result = subprocess.run(
         ["bash", "benchmarks/gpu_check.sh"], cwd=checkout, env=env, capture_output=True, text=True, timeout=240
     )
@@ -96,8 +96,16 @@ def test_gpu_check_runs_with_the_given_interpreter_as_it_is(tmp_path):
     # pytest ran with that interpreter: its progress line (or, given the time, its summary) is there
     assert re.match(r"[.sFEx]+", log) or "test_" in log, log[-2000:]
     report = (out / "report.md").read_text()
-    assert "| cuda-tests | failed" in report and "skipped (no time left)" in report, report
+    assert "| cuda-tests | failed" in report and "| memory-model | left out: not in GPU_CHECK_STEPS" in report
     assert "No module named 'snakemake'" not in log
+    # a budget that no step's limit fits: every step left out by name, none cut short, nothing failed
+    env = {**os.environ, "PYTHON": str(python), "GPU_CHECK_SECONDS": "15"}
+    result = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"], cwd=checkout, env=env, capture_output=True, text=True, timeout=240
+    )
+    report = (out / "report.md").read_text()
+    assert result.returncode == 0 and "| cuda-tests | left out: needs up to 120 s, 15 s left" in report, report
+    assert "| real-shapes-compiled | left out: about 120 s of first compilation" in report
 
 
 def test_benchmark_scripts_document_their_options():
