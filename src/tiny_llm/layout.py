@@ -26,6 +26,8 @@ __all__ = [
     "RESOLVED",
     "RESUME",
     "STATES",
+    "SPECTRUM",
+    "SPECTRUM_RESULT",
     "STATE_DONE",
     "STATE_RESULT",
     "SUMMARY",
@@ -58,6 +60,8 @@ MANIFEST = "manifest.json"
 """An analysis's collected settings, provenance and states."""
 SUMMARY = "summary.csv"
 """An analysis's table: one row per checkpoint file and case."""
+SPECTRUM = "spectrum.csv"
+"""An analysis's spectral table: one row per checkpoint file and case."""
 BLOCKS = "blocks.csv"
 """An analysis's per-block table: one row per checkpoint file, case and parameter block."""
 EPOCH_FILE = re.compile(r"^epoch-(\d+)\.safetensors$")
@@ -66,6 +70,8 @@ STATE_RESULT = "results/{analysis}/states/{key}/{case}.json"
 """One state's result on one case (the analyze_state rule's output pattern)."""
 STATE_DONE = "results/{analysis}/states/{key}/done.json"
 """The receipt that every case of a state is measured (the finish_state rule's output pattern)."""
+SPECTRUM_RESULT = "results/{analysis}/spectra/{key}/{case}.json"
+"""One state's spectrum on one case (the analyze_spectrum rule's output pattern)."""
 
 
 def epoch_stem(epoch: int) -> str:

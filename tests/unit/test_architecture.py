@@ -171,6 +171,7 @@ def test_the_file_layout_is_spelled_in_one_module():
         layout.SUMMARY,
         layout.MANIFEST,
         layout.STATES,
+        layout.SPECTRUM,
     ]
     for module, path in _modules().items():
         if module == "tiny_llm.layout":
@@ -184,5 +185,5 @@ def test_the_file_layout_is_spelled_in_one_module():
             assert f'"{name}"' not in code, f"{module} spells {name!r}; use tiny_llm.layout"
         assert 'f"epoch-{' not in code, f"{module} formats an epoch file name; use layout.epoch_file"
     rules = "\n".join(p.read_text() for p in (PACKAGE.parents[1] / "workflow/rules").glob("*.smk"))
-    for pattern in (layout.STATE_RESULT, layout.STATE_DONE):
+    for pattern in (layout.STATE_RESULT, layout.STATE_DONE, layout.SPECTRUM_RESULT):
         assert f'"{pattern}"' in rules, pattern

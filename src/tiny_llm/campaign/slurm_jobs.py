@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiny_llm.layout import STATE_DONE, STATE_RESULT
+from tiny_llm.layout import SPECTRUM_RESULT, STATE_DONE, STATE_RESULT
 
 __all__ = [
     "AWAITABLE",
@@ -177,7 +177,7 @@ def wait_for_job(
 AWAITABLE = {
     "analyze_state": STATE_RESULT,
     "finish_state": STATE_DONE,
-    "analyze_spectrum": "results/{analysis}/spectra/{key}/{case}.json",
+    "analyze_spectrum": SPECTRUM_RESULT,
 }
 """Outputs of the rules that a local job can stand in for while an earlier controller's job computes them."""
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tiny_llm.layout import state_result
+from tiny_llm.layout import SPECTRUM, state_result
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def all_targets(plan: WorkflowPlan) -> list[str]:
         targets += [f"results/{name}/manifest.json", f"results/{name}/summary.csv"]
         figures = list(FIGURES) + (AUDIT_FIGURES if plan.analysis_settings[name].audited else [])
         if plan.spectrum_enabled(name):
-            targets.append(f"results/{name}/spectrum.csv")
+            targets.append(f"results/{name}/{SPECTRUM}")
             figures += SPECTRUM_FIGURES
         # A walltime waiting for a calibration: the short calibration job starts at once.
         if plan.walltimes.calibration_pending(name):

@@ -42,7 +42,7 @@ from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.memory import GiB, MemoryPlan
 from tiny_llm.data.tokens import TokenCache, offset_plan
 from tiny_llm.geometry.experiment import as_analysis_settings, geometry_settings_from_dict
-from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, epoch_file, epoch_stem
+from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, SPECTRUM_RESULT, STATE_RESULT, epoch_file, epoch_stem
 from tiny_llm.workers.binding import check_output_binding, output_binding
 from tiny_llm.workers.index import check_selection
 from tiny_llm.workers.settings import (
@@ -272,8 +272,8 @@ class WorkflowPlan:
 
     def state_results(self, analysis: str, key: str) -> list[str]:
         """Every result of one state: noise statistics, and spectra when enabled (one group job)."""
-        kinds = ["states"] + (["spectra"] if self.spectrum_enabled(analysis) else [])
-        return [f"results/{analysis}/{kind}/{key}/{case}.json" for kind in kinds for case in self.cases(analysis)]
+        patterns = [STATE_RESULT] + ([SPECTRUM_RESULT] if self.spectrum_enabled(analysis) else [])
+        return [p.format(analysis=analysis, key=key, case=case) for p in patterns for case in self.cases(analysis)]
 
     # --- seed experiments -------------------------------------------------------------------
 

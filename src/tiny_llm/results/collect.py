@@ -31,7 +31,7 @@ from tiny_llm.curvature.statistics import (
 from tiny_llm.curvature.statistics import STATISTICS as DECLARED
 from tiny_llm.data.order import order_warnings
 from tiny_llm.io import atomic_write_json, atomic_write_text
-from tiny_llm.layout import BLOCKS, MANIFEST, SUMMARY
+from tiny_llm.layout import BLOCKS, MANIFEST, SPECTRUM, SUMMARY
 from tiny_llm.results.record import append_event, job_records
 
 log = logging.getLogger(__name__)
@@ -446,7 +446,7 @@ def collect_spectrum(analysis_dir: str | Path, states: dict[str, Any], cases: li
                 }
             )
     rows.sort(key=lambda r: (r["step"], r["file"], cases.index(r["case"])))
-    atomic_write_text(analysis_dir / "spectrum.csv", _csv(rows, list(rows[0])))
+    atomic_write_text(analysis_dir / SPECTRUM, _csv(rows, list(rows[0])))
     unconverged = sorted(
         {(r["file"], r["case"]) for r in rows if any(v is False for k, v in r.items() if "_converged_" in k)}
     )

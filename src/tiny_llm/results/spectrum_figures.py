@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from tiny_llm.layout import SPECTRUM
 from tiny_llm.results.drawing import COLUMN, RC, STYLE, Notes, collected, curves, engineering, finish
 
 __all__ = ["SPECTRUM_FIGURES", "plot_spectrum"]
@@ -96,9 +97,9 @@ def _block_error(table, context, out_dir) -> list[Path]:
 def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None, x_axis: str = "auto") -> list[Path]:
     """Spectral figures from spectrum.csv and the saved SLQ nodes (spectra/<key>/<case>.json)."""
     analysis_dir = Path(analysis_dir)
-    if not (analysis_dir / "spectrum.csv").exists():
+    if not (analysis_dir / SPECTRUM).exists():
         raise ValueError(f"{analysis_dir} has no spectrum.csv; run the workflow with spectrum enabled first")
-    table, context, out_dir = collected(analysis_dir, out_dir, x_axis, "spectrum.csv")
+    table, context, out_dir = collected(analysis_dir, out_dir, x_axis, SPECTRUM)
     spectra = [
         (
             float(row.x),

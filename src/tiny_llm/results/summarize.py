@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.curvature.statistics import STATISTICS
-from tiny_llm.layout import MANIFEST, SUMMARY
+from tiny_llm.layout import MANIFEST, SPECTRUM, SUMMARY
 
 __all__ = ["COLUMNS", "summarize"]
 
@@ -121,8 +121,8 @@ def summarize(folder: str | Path) -> str:
         rows = list(csv.DictReader(handle))
     manifest = json.loads(manifest_path.read_text())
     spectrum = []
-    if (folder / "spectrum.csv").exists():
-        with open(folder / "spectrum.csv", newline="") as handle:
+    if (folder / SPECTRUM).exists():
+        with open(folder / SPECTRUM, newline="") as handle:
             spectrum = list(csv.DictReader(handle))
     shown = [c for c in COLUMNS if any(r.get(c[0]) not in ("", None) for r in rows)]
     table = [["checkpoint", "case", "step", "tokens", *(header for _, header, _ in shown)]]
