@@ -17,7 +17,7 @@ from typing import Any
 from tiny_llm.layout import TRAINER_LOG_SOURCE
 from tiny_llm.model.hf import read_json_object
 
-__all__ = ["CheckpointPosition", "checkpoint_positions", "read_trainer_state", "trainer_log"]
+__all__ = ["CheckpointPosition", "checkpoint_positions", "read_trainer_state", "trainer_log", "warn_unknown_tokens"]
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +101,8 @@ def _position(
     return CheckpointPosition(step, step_source, count, tokens_source)
 
 
-def _check_order(paths: list[Path], positions: list[CheckpointPosition], states: list[dict | None]) -> None:
-    """Steps (and known tokens) must increase in the order given; unknown tokens get a warning with
-    what trainer_state.json says about the batch."""
+def _check_order(paths: list[Path], positions: list[CheckpointPosition]) -> None:
+    """Steps (and known tokens) must increase in the order given."""
     for (a, p), (b, q) in pairwise(zip(paths, positions, strict=True)):
         if q.step <= p.step:
             raise ValueError(
@@ -115,8 +114,15 @@ def _check_order(paths: list[Path], positions: list[CheckpointPosition], states:
                 f"checkpoints out of training order: {b} ({q.tokens} tokens) comes after {a} "
                 f"({p.tokens} tokens); list them oldest first"
             )
+
+
+def warn_unknown_tokens(paths: list[Path], positions: list[CheckpointPosition]) -> None:
+    """A warning naming the checkpoints whose training tokens are unknown, with what their
+    trainer_state.json says about the batch (said once everything else is checked, so a refusal
+    is the one line a user reads)."""
     unknown = [str(path) for path, p in zip(paths, positions, strict=True) if p.tokens is None]
     if unknown:
+        states = [read_trainer_state(path) for path in paths]
         batch = next((s.get("train_batch_size") for s in states if s), None)
         hint = (
             f"; trainer_state.json says train_batch_size {batch} per device, so tokens_per_step = {batch} x "
@@ -141,7 +147,8 @@ def checkpoint_positions(
     """Each directory's step and training tokens, in the order given (oldest first).
 
     A step is given, or a Trainer's ``trainer_state.json`` global_step; tokens are given, or its
-    ``num_input_tokens_seen``, or step × ``tokens_per_step``, or unknown (None; a warning). A
+    ``num_input_tokens_seen``, or step × ``tokens_per_step``, or unknown (None; ``warn_unknown_tokens``
+    says so). A
     single directory without a step gets step 0, said to be unknown.
 
     Raises:
@@ -167,7 +174,7 @@ def checkpoint_positions(
         _position(path, state, step, count, tokens_per_step, alone=n == 1)
         for path, state, step, count in zip(paths, states, steps, tokens, strict=True)
     ]
-    _check_order(paths, positions, states)
+    _check_order(paths, positions)
     return positions
 
 

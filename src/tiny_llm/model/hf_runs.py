@@ -44,7 +44,13 @@ from tiny_llm.model.hf import (
     read_weights,
     write_hf_files,
 )
-from tiny_llm.model.hf_positions import CheckpointPosition, checkpoint_positions, read_trainer_state, trainer_log
+from tiny_llm.model.hf_positions import (
+    CheckpointPosition,
+    checkpoint_positions,
+    read_trainer_state,
+    trainer_log,
+    warn_unknown_tokens,
+)
 
 __all__ = [
     "IMPORTED",
@@ -235,6 +241,7 @@ def import_run(
     planned = imported_config(paths, config, adapter=adapter)
     tokenizer = checkpoint_tokenizer(paths, planned.model.vocab_size)
     states = _checked_states(paths, planned)
+    warn_unknown_tokens(paths, positions)  # after every refusal: a refused import prints one line
     for stale in _leftovers(run_dir):
         log.info("removing %s, left by an interrupted import", stale)
         shutil.rmtree(stale, ignore_errors=True)

@@ -211,6 +211,20 @@ def test_a_bad_checkpoint_is_refused_in_one_line_and_nothing_is_written(
     assert not Path("runs/bad").exists() and not list(Path("runs").glob(".*")) if Path("runs").exists() else True
 
 
+def test_a_refused_import_of_checkpoints_without_token_counts_prints_one_line(suites, project, capsys, caplog):
+    """Unknown training tokens are a warning, said only once everything else is checked: a refusal
+    is the one line a user reads."""
+    copies = []
+    for path in suites["llama"][:2]:
+        shutil.copytree(path, project / "in" / path.name)
+        (project / "in" / path.name / "trainer_state.json").unlink()  # no token counts anywhere
+        copies.append(str(project / "in" / path.name))
+    _corrupt("weights-nan", Path(copies[1]))
+    argv = ["import-hf", *copies, "--run-dir", "runs/bad", "--config", "run.yaml", "--step", "2", "4"]
+    _refused(capsys, argv, "non-finite")
+    assert "training tokens unknown" not in caplog.text, caplog.text
+
+
 def test_order_duplicates_and_counts_are_refused_by_name(suites, project, capsys):
     a, b, c = map(str, suites["neox"])
     run = ["--run-dir", "runs/x", "--config", "run.yaml"]
