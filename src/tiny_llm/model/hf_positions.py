@@ -167,8 +167,8 @@ def checkpoint_positions(
         if (resolved := Path(path).resolve()) in seen:
             raise ValueError(f"checkpoint directory {path} is given twice (as {seen[resolved]} too); list each once")
         seen[resolved] = path
-    if tokens_per_step is not None:
-        _count(tokens_per_step, "tokens_per_step")
+    if tokens_per_step is not None and (_count(tokens_per_step, "tokens_per_step") == 0):
+        raise ValueError("tokens_per_step: expected a positive integer (tokens in one optimizer step), got 0")
     states = [read_trainer_state(path) for path in paths]
     positions = [
         _position(path, state, step, count, tokens_per_step, alone=n == 1)
@@ -208,6 +208,16 @@ def trainer_log(paths: list[Path], tokens_per_step: int | None = None) -> tuple[
                 raise ValueError(
                     f"{file}: log_history entry {index} has step {step!r} and loss {loss!r}, not numbers; "
                     "fix the file or remove the entry"
+                )
+            if records and step <= records[-1]["step"]:
+                raise ValueError(
+                    f"{file}: log_history entry {index} (step {step}) does not come after step "
+                    f"{records[-1]['step']}; fix the file or remove the entry"
+                )
+            if _is_count(last := state.get("global_step")) and step > last:
+                raise ValueError(
+                    f"{file}: log_history entry {index} is at step {step}, past the global_step {last} "
+                    "the checkpoint was saved at; fix the file or remove the entry"
                 )
             record: dict[str, Any] = {"step": step}
             if _is_number(entry.get("epoch")):

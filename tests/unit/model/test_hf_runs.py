@@ -139,16 +139,36 @@ def test_a_trainers_logged_losses_become_the_runs_training_log(suites, project, 
     assert json.loads(Path("runs/bare/imported.json").read_text())["training_log"] is None
 
 
-def test_a_trainer_log_that_is_not_a_log_is_refused_by_name(suites, project, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "defect, fragment",
+    [
+        ("loss", "log_history entry 1 has step"),
+        ("backwards", "does not come after step"),
+        ("past", "past the global_step"),
+    ],
+)
+def test_a_trainer_log_that_is_not_a_log_is_refused_by_name(suites, project, tmp_path, capsys, defect, fragment):
     suite = tmp_path / "suite"
     for path in suites["neox"]:
         shutil.copytree(path, suite / path.name)
     state_path = suite / suites["neox"][-1].name / "trainer_state.json"
     state = json.loads(state_path.read_text())
-    state["log_history"][1]["loss"] = "low"
+    training = [e for e in state["log_history"] if "loss" in e]
+    if defect == "loss":
+        state["log_history"][1]["loss"] = "low"
+    elif defect == "backwards":
+        training[1]["step"] = training[0]["step"] - 1 if training[0]["step"] else 0
+    else:
+        training[-1]["step"] = state["global_step"] + 1
     state_path.write_text(json.dumps(state))
     argv = ["import-hf", *map(str, sorted(suite.iterdir())), "--run-dir", "runs/bad", "--config", "run.yaml"]
-    _refused(capsys, argv, "trainer_state.json: log_history entry 1", "fix the file")
+    _refused(capsys, argv, "trainer_state.json: log_history entry", fragment, "fix the file")
+    assert not Path("runs/bad").exists()
+
+
+def test_tokens_per_step_of_zero_is_refused(suites, project, capsys):
+    argv = ["import-hf", *map(str, suites["neox"]), "--run-dir", "runs/bad", "--config", "run.yaml"]
+    _refused(capsys, [*argv, "--tokens-per-step", "0"], "tokens_per_step: expected a positive integer")
     assert not Path("runs/bad").exists()
 
 
