@@ -22,6 +22,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import itertools
 import textwrap
 import types
 import typing
@@ -140,7 +141,7 @@ def field_docs(cls: type) -> dict[str, str]:
         except (OSError, TypeError):
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, after in zip(body, body[1:], strict=False):
+        for node, after in itertools.pairwise(body):
             if (
                 isinstance(node, ast.AnnAssign)
                 and isinstance(node.target, ast.Name)
