@@ -28,8 +28,6 @@ from tiny_llm.model.architectures import jet_rules
 ENGINE_SETTINGS = (AUTO, *names())
 """What ``engine`` may be set to: auto or a registered engine."""
 EngineSetting = Literal[ENGINE_SETTINGS]  # the registry's names, as a type
-LANCZOS_BASES = ("float64", "float32", "bfloat16")
-"""Storage dtypes of the Lanczos vectors."""
 
 
 CASES = ("seen", "unseen", "offset")
