@@ -16,12 +16,13 @@ from tiny_llm.distributed import all_reduce_sum, shard, world
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import accumulate_batch_gradient
 
-NOISE_SAMPLE_STREAM, RADEMACHER_STREAM = 2, 3
+NOISE_SAMPLE_STREAM, RADEMACHER_STREAM, ROUNDING_STREAM = 2, 3, 5
 """Streams of the seeded draws (``tiny_llm.data.tokens.derive_seed``)."""
 
 __all__ = [
     "batch_gradient",
     "batch_gradient_and_loss",
+    "gradient_rounding",
     "mean_gradient",
     "mean_gradient_and_loss",
     "noise_batch_indices",
@@ -93,6 +94,38 @@ def batch_gradient(
 ) -> torch.Tensor:
     """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches; float64 (D,)."""
     return batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision, head_tokens)[0]
+
+
+ROUNDING_STEP = 2e-6
+"""Relative size of the displacement at which :func:`gradient_rounding` evaluates the gradient."""
+
+
+def gradient_rounding(model: torch.nn.Module, tokens: torch.Tensor, precision: Precision, seed: int = 0) -> float:
+    """The precision floor of a model's gradient on ``tokens`` (B, T+1), measured: the rounding of
+    the gradient between evaluations at nearby points, ½‖g(θ+δ) − 2g(θ) + g(θ−δ)‖ / ‖g(θ)‖ with a
+    seeded δ of ‖δ‖ = 2e-6 ‖θ‖. In exact arithmetic this is ½‖∇³L[δ, δ]‖ / ‖g‖, about 1e-10; a model
+    that computes some operation in float32 gives about float32's rounding (1e-7 and above), since
+    the three evaluations round independently. The parameters are restored bit for bit."""
+    flat = FlatParameters(model)
+    params = list(model.parameters())
+    theta = flat.flatten([p.detach() for p in params]).double()
+    generator = torch.Generator().manual_seed(derive_seed(seed, ROUNDING_STREAM, 0))
+    delta = torch.randn(flat.D, generator=generator, dtype=torch.float64)
+    delta *= ROUNDING_STEP * max(float(theta.norm()), 1.0) / float(delta.norm())
+    saved = [p.detach().clone() for p in params]
+    gradients = []
+    try:
+        for sign in (1.0, 0.0, -1.0):
+            with torch.no_grad():
+                for p, value in zip(params, flat.unflatten(theta + sign * delta).values(), strict=True):
+                    p.copy_(value.to(p.device, p.dtype))
+            gradients.append(batch_gradient(model, flat, tokens, len(tokens), precision))
+    finally:
+        with torch.no_grad():
+            for p, value in zip(params, saved, strict=True):
+                p.copy_(value)
+    plus, centre, minus = gradients
+    return float((plus - 2 * centre + minus).norm() / 2 / centre.norm().clamp_min(1e-300))
 
 
 def mean_gradient_and_loss(

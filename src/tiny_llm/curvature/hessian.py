@@ -60,7 +60,8 @@ def check_differences(
         raise ValueError(
             f"finite differences in float64: this model computes {', '.join(lowered)} below float64, so its "
             "gradients are rounded there and their differences are not float64 derivatives; use engine "
-            "double_backward or pearlmutter"
+            "double_backward or pearlmutter, unsharded (sharded, such a model has only finite differences), "
+            "or analyse in float32"
         )
 
 

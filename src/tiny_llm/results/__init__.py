@@ -5,7 +5,6 @@ the campaign record that every controller run and collection appends to (record)
 """
 
 from tiny_llm.results.collect import (
-    AUDIT_THRESHOLD,
     CONSENSUS_COLUMNS,
     ERROR_COLUMNS,
     STATISTICS,
@@ -15,6 +14,7 @@ from tiny_llm.results.collect import (
     validate_result,
 )
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, plot_analysis, plot_audit
+from tiny_llm.results.manifest import AUDIT_THRESHOLD
 from tiny_llm.results.record import append_event, job_records
 from tiny_llm.results.spectrum_figures import SPECTRUM_FIGURES, plot_spectrum
 

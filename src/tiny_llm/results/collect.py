@@ -29,9 +29,9 @@ from tiny_llm.curvature.statistics import (
     summarise,
 )
 from tiny_llm.curvature.statistics import STATISTICS as DECLARED
-from tiny_llm.data.order import order_warnings
 from tiny_llm.io import atomic_write_json, atomic_write_text
 from tiny_llm.layout import BLOCKS, MANIFEST, SPECTRUM, SUMMARY
+from tiny_llm.results.manifest import AUDIT_THRESHOLD, audit_block, manifest
 from tiny_llm.results.record import append_event, job_records
 
 log = logging.getLogger(__name__)
@@ -91,9 +91,6 @@ BLOCK_COLUMNS = [
 norms, an untied head): the block's ‖ḡ_b‖, mean ‖gᵢ,b‖, mean ‖vᵢ,b‖, B_simple and its shares of
 ‖ḡ‖² and of Σ‖vᵢ‖², and with the block_curvature setting its block-diagonal noise and ḡ forms and
 B_noise, with the standard errors of the sampled ones."""
-
-AUDIT_THRESHOLD = 1e-2
-"""Default largest implied statistic error collection accepts without a warning."""
 
 
 def _agree(a: float | None, b: float | None) -> bool:
@@ -270,94 +267,6 @@ def _block_rows(results: dict, states: dict[str, Any], cases: list[str]) -> list
     return _rows_per_alias(results, states, cases, rows)
 
 
-def _audit_block(rows: list[dict], results: dict, name: str, audit_threshold: float) -> dict[str, Any]:
-    """The manifest's audit block: the rows whose implied statistic error exceeds the threshold
-    (with a warning naming the worst)."""
-    audited = [r for r in rows if r["audit_statistic_error"] != ""]
-    exceeded = []
-    for row in audited:
-        if row["audit_statistic_error"] > audit_threshold:
-            errors = results[row["state_key"], row["case"]]["audit"]["statistics_relative_error"]
-            exceeded.append(
-                {
-                    "file": row["file"],
-                    "case": row["case"],
-                    "relative_error": row["audit_statistic_error"],
-                    "statistics": sorted(k for k, v in errors.items() if v is not None and v > audit_threshold),
-                }
-            )
-    if exceeded:
-        worst = max(exceeded, key=lambda r: r["relative_error"])
-        log.warning(
-            "analysis %s: in %d of %d audited rows a statistic's implied error exceeds the audit threshold %g "
-            "(worst %.3g at %s %s: %s); see 'Precision audit' in docs/reading-results.md before using these "
-            "numbers",
-            name,
-            len(exceeded),
-            len(audited),
-            audit_threshold,
-            worst["relative_error"],
-            worst["file"],
-            worst["case"],
-            ", ".join(worst["statistics"]),
-        )
-    return {
-        "threshold": audit_threshold,
-        "audited_rows": len(audited),
-        "exceeded": exceeded,
-        "max_statistic_error": max((r["audit_statistic_error"] for r in audited), default=None),
-        "max_relative_error": max((r["audit_max_relative_error"] for r in audited), default=None),
-    }
-
-
-BATCH_SIZES = (
-    "effective_batch_size",
-    "micro_batch_size",
-    "hvp_batch_size",
-    "directions_per_pass",
-    "epoch_batches",
-    "epoch_tokens",
-    "parameters_D",
-)
-"""The counts of a result the manifest lists per case."""
-
-
-def _manifest(results: dict, identity: dict, states: dict, cases: list[str], name: str, audit: dict) -> dict:
-    """manifest.json: the analysis, its identity and settings, the audit block, what ran where, the
-    data of each case and every state with its results."""
-    first, reference = next(iter(results.values())), states["states"][0]["key"]
-    order = order_warnings({case: results[reference, case]["data"].get("order") for case in cases})
-    for warning in order:
-        log.warning("analysis %s: data order: %s", name, warning)
-    return {
-        "format": 1,
-        "analysis": name,
-        "run": states["run"],
-        "cases": cases,
-        "packed": states["packed"],
-        "workers": states["workers"],
-        "consensus": states["consensus"],
-        "identity": identity,
-        "settings": first["settings"],
-        "precision": first["precision"],
-        "audit": audit,
-        "software": first["software"],
-        "hardware": list({json.dumps(r["hardware"], sort_keys=True): r["hardware"] for r in results.values()}.values()),
-        "slurm_jobs": [r["slurm"] | {"state": k[:12], "case": c} for (k, c), r in results.items() if r.get("slurm")],
-        "data": {case: results[reference, case]["data"] for case in cases},
-        "data_order_warnings": order,
-        "batch_sizes": {case: {k: results[reference, case]["counts"][k] for k in BATCH_SIZES} for case in cases},
-        "states": [
-            {
-                **state,
-                "results": {case: f"states/{state['key']}/{case}.json" for case in cases},
-                "worker_files": results[state["key"], cases[0]]["state"].get("worker_files"),
-            }
-            for state in states["states"]
-        ],
-    }
-
-
 def collect(
     analysis_dir: str | Path,
     states: dict[str, Any],
@@ -379,11 +288,11 @@ def collect(
             name,
             ", ".join(unknown),
         )
-    audit = _audit_block(rows, results, name, audit_threshold)
-    manifest = _manifest(results, identity, states, cases, name, audit)
+    audit = audit_block(rows, results, name, audit_threshold)
+    written = manifest(results, identity, states, cases, name, audit)
     atomic_write_text(analysis_dir / SUMMARY, _csv(rows, SUMMARY_COLUMNS))
     atomic_write_text(analysis_dir / BLOCKS, _csv(_block_rows(results, states, cases), BLOCK_COLUMNS))
-    atomic_write_json(analysis_dir / MANIFEST, manifest)
+    atomic_write_json(analysis_dir / MANIFEST, written)
     append_event(
         analysis_dir,
         {
@@ -393,7 +302,7 @@ def collect(
             "audit_exceeded": len(audit["exceeded"]),
         },
     )
-    return manifest
+    return written
 
 
 def _spectrum_row(result: dict[str, Any]) -> dict[str, Any]:

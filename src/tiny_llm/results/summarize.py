@@ -92,6 +92,15 @@ def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[
             f"{audit['threshold']:g} (worst {worst['relative_error']:.2g} at {worst['file']} {worst['case']}: "
             f"{', '.join(worst['statistics'])}); do not use those statistics"
         )
+    floor = manifest.get("precision_floor")
+    if floor:
+        rounding = floor.get("gradient_rounding")
+        flags.append(
+            f"below float64: the model computes {', '.join(floor['operations'])} below float64 in "
+            f"{floor['results']} results"
+            + (f" (its gradients rounded to about {rounding:.1e}, relative)" if rounding is not None else "")
+            + "; no statistic is more exact than that"
+        )
     unconverged = sorted(
         {(_name(r), r["case"]) for r in spectrum if any(v == "False" for k, v in r.items() if "_converged_" in k)}
     )

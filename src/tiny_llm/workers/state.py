@@ -22,6 +22,7 @@ import torch
 
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.engines import FINITE_DIFFERENCE
+from tiny_llm.curvature.gradients import gradient_rounding
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan, plan_analysis
 from tiny_llm.curvature.memory_measure import device_budget
@@ -165,6 +166,7 @@ def _result(
             "reductions": "float64",
             "cuda_matmul_fp32_precision": measured["cuda_matmul_fp32_precision"],
             "below_float64": measured["below_float64"],
+            "gradient_rounding": measured["gradient_rounding"],
             # the step regime of forms by finite differences (the fallback of sharded analyses)
             **(
                 {"finite_difference_scale": FD_SCALE.get(resolved.dtype, 3e-3)}
@@ -247,6 +249,19 @@ def _measure(
         explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
     ):
         measured = measure_case(model, inputs, precision, progress=lambda m: log.info("%s %s", label, m))
-    # what a model without our rules (an adapter's) still computed below a float64 analysis's dtype
+    # what a model without our rules (an adapter's) still computed below a float64 analysis's dtype,
+    # and then the precision floor it sets, measured once (a sharded one is refused before: its only
+    # engine, finite differences, would divide that rounding by its step)
     measured["below_float64"] = sorted(model.lowered) if not jet_rules(model) else []
+    measured["gradient_rounding"] = None
+    if measured["below_float64"] and not sharded:
+        first = cache.tokens(plan.blocks[0])[: config.training.micro_batch_size].to(resolved.device)
+        measured["gradient_rounding"] = gradient_rounding(model, first, precision, settings.seed)
+        log.warning(
+            "%s this model computes %s below float64: its gradients are rounded to about %.1e "
+            "(relative), and no statistic is more exact than that",
+            label,
+            ", ".join(measured["below_float64"]),
+            measured["gradient_rounding"],
+        )
     return _result(config, cache, plan, state, case, settings, resolved, identity, memory, measured | runtime, started)

@@ -11,6 +11,7 @@ import transformers  # installed by make test (envs/requirements.txt): these tes
 from hf_models import CASES, hf_model, hf_tokens
 
 from tiny_llm.config import ModelConfig
+from tiny_llm.curvature.gradients import gradient_rounding
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.model.adapter import HFCausalLM
 from tiny_llm.model.architectures import build_model
@@ -67,8 +68,9 @@ def test_the_adapter_in_float64_equals_the_native_model(tmp_path, case):
         theirs, ours = adapter(x), native(x)
     assert float((theirs - ours).abs().max() / ours.abs().max()) < 1e-12
     assert adapter.lowered == set() and adapter.lower_precision(x) == []
-
     tokens = torch.cat([x, x[:, :1]], dim=1)  # (3, 13): 12 targets a row
+    assert gradient_rounding(adapter, tokens, CPU64) < 1e-9  # float64 throughout: only the O(‖δ‖²) term
+
     V_adapter, V_native = _directions(tmp_path, case, config, adapter)
     exact = EpochHessian(native, tokens, batch_size=3, engine="adjoint", precision=CPU64, directions_per_pass=3)
     exact = exact.quadratic_forms(V_native)
@@ -96,6 +98,10 @@ def test_an_operation_kept_below_float64_is_recorded_and_refuses_finite_differen
     monkeypatch.setattr(module.LlamaRMSNorm, "forward", rounded)
     tokens = torch.cat([hf_tokens(), hf_tokens()[:, :1]], dim=1)
     assert adapter.lower_precision(hf_tokens()) == ["to"]
+    before = [p.detach().clone() for p in adapter.parameters()]
+    floor = gradient_rounding(adapter, tokens, CPU64)
+    assert all(torch.equal(a, b) for a, b in zip(before, adapter.parameters(), strict=True))  # restored
+    assert 1e-6 < floor < 1e-2, floor  # float16 rounding of the norm's input: its ulp, 1e-3, shows
     with pytest.raises(ValueError, match=r"finite differences in float64: this model computes to below float64"):
         EpochHessian(adapter, tokens, batch_size=3, engine="finite_difference", precision=CPU64)
     EpochHessian(adapter, tokens, batch_size=3, engine="double_backward", precision=CPU64)  # exact engines run

@@ -533,3 +533,37 @@ def test_a_pythia_suite_measured_natively_equals_the_adapter(suites, project, mo
                 continue  # the Gauss–Newton split: the jet engines only
             assert abs(native[part][key] - value) <= 1e-10 * max(1.0, abs(value)), (part, key, native[part][key], value)
     assert native["statistics"]["noise_gauss_newton"] is not None
+    assert adapter["precision"]["below_float64"] == [] and adapter["precision"]["gradient_rounding"] is None
+
+
+def test_an_operation_below_float64_sets_a_measured_floor_that_every_result_and_the_manifest_carry(
+    suites, project, monkeypatch, capsys
+):
+    """An adapter's model whose code keeps one operation below float64 (here its MLP's input rounded
+    through float16, which the float64 mode cannot lift): the analysis runs with an exact engine,
+    records the operation and its measured floor, the manifest gathers them; finite differences are
+    refused by name, with nothing written."""
+    from tiny_llm.results.manifest import precision_floor
+
+    module = transformers.models.gpt_neox.modeling_gpt_neox
+    forward = module.GPTNeoXMLP.forward
+    monkeypatch.setattr(module.GPTNeoXMLP, "forward", lambda self, h: forward(self, h.half().to(h.dtype)))
+    neox = [str(p) for p in suites["neox"]]
+    (project / "corpus.txt").write_text(corpus_text())
+    prepare = ["prepare-data", "--config", "run.yaml", "--source", "text", "--tokenizer", neox[0], "corpus.txt"]
+    assert main(["--quiet", *prepare]) == 0
+    assert main(["--quiet", "import-hf", *neox, "--run-dir", "runs/a", "--config", "run.yaml", "--adapter"]) == 0
+    analysis = ["analyze-state", "--run", "runs/a", "--checkpoint", "epoch-002.safetensors", "--case", "offset"]
+    analysis += ["--device", "cpu", "--dtype", "float64", "--noise-samples", "2", "--random-samples", "2"]
+    _refused(
+        capsys,
+        [*analysis, "--output", "out/fd.json", "--engine", "finite_difference"],
+        "finite differences in float64: this model computes half below float64",
+    )
+    assert not Path("out/fd.json").exists()
+    assert main(["--quiet", *analysis, "--output", "out/r.json", "--engine", "double_backward"]) == 0
+    precision = json.loads(Path("out/r.json").read_text())["precision"]
+    assert precision["below_float64"] == ["half"] and 1e-6 < precision["gradient_rounding"] < 1e-1
+    floor = precision_floor({("key", "offset"): {"precision": precision}})
+    assert floor == {"operations": ["half"], "gradient_rounding": precision["gradient_rounding"], "results": 1}
+    assert precision_floor({("key", "offset"): {"precision": {"below_float64": []}}}) is None

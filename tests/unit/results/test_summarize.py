@@ -69,6 +69,7 @@ def test_each_flag_is_raised_by_its_condition(tmp_path):
             ],
         },
         "data_order_warnings": ["seen: batches are contiguous passages (...)"],
+        "precision_floor": {"operations": ["to"], "gradient_rounding": 3.2e-7, "results": 2},
     }
     spectrum = [{"file": "epoch-001.safetensors", "case": "seen", "top_converged_1": "False"}]
     text = summarize(_analysis(tmp_path / "a", rows, manifest, spectrum))
@@ -81,9 +82,13 @@ def test_each_flag_is_raised_by_its_condition(tmp_path):
         "epoch-000.safetensors seen): its sign is not known there; raise settings.noise_samples"
     )
     assert flags[2].startswith("- precision audit: in 1 rows a statistic's error exceeds 0.01 (worst 0.07")
-    assert flags[3].startswith("- top eigenvalues did not converge in 1 rows (e.g. epoch-001.safetensors seen)")
-    assert flags[4] == "- data order: seen: batches are contiguous passages (...)"
-    assert len(flags) == 5
+    assert flags[3] == (
+        "- below float64: the model computes to below float64 in 2 results (its gradients rounded to about "
+        "3.2e-07, relative); no statistic is more exact than that"
+    )
+    assert flags[4].startswith("- top eigenvalues did not converge in 1 rows (e.g. epoch-001.safetensors seen)")
+    assert flags[5] == "- data order: seen: batches are contiguous passages (...)"
+    assert len(flags) == 6
 
 
 def test_the_command_prints_it_and_refuses_a_folder_without_an_analysis(tmp_path, capsys):
