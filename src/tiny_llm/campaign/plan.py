@@ -60,6 +60,9 @@ class ClusterSettings:
     """What Ctrl-C does to submitted Slurm jobs."""
     reattach_poll_seconds: float = 30
     """How often a re-attached job of an earlier controller is polled."""
+    gpus_per_node: int | None = None
+    """GPUs on one node of the cluster (profiles/naiss: 4), the most an analysis's gpus_per_job may
+    ask for; null: not checked."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ClusterSettings:

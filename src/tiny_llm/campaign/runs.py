@@ -8,6 +8,7 @@ contents.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,18 @@ from tiny_llm.campaign.checks import (
     expand_seed_imports,
     load_run_config,
 )
-from tiny_llm.config import RunConfig, config_to_dict
+from tiny_llm.config import ModelConfig, RunConfig, config_to_dict
 from tiny_llm.data.corpus import default_capacity, describe_tokenizer, same_tokenizer
 from tiny_llm.model.hf import imported_config
-from tiny_llm.model.hf_positions import checkpoint_positions
+from tiny_llm.model.hf_positions import CheckpointPosition, checkpoint_positions
 from tiny_llm.model.hf_runs import checkpoint_tokenizer
 
 __all__ = ["Runs"]
+
+
+def describe_shape(model: ModelConfig) -> str:
+    """A model's shape in words, for messages."""
+    return f"d_model {model.d_model}, {model.n_layers} layers, {model.n_heads} heads, vocabulary {model.vocab_size}"
 
 
 class Runs:
@@ -49,9 +55,11 @@ class Runs:
         seeds of seed experiments of models trained elsewhere (named as their run)."""
         self.carried: dict[str, dict[str, Any] | None] = {}
         """The tokenizer each import's checkpoints carry."""
+        self.positions: dict[str, list[CheckpointPosition]] = {}
+        """Each import's checkpoints' steps and tokens."""
         self.imports = {name: self._check_import(name) for name in self.import_entries}
         """Each import: the run configuration importing it gives (its run directory: the entry's ``run``)."""
-        self._check_seed_tokenizers(seed_experiments)
+        self._check_seed_imports(seed_experiments)
         self.cache_of_run: dict[str, str] = {}
         for name, run in self.run_configs.items():
             cache = Path(run.data.cache)
@@ -108,7 +116,7 @@ class Runs:
         try:
             paths = [Path(c["path"]) for c in checkpoints]
             planned = imported_config(paths, load_run_config({"config": entry["config"], "set": entry.get("set", {})}))
-            checkpoint_positions(
+            self.positions[name] = checkpoint_positions(
                 paths,
                 [c.get("step") for c in checkpoints],
                 [c.get("tokens") for c in checkpoints],
@@ -121,21 +129,50 @@ class Runs:
         self.carried[name] = carried
         return planned
 
-    def _check_seed_tokenizers(self, seed_experiments: dict[str, Any]) -> None:
-        """The seeds of an experiment of models trained elsewhere are measured on one cache, so
-        they must carry one tokenizer (and one data configuration)."""
+    def _check_seed_imports(self, seed_experiments: dict[str, Any]) -> None:
+        """The seeds of an experiment of models trained elsewhere are measured on one cache and
+        compared parameter by parameter at equal steps, so each lists its own folders, and they carry
+        one tokenizer, one architecture and shape, and the same steps."""
         for name, entry in seed_experiments.items():
             if "hf_checkpoints" not in entry:
                 continue
-            first, *others = [run for run in self.experiment_runs[name]]
+            first, *others = list(self.experiment_runs[name])
+            self._check_own_folders([first, *others])
             for run in others:
+                key = self._key(run, "hf_checkpoints")
                 if not same_tokenizer(self.carried[first], self.carried[run]):
                     raise ValueError(
-                        f"{self._key(run, 'hf_checkpoints')}: its checkpoints carry "
-                        f"{describe_tokenizer(self.carried[run])}, the first seed's "
+                        f"{key}: its checkpoints carry {describe_tokenizer(self.carried[run])}, the first seed's "
                         f"{describe_tokenizer(self.carried[first])}; the seeds of one experiment are "
                         "measured on one cache, encoded with one tokenizer"
                     )
+                ours, theirs = (replace(self.imports[r].model, hf_config=None) for r in (run, first))
+                if ours != theirs:
+                    raise ValueError(
+                        f"{key}: its model ({ours.architecture}, {describe_shape(ours)}) is not the first seed's "
+                        f"({theirs.architecture}, {describe_shape(theirs)}); the seeds of one experiment are "
+                        "compared parameter by parameter, so they share one architecture and shape"
+                    )
+                steps, expected = ([p.step for p in self.positions[r]] for r in (run, first))
+                if steps != expected:
+                    raise ValueError(
+                        f"{key}: its checkpoints are at steps {steps}, the first seed's at {expected}; the seeds "
+                        "are compared at equal steps, so list the same steps for every seed"
+                    )
+
+    def _check_own_folders(self, runs: list[str]) -> None:
+        """No checkpoint folder is listed for two seeds (nor twice for one: checkpoint_positions)."""
+        owner: dict[Path, str] = {}
+        for run in runs:
+            for checkpoint in self.import_entries[run]["hf_checkpoints"]:
+                folder = Path(checkpoint["path"]).resolve()
+                if folder in owner and owner[folder] != run:
+                    raise ValueError(
+                        f"{self._key(run, 'hf_checkpoints')}: {checkpoint['path']} is listed for seed "
+                        f"{self.import_entries[owner[folder]]['seed']} too; each seed's checkpoints are its own "
+                        "folders"
+                    )
+                owner[folder] = run
 
     def _analysis_cache(self, name: str, planned: RunConfig) -> str:
         """The cache an import with ``cache_inputs`` has the workflow prepare: its data.cache,

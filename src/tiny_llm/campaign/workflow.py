@@ -89,6 +89,13 @@ class WorkflowPlan:
             check_corpus(where[1], self.train_runs[name], run, "unseen" if analysed else "train", key=where[0])
         self.train_device: str = config.get("train_device", "cpu")
         self.analysis_settings = {name: self._check_analysis(name) for name in self.analyses}
+        for name in self.analyses:
+            gpus, per_node = self.ranks(name)["gpus"], self.cluster.gpus_per_node
+            if per_node is not None and gpus > per_node:
+                raise ValueError(
+                    f"analyses.{name}.gpus_per_job: {gpus} GPUs per node, but a node has {per_node} "
+                    "(cluster.gpus_per_node); ask for at most that many, and for more with nodes_per_job"
+                )
         for name in self.analyses:  # a job that cannot fit its memory budget is refused before any work
             try:
                 self.memory(name)

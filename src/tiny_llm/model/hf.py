@@ -179,6 +179,12 @@ def _weight_files(path: Path) -> list[str]:
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(f"{index} has no weight_map; save the model again")
         files = sorted(set(weight_map.values()))
+        for file in files:
+            if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+                raise ValueError(
+                    f"{index}: its weight_map names {file!r}, not a file of {path}; a checkpoint's shards are "
+                    "files of its own folder (save the model again)"
+                )
     elif (path / "model.safetensors").exists():
         files = ["model.safetensors"]
     elif any(path.glob("*.bin")):

@@ -203,7 +203,11 @@ def _llama_config(data: dict[str, Any], source: str) -> ModelConfig:
     """The Llama family: Llama 2/3 (GQA, biases, RoPE scaling), Mistral and Qwen2 without a window."""
     refuse = refusal(source)
     heads, context = data["num_attention_heads"], data["max_position_embeddings"]
-    kv_heads = data.get("num_key_value_heads") or heads
+    kv_heads = data.get("num_key_value_heads")
+    if kv_heads is None:
+        kv_heads = heads
+    elif isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+        raise refuse("num_key_value_heads", kv_heads, f"need a positive divisor of num_attention_heads ({heads})")
     if (window := _sliding_window(data)) is not None and window < context:
         raise refuse("sliding_window", window, f"attention over the whole context; need null or ≥ {context}")
     if data.get("hidden_act", "silu") != "silu":

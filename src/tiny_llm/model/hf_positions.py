@@ -94,6 +94,12 @@ def _position(
         count, tokens_source = _count(count, f"tokens of {path}"), "given"
     elif _is_count(seen_tokens) and seen_tokens > 0:
         count, tokens_source = seen_tokens, "trainer_state.json num_input_tokens_seen"
+        if tokens_per_step is not None and step * tokens_per_step != seen_tokens:
+            raise ValueError(
+                f"tokens_per_step {tokens_per_step} puts step {step} at {step * tokens_per_step} tokens, but "
+                f"{Path(path) / 'trainer_state.json'} counted {seen_tokens} (num_input_tokens_seen); "
+                "drop tokens_per_step (the Trainer's count is used) or correct it"
+            )
     elif tokens_per_step is not None and step_source != "unknown":
         count, tokens_source = step * tokens_per_step, f"step x tokens_per_step ({tokens_per_step})"
     else:

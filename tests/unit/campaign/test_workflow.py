@@ -323,6 +323,39 @@ def test_hf_checkpoint_lists_are_imported_then_measured_on_the_offset_case(proje
         )
 
 
+def test_the_seeds_of_an_imported_experiment_are_own_folders_of_one_shape_at_the_same_steps(project):
+    """Seeds trained elsewhere are compared parameter by parameter at equal steps: a folder listed
+    for two seeds, another architecture or shape, other steps or another count are refused by key."""
+    import transformers
+    from hf_suites import corpus_text, train_tokenizer
+
+    tokenizer = train_tokenizer(Path("tokenizer"), corpus_text())
+    for folder, width in (("s1", 8), ("s2", 8), ("wide", 16)):
+        for step in (1, 2, 3):
+            transformers.GPT2LMHeadModel(
+                transformers.GPT2Config(vocab_size=300, n_embd=width, n_layer=1, n_head=2, n_positions=16)
+            ).save_pretrained(f"hf/{folder}/step{step}")
+            tokenizer.save_pretrained(f"hf/{folder}/step{step}")
+
+    def seeds(second, first=("s1", (1, 2))):
+        lists = {
+            seed: [{"path": f"hf/{folder}/step{step}", "step": step} for step in steps]
+            for seed, (folder, steps) in ((1, first), (2, second))
+        }
+        return {"seed_experiments": {"poly": {"hf_checkpoints": lists, "config": "run.yaml"}}}
+
+    WorkflowPlan(seeds(("s2", (1, 2))))
+    key = "seed_experiments.poly.hf_checkpoints.2: "
+    for second, message in (
+        (("s1", (1, 2)), key + "hf/s1/step1 is listed for seed 1 too; each seed's checkpoints are its own folders"),
+        (("wide", (1, 2)), key + "its model (gpt2, d_model 16, 1 layers, 2 heads, vocabulary 300) is not the first"),
+        (("s2", (1, 3)), key + "its checkpoints are at steps [1, 3], the first seed's at [1, 2]"),
+        (("s2", (1, 2, 3)), key + "its checkpoints are at steps [1, 2, 3], the first seed's at [1, 2]"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            WorkflowPlan(seeds(second))
+
+
 def test_what_cannot_run_here_is_refused_at_start_up_by_key(project, monkeypatch):
     """Local ranks beyond the usable cores, several nodes without Slurm, a tokenizer directory that
     is not one, a sharded spectrum with another HVP engine: each refused naming its key."""
@@ -344,6 +377,11 @@ def test_what_cannot_run_here_is_refused_at_start_up_by_key(project, monkeypatch
     ):
         WorkflowPlan(with_analysis(gpus_per_job=usable + 1)).check_devices(False, ["local"])
     WorkflowPlan(with_analysis(gpus_per_job=usable)).check_devices(False, ["local"])
+    with pytest.raises(
+        ValueError, match=r"analyses.local.gpus_per_job: 8 GPUs per node, but a node has 4 \(cluster.gpus_per_node\)"
+    ):
+        WorkflowPlan({**with_analysis(gpus_per_job=8), "cluster": {"gpus_per_node": 4}})
+    WorkflowPlan({**with_analysis(gpus_per_job=4, nodes_per_job=2), "cluster": {"gpus_per_node": 4}})
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
     with pytest.raises(ValueError, match="analyses.local.nodes_per_job: 2 nodes need a Slurm allocation"):
         WorkflowPlan(with_analysis(nodes_per_job=2)).check_devices(False, ["local"])

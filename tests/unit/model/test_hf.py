@@ -157,6 +157,25 @@ def test_only_local_safetensors_directories_are_read(tmp_path):
         read_hf(path)
 
 
+def test_key_value_heads_and_index_shards_that_cannot_be_are_refused_by_name(tmp_path):
+    """Zero key/value heads (once read as none given), a count that does not divide the query heads,
+    and a safetensors index whose shard lies outside the checkpoint's folder."""
+    _, path = _hf_model(tmp_path, True)
+    config = json.loads((path / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    for value in (0, heads + 1, -1, 1.5):
+        (path / "config.json").write_text(json.dumps({**config, "num_key_value_heads": value}))
+        with pytest.raises(ValueError, match=rf"num_key_value_heads={value!r} cannot be represented here \(need a "):
+            read_hf(path)
+    (path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "elsewhere.safetensors").write_bytes((path / "model.safetensors").read_bytes())
+    (path / "model.safetensors").rename(path / "model-00001-of-00001.safetensors")
+    index = path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"model.embed_tokens.weight": "../elsewhere.safetensors"}}))
+    with pytest.raises(ValueError, match=r"weight_map names '../elsewhere.safetensors', not a file of"):
+        read_hf(path)
+
+
 def test_import_and_export_through_the_command_line(tmp_path, capsys):
     """import-hf makes a run directory (its weights a checkpoint the analysis reads), export-hf
     writes it back bit-identically, and training refuses the imported run."""

@@ -166,10 +166,19 @@ def test_a_trainer_log_that_is_not_a_log_is_refused_by_name(suites, project, tmp
     assert not Path("runs/bad").exists()
 
 
-def test_tokens_per_step_of_zero_is_refused(suites, project, capsys):
+def test_tokens_per_step_of_zero_or_contradicting_the_trainer_is_refused(suites, project, capsys):
     argv = ["import-hf", *map(str, suites["neox"]), "--run-dir", "runs/bad", "--config", "run.yaml"]
     _refused(capsys, [*argv, "--tokens-per-step", "0"], "tokens_per_step: expected a positive integer")
     assert not Path("runs/bad").exists()
+    # the suite's Trainer counted BATCH x SEQ tokens a step: a tokens_per_step that says otherwise is refused
+    _refused(
+        capsys,
+        [*argv, "--tokens-per-step", str(BATCH * SEQ + 1)],
+        f"tokens_per_step {BATCH * SEQ + 1} puts step 2 at {2 * (BATCH * SEQ + 1)} tokens, but",
+        f"counted {2 * BATCH * SEQ} (num_input_tokens_seen)",
+    )
+    assert not Path("runs/bad").exists()
+    assert main(["--quiet", *argv, "--tokens-per-step", str(BATCH * SEQ)]) == 0  # agreeing with it is fine
 
 
 def _corrupt(kind, path: Path):
