@@ -9,9 +9,12 @@ the engine registry.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import tiny_llm.commands as commands
@@ -342,9 +345,21 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as error:  # bad input or an unwritable path: one line, exit status 2
         if args.debug or os.environ.get("TINY_LLM_DEBUG") == "1":
             raise
-        print(f"tiny-llm {args.command}: error: {error}", file=sys.stderr)
+        line = f"tiny-llm {args.command}: error: {error}"
+        print(line, file=sys.stderr)
+        _tell_torchrun(line)
         return 2
     return 0
+
+
+def _tell_torchrun(line: str) -> None:
+    """Under torchrun, the refusal also goes to the rank's error file, so that torchrun's failure
+    report, the last thing it prints, shows this one line in place of its "To enable traceback"."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        Path(path).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
 
 
 if __name__ == "__main__":

@@ -76,10 +76,12 @@ def atomic_directory(path: str | Path, kind: str = "") -> Iterator[Path]:
     """Yield a temporary folder next to ``path`` (``.<name>.<kind>-*``, with the umask's
     permissions); on success fsync its files and itself and rename it onto ``path``, which must not
     exist (or be an empty folder). On any exception the temporary folder is removed, so readers see
-    the whole folder or none (a killed process leaves the hidden folder, which ``kind`` names)."""
+    the whole folder or none (a killed process leaves the hidden folder, which ``kind`` names); the
+    folders made to hold it go too."""
     import shutil
 
     path = Path(path)
+    made = [p for p in reversed(path.absolute().parents) if not p.exists()]  # removed again on failure
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.{kind + '-' if kind else ''}", dir=path.parent))
     os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp makes 0700: a shared folder must be readable by the group
@@ -93,6 +95,9 @@ def atomic_directory(path: str | Path, kind: str = "") -> Iterator[Path]:
         fsync_dir(path.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for folder in reversed(made):  # the folders made for it, deepest first, if still empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise
 
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tiny_llm.io import atomic_path, atomic_write_json, sha256_file
+from tiny_llm.io import atomic_directory, atomic_path, atomic_write_json, sha256_file
 
 
 def test_failed_write_leaves_old_file_and_no_temporary(tmp_path):
@@ -46,3 +46,14 @@ def test_checkpoints_and_caches_get_the_users_umask(tmp_path):
     make_oracle_run(tmp_path / "run")
     assert cache.stat().st_mode & 0o777 == 0o777 & ~umask
     assert all(f.stat().st_mode & 0o777 == 0o666 & ~umask for f in cache.iterdir() if not f.name.startswith("."))
+
+
+def test_a_failed_folder_leaves_nothing_not_even_the_folders_made_to_hold_it(tmp_path):
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(RuntimeError), atomic_directory(tmp_path / "kept/new/deeper/out") as tmp:
+        (tmp / "config.json").write_text("{}")
+        raise RuntimeError("the export failed")
+    assert os.listdir(tmp_path) == ["kept"] and os.listdir(tmp_path / "kept") == []
+    with atomic_directory(tmp_path / "kept/new/out") as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert os.listdir(tmp_path / "kept/new/out") == ["config.json"]

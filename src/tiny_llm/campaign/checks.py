@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, config_to_dict, load_config_dict, parse_yaml
+from tiny_llm.data.corpus import read_tokenizer
 from tiny_llm.data.tokens import capacity_blocks
 from tiny_llm.geometry.experiment import geometry_settings_from_dict
 
@@ -105,8 +106,9 @@ def cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def check_tokenizer_directory(key: str, directory: str) -> None:
-    """A configured tokenizer directory must exist here and hold a tokenizer.json.
+def check_tokenizer_directory(key: str, directory: str, vocab_size: int | None = None) -> None:
+    """A configured tokenizer directory must exist here and hold a readable tokenizer.json, whose
+    vocabulary fits the model's ``vocab_size`` (when given).
 
     Raises:
         ValueError: naming ``key``.
@@ -122,6 +124,17 @@ def check_tokenizer_directory(key: str, directory: str) -> None:
             f"{key}: {directory} has no tokenizer.json; save a fast tokenizer there "
             "(AutoTokenizer.from_pretrained(...).save_pretrained(DIR))"
         )
+    if vocab_size is None:
+        return
+    try:
+        tokens = read_tokenizer(path)[1]["vocab_size"]
+    except ValueError as error:
+        raise ValueError(f"{key}: {error}") from None
+    if tokens > vocab_size:
+        raise ValueError(
+            f"{key}: {directory}'s vocabulary ({tokens} tokens) exceeds the model's vocab_size {vocab_size}, so "
+            "its ids would not be the model's; give the model's own tokenizer"
+        )
 
 
 def check_corpus(name: str, entry: dict[str, Any], run: RunConfig, need: str, key: str = "train_runs") -> None:
@@ -132,7 +145,7 @@ def check_corpus(name: str, entry: dict[str, Any], run: RunConfig, need: str, ke
         ValueError: naming the config keys, the tokens there are and needed, and both ways out.
     """
     if entry.get("cache_tokenizer") is not None:
-        check_tokenizer_directory(f"{key}.{name}.cache_tokenizer", entry["cache_tokenizer"])
+        check_tokenizer_directory(f"{key}.{name}.cache_tokenizer", entry["cache_tokenizer"], run.model.vocab_size)
     if entry.get("cache_source", "demo") == "demo":
         return
     counted = entry.get("cache_tokenizer") is None  # bytes are tokens; a tokenizer's count is known only after encoding

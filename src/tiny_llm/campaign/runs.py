@@ -115,7 +115,8 @@ class Runs:
         checkpoints = entry["hf_checkpoints"]
         try:
             paths = [Path(c["path"]) for c in checkpoints]
-            planned = imported_config(paths, load_run_config({"config": entry["config"], "set": entry.get("set", {})}))
+            run = load_run_config({"config": entry["config"], "set": entry.get("set", {})})
+            planned = imported_config(paths, run, adapter=bool(entry.get("adapter")))
             self.positions[name] = checkpoint_positions(
                 paths,
                 [c.get("step") for c in checkpoints],
@@ -125,6 +126,9 @@ class Runs:
             carried = checkpoint_tokenizer(paths, planned.model.vocab_size)
         except ValueError as error:
             raise ValueError(f"{self._key(name, 'hf_checkpoints')}: {error}") from None
+        if entry.get("cache_tokenizer"):
+            key = self._key(name, "cache_tokenizer")
+            check_tokenizer_directory(key, entry["cache_tokenizer"], planned.model.vocab_size)
         self._check_cache_tokenizer(name, planned, carried)
         self.carried[name] = carried
         return planned

@@ -47,6 +47,7 @@ from tiny_llm.workers.binding import check_output_binding, output_binding
 from tiny_llm.workers.index import check_selection
 from tiny_llm.workers.settings import (
     AnalysisSettings,
+    quadratic_form_engine,
     settings_from_dict,
     sharded_engine,
     spectrum_settings_from_dict,
@@ -123,7 +124,30 @@ class WorkflowPlan:
             except ValueError as error:
                 raise ValueError(f"analyses.{name}.{error}") from None
         self._check_offset(name, settings)
+        self._check_model(name, settings)
         return settings
+
+    def _check_model(self, name: str, settings: AnalysisSettings) -> None:
+        """What the analysis's model cannot do, refused at start-up: an engine it has no rules for
+        (an adapter's model with a jet engine), and a case that needs a training order the run does not
+        have (seen or unseen of an imported run)."""
+        entry = self.analyses[name]
+        imported = name in self.imports or (Path(entry["run"]) / IMPORTED).exists() and not self.trained_here(name)
+        ordered = sorted(set(self.cases(name)) - {"offset"})
+        if imported and ordered:
+            raise ValueError(
+                f"analyses.{name}.cases: {', '.join(ordered)} need{'s' if len(ordered) == 1 else ''} the batches "
+                f"training took, which a run imported from elsewhere does not have; use [offset]"
+            )
+        try:
+            model = self.run_config(name).model
+        except (OSError, ValueError):
+            return  # a run not made yet: its training or import checks it
+        try:
+            quadratic_form_engine(settings, model)
+        except ValueError as error:
+            where = "settings_override" if "engine" in self.settings_override else f"analyses.{name}.settings"
+            raise ValueError(f"{where}.engine: {error}") from None
 
     def _check_offset(self, name: str, settings: AnalysisSettings) -> None:
         """An offset epoch that reaches past a cache already prepared is refused at start-up."""

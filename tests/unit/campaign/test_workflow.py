@@ -274,7 +274,9 @@ def test_the_plan_states_the_memory_of_each_job_and_refuses_one_that_cannot_fit(
 
 def test_hf_checkpoint_lists_are_imported_then_measured_on_the_offset_case(project):
     """An analysis's hf_checkpoints: the plan knows the run's shape, the states and the case before
-    the import, waits for the import's receipt, and refuses by key what cannot work."""
+    the import, waits for the import's receipt, and refuses by key what cannot work (before any
+    import or cache is made: a case that needs training's order, an engine the model has no rules
+    for, a cache tokenizer with more ids than the model)."""
     import transformers
 
     for step in (1, 2):
@@ -289,7 +291,19 @@ def test_hf_checkpoint_lists_are_imported_then_measured_on_the_offset_case(proje
     assert plan.runs.import_spec("suite")["steps"] == [1, 2] and plan.runs.import_spec("suite")["tokens"] == [None, 64]
     assert plan.runs.import_inputs("suite") == ["hf/step1/config.json", "hf/step2/config.json"]
     assert plan.costs.expected_states("suite", plan.run_config("suite")) == (2, "hf_checkpoints")
+    from hf_suites import corpus_text, train_tokenizer
+
+    train_tokenizer(Path("tokenizer"), corpus_text(), vocab_size=300)  # more ids than the model's 256
     for change, message in [
+        ({"cases": ["offset", "seen"]}, "analyses.suite.cases: seen needs the batches training took"),
+        (
+            {"adapter": True, "settings": {**entry["settings"], "engine": "adjoint"}},
+            "analyses.suite.settings.engine: engine adjoint: the taylor and adjoint engines need second-order rules",
+        ),
+        (
+            {"cache_tokenizer": "tokenizer"},
+            "analyses.suite.cache_tokenizer: tokenizer's vocabulary (300 tokens) exceeds the model's vocab_size 256",
+        ),
         ({"run": "elsewhere/suite"}, "analyses.suite.run: the workflow imports hf_checkpoints into runs/<name>"),
         ({"config": None}, "analyses.suite.config: hf_checkpoints need a run configuration"),
         (
