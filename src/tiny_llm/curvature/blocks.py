@@ -3,7 +3,8 @@
 A block is the embedding (token and position embeddings; with a tied head, the head too), each
 layer's attention, each layer's MLP, the normalisations (every norm's weights and biases, one
 block) and an untied output head, in that order; a parameter this does not recognise (an
-adapter's model of another layout) falls in ``other``. Blocks partition the parameters, so a
+adapter's model of another layout) falls in ``other``, and per-block statistics of such a model
+are refused (:func:`check_block_layout`). Blocks partition the parameters, so a
 vector's squared block norms add up to its squared norm.
 
 The names are classified by pattern, so that the project's architectures (``layers.<i>.attention``,
@@ -18,7 +19,16 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["HEAD", "NORMS", "OTHER", "block_count", "block_of", "parameter_blocks", "squared_norms"]
+__all__ = [
+    "HEAD",
+    "NORMS",
+    "OTHER",
+    "block_count",
+    "block_of",
+    "check_block_layout",
+    "parameter_blocks",
+    "squared_norms",
+]
 
 EMBEDDING, NORMS, HEAD, OTHER = "embedding", "norms", "head", "other"
 
@@ -47,6 +57,22 @@ def block_of(name: str) -> str:
     if _EMBEDDING.search(name):
         return EMBEDDING
     return OTHER
+
+
+def check_block_layout(names: Sequence[str]) -> None:
+    """Per-block statistics need every parameter in a block this module knows: refuse a model of
+    another layout (an adapter's) whose parameters would otherwise be filed under ``other``.
+
+    Raises:
+        ValueError: naming the first such parameters and what to do.
+    """
+    unknown = [name for name in names if block_of(name) == OTHER]
+    if unknown:
+        raise ValueError(
+            f"block_curvature: {len(unknown)} parameters of this model are of no block this project knows "
+            f"(embedding, layer attention or MLP, norms, head): {', '.join(unknown[:3])}"
+            f"{', ...' if len(unknown) > 3 else ''}; analyse it without block_curvature"
+        )
 
 
 def block_count(n_layers: int, tie_embeddings: bool) -> int:

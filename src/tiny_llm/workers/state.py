@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from tiny_llm.config import RunConfig
+from tiny_llm.curvature.blocks import check_block_layout
 from tiny_llm.curvature.engines import FINITE_DIFFERENCE
 from tiny_llm.curvature.gradients import gradient_rounding
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
@@ -221,6 +222,8 @@ def _measure(
     # sharded, the model stays on the host until FSDP moves each block's shards to the device
     model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
     names = FlatParameters(model).names
+    if settings.block_curvature:
+        check_block_layout(names)
     consensus = [
         (w, shard_rows([worker[n].double() - state.root[n].double() for n in names], rank, ranks if sharded else 1))
         for w, worker in enumerate(state.workers)

@@ -3,7 +3,7 @@
 import pytest
 
 from tiny_llm.config import ModelConfig
-from tiny_llm.curvature.blocks import block_count, block_of, parameter_blocks
+from tiny_llm.curvature.blocks import block_count, block_of, check_block_layout, parameter_blocks
 from tiny_llm.model.architectures import build_model
 
 
@@ -54,3 +54,15 @@ def test_blocks_are_in_reading_order():
         "head",
         "other",
     ]
+
+
+def test_a_layout_of_unknown_parameters_is_refused_for_per_block_statistics():
+    model = build_model(ModelConfig(architecture="gpt_neox", d_model=8, n_heads=2, d_ff=16, n_layers=1))
+    check_block_layout([name for name, _ in model.named_parameters()])  # every native one is known
+    names = ["model.embed_tokens.weight", "model.mixer.0.kernel", "model.mixer.1.kernel", "lm_head.weight"]
+    with pytest.raises(
+        ValueError,
+        match=r"block_curvature: 2 parameters of this model are of no block this project knows .*: "
+        r"model.mixer.0.kernel, model.mixer.1.kernel; analyse it without block_curvature",
+    ):
+        check_block_layout(names)
