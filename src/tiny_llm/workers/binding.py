@@ -116,64 +116,79 @@ def holds_results(output_dir: str | Path) -> bool:
     return (root / SUMMARY).exists() or any(root.glob("states/*/*.json")) or any(root.glob("spectra/*/*.json"))
 
 
-def check_output_binding(output_dir: str | Path, binding: dict[str, Any], write: bool = False) -> None:
+def check_output_binding(output_dir: str | Path, binding: dict[str, Any]) -> list[str]:
     """Refuse an output directory whose results were made with another run, other settings or other
-    source code. A binding with no result yet (a first attempt that failed) does not hold: it is
-    replaced, with a log line saying what changed.
+    source code. A binding with no result yet (a first attempt that failed) does not hold: what
+    changed is returned, and :func:`bind_output` replaces it. Writes nothing.
 
-    With ``write``, record the binding (identity.json) when the directory has none yet, or replace
-    one that binds no result.
+    Returns:
+        What changed against a binding that holds no result (empty when there is none or nothing).
 
     Raises:
         ValueError: naming what changed and what to do (a new name, the old settings, or removing
             the results).
     """
     path = Path(output_dir) / "identity.json"
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())
-            old["run"], old["settings"], old["source"]
-        except (ValueError, KeyError, TypeError):
-            raise ValueError(
-                f"{path} is damaged (not the binding of an output directory); restore it, or remove "
-                f"{output_dir} (its results) or use a new analysis name"
-            ) from None
-        changed = [f"run: {old['run']} -> {binding['run']}"] if old["run"] != binding["run"] else []
-
-        def shown(key: str, value: Any) -> str:
-            return "all" if key == "noise_samples" and value is None else repr(value)
-
-        changed += [
-            f"settings.{k}: {shown(k, old['settings'].get(k))} -> {shown(k, v)}"
-            for k, v in binding["settings"].items()
-            if old["settings"].get(k) != v
-        ]
-        changed += [
-            f"spectrum.{k}: {old.get('spectrum', {}).get(k)!r} -> {v!r}"
-            for k, v in binding["spectrum"].items()
-            if old.get("spectrum", {}).get(k) != v
-        ]
-        if old["source"] != binding["source"]:
-            changed.append("the tiny_llm source code changed")
-        if changed and not holds_results(output_dir):
-            if write:
-                atomic_write_json(path, binding)
-                log.info(
-                    "%s held no result yet: its binding now follows the changed settings (%s)",
-                    output_dir,
-                    "; ".join(changed),
-                )
-            return
-        if changed:
+    if not path.exists():
+        return []
+    try:
+        old = json.loads(path.read_text())
+        old["run"], old["settings"], old["source"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(
+            f"{path} is damaged (not the binding of an output directory); restore it, or remove "
+            f"{output_dir} (its results) or use a new analysis name"
+        ) from None
+    changed = _changes(old, binding)
+    if changed and holds_results(output_dir):
+        fix = (
+            f"use a new output directory (a new analysis name), restore the settings, or remove {output_dir} "
+            "(its results) to recompute it with these settings"
+        )
+        if changed == ["the tiny_llm source code changed"]:
             fix = (
-                f"use a new output directory (a new analysis name), restore the settings, or remove {output_dir} "
-                "(its results) to recompute it with these settings"
+                f"use a new analysis name, or remove {output_dir} to recompute it with this code "
+                "(or go back to the code that made it)"
             )
-            if changed == ["the tiny_llm source code changed"]:
-                fix = (
-                    f"use a new analysis name, or remove {output_dir} to recompute it with this code "
-                    "(or go back to the code that made it)"
-                )
-            raise ValueError(f"{output_dir} holds results made with other settings ({'; '.join(changed)}); {fix}")
-    elif write:
-        atomic_write_json(path, binding)
+        raise ValueError(f"{output_dir} holds results made with other settings ({'; '.join(changed)}); {fix}")
+    return changed
+
+
+def _changes(old: dict[str, Any], binding: dict[str, Any]) -> list[str]:
+    """What differs between a recorded binding and this one, in words."""
+    changed = [f"run: {old['run']} -> {binding['run']}"] if old["run"] != binding["run"] else []
+
+    def shown(key: str, value: Any) -> str:
+        return "all" if key == "noise_samples" and value is None else repr(value)
+
+    changed += [
+        f"settings.{k}: {shown(k, old['settings'].get(k))} -> {shown(k, v)}"
+        for k, v in binding["settings"].items()
+        if old["settings"].get(k) != v
+    ]
+    changed += [
+        f"spectrum.{k}: {old.get('spectrum', {}).get(k)!r} -> {v!r}"
+        for k, v in binding["spectrum"].items()
+        if old.get("spectrum", {}).get(k) != v
+    ]
+    if old["source"] != binding["source"]:
+        changed.append("the tiny_llm source code changed")
+    return changed
+
+
+def bind_output(output_dir: str | Path, binding: dict[str, Any]) -> None:
+    """Record the binding of an output directory (identity.json), after the same check: when it
+    has none yet, or replace one that binds no result (saying what changed).
+
+    Raises:
+        ValueError: as :func:`check_output_binding`.
+    """
+    changed = check_output_binding(output_dir, binding)
+    path = Path(output_dir) / "identity.json"
+    if path.exists() and not changed:
+        return
+    atomic_write_json(path, binding)
+    if changed:
+        log.info(
+            "%s held no result yet: its binding now follows the changed settings (%s)", output_dir, "; ".join(changed)
+        )

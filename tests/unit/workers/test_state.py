@@ -400,15 +400,18 @@ def test_the_audit_is_on_by_default_unless_float64():
 
 
 def test_output_binding_names_what_changed_and_the_way_out(tmp_path, caplog):
-    from tiny_llm.workers.binding import check_output_binding, output_binding
+    from tiny_llm.workers.binding import bind_output, check_output_binding, output_binding
 
     binding = output_binding(AnalysisSettings(), "runs/demo")
-    check_output_binding(tmp_path, binding, write=True)
-    check_output_binding(tmp_path, binding)  # the same binding: accepted
+    assert check_output_binding(tmp_path, binding) == [] and not (tmp_path / "identity.json").exists()  # no write
+    bind_output(tmp_path, binding)
+    assert check_output_binding(tmp_path, binding) == []  # the same binding: accepted
     # a first attempt that made no result does not lock the name: the binding follows the settings
     fixed = output_binding(AnalysisSettings(device="cpu"), "runs/demo")
+    assert check_output_binding(tmp_path, fixed) == ["settings.device: 'auto' -> 'cpu'"]
+    assert json.loads((tmp_path / "identity.json").read_text()) == binding  # the check wrote nothing
     with caplog.at_level("INFO"):
-        check_output_binding(tmp_path, fixed, write=True)
+        bind_output(tmp_path, fixed)
     assert json.loads((tmp_path / "identity.json").read_text()) == fixed
     assert (
         "held no result yet: its binding now follows the changed settings (settings.device: 'auto' -> 'cpu')"
