@@ -75,6 +75,32 @@ def engineering(value: float, _position: object = None) -> str:
     return f"{value:.3g}"
 
 
+KEY_COLUMNS = ("file", "state_key", "case", "step")
+"""The columns every collected table has, which the figures key their rows by."""
+
+
+def read_table(path: Path, numbers: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A collected table (summary.csv, blocks.csv), checked before anything is drawn: readable as
+    CSV, with the key columns, ``step`` and ``numbers`` numeric, ``file``, ``case`` and ``names`` text.
+
+    Raises:
+        ValueError: naming the file, what is wrong with it, and how to make it again.
+    """
+    again = "collect the analysis again (run the workflow: snakemake -c1)"
+    try:
+        table = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not a collected table ({str(error).splitlines()[0]}); {again}") from None
+    missing = [c for c in (*KEY_COLUMNS, *numbers, *names) if c not in table]
+    if missing:
+        raise ValueError(f"{path} lacks the columns {', '.join(missing)}; {again}")
+    bad = [c for c in ("step", *numbers) if not pd.api.types.is_numeric_dtype(table[c])]
+    bad += [c for c in ("file", "case", *names) if not all(isinstance(v, str) for v in table[c])]
+    if bad:
+        raise ValueError(f"{path}: the column {bad[0]} holds values a collected table does not; {again}")
+    return table
+
+
 def states(summary: pd.DataFrame, x_axis: str = "auto") -> pd.DataFrame:
     """One row per (state, case), and per block in a per-block table: the earliest alias; column
     ``x`` holds the x-axis value (tokens or steps) and ``attrs["xlabel"]`` its label."""
@@ -242,7 +268,7 @@ def collected(
     out_dir = Path(out_dir) if out_dir else analysis_dir / "figures"
     if not (analysis_dir / table_name).exists():
         raise ValueError(f"{analysis_dir} has no {table_name}; run the workflow (or collect) first")
-    table = states(pd.read_csv(analysis_dir / table_name), x_axis)
+    table = states(read_table(analysis_dir / table_name), x_axis)
     out_dir.mkdir(parents=True, exist_ok=True)
     context = {**figure_context(analysis_dir), "xlabel": table.attrs["xlabel"], "x_note": table.attrs["x_note"]}
     return table, context, out_dir

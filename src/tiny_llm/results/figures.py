@@ -33,6 +33,7 @@ from tiny_llm.results.drawing import (
     engineering,
     finish,
     log_axis,
+    read_table,
     states,
 )
 from tiny_llm.results.spectrum_figures import SPECTRUM_FIGURES, plot_spectrum
@@ -202,14 +203,21 @@ def _block_style(name: str, layers: int) -> tuple[Any, str]:
     return colour, name if shown else f"_{name}"
 
 
-def _block_batch_sizes(whole, context, out_dir, analysis_dir: Path, x_axis: str) -> list[Path]:
+def _blocks_table(analysis_dir: Path, x_axis: str) -> pd.DataFrame | None:
+    """blocks.csv, checked (None for an analysis collected before it existed)."""
+    if not (analysis_dir / BLOCKS).exists():
+        return None
+    return states(read_table(analysis_dir / BLOCKS, numbers=("b_simple",), names=("block",)), x_axis)
+
+
+def _block_batch_sizes(whole, context, out_dir, table: pd.DataFrame | None) -> list[Path]:
     """B_simple of each parameter block (blocks.csv) against the whole model's (``whole``, the
     summary's table): layers' attention in blues and MLPs in oranges, light to dark with depth; an
     analysis collected before blocks.csv existed gets a note instead of curves."""
     fig, ax = plt.subplots(figsize=(COLUMN[0], 1.3 * COLUMN[1]))
     notes = Notes()
     note = ""
-    if (analysis_dir / BLOCKS).exists() and len(table := states(pd.read_csv(analysis_dir / BLOCKS), x_axis)):
+    if table is not None and len(table):
         names = list(dict.fromkeys(table["block"]))
         layers = len({n.split()[1] for n in names if n.startswith("layer ")})
         for name in names:
@@ -281,8 +289,10 @@ def plot_analysis(
     is drawn without them, with a note.
 
     Raises:
-        ValueError: the analysis has no collected results yet, or an unknown ``x_axis``.
+        ValueError: the analysis has no collected results yet, a collected table that is not one
+            (named), or an unknown ``x_axis``; no figure is drawn then.
     """
+    blocks = _blocks_table(Path(analysis_dir), x_axis)  # both tables checked before anything is made
     table, context, out_dir = collected(analysis_dir, out_dir, x_axis)
     run_dir = Path(context["run"]) if training_norms else None
     with plt.rc_context(RC):
@@ -292,7 +302,7 @@ def plot_analysis(
             + _noise_alignment(table, context, out_dir)
             + _gradient_norms(table, context, out_dir, run_dir)
             + _batch_sizes(table, context, out_dir)
-            + _block_batch_sizes(table, context, out_dir, Path(analysis_dir), x_axis)
+            + _block_batch_sizes(table, context, out_dir, blocks)
         )
     if audit and ((context.get("audit") or {}).get("audited_rows") or 0) > 0:
         paths += plot_audit(analysis_dir, out_dir, x_axis)

@@ -114,6 +114,27 @@ def test_missing_summary_is_explained(tmp_path):
         plot_analysis(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "table, text, message",
+    [
+        ("blocks.csv", "", r"blocks.csv is not a collected table \(No columns to parse"),
+        ("blocks.csv", "file,case,block\nx,seen,embedding,extra\n", "blocks.csv lacks the columns state_key, step"),
+        (
+            "blocks.csv",
+            "file,state_key,case,step,tokens,block,b_simple\nf,k,seen,1,10,embedding,lots\n",
+            "blocks.csv: the column b_simple holds values a collected table does not",
+        ),
+        ("summary.csv", "file,state_key,case,step\nf,k,seen,early\n", "summary.csv: the column step holds values"),
+    ],
+)
+def test_a_broken_table_is_named_and_nothing_is_drawn(tmp_path, table, text, message):
+    _write(tmp_path)
+    (tmp_path / table).write_text(text)
+    with pytest.raises(ValueError, match=message + ".*; collect the analysis again"):
+        plot_analysis(tmp_path)
+    assert not (tmp_path / "figures").exists()
+
+
 def test_the_x_axis_is_tokens_when_known_else_steps_in_engineering_notation(tmp_path, monkeypatch):
     """Tokens of 1e5 and more read as 100k, 1.2M; unknown tokens (blank cells) or x_axis step put
     steps on the axis; a run without a training log is drawn without its curves, with a note."""
