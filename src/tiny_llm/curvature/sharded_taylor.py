@@ -21,15 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from tiny_llm.distributed import all_reduce_sum, world
-from tiny_llm.model.causal import (
-    IGNORE_INDEX,
-    CausalLM,
-    check_jet_rules,
-    row_dots,
-    upcast,
-    without_autocast,
-)
-from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot
+from tiny_llm.model.causal import CausalLM, VocabularyRows, check_jet_rules, loss_jet_rows
+from tiny_llm.model.jets import Jet, JetPass
 
 if TYPE_CHECKING:
     from tiny_llm.curvature.sharded import ShardedHessian
@@ -135,7 +128,7 @@ def _loss_jet_on_shards(model: CausalLM, h: Jet, targets: torch.Tensor, jets: _S
             h0, h1, h2, y = _broadcast_rows(
                 source, rank, [*(None if x is None else x[..., rows, :] for x in mine), targets.reshape(N)[rows]]
             )
-            form, curvature = _loss_rows_on_shards(h0, h1, h2, y, E, U, first_row, source, rank)
+            form, curvature = loss_jet_rows((h0, h1, h2), y, E, U, VocabularyRows(first_row, rank, ranks, source))
             total, gauss_newton = total + form, gauss_newton + curvature
     jets.gauss_newton = gauss_newton
     return total
@@ -151,51 +144,6 @@ def _broadcast_rows(source: int, rank: int, tensors: list[torch.Tensor | None]) 
             dist.broadcast(x, src=source)
         out.append(x)
     return out
-
-
-def _loss_rows_on_shards(
-    h0: torch.Tensor,
-    h1: torch.Tensor,
-    h2: torch.Tensor | None,
-    targets: torch.Tensor,
-    E: torch.Tensor,
-    U: torch.Tensor,
-    first_row: int,
-    source: int,
-    rank: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``CausalLM._loss_jet_rows`` over this rank's vocabulary rows [first_row, first_row + len(E)):
-    its share of (form, Gauss–Newton part) of n target positions of rank ``source``, h0 (n, C), h1
-    and h2 (K, n, C)."""
-
-    z0 = h0 @ E.t()  # (n, rows here)
-    z1 = per_direction(h0, U, out=torch.matmul(h1, E.t()))  # h1Eᵀ + h0Uₖᵀ, (K, n, rows here)
-    with without_autocast(z0):
-        keep = (targets != IGNORE_INDEX).reshape(-1, 1)
-        z0 = upcast(z0)
-        top = z0.amax(-1) if len(E) else z0.new_full(z0.shape[:1], float("-inf"))
-        dist.all_reduce(top, op=dist.ReduceOp.MAX)
-        p = torch.exp(z0 - top.unsqueeze(-1))
-        p = p / all_reduce_sum(p.sum(-1, keepdim=True)) * keep  # the softmax over every rank's rows
-        Et, Ut = E.to(p.dtype), U.transpose(1, 2).to(p.dtype)
-        h1, z1 = upcast(h1), upcast(z1)
-        p_z1 = all_reduce_sum(row_dots(z1, p))  # ⟨p, z1⟩ by row, (K, n)
-        curvature = per_direction_dot(z1.sub_(p_z1.unsqueeze(-1).to(z1.dtype)).square_(), p)
-        r = p.clone()  # p − e_y, e_y on the rank that holds row y
-        here = ((targets >= first_row) & (targets < first_row + len(E)) & keep.view(-1)).nonzero().view(-1)
-        r[here, targets[here] - first_row] -= 1
-        # rU and rE summed over the ranks' rows before they meet h1 and h2, on the tokens' own rank:
-        # p's part and e_y's cancel, and each rank's share alone would carry the rounding of the
-        # larger uncancelled terms into the form
-        rU = per_direction(r, Ut)
-        dist.reduce(rU, dst=source)
-        first = 2 * per_direction_dot(rU, h1, overwrite=True) if rank == source else torch.zeros_like(curvature)
-        if h2 is not None:
-            rE = r @ Et
-            dist.reduce(rE, dst=source)
-            if rank == source:
-                first = first + per_direction_dot(upcast(h2), rE)
-    return first + curvature, curvature
 
 
 def taylor_forms(operator: ShardedHessian, V: torch.Tensor) -> torch.Tensor:

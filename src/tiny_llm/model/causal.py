@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -22,11 +24,14 @@ from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot
 
 __all__ = [
     "IGNORE_INDEX",
+    "WHOLE_HEAD",
     "AttentionBackend",
     "CausalLM",
+    "VocabularyRows",
     "check_jet_rules",
     "count_parameters",
     "head_loss_chunks",
+    "loss_jet_rows",
     "row_dots",
     "token_losses",
     "upcast",
@@ -135,49 +140,98 @@ class CausalLM(nn.Module):
         total, gauss_newton = 0, 0
         for start in range(0, N, chunk):
             rows = slice(start, start + chunk)
-            form, curvature = self._loss_jet_rows(
-                h0[rows], h1[:, rows], None if h2 is None else h2[:, rows], y[rows], weight, U, jets, chunk
-            )
+            scratch = jets.buffer("logits z1", (K * chunk * V,), h1)
+            jet = (h0[rows], h1[:, rows], None if h2 is None else h2[:, rows])
+            form, curvature = loss_jet_rows(jet, y[rows], weight, U, scratch=scratch)
             total, gauss_newton = total + form, gauss_newton + curvature
         jets.gauss_newton = gauss_newton
         return total
 
-    def _loss_jet_rows(
-        self,
-        h0: torch.Tensor,
-        h1: torch.Tensor,
-        h2: torch.Tensor | None,
-        targets: torch.Tensor,
-        weight: torch.Tensor,
-        U: torch.Tensor,
-        jets: JetPass,
-        chunk: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``loss_jet``'s (form, Gauss–Newton part) of n target positions: h0 (n, C), h1 and h2
-        (K, n, C), targets (n,); z1 written into a scratch of ``chunk`` positions."""
-        K, V, C = U.shape
-        n = h0.size(0)
-        z0 = self.logits(h0)  # (n, V)
-        # z1 = h1Eᵀ + h0Uᵀ, (K, n, V): the shared head's product for all K directions at once, then
-        # each direction's h0Uₖᵀ added in place (neither E nor U is copied K or 2 times).
-        scratch = jets.buffer("logits z1", (K * chunk * V,), h1)
-        z1 = torch.matmul(h1, weight.t(), out=None if scratch is None else scratch[: K * n * V].view(K, n, V))
-        z1 = per_direction(h0, U, out=z1)
-        with without_autocast(z0):
-            keep = (targets != IGNORE_INDEX).reshape(-1, 1)  # (n, 1)
-            p = torch.softmax(upcast(z0), dim=-1) * keep  # ignored rows: 0
-            E, Ut = weight.to(p.dtype), U.transpose(1, 2).to(p.dtype)
-            h1 = upcast(h1)
-            z1 = upcast(z1)
-            p_z1 = row_dots(z1, p)  # ⟨p, z1⟩ by row, (K, n): from z1 itself, not two more head products
-            # Σ p (z1 − ⟨p, z1⟩)², centred in place: not ⟨p, z1²⟩ − ⟨p, z1⟩², whose two large terms
-            # cancel (at a 50k vocabulary in float32 that difference kept three digits).
-            curvature = per_direction_dot(z1.sub_(p_z1.unsqueeze(-1).to(z1.dtype)).square_(), p)
-            r = p - F.one_hot(targets.clamp(min=0), V).to(p.dtype) * keep  # (n, V)
-            first = 2 * per_direction_dot(per_direction(r, Ut), h1, overwrite=True)  # 2⟨rU, h1⟩
-            if h2 is not None:
-                first = first + per_direction_dot(upcast(h2), r @ E)  # rE: shared
-        return first + curvature, curvature
+
+@dataclass(frozen=True)
+class VocabularyRows:
+    """The rows of the vocabulary (of the head) a process holds, and the collectives over the
+    processes that hold the others: the whole head on one process (every collective the identity),
+    or each rank's rows of a head cut over ``ranks`` processes, for the tokens of rank ``source``."""
+
+    first: int = 0
+    """The first row held."""
+    rank: int = 0
+    ranks: int = 1
+    source: int = 0
+    """The rank whose tokens these are (which receives the per-token sums)."""
+
+    def softmax(self, z0: torch.Tensor) -> torch.Tensor:
+        """softmax over every process's rows of the logits z0 (n, rows held)."""
+        if self.ranks == 1:
+            return torch.softmax(z0, dim=-1)
+        top = z0.amax(-1) if z0.size(-1) else z0.new_full(z0.shape[:1], float("-inf"))
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        p = torch.exp(z0 - top.unsqueeze(-1))
+        summed = p.sum(-1, keepdim=True)
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        return p / summed
+
+    def total(self, x: torch.Tensor) -> torch.Tensor:
+        """A sum over the vocabulary from each process's share of it, on every process."""
+        if self.ranks > 1:
+            dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        return x
+
+    def at_source(self, x: torch.Tensor) -> torch.Tensor | None:
+        """A sum over the vocabulary on the tokens' own rank (None elsewhere)."""
+        if self.ranks > 1:
+            dist.reduce(x, dst=self.source)
+        return x if self.rank == self.source else None
+
+
+WHOLE_HEAD = VocabularyRows()
+"""The whole head on one process."""
+
+
+def loss_jet_rows(
+    jet: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    targets: torch.Tensor,
+    E: torch.Tensor,
+    U: torch.Tensor,
+    rows: VocabularyRows = WHOLE_HEAD,
+    scratch: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss's second-order rule (``CausalLM.loss_jet``) on n target positions: their (form,
+    Gauss–Newton part), (K,) each, from the final hidden state's jet (h0 (n, C), h1 and h2 (K, n, C)),
+    over the head rows ``rows`` holds (E (rows, C), their directions U (K, rows, C)); with the head cut
+    over ranks, each rank's share of both, whose sum over the ranks is the whole. z1 may be written
+    into ``scratch`` (K · n · rows elements or more)."""
+    h0, h1, h2 = jet
+    K, held, _ = U.shape
+    n = h0.size(0)
+    z0 = F.linear(h0, E)  # (n, rows held)
+    # z1 = h1Eᵀ + h0Uᵀ, (K, n, rows): the shared head's product for all K directions at once, then
+    # each direction's h0Uₖᵀ added in place (neither E nor U is copied K or 2 times).
+    z1 = torch.matmul(h1, E.t(), out=None if scratch is None else scratch[: K * n * held].view(K, n, held))
+    z1 = per_direction(h0, U, out=z1)
+    with without_autocast(z0):
+        keep = (targets != IGNORE_INDEX).reshape(-1, 1)  # (n, 1)
+        p = rows.softmax(upcast(z0)) * keep  # ignored rows: 0
+        Et, Ut = E.to(p.dtype), U.transpose(1, 2).to(p.dtype)
+        h1, z1 = upcast(h1), upcast(z1)
+        p_z1 = rows.total(row_dots(z1, p))  # ⟨p, z1⟩ by row, (K, n): from z1 itself, not two more head products
+        # Σ p (z1 − ⟨p, z1⟩)², centred in place: not ⟨p, z1²⟩ − ⟨p, z1⟩², whose two large terms
+        # cancel (at a 50k vocabulary in float32 that difference kept three digits).
+        curvature = per_direction_dot(z1.sub_(p_z1.unsqueeze(-1).to(z1.dtype)).square_(), p)
+        r = p.clone()  # p − e_y, e_y on the process that holds row y
+        here = ((targets >= rows.first) & (targets < rows.first + held) & keep.view(-1)).nonzero().view(-1)
+        r[here, targets[here] - rows.first] -= 1
+        # rU and rE summed over the rows before they meet h1 and h2, on the tokens' own rank: p's
+        # part and e_y's cancel, and each rank's share alone would carry the rounding of the larger
+        # uncancelled terms into the form
+        rU = rows.at_source(per_direction(r, Ut))
+        first = 2 * per_direction_dot(rU, h1, overwrite=True) if rU is not None else torch.zeros_like(curvature)
+        if h2 is not None:
+            rE = rows.at_source(r @ Et)
+            if rE is not None:
+                first = first + per_direction_dot(upcast(h2), rE)
+    return first + curvature, curvature
 
 
 ROW_DOT_ELEMENTS = 1 << 22
