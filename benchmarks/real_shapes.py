@@ -55,7 +55,7 @@ from tiny_llm.config import ModelConfig, load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import GRADIENT
 from tiny_llm.curvature.memory_measure import measure_pass
-from tiny_llm.model.architectures import build_model
+from tiny_llm.architectures import build_model
 from tiny_llm.model.causal import token_losses
 from tiny_llm.runtime import keep_freed_memory
 

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from tiny_llm.architectures import ARCHITECTURES, Architecture, architecture
 from tiny_llm.declared import build, fail
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "dump_config",
     "load_config",
     "load_config_dict",
+    "resolved_dict",
     "parse_yaml",
 ]
 
@@ -94,10 +96,6 @@ class RopeScaling:
                 )
 
 
-_BIASED_BY_DEFAULT = {"llama": False, "gpt2": True, "gpt_neox": True, "hf": False}
-"""Whether an architecture's projections carry biases when attention_bias / mlp_bias are not given."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Architecture and shape of the decoder: the Llama family (RMSNorm, RoPE, causal attention with
@@ -106,7 +104,7 @@ class ModelConfig:
 
     SECTION: ClassVar[str] = "model"
 
-    architecture: Literal["llama", "gpt2", "gpt_neox", "hf"] = "llama"
+    architecture: str = "llama"
     """``llama`` (also what Mistral- and Qwen2-style checkpoints import as); ``gpt2`` (as Hugging
     Face's GPT2LMHeadModel: learned positions up to max_seq_len, LayerNorm with bias,
     tanh-approximated GELU, biased projections; rope_theta unused); ``gpt_neox`` (as Hugging Face's
@@ -156,6 +154,7 @@ class ModelConfig:
     """Share the input embedding with the output projection (counted once in D)."""
 
     def __post_init__(self) -> None:
+        architecture(self.architecture)  # an unknown one is refused first, listing the known ones
         _require_positive(
             self.SECTION,
             self,
@@ -183,22 +182,21 @@ class ModelConfig:
         self._check_variants()
 
     def _check_variants(self) -> None:
-        """Each architecture's own options: what another architecture would ignore is refused."""
+        """Each architecture's own options (as its registry entry declares them): another
+        architecture's option is refused unless at its default (it would be ignored)."""
         if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
             divisors = [h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]
             fail("model.n_kv_heads", f"null or a divisor of n_heads={self.n_heads} ({divisors})", self.n_kv_heads)
-        only = {
-            "n_kv_heads": (("llama",), self.n_kv_heads not in (None, self.n_heads)),
-            "rope_scaling": (("llama", "gpt_neox"), self.rope_scaling is not None),
-            "rotary_pct": (("gpt_neox",), self.rotary_pct != 1.0),
-            "parallel_residual": (("gpt_neox",), not self.parallel_residual),
-        }
-        for key, (architectures, used) in only.items():
-            if used and self.architecture not in (*architectures, "hf"):
+        own = self.spec.fields
+        for option in dataclasses.fields(self):
+            value = getattr(self, option.name)
+            neutral = value == option.default or (option.name == "n_kv_heads" and value == self.n_heads)
+            if option.name not in own and not neutral:
+                having = [a.name for a in ARCHITECTURES.values() if option.name in a.fields]
                 fail(
-                    f"model.{key}",
-                    f"its default unless model.architecture is {' or '.join(architectures)}",
-                    getattr(self, key),
+                    f"model.{option.name}",
+                    f"its default unless model.architecture is {' or '.join(having)}",
+                    value,
                 )
         if self.architecture == "gpt2" and self.attention_bias not in (None, "all"):
             fail("model.attention_bias", "null or all for gpt2 (its projections are biased)", self.attention_bias)
@@ -206,6 +204,11 @@ class ModelConfig:
             fail("model.mlp_bias", "null or true for gpt2 (its projections are biased)", self.mlp_bias)
         if self.architecture == "gpt_neox" and self.attention_bias == "qkv":
             fail("model.attention_bias", "none, all or null for gpt_neox", self.attention_bias)
+
+    @property
+    def spec(self) -> Architecture:
+        """Its architecture's registry entry (:mod:`tiny_llm.architectures`)."""
+        return architecture(self.architecture)
 
     @property
     def head_dim(self) -> int:
@@ -226,12 +229,12 @@ class ModelConfig:
         """attention_bias resolved: the architecture's own when not given."""
         if self.attention_bias is not None:
             return self.attention_bias
-        return "all" if _BIASED_BY_DEFAULT[self.architecture] else "none"
+        return "all" if self.spec.biased else "none"
 
     @property
     def mlp_biased(self) -> bool:
         """mlp_bias resolved: the architecture's own when not given."""
-        return _BIASED_BY_DEFAULT[self.architecture] if self.mlp_bias is None else self.mlp_bias
+        return self.spec.biased if self.mlp_bias is None else self.mlp_bias
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -434,9 +437,18 @@ def load_config(path: str | Path) -> RunConfig:
         raise ValueError(f"{path}: {error}") from None
 
 
+def resolved_dict(config: RunConfig) -> dict[str, Any]:
+    """The resolved form a run records (resolved.yaml): every field, but of ``model`` only the
+    options its architecture has (the others are at their defaults, and a file that lists them, as
+    older ones do, loads to the same configuration)."""
+    data = config_to_dict(config)
+    data["model"] = {k: v for k, v in data["model"].items() if k in config.model.spec.fields}
+    return data
+
+
 def dump_config(config: RunConfig) -> str:
-    """YAML text of the complete configuration, in a stable key order."""
-    return yaml.safe_dump(config_to_dict(config), sort_keys=False)
+    """YAML text of the resolved configuration (:func:`resolved_dict`), in a stable key order."""
+    return yaml.safe_dump(resolved_dict(config), sort_keys=False)
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

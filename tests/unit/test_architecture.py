@@ -12,7 +12,7 @@ import tiny_llm
 PACKAGE = Path(tiny_llm.__file__).resolve().parent
 
 LAYERS = [
-    {"config", "declared", "distributed", "io", "layout", "provenance", "runtime"},
+    {"architectures", "config", "declared", "distributed", "io", "layout", "provenance", "runtime"},
     {"model", "data"},
     {"training"},
     {"curvature"},

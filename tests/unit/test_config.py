@@ -1,8 +1,10 @@
 """Configuration: strict keys and types, impossible values, YAML round trip, overrides."""
 
 import pytest
+import yaml
 
-from tiny_llm.config import apply_overrides, config_from_dict, dump_config, load_config
+from tiny_llm.architectures import ARCHITECTURES, SHAPE
+from tiny_llm.config import apply_overrides, config_from_dict, config_to_dict, dump_config, load_config
 
 
 def test_defaults_round_trip(tmp_path):
@@ -14,6 +16,29 @@ def test_defaults_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "model",
+    [
+        {"architecture": "llama", "n_kv_heads": 2, "rope_scaling": {"kind": "linear", "factor": 2.0}},
+        {"architecture": "gpt2"},
+        {"architecture": "gpt_neox", "rotary_pct": 0.5, "parallel_residual": False},
+        {"architecture": "hf", "hf_config": "hf/config.json"},
+    ],
+)
+def test_a_runs_resolved_yaml_holds_only_its_architectures_options_and_older_ones_load(tmp_path, model):
+    config = config_from_dict({"model": model})
+    written = yaml.safe_load(dump_config(config))
+    assert list(written["model"]) == [
+        k for k in config_to_dict(config)["model"] if k in SHAPE + ARCHITECTURES[model["architecture"]].options
+    ]
+    assert "parallel_residual" not in written["model"] or model["architecture"] == "gpt_neox"
+    path = tmp_path / "resolved.yaml"
+    path.write_text(dump_config(config))
+    assert load_config(path) == config
+    path.write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))  # an older one: every option
+    assert load_config(path) == config
+
+
+@pytest.mark.parametrize(
     "data, message",
     [
         (
@@ -21,6 +46,11 @@ def test_defaults_round_trip(tmp_path):
             "unknown key model.widht; allowed keys: model.architecture, model.hf_config, model.vocab_size",
         ),
         ({"optimiser": {}}, "unknown key optimiser; allowed keys: model, data, training"),
+        (
+            {"model": {"architecture": "gpt2", "rope_theta": 500000.0}},
+            "model.rope_theta: expected its default unless model.architecture is llama or gpt_neox, got 500000.0",
+        ),
+        ({"model": {"architecture": "mamba"}}, "model.architecture: expected one of llama, gpt2, gpt_neox, hf"),
         ({"model": {"d_model": "32"}}, "model.d_model: expected an integer, got '32'"),
         ({"model": {"tie_embeddings": 1}}, "model.tie_embeddings: expected true or false"),
         (

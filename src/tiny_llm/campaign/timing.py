@@ -22,13 +22,13 @@ from typing import Any
 import torch
 import yaml
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.gradients import batch_gradient
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.io import atomic_write_json
-from tiny_llm.model.architectures import build_model
 from tiny_llm.workers.loading import Resolved, resolve_job
 from tiny_llm.workers.settings import AnalysisSettings, quadratic_form_engine
 from tiny_llm.workers.state import explain_out_of_memory, memory_plan

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from tiny_llm.architectures import jet_rules
 from tiny_llm.curvature.case import CaseInputs
 from tiny_llm.curvature.engines import default_forms_engine
 from tiny_llm.curvature.gradients import batch_gradient_and_loss, mean_gradient_and_loss
@@ -29,7 +30,6 @@ from tiny_llm.curvature.spectrum import Layout
 from tiny_llm.curvature.statistics import AuditPairs, implied_errors, relative
 from tiny_llm.curvature.vectors import Vectors
 from tiny_llm.data.tokens import group_permutation
-from tiny_llm.model.architectures import jet_rules
 from tiny_llm.model.llama import Llama
 
 __all__ = ["AuditSide", "audit_choice", "precision_audit", "whole_sides"]

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tiny_llm.model.architectures import JET_REFUSAL  # why a jet engine refuses a model (declared there)
+from tiny_llm.architectures import JET_REFUSAL  # why a jet engine refuses a model (declared there)
 
 __all__ = [
     "AMP_DIFFERENCES",

@@ -24,11 +24,11 @@ from typing import Protocol
 import torch
 from torch.func import functional_call
 
+from tiny_llm.architectures import jet_rules
 from tiny_llm.curvature.engines import AMP_DIFFERENCES, names
 from tiny_llm.curvature.engines import ENGINES as REGISTRY
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.distributed import all_reduce_sum, shard
-from tiny_llm.model.architectures import jet_rules
 from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
 from tiny_llm.model.llama import Llama
 

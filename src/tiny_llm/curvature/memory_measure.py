@@ -99,8 +99,8 @@ def measure_pass(
     sequences with K directions (the head ``head_tokens`` target positions at a time) allocates:
     live storage on CPU (:class:`StoragePeak`), the allocator's peak on CUDA. The parameters and
     the directions themselves are not included (they are part of :func:`resident_bytes`)."""
+    from tiny_llm.architectures import build_model
     from tiny_llm.curvature.hessian import EpochHessian, Precision
-    from tiny_llm.model.architectures import build_model
     from tiny_llm.training.loop import accumulate_batch_gradient
 
     device = torch.device(device)

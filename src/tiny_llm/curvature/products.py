@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch.func import grad, jvp, vjp, vmap
 
+from tiny_llm.architectures import jet_rules
 from tiny_llm.curvature.head import head_gradient, head_loss
-from tiny_llm.model.architectures import jet_rules
 from tiny_llm.model.causal import head_loss_chunks
 
 if TYPE_CHECKING:

@@ -314,7 +314,7 @@ def gathered_parameters(config: ModelConfig) -> tuple[int, int, int]:
     embedding, final norm, untied head; a block: one transformer layer), and the parameter whose K
     gathered directions need the largest gather buffers. The embeddings' and the head's directions
     are never gathered whole (their rows are looked up, the loss runs on each rank's rows)."""
-    from tiny_llm.model.architectures import build_model
+    from tiny_llm.architectures import build_model
 
     with torch.device("meta"):
         model = build_model(config)

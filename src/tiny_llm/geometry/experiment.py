@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import save_file
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.spectrum import top_eigenpairs
@@ -40,7 +41,6 @@ from tiny_llm.declared import build, check_fields
 from tiny_llm.geometry import metrics as geometry
 from tiny_llm.io import atomic_path, atomic_write_json
 from tiny_llm.layout import RESOLVED, TRAIN_LOG
-from tiny_llm.model.architectures import build_model
 from tiny_llm.provenance import canonical_hash, source_hash
 from tiny_llm.runtime import resolve_device
 from tiny_llm.workers.loading import load_state, resolve_checkpoints

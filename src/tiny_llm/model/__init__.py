@@ -1,11 +1,11 @@
 """The model: the shared causal-LM base with its loss and loss rule (causal), the layers and jet
-rules architectures share (layers), the Llama (llama) and GPT-2 (gpt2) with each layer's
-second-order jet rule beside it (jets holds the jet arithmetic), ``build_model`` (architectures),
-Hugging Face formats and imports (hf, hf_runs, adapter), and checkpoint files (safetensors
-weights, training state loaded as data, strict key and shape checks, state hashes).
+rules architectures share (layers), the Llama (llama), GPT-2 (gpt2) and GPT-NeoX (gpt_neox) with
+each layer's second-order jet rule beside it (jets holds the jet arithmetic), Hugging Face formats
+and imports (hf, hf_runs, adapter), and checkpoint files (safetensors weights, training state
+loaded as data, strict key and shape checks, state hashes). The registry of architectures, with
+``build_model``, is ``tiny_llm.architectures`` (torch-free, beside the configuration).
 
-Names are imported on first use, so that the torch-free module (the architecture registry,
-``architectures``) can be imported alone.
+Names are imported on first use, so that importing one module does not import them all.
 """
 
 from __future__ import annotations

@@ -286,7 +286,7 @@ def check_jet_rules(model: nn.Module) -> None:
     Raises:
         ValueError: naming the layer, its type and what to do.
     """
-    from tiny_llm.model.architectures import JET_REFUSAL, jet_rules  # the registry builds this module's models
+    from tiny_llm.architectures import JET_REFUSAL, jet_rules  # the registry builds this module's models
 
     if not jet_rules(model):
         raise ValueError(JET_REFUSAL)

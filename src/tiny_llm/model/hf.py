@@ -101,7 +101,7 @@ def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source
 
 def _parameter_names(config: ModelConfig) -> list[str]:
     """The state-dict keys of our model for ``config``, from a model built without storage."""
-    from tiny_llm.model.architectures import build_model
+    from tiny_llm.architectures import build_model
 
     with torch.device("meta"):
         return list(build_model(config).state_dict())

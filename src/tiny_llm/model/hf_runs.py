@@ -33,7 +33,7 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, load_config
+from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, load_config, resolved_dict
 from tiny_llm.io import atomic_directory, atomic_write_json, local_directory, sha256_file
 from tiny_llm.layout import IMPORTED, RESOLVED, TRAIN_LOG, epoch_file
 from tiny_llm.model.hf import (
@@ -109,7 +109,7 @@ def checkpoint_tokenizer(paths: list[Path], vocab_size: int) -> dict[str, Any] |
 def _checked_states(paths: list[Path], planned: RunConfig) -> list[dict[str, torch.Tensor]]:
     """Every directory's weights under our keys, checked against the model ``planned`` builds
     (names, shapes, dtypes, finite values); nothing is written."""
-    from tiny_llm.model.architectures import build_model
+    from tiny_llm.architectures import build_model
     from tiny_llm.model.checkpoint import check_state_dict
 
     model = build_model(planned.model)
@@ -176,7 +176,7 @@ def _adapter_state(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor
 def _resolved_text(config: RunConfig) -> str:
     """resolved.yaml of an imported run: the model and data sections and the training keys that cut
     its analysis epoch; what the run was trained with elsewhere is unknown and not written."""
-    data = config_to_dict(config)
+    data = resolved_dict(config)
     data["training"] = {key: data["training"][key] for key in IMPORTED_TRAINING_KEYS}
     return (
         "# Imported (imported.json): trained elsewhere. Only the training keys that cut the analysis epoch\n"
@@ -345,8 +345,8 @@ def export_run(run_dir: str | Path, checkpoint: str, out: str | Path) -> Path:
     Raises:
         ValueError: an unreadable or mismatched checkpoint, or ``out`` exists.
     """
+    from tiny_llm.architectures import build_model
     from tiny_llm.data.corpus import write_hf_tokenizer
-    from tiny_llm.model.architectures import build_model
     from tiny_llm.model.checkpoint import check_state_dict, load_weights
 
     run_dir, out = Path(run_dir), Path(out)

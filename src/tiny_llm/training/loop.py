@@ -31,11 +31,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, config_to_dict, dump_config, load_config
 from tiny_llm.data.tokens import TokenCache, check_capacity, stream_batches
 from tiny_llm.io import atomic_write_text, exclusive, remove_leftovers
 from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, RESUME, TRAIN_LOG, epoch_file
-from tiny_llm.model.architectures import build_model
 from tiny_llm.model.causal import CausalLM, head_loss_chunks, token_losses
 from tiny_llm.model.checkpoint import load_train_state, save_train_state, save_weights
 from tiny_llm.runtime import resolve_device

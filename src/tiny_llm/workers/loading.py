@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.engines import default_products_engine
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, offset_plan, unseen_plan
 from tiny_llm.layout import IMPORTED, RESOLVED
-from tiny_llm.model.architectures import build_model
 from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
 from tiny_llm.model.hf_runs import run_tokenizer
 from tiny_llm.provenance import canonical_hash

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from tiny_llm.architectures import jet_rules
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.engines import (
     AMP_DIFFERENCES,
@@ -23,7 +24,6 @@ from tiny_llm.curvature.engines import (
 )
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.declared import build, check_fields
-from tiny_llm.model.architectures import jet_rules
 
 ENGINE_SETTINGS = (AUTO, *names())
 """What ``engine`` may be set to: auto or a registered engine."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.hessian import FD_SCALE, Precision, runtime_settings
@@ -23,7 +24,6 @@ from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
-from tiny_llm.model.architectures import build_model
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.workers.binding import result_identity, reusable_result, single_writer
 from tiny_llm.workers.loading import Resolved, prepare_inputs

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from tiny_llm.architectures import build_model, jet_rules
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.blocks import check_block_layout
 from tiny_llm.curvature.engines import FINITE_DIFFERENCE
@@ -35,7 +36,6 @@ from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
-from tiny_llm.model.architectures import build_model, jet_rules
 from tiny_llm.provenance import hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
 from tiny_llm.workers.binding import result_identity, reusable_result, single_writer

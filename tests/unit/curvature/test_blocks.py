@@ -2,9 +2,9 @@
 
 import pytest
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.blocks import block_count, block_of, check_block_layout, parameter_blocks
-from tiny_llm.model.architectures import build_model
 
 
 @pytest.mark.parametrize("architecture, tied", [("llama", True), ("llama", False), ("gpt2", True), ("gpt_neox", False)])

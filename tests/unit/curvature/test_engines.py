@@ -79,10 +79,10 @@ def test_the_sharded_capability_dispatches_and_an_engine_without_it_is_refused_b
     declares none is refused by the operator, naming those that run sharded, before any work."""
     import torch
 
+    from tiny_llm.architectures import build_model
     from tiny_llm.curvature.engines import default_forms_engine, sharded_names
     from tiny_llm.curvature.hessian import Precision
     from tiny_llm.curvature.sharded import ShardedHessian
-    from tiny_llm.model.architectures import build_model
     from tiny_llm.workers.settings import quadratic_form_engine
 
     for declared in ENGINES.values():

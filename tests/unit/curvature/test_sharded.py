@@ -231,7 +231,7 @@ def _taylor_rank(rank: int, size: int, store: str, out: str, architecture: str, 
 
 
 def _architecture_model(architecture: str):
-    from tiny_llm.model.architectures import build_model
+    from tiny_llm.architectures import build_model
 
     torch.manual_seed(0)
     config = dataclasses.replace(TINY_MODEL, architecture=architecture, tie_embeddings=architecture != "gpt_neox")

@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 from builders import make_oracle_run
 from oracles import dense_epoch_hessian
 
+from tiny_llm.architectures import build_model
 from tiny_llm.curvature import gradients
 from tiny_llm.curvature.engines import sharded_names
 from tiny_llm.curvature.gradients import rademacher
@@ -22,7 +23,6 @@ from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.sharded import shard_layout, shard_rows
 from tiny_llm.data.tokens import TokenCache, epoch_plan
-from tiny_llm.model.architectures import build_model
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 

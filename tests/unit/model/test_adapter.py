@@ -12,11 +12,11 @@ from hf_float64 import float64_transformers
 from oracles import PRODUCT_ENGINES
 from torch.func import functional_call
 
+from tiny_llm.architectures import build_model
 from tiny_llm.cli import main
 from tiny_llm.config import load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.model.adapter import HFCausalLM
-from tiny_llm.model.architectures import build_model
 from tiny_llm.model.causal import check_jet_rules, token_losses
 from tiny_llm.model.checkpoint import load_weights
 

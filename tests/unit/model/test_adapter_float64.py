@@ -10,11 +10,11 @@ import torch
 import transformers  # installed by make test (envs/requirements.txt): these tests never skip
 from hf_models import CASES, hf_model, hf_tokens
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.gradients import gradient_rounding
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.model.adapter import HFCausalLM
-from tiny_llm.model.architectures import build_model
 from tiny_llm.model.hf import read_hf
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)

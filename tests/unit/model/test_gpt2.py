@@ -18,9 +18,9 @@ from oracles import (
 )
 from oracles import JET_K as K
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import ModelConfig, config_from_dict
 from tiny_llm.curvature.hessian import EpochHessian, Precision
-from tiny_llm.model.architectures import build_model
 from tiny_llm.model.causal import check_jet_rules, count_parameters
 from tiny_llm.model.gpt2 import GPT2, gelu, gelu_jet
 from tiny_llm.model.jets import Jet

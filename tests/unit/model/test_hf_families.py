@@ -12,8 +12,8 @@ import transformers  # installed by make test (envs/requirements.txt): these tes
 from hf_float64 import float64_transformers
 from hf_models import CASES, hf_model, hf_tokens
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import ModelConfig
-from tiny_llm.model.architectures import build_model
 from tiny_llm.model.hf import read_hf, write_hf
 
 

@@ -13,9 +13,9 @@ from oracles import jet_randn as _randn
 from oracles import reference_jet as _reference_jet
 from torch import nn
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import ModelConfig, RopeScaling
 from tiny_llm.curvature.hessian import EpochHessian, Precision
-from tiny_llm.model.architectures import build_model
 from tiny_llm.model.causal import check_jet_rules
 from tiny_llm.model.gpt_neox import gelu_exact, gelu_exact_jet
 from tiny_llm.model.jets import Jet, JetPass, per_direction, per_direction_dot, shared_matmul

@@ -1,6 +1,6 @@
 """Every architecture of the registry, in each of its variants, whatever it is: its jet rules give
 the second derivative of the loss (torch.func jvp of jvp), and every exact engine gives its dense
-epoch Hessian. A new architecture registered in ``tiny_llm.model.architectures.ARCHITECTURES`` is
+epoch Hessian. A new architecture registered in ``tiny_llm.architectures.ARCHITECTURES`` is
 tested here as it is added (a test fails until ``VARIANTS`` names it)."""
 
 import pytest
@@ -14,10 +14,10 @@ from oracles import (
     dense_epoch_hessian,
 )
 
+from tiny_llm.architectures import ARCHITECTURES, architecture, build_model, jet_rules
 from tiny_llm.config import ModelConfig, RopeScaling
 from tiny_llm.curvature.gradients import batch_gradient
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.model.architectures import ARCHITECTURES, architecture, build_model, jet_rules
 from tiny_llm.model.causal import CausalLM, check_jet_rules
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)

@@ -15,14 +15,24 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tiny_llm.config import ModelConfig
-
 if TYPE_CHECKING:
     from torch import nn
 
-    from tiny_llm.model.causal import AttentionBackend
+    from tiny_llm.config import ModelConfig
+__all__ = ["ARCHITECTURES", "JET_REFUSAL", "SHAPE", "Architecture", "architecture", "build_model", "jet_rules"]
 
-__all__ = ["ARCHITECTURES", "JET_REFUSAL", "Architecture", "architecture", "build_model", "jet_rules"]
+SHAPE = (
+    "architecture",
+    "vocab_size",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "d_ff",
+    "max_seq_len",
+    "norm_eps",
+    "tie_embeddings",
+)
+"""The options of ``model`` every architecture has (the shape, which the memory model reads too)."""
 
 JET_REFUSAL = (
     "the taylor and adjoint engines need second-order rules, which only this project's own "
@@ -43,6 +53,17 @@ class Architecture:
     """Every layer has a second-order (jet) rule, and the model exposes ``hidden`` and
     ``head_weight``: the taylor and adjoint engines, the head and loss in token chunks and the
     sharded exact forms."""
+    options: tuple[str, ...] = ()
+    """Its own options of ``model`` beyond the shape (``SHAPE``): a configuration gives no other
+    (another architecture's option is refused unless at its default), and a run's resolved.yaml
+    records only these."""
+    biased: bool = False
+    """Its projections carry biases when ``attention_bias`` / ``mlp_bias`` are not given."""
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """Every option of ``model`` it has: the shape and its own."""
+        return SHAPE + self.options
 
     def model_class(self) -> type:
         """Its model class (imported on first use)."""
@@ -53,10 +74,23 @@ class Architecture:
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
-        Architecture("llama", "tiny_llm.model.llama:Llama", jets=True),
-        Architecture("gpt2", "tiny_llm.model.gpt2:GPT2", jets=True),
-        Architecture("gpt_neox", "tiny_llm.model.gpt_neox:GPTNeoX", jets=True),
-        Architecture("hf", "tiny_llm.model.adapter:HFCausalLM", jets=False),
+        Architecture(
+            "llama",
+            "tiny_llm.model.llama:Llama",
+            jets=True,
+            options=("n_kv_heads", "rope_theta", "rope_scaling", "attention_bias", "mlp_bias"),
+        ),
+        Architecture(
+            "gpt2", "tiny_llm.model.gpt2:GPT2", jets=True, options=("attention_bias", "mlp_bias"), biased=True
+        ),
+        Architecture(
+            "gpt_neox",
+            "tiny_llm.model.gpt_neox:GPTNeoX",
+            jets=True,
+            options=("rope_theta", "rope_scaling", "rotary_pct", "attention_bias", "mlp_bias", "parallel_residual"),
+            biased=True,
+        ),
+        Architecture("hf", "tiny_llm.model.adapter:HFCausalLM", jets=False, options=("hf_config",)),
     )
 }
 """Every architecture by the name ``model.architecture`` gives."""
@@ -79,6 +113,7 @@ def jet_rules(config: ModelConfig | Any) -> bool:
     ``config``) have second-order rules, as their architecture declares.
 
     Example:
+        >>> from tiny_llm.config import ModelConfig
         >>> jet_rules(ModelConfig(architecture="gpt2", d_model=8, n_heads=2, d_ff=32))
         True
     """
@@ -87,10 +122,11 @@ def jet_rules(config: ModelConfig | Any) -> bool:
     return architecture(config.architecture).jets
 
 
-def build_model(config: ModelConfig, attention_backend: AttentionBackend = "reference") -> nn.Module:
+def build_model(config: ModelConfig, attention_backend: str = "reference") -> nn.Module:
     """The model ``config.architecture`` names, freshly initialised.
 
     Example:
+        >>> from tiny_llm.config import ModelConfig
         >>> type(build_model(ModelConfig(architecture="gpt2", d_model=8, n_heads=2, d_ff=32))).__name__
         'GPT2'
     """
