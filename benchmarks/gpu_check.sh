@@ -140,7 +140,7 @@ step calibrate 65 "$PY" - <<'EOF'
 import os, yaml
 from pathlib import Path
 from tiny_llm.config import load_config
-from tiny_llm.campaign.timing import calibrate
+from tiny_llm.campaign.calibration import calibrate
 from tiny_llm.workers.settings import settings_from_dict
 
 out = Path(os.environ["TINY_LLM_GPU_CHECK_OUT"])

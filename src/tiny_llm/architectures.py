@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import nn
-
-    from tiny_llm.config import ModelConfig
 __all__ = ["ARCHITECTURES", "JET_REFUSAL", "SHAPE", "Architecture", "architecture", "build_model", "jet_rules"]
 
 SHAPE = (
@@ -108,7 +106,7 @@ def architecture(name: str) -> Architecture:
         raise ValueError(f"model.architecture: expected one of {', '.join(ARCHITECTURES)}, got {name!r}") from None
 
 
-def jet_rules(config: ModelConfig | Any) -> bool:
+def jet_rules(config: Any) -> bool:
     """Whether the models of ``config`` (a ``ModelConfig``, or a model that carries one as its
     ``config``) have second-order rules, as their architecture declares.
 
@@ -122,7 +120,7 @@ def jet_rules(config: ModelConfig | Any) -> bool:
     return architecture(config.architecture).jets
 
 
-def build_model(config: ModelConfig, attention_backend: str = "reference") -> nn.Module:
+def build_model(config: Any, attention_backend: str = "reference") -> nn.Module:
     """The model ``config.architecture`` names, freshly initialised.
 
     Example:

@@ -85,12 +85,10 @@ def test_no_wing_imports_a_wing_above_it():
 
 
 def test_no_import_cycles_between_modules():
+    """Strict: an import for annotations only (``if TYPE_CHECKING:``) counts as an import too, so
+    no part can be typed with the type of what holds it."""
     modules = _modules()
-    # a part annotated with its facade's type (``if TYPE_CHECKING:``) imports nothing at run time
-    graph = {
-        module: {t for t in _imports(path, runtime=True) if t in modules and t != module}
-        for module, path in modules.items()
-    }
+    graph = {module: {t for t in _imports(path) if t in modules and t != module} for module, path in modules.items()}
     # a package's __init__ re-exports its own modules: that edge is not a cycle
     graph = {m: {t for t in targets if not t.startswith(m + ".")} for m, targets in graph.items()}
     state: dict[str, int] = {}

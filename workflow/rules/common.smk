@@ -70,7 +70,7 @@ def _by(wildcard, answer):
 
 
 def get_all_targets(wildcards):
-    return all_targets(PLAN)
+    return all_targets(PLAN.campaign, PLAN.walltimes)
 
 
 # --- data and training -------------------------------------------------------------------

@@ -81,5 +81,5 @@ rule compare_experiments:
 # `snakemake -c1 seeds`: every seed experiment and comparison, nothing else.
 rule seeds:
     input:
-        experiment_targets(PLAN),
+        experiment_targets(PLAN.campaign, PLAN.walltimes),
     localrule: True

@@ -8,7 +8,8 @@ import torch  # noqa: E402
 
 torch.set_num_threads(snakemake.threads)  # the rule's threads, not every core of a shared node
 
-from tiny_llm.campaign.timing import calibrate, write_profile  # noqa: E402
+from tiny_llm.campaign.calibration import calibrate  # noqa: E402
+from tiny_llm.campaign.timing import write_profile  # noqa: E402
 from tiny_llm.config import config_from_dict  # noqa: E402
 from tiny_llm.runtime import node_local_compile_cache  # noqa: E402
 from tiny_llm.workers.settings import settings_from_dict  # noqa: E402

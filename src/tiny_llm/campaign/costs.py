@@ -6,57 +6,51 @@ rule, every GPU-hour the campaign asks Slurm for; and the campaign record's star
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tiny_llm.campaign import plan as cost
+from tiny_llm.campaign.planned import Campaign
+from tiny_llm.campaign.walltimes import Walltimes
 from tiny_llm.config import RunConfig
-from tiny_llm.geometry.experiment import geometry_settings_from_dict, measurement_seconds, measurement_work
-from tiny_llm.layout import IMPORTED
+from tiny_llm.geometry.experiment import measurement_seconds, measurement_work
 from tiny_llm.workers.settings import settings_record
-
-if TYPE_CHECKING:
-    from tiny_llm.campaign.workflow import WorkflowPlan
 
 __all__ = ["CostReport"]
 
 
 class CostReport:
-    """The cost lines of a plan's analyses and experiments."""
+    """The cost lines of a campaign's analyses and experiments."""
 
-    def __init__(self, plan: WorkflowPlan):
-        self.plan = plan
-        self.cluster, self.walltimes = plan.cluster, plan.walltimes
+    def __init__(self, campaign: Campaign, walltimes: Walltimes):
+        self.campaign, self.cluster, self.walltimes = campaign, campaign.cluster, walltimes
 
-    def expected_states(self, analysis: str, run: RunConfig) -> tuple[int, str]:
+    def expected_states(self, analysis: str, run: RunConfig | None) -> tuple[int, str]:
         """States an analysis will measure, for its cost line (an import not yet made: its list)."""
-        entry = self.plan.analyses[analysis]
-        selection = entry.get("checkpoints", "all")
-        if analysis in self.plan.imports and selection == "all" and not (Path(entry["run"]) / IMPORTED).exists():
-            return len(entry["hf_checkpoints"]), "hf_checkpoints"
-        return cost.expected_states(run, entry["run"], selection, analysis_dir=f"results/{analysis}")
+        planned = self.campaign.analyses[analysis]
+        if planned.listed is not None and planned.selection == "all":
+            return planned.listed, "hf_checkpoints"
+        return cost.expected_states(run, planned.run_dir, planned.selection, analysis_dir=f"results/{analysis}")
 
     def cost_line(self, analysis: str) -> str | None:
         """What an unfinished analysis will cost: jobs, the work of each, and the estimated time
         (None for an existing run without resolved.yaml: refused later, with its reason)."""
-        plan = self.plan
-        settings = plan.analysis_settings[analysis]
-        try:
-            run = plan.run_config(analysis)
-        except ValueError:
+        planned = self.campaign.analyses[analysis]
+        settings, run = planned.settings, planned.run
+        if run is None:
             return None
         workers = run.training.workers if settings.consensus else 0
         kind = "cpu" if settings.device == "cpu" else self.cluster.gpu_kind or "cuda"
         line = cost.cost_line(
             analysis,
             self.expected_states(analysis, run),
-            plan.cases(analysis),
+            list(planned.cases),
             cost.case_work(run, settings, workers),
             settings.device,
             self.walltimes.timing_entry(analysis, kind),
             self.cluster,
-            plan.job_ranks(analysis),
+            planned.ranks,
         )
-        memory = plan.memory(analysis).describe()
+        memory = planned.memory.describe() if planned.memory is not None else "memory: unknown"
         if settings.memory_budget_gb is None and settings.device != "cpu":
             memory = memory.replace("no budget", "budget: the GPU's free memory at run time, cut to fit")
         return f"{line}; {memory}"
@@ -65,11 +59,11 @@ class CostReport:
         """The cost line of every analysis that has no summary.csv yet and of every seed experiment
         without its comparison, and under a cluster walltime rule the campaign's total request
         (``train_minutes`` and ``calibration_minutes``: the walltimes the profile asks for those jobs)."""
-        plan = self.plan
-        lines = [self.cost_line(name) for name in plan.analyses if not Path(f"results/{name}/summary.csv").exists()]
+        campaign = self.campaign
+        lines = [self.cost_line(name) for name in campaign.analyses if not Path(f"results/{name}/summary.csv").exists()]
         lines += [
             self.experiment_cost_line(name)
-            for name in plan.seed_experiments
+            for name in campaign.experiments
             if not Path(f"results/{name}/comparison.csv").exists()
         ]
         lines.append(self.campaign_line(train_minutes, calibration_minutes))
@@ -77,30 +71,27 @@ class CostReport:
 
     def requested_hours(self, analysis: str) -> float | None:
         """GPU-hours Slurm is asked for by an analysis's state jobs (None before its calibration)."""
-        plan = self.plan
-        try:
-            run = plan.run_config(analysis)
-        except ValueError:
+        planned = self.campaign.analyses[analysis]
+        run = planned.run
+        if run is None:
             return None
         count = self.expected_states(analysis, run)[0]
-        gpus = plan.job_ranks(analysis)
+        gpus = planned.ranks
         if self.cluster.walltime_hours:
             return count * float(self.cluster.walltime_hours) * gpus
         timing_entry = self.walltimes.analysis_entry(analysis)
         if timing_entry is None:
             return None
-        settings = plan.analysis_settings[analysis]
+        settings = planned.settings
         workers = run.training.workers if settings.consensus else 0
         each = cost.parallel_seconds(cost.case_work(run, settings, workers).seconds(timing_entry["seconds"]), gpus)
-        return count * cost.job_minutes(len(plan.cases(analysis)) * each) / 60 * gpus
+        return count * cost.job_minutes(len(planned.cases) * each) / 60 * gpus
 
     def experiment_cost_line(self, experiment: str) -> str:
         """What a seed experiment will cost: runs × checkpoints measured, and the time."""
-        plan = self.plan
-        runs = plan.experiment_runs[experiment]
-        checkpoints = sum(len(plan.experiment_checkpoints(run)) for run in runs)
-        settings = geometry_settings_from_dict(plan.geometry_settings_dict(experiment))
-        run = plan.reference_config(experiment)
+        planned = self.campaign.experiments[experiment]
+        runs, checkpoints = planned.checkpoints, sum(planned.checkpoints.values())
+        settings, run = planned.settings, planned.reference
         work = measurement_work(run, settings)
         line = (
             f"seed experiment {experiment}: {len(runs)} runs (seeds and controls) trained, {checkpoints} checkpoint "
@@ -119,27 +110,26 @@ class CostReport:
 
     def _open_measurement_hours(self) -> tuple[int, float]:
         """Checkpoint measurements of unfinished seed experiments, and the GPU-hours they request."""
-        plan = self.plan
         open_runs = [
-            (e, r)
-            for e in plan.seed_experiments
-            for r in plan.experiment_runs[e]
-            if not Path(f"results/{e}/comparison.csv").exists()
+            (name, count)
+            for name, experiment in self.campaign.experiments.items()
+            for count in experiment.checkpoints.values()
+            if not Path(f"results/{name}/comparison.csv").exists()
         ]
-        count = sum(len(plan.experiment_checkpoints(r)) for _, r in open_runs)
-        hours = sum(len(plan.experiment_checkpoints(r)) * self.walltimes.geometry_runtime(e) / 60 for e, r in open_runs)
+        count = sum(n for _, n in open_runs)
+        hours = sum(n * self.walltimes.geometry_runtime(e) / 60 for e, n in open_runs)
         return count, hours
 
     def campaign_line(self, train_minutes: int | None, calibration_minutes: int | None) -> str | None:
         """Under a cluster walltime rule: every GPU-hour the campaign asks Slurm for, training and
         calibration included (None for local runs)."""
-        plan = self.plan
+        campaign = self.campaign
         if not (self.cluster.walltime_hours or self.cluster.walltime == "estimate"):
             return None
-        untrained = [run for run in plan.run_configs if not Path(f"runs/{run}/trained.json").exists()]
-        open_analyses = [a for a in plan.analyses if not Path(f"results/{a}/summary.csv").exists()]
+        untrained = [run for run in campaign.trained_runs if not Path(f"runs/{run}/trained.json").exists()]
+        open_analyses = [a for a in campaign.analyses if not Path(f"results/{a}/summary.csv").exists()]
         calibrations = [a for a in open_analyses if self.walltimes.calibration_pending(a)] + [
-            e for e in plan.seed_experiments if self.walltimes.geometry_calibration_pending(e)
+            e for e in campaign.experiments if self.walltimes.geometry_calibration_pending(e)
         ]
         hours = {a: self.requested_hours(a) for a in open_analyses}
         parts, total = [], 0.0
@@ -182,5 +172,5 @@ class CostReport:
             "cost": self.cost_line(analysis),
             "walltime": self.walltimes.rule(),
             "timing_entry": entry,
-            "settings": settings_record(self.plan.analysis_settings[analysis]),
+            "settings": settings_record(self.campaign.analyses[analysis].settings),
         }

@@ -7,56 +7,54 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from tiny_llm.campaign.planned import Campaign
+from tiny_llm.campaign.walltimes import Walltimes
 from tiny_llm.layout import SPECTRUM, state_result
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
-
-if TYPE_CHECKING:
-    from tiny_llm.campaign.workflow import WorkflowPlan
 
 __all__ = ["all_targets", "experiment_targets"]
 
 
-def all_targets(plan: WorkflowPlan) -> list[str]:
+def all_targets(campaign: Campaign, walltimes: Walltimes) -> list[str]:
     """Every run and figure, and every (state, case) result of an existing index.
 
     Naming the results makes a deleted result count as missing (Snakemake does not rerun a
     deleted intermediate file whose consumers are up to date), so a rerun recomputes exactly
     what was lost. The index is read directly when present (before the first run the figures
-    pull in every result through collect), which keeps the first dry run's plan complete.
+    pull in every result through collect), which keeps the first dry run's targets complete.
     """
-    targets = [f"runs/{name}/trained.json" for name in plan.run_configs]
-    targets += experiment_targets(plan)
-    for name in plan.analyses:
+    targets = [f"runs/{name}/trained.json" for name in campaign.trained_runs]
+    targets += experiment_targets(campaign, walltimes)
+    for name, planned in campaign.analyses.items():
         # The collected files too: a crash during collect (or their deletion) reruns collect.
         targets += [f"results/{name}/manifest.json", f"results/{name}/summary.csv"]
-        figures = list(FIGURES) + (AUDIT_FIGURES if plan.analysis_settings[name].audited else [])
-        if plan.spectrum_enabled(name):
+        figures = list(FIGURES) + (AUDIT_FIGURES if planned.settings.audited else [])
+        if planned.spectrum:
             targets.append(f"results/{name}/{SPECTRUM}")
             figures += SPECTRUM_FIGURES
         # A walltime waiting for a calibration: the short calibration job starts at once.
-        if plan.walltimes.calibration_pending(name):
+        if walltimes.calibration_pending(name):
             targets.append(f"results/timing/{name}.json")
         targets += [f"results/{name}/figures/{figure}.{ext}" for figure in figures for ext in ("pdf", "png")]
         index = Path(f"results/{name}/states.json")
-        if index.exists() and not plan.walltimes.calibration_pending(name):
+        if index.exists() and not walltimes.calibration_pending(name):
             targets += [
                 state_result(name, state["key"], case)
                 for state in json.loads(index.read_text())["states"]
-                for case in plan.cases(name)
+                for case in planned.cases
             ]
     return targets
 
 
-def experiment_targets(plan: WorkflowPlan) -> list[str]:
+def experiment_targets(campaign: Campaign, walltimes: Walltimes) -> list[str]:
     """comparison.csv and the dashboard of every experiment, and every comparison's figure."""
     targets = []
-    for name in plan.seed_experiments:
+    for name in campaign.experiments:
         targets.append(f"results/{name}/comparison.csv")
-        if plan.walltimes.geometry_calibration_pending(name):  # the short calibration job starts at once
+        if walltimes.geometry_calibration_pending(name):  # the short calibration job starts at once
             targets.append(f"results/timing/{name}.json")
         targets += [f"results/{name}/figures/dashboard.{ext}" for ext in ("pdf", "png")]
-    for name in plan.seed_comparisons:
+    for name in campaign.comparisons:
         targets += [f"results/comparisons/{name}/comparison.{ext}" for ext in ("pdf", "png")]
     return targets

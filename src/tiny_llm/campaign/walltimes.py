@@ -1,8 +1,8 @@
 """The walltime of every cluster job, and whether it waits for a calibration.
 
-:class:`Walltimes` answers, for an analysis or a seed experiment of a :class:`WorkflowPlan`, how
-many minutes Slurm is asked for and which calibration job a walltime waits for, from the typed
-cluster settings (:class:`~tiny_llm.campaign.plan.ClusterSettings`) and the timing profiles:
+:class:`Walltimes` answers, for an analysis or a seed experiment of a planned
+:class:`~tiny_llm.campaign.planned.Campaign`, how many minutes Slurm is asked for and which
+calibration job a walltime waits for, from its typed cluster settings and the timing profiles:
 ``cluster.walltime_hours`` when set; under ``cluster.walltime: estimate``, 2 × the estimated work
 + 30 min per state, rounded up to the hour; otherwise the defaults of a local run.
 """
@@ -11,26 +11,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tiny_llm.campaign import plan as cost
 from tiny_llm.campaign import timing
-from tiny_llm.campaign.plan import ClusterSettings
+from tiny_llm.campaign.planned import Campaign
 from tiny_llm.config import RunConfig
-from tiny_llm.geometry.experiment import geometry_settings_from_dict, measurement_seconds
+from tiny_llm.geometry.experiment import measurement_seconds
 from tiny_llm.workers.settings import AnalysisSettings
-
-if TYPE_CHECKING:
-    from tiny_llm.campaign.workflow import WorkflowPlan
 
 __all__ = ["Walltimes"]
 
 
 class Walltimes:
-    """Walltimes and calibrations of a plan's jobs (decided once per workflow run)."""
+    """Walltimes and calibrations of a campaign's jobs (decided once per workflow run)."""
 
-    def __init__(self, plan: WorkflowPlan, cluster: ClusterSettings):
-        self.plan, self.cluster = plan, cluster
+    def __init__(self, campaign: Campaign):
+        self.analyses, self.experiments, self.cluster = campaign.analyses, campaign.experiments, campaign.cluster
         self._pending: dict[str, bool] = {}
 
     # --- timing entries -----------------------------------------------------------------------
@@ -42,7 +39,10 @@ class Walltimes:
     def timing_entry(self, analysis: str, device_kind: str | None) -> dict[str, Any] | None:
         """The timing entry measured for an analysis's setup on a device whose kind contains
         ``device_kind`` (any when None), from ``cluster.timing_profiles``; None when there is none."""
-        return self._lookup(self.plan.run_config(analysis), self.plan.analysis_settings[analysis], device_kind)
+        planned = self.analyses[analysis]
+        if planned.run is None:
+            return None
+        return self._lookup(planned.run, planned.settings, device_kind)
 
     def analysis_entry(self, analysis: str) -> dict[str, Any] | None:
         """The timing entry of an analysis on the cluster's GPU kind."""
@@ -50,8 +50,8 @@ class Walltimes:
 
     def geometry_entry(self, experiment: str) -> dict[str, Any] | None:
         """The timing entry of a seed experiment's measurement setup on the cluster's GPU kind."""
-        run = self.plan.reference_config(experiment)
-        return self._lookup(run, self.plan.calibration_settings(experiment), self.cluster.gpu_kind)
+        planned = self.experiments[experiment]
+        return self._lookup(planned.reference, planned.calibration, self.cluster.gpu_kind)
 
     # --- calibrations -------------------------------------------------------------------------
 
@@ -90,7 +90,10 @@ class Walltimes:
         """
         if self.cluster.walltime != "estimate":
             return None
-        run, settings = self.plan.run_config(analysis), self.plan.analysis_settings[analysis]
+        planned = self.analyses[analysis]
+        run, settings = planned.run, planned.settings
+        if run is None:
+            raise ValueError(f"analysis {analysis}: {planned.run_dir} has no resolved.yaml; train or import it first")
         entry = self.analysis_entry(analysis)
         if entry is None:
             key = timing.timing_key(run, settings, device_kind="")
@@ -101,13 +104,13 @@ class Walltimes:
             )
         workers = run.training.workers if settings.consensus else 0
         one = cost.estimate_seconds(run, settings, entry["seconds"], workers=workers if workers > 1 else 0)
-        return cost.parallel_seconds(one, self.plan.job_ranks(analysis))
+        return cost.parallel_seconds(one, planned.ranks)
 
     def _explicit_minutes(self, analysis: str) -> tuple[int, int]:
         """``cluster.walltime_hours`` as minutes per state job, split over its group's jobs: each
         case gets an equal share, finish_state the rest (at least one minute; none is ever 0)."""
         total = int(self.cluster.walltime_hours * 60)
-        cases = len(self.plan.cases(analysis))
+        cases = len(self.analyses[analysis].cases)
         share = max(1, (total - 1) // cases)
         return share, max(1, total - cases * share)
 
@@ -128,7 +131,7 @@ class Walltimes:
         work = self.case_work_seconds(analysis)
         if work is None:
             return 5
-        cases = len(self.plan.cases(analysis))
+        cases = len(self.analyses[analysis].cases)
         return cost.job_minutes(cases * work) - cases * math.ceil(2 * work / 60)
 
     def geometry_runtime(self, experiment: str) -> int:
@@ -141,10 +144,9 @@ class Walltimes:
         if self.cluster.walltime == "estimate":
             entry = self.geometry_entry(experiment)
             if entry is not None:
-                settings = geometry_settings_from_dict(self.plan.geometry_settings_dict(experiment))
-                run = self.plan.reference_config(experiment)
-                return cost.job_minutes(measurement_seconds(run, settings, entry["seconds"]))
-        return self.plan.seed_experiments[experiment].get("walltime_minutes", 60)
+                planned = self.experiments[experiment]
+                return cost.job_minutes(measurement_seconds(planned.reference, planned.settings, entry["seconds"]))
+        return self.experiments[experiment].walltime_minutes
 
     def rule(self) -> str:
         """The walltime rule in force, in words (for the campaign record)."""

@@ -1,14 +1,16 @@
 """What the workflow computes from its configuration, as plain data: the decisions behind every rule.
 
 :class:`WorkflowPlan` is built once from the workflow's config dict (after schema validation) and
-answers the questions the Snakemake rules ask. It is a facade over parts with names:
+answers the questions the Snakemake rules ask. It checks the configuration and plans each
+analysis and seed experiment into a typed, frozen ``plan.campaign``
+(:class:`~tiny_llm.campaign.planned.Campaign`), which its parts take and nothing else:
 
 * ``plan.runs`` (:class:`~tiny_llm.campaign.runs.Runs`): the runs trained here (``train_runs``
   plus the runs each seed experiment expands to), the Hugging Face checkpoint lists imported, and
   the caches prepared for them;
-* the targets of ``rule all`` (:mod:`tiny_llm.campaign.targets`);
+* the targets of ``rule all`` (:func:`~tiny_llm.campaign.targets.all_targets` of the campaign);
 * ``plan.walltimes`` (:class:`~tiny_llm.campaign.walltimes.Walltimes`): the walltime of each job
-  and whether it waits for a calibration, from the typed ``plan.cluster``
+  and whether it waits for a calibration, from the campaign's typed cluster settings
   (:class:`~tiny_llm.campaign.plan.ClusterSettings`);
 * ``plan.costs`` (:class:`~tiny_llm.campaign.costs.CostReport`): the cost lines printed before a
   run and the campaign record's start events.
@@ -20,8 +22,9 @@ analysis (its run, cases, ranks, memory plan, results). The checks of a configur
 and thin input functions that call these.
 
 Example:
+    >>> from tiny_llm.campaign.targets import all_targets
     >>> plan = WorkflowPlan({})
-    >>> all_targets(plan)
+    >>> all_targets(plan.campaign, plan.walltimes)
     []
 """
 
@@ -35,8 +38,8 @@ from typing import Any
 from tiny_llm.campaign.checks import check_corpus, check_device, cuda_devices
 from tiny_llm.campaign.costs import CostReport
 from tiny_llm.campaign.plan import ClusterSettings
+from tiny_llm.campaign.planned import AnalysisPlan, Campaign, ExperimentPlan
 from tiny_llm.campaign.runs import Runs
-from tiny_llm.campaign.targets import all_targets
 from tiny_llm.campaign.walltimes import Walltimes
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.memory import GiB, MemoryPlan
@@ -45,6 +48,7 @@ from tiny_llm.geometry.experiment import as_analysis_settings, geometry_settings
 from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, SPECTRUM_RESULT, STATE_RESULT, epoch_file, epoch_stem
 from tiny_llm.workers.binding import check_output_binding, output_binding
 from tiny_llm.workers.index import check_selection
+from tiny_llm.workers.loading import memory_plan
 from tiny_llm.workers.settings import (
     AnalysisSettings,
     quadratic_form_engine,
@@ -52,9 +56,8 @@ from tiny_llm.workers.settings import (
     sharded_engine,
     spectrum_settings_from_dict,
 )
-from tiny_llm.workers.state import memory_plan
 
-__all__ = ["WorkflowPlan", "all_targets"]
+__all__ = ["WorkflowPlan"]
 
 
 class WorkflowPlan:
@@ -97,13 +100,54 @@ class WorkflowPlan:
                     f"analyses.{name}.gpus_per_job: {gpus} GPUs per node, but a node has {per_node} "
                     "(cluster.gpus_per_node); ask for at most that many, and for more with nodes_per_job"
                 )
-        for name in self.analyses:  # a job that cannot fit its memory budget is refused before any work
-            try:
-                self.memory(name)
-            except ValueError as error:
-                raise ValueError(f"analyses.{name}.settings: {error}") from None
-        self.walltimes = Walltimes(self, self.cluster)
-        self.costs = CostReport(self)
+        self.campaign = Campaign(
+            cluster=self.cluster,
+            analyses={name: self._planned(name) for name in self.analyses},
+            experiments={name: self._planned_experiment(name) for name in self.seed_experiments},
+            trained_runs=tuple(self.run_configs),
+            comparisons=tuple(self.seed_comparisons),
+        )
+        """What the walltimes, the cost lines and the targets are given."""
+        self.walltimes = Walltimes(self.campaign)
+        self.costs = CostReport(self.campaign, self.walltimes)
+
+    def _planned(self, name: str) -> AnalysisPlan:
+        """An analysis as its campaign's parts see it (a job that cannot fit its memory budget is
+        refused here, before any work)."""
+        try:
+            memory = self.memory(name)
+        except ValueError as error:
+            raise ValueError(f"analyses.{name}.settings: {error}") from None
+        try:
+            run = self.run_config(name)
+        except (ValueError, OSError):
+            run = None
+        entry = self.analyses[name]
+        pending = name in self.imports and not (Path(entry["run"]) / IMPORTED).exists()
+        return AnalysisPlan(
+            name=name,
+            settings=self.analysis_settings[name],
+            run=run,
+            run_dir=entry["run"],
+            selection=self.selection(name),
+            listed=len(entry["hf_checkpoints"]) if pending else None,
+            cases=tuple(self.cases(name)),
+            ranks=self.job_ranks(name),
+            spectrum=self.spectrum_enabled(name),
+            memory=memory,
+        )
+
+    def _planned_experiment(self, name: str) -> ExperimentPlan:
+        """A seed experiment as its campaign's parts see it."""
+        settings = geometry_settings_from_dict(self.geometry_settings_dict(name))
+        return ExperimentPlan(
+            name=name,
+            settings=settings,
+            calibration=as_analysis_settings(settings),
+            reference=self.reference_config(name),
+            checkpoints={run: len(self.experiment_checkpoints(run)) for run in self.experiment_runs[name]},
+            walltime_minutes=self.seed_experiments[name].get("walltime_minutes", 60),
+        )
 
     def _check_analysis(self, name: str) -> AnalysisSettings:
         """An analysis's settings, and its output directory checked against them before any work."""

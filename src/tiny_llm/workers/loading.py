@@ -17,8 +17,10 @@ from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.engines import default_products_engine
 from tiny_llm.curvature.engines import engine as engine_named
+from tiny_llm.curvature.memory import MemoryPlan, plan_analysis
 from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, offset_plan, unseen_plan
+from tiny_llm.distributed import world
 from tiny_llm.layout import IMPORTED, RESOLVED
 from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
 from tiny_llm.model.hf_runs import run_tokenizer
@@ -186,6 +188,33 @@ def resolve_job(settings: AnalysisSettings, config: RunConfig) -> Resolved:
         hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
         hvp_engine=hvp_engine,
         hvp_compiled=runs_compiled(settings, hvp_engine, cuda),
+    )
+
+
+def memory_plan(
+    settings: AnalysisSettings, config: RunConfig, budget_bytes: int | None, cuda: bool, ranks: int | None = None
+) -> MemoryPlan:
+    """The grouping of a (state, case) job's passes under ``budget_bytes`` (see
+    :func:`tiny_llm.curvature.memory_measure.device_budget`), for a CUDA device or not; with
+    ``settings.sharded`` one rank's of ``ranks`` (default: this job's).
+
+    Raises:
+        ValueError: a pass that does not fit even one sequence at a time (nothing is computed).
+    """
+    engine = quadratic_form_engine(settings, config.model)
+    return plan_analysis(
+        config.model,
+        config.data.seq_len,
+        engine=engine,
+        K=settings.directions_per_pass,
+        hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
+        micro_batch_size=config.training.micro_batch_size,
+        itemsize=torch.finfo(getattr(torch, settings.dtype)).bits // 8,
+        compiled=runs_compiled(settings, engine, cuda),
+        audit_directions=settings.audit_directions if settings.audited else None,
+        extra_vectors=config.training.workers if config.training.packed and settings.consensus else 0,
+        budget_bytes=budget_bytes,
+        shards=(ranks or world()[1]) if settings.sharded else 1,
     )
 
 

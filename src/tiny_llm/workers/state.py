@@ -26,7 +26,7 @@ from tiny_llm.curvature.blocks import check_block_layout
 from tiny_llm.curvature.engines import FINITE_DIFFERENCE
 from tiny_llm.curvature.gradients import gradient_rounding
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
-from tiny_llm.curvature.memory import MemoryPlan, plan_analysis
+from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.sharded import shard_rows
@@ -39,40 +39,13 @@ from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
 from tiny_llm.workers.binding import result_identity, reusable_result, single_writer
-from tiny_llm.workers.loading import LoadedState, Resolved, prepare_inputs, runs_compiled
-from tiny_llm.workers.settings import AnalysisSettings, quadratic_form_engine, settings_record
+from tiny_llm.workers.loading import LoadedState, Resolved, memory_plan, prepare_inputs
+from tiny_llm.workers.settings import AnalysisSettings, settings_record
 
 __all__ = ["RESULT_SCHEMA", "analyze_state", "explain_out_of_memory", "memory_plan"]
 
 log = logging.getLogger(__name__)
 RESULT_SCHEMA = 1
-
-
-def memory_plan(
-    settings: AnalysisSettings, config: RunConfig, budget_bytes: int | None, cuda: bool, ranks: int | None = None
-) -> MemoryPlan:
-    """The grouping of a (state, case) job's passes under ``budget_bytes`` (see
-    :func:`tiny_llm.curvature.memory_measure.device_budget`), for a CUDA device or not; with
-    ``settings.sharded`` one rank's of ``ranks`` (default: this job's).
-
-    Raises:
-        ValueError: a pass that does not fit even one sequence at a time (nothing is computed).
-    """
-    engine = quadratic_form_engine(settings, config.model)
-    return plan_analysis(
-        config.model,
-        config.data.seq_len,
-        engine=engine,
-        K=settings.directions_per_pass,
-        hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
-        micro_batch_size=config.training.micro_batch_size,
-        itemsize=torch.finfo(getattr(torch, settings.dtype)).bits // 8,
-        compiled=runs_compiled(settings, engine, cuda),
-        audit_directions=settings.audit_directions if settings.audited else None,
-        extra_vectors=config.training.workers if config.training.packed and settings.consensus else 0,
-        budget_bytes=budget_bytes,
-        shards=(ranks or world()[1]) if settings.sharded else 1,
-    )
 
 
 def analyze_state(

@@ -5,8 +5,9 @@ import math
 import pytest
 from builders import make_oracle_run
 
+from tiny_llm.campaign.calibration import calibrate
 from tiny_llm.campaign.plan import estimate_seconds, job_minutes
-from tiny_llm.campaign.timing import calibrate, load_profiles, lookup, timing_key, write_profile
+from tiny_llm.campaign.timing import load_profiles, lookup, timing_key, write_profile
 from tiny_llm.workers.settings import AnalysisSettings
 
 SECONDS = {"startup": 100.0, "gradient_microbatch": 1.0, "hvp_microbatch_pass": 10.0}
@@ -72,7 +73,7 @@ def test_calibrate_measures_inside_the_analysis_runtime_settings(tmp_path, monke
     """TF32 and the like are set as the analysis sets them, and recorded in the entry."""
     import contextlib
 
-    import tiny_llm.campaign.timing as timing
+    import tiny_llm.campaign.calibration as calibration
 
     entered = []
 
@@ -81,7 +82,7 @@ def test_calibrate_measures_inside_the_analysis_runtime_settings(tmp_path, monke
         entered.append((device.type, tf32))
         yield {"cuda_matmul_fp32_precision": "recorded"}
 
-    monkeypatch.setattr(timing, "runtime_settings", recording)
+    monkeypatch.setattr(calibration, "runtime_settings", recording)
     entry = calibrate(
         make_oracle_run(tmp_path),
         AnalysisSettings(device="cpu", dtype="float64", tf32=False, directions_per_pass=2),

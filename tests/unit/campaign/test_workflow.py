@@ -134,7 +134,7 @@ def test_seed_experiments_of_models_trained_elsewhere_expand_to_one_import_per_s
 
 def test_targets_name_every_figure_and_every_indexed_result(project):
     plan = WorkflowPlan(_config(spectrum={"enabled": True}))
-    targets = all_targets(plan)
+    targets = all_targets(plan.campaign, plan.walltimes)
     assert targets[0] == "runs/tiny/trained.json"
     assert {"results/gpu/manifest.json", "results/gpu/summary.csv", "results/gpu/spectrum.csv"} <= set(targets)
     assert all(
@@ -142,12 +142,14 @@ def test_targets_name_every_figure_and_every_indexed_result(project):
         for f in FIGURES + AUDIT_FIGURES + SPECTRUM_FIGURES
         for ext in ("pdf", "png")
     )
-    exact = all_targets(WorkflowPlan(_config(settings={**SETTINGS, "device": "cpu", "dtype": "float64"})))
+    exact = WorkflowPlan(_config(settings={**SETTINGS, "device": "cpu", "dtype": "float64"}))
+    exact = all_targets(exact.campaign, exact.walltimes)
     assert "results/gpu/figures/loss.png" in exact and not any("precision_audit" in t for t in exact)  # no audit
     assert not any("/states/" in t for t in targets)  # before the index: the figures pull the results in
     Path("results/gpu").mkdir(parents=True)
     Path("results/gpu/states.json").write_text(json.dumps({"states": [{"key": "a" * 64}, {"key": "b" * 64}]}))
-    results = [t for t in all_targets(WorkflowPlan(_config())) if "/states/" in t]
+    indexed = WorkflowPlan(_config())
+    results = [t for t in all_targets(indexed.campaign, indexed.walltimes) if "/states/" in t]
     assert results == [f"results/gpu/states/{k * 64}/{case}.json" for k in "ab" for case in ("seen", "unseen")]
     assert plan.state_results("gpu", "k") == [
         "results/gpu/states/k/seen.json",
@@ -211,7 +213,7 @@ def test_an_uncovered_setup_calibrates_first(project):
     assert plan.walltimes.calibration_pending("gpu") and plan.walltimes.calibration("gpu") == [
         "results/timing/gpu.json"
     ]
-    assert "results/timing/gpu.json" in all_targets(plan)
+    assert "results/timing/gpu.json" in all_targets(plan.campaign, plan.walltimes)
     with pytest.raises(ValueError, match="no timing profile covers analysis gpu"):
         plan.walltimes.case_work_seconds("gpu")
     assert "from the calibration job, which runs first" in plan.costs.cost_line("gpu")

@@ -17,8 +17,9 @@ from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.model.checkpoint import load_weights
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
+from tiny_llm.workers.loading import memory_plan
 from tiny_llm.workers.settings import AnalysisSettings
-from tiny_llm.workers.state import analyze_state, memory_plan
+from tiny_llm.workers.state import analyze_state
 
 FAST = AnalysisSettings(noise_samples=2, random_samples=3, device="cpu", dtype="float64", directions_per_pass=3)
 
