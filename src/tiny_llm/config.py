@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -12,7 +10,8 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from tiny_llm.architectures import ARCHITECTURES, Architecture, architecture
-from tiny_llm.declared import build, fail
+from tiny_llm.declared import build, fail, require_positive
+from tiny_llm.io import parse_yaml
 
 __all__ = [
     "DataConfig",
@@ -30,33 +29,6 @@ __all__ = [
     "resolved_dict",
     "parse_yaml",
 ]
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads 1e-3 as a float (YAML 1.2), not as the string PyYAML's 1.1 rules give."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-               |[0-9][0-9_]*[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def parse_yaml(text: str) -> Any:
-    """Parse YAML safely, with YAML 1.2 floats."""
-    return yaml.load(text, Loader=_Loader)
-
-
-def _require_positive(section: str, obj: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not (value > 0 and math.isfinite(value)):  # NaN compares false, infinity is no size
-            fail(f"{section}.{name}", "a positive number", value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +52,7 @@ class RopeScaling:
     """llama3: the context length the model was first trained at (required for llama3)."""
 
     def __post_init__(self) -> None:
-        _require_positive(self.SECTION, self, "factor", "low_freq_factor", "high_freq_factor")
+        require_positive(self.SECTION, self, "factor", "low_freq_factor", "high_freq_factor")
         if self.kind == "linear":  # llama3's options would be ignored: refused, not dropped
             for name, default in (("low_freq_factor", 1.0), ("high_freq_factor", 4.0), ("original_max_seq_len", None)):
                 if getattr(self, name) != default:
@@ -155,7 +127,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         architecture(self.architecture)  # an unknown one is refused first, listing the known ones
-        _require_positive(
+        require_positive(
             self.SECTION,
             self,
             "vocab_size",
@@ -256,7 +228,7 @@ class DataConfig:
     one unseen analysis epoch need."""
 
     def __post_init__(self) -> None:
-        _require_positive(self.SECTION, self, "seq_len", "shuffle_group_blocks")
+        require_positive(self.SECTION, self, "seq_len", "shuffle_group_blocks")
         if self.seed < 0:
             fail("data.seed", "a non-negative integer", self.seed)
         if self.prepare_train_tokens is not None and self.prepare_train_tokens <= 0:
@@ -277,7 +249,7 @@ class PackedConfig:
     def __post_init__(self) -> None:
         if self.workers < 2:
             fail("training.packed.workers", "an integer >= 2 (use packed: null for ordinary runs)", self.workers)
-        _require_positive(self.SECTION, self, "sync_every")
+        require_positive(self.SECTION, self, "sync_every")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -328,7 +300,7 @@ class TrainingConfig:
     """Progress line every this many steps (not scientific)."""
 
     def __post_init__(self) -> None:
-        _require_positive(
+        require_positive(
             self.SECTION, self, "batch_size", "micro_batch_size", "tokens", "epochs", "lr", "adam_eps", "log_every"
         )
         if self.micro_batch_size > self.batch_size:

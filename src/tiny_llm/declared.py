@@ -23,18 +23,37 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import math
 import textwrap
 import types
 import typing
 from collections.abc import Callable
 from typing import Any, Literal
 
-__all__ = ["add_options", "build", "check_fields", "coerce", "describe", "fail", "field_docs", "from_options"]
+__all__ = [
+    "add_options",
+    "build",
+    "check_fields",
+    "coerce",
+    "describe",
+    "fail",
+    "field_docs",
+    "from_options",
+    "require_positive",
+]
 
 
 def fail(key: str, allowed: str, got: Any) -> typing.NoReturn:
     """Refuse ``got`` for ``key`` in one line: what was expected, what came."""
     raise ValueError(f"{key}: expected {allowed}, got {got!r}")
+
+
+def require_positive(section: str, obj: Any, *names: str) -> None:
+    """Refuse, naming the key, any of ``names`` of ``obj`` that is not a positive finite number."""
+    for name in names:
+        value = getattr(obj, name)
+        if not (value > 0 and math.isfinite(value)):  # NaN compares false, infinity is no size
+            fail(f"{section}.{name}", "a positive number", value)
 
 
 def describe(tp: Any) -> str:

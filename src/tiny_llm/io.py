@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -25,6 +27,7 @@ __all__ = [
     "exclusive",
     "fsync_dir",
     "local_directory",
+    "parse_yaml",
     "remove_leftovers",
     "sha256_file",
 ]
@@ -199,3 +202,23 @@ def local_directory(directory: str | Path, what: str = "") -> Path:
         )
         raise ValueError(f"{what + ' ' if what else ''}{directory} is not a local directory{hint}")
     return path
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads 1e-3 as a float (YAML 1.2), not as the string PyYAML's 1.1 rules give."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+               |[0-9][0-9_]*[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse YAML safely, with YAML 1.2 floats."""
+    return yaml.load(text, Loader=_Loader)
