@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ def analyze_state(
             log.info("reusing %s (same identity)", output)
             return old
         log.info("%s", memory.describe())
-        result = _measure(config, cache, plan, state, case, settings, resolved, identity, memory)
+        result = _measure(StateJob(config, cache, plan, state, case, settings, resolved, identity, memory))
         if is_writer():
             atomic_write_json(output, result)
     return result
@@ -99,25 +100,77 @@ def explain_out_of_memory(hvp_batch_size: int, directions_per_pass: int) -> Iter
         ) from None
 
 
-def _result(
-    config: RunConfig,
-    cache: TokenCache,
-    plan,
-    state: LoadedState,
-    case: str,
-    settings: AnalysisSettings,
-    resolved: Resolved,
-    identity: dict,
-    memory: MemoryPlan,
-    measured: dict[str, Any],
-    started: float,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StateJob:
+    """One (state, case) job, resolved and checked before any compute."""
+
+    config: RunConfig
+    cache: TokenCache
+    plan: Any
+    """The case's batch plan (``tiny_llm.data.tokens.BatchPlan``)."""
+    state: LoadedState
+    case: str
+    settings: AnalysisSettings
+    resolved: Resolved
+    identity: dict
+    memory: MemoryPlan
+
+    @property
+    def label(self) -> str:
+        """How its log lines name it."""
+        return f"[{self.state.key[:12]} {self.case}]"
+
+
+def _precision_record(job: StateJob, measured: dict[str, Any]) -> dict[str, Any]:
+    """The result's precision: the numerical mode actually used, what stayed below float64 in a
+    float64 analysis, and the step regime of forms by finite differences."""
+    settings, resolved = job.settings, job.resolved
+    return {
+        "device": str(resolved.device),
+        "dtype": settings.dtype,
+        "tf32": resolved.tf32,
+        "amp": settings.amp,
+        "amp_dtype": "bfloat16" if settings.amp else None,
+        "engine": resolved.engine,
+        "quadratic_form_engine": resolved.engine,
+        "compiled": resolved.compiled,
+        "attention_backend": "reference",
+        "reductions": "float64",
+        "cuda_matmul_fp32_precision": measured["cuda_matmul_fp32_precision"],
+        "below_float64": measured["below_float64"],
+        "gradient_rounding": measured["gradient_rounding"],
+        # the step regime of forms by finite differences (the fallback of sharded analyses)
+        **(
+            {"finite_difference_scale": FD_SCALE.get(resolved.dtype, 3e-3)}
+            if resolved.engine == FINITE_DIFFERENCE
+            else {}
+        ),
+    }
+
+
+def _data_record(job: StateJob) -> dict[str, Any]:
+    """The result's data: the cache, its tokenizer and shards, and where the case's batches lie."""
+    cache, plan = job.cache, job.plan
+    return {
+        "cache": str(cache.path),
+        "tokenizer": cache.meta["tokenizer"],
+        "source": cache.meta["source"],
+        "shards": [{"file": s["file"], "sha256": s["sha256"]} for s in cache.meta["shards"]],
+        "plan": plan.name,
+        "stream_batches": [int(plan.stream_batches[0]), int(plan.stream_batches[-1])],
+        "seq_len": job.config.data.seq_len,
+        "order": order_report(cache, plan),
+    }
+
+
+def _result(job: StateJob, measured: dict[str, Any], started: float) -> dict[str, Any]:
     """The result JSON of a (state, case): identity, state, settings and precision, the measurement
     (with the runtime settings in force, ``cuda_matmul_fp32_precision``), the data it was measured
     on, and what ran where."""
+    state = job.state
     return {
         "schema": RESULT_SCHEMA,
-        "identity": identity,
+        "identity": job.identity,
         "state": {
             "key": state.key,
             "weights_hash": state.weights_hash,
@@ -125,85 +178,39 @@ def _result(
             "worker_hashes": state.worker_hashes or None,
             "worker_files": state.worker_files or None,
         },
-        "case": case,
-        "settings": settings_record(settings),
-        "precision": {
-            "device": str(resolved.device),
-            "dtype": settings.dtype,
-            "tf32": resolved.tf32,
-            "amp": settings.amp,
-            "amp_dtype": "bfloat16" if settings.amp else None,
-            "engine": resolved.engine,
-            "quadratic_form_engine": resolved.engine,
-            "compiled": resolved.compiled,
-            "attention_backend": "reference",
-            "reductions": "float64",
-            "cuda_matmul_fp32_precision": measured["cuda_matmul_fp32_precision"],
-            "below_float64": measured["below_float64"],
-            "gradient_rounding": measured["gradient_rounding"],
-            # the step regime of forms by finite differences (the fallback of sharded analyses)
-            **(
-                {"finite_difference_scale": FD_SCALE.get(resolved.dtype, 3e-3)}
-                if resolved.engine == FINITE_DIFFERENCE
-                else {}
-            ),
-        },
+        "case": job.case,
+        "settings": settings_record(job.settings),
+        "precision": _precision_record(job, measured),
         "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started, "compile": compile_record()},
-        "memory": memory.record(),
-        "counts": measured["counts"],
-        "statistics": measured["statistics"],
-        "standard_errors": measured["standard_errors"],
-        "blocks": measured["blocks"],
-        "audit": measured["audit"],
-        "noise_samples": measured["noise_samples"],
-        "random_directions": measured["random_directions"],
-        "consensus": measured["consensus"],
-        "data": {
-            "cache": str(cache.path),
-            "tokenizer": cache.meta["tokenizer"],
-            "source": cache.meta["source"],
-            "shards": [{"file": s["file"], "sha256": s["sha256"]} for s in cache.meta["shards"]],
-            "plan": plan.name,
-            "stream_batches": [int(plan.stream_batches[0]), int(plan.stream_batches[-1])],
-            "seq_len": config.data.seq_len,
-            "order": order_report(cache, plan),
-        },
+        "memory": job.memory.record(),
+        **{key: measured[key] for key in MEASURED},
+        "data": _data_record(job),
         "software": software(),
-        "hardware": hardware(resolved.device),
-        "parallel": {**parallel_record(), "sharded": is_sharded(settings.sharded)},
+        "hardware": hardware(job.resolved.device),
+        "parallel": {**parallel_record(), "sharded": is_sharded(job.settings.sharded)},
         "slurm": slurm_job(),
     }
 
 
-def _measure(
-    config: RunConfig,
-    cache: TokenCache,
-    plan,
-    state: LoadedState,
-    case: str,
-    settings: AnalysisSettings,
-    resolved: Resolved,
-    identity: dict,
-    memory: MemoryPlan,
-) -> dict[str, Any]:
-    started = time.perf_counter()
-    precision = Precision(resolved.device, resolved.dtype, settings.amp)
-    model = build_model(config.model, attention_backend="reference")
-    model.load_state_dict(state.root, strict=True)
-    rank, ranks = world()
-    sharded = is_sharded(settings.sharded)
-    # sharded, the model stays on the host until FSDP moves each block's shards to the device
-    model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
-    names = FlatParameters(model).names
-    if settings.block_curvature:
-        check_block_layout(names)
-    consensus = [
-        (w, shard_rows([worker[n].double() - state.root[n].double() for n in names], rank, ranks if sharded else 1))
-        for w, worker in enumerate(state.workers)
-    ]
-    inputs = CaseInputs(
-        cache=cache,
-        plan=plan,
+MEASURED = (
+    "counts",
+    "statistics",
+    "standard_errors",
+    "blocks",
+    "audit",
+    "noise_samples",
+    "random_directions",
+    "consensus",
+)
+"""What a result holds from the measurement as it came (``measure_case``), in this order."""
+
+
+def _case_inputs(job: StateJob, consensus: list) -> CaseInputs:
+    """What ``measure_case`` is given for the job."""
+    config, settings, resolved = job.config, job.settings, job.resolved
+    return CaseInputs(
+        cache=job.cache,
+        plan=job.plan,
         micro_batch_size=config.training.micro_batch_size,
         hvp_batch_size=resolved.hvp_batch_size,
         noise_samples=settings.noise_samples,
@@ -217,27 +224,52 @@ def _measure(
         block_curvature=settings.block_curvature,
         sharded=settings.sharded,
         audit=(settings.audit_directions, settings.audit_batches) if settings.audited else None,
-        memory=memory,
+        memory=job.memory,
     )
-    label = f"[{state.key[:12]} {case}]"
+
+
+def _measure(job: StateJob) -> dict[str, Any]:
+    started = time.perf_counter()
+    settings, resolved, state = job.settings, job.resolved, job.state
+    precision = Precision(resolved.device, resolved.dtype, settings.amp)
+    model = build_model(job.config.model, attention_backend="reference")
+    model.load_state_dict(state.root, strict=True)
+    rank, ranks = world()
+    sharded = is_sharded(settings.sharded)
+    # sharded, the model stays on the host until FSDP moves each block's shards to the device
+    model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
+    names = FlatParameters(model).names
+    if settings.block_curvature:
+        check_block_layout(names)
+    consensus = [
+        (w, shard_rows([worker[n].double() - state.root[n].double() for n in names], rank, ranks if sharded else 1))
+        for w, worker in enumerate(state.workers)
+    ]
     with (
         runtime_settings(resolved.device, resolved.tf32) as runtime,
         explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
     ):
-        measured = measure_case(model, inputs, precision, progress=lambda m: log.info("%s %s", label, m))
-    # what a model without our rules (an adapter's) still computed below a float64 analysis's dtype,
-    # and then the precision floor it sets, measured once (a sharded one is refused before: its only
-    # engine, finite differences, would divide that rounding by its step)
-    measured["below_float64"] = sorted(model.lowered) if not jet_rules(model) else []
-    measured["gradient_rounding"] = None
-    if measured["below_float64"] and not sharded:
-        first = cache.tokens(plan.blocks[0])[: config.training.micro_batch_size].to(resolved.device)
-        measured["gradient_rounding"] = gradient_rounding(model, first, precision, settings.seed)
-        log.warning(
-            "%s this model computes %s below float64: its gradients are rounded to about %.1e "
-            "(relative), and no statistic is more exact than that",
-            label,
-            ", ".join(measured["below_float64"]),
-            measured["gradient_rounding"],
+        measured = measure_case(
+            model, _case_inputs(job, consensus), precision, progress=lambda m: log.info("%s %s", job.label, m)
         )
-    return _result(config, cache, plan, state, case, settings, resolved, identity, memory, measured | runtime, started)
+    measured |= _below_float64(job, model, precision, sharded)
+    return _result(job, measured | runtime, started)
+
+
+def _below_float64(job: StateJob, model: torch.nn.Module, precision: Precision, sharded: bool) -> dict[str, Any]:
+    """What a model without our rules (an adapter's) still computed below a float64 analysis's
+    dtype, and the precision floor it sets, measured once on the first micro-batch (a sharded one is
+    refused before: its only engine, finite differences, would divide that rounding by its step)."""
+    below = sorted(model.lowered) if not jet_rules(model) else []
+    if not below or sharded:
+        return {"below_float64": below, "gradient_rounding": None}
+    first = job.cache.tokens(job.plan.blocks[0])[: job.config.training.micro_batch_size].to(job.resolved.device)
+    rounding = gradient_rounding(model, first, precision, job.settings.seed)
+    log.warning(
+        "%s this model computes %s below float64: its gradients are rounded to about %.1e (relative), "
+        "and no statistic is more exact than that",
+        job.label,
+        ", ".join(below),
+        rounding,
+    )
+    return {"below_float64": below, "gradient_rounding": rounding}
