@@ -51,11 +51,11 @@ from pathlib import Path
 import torch
 from torch.func import functional_call, grad, jvp
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import ModelConfig, load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import GRADIENT
 from tiny_llm.curvature.memory_measure import measure_pass
-from tiny_llm.architectures import build_model
 from tiny_llm.model.causal import token_losses
 from tiny_llm.runtime import keep_freed_memory
 
