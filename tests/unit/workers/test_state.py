@@ -386,51 +386,6 @@ def test_cuda_float32_agrees_with_cpu_float64(ordinary, tmp_path, engine, amp):
         assert gpu["statistics"][key] == pytest.approx(reference["statistics"][key], rel=tolerance, abs=1e-6)
 
 
-def test_the_audit_is_on_by_default_unless_float64():
-    assert AnalysisSettings(dtype="float32").audited and AnalysisSettings(dtype="float32", amp=True).audited
-    assert not AnalysisSettings(dtype="float64").audited
-    assert AnalysisSettings(dtype="float64", audit=True).audited and not AnalysisSettings(audit=False).audited
-    # the command line's on/off are accepted in a configuration too, as true/false
-    assert AnalysisSettings(audit="on") == AnalysisSettings(audit=True)
-    assert AnalysisSettings(audit="off") == AnalysisSettings(audit=False)
-    for bad in ("yes", 1, None):
-        with pytest.raises(ValueError, match="audit: expected true or false or one of 'auto'"):
-            AnalysisSettings(audit=bad)
-    with pytest.raises(ValueError, match="audit_batches: expected a positive integer"):
-        AnalysisSettings(audit_batches=0)
-
-
-def test_output_binding_names_what_changed_and_the_way_out(tmp_path, caplog):
-    from tiny_llm.workers.binding import bind_output, check_output_binding, output_binding
-
-    binding = output_binding(AnalysisSettings(), "runs/demo")
-    assert check_output_binding(tmp_path, binding) == [] and not (tmp_path / "identity.json").exists()  # no write
-    bind_output(tmp_path, binding)
-    assert check_output_binding(tmp_path, binding) == []  # the same binding: accepted
-    # a first attempt that made no result does not lock the name: the binding follows the settings
-    fixed = output_binding(AnalysisSettings(device="cpu"), "runs/demo")
-    assert check_output_binding(tmp_path, fixed) == ["settings.device: 'auto' -> 'cpu'"]
-    assert json.loads((tmp_path / "identity.json").read_text()) == binding  # the check wrote nothing
-    with caplog.at_level("INFO"):
-        bind_output(tmp_path, fixed)
-    assert json.loads((tmp_path / "identity.json").read_text()) == fixed
-    assert (
-        "held no result yet: its binding now follows the changed settings (settings.device: 'auto' -> 'cpu')"
-        in caplog.text
-    )
-    binding = fixed
-    (tmp_path / "states/abc").mkdir(parents=True)
-    (tmp_path / "states/abc/seen.json").write_text("{}")
-    with pytest.raises(
-        ValueError,
-        match=rf"settings.seed: 42 -> 7\); use a new output directory \(a new analysis "
-        rf"name\), restore the settings, or remove {tmp_path} \(its results\)",
-    ):
-        check_output_binding(tmp_path, output_binding(AnalysisSettings(seed=7, device="cpu"), "runs/demo"))
-    with pytest.raises(ValueError, match=rf"source code changed\); use a new analysis name, or remove {tmp_path}"):
-        check_output_binding(tmp_path, {**binding, "source": "other"})
-
-
 def test_out_of_memory_names_the_settings_to_lower_and_writes_nothing(ordinary, tmp_path, monkeypatch):
     config, path, _ = ordinary
 
