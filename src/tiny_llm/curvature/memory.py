@@ -322,69 +322,23 @@ def plan_analysis(
 
     audited = 0 if audit_directions is None else 2 * audit_directions + 1
     resident = resident_bytes(D, K, itemsize, extra_vectors + audited)
+
+    def fit(name: str, engine_: str, batch: int, k: int, size: int, beside: int, **options: Any) -> PassPlan:
+        shape = options.pop("shape", config)
+        args = (name, engine_, shape, batch, k, seq_len, size, budget_bytes, beside)
+        return choose_group_rows(*args, D=D, chunk_head=chunked(engine_), **options)
+
+    largest = max(1, hvp_batch_size // K) if engine_named(engine).rows_per_direction else None
+    forms = {"shape": forms_shape(config, engine, shards), "equal_groups": compiled, "largest": largest}
     passes = [
-        choose_group_rows(
-            "gradient",
-            GRADIENT,
-            config,
-            micro_batch_size,
-            1,
-            seq_len,
-            itemsize,
-            budget_bytes,
-            resident + unsharded[GRADIENT],
-            D=D,
-            chunk_head=chunked(GRADIENT),
-        ),
-        choose_group_rows(
-            "forms",
-            engine,
-            forms_shape(config, engine, shards),
-            hvp_batch_size,
-            K,
-            seq_len,
-            itemsize,
-            budget_bytes,
-            resident + unsharded[engine],
-            equal_groups=compiled,
-            D=D,
-            largest=max(1, hvp_batch_size // K) if engine_named(engine).rows_per_direction else None,
-            chunk_head=chunked(engine),
-        ),
+        fit("gradient", GRADIENT, micro_batch_size, 1, itemsize, resident + unsharded[GRADIENT]),
+        fit("forms", engine, hvp_batch_size, K, itemsize, resident + unsharded[engine], **forms),
     ]
     if audit_directions is not None:  # the production model and θ stay; a float64 copy, its θ and ḡ join them
         beside = resident + 16 * D + audited * D * 16
-        passes.append(
-            choose_group_rows(
-                "audit_gradient",
-                GRADIENT,
-                config,
-                micro_batch_size,
-                1,
-                seq_len,
-                8,
-                budget_bytes,
-                beside,
-                D=D,
-                chunk_head=chunked(GRADIENT),
-            )
-        )
         audit_engine = default_forms_engine(audited, jet_rules(config))  # the audit's, as it resolves it
-        passes.append(
-            choose_group_rows(
-                "audit",
-                audit_engine,
-                config,
-                hvp_batch_size,
-                audited,
-                seq_len,
-                8,
-                budget_bytes,
-                beside,
-                D=D,
-                chunk_head=chunked(audit_engine),
-            )
-        )
+        passes.append(fit("audit_gradient", GRADIENT, micro_batch_size, 1, 8, beside))
+        passes.append(fit("audit", audit_engine, hvp_batch_size, audited, 8, beside))
     return MemoryPlan(budget_bytes, tuple(passes), shards)
 
 
