@@ -61,6 +61,7 @@ import torch
 from tiny_llm.curvature.audit import AuditSide, audit_choice, precision_audit, whole_sides
 from tiny_llm.curvature.blocks import parameter_blocks
 from tiny_llm.curvature.case import CaseInputs
+from tiny_llm.curvature.directions import DirectionRunner, add_block_directions, queue_other_directions
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.gradients import (
     batch_gradient_and_loss,
@@ -69,7 +70,7 @@ from tiny_llm.curvature.gradients import (
     sampled_gradients,
 )
 from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, FlatParameters, Precision
-from tiny_llm.curvature.records import ConsensusWorker, Direction, NoiseSample, RandomDirection, consensus_block
+from tiny_llm.curvature.records import Direction, NoiseSample, consensus_block
 from tiny_llm.curvature.sharded import ShardedHessian
 from tiny_llm.curvature.spectrum import Layout
 from tiny_llm.curvature.statistics import (
@@ -85,68 +86,6 @@ from tiny_llm.model.llama import Llama
 __all__ = ["CaseInputs", "measure_case"]
 
 log = logging.getLogger(__name__)
-
-
-class _DirectionRunner:
-    """Feeds directions to the forms K at a time; zero directions skip the pass (curvature 0).
-    With a quadratic-form engine each record also gets the form's Gauss–Newton part."""
-
-    def __init__(
-        self,
-        operator: CurvatureOperator,
-        K: int,
-        split: bool,
-        vectors: Vectors,
-        total: int,
-        dtype: torch.dtype,
-        progress: Callable[[str], None],
-    ):
-        self.operator, self.K, self.split, self.vectors, self.dtype = operator, K, split, vectors, dtype
-        self.total, self.progress = total, progress
-        self.pending: list[tuple[torch.Tensor, Direction, float]] = []
-        self.done, self.started = 0, time.perf_counter()
-
-    def add(self, vector: torch.Tensor, record: Direction, started: float) -> None:
-        """Queue a float64 direction; ``record`` receives dᵀHd of the direction as used."""
-        used = vector.to(self.dtype)
-        record.squared_norm = self.vectors.squared_norm(used)
-        if record.squared_norm == 0.0:
-            record.curvature, record.hvp_seconds = 0.0, 0.0
-            if self.split:
-                record.gauss_newton = 0.0
-            record.total_seconds = time.perf_counter() - started
-            self.done += 1
-            return
-        self.pending.append((used, record, started))
-        if len(self.pending) == self.K:
-            self.flush()
-
-    def flush(self) -> None:
-        """Measure the queued directions in one pass."""
-        if not self.pending:
-            return
-        started = time.perf_counter()
-        V = torch.stack([p[0] for p in self.pending])
-        forms, parts = (
-            self.operator.split_quadratic_forms(V).tolist()
-            if self.split
-            else (self.operator.quadratic_forms(V).tolist(), None)
-        )
-        share = (time.perf_counter() - started) / len(self.pending)
-        for i, ((_, record, begun), q) in enumerate(zip(self.pending, forms, strict=True)):
-            record.curvature, record.hvp_seconds = q, share
-            if parts is not None:
-                record.gauss_newton = parts[i]
-            record.total_seconds = time.perf_counter() - begun
-        self.done += len(self.pending)
-        elapsed = time.perf_counter() - self.started
-        eta = elapsed / self.done * (self.total - self.done)
-        self.progress(
-            f"directions {self.done}/{self.total} ({len(self.pending)} per pass over "
-            f"{len(self.operator.batches)} micro-batches, {share * len(self.pending):.2f} s); "
-            f"elapsed {elapsed:.1f} s, ETA {eta:.1f} s"
-        )
-        self.pending = []
 
 
 @dataclass
@@ -299,7 +238,7 @@ def _noise_samples(
     selected: list[int],
     sampled: dict[int, tuple[torch.Tensor, float]],
     inputs: CaseInputs,
-    runner: _DirectionRunner,
+    runner: DirectionRunner,
     blocks: list[tuple[str, list[int]]],
     block_forms: dict[int, list[Direction]],
 ) -> tuple[list[NoiseSample], float]:
@@ -326,24 +265,8 @@ def _noise_samples(
         noise.append(record)
         runner.add(v, record, started)
         if inputs.block_curvature:
-            block_forms[record.batch_index] = _add_block_directions(runner, vectors, v, blocks)
+            block_forms[record.batch_index] = add_block_directions(runner, vectors, v, blocks)
     return noise, seconds
-
-
-def _add_block_directions(
-    runner: _DirectionRunner, vectors: Vectors, vector: torch.Tensor, blocks: list[tuple[str, list[int]]]
-) -> list[Direction]:
-    """Queue ``vector`` restricted to each parameter block (zero elsewhere), so that each form is the
-    block-diagonal v_bᵀH_bb v_b; returns their records, in block order."""
-    records, sources = [], vectors.pieces(vector)
-    for _, indices in blocks:
-        part = torch.zeros_like(vector)
-        targets = vectors.pieces(part)
-        for i in indices:
-            targets[i].copy_(sources[i])
-        records.append(Direction())
-        runner.add(part, records[-1], time.perf_counter())
-    return records
 
 
 def _counts(samples: Samples, inputs: CaseInputs, operator: CurvatureOperator) -> dict[str, Any]:
@@ -396,26 +319,13 @@ def measure_case(
     blocks = parameter_blocks(setup.names)
     total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
     total += (len(selected) + 1) * len(blocks) if inputs.block_curvature else 0
-    runner = _DirectionRunner(
-        operator,
-        inputs.directions_per_pass if sharded else operator.K,
-        setup.split,
-        vectors,
-        total,
-        precision.dtype,
-        progress,
-    )
+    K = inputs.directions_per_pass if sharded else operator.K
+    runner = DirectionRunner(operator, K, setup.split, vectors, total, precision.dtype, progress)
     block_forms: dict[int, list[Direction]] = {}  # batch index -> its block-diagonal forms
     noise, sample_seconds = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks, block_forms)
-    random = [RandomDirection(index=index) for index in range(inputs.random_samples)]
-    for record in random:
-        runner.add(vectors.rademacher(record.index).to(precision.device), record, time.perf_counter())
-    gradient = Direction()
-    runner.add(g_bar, gradient, time.perf_counter())
-    gradient_blocks = _add_block_directions(runner, vectors, g_bar, blocks) if inputs.block_curvature else None
-    consensus = [ConsensusWorker(worker=worker) for worker, _ in inputs.consensus]
-    for record, (_, e) in zip(consensus, inputs.consensus, strict=True):
-        runner.add(e.to(precision.device), record, time.perf_counter())
+    random, gradient, gradient_blocks, consensus = queue_other_directions(
+        runner, g_bar, inputs, blocks, precision.device
+    )
     runner.flush()
     if inputs.block_curvature:
         for record in noise:
