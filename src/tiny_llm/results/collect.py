@@ -99,6 +99,35 @@ def _agree(a: float | None, b: float | None) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
+def _check_blocks(rows: list[dict[str, Any]], samples: Samples, source: str) -> None:
+    """Each parameter block's statistics against its per-sample records."""
+    recomputed = block_statistics(
+        samples,
+        [r["block"] for r in rows],
+        [r["parameters"] for r in rows],
+        [r["full_grad_norm"] ** 2 for r in rows],
+        None if rows[0].get("grad_curvature") is None else [r["grad_curvature"] for r in rows],
+    )
+    for row, again in zip(rows, recomputed, strict=True):
+        for name, value in again.items():
+            if name not in row or (name != "block" and not _agree(value, row[name])):
+                raise ValueError(
+                    f"{source}: block {row['block']}: {name} = {row.get(name)!r} disagrees with its "
+                    f"per-sample records ({value!r})"
+                )
+
+
+def _check_audit(audit: dict[str, Any], source: str) -> None:
+    """The audit's largest errors against its directions and statistics."""
+    if not _agree(audit["max_relative_error"], max(d["relative_error"] for d in audit["directions"])):
+        raise ValueError(f"{source}: the audit's max_relative_error disagrees with its directions")
+    if not _agree(
+        audit.get("max_statistic_relative_error"),
+        max((v for v in audit.get("statistics_relative_error", {}).values() if v is not None), default=None),
+    ):
+        raise ValueError(f"{source}: the audit's max_statistic_relative_error disagrees with its statistics")
+
+
 def validate_result(result: dict[str, Any], key: str, case: str, workers: int | None, source: str) -> None:
     """Check one result's identity, completeness and the consistency of its aggregates.
 
@@ -128,31 +157,9 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
                     f"{source}: {name} = {result[block].get(name)!r} disagrees with its per-sample records ({value!r})"
                 )
     if "blocks" in result:
-        rows = result["blocks"]
-        recomputed = block_statistics(
-            samples,
-            [r["block"] for r in rows],
-            [r["parameters"] for r in rows],
-            [r["full_grad_norm"] ** 2 for r in rows],
-            None if rows[0].get("grad_curvature") is None else [r["grad_curvature"] for r in rows],
-        )
-        for row, again in zip(rows, recomputed, strict=True):
-            for name, value in again.items():
-                if name not in row or (name != "block" and not _agree(value, row[name])):
-                    raise ValueError(
-                        f"{source}: block {row['block']}: {name} = {row.get(name)!r} disagrees with its "
-                        f"per-sample records ({value!r})"
-                    )
-    audit = result.get("audit")
-    if audit is not None and not _agree(
-        audit["max_relative_error"], max(d["relative_error"] for d in audit["directions"])
-    ):
-        raise ValueError(f"{source}: the audit's max_relative_error disagrees with its directions")
-    if audit is not None and not _agree(
-        audit.get("max_statistic_relative_error"),
-        max((v for v in audit.get("statistics_relative_error", {}).values() if v is not None), default=None),
-    ):
-        raise ValueError(f"{source}: the audit's max_statistic_relative_error disagrees with its statistics")
+        _check_blocks(result["blocks"], samples, source)
+    if result.get("audit") is not None:
+        _check_audit(result["audit"], source)
     if workers is not None:
         consensus = result.get("consensus")
         if not consensus or [w["worker"] for w in consensus["workers"]] != list(range(workers)):
