@@ -11,13 +11,15 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from tiny_llm.architectures import build_model
+from tiny_llm.architectures import build_model, jet_rules
 from tiny_llm.campaign.timing import timing_key
 from tiny_llm.config import RunConfig
+from tiny_llm.curvature.engines import default_forms_engine
 from tiny_llm.curvature.gradients import batch_gradient
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan
@@ -75,6 +77,47 @@ def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -
     }
 
 
+@dataclass(frozen=True)
+class _Audit:
+    """What the audit's timing measures: the float64 model, its tokens and the plan of its passes."""
+
+    reference: torch.nn.Module
+    flat: FlatParameters
+    tokens: torch.Tensor
+    hvp_rows: int
+    """The curvature micro-batch."""
+    directions: int
+    """a: the audit's noise and random directions (each)."""
+    memory: MemoryPlan
+
+
+def _audit_seconds(audit: _Audit, config: RunConfig, device: torch.device, repeats: int) -> dict[str, float]:
+    """The audit's float64 gradient micro-batch and its forms' pass of 2a + 1 directions, by the
+    engine the audit resolves for the model (adjoint, or double_backward without jet rules)."""
+    exact = Precision(device, torch.float64)
+    B, mb, memory = config.training.batch_size, config.training.micro_batch_size, audit.memory
+    rows, head = memory.rows("audit_gradient") or mb, memory.head_tokens("audit_gradient")
+    gradient = _timed(
+        lambda: batch_gradient(audit.reference, audit.flat, audit.tokens[:B], rows, exact, head), device, repeats
+    )
+    K = 2 * audit.directions + 1
+    forms = EpochHessian(
+        audit.reference,
+        audit.tokens[: audit.hvp_rows],
+        batch_size=audit.hvp_rows,
+        engine=default_forms_engine(K, jet_rules(config.model)),
+        precision=exact,
+        directions_per_pass=K,
+        group_rows=memory.rows("audit"),
+        head_tokens=memory.head_tokens("audit"),
+    )
+    V = torch.randn(K, audit.flat.D, device=device, dtype=torch.float64)
+    return {
+        "audit_gradient_microbatch": gradient / math.ceil(B / mb),
+        "audit_microbatch_pass": _timed(lambda: forms.quadratic_forms(V), device, repeats),
+    }
+
+
 def _measure_seconds(
     config: RunConfig, settings: AnalysisSettings, resolved: Resolved, repeats: int, memory: MemoryPlan
 ) -> dict[str, float]:
@@ -118,26 +161,9 @@ def _measure_seconds(
         "gradient_microbatch": gradient,
         "hvp_microbatch_pass": hvp,
     }
-    if settings.audited:  # the audit's float64 gradients and adjoint forms of its 2a + 1 directions
-        exact = Precision(resolved.device, torch.float64)
-        reference = model.to(torch.float64)
-        rows64, head64 = memory.rows("audit_gradient") or mb, memory.head_tokens("audit_gradient")
-        seconds["audit_gradient_microbatch"] = (
-            _timed(lambda: batch_gradient(reference, flat, tokens[:B], rows64, exact, head64), resolved.device, repeats)
-            / micro
-        )
-        audit = EpochHessian(
-            reference,
-            tokens[:hvp_rows],
-            batch_size=hvp_rows,
-            engine="adjoint",
-            precision=exact,
-            directions_per_pass=2 * settings.audit_directions + 1,
-            group_rows=memory.rows("audit"),
-            head_tokens=memory.head_tokens("audit"),
-        )
-        V64 = torch.randn(2 * settings.audit_directions + 1, flat.D, device=resolved.device, dtype=torch.float64)
-        seconds["audit_microbatch_pass"] = _timed(lambda: audit.quadratic_forms(V64), resolved.device, repeats)
+    if settings.audited:
+        audit = _Audit(model.to(torch.float64), flat, tokens, hvp_rows, settings.audit_directions, memory)
+        seconds |= _audit_seconds(audit, config, resolved.device, repeats)
     return seconds
 
 

@@ -54,3 +54,9 @@ def test_calibrate_out_of_memory_names_the_settings_to_lower(tmp_path, monkeypat
         r"smaller memory_budget_gb .* \(e.g. 1 and 2\)",
     ):
         calibrate(make_oracle_run(tmp_path), settings, repeats=1)
+
+
+def test_an_audited_setup_is_priced_with_its_audit(tmp_path):
+    settings = AnalysisSettings(device="cpu", dtype="float32", directions_per_pass=2, audit_directions=1)
+    entry = calibrate(make_oracle_run(tmp_path), settings, repeats=1)
+    assert entry["seconds"]["audit_gradient_microbatch"] > 0 and entry["seconds"]["audit_microbatch_pass"] > 0
