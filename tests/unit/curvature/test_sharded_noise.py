@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from builders import make_oracle_run
 from oracles import dense_epoch_hessian
 
-from tiny_llm.architectures import build_model
+from tiny_llm.architectures import ARCHITECTURES, build_model
 from tiny_llm.curvature import gradients
 from tiny_llm.curvature.engines import sharded_names
 from tiny_llm.curvature.gradients import rademacher
@@ -129,13 +129,17 @@ def run(tmp_path_factory):
     return make_oracle_run(tmp_path_factory.mktemp("sharded-noise"), tokens=3 * 6 * 5 * 2)  # 5 batches
 
 
+NATIVE = [a.name for a in ARCHITECTURES.values() if a.jets]
+"""Every architecture with second-order rules, from the registry (a new one is tested sharded too)."""
+
+
 @pytest.mark.parametrize(
     ("architecture", "ranks", "engine"),
     [  # every engine the registry runs sharded: the exact forms on every architecture, the products on one
         *(
             (a, r, e)
             for e in sharded_names("forms")
-            for a, r in (("llama", 2), ("llama", 3), ("gpt2", 2), ("gpt_neox", 3))
+            for a, r in [(a, 2 + i % 2) for i, a in enumerate(NATIVE)] + [(NATIVE[0], 3)]
         ),
         *(("llama", 2, e) for e in sharded_names("products")),
     ],
