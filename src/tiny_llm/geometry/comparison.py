@@ -86,6 +86,24 @@ def _pair_metrics(dims: dict, ta: dict, ua, tb: dict, ub) -> dict[str, tuple[flo
     }
 
 
+def _row(
+    step: int, tokens: int | None, subject: str, kind: str, role: str, metric: str, measured: tuple
+) -> dict[str, Any]:
+    """One row of comparison.csv; ``measured`` is (value, its standard error, its baseline)."""
+    value, se, baseline = measured
+    return {
+        "step": step,
+        "tokens": tokens,
+        "subject": subject,
+        "kind": kind,
+        "role": role,
+        "metric": metric,
+        "value": value,
+        "se": se,
+        "baseline": baseline,
+    }
+
+
 def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[dict[str, Any]]:
     """Rows of comparison.csv from each run's checkpoint records (run label -> JSON paths).
 
@@ -115,36 +133,17 @@ def compare(records: dict[str, list[Path]], controls: dict[str, str]) -> list[di
             previous = tensors["reference_logits"]
             by_step.setdefault(record["step"], {})[label] = (record, tensors, update)
             for metric, value in record["metrics"].items():
+                se = record["standard_errors"].get(metric)
                 rows.append(
-                    {
-                        "step": record["step"],
-                        "tokens": record.get("tokens"),
-                        "subject": label,
-                        "kind": "run",
-                        "role": role[label],
-                        "metric": metric,
-                        "value": value,
-                        "se": record["standard_errors"].get(metric),
-                        "baseline": None,
-                    }
+                    _row(record["step"], record.get("tokens"), label, "run", role[label], metric, (value, se, None))
                 )
     for step, runs in sorted(by_step.items()):
         for a, b in itertools.combinations(sorted(runs), 2):
             (ra, ta, ua), (_, tb, ub) = runs[a], runs[b]
-            pair = _pair_metrics(ra["dimensions"], ta, ua, tb, ub)
-            for metric, (value, baseline) in pair.items():
+            for metric, (value, baseline) in _pair_metrics(ra["dimensions"], ta, ua, tb, ub).items():
+                subject = f"{a}|{b}"
                 rows.append(
-                    {
-                        "step": step,
-                        "tokens": ra.get("tokens"),
-                        "subject": f"{a}|{b}",
-                        "kind": "pair",
-                        "role": pair_role(a, b),
-                        "metric": metric,
-                        "value": value,
-                        "se": None,
-                        "baseline": baseline,
-                    }
+                    _row(step, ra.get("tokens"), subject, "pair", pair_role(a, b), metric, (value, None, baseline))
                 )
     rows += _seed_pair_summary(rows)
     return [
