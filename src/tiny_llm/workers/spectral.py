@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ from tiny_llm.model.causal import CausalLM
 from tiny_llm.runtime import compile_record
 from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
 
-__all__ = ["BASIS_DTYPES", "ProductProgress", "lanczos_tolerance", "measure_spectrum"]
+__all__ = ["BASIS_DTYPES", "ProductProgress", "SpectrumJob", "lanczos_tolerance", "measure_spectrum"]
 
 log = logging.getLogger(__name__)
 
@@ -96,29 +97,36 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
+@dataclass(frozen=True)
+class SpectrumJob:
+    """What a spectrum of one (state, case) is measured with."""
+
+    settings: AnalysisSettings
+    spectrum: SpectrumSettings
+    precision: Precision
+    hvp_batch_size: int
+    engine: str
+    """The Hessian-vector products' engine."""
+    compile: bool
+    micro_batch_size: int
+    """Training's micro-batch: the gradients' (cut by ``memory`` when it says so)."""
+    memory: MemoryPlan | None = None
+
+
 def _spectrum_operator(
-    model: CausalLM,
-    tokens_by_batch: list[torch.Tensor],
-    settings: AnalysisSettings,
-    spectrum: SpectrumSettings,
-    precision: Precision,
-    hvp_batch_size: int,
-    engine: str,
-    compile: bool,
-    micro_batch_size: int,
-    memory: MemoryPlan | None,
+    model: CausalLM, tokens_by_batch: list[torch.Tensor], job: SpectrumJob
 ) -> tuple[CurvatureOperator, Layout, Callable, Callable]:
     """The operator of a spectrum job, the layout of its vectors, and its batch and epoch gradients:
     sharded over the ranks (the model is sharded in place; vectors are this rank's parts) or whole."""
-    flat = FlatParameters(model)
-    micro_batch_size = (memory.rows("gradient") if memory else None) or micro_batch_size
-    if is_sharded(spectrum.sharded):
+    flat, memory, precision, hvp_batch_size = FlatParameters(model), job.memory, job.precision, job.hvp_batch_size
+    micro_batch_size = (memory.rows("gradient") if memory else None) or job.micro_batch_size
+    if is_sharded(job.spectrum.sharded):
         operator = ShardedHessian(
             model,
             torch.cat(tokens_by_batch),
             batch_size=hvp_batch_size,
             precision=precision,
-            engine=engine,
+            engine=job.engine,
             progress=log.info,
         )
 
@@ -130,10 +138,10 @@ def _spectrum_operator(
         model,
         torch.cat(tokens_by_batch),
         batch_size=hvp_batch_size,
-        engine=engine,
+        engine=job.engine,
         precision=precision,
-        directions_per_pass=settings.directions_per_pass,
-        compile=compile,
+        directions_per_pass=job.settings.directions_per_pass,
+        compile=job.compile,
         group_rows=memory.rows("products") if memory else None,
     )
 
@@ -309,25 +317,12 @@ def _most_products(spectrum: SpectrumSettings, flat: FlatParameters) -> int:
     )
 
 
-def measure_spectrum(
-    model: CausalLM,
-    tokens_by_batch: list[torch.Tensor],
-    settings: AnalysisSettings,
-    spectrum: SpectrumSettings,
-    precision: Precision,
-    hvp_batch_size: int,
-    engine: str,
-    compile: bool,
-    micro_batch_size: int,
-    memory: MemoryPlan | None = None,
-) -> dict[str, Any]:
+def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], job: SpectrumJob) -> dict[str, Any]:
     """Every spectral quantity of one (state, case) as plain data; ``memory`` cuts the passes into
     groups of sequences (the same numbers)."""
     started = time.perf_counter()
-    flat = FlatParameters(model)
-    operator, layout, gradient, epoch_gradient = _spectrum_operator(
-        model, tokens_by_batch, settings, spectrum, precision, hvp_batch_size, engine, compile, micro_batch_size, memory
-    )
+    flat, settings, spectrum, precision = FlatParameters(model), job.settings, job.spectrum, job.precision
+    operator, layout, gradient, epoch_gradient = _spectrum_operator(model, tokens_by_batch, job)
     basis, reduction = BASIS_DTYPES[spectrum.lanczos_basis], BASIS_DTYPES[spectrum.lanczos_reduction]
     device, tolerance, products = precision.device, lanczos_tolerance(spectrum, precision.dtype), []
     progress = ProductProgress(_most_products(spectrum, flat))

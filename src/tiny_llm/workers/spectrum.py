@@ -34,7 +34,7 @@ from tiny_llm.workers.settings import (
     sharded_engine,
     spectrum_settings_from_dict,
 )
-from tiny_llm.workers.spectral import BASIS_DTYPES, lanczos_tolerance, measure_spectrum
+from tiny_llm.workers.spectral import BASIS_DTYPES, SpectrumJob, lanczos_tolerance, measure_spectrum
 from tiny_llm.workers.state import explain_out_of_memory
 
 __all__ = ["SpectrumSettings", "analyze_spectrum", "lanczos_tolerance", "sharded_engine", "spectrum_settings_from_dict"]
@@ -153,9 +153,7 @@ def analyze_spectrum(
             runtime_settings(resolved.device, resolved.tf32) as runtime,
             explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
         ):
-            measured = measure_spectrum(
-                model,
-                batches,
+            job = SpectrumJob(
                 settings,
                 spectrum,
                 precision,
@@ -165,6 +163,7 @@ def analyze_spectrum(
                 config.training.micro_batch_size,
                 memory,
             )
+            measured = measure_spectrum(model, batches, job)
         result = _result(identity, state, case, settings, spectrum, resolved, measured | runtime, memory, sharded)
         if is_writer():
             atomic_write_json(output, result)
