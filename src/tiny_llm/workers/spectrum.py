@@ -26,7 +26,7 @@ from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.workers.binding import result_identity, reusable_result, single_writer
-from tiny_llm.workers.loading import Resolved, prepare_inputs
+from tiny_llm.workers.loading import LoadedState, Resolved, prepare_inputs
 from tiny_llm.workers.settings import (
     AnalysisSettings,
     SpectrumSettings,
@@ -85,9 +85,12 @@ def spectrum_memory(
     )
 
 
-def _result(identity, state, case, settings, spectrum, resolved, measured, memory, sharded: bool) -> dict[str, Any]:
+def _result(
+    identity: dict, state: LoadedState, case: str, job: SpectrumJob, resolved: Resolved, measured: dict, sharded: bool
+) -> dict[str, Any]:
     """The spectrum result JSON: identity, state, settings and precision (with the runtime settings
     in force), the measurement, memory, and what ran where."""
+    settings, spectrum = job.settings, job.spectrum
     return {
         "schema": 1,
         "kind": "spectrum",
@@ -106,7 +109,7 @@ def _result(identity, state, case, settings, spectrum, resolved, measured, memor
             "cuda_matmul_fp32_precision": measured.pop("cuda_matmul_fp32_precision"),
         },
         **measured,
-        "memory": memory.record(),
+        "memory": job.memory.record(),
         "software": software(),
         "hardware": hardware(resolved.device),
         "parallel": {**parallel_record(), "sharded": sharded},
@@ -143,6 +146,8 @@ def analyze_spectrum(
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
             return old
         precision = Precision(resolved.device, resolved.dtype, settings.amp)
+        hvp = (resolved.hvp_batch_size, resolved.hvp_engine, resolved.hvp_compiled)
+        job = SpectrumJob(settings, spectrum, precision, *hvp, config.training.micro_batch_size, memory)
         model = build_model(config.model, attention_backend="reference")
         model.load_state_dict(state.root, strict=True)
         sharded = is_sharded(spectrum.sharded)
@@ -153,18 +158,8 @@ def analyze_spectrum(
             runtime_settings(resolved.device, resolved.tf32) as runtime,
             explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
         ):
-            job = SpectrumJob(
-                settings,
-                spectrum,
-                precision,
-                resolved.hvp_batch_size,
-                resolved.hvp_engine,
-                resolved.hvp_compiled,
-                config.training.micro_batch_size,
-                memory,
-            )
             measured = measure_spectrum(model, batches, job)
-        result = _result(identity, state, case, settings, spectrum, resolved, measured | runtime, memory, sharded)
+        result = _result(identity, state, case, job, resolved, measured | runtime, sharded)
         if is_writer():
             atomic_write_json(output, result)
     return result
