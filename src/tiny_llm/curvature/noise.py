@@ -204,15 +204,15 @@ def _sharded(
 def _audit_first(
     setup: _Setup,
     batches: list[torch.Tensor],
-    g_bar: torch.Tensor,
-    epoch_loss: float,
+    mean: tuple[torch.Tensor, float],
     selected: list[int],
     inputs: CaseInputs,
     sampled: dict[int, tuple[torch.Tensor, float]],
     progress: Callable[[str], None],
 ) -> dict[str, Any] | None:
     """The precision audit, when asked for, first in the job: its memory and its verdict are known
-    before the long part. Its production batch gradients are left in ``sampled``."""
+    before the long part (``mean``: the production ḡ and epoch loss). Its production batch
+    gradients are left in ``sampled``."""
     if not inputs.audit:
         return None
     a = inputs.audit[0]
@@ -222,9 +222,7 @@ def _audit_first(
         f"precision audit: ḡ and loss in float64, {len(audited_noise)} noise, {len(audited_random)} random "
         f"directions and ḡ on {inputs.audit[1]} curvature micro-batches"
     )
-    audit = precision_audit(
-        setup.audit_sides(), batches, g_bar, epoch_loss, audited_noise, audited_random, inputs, sampled
-    )
+    audit = precision_audit(setup.audit_sides(), batches, *mean, audited_noise, audited_random, inputs, sampled)
     progress(
         f"precision audit: largest implied statistic error {audit['max_statistic_relative_error']:.2e} "
         f"({audit['seconds']:.2f} s)"
@@ -240,12 +238,13 @@ def _noise_samples(
     inputs: CaseInputs,
     runner: DirectionRunner,
     blocks: list[tuple[str, list[int]]],
-    block_forms: dict[int, list[Direction]],
-) -> tuple[list[NoiseSample], float]:
+) -> tuple[list[NoiseSample], float, dict[int, list[Direction]]]:
     """The sampled batches' records (with their squared norms per parameter block), their noise
-    directions vᵢ = gᵢ − ḡ queued on ``runner``, and the seconds their gradients took
-    (``sampled``: those the audit computed already)."""
+    directions vᵢ = gᵢ − ḡ queued on ``runner``, the seconds their gradients took (``sampled``:
+    those the audit computed already) and, with ``block_curvature``, each batch's block-diagonal
+    forms' records."""
     plan, vectors, noise, seconds = inputs.plan, setup.vectors, [], 0.0
+    block_forms: dict[int, list[Direction]] = {}  # batch index -> its block-diagonal forms
     gradients = setup.gradients(selected, sampled)
     for i in selected:
         started = time.perf_counter()
@@ -266,7 +265,7 @@ def _noise_samples(
         runner.add(v, record, started)
         if inputs.block_curvature:
             block_forms[record.batch_index] = add_block_directions(runner, vectors, v, blocks)
-    return noise, seconds
+    return noise, seconds, block_forms
 
 
 def _counts(samples: Samples, inputs: CaseInputs, operator: CurvatureOperator) -> dict[str, Any]:
@@ -313,7 +312,7 @@ def measure_case(
 
     selected = noise_batch_indices(n, inputs.noise_samples, inputs.seed)
     sampled: dict[int, tuple[torch.Tensor, float]] = {}  # the audit's production batch gradients, reused
-    audit = _audit_first(setup, batches, g_bar, epoch_loss, selected, inputs, sampled, progress)
+    audit = _audit_first(setup, batches, (g_bar, epoch_loss), selected, inputs, sampled, progress)
 
     operator = setup.operator()
     blocks = parameter_blocks(setup.names)
@@ -321,8 +320,7 @@ def measure_case(
     total += (len(selected) + 1) * len(blocks) if inputs.block_curvature else 0
     K = inputs.directions_per_pass if sharded else operator.K
     runner = DirectionRunner(operator, K, setup.split, vectors, total, precision.dtype, progress)
-    block_forms: dict[int, list[Direction]] = {}  # batch index -> its block-diagonal forms
-    noise, sample_seconds = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks, block_forms)
+    noise, sample_seconds, block_forms = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks)
     random, gradient, gradient_blocks, consensus = queue_other_directions(
         runner, g_bar, inputs, blocks, precision.device
     )
