@@ -73,7 +73,7 @@ def whole_sides(
         return AuditSide(
             vectors=Vectors(Layout(flat.D), flat.blocks, inputs.seed),
             batch_gradient=lambda i: batch_gradient_and_loss(net, flat, batches[i], rows, prec, head),
-            forms=lambda V, tokens: _forms(net, tokens, V, engine(len(V)), prec, h, forms_rows, forms_head),
+            forms=lambda V, tokens: _forms(net, tokens, V, engine(len(V)), prec, h, (forms_rows, forms_head)),
             dtype=prec.dtype,
             device=prec.device,
             engine=engine,
@@ -141,16 +141,11 @@ def _directions(
 
 
 def _forms(
-    model: Llama,
-    rows: torch.Tensor,
-    V: torch.Tensor,
-    engine: str,
-    precision: Precision,
-    h: int,
-    group: int | None,
-    head_tokens: int | None,
+    model: Llama, rows: torch.Tensor, V: torch.Tensor, engine: str, precision: Precision, h: int, plan: tuple
 ) -> list[float]:
-    """vᵀHv of the rows of V over the audited micro-batches, all directions in one pass."""
+    """vᵀHv of the rows of V over the audited micro-batches, all directions in one pass; ``plan``:
+    the pass's group rows and head tokens."""
+    group, head_tokens = plan
     operator = EpochHessian(
         model,
         rows,
@@ -168,8 +163,7 @@ def _forms(
 def precision_audit(
     sides: tuple[AuditSide, AuditSide],
     batches: list[torch.Tensor],
-    g_bar: torch.Tensor,
-    epoch_loss: float,
+    mean: tuple[torch.Tensor, float],
     noise_batches: list[int],
     random_indices: list[int],
     inputs: CaseInputs,
@@ -178,7 +172,7 @@ def precision_audit(
     """End-to-end error of the production precision against float64 (module docstring).
 
     ``sides`` are the production and float64 precisions (:func:`whole_sides`, or a sharded
-    model's); ``g_bar`` and ``epoch_loss`` are the job's own (production). The audit recomputes ḡ
+    model's); ``mean`` is the job's own (production) ḡ and epoch loss. The audit recomputes ḡ
     and the epoch loss over the whole epoch in float64, the batch gradients of the audited noise
     batches (``noise_batches``, indices into ``batches``) in both precisions, and the quadratic
     forms of every audited direction (as each precision builds it) on a seeded sample of curvature
@@ -187,7 +181,7 @@ def precision_audit(
     """
     sampled = {} if sampled is None else sampled
     started = time.perf_counter()
-    production, exact = sides
+    (production, exact), (g_bar, epoch_loss) = sides, mean
     g_bar64, loss64 = exact.mean_gradient()
     records, V, V64 = _directions(sides, (g_bar, g_bar64), noise_batches, random_indices, sampled)
     h = inputs.hvp_batch_size

@@ -222,7 +222,7 @@ def _audit_first(
         f"precision audit: ḡ and loss in float64, {len(audited_noise)} noise, {len(audited_random)} random "
         f"directions and ḡ on {inputs.audit[1]} curvature micro-batches"
     )
-    audit = precision_audit(setup.audit_sides(), batches, *mean, audited_noise, audited_random, inputs, sampled)
+    audit = precision_audit(setup.audit_sides(), batches, mean, audited_noise, audited_random, inputs, sampled)
     progress(
         f"precision audit: largest implied statistic error {audit['max_statistic_relative_error']:.2e} "
         f"({audit['seconds']:.2f} s)"
