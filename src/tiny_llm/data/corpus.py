@@ -328,6 +328,18 @@ def _file_sources(
     return segments, tokenizer, vocab, {"kind": source, "files": files}
 
 
+def _demo_source(data: DataConfig, inputs: list[Path], capacity: int | None, seed: int) -> tuple:
+    """The demo source's one segment (enough blocks for ``capacity`` tokens), byte tokenizer and
+    provenance."""
+    if inputs:
+        raise ValueError("source demo takes no input files")
+    if capacity is None:
+        raise ValueError("source demo needs a capacity: set data.prepare_train_tokens")
+    blocks = blocks_for_tokens(capacity, data.seq_len, data.shuffle_group_blocks)
+    provenance = {"kind": "demo", "seed": seed, "generator_version": DEMO_GENERATOR_VERSION}
+    return [demo_corpus(blocks * data.seq_len + 1, seed)], BYTE_TOKENIZER, 256, provenance
+
+
 def prepare_source_cache(
     data: DataConfig,
     source: str,
@@ -362,14 +374,7 @@ def prepare_source_cache(
         raise ValueError(f"a tokenizer applies to source text only, not {source!r}")
     capacity = capacity if capacity is not None else data.prepare_train_tokens
     if source == "demo":
-        if inputs:
-            raise ValueError("source demo takes no input files")
-        if capacity is None:
-            raise ValueError("source demo needs a capacity: set data.prepare_train_tokens")
-        blocks = blocks_for_tokens(capacity, data.seq_len, data.shuffle_group_blocks)
-        segments = [demo_corpus(blocks * data.seq_len + 1, demo_seed)]
-        tokenizer, vocab = BYTE_TOKENIZER, 256
-        provenance = {"kind": "demo", "seed": demo_seed, "generator_version": DEMO_GENERATOR_VERSION}
+        segments, tokenizer, vocab, provenance = _demo_source(data, inputs, capacity, demo_seed)
     elif source in ("text", "tokens"):
         segments, tokenizer, vocab, provenance = _file_sources(
             source, inputs, tokenizer_dir, token_dtype, vocab_size, tokenizer_description

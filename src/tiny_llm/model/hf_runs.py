@@ -251,6 +251,30 @@ def import_run(
     return run_dir
 
 
+def _write_checkpoint(
+    tmp: Path, index: int, path: Path, position: CheckpointPosition, state: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    """One imported checkpoint as ``epoch-<index>.safetensors`` in ``tmp``, and its record (where it
+    came from, its step and tokens, the sha256 of its directory's files)."""
+    from tiny_llm.model.checkpoint import save_weights
+
+    name = epoch_file(index)
+    metadata = {
+        "step": position.step,
+        "epoch": 0,
+        "source": path.name,
+        **({"tokens": position.tokens} if position.tokens is not None else {}),
+    }
+    save_weights(tmp / name, state, metadata)
+    files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors"))
+    return {
+        "checkpoint": name,
+        "source": str(path.resolve()),
+        **position.record(),
+        "files": {p.name: sha256_file(p) for p in files},
+    }
+
+
 def _write_import(
     tmp: Path,
     run_dir: Path,
@@ -263,8 +287,6 @@ def _write_import(
 ) -> None:
     """The import's files in ``tmp`` (renamed onto ``run_dir`` by the caller): the marker first,
     the full record last."""
-    from tiny_llm.model.checkpoint import save_weights
-
     record: dict[str, Any] = {"complete": False, "architecture": planned.model.architecture}
     atomic_write_json(tmp / IMPORTED, record)  # first: this directory is never a run trained here
     model = planned.model
@@ -276,25 +298,10 @@ def _write_import(
         for name in tokenizer["files"]:
             shutil.copyfile(Path(tokenizer["path"]) / name, tmp / TOKENIZER_DIR / name)
         tokenizer = {**tokenizer, "path": str((run_dir / TOKENIZER_DIR).resolve()), "name": paths[0].name}
-    checkpoints = []
-    for index, (path, position, state) in enumerate(zip(paths, positions, states, strict=True)):
-        name = epoch_file(index)
-        metadata = {
-            "step": position.step,
-            "epoch": 0,
-            "source": path.name,
-            **({"tokens": position.tokens} if position.tokens is not None else {}),
-        }
-        save_weights(tmp / name, state, metadata)
-        files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors"))
-        checkpoints.append(
-            {
-                "checkpoint": name,
-                "source": str(path.resolve()),
-                **position.record(),
-                "files": {p.name: sha256_file(p) for p in files},
-            }
-        )
+    checkpoints = [
+        _write_checkpoint(tmp, index, path, position, state)
+        for index, (path, position, state) in enumerate(zip(paths, positions, states, strict=True))
+    ]
     resolved = config_from_dict({**config_to_dict(planned), "model": config_to_dict(model)})
     (tmp / RESOLVED).write_text(_resolved_text(resolved))
     if training_log is not None:  # the Trainer's logged losses and norms, for the figures
