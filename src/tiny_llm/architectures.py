@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import nn
+
 __all__ = ["ARCHITECTURES", "JET_REFUSAL", "SHAPE", "Architecture", "architecture", "build_model", "jet_rules"]
 
 SHAPE = (

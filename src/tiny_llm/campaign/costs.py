@@ -50,7 +50,7 @@ class CostReport:
             self.cluster,
             planned.ranks,
         )
-        memory = planned.memory.describe() if planned.memory is not None else "memory: unknown"
+        memory = planned.memory.describe()  # known with the run's configuration
         if settings.memory_budget_gb is None and settings.device != "cpu":
             memory = memory.replace("no budget", "budget: the GPU's free memory at run time, cut to fit")
         return f"{line}; {memory}"

@@ -27,7 +27,7 @@ from tiny_llm.model.hf_runs import checkpoint_tokenizer
 __all__ = ["Runs"]
 
 
-def describe_shape(model: ModelConfig) -> str:
+def _shape(model: ModelConfig) -> str:
     """A model's shape in words, for messages."""
     return f"d_model {model.d_model}, {model.n_layers} layers, {model.n_heads} heads, vocabulary {model.vocab_size}"
 
@@ -153,8 +153,8 @@ class Runs:
                 ours, theirs = (replace(self.imports[r].model, hf_config=None) for r in (run, first))
                 if ours != theirs:
                     raise ValueError(
-                        f"{key}: its model ({ours.architecture}, {describe_shape(ours)}) is not the first seed's "
-                        f"({theirs.architecture}, {describe_shape(theirs)}); the seeds of one experiment are "
+                        f"{key}: its model ({ours.architecture}, {_shape(ours)}) is not the first seed's "
+                        f"({theirs.architecture}, {_shape(theirs)}); the seeds of one experiment are "
                         "compared parameter by parameter, so they share one architecture and shape"
                     )
                 steps, expected = ([p.step for p in self.positions[r]] for r in (run, first))
@@ -203,8 +203,7 @@ class Runs:
         """The tokenizer an hf_checkpoints analysis's cache is encoded with: ``cache_tokenizer``, by
         default the first checkpoint directory's own (when it has a tokenizer.json), else bytes."""
         entry = self.import_entries[name]
-        if entry.get("cache_tokenizer"):
-            check_tokenizer_directory(self._key(name, "cache_tokenizer"), entry["cache_tokenizer"])
+        if entry.get("cache_tokenizer"):  # checked with the import (_check_import)
             return entry["cache_tokenizer"]
         first = Path(entry["hf_checkpoints"][0]["path"])
         return str(first) if (first / "tokenizer.json").exists() else None

@@ -175,10 +175,8 @@ class WorkflowPlan:
         """What the analysis's model cannot do, refused at start-up: an engine it has no rules for
         (an adapter's model with a jet engine), and a case that needs a training order the run does not
         have (seen or unseen of an imported run)."""
-        entry = self.analyses[name]
-        imported = name in self.imports or (Path(entry["run"]) / IMPORTED).exists() and not self.trained_here(name)
         ordered = sorted(set(self.cases(name)) - {"offset"})
-        if imported and ordered:
+        if self.imported(name) and ordered:
             raise ValueError(
                 f"analyses.{name}.cases: {', '.join(ordered)} need{'s' if len(ordered) == 1 else ''} the batches "
                 f"training took, which a run imported from elsewhere does not have; use [offset]"
@@ -313,10 +311,12 @@ class WorkflowPlan:
         entry = self.analyses[analysis]
         if "cases" in entry:
             return entry["cases"]
-        imported = (
-            analysis in self.imports or (Path(entry["run"]) / IMPORTED).exists() and not self.trained_here(analysis)
-        )
-        return ["offset"] if imported else ["seen", "unseen"]
+        return ["offset"] if self.imported(analysis) else ["seen", "unseen"]
+
+    def imported(self, analysis: str) -> bool:
+        """Whether the analysis's run was trained elsewhere (imported by this workflow or before)."""
+        run = Path(self.analyses[analysis]["run"])
+        return analysis in self.imports or (run / IMPORTED).exists() and not self.trained_here(analysis)
 
     def selection(self, analysis: str) -> str | list[str]:
         """The analysis's checkpoints: ``all`` or a list of root checkpoint files."""

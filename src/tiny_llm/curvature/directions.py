@@ -83,10 +83,11 @@ class DirectionRunner:
 
 
 def add_block_directions(
-    runner: DirectionRunner, vectors: Vectors, vector: torch.Tensor, blocks: list[tuple[str, list[int]]]
+    runner: DirectionRunner, vector: torch.Tensor, blocks: list[tuple[str, list[int]]]
 ) -> list[Direction]:
     """Queue ``vector`` restricted to each parameter block (zero elsewhere), so that each form is the
     block-diagonal v_bᵀH_bb v_b; returns their records, in block order."""
+    vectors = runner.vectors
     records, sources = [], vectors.pieces(vector)
     for _, indices in blocks:
         part = torch.zeros_like(vector)
@@ -112,7 +113,7 @@ def queue_other_directions(
         runner.add(runner.vectors.rademacher(record.index).to(device), record, time.perf_counter())
     gradient = Direction()
     runner.add(g_bar, gradient, time.perf_counter())
-    gradient_blocks = add_block_directions(runner, runner.vectors, g_bar, blocks) if inputs.block_curvature else None
+    gradient_blocks = add_block_directions(runner, g_bar, blocks) if inputs.block_curvature else None
     consensus = [ConsensusWorker(worker=worker) for worker, _ in inputs.consensus]
     for record, (_, e) in zip(consensus, inputs.consensus, strict=True):
         runner.add(e.to(device), record, time.perf_counter())

@@ -264,7 +264,7 @@ def _noise_samples(
         noise.append(record)
         runner.add(v, record, started)
         if inputs.block_curvature:
-            block_forms[record.batch_index] = add_block_directions(runner, vectors, v, blocks)
+            block_forms[record.batch_index] = add_block_directions(runner, v, blocks)
     return noise, seconds, block_forms
 
 

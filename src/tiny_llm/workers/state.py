@@ -43,7 +43,7 @@ from tiny_llm.workers.binding import result_identity, reusable_result, single_wr
 from tiny_llm.workers.loading import LoadedState, Resolved, memory_plan, prepare_inputs
 from tiny_llm.workers.settings import AnalysisSettings, settings_record
 
-__all__ = ["RESULT_SCHEMA", "analyze_state", "explain_out_of_memory", "memory_plan"]
+__all__ = ["RESULT_SCHEMA", "analyze_state", "explain_out_of_memory"]
 
 log = logging.getLogger(__name__)
 RESULT_SCHEMA = 1
