@@ -12,13 +12,25 @@ audit) asks :func:`jet_rules` here; nothing infers it from a model's attributes.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from tiny_llm.shapes import ParameterShapes, gpt2_shapes, gpt_neox_shapes, llama_shapes
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["ARCHITECTURES", "JET_REFUSAL", "SHAPE", "Architecture", "architecture", "build_model", "jet_rules"]
+__all__ = [
+    "ARCHITECTURES",
+    "JET_REFUSAL",
+    "SHAPE",
+    "Architecture",
+    "architecture",
+    "build_model",
+    "jet_rules",
+    "parameter_shapes",
+]
 
 SHAPE = (
     "architecture",
@@ -58,6 +70,9 @@ class Architecture:
     records only these."""
     biased: bool = False
     """Its projections carry biases when ``attention_bias`` / ``mlp_bias`` are not given."""
+    shapes: Callable[[Any], ParameterShapes] | None = None
+    """Its parameters' names and shapes from a configuration, without torch (None: read from a model
+    built on the meta device, for the adapter's models, whose parameters transformers decides)."""
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -78,9 +93,15 @@ ARCHITECTURES: dict[str, Architecture] = {
             "tiny_llm.model.llama:Llama",
             jets=True,
             options=("n_kv_heads", "rope_theta", "rope_scaling", "attention_bias", "mlp_bias"),
+            shapes=llama_shapes,
         ),
         Architecture(
-            "gpt2", "tiny_llm.model.gpt2:GPT2", jets=True, options=("attention_bias", "mlp_bias"), biased=True
+            "gpt2",
+            "tiny_llm.model.gpt2:GPT2",
+            jets=True,
+            options=("attention_bias", "mlp_bias"),
+            biased=True,
+            shapes=gpt2_shapes,
         ),
         Architecture(
             "gpt_neox",
@@ -88,6 +109,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             jets=True,
             options=("rope_theta", "rope_scaling", "rotary_pct", "attention_bias", "mlp_bias", "parallel_residual"),
             biased=True,
+            shapes=gpt_neox_shapes,
         ),
         Architecture("hf", "tiny_llm.model.adapter:HFCausalLM", jets=False, options=("hf_config",)),
     )
@@ -130,3 +152,19 @@ def build_model(config: Any, attention_backend: str = "reference") -> nn.Module:
         'GPT2'
     """
     return architecture(config.architecture).model_class()(config, attention_backend=attention_backend)
+
+
+def parameter_shapes(config: Any) -> ParameterShapes:
+    """The parameters of the model ``config`` describes, by name and shape: declared by its
+    architecture (no torch), or read from a model built on the meta device (the adapter's)."""
+    shapes = architecture(config.architecture).shapes
+    if shapes is not None:
+        return shapes(config)
+    import torch
+
+    with torch.device("meta"):
+        model = build_model(config)
+    by_rows = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    root = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    rows = tuple(name for name, p in model.named_parameters() if id(p) in by_rows)
+    return ParameterShapes(root, {}, 0, rows)

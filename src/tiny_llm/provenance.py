@@ -13,9 +13,10 @@ import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["canonical_hash", "freeze_source", "hardware", "slurm_job", "software", "source_hash", "use_frozen_source"]
 
@@ -103,6 +104,8 @@ def _version(package: str) -> str | None:
 
 def software() -> dict[str, Any]:
     """Versions of Python, torch, CUDA and the packages a result depends on, and our source hash."""
+    import torch
+
     return {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -115,6 +118,8 @@ def software() -> dict[str, Any]:
 
 def hardware(device: torch.device) -> dict[str, Any]:
     """The host, its CPUs and, on CUDA, the GPU a result was computed on."""
+    import torch
+
     info: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "machine": platform.machine(),

@@ -260,7 +260,7 @@ def test_seed_experiment_walltime_from_a_timing_entry(tmp_path):
     """Under walltime: estimate a timing entry of the measurement setup prices each checkpoint's job
     (2 x work + 30 min, rounded up to the hour); without one, walltime_minutes applies."""
     from tiny_llm.campaign.timing import timing_key
-    from tiny_llm.geometry.experiment import GeometrySettings, as_analysis_settings, measurement_seconds
+    from tiny_llm.geometry.settings import GeometrySettings, as_analysis_settings, measurement_seconds
 
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
     settings = GeometrySettings(device="cuda", dtype="float32", reference_rows=64, lanczos_steps=200)
@@ -304,7 +304,7 @@ def test_a_campaign_without_timings_calibrates_then_runs_with_measured_walltimes
     calibration; the experiment's calibration runs before its
     reference set; every analysis and measurement job gets the walltime its measured timings give,
     and both complete."""
-    from tiny_llm.geometry.experiment import geometry_settings_from_dict, measurement_seconds
+    from tiny_llm.geometry.settings import geometry_settings_from_dict, measurement_seconds
 
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
     geometry = {

@@ -12,7 +12,7 @@ import tiny_llm
 PACKAGE = Path(tiny_llm.__file__).resolve().parent
 
 LAYERS = [
-    {"architectures", "config", "declared", "distributed", "io", "layout", "provenance", "runtime"},
+    {"architectures", "config", "declared", "distributed", "io", "layout", "lazy", "provenance", "runtime", "shapes"},
     {"model", "data"},
     {"training"},
     {"curvature"},
@@ -153,6 +153,32 @@ def test_the_command_line_parses_without_importing_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_planner_plans_every_shipped_configuration_without_torch():
+    """The workflow's start-up (the Snakefile's imports, the plan of each shipped configuration, its
+    targets, memory plans and costs) imports no torch: parameter shapes come from the
+    architectures' declarations, job resolution from ``workers.resolution``."""
+    repo = PACKAGE.parents[1]
+    code = (
+        "import sys, yaml\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'torch':\n"
+        "            raise ImportError('the planner imported torch')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from tiny_llm.campaign import jobs, slurm_jobs\n"
+        "from tiny_llm.campaign.checks import schema_errors\n"
+        "from tiny_llm.campaign.targets import all_targets\n"
+        "from tiny_llm.campaign.workflow import WorkflowPlan\n"
+        "from tiny_llm.results.figures import FIGURES\n"
+        "from tiny_llm.results.record import append_event\n"
+        "for name in ('config.yaml', 'naiss.yaml', 'seeds-demo.yaml'):\n"
+        "    WorkflowPlan(yaml.safe_load(open('config/' + name)))\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=repo)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
 def test_the_file_layout_is_spelled_in_one_module():

@@ -11,7 +11,7 @@ import pytest
 from tiny_llm.campaign.plan import ClusterSettings
 from tiny_llm.cli import _parser
 from tiny_llm.declared import add_options, build, check_fields, field_docs, from_options
-from tiny_llm.geometry.experiment import GeometrySettings
+from tiny_llm.geometry.settings import GeometrySettings
 from tiny_llm.workers.settings import (
     AnalysisSettings,
     SpectrumSettings,

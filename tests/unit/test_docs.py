@@ -163,7 +163,7 @@ def test_docs_stand_on_their_own():
 
 
 def test_the_docs_state_the_geometry_settings_defaults():
-    from tiny_llm.geometry.experiment import GeometrySettings
+    from tiny_llm.geometry.settings import GeometrySettings
 
     paragraph = CROSS_SEED.split("**Settings** (`seed_experiments.<name>.settings`", 1)[1].split("(a\nprofile's", 1)[0]
     documented = {key: _value(value) for key, value in re.findall(r"`(\w+)` ([\w.]+)", paragraph)}

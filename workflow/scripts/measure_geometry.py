@@ -11,7 +11,8 @@ import torch  # noqa: E402
 
 torch.set_num_threads(snakemake.threads)
 
-from tiny_llm.geometry.experiment import geometry_settings_from_dict, measure_checkpoint  # noqa: E402
+from tiny_llm.geometry.experiment import measure_checkpoint  # noqa: E402
+from tiny_llm.geometry.settings import geometry_settings_from_dict  # noqa: E402
 
 checkpoint = snakemake.wildcards.checkpoint
 measure_checkpoint(

@@ -11,15 +11,13 @@ Names are imported on first use, so that the planner never imports the calibrati
 measurement (the worker) it does not run.
 """
 
-from __future__ import annotations
+from tiny_llm.lazy import exports
 
-import importlib
-from typing import Any
-
-_WHERE = {
-    **dict.fromkeys(["expand_seed_experiments", "typed_profile_values"], "tiny_llm.campaign.checks"),
-    **dict.fromkeys(
-        [
+__all__, __getattr__ = exports(
+    __name__,
+    {
+        "tiny_llm.campaign.checks": ["expand_seed_experiments", "typed_profile_values"],
+        "tiny_llm.campaign.plan": [
             "MAX_HOURS",
             "CaseWork",
             "ClusterSettings",
@@ -30,10 +28,7 @@ _WHERE = {
             "format_seconds",
             "job_minutes",
         ],
-        "tiny_llm.campaign.plan",
-    ),
-    **dict.fromkeys(
-        [
+        "tiny_llm.campaign.slurm_jobs": [
             "AWAITABLE",
             "STANDS_IN",
             "EarlierJob",
@@ -45,24 +40,11 @@ _WHERE = {
             "sort_earlier_jobs",
             "wait_for_job",
         ],
-        "tiny_llm.campaign.slurm_jobs",
-    ),
-    **dict.fromkeys(
-        ["first_words", "keep_running_jobs_on_interrupt", "normalise_plugin_states"], "tiny_llm.campaign.slurm_states"
-    ),
-    **dict.fromkeys(["all_targets"], "tiny_llm.campaign.targets"),
-    **dict.fromkeys(["calibrate"], "tiny_llm.campaign.calibration"),
-    **dict.fromkeys(
-        ["load_profiles", "lookup", "lookup_entry", "timing_key", "write_profile"], "tiny_llm.campaign.timing"
-    ),
-    **dict.fromkeys(["WorkflowPlan"], "tiny_llm.campaign.workflow"),
-    **dict.fromkeys(["AnalysisPlan", "Campaign", "ExperimentPlan"], "tiny_llm.campaign.planned"),
-}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use (PEP 562)."""
-    if name not in _WHERE:
-        raise AttributeError(f"module 'tiny_llm.campaign' has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name]), name)
+        "tiny_llm.campaign.slurm_states": ["first_words", "keep_running_jobs_on_interrupt", "normalise_plugin_states"],
+        "tiny_llm.campaign.targets": ["all_targets"],
+        "tiny_llm.campaign.calibration": ["calibrate"],
+        "tiny_llm.campaign.timing": ["load_profiles", "lookup", "lookup_entry", "timing_key", "write_profile"],
+        "tiny_llm.campaign.workflow": ["WorkflowPlan"],
+        "tiny_llm.campaign.planned": ["AnalysisPlan", "Campaign", "ExperimentPlan"],
+    },
+)

@@ -24,7 +24,9 @@ from tiny_llm.curvature.gradients import batch_gradient
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.memory_measure import device_budget
-from tiny_llm.workers.loading import Resolved, memory_plan, resolve_job
+from tiny_llm.distributed import world
+from tiny_llm.workers.loading import Resolved, resolve_job
+from tiny_llm.workers.resolution import memory_plan
 from tiny_llm.workers.settings import AnalysisSettings
 from tiny_llm.workers.state import explain_out_of_memory
 
@@ -56,7 +58,11 @@ def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -
     """
     resolved = resolve_job(settings, config)
     memory = memory_plan(
-        settings, config, device_budget(resolved.device, settings.memory_budget_gb), cuda=resolved.device.type == "cuda"
+        settings,
+        config,
+        device_budget(resolved.device, settings.memory_budget_gb),
+        cuda=resolved.device.type == "cuda",
+        ranks=world()[1],
     )
     with (
         runtime_settings(resolved.device, resolved.tf32) as runtime,

@@ -13,7 +13,7 @@ from typing import Any
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, config_to_dict, load_config_dict, parse_yaml
 from tiny_llm.data.corpus import read_tokenizer
 from tiny_llm.data.tokens import capacity_blocks
-from tiny_llm.geometry.experiment import geometry_settings_from_dict
+from tiny_llm.geometry.settings import geometry_settings_from_dict
 
 __all__ = [
     "check_corpus",

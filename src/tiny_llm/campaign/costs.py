@@ -12,7 +12,7 @@ from tiny_llm.campaign import plan as cost
 from tiny_llm.campaign.planned import Campaign
 from tiny_llm.campaign.walltimes import Walltimes
 from tiny_llm.config import RunConfig
-from tiny_llm.geometry.experiment import measurement_seconds, measurement_work
+from tiny_llm.geometry.settings import measurement_seconds, measurement_work
 from tiny_llm.workers.settings import settings_record
 
 __all__ = ["CostReport"]

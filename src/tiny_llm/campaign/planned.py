@@ -18,7 +18,7 @@ from tiny_llm.workers.settings import AnalysisSettings
 
 if TYPE_CHECKING:
     from tiny_llm.curvature.memory import MemoryPlan
-    from tiny_llm.geometry.experiment import GeometrySettings
+    from tiny_llm.geometry.settings import GeometrySettings
 
 __all__ = ["AnalysisPlan", "Campaign", "ExperimentPlan"]
 

@@ -17,7 +17,7 @@ from tiny_llm.campaign import plan as cost
 from tiny_llm.campaign import timing
 from tiny_llm.campaign.planned import Campaign
 from tiny_llm.config import RunConfig
-from tiny_llm.geometry.experiment import measurement_seconds
+from tiny_llm.geometry.settings import measurement_seconds
 from tiny_llm.workers.settings import AnalysisSettings
 
 __all__ = ["Walltimes"]

@@ -44,11 +44,11 @@ from tiny_llm.campaign.walltimes import Walltimes
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.memory import GiB, MemoryPlan
 from tiny_llm.data.tokens import TokenCache, offset_plan
-from tiny_llm.geometry.experiment import as_analysis_settings, geometry_settings_from_dict
+from tiny_llm.geometry.settings import as_analysis_settings, geometry_settings_from_dict
 from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, SPECTRUM_RESULT, STATE_RESULT, epoch_file, epoch_stem
 from tiny_llm.workers.binding import check_output_binding, output_binding
-from tiny_llm.workers.index import check_selection
-from tiny_llm.workers.loading import memory_plan
+from tiny_llm.workers.resolution import memory_plan
+from tiny_llm.workers.selection import check_selection
 from tiny_llm.workers.settings import (
     AnalysisSettings,
     quadratic_form_engine,

@@ -9,16 +9,14 @@ Names are imported on first use, so that the torch-free modules (the engine regi
 imported alone.
 """
 
-from __future__ import annotations
+from tiny_llm.lazy import exports
 
-import importlib
-from typing import Any
-
-_WHERE = {
-    **dict.fromkeys(["precision_audit"], "tiny_llm.curvature.audit"),
-    **dict.fromkeys(["ENGINES", "Engine", "engine", "names", "register"], "tiny_llm.curvature.engines"),
-    **dict.fromkeys(
-        [
+__all__, __getattr__ = exports(
+    __name__,
+    {
+        "tiny_llm.curvature.audit": ["precision_audit"],
+        "tiny_llm.curvature.engines": ["ENGINES", "Engine", "engine", "names", "register"],
+        "tiny_llm.curvature.gradients": [
             "batch_gradient",
             "batch_gradient_and_loss",
             "mean_gradient",
@@ -26,15 +24,12 @@ _WHERE = {
             "noise_batch_indices",
             "rademacher",
         ],
-        "tiny_llm.curvature.gradients",
-    ),
-    **dict.fromkeys(["EpochHessian", "FlatParameters", "Precision", "pad_sequences"], "tiny_llm.curvature.hessian"),
-    **dict.fromkeys(["MemoryPlan", "pass_bytes", "plan_analysis"], "tiny_llm.curvature.memory"),
-    **dict.fromkeys(["StoragePeak", "device_budget", "measure_pass"], "tiny_llm.curvature.memory_measure"),
-    **dict.fromkeys(["CaseInputs"], "tiny_llm.curvature.case"),
-    **dict.fromkeys(["measure_case"], "tiny_llm.curvature.noise"),
-    **dict.fromkeys(
-        [
+        "tiny_llm.curvature.hessian": ["EpochHessian", "FlatParameters", "Precision", "pad_sequences"],
+        "tiny_llm.curvature.memory": ["MemoryPlan", "pass_bytes", "plan_analysis"],
+        "tiny_llm.curvature.memory_measure": ["StoragePeak", "device_budget", "measure_pass"],
+        "tiny_llm.curvature.case": ["CaseInputs"],
+        "tiny_llm.curvature.noise": ["measure_case"],
+        "tiny_llm.curvature.spectrum": [
             "LanczosResult",
             "block_diagonal_error",
             "conjugate_gradient",
@@ -45,24 +40,13 @@ _WHERE = {
             "tensor_blocks",
             "top_eigenpairs",
         ],
-        "tiny_llm.curvature.spectrum",
-    ),
-    **dict.fromkeys(
-        ["STANDARD_ERRORS", "STATISTICS", "Samples", "Statistic", "standard_errors", "summarise"],
-        "tiny_llm.curvature.statistics",
-    ),
-}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use (PEP 562)."""
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+        "tiny_llm.curvature.statistics": [
+            "STANDARD_ERRORS",
+            "STATISTICS",
+            "Samples",
+            "Statistic",
+            "standard_errors",
+            "summarise",
+        ],
+    },
+)

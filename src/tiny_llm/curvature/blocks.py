@@ -2,10 +2,10 @@
 
 A block is the embedding (token and position embeddings; with a tied head, the head too), each
 layer's attention, each layer's MLP, the normalisations (every norm's weights and biases, one
-block) and an untied output head, in that order; a parameter this does not recognise (an
-adapter's model of another layout) falls in ``other``, and per-block statistics of such a model
-are refused (:func:`check_block_layout`). Blocks partition the parameters, so a
-vector's squared block norms add up to its squared norm.
+block) and an untied output head, in that order. A parameter of no such block (an adapter's
+model of another layout) is never filed under a made-up one: per-block curvature of such a model
+is refused (:func:`check_block_layout`), and without it the model has no per-block rows. Blocks
+partition the parameters, so a vector's squared block norms add up to its squared norm.
 
 The names are classified by pattern, so that the project's architectures (``layers.<i>.attention``,
 ``layers.<i>.feed_forward``, ``*_norm``) and Hugging Face's (``model.layers.<i>.self_attn``,
@@ -16,21 +16,21 @@ The names are classified by pattern, so that the project's architectures (``laye
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
     "HEAD",
     "NORMS",
-    "OTHER",
     "block_count",
     "block_of",
     "check_block_layout",
+    "model_blocks",
     "parameter_blocks",
     "squared_norms",
 ]
 
-EMBEDDING, NORMS, HEAD, OTHER = "embedding", "norms", "head", "other"
+EMBEDDING, NORMS, HEAD = "embedding", "norms", "head"
 
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)\.")
 _NORM = re.compile(r"norm|(?:^|\.)ln_")
@@ -39,9 +39,9 @@ _EMBEDDING = re.compile(r"embed|(?:^|\.)(?:wte|wpe)\.")
 _ATTENTION = re.compile(r"attn|attention")
 
 
-def block_of(name: str) -> str:
+def block_of(name: str) -> str | None:
     """The block of parameter ``name``: ``embedding``, ``layer <i> attention``, ``layer <i> mlp``,
-    ``norms``, ``head`` or ``other``.
+    ``norms`` or ``head``; None for a parameter of no such block.
 
     Example:
         >>> [block_of(n) for n in ("tok_embeddings.weight", "layers.0.attention.wq.weight",
@@ -56,17 +56,17 @@ def block_of(name: str) -> str:
         return f"layer {layer.group(1)} {'attention' if _ATTENTION.search(name) else 'mlp'}"
     if _EMBEDDING.search(name):
         return EMBEDDING
-    return OTHER
+    return None
 
 
 def check_block_layout(names: Sequence[str]) -> None:
     """Per-block statistics need every parameter in a block this module knows: refuse a model of
-    another layout (an adapter's) whose parameters would otherwise be filed under ``other``.
+    another layout (an adapter's), naming the parameters of no known block.
 
     Raises:
         ValueError: naming the first such parameters and what to do.
     """
-    unknown = [name for name in names if block_of(name) == OTHER]
+    unknown = [name for name in names if block_of(name) is None]
     if unknown:
         raise ValueError(
             f"block_curvature: {len(unknown)} parameters of this model are of no block this project knows "
@@ -83,8 +83,13 @@ def block_count(n_layers: int, tie_embeddings: bool) -> int:
 
 def parameter_blocks(names: Sequence[str]) -> list[tuple[str, list[int]]]:
     """The blocks of a model's parameters (``names`` in the flat vector's order), in reading order
-    (embedding, layer by layer attention then MLP, norms, head, other), each with the indices of
-    its parameters; blocks without parameters are left out."""
+    (embedding, layer by layer attention then MLP, norms, head), each with the indices of its
+    parameters; blocks without parameters are left out.
+
+    Raises:
+        ValueError: a parameter of no known block (:func:`check_block_layout`).
+    """
+    check_block_layout(names)
     members: dict[str, list[int]] = {}
     for index, name in enumerate(names):
         members.setdefault(block_of(name), []).append(index)
@@ -93,9 +98,21 @@ def parameter_blocks(names: Sequence[str]) -> list[tuple[str, list[int]]]:
         if block.startswith("layer "):
             _, number, part = block.split()
             return (1, int(number), part != "attention")
-        return ({EMBEDDING: 0, NORMS: 2, HEAD: 3}.get(block, 4), 0, 0)
+        return ({EMBEDDING: 0, NORMS: 2, HEAD: 3}[block], 0, 0)
 
     return [(block, members[block]) for block in sorted(members, key=order)]
+
+
+def model_blocks(
+    names: Sequence[str], block_curvature: bool, say: Callable[[str], None]
+) -> list[tuple[str, list[int]]]:
+    """The blocks a measurement resolves (:func:`parameter_blocks`): with ``block_curvature`` a
+    layout of unknown parameters is refused; without it such a model has no per-block rows, and
+    ``say`` tells why (its parameters are filed under no made-up block)."""
+    if not block_curvature and any(block_of(name) is None for name in names):
+        say("per-block statistics left out: this model has parameters of no block this project knows")
+        return []
+    return parameter_blocks(names)
 
 
 def squared_norms(parts: Sequence[Any], blocks: list[tuple[str, list[int]]]) -> list[float]:

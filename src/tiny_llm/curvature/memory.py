@@ -30,14 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from tiny_llm.architectures import jet_rules
+from tiny_llm.architectures import jet_rules, parameter_shapes
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.engines import GRADIENT, default_forms_engine
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.memory_fit import COEFFICIENTS
-from tiny_llm.curvature.sharded import forms_shape, held_unsharded
+from tiny_llm.curvature.sharding import forms_shape, held_unsharded
 
 __all__ = [
     "COEFFICIENTS",
@@ -91,11 +89,8 @@ def size(nbytes: float) -> str:
 
 
 def parameter_count(config: ModelConfig) -> int:
-    """D, the unique trainable parameters of a model of this shape (built on the meta device)."""
-    from tiny_llm.architectures import build_model
-
-    with torch.device("meta"):
-        return sum(p.numel() for p in build_model(config).parameters())
+    """D, the unique trainable parameters of a model of this shape."""
+    return parameter_shapes(config).count
 
 
 def features(

@@ -59,7 +59,7 @@ from typing import Any
 import torch
 
 from tiny_llm.curvature.audit import AuditSide, audit_choice, precision_audit, whole_sides
-from tiny_llm.curvature.blocks import parameter_blocks
+from tiny_llm.curvature.blocks import model_blocks
 from tiny_llm.curvature.case import CaseInputs
 from tiny_llm.curvature.directions import DirectionRunner, add_block_directions, queue_other_directions
 from tiny_llm.curvature.engines import engine as engine_named
@@ -315,7 +315,7 @@ def measure_case(
     audit = _audit_first(setup, batches, (g_bar, epoch_loss), selected, inputs, sampled, progress)
 
     operator = setup.operator()
-    blocks = parameter_blocks(setup.names)
+    blocks = model_blocks(setup.names, inputs.block_curvature, progress)
     total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
     total += (len(selected) + 1) * len(blocks) if inputs.block_curvature else 0
     K = inputs.directions_per_pass if sharded else operator.K

@@ -25,7 +25,6 @@ The micro-batches of a pass are dealt round-robin over the ranks, as in the data
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -33,8 +32,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from tiny_llm.config import ModelConfig
-from tiny_llm.curvature.engines import FINITE_DIFFERENCE, GRADIENT
+from tiny_llm.curvature.engines import FINITE_DIFFERENCE
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, check_differences, pad_sequences
 from tiny_llm.curvature.products import central_differences
@@ -48,9 +46,6 @@ from tiny_llm.model.causal import (
 __all__ = [
     "ShardedHessian",
     "difference_products",
-    "forms_shape",
-    "gathered_parameters",
-    "held_unsharded",
     "shard_layout",
     "shard_model",
     "shard_rows",
@@ -306,46 +301,3 @@ def difference_products(operator: ShardedHessian, V: torch.Tensor) -> torch.Tens
         f"took {time.perf_counter() - started:.2f} s"
     )
     return out
-
-
-def gathered_parameters(config: ModelConfig) -> tuple[int, int, int]:
-    """(the root's own parameters, the largest block's, the largest parameter gathered whole) of a
-    model sharded block by block: what a rank holds unsharded while a sharded pass runs (the root:
-    embedding, final norm, untied head; a block: one transformer layer), and the parameter whose K
-    gathered directions need the largest gather buffers. The embeddings' and the head's directions
-    are never gathered whole (their rows are looked up, the loss runs on each rank's rows)."""
-    from tiny_llm.architectures import build_model
-
-    with torch.device("meta"):
-        model = build_model(config)
-    root = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("layers."))
-    blocks = [sum(p.numel() for p in layer.parameters()) for layer in getattr(model, "layers", [])]
-    by_rows = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    by_rows.add(id(getattr(model, "head_weight", None)))
-    gathered = [p.numel() for p in model.parameters() if id(p) not in by_rows]
-    return root, max(blocks, default=0), max(gathered, default=0)
-
-
-def held_unsharded(config: ModelConfig, engine: str, K: int, shards: int, itemsize: int) -> dict[str, int]:
-    """Bytes a rank holds unsharded, beyond its shards, while a pass of this operator runs over
-    ``shards`` ranks (none on one process): by key, ``gradient`` (the root's and one block's
-    parameters and gradients) and ``engine``'s forms. The memory plan prices these; this module
-    is the one that knows them."""
-    if shards <= 1:
-        return {GRADIENT: 0, engine: 0}
-    root, block, largest = gathered_parameters(config)
-    gradient = 2 * (root + block) * itemsize
-    # jets: the root's and one block's parameters, the K directions of one block (or of a small root
-    # parameter, the final norm's, gathered only while its rule runs), and the gather's buffers: one
-    # padded chunk and one parameter-sized scratch; finite differences run gradient passes and gather
-    # no directions
-    jets = (root + block + K * max(block, largest) + largest + -(-largest // shards)) * itemsize
-    return {GRADIENT: gradient, engine: jets if engine_named(engine).jets else gradient}
-
-
-def forms_shape(config: ModelConfig, engine: str, shards: int) -> ModelConfig:
-    """The shape whose activations a rank's forms pass holds: sharded jets run the loss on each
-    rank's rows of the vocabulary, so theirs are those of a 1/shards vocabulary."""
-    if shards > 1 and engine_named(engine).jets:
-        return dataclasses.replace(config, vocab_size=-(-config.vocab_size // shards))
-    return config

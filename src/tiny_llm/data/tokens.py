@@ -28,14 +28,16 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from tiny_llm.config import RunConfig
 from tiny_llm.io import atomic_write_json, sha256_file
 from tiny_llm.layout import epoch_stem
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "BatchPlan",
@@ -181,6 +183,8 @@ class TokenCache:
         for block in blocks:
             shard, offset = self.position(int(block))
             rows.append(np.asarray(self.shards[shard][offset : offset + self.seq_len + 1], dtype=np.int64))
+        import torch
+
         return torch.from_numpy(np.stack(rows))
 
     def verify(self, vocab_size: int) -> None:

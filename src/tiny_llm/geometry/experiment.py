@@ -24,10 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -37,146 +36,18 @@ from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.spectrum import top_eigenpairs
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, unseen_plan
-from tiny_llm.declared import build, check_fields
 from tiny_llm.geometry import metrics as geometry
+from tiny_llm.geometry.settings import GeometrySettings
 from tiny_llm.io import atomic_path, atomic_write_json
 from tiny_llm.layout import RESOLVED, TRAIN_LOG
 from tiny_llm.provenance import canonical_hash, source_hash
 from tiny_llm.runtime import resolve_device
-from tiny_llm.workers.loading import load_state, resolve_checkpoints
-from tiny_llm.workers.settings import AnalysisSettings
+from tiny_llm.workers.loading import load_state
+from tiny_llm.workers.selection import resolve_checkpoints
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "GeometrySettings",
-    "as_analysis_settings",
-    "geometry_settings_from_dict",
-    "make_reference",
-    "measure_checkpoint",
-    "measurement_seconds",
-    "measurement_work",
-]
-
-
-@dataclass(frozen=True)
-class GeometrySettings:
-    """How a cross-seed experiment measures each checkpoint (``seed_experiments.<name>.settings``)."""
-
-    reference_rows: int = 16
-    """Sequences of the reference set (loss, reference gradient, function-space probes)."""
-    held_out: bool = True
-    """Cut the reference set from the unseen stream (true) or from the first training epoch (false)."""
-    cov_num_batches: int = 4
-    """Batches of the covariance probe (at least 2)."""
-    cov_batch_size: int = 2
-    """Sequences per covariance batch."""
-    top_k: int = 2
-    """Dimension k of the dominant subspaces (at most cov_num_batches)."""
-    hutchinson_samples: int = 8
-    """Rademacher probes for the Hessian trace and for the Jacobian Frobenius norm."""
-    hessian_proxy_every: int = 1
-    """Hessian trace and Jacobian norm at every N-th checkpoint (0: never)."""
-    hessian_eig_every: int = 1
-    """Hessian top eigenvalue and gradient alignment at every N-th checkpoint (0: never)."""
-    lanczos_steps: int = 100
-    """Most Lanczos steps for the top eigenvalue (it stops once the eigenpair converges)."""
-    lanczos_tolerance: float | None = None
-    """Converged: ‖Hu − λu‖ ≤ this · |λ|; null: 1e-6 in float64, 1e-3 in float32."""
-    hvp_batch_size: int = 8
-    """Sequences per curvature micro-batch."""
-    llc_every: int = 0
-    """Local learning coefficient at every N-th checkpoint (0: never; needs the optional devinterp)."""
-    llc_chains: int = 4
-    """SGLD chains for the local learning coefficient."""
-    llc_draws: int = 100
-    """SGLD draws per chain."""
-    llc_lr: float = 1e-4
-    """SGLD step size."""
-    llc_n_beta: float | None = None
-    """SGLD inverse temperature nβ (null: N / ln N for the N reference tokens)."""
-    llc_localization: float = 100.0
-    """SGLD pull towards the measured parameters (γ)."""
-    seed: int = 0
-    """Seed of the Hutchinson and Lanczos probes and of the SGLD chains."""
-    device: str = "cpu"
-    """cpu, cuda, cuda:N or auto."""
-    dtype: Literal["float64", "float32"] = "float64"
-    """float64 or float32."""
-
-    def __post_init__(self):
-        check_fields(self)  # types and literals, as the loader checks them; ranges below
-        for name in (
-            "reference_rows",
-            "cov_batch_size",
-            "top_k",
-            "hutchinson_samples",
-            "lanczos_steps",
-            "hvp_batch_size",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.lanczos_tolerance is not None and not self.lanczos_tolerance > 0:
-            raise ValueError(f"lanczos_tolerance must be positive or null, got {self.lanczos_tolerance}")
-        if self.cov_num_batches < 2:
-            raise ValueError(f"cov_num_batches must be at least 2 (a covariance), got {self.cov_num_batches}")
-        if self.top_k > self.cov_num_batches:
-            raise ValueError(f"top_k ({self.top_k}) must not exceed cov_num_batches ({self.cov_num_batches})")
-        if min(self.hessian_proxy_every, self.hessian_eig_every, self.llc_every) < 0:
-            raise ValueError("hessian_proxy_every, hessian_eig_every and llc_every must be 0 (never) or positive")
-        if self.llc_chains < 1 or self.llc_draws < 1:
-            raise ValueError("llc_chains and llc_draws must be at least 1")
-
-
-def geometry_settings_from_dict(data: dict[str, Any] | None) -> GeometrySettings:
-    """Settings from a config mapping; unknown keys are an error that lists the known ones."""
-    return build(GeometrySettings, dict(data or {}))
-
-
-def as_analysis_settings(settings: GeometrySettings) -> AnalysisSettings:
-    """The analysis setup whose timing entry prices a measurement: its device, precision, curvature
-    micro-batch and the directions a Hutchinson pass carries (exact quadratic forms, adjoint)."""
-    return AnalysisSettings(
-        device=settings.device,
-        dtype=settings.dtype,
-        hvp_batch_size=settings.hvp_batch_size,
-        directions_per_pass=min(settings.hutchinson_samples, 8),
-        engine="adjoint",
-        compile_hvp=False,
-    )
-
-
-def measurement_work(config: RunConfig, settings: GeometrySettings) -> dict[str, int]:
-    """The work of measuring one checkpoint with every metric due, in the units of a timing entry:
-    gradient micro-batches (gradients, Jacobian-vector and vector-Jacobian products and per-row
-    gradients, each about one forward and backward over the reference rows) and passes of a
-    curvature micro-batch (Hutchinson passes of up to 8 directions, one per Lanczos step)."""
-    mb = config.training.micro_batch_size
-    reference = math.ceil(settings.reference_rows / mb)
-    per_batch = math.ceil(settings.cov_batch_size / mb)
-    gradient = (
-        reference
-        + settings.cov_num_batches * per_batch
-        + settings.cov_num_batches * reference
-        + reference
-        + settings.hutchinson_samples * reference
-    )
-    curvature_batches = math.ceil(settings.reference_rows / settings.hvp_batch_size)
-    passes = (
-        math.ceil(settings.hutchinson_samples / min(settings.hutchinson_samples, 8)) + settings.lanczos_steps
-    ) * curvature_batches
-    return {"gradient_microbatches": gradient, "hvp_microbatch_passes": passes}
-
-
-def measurement_seconds(config: RunConfig, settings: GeometrySettings, seconds: dict[str, float]) -> float:
-    """Estimated seconds of one checkpoint's measurement from a timing entry's ``seconds``."""
-    work = measurement_work(config, settings)
-    return (
-        seconds.get("process", 0.0)
-        + seconds["startup"]
-        + work["gradient_microbatches"] * seconds["gradient_microbatch"]
-        + work["hvp_microbatch_passes"] * seconds["hvp_microbatch_pass"]
-    )
+__all__ = ["make_reference", "measure_checkpoint"]
 
 
 # --- the reference set ---------------------------------------------------------------------------

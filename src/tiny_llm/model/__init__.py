@@ -8,15 +8,13 @@ loaded as data, strict key and shape checks, state hashes). The registry of arch
 Names are imported on first use, so that importing one module does not import them all.
 """
 
-from __future__ import annotations
+from tiny_llm.lazy import exports
 
-import importlib
-from typing import Any
-
-_WHERE = {
-    **dict.fromkeys(["IGNORE_INDEX", "check_jet_rules", "count_parameters", "token_losses"], "tiny_llm.model.causal"),
-    **dict.fromkeys(
-        [
+__all__, __getattr__ = exports(
+    __name__,
+    {
+        "tiny_llm.model.causal": ["IGNORE_INDEX", "check_jet_rules", "count_parameters", "token_losses"],
+        "tiny_llm.model.checkpoint": [
             "check_state_dict",
             "load_model_weights",
             "load_train_state",
@@ -25,18 +23,7 @@ _WHERE = {
             "save_weights",
             "state_hash",
         ],
-        "tiny_llm.model.checkpoint",
-    ),
-    **dict.fromkeys(
-        ["Jet", "JetPass", "add_terms", "per_direction", "per_direction_dot", "shared_matmul"], "tiny_llm.model.jets"
-    ),
-    **dict.fromkeys(["Llama"], "tiny_llm.model.llama"),
-}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first use (PEP 562)."""
-    if name not in _WHERE:
-        raise AttributeError(f"module 'tiny_llm.model' has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name]), name)
+        "tiny_llm.model.jets": ["Jet", "JetPass", "add_terms", "per_direction", "per_direction_dot", "shared_matmul"],
+        "tiny_llm.model.llama": ["Llama"],
+    },
+)

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING, Any
 
 from tiny_llm.config import ModelConfig, RunConfig, config_from_dict, config_to_dict
 from tiny_llm.io import atomic_directory, local_directory
@@ -36,6 +33,9 @@ from tiny_llm.model.hf_formats import (
     export_format,
     refusal,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "FORMATS",
@@ -80,7 +80,7 @@ def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source
     state, unknown = {}, []
     for key, tensor in hf_state.items():
         if key == head and config.tie_embeddings:
-            if not torch.equal(tensor, hf_state.get(embedding, tensor)):
+            if not tensor.equal(hf_state.get(embedding, tensor)):
                 raise ValueError(f"{source}: tie_word_embeddings is true but {head} differs from the embedding")
             continue
         if form.derived.fullmatch(key):
@@ -101,6 +101,8 @@ def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source
 
 def _parameter_names(config: ModelConfig) -> list[str]:
     """The state-dict keys of our model for ``config``, from a model built without storage."""
+    import torch
+
     from tiny_llm.architectures import build_model
 
     with torch.device("meta"):
@@ -204,6 +206,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         ValueError: pickled weights only, or a missing, truncated or corrupt safetensors file, named.
     """
     from safetensors import SafetensorError
+    from safetensors.torch import load_file
 
     hf_state: dict[str, torch.Tensor] = {}
     for file in _weight_files(path):
@@ -271,6 +274,8 @@ def write_hf(out: str | Path, config: ModelConfig, state: dict[str, torch.Tensor
 
 def write_hf_files(directory: Path, config: ModelConfig, state: dict[str, torch.Tensor]) -> None:
     """config.json and model.safetensors of ``config``'s architecture into an existing ``directory``."""
+    from safetensors.torch import save_file
+
     tensors = {k: t.detach().to("cpu").contiguous() for k, t in to_hf_state(state, config).items()}
     dtype = next(iter(tensors.values())).dtype
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})

@@ -27,11 +27,9 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
-from safetensors.torch import save_file
 
 from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, load_config, resolved_dict
 from tiny_llm.io import atomic_directory, atomic_write_json, local_directory, sha256_file
@@ -51,6 +49,9 @@ from tiny_llm.model.hf_positions import (
     trainer_log,
     warn_unknown_tokens,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "IMPORTED",
@@ -370,6 +371,8 @@ def export_run(run_dir: str | Path, checkpoint: str, out: str | Path) -> Path:
         if config.model.architecture != "hf":
             write_hf_files(tmp, config.model, state)
         else:  # another architecture: its own config.json and tensor names, as imported
+            from safetensors.torch import save_file
+
             save_file(
                 {k.removeprefix("model."): t.contiguous() for k, t in state.items()},
                 str(tmp / "model.safetensors"),

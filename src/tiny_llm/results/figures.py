@@ -185,7 +185,7 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     return finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)", context, note)
 
 
-BLOCK_COLOURS = {"embedding": "C4", "norms": "0.5", "head": "C2", "other": "C5"}
+BLOCK_COLOURS = {"embedding": "C4", "norms": "0.5", "head": "C2"}
 """Colours of the blocks that are not layers; a layer's attention is blue and its MLP orange, light
 to dark with depth."""
 

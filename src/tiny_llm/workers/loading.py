@@ -6,8 +6,7 @@ capacity) and the case's batch plan.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,24 +14,17 @@ import torch
 
 from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, load_config
-from tiny_llm.curvature.engines import default_products_engine
-from tiny_llm.curvature.engines import engine as engine_named
-from tiny_llm.curvature.memory import MemoryPlan, plan_analysis
 from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, offset_plan, unseen_plan
-from tiny_llm.distributed import world
 from tiny_llm.layout import IMPORTED, RESOLVED
 from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
 from tiny_llm.model.hf_runs import run_tokenizer
 from tiny_llm.provenance import canonical_hash
 from tiny_llm.runtime import resolve_device
 from tiny_llm.training.loop import average_states
-from tiny_llm.workers.settings import CASES, AnalysisSettings, quadratic_form_engine
-
-ROOT_CHECKPOINT = re.compile(r"^(epoch-\d+\.safetensors|final\.pt)$")
-
-
-_WORKER_DIR = re.compile(r"^node-\d+$")
+from tiny_llm.workers.resolution import Resolution, resolve
+from tiny_llm.workers.selection import resolve_checkpoints
+from tiny_llm.workers.settings import CASES, AnalysisSettings
 
 
 @dataclass
@@ -52,32 +44,6 @@ class LoadedState:
         if not self.workers:
             return self.weights_hash
         return canonical_hash({"average": self.weights_hash, "workers": self.worker_hashes})
-
-
-def resolve_checkpoints(run_dir: Path, names: list[str]) -> list[Path]:
-    """Checkpoint paths (relative to the run directory, or absolute), root checkpoints only.
-
-    Raises:
-        ValueError: worker files, files outside the run directory, unknown or missing files.
-    """
-    if not names:
-        raise ValueError("no checkpoint given")
-    run_dir = run_dir.resolve()
-    paths = []
-    for name in names:
-        path = Path(name) if Path(name).is_absolute() else run_dir / name
-        path = path.resolve()
-        if _WORKER_DIR.match(path.parent.name) and path.parent.parent == run_dir:
-            raise ValueError(
-                f"{name} is a worker checkpoint; analyse the root (averaged) checkpoint "
-                f"{path.name} instead: worker states enter through the consensus analysis"
-            )
-        if path.parent != run_dir or not ROOT_CHECKPOINT.match(path.name):
-            raise ValueError(f"{name}: expected a root checkpoint of {run_dir} (epoch-NNN.safetensors or final.pt)")
-        if not path.exists():
-            raise ValueError(f"checkpoint {path} does not exist")
-        paths.append(path)
-    return paths
 
 
 def _worker_states(path: Path, config: RunConfig) -> tuple[list[dict[str, torch.Tensor]], list[str]]:
@@ -152,70 +118,18 @@ def load_state(run_dir: Path, paths: list[Path], config: RunConfig, consensus: b
 
 
 @dataclass(frozen=True)
-class Resolved:
-    """What a job's settings resolve to on this machine: device, dtype, engines, compilation, the
-    curvature micro-batch and TF32."""
+class Resolved(Resolution):
+    """A job's resolution (:class:`Resolution`) with the device and dtype it runs on."""
 
     device: torch.device
     dtype: torch.dtype
-    engine: str
-    """Engine of the quadratic forms."""
-    compiled: bool
-    tf32: bool
-    hvp_batch_size: int
-    hvp_engine: str
-    """Engine of Hessian-vector products (spectra)."""
-    hvp_compiled: bool
-
-
-def runs_compiled(settings: AnalysisSettings, engine: str, cuda: bool) -> bool:
-    """Whether ``engine`` runs compiled: an engine that compiles, on CUDA, with compile_hvp."""
-    return cuda and settings.compile_hvp and engine_named(engine).compiled
 
 
 def resolve_job(settings: AnalysisSettings, config: RunConfig) -> Resolved:
     """Resolve a job's settings for its run on this machine (device, engines, compilation), once."""
     device = resolve_device(settings.device)
-    cuda = device.type == "cuda"
-    engine = quadratic_form_engine(settings, config.model)
-    hvp_engine = default_products_engine(engine, cuda and settings.compile_hvp)
-    return Resolved(
-        device=device,
-        dtype=getattr(torch, settings.dtype),
-        engine=engine,
-        compiled=runs_compiled(settings, engine, cuda),
-        tf32=cuda and settings.dtype == "float32" and settings.tf32,
-        hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
-        hvp_engine=hvp_engine,
-        hvp_compiled=runs_compiled(settings, hvp_engine, cuda),
-    )
-
-
-def memory_plan(
-    settings: AnalysisSettings, config: RunConfig, budget_bytes: int | None, cuda: bool, ranks: int | None = None
-) -> MemoryPlan:
-    """The grouping of a (state, case) job's passes under ``budget_bytes`` (see
-    :func:`tiny_llm.curvature.memory_measure.device_budget`), for a CUDA device or not; with
-    ``settings.sharded`` one rank's of ``ranks`` (default: this job's).
-
-    Raises:
-        ValueError: a pass that does not fit even one sequence at a time (nothing is computed).
-    """
-    engine = quadratic_form_engine(settings, config.model)
-    return plan_analysis(
-        config.model,
-        config.data.seq_len,
-        engine=engine,
-        K=settings.directions_per_pass,
-        hvp_batch_size=settings.hvp_batch_size or config.training.micro_batch_size,
-        micro_batch_size=config.training.micro_batch_size,
-        itemsize=torch.finfo(getattr(torch, settings.dtype)).bits // 8,
-        compiled=runs_compiled(settings, engine, cuda),
-        audit_directions=settings.audit_directions if settings.audited else None,
-        extra_vectors=config.training.workers if config.training.packed and settings.consensus else 0,
-        budget_bytes=budget_bytes,
-        shards=(ranks or world()[1]) if settings.sharded else 1,
-    )
+    resolution = resolve(settings, config, cuda=device.type == "cuda")
+    return Resolved(**asdict(resolution), device=device, dtype=getattr(torch, settings.dtype))
 
 
 def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, offset: int):

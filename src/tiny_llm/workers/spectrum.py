@@ -25,8 +25,8 @@ from tiny_llm.distributed import record as parallel_record
 from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
-from tiny_llm.workers.binding import result_identity, reusable_result, single_writer
 from tiny_llm.workers.loading import LoadedState, Resolved, prepare_inputs
+from tiny_llm.workers.results import result_identity, reusable_result, single_writer
 from tiny_llm.workers.settings import (
     AnalysisSettings,
     SpectrumSettings,

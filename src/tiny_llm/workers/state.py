@@ -39,8 +39,9 @@ from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
-from tiny_llm.workers.binding import result_identity, reusable_result, single_writer
-from tiny_llm.workers.loading import LoadedState, Resolved, memory_plan, prepare_inputs
+from tiny_llm.workers.loading import LoadedState, Resolved, prepare_inputs
+from tiny_llm.workers.resolution import memory_plan
+from tiny_llm.workers.results import result_identity, reusable_result, single_writer
 from tiny_llm.workers.settings import AnalysisSettings, settings_record
 
 __all__ = ["RESULT_SCHEMA", "analyze_state", "explain_out_of_memory"]
@@ -67,7 +68,11 @@ def analyze_state(
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
     identity = result_identity(settings, resolved, config, cache)
     memory = memory_plan(
-        settings, config, device_budget(resolved.device, settings.memory_budget_gb), cuda=resolved.device.type == "cuda"
+        settings,
+        config,
+        device_budget(resolved.device, settings.memory_budget_gb),
+        cuda=resolved.device.type == "cuda",
+        ranks=world()[1],
     )
     with single_writer(output) as reuse:
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:

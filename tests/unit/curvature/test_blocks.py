@@ -4,7 +4,7 @@ import pytest
 
 from tiny_llm.architectures import build_model
 from tiny_llm.config import ModelConfig
-from tiny_llm.curvature.blocks import block_count, block_of, check_block_layout, parameter_blocks
+from tiny_llm.curvature.blocks import block_count, block_of, check_block_layout, model_blocks, parameter_blocks
 
 
 @pytest.mark.parametrize("architecture, tied", [("llama", True), ("llama", False), ("gpt2", True), ("gpt_neox", False)])
@@ -37,7 +37,7 @@ def test_native_models_have_the_blocks_the_plan_counts(architecture, tied):
         ("transformer.h.2.attn.c_attn.weight", "layer 2 attention"),
         ("transformer.h.2.mlp.c_fc.weight", "layer 2 mlp"),
         ("transformer.ln_f.bias", "norms"),
-        ("something.else", "other"),
+        ("something.else", None),
     ],
 )
 def test_hugging_face_names_are_classified_alike(name, block):
@@ -45,15 +45,28 @@ def test_hugging_face_names_are_classified_alike(name, block):
 
 
 def test_blocks_are_in_reading_order():
-    names = ["lm_head.weight", "x", "model.norm.weight", "model.layers.10.mlp.w", "model.layers.2.self_attn.w", "wte.w"]
+    names = ["lm_head.weight", "model.norm.weight", "model.layers.10.mlp.w", "model.layers.2.self_attn.w", "wte.w"]
     assert [b for b, _ in parameter_blocks(names)] == [
         "embedding",
         "layer 2 attention",
         "layer 10 mlp",
         "norms",
         "head",
-        "other",
     ]
+
+
+def test_no_parameter_is_filed_under_a_made_up_block():
+    """A layout with an unknown parameter is refused by name; a measurement without per-block
+    curvature leaves its blocks out and says so."""
+    names = ["lm_head.weight", "x", "model.norm.weight"]
+    with pytest.raises(ValueError, match=r"1 parameters of this model are of no block this project knows .*: x;"):
+        parameter_blocks(names)
+    said = []
+    assert model_blocks(names, block_curvature=False, say=said.append) == []
+    assert said == ["per-block statistics left out: this model has parameters of no block this project knows"]
+    with pytest.raises(ValueError, match="block_curvature"):
+        model_blocks(names, block_curvature=True, say=said.append)
+    assert model_blocks(names[:1], block_curvature=False, say=said.append) == [("head", [0])]
 
 
 def test_a_layout_of_unknown_parameters_is_refused_for_per_block_statistics():

@@ -215,7 +215,7 @@ def test_a_sharded_plan_is_one_ranks():
     head's are never gathered whole) and the gather's buffers; what fits no rank is refused before
     any work, naming the budget."""
     from tiny_llm.curvature.memory import parameter_count, pass_bytes, resident_bytes
-    from tiny_llm.curvature.sharded import gathered_parameters
+    from tiny_llm.curvature.sharding import gathered_parameters
 
     D = parameter_count(CAMPAIGN)
     root, block, largest = gathered_parameters(CAMPAIGN)

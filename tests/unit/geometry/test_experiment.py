@@ -14,12 +14,8 @@ from torch.func import functional_call, hessian
 from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.geometry.comparison import compare, write_comparison
-from tiny_llm.geometry.experiment import (
-    GeometrySettings,
-    geometry_settings_from_dict,
-    make_reference,
-    measure_checkpoint,
-)
+from tiny_llm.geometry.experiment import make_reference, measure_checkpoint
+from tiny_llm.geometry.settings import GeometrySettings, geometry_settings_from_dict
 from tiny_llm.model.causal import token_losses
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train

@@ -6,7 +6,8 @@ import pytest
 from builders import make_oracle_run
 
 from tiny_llm.training.loop import train
-from tiny_llm.workers.index import index_states, select_checkpoints
+from tiny_llm.workers.index import index_states
+from tiny_llm.workers.selection import select_checkpoints
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.model.checkpoint import load_weights
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
-from tiny_llm.workers.loading import memory_plan
+from tiny_llm.workers.resolution import memory_plan
 from tiny_llm.workers.settings import AnalysisSettings
 from tiny_llm.workers.state import analyze_state
 

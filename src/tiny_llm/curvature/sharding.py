@@ -1,0 +1,52 @@
+"""What the sharded operator (:mod:`tiny_llm.curvature.sharded`) holds on each rank beyond its
+shards, from a model's configuration alone (no torch), so that the memory plan asks it rather than
+restating it: the root's and one block's parameters, gathered for a pass; the gather buffers of a
+jet engine's directions; the 1/N vocabulary whose activations a sharded jet pass holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tiny_llm.config import ModelConfig
+from tiny_llm.curvature.engines import GRADIENT
+from tiny_llm.curvature.engines import engine as engine_named
+
+__all__ = ["forms_shape", "gathered_parameters", "held_unsharded"]
+
+
+def gathered_parameters(config: ModelConfig) -> tuple[int, int, int]:
+    """(the root's own parameters, the largest block's, the largest parameter gathered whole) of a
+    model sharded block by block: what a rank holds unsharded while a sharded pass runs (the root:
+    embedding, final norm, untied head; a block: one transformer layer), and the parameter whose K
+    gathered directions need the largest gather buffers. The embeddings' and the head's directions
+    are never gathered whole (their rows are looked up, the loss runs on each rank's rows)."""
+    from tiny_llm.architectures import parameter_shapes
+
+    shapes = parameter_shapes(config)
+    return shapes.root_count, shapes.block_count, shapes.largest_gathered
+
+
+def held_unsharded(config: ModelConfig, engine: str, K: int, shards: int, itemsize: int) -> dict[str, int]:
+    """Bytes a rank holds unsharded, beyond its shards, while a pass of this operator runs over
+    ``shards`` ranks (none on one process): by key, ``gradient`` (the root's and one block's
+    parameters and gradients) and ``engine``'s forms. The memory plan prices these; this module
+    is the one that knows them."""
+    if shards <= 1:
+        return {GRADIENT: 0, engine: 0}
+    root, block, largest = gathered_parameters(config)
+    gradient = 2 * (root + block) * itemsize
+    # jets: the root's and one block's parameters, the K directions of one block (or of a small root
+    # parameter, the final norm's, gathered only while its rule runs), and the gather's buffers: one
+    # padded chunk and one parameter-sized scratch; finite differences run gradient passes and gather
+    # no directions
+    jets = (root + block + K * max(block, largest) + largest + -(-largest // shards)) * itemsize
+    return {GRADIENT: gradient, engine: jets if engine_named(engine).jets else gradient}
+
+
+def forms_shape(config: ModelConfig, engine: str, shards: int) -> ModelConfig:
+    """The shape whose activations a rank's forms pass holds: sharded jets run the loss on each
+    rank's rows of the vocabulary, so theirs are those of a 1/shards vocabulary."""
+    if shards > 1 and engine_named(engine).jets:
+        return dataclasses.replace(config, vocab_size=-(-config.vocab_size // shards))
+    return config

@@ -1,0 +1,95 @@
+"""A result's identity and its one writer.
+
+A result's identity (source, numerical settings, execution, run) decides whether a finished result
+is reused or refused; ``single_writer`` lets rank 0 alone write, under a lock, after every rank
+computed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tiny_llm.config import RunConfig, config_to_dict
+from tiny_llm.data.tokens import TokenCache
+from tiny_llm.distributed import barrier, broadcast, is_writer
+from tiny_llm.io import exclusive, remove_leftovers
+from tiny_llm.provenance import canonical_hash, source_hash
+from tiny_llm.workers.loading import Resolved
+from tiny_llm.workers.settings import AnalysisSettings, numerical_settings
+
+__all__ = ["result_identity", "reusable_result", "single_writer"]
+
+
+def result_identity(settings: AnalysisSettings, resolved: Resolved, config: RunConfig, cache: TokenCache) -> dict:
+    """What a (state, case) result's numbers depend on, and its hash: the numerical settings as the
+    job resolved them (device kind, engine), the run's configuration and the cache's content."""
+    numerical = {
+        **numerical_settings(settings),
+        "device": resolved.device.type,
+        "engine": resolved.engine,
+        "compiled": resolved.compiled,
+        "hvp_engine": resolved.hvp_engine,
+        "hvp_compiled": resolved.hvp_compiled,
+        "tf32": resolved.tf32,
+        "hvp_batch_size": resolved.hvp_batch_size,
+        "micro_batch_size": config.training.micro_batch_size,
+    }
+    execution = {
+        "device_kind": resolved.device.type
+        if resolved.device.type == "cpu"
+        else f"cuda:{torch.cuda.get_device_name(resolved.device)}"
+    }
+    run = {
+        "config": config_to_dict(config) | {"data": {**config_to_dict(config)["data"], "cache": None}},
+        "cache_shards": [s["sha256"] for s in cache.meta["shards"]],
+    }
+    identity = {"source": source_hash(), "settings": numerical, "execution": execution, "run": canonical_hash(run)}
+    return {**identity, "hash": canonical_hash(identity)}
+
+
+def _exclusive(output: Path) -> contextlib.AbstractContextManager:
+    return exclusive(output.with_name(f".{output.name}.lock"), f"writing {output}")
+
+
+def reusable_result(output: Path, identity: dict, key: str, case: str) -> dict | None:
+    """The result already at ``output`` when it was made for this identity, state and case (reused,
+    not recomputed); None otherwise."""
+    if not output.exists():
+        return None
+    try:
+        old = json.loads(output.read_text())
+        same = old["identity"]["hash"] == identity["hash"] and old["state"]["key"] == key and old["case"] == case
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(
+            f"{output} exists but is not a tiny-llm result; remove it or use a new output directory"
+        ) from None
+    if not same:
+        raise ValueError(f"{output} holds a result with other settings, source or state; use a new output directory")
+    return old
+
+
+@contextlib.contextmanager
+def single_writer(output: Path) -> Iterator[Callable[[Callable[[], Any]], Any]]:
+    """The write of ``output`` by one rank: rank 0 holds its lock (and clears a killed write's
+    temporary files) while every rank computes; the decision to reuse a finished result is rank
+    0's, shared with all (they must all compute, or none). Every rank leaves together, after the
+    write. Yields ``reuse(check)``: the value of ``check()`` on rank 0, on every rank."""
+    lock = _exclusive(output) if is_writer() else contextlib.nullcontext()
+    failed = False
+    with lock:
+        if is_writer():
+            remove_leftovers(output.parent, output.name)
+        try:
+            yield lambda check: broadcast(check() if is_writer() else None)
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            if not failed:
+                barrier()
