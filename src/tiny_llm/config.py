@@ -5,12 +5,21 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 
 from tiny_llm.architectures import ARCHITECTURES, Architecture, architecture
-from tiny_llm.declared import build, fail, require_positive
+from tiny_llm.declared import (
+    Bounds,
+    NonNegative,
+    NonNegativeNumber,
+    Positive,
+    PositiveNumber,
+    build,
+    check_fields,
+    fail,
+)
 from tiny_llm.io import parse_yaml
 
 __all__ = [
@@ -42,17 +51,17 @@ class RopeScaling:
 
     kind: Literal["linear", "llama3"]
     """``linear`` or ``llama3``."""
-    factor: float
+    factor: PositiveNumber
     """Frequencies divided by this (llama3: the low-frequency band only)."""
-    low_freq_factor: float = 1.0
+    low_freq_factor: PositiveNumber = 1.0
     """llama3: wavelengths longer than original_max_seq_len / low_freq_factor are divided by factor."""
-    high_freq_factor: float = 4.0
+    high_freq_factor: PositiveNumber = 4.0
     """llama3: wavelengths shorter than original_max_seq_len / high_freq_factor are kept."""
-    original_max_seq_len: int | None = None
+    original_max_seq_len: Positive | None = None
     """llama3: the context length the model was first trained at (required for llama3)."""
 
     def __post_init__(self) -> None:
-        require_positive(self.SECTION, self, "factor", "low_freq_factor", "high_freq_factor")
+        check_fields(self, self.SECTION + ".")  # types, literals and ranges; cross-field below
         if self.kind == "linear":  # llama3's options would be ignored: refused, not dropped
             for name, default in (("low_freq_factor", 1.0), ("high_freq_factor", 4.0), ("original_max_seq_len", None)):
                 if getattr(self, name) != default:
@@ -87,28 +96,28 @@ class ModelConfig:
     only; the shape keys then describe it for the memory model)."""
     hf_config: str | None = None
     """architecture hf: the model's Hugging Face config.json (relative to the project, like data.cache)."""
-    vocab_size: int = 256
+    vocab_size: Positive = 256
     """Number of token ids; 256 for the byte-level tokenizer."""
-    d_model: int = 32
+    d_model: Positive = 32
     """Residual stream width C."""
-    n_layers: int = 2
+    n_layers: Positive = 2
     """Number of transformer blocks."""
-    n_heads: int = 4
+    n_heads: Positive = 4
     """Attention (query) heads; must divide d_model (RoPE needs an even head_dim = d_model / n_heads)."""
-    n_kv_heads: int | None = None
+    n_kv_heads: Positive | None = None
     """llama: key/value heads (grouped-query attention: each serves n_heads / n_kv_heads query
     heads); null = n_heads (multi-head attention)."""
-    d_ff: int = 64
+    d_ff: Positive = 64
     """Hidden width of the feed-forward block (SwiGLU for llama, GELU MLP for gpt2 and gpt_neox)."""
-    max_seq_len: int = 64
+    max_seq_len: Positive = 64
     """Longest sequence the model accepts (RoPE tables are built up to this length; gpt2: the
     number of learned positions)."""
-    rope_theta: float = 10000.0
+    rope_theta: PositiveNumber = 10000.0
     """RoPE base frequency (llama, gpt_neox)."""
     rope_scaling: RopeScaling | None = None
     """llama, gpt_neox: RoPE frequency scaling (``{kind: linear, factor: 4}`` or Llama 3.x's ``{kind: llama3,
     factor: 32, low_freq_factor: 1, high_freq_factor: 4, original_max_seq_len: 8192}``); null = none."""
-    rotary_pct: float = 1.0
+    rotary_pct: Annotated[float, Bounds(0, 1, open_low=True)] = 1.0
     """Fraction of each head's features that RoPE rotates (gpt_neox: Pythia uses 0.25; the rest
     pass unrotated); rotary_pct × head_dim must be a positive even integer."""
     attention_bias: Literal["none", "qkv", "all"] | None = None
@@ -120,31 +129,17 @@ class ModelConfig:
     (llama false, gpt2 and gpt_neox true)."""
     parallel_residual: bool = True
     """gpt_neox: x + attention(norm₁ x) + mlp(norm₂ x) (Pythia) rather than one after the other."""
-    norm_eps: float = 1e-5
+    norm_eps: PositiveNumber = 1e-5
     """Epsilon of the normalisation layers (RMSNorm for llama, LayerNorm for gpt2 and gpt_neox)."""
     tie_embeddings: bool = True
     """Share the input embedding with the output projection (counted once in D)."""
 
     def __post_init__(self) -> None:
         architecture(self.architecture)  # an unknown one is refused first, listing the known ones
-        require_positive(
-            self.SECTION,
-            self,
-            "vocab_size",
-            "d_model",
-            "n_layers",
-            "n_heads",
-            "d_ff",
-            "max_seq_len",
-            "rope_theta",
-            "norm_eps",
-            "rotary_pct",
-        )
+        check_fields(self, self.SECTION + ".")  # types, literals and ranges; cross-field below
         if self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             fail("model.n_heads", f"a divisor of model.d_model={self.d_model} ({divisors})", self.n_heads)
-        if self.rotary_pct > 1:
-            fail("model.rotary_pct", "a fraction of each head in (0, 1]", self.rotary_pct)
         if (self.architecture == "hf") != (self.hf_config is not None):
             fail("model.hf_config", "a config.json path exactly when model.architecture is hf", self.hf_config)
         if self.architecture in ("llama", "gpt_neox") and (self.rotary_dim % 2 or self.rotary_dim == 0):
@@ -156,7 +151,7 @@ class ModelConfig:
     def _check_variants(self) -> None:
         """Each architecture's own options (as its registry entry declares them): another
         architecture's option is refused unless at its default (it would be ignored)."""
-        if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
             divisors = [h for h in range(1, self.n_heads + 1) if self.n_heads % h == 0]
             fail("model.n_kv_heads", f"null or a divisor of n_heads={self.n_heads} ({divisors})", self.n_kv_heads)
         own = self.spec.fields
@@ -217,22 +212,18 @@ class DataConfig:
 
     cache: str = "cache/demo"
     """Token cache directory (meta.json + shards), relative to the working directory."""
-    seq_len: int = 64
+    seq_len: Positive = 64
     """Sequence length T; a block is seq_len + 1 tokens (inputs and the targets shifted by one)."""
-    shuffle_group_blocks: int = 64
+    shuffle_group_blocks: Positive = 64
     """Blocks per shuffle group; block order is permuted inside each group with the data seed."""
-    seed: int = 1234
+    seed: NonNegative = 1234
     """Data seed for the shuffle-group permutations (the unseen stream derives its own)."""
-    prepare_train_tokens: int | None = None
+    prepare_train_tokens: Positive | None = None
     """Minimum training capacity in tokens when preparing a cache; null = what training plus
     one unseen analysis epoch need."""
 
     def __post_init__(self) -> None:
-        require_positive(self.SECTION, self, "seq_len", "shuffle_group_blocks")
-        if self.seed < 0:
-            fail("data.seed", "a non-negative integer", self.seed)
-        if self.prepare_train_tokens is not None and self.prepare_train_tokens <= 0:
-            fail("data.prepare_train_tokens", "null or a positive integer", self.prepare_train_tokens)
+        check_fields(self, self.SECTION + ".")  # types, literals and ranges
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,15 +232,13 @@ class PackedConfig:
 
     SECTION: ClassVar[str] = "training.packed"
 
-    workers: int = 2
+    workers: Annotated[int, Bounds(2)] = 2
     """Number of local workers K (at least 2)."""
-    sync_every: int = 1
+    sync_every: Positive = 1
     """Average all workers after every this many local steps."""
 
     def __post_init__(self) -> None:
-        if self.workers < 2:
-            fail("training.packed.workers", "an integer >= 2 (use packed: null for ordinary runs)", self.workers)
-        require_positive(self.SECTION, self, "sync_every")
+        check_fields(self, self.SECTION + ".")  # types, literals and ranges
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,37 +247,37 @@ class TrainingConfig:
 
     SECTION: ClassVar[str] = "training"
 
-    batch_size: int = 16
+    batch_size: Positive = 16
     """Sequences per optimizer step (per worker for packed runs)."""
-    micro_batch_size: int = 16
+    micro_batch_size: Positive = 16
     """Sequences per forward/backward; the last micro-batch of a step holds the remainder."""
-    tokens: int = 65536
+    tokens: Positive = 65536
     """Nominal training budget in target tokens (all workers together); rounded down to whole steps."""
-    epochs: int = 4
+    epochs: Positive = 4
     """Number of virtual epochs the budget is divided into (checkpoint interval)."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
     """Optimizer."""
-    lr: float = 3e-3
+    lr: PositiveNumber = 3e-3
     """Peak learning rate."""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: Annotated[float, Bounds(0, 1)] = 0.1
     """Final learning rate as a fraction of lr (cosine schedule)."""
-    warmup_steps: int = 10
+    warmup_steps: NonNegative = 10
     """Linear warmup steps."""
     lr_schedule: Literal["cosine", "constant"] = "cosine"
     """Learning-rate schedule after warmup."""
-    weight_decay: float = 0.1
+    weight_decay: NonNegativeNumber = 0.1
     """Decoupled weight decay, applied to matrices and embeddings only (not norm weights)."""
-    beta1: float = 0.9
+    beta1: Annotated[float, Bounds(0, 1, open_high=True)] = 0.9
     """AdamW first-moment decay."""
-    beta2: float = 0.95
+    beta2: Annotated[float, Bounds(0, 1, open_high=True)] = 0.95
     """AdamW second-moment decay."""
-    adam_eps: float = 1e-8
+    adam_eps: PositiveNumber = 1e-8
     """AdamW epsilon."""
-    momentum: float = 0.9
+    momentum: NonNegativeNumber = 0.9
     """SGD momentum."""
-    grad_clip: float = 1.0
+    grad_clip: NonNegativeNumber = 1.0
     """Clip the global gradient norm to this value; 0 disables clipping."""
-    seed: int = 0
+    seed: NonNegative = 0
     """Initialisation seed."""
     attention_backend: Literal["sdpa", "reference"] = "sdpa"
     """Attention implementation used for training (analysis always uses reference)."""
@@ -296,23 +285,13 @@ class TrainingConfig:
     """final: final.pt only; interval: epoch-NNN.safetensors at every virtual epoch (000 = init) too."""
     packed: PackedConfig | None = None
     """Local-SGD settings, or null for an ordinary run."""
-    log_every: int = 10
+    log_every: Positive = 10
     """Progress line every this many steps (not scientific)."""
 
     def __post_init__(self) -> None:
-        require_positive(
-            self.SECTION, self, "batch_size", "micro_batch_size", "tokens", "epochs", "lr", "adam_eps", "log_every"
-        )
+        check_fields(self, self.SECTION + ".")  # types, literals and ranges; cross-field below
         if self.micro_batch_size > self.batch_size:
             fail("training.micro_batch_size", f"at most training.batch_size={self.batch_size}", self.micro_batch_size)
-        for name in ("warmup_steps", "weight_decay", "grad_clip", "momentum", "seed"):
-            if getattr(self, name) < 0:
-                fail(f"training.{name}", "a non-negative number", getattr(self, name))
-        for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                fail(f"training.{name}", "a number in [0, 1)", getattr(self, name))
-        if not 0 <= self.min_lr_ratio <= 1:
-            fail("training.min_lr_ratio", "a number in [0, 1]", self.min_lr_ratio)
 
     @property
     def workers(self) -> int:

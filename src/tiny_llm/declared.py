@@ -3,10 +3,12 @@ the one declaration from which a configuration file is loaded, a command line is
 and a value built in code is checked.
 
 * ``build(cls, data, prefix)``: the typed loader of run configurations and every settings class:
-  unknown keys, types and literals refused in one line naming the key as the user spelled it
-  (``prefix`` + field); nested dataclasses from mappings.
+  unknown keys, types, literals and ranges refused in one line naming the key as the user spelled
+  it (``prefix`` + field); nested dataclasses from mappings. A range is declared with the type:
+  ``Positive`` (an integer ≥ 1), ``NonNegative``, ``PositiveNumber``, ``NonNegativeNumber``, or
+  ``Annotated[int, Bounds(2)]`` and the like.
 * ``check_fields(obj)``: the same checks on an instance built in code (a class's ``__post_init__``
-  calls it, then writes only its ranges and cross-field checks by hand).
+  calls it, then writes only its cross-field checks by hand).
 * ``field_docs(cls)``: each field's docstring (the string under it), for help texts.
 * ``add_options(parser, cls)`` and ``from_options(cls, args)``: a command line whose options,
   defaults, choices and help come from the fields (``--name-with-dashes``; a bool is
@@ -28,9 +30,14 @@ import textwrap
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 __all__ = [
+    "Bounds",
+    "NonNegative",
+    "NonNegativeNumber",
+    "Positive",
+    "PositiveNumber",
     "add_options",
     "build",
     "check_fields",
@@ -39,8 +46,42 @@ __all__ = [
     "fail",
     "field_docs",
     "from_options",
-    "require_positive",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """The range a declared number keeps: finite, at least ``low`` (above it with ``open_low``) and
+    at most ``high`` (below it with ``open_high``); None: unbounded on that side."""
+
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):  # NaN compares false, infinity is no size
+            return False
+        above = self.low is None or (value > self.low if self.open_low else value >= self.low)
+        below = self.high is None or (value < self.high if self.open_high else value <= self.high)
+        return above and below
+
+    def words(self, base: Any) -> str:
+        """What a value in range is (``a positive integer``, ``a number in [0, 1)``)."""
+        kind = "integer" if base is int else "number"
+        if self.high is None and self.low == 0:
+            return f"a positive {kind}" if self.open_low else f"a non-negative {kind}"
+        if self.high is None and self.low == 1 and base is int:
+            return "a positive integer"
+        if self.high is None:
+            return f"{'an' if base is int else 'a'} {kind} {'>' if self.open_low else '>='} {self.low:g}"
+        return f"a {kind} in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
+
+
+Positive = Annotated[int, Bounds(1)]
+NonNegative = Annotated[int, Bounds(0)]
+PositiveNumber = Annotated[float, Bounds(0, open_low=True)]
+NonNegativeNumber = Annotated[float, Bounds(0)]
 
 
 def fail(key: str, allowed: str, got: Any) -> typing.NoReturn:
@@ -48,17 +89,11 @@ def fail(key: str, allowed: str, got: Any) -> typing.NoReturn:
     raise ValueError(f"{key}: expected {allowed}, got {got!r}")
 
 
-def require_positive(section: str, obj: Any, *names: str) -> None:
-    """Refuse, naming the key, any of ``names`` of ``obj`` that is not a positive finite number."""
-    for name in names:
-        value = getattr(obj, name)
-        if not (value > 0 and math.isfinite(value)):  # NaN compares false, infinity is no size
-            fail(f"{section}.{name}", "a positive number", value)
-
-
 def describe(tp: Any) -> str:
     """What a value of type ``tp`` is, in the words of a refusal."""
     origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return tp.__metadata__[0].words(tp.__origin__)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin in (typing.Union, types.UnionType):
@@ -77,7 +112,11 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         ValueError: ``key: expected <what tp is>, got <value>``.
     """
     origin = typing.get_origin(tp)
-    if origin is Literal:
+    if origin is Annotated:
+        value = coerce(value, tp.__origin__, key)
+        if all(bound.holds(value) for bound in tp.__metadata__):
+            return value
+    elif origin is Literal:
         if value in typing.get_args(tp) and isinstance(value, type(typing.get_args(tp)[0])):
             return value
     elif origin in (typing.Union, types.UnionType):
@@ -119,7 +158,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    return typing.get_type_hints(cls, include_extras=True)
 
 
 def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
@@ -193,6 +232,7 @@ def add_options(
         help_text = docs.get(field.name, "").replace("``", "")  # the docstring's markup is not the terminal's
         tp, options = hints[field.name], {"dest": field.name, "default": field.default, "help": help_text}
         arms = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+        arms = [a.__origin__ if typing.get_origin(a) is Annotated else a for a in arms]
         if field.name in parsers:
             options["type"] = parsers[field.name]
         elif tp is bool:

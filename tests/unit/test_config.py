@@ -84,11 +84,17 @@ def test_a_runs_resolved_yaml_holds_only_its_architectures_options_and_older_one
         ({"training": {"lr": -1.0}}, "training.lr: expected a positive number"),
         ({"model": {"norm_eps": float("nan")}}, "model.norm_eps: expected a positive number, got nan"),
         ({"model": {"rope_theta": float("inf")}}, "model.rope_theta: expected a positive number, got inf"),
-        ({"model": {"architecture": "gpt_neox", "rotary_pct": 1.5}}, "model.rotary_pct: expected a fraction of each"),
-        ({"model": {"architecture": "gpt_neox", "rotary_pct": 0.0}}, "model.rotary_pct: expected a positive number"),
+        (
+            {"model": {"architecture": "gpt_neox", "rotary_pct": 1.5}},
+            "model.rotary_pct: expected a number in (0, 1], got 1.5",
+        ),
+        (
+            {"model": {"architecture": "gpt_neox", "rotary_pct": 0.0}},
+            "model.rotary_pct: expected a number in (0, 1], got 0.0",
+        ),
         (
             {"model": {"architecture": "gpt_neox", "rotary_pct": float("nan")}},
-            "model.rotary_pct: expected a positive number, got nan",
+            "model.rotary_pct: expected a number in (0, 1], got nan",
         ),
         (
             {"model": {"rope_scaling": {"kind": "linear", "factor": float("nan")}}},

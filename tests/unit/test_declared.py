@@ -63,7 +63,7 @@ def test_every_settings_class_checks_its_types_when_built_in_code_and_documents_
     for make, message in (
         (lambda: AnalysisSettings(dtype="float16"), "dtype: expected one of 'float32', 'float64'"),
         (lambda: AnalysisSettings(seed="1"), "seed: expected an integer, got '1'"),
-        (lambda: AnalysisSettings(memory_budget_gb=True), "memory_budget_gb: expected a number or null"),
+        (lambda: AnalysisSettings(memory_budget_gb=True), "memory_budget_gb: expected a positive number or null"),
         (lambda: SpectrumSettings(lanczos_basis="half"), "spectrum.lanczos_basis: expected one of"),
         (lambda: GeometrySettings(top_k=2.5), "top_k: expected an integer, got 2.5"),
         (lambda: ClusterSettings.from_dict({"walltime": "soon"}), "cluster.walltime: expected one of"),

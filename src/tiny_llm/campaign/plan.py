@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.blocks import block_count
-from tiny_llm.declared import build
+from tiny_llm.declared import Positive, PositiveNumber, build
 from tiny_llm.layout import FINAL, IMPORTED, STATES
 from tiny_llm.workers.settings import AnalysisSettings
 
@@ -50,7 +50,7 @@ class ClusterSettings:
 
     walltime: Literal["none", "estimate"] = "none"
     """estimate: 2 × estimated work + 30 min per state, rounded up to the hour, from timing profiles."""
-    walltime_hours: float | None = None
+    walltime_hours: PositiveNumber | None = None
     """An explicit walltime per state (both cases) in hours; overrides the estimate."""
     timing_profiles: tuple[str, ...] = ("config/timing.yaml", "results/timing")
     """Timing profile files or folders."""
@@ -58,9 +58,9 @@ class ClusterSettings:
     """Only timings measured on a device whose name contains this."""
     on_interrupt: Literal["keep-running", "cancel"] = "keep-running"
     """What Ctrl-C does to submitted Slurm jobs."""
-    reattach_poll_seconds: float = 30
+    reattach_poll_seconds: PositiveNumber = 30
     """How often a re-attached job of an earlier controller is polled."""
-    gpus_per_node: int | None = None
+    gpus_per_node: Positive | None = None
     """GPUs on one node of the cluster (profiles/naiss: 4), the most an analysis's gpus_per_job may
     ask for; null: not checked."""
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from tiny_llm.config import RunConfig
-from tiny_llm.declared import build, check_fields
+from tiny_llm.declared import Bounds, NonNegative, Positive, PositiveNumber, build, check_fields
 from tiny_llm.workers.settings import AnalysisSettings
 
 __all__ = [
@@ -26,33 +26,33 @@ __all__ = [
 class GeometrySettings:
     """How a cross-seed experiment measures each checkpoint (``seed_experiments.<name>.settings``)."""
 
-    reference_rows: int = 16
+    reference_rows: Positive = 16
     """Sequences of the reference set (loss, reference gradient, function-space probes)."""
     held_out: bool = True
     """Cut the reference set from the unseen stream (true) or from the first training epoch (false)."""
-    cov_num_batches: int = 4
+    cov_num_batches: Annotated[int, Bounds(2)] = 4
     """Batches of the covariance probe (at least 2)."""
-    cov_batch_size: int = 2
+    cov_batch_size: Positive = 2
     """Sequences per covariance batch."""
-    top_k: int = 2
+    top_k: Positive = 2
     """Dimension k of the dominant subspaces (at most cov_num_batches)."""
-    hutchinson_samples: int = 8
+    hutchinson_samples: Positive = 8
     """Rademacher probes for the Hessian trace and for the Jacobian Frobenius norm."""
-    hessian_proxy_every: int = 1
+    hessian_proxy_every: NonNegative = 1
     """Hessian trace and Jacobian norm at every N-th checkpoint (0: never)."""
-    hessian_eig_every: int = 1
+    hessian_eig_every: NonNegative = 1
     """Hessian top eigenvalue and gradient alignment at every N-th checkpoint (0: never)."""
-    lanczos_steps: int = 100
+    lanczos_steps: Positive = 100
     """Most Lanczos steps for the top eigenvalue (it stops once the eigenpair converges)."""
-    lanczos_tolerance: float | None = None
+    lanczos_tolerance: PositiveNumber | None = None
     """Converged: ‖Hu − λu‖ ≤ this · |λ|; null: 1e-6 in float64, 1e-3 in float32."""
-    hvp_batch_size: int = 8
+    hvp_batch_size: Positive = 8
     """Sequences per curvature micro-batch."""
-    llc_every: int = 0
+    llc_every: NonNegative = 0
     """Local learning coefficient at every N-th checkpoint (0: never; needs the optional devinterp)."""
-    llc_chains: int = 4
+    llc_chains: Positive = 4
     """SGLD chains for the local learning coefficient."""
-    llc_draws: int = 100
+    llc_draws: Positive = 100
     """SGLD draws per chain."""
     llc_lr: float = 1e-4
     """SGLD step size."""
@@ -68,27 +68,9 @@ class GeometrySettings:
     """float64 or float32."""
 
     def __post_init__(self):
-        check_fields(self)  # types and literals, as the loader checks them; ranges below
-        for name in (
-            "reference_rows",
-            "cov_batch_size",
-            "top_k",
-            "hutchinson_samples",
-            "lanczos_steps",
-            "hvp_batch_size",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.lanczos_tolerance is not None and not self.lanczos_tolerance > 0:
-            raise ValueError(f"lanczos_tolerance must be positive or null, got {self.lanczos_tolerance}")
-        if self.cov_num_batches < 2:
-            raise ValueError(f"cov_num_batches must be at least 2 (a covariance), got {self.cov_num_batches}")
+        check_fields(self)  # types, literals and ranges, as the loader checks them; cross-field below
         if self.top_k > self.cov_num_batches:
             raise ValueError(f"top_k ({self.top_k}) must not exceed cov_num_batches ({self.cov_num_batches})")
-        if min(self.hessian_proxy_every, self.hessian_eig_every, self.llc_every) < 0:
-            raise ValueError("hessian_proxy_every, hessian_eig_every and llc_every must be 0 (never) or positive")
-        if self.llc_chains < 1 or self.llc_draws < 1:
-            raise ValueError("llc_chains and llc_draws must be at least 1")
 
 
 def geometry_settings_from_dict(data: dict[str, Any] | None) -> GeometrySettings:

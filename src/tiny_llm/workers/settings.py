@@ -23,7 +23,7 @@ from tiny_llm.curvature.engines import (
     sharded_names,
 )
 from tiny_llm.curvature.engines import engine as engine_named
-from tiny_llm.declared import build, check_fields
+from tiny_llm.declared import NonNegative, Positive, PositiveNumber, build, check_fields
 
 ENGINE_SETTINGS = (AUTO, *names())
 """What ``engine`` may be set to: auto or a registered engine."""
@@ -44,15 +44,15 @@ EXECUTION_SETTINGS = ("memory_budget_gb",)
 class AnalysisSettings:
     """Numerical and sampling settings of an analysis (all part of a result's identity)."""
 
-    noise_samples: int | None = 32
+    noise_samples: Positive | None = 32
     """S_v, sampled effective batches (all, None in code: every batch of the epoch; capped by the epoch)."""
-    random_samples: int = 32
+    random_samples: NonNegative = 32
     """S_r, Rademacher directions."""
-    seed: int = 42
+    seed: NonNegative = 42
     """Seed of the noise-batch draw and the Rademacher directions (reused across checkpoints)."""
-    hvp_batch_size: int | None = None
+    hvp_batch_size: Positive | None = None
     """Curvature micro-batch size (None = training.micro_batch_size); never changes H."""
-    directions_per_pass: int = 16
+    directions_per_pass: Positive = 16
     """K directions share each pass over the data; bounded by memory."""
     engine: EngineSetting = AUTO
     """Engine of every quadratic form vᵀHv: taylor or adjoint (second derivatives along v, no Hv),
@@ -85,14 +85,14 @@ class AnalysisSettings:
     """Precision audit, first in the job: ḡ and the loss over the epoch in float64, and a seeded
     subset of the directions rebuilt and measured in float64, giving the error each statistic
     implies (true / false). auto: on unless the analysis runs in float64 without autocast."""
-    audit_directions: int = 4
+    audit_directions: Positive = 4
     """Audited noise directions and random directions (each; ḡᵀHḡ is always audited)."""
-    audit_batches: int = 4
+    audit_batches: Positive = 4
     """Curvature micro-batches (seeded) over which the audit compares production and float64."""
-    data_offset: int = 0
+    data_offset: NonNegative = 0
     """Case offset: the epoch starts this many batches (of training.batch_size sequences) into the
     cache, in cache order."""
-    memory_budget_gb: float | None = None
+    memory_budget_gb: PositiveNumber | None = None
     """Memory (GiB) a job may use on its device; every pass is cut into groups of sequences that the
     memory model says fit it (the numbers do not change, so it is not part of a result's identity).
     None: on CUDA the device's free memory less a margin, elsewhere no budget."""
@@ -107,25 +107,7 @@ class AnalysisSettings:
             object.__setattr__(self, "audit", self.audit == "on")
         if self.engine not in ENGINE_SETTINGS:  # a name beside the registry's, before the types' message
             raise ValueError(f"engine: expected one of {', '.join(ENGINE_SETTINGS)}, got {self.engine!r}")
-        check_fields(self)  # types and literals, as the loader checks them; ranges and the rest below
-        for name in ("random_samples", "seed"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: expected a non-negative integer, got {getattr(self, name)}")
-        for name in ("noise_samples", "hvp_batch_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name}: expected a positive integer or all/default, got {value}")
-        if self.directions_per_pass < 1:
-            raise ValueError(f"directions_per_pass: expected a positive integer, got {self.directions_per_pass}")
-        for name in ("audit_directions", "audit_batches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
-        if self.memory_budget_gb is not None and not (
-            isinstance(self.memory_budget_gb, (int, float)) and 0 < self.memory_budget_gb < float("inf")
-        ):
-            raise ValueError(
-                f"memory_budget_gb: expected a positive number of GiB or null, got {self.memory_budget_gb!r}"
-            )
+        check_fields(self)  # types, literals and ranges, as the loader checks them; cross-field below
         if self.amp and self.dtype != "float32":
             raise ValueError("--amp requires --dtype float32 (bf16 autocast with float32 parameters)")
 
@@ -200,12 +182,12 @@ def _refuse_amp(settings: AnalysisSettings, what: str) -> None:
 class SpectrumSettings:
     """Spectral settings (part of a spectrum result's identity)."""
 
-    top_k: int = 3
+    top_k: Positive = 3
     """Eigenpairs reported (largest algebraic, and largest magnitude)."""
-    lanczos_steps: int = 100
+    lanczos_steps: Positive = 100
     """Most Lanczos iterations for the top eigenpairs (full reorthogonalisation); it stops earlier
     once every wanted eigenpair has converged (``lanczos_tolerance``)."""
-    lanczos_tolerance: float | None = None
+    lanczos_tolerance: PositiveNumber | None = None
     """Converged: residual ‖Hu − λu‖ ≤ this · |λ|. None: 1e-6 for a float64 analysis, 1e-3 for
     float32 (its Hessian-vector products are not more accurate than that)."""
     lanczos_basis: Literal["float64", "float32", "bfloat16"] = "float64"
@@ -213,17 +195,17 @@ class SpectrumSettings:
     lanczos_reduction: Literal["float64", "float32"] = "float64"
     """Dtype of the Lanczos dot products, norms and reorthogonalisation (float32 with a bfloat16
     basis: low-precision storage with float32 reductions)."""
-    slq_vectors: int = 2
+    slq_vectors: Positive = 2
     """SLQ starting vectors n_v."""
-    slq_steps: int = 10
+    slq_steps: Positive = 10
     """SLQ Lanczos steps m per vector."""
-    block_samples: int = 2
+    block_samples: Positive = 2
     """Rademacher directions for the block-diagonal error."""
     cg_damping: float | None = None
     """λ of the solve (H + λI)x = ḡ; null = twice the largest eigenvalue magnitude found."""
-    cg_rtol: float = 1e-6
+    cg_rtol: PositiveNumber = 1e-6
     """Relative residual at which CG stops."""
-    cg_max_iterations: int = 50
+    cg_max_iterations: Positive = 50
     """CG iteration cap (the residual reached is reported)."""
     sharded: bool = False
     """Shard the model, directions and Lanczos vectors over the job's ranks with FSDP2 (a model that
@@ -231,16 +213,9 @@ class SpectrumSettings:
     (engine auto or finite_difference). With one rank it runs the same products unsharded."""
 
     def __post_init__(self) -> None:
-        check_fields(self, "spectrum.")  # types and literals, as the loader checks them
-        for name in ("top_k", "lanczos_steps", "slq_vectors", "slq_steps", "block_samples", "cg_max_iterations"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"spectrum.{name}: expected a positive integer, got {getattr(self, name)}")
+        check_fields(self, "spectrum.")  # types, literals and ranges, as the loader checks them
         if self.lanczos_steps < self.top_k:
             raise ValueError(f"spectrum.lanczos_steps: expected at least top_k={self.top_k}, got {self.lanczos_steps}")
-        if self.lanczos_tolerance is not None and not self.lanczos_tolerance > 0:
-            raise ValueError(
-                f"spectrum.lanczos_tolerance: expected a positive number or null, got {self.lanczos_tolerance!r}"
-            )
 
 
 def spectrum_settings_from_dict(data: dict[str, Any]) -> SpectrumSettings:
