@@ -108,20 +108,14 @@ def measure_pass(
     torch.manual_seed(seed)
     model = build_model(config, attention_backend="reference").to(device, dtype)
     precision = Precision(device, dtype, amp)
+    tokens = torch.randint(0, config.vocab_size, (rows, seq_len + 1), device=device)
     if engine == GRADIENT:
-        tokens = torch.randint(0, config.vocab_size, (rows, seq_len + 1), device=device)
+        forward = lambda x: precision.forward(model, x)
         with counter:
             accumulate_batch_gradient(
-                model,
-                tokens,
-                rows,
-                forward=lambda x: precision.forward(model, x),
-                head_tokens=head_tokens,
-                autocast=precision.autocast,
+                model, tokens, rows, forward, head_tokens=head_tokens, autocast=precision.autocast
             )
         return counter.peak
-    spec = engine_named(engine)
-    tokens = torch.randint(0, config.vocab_size, (rows, seq_len + 1), device=device)
     H = EpochHessian(
         model,
         tokens,
@@ -134,7 +128,7 @@ def measure_pass(
         head_tokens=head_tokens,
     )
     V = torch.randn(K, H.flat.D, dtype=dtype, device=device)
-    if spec.products:
+    if engine_named(engine).products:
         if compile:  # compilation's own workspaces are not the pass's
             H.hvp(V)
         with counter:

@@ -288,6 +288,23 @@ def _counts(samples: Samples, inputs: CaseInputs, operator: CurvatureOperator) -
     }
 
 
+def _block_rows(
+    samples: Samples,
+    setup: _Setup,
+    blocks: list[tuple[str, list[int]]],
+    g_bar: torch.Tensor,
+    gradient_blocks: list[Direction] | None,
+) -> list[dict[str, Any]]:
+    """Each parameter block's statistics, from the same declarations as the whole model's."""
+    return block_statistics(
+        samples,
+        [name for name, _ in blocks],
+        [sum(setup.sizes[i] for i in indices) for _, indices in blocks],
+        setup.vectors.block_squared_norms(g_bar, blocks),
+        None if gradient_blocks is None else [d.curvature for d in gradient_blocks],
+    )
+
+
 def measure_case(
     model: Llama, inputs: CaseInputs, precision: Precision, progress: Callable[[str], None] = log.info
 ) -> dict[str, Any]:
@@ -298,9 +315,8 @@ def measure_case(
     shard (``_sharded``); the statistics are the same.
     """
     t0 = time.perf_counter()
-    plan, cache = inputs.plan, inputs.cache
-    batches = [cache.tokens(blocks) for blocks in plan.blocks]
-    B, n = len(plan.blocks[0]), len(plan)
+    batches = [inputs.cache.tokens(blocks) for blocks in inputs.plan.blocks]
+    B, n = len(inputs.plan.blocks[0]), len(inputs.plan)
     sharded = is_sharded(inputs.sharded)
     setup = (
         _sharded(model, batches, inputs, precision, progress) if sharded else _whole(model, batches, inputs, precision)
@@ -316,8 +332,8 @@ def measure_case(
 
     operator = setup.operator()
     blocks = model_blocks(setup.names, inputs.block_curvature, progress)
-    total = len(selected) + inputs.random_samples + 1 + len(inputs.consensus)
-    total += (len(selected) + 1) * len(blocks) if inputs.block_curvature else 0
+    total = (len(selected) + 1) * (1 + (len(blocks) if inputs.block_curvature else 0))
+    total += inputs.random_samples + len(inputs.consensus)
     K = inputs.directions_per_pass if sharded else operator.K
     runner = DirectionRunner(operator, K, setup.split, vectors, total, precision.dtype, progress)
     noise, sample_seconds, block_forms = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks)
@@ -335,13 +351,7 @@ def measure_case(
     return {
         "statistics": {"loss": epoch_loss, **summarise(samples)},
         "standard_errors": standard_errors(samples),
-        "blocks": block_statistics(
-            samples,
-            [name for name, _ in blocks],
-            [sum(setup.sizes[i] for i in indices) for _, indices in blocks],
-            vectors.block_squared_norms(g_bar, blocks),
-            None if gradient_blocks is None else [d.curvature for d in gradient_blocks],
-        ),
+        "blocks": _block_rows(samples, setup, blocks, g_bar, gradient_blocks),
         "audit": audit,
         "noise_samples": [r.to_json() for r in noise],
         "random_directions": [r.to_json() for r in random],

@@ -123,6 +123,31 @@ def _existing(out: Path, settings: dict[str, Any], shard_blocks: int) -> bool:
     return False
 
 
+def _write_cache(
+    tmp: Path, segments: list[np.ndarray], table: np.ndarray, settings: dict, shard_blocks: int, keep_order: bool
+) -> None:
+    """The shards, the block map and meta.json (last) of a cache into ``tmp``."""
+    seq_len = settings["seq_len"]
+    dtype = np.dtype("<u2") if settings["vocab_size"] <= 1 << 16 else np.dtype("<u4")
+    entries = _write_shards(tmp, segments, table, seq_len, shard_blocks, dtype, shuffled=not keep_order)
+    with open(tmp / BLOCK_SOURCES, "wb") as handle:
+        np.save(handle, table, allow_pickle=False)
+        handle.flush()
+        os.fsync(handle.fileno())
+    meta = {
+        "format": CACHE_FORMAT,
+        **settings,
+        "dtype": dtype.name,
+        "shard_blocks": shard_blocks,
+        "block_stride": seq_len if keep_order else seq_len + 1,
+        "blocks": int(len(table)),
+        "source_tokens": [int(len(segment)) for segment in segments],
+        "block_sources": {"file": BLOCK_SOURCES, "sha256": sha256_file(tmp / BLOCK_SOURCES)},
+        "shards": entries,
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
 def prepare_cache(
     out: str | Path,
     segments: list[np.ndarray],
@@ -170,23 +195,6 @@ def prepare_cache(
         return out
     what = "the demo source" if source.get("kind") == "demo" else "the source"
     table = _select_blocks(segments, seq_len, blocks, G, None if keep_order else data_seed, what)
-    dtype = np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
     with atomic_directory(out) as tmp:
-        entries = _write_shards(tmp, segments, table, seq_len, shard_blocks, dtype, shuffled=not keep_order)
-        with open(tmp / BLOCK_SOURCES, "wb") as handle:
-            np.save(handle, table, allow_pickle=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        meta = {
-            "format": CACHE_FORMAT,
-            **settings,
-            "dtype": dtype.name,
-            "shard_blocks": shard_blocks,
-            "block_stride": seq_len if keep_order else seq_len + 1,
-            "blocks": int(len(table)),
-            "source_tokens": [int(len(segment)) for segment in segments],
-            "block_sources": {"file": BLOCK_SOURCES, "sha256": sha256_file(tmp / BLOCK_SOURCES)},
-            "shards": entries,
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        _write_cache(tmp, segments, table, settings, shard_blocks, keep_order)
     return out
