@@ -188,7 +188,7 @@ def _analysis_rank(rank: int, size: int, store: str, out: str, args: argparse.Na
     """One rank of a sharded (state, case) analysis (``measure_case``, taylor engine): the peak of
     live storage created during it (the shards FSDP makes included), seconds and bytes per form
     pass, and the plan's predicted peak for one rank."""
-    from tiny_llm.curvature.memory import plan_analysis
+    from tiny_llm.curvature.memory import JobShape, plan_analysis
     from tiny_llm.curvature.noise import CaseInputs, measure_case
     from tiny_llm.data.tokens import TokenCache, epoch_plan
 
@@ -231,18 +231,20 @@ def _analysis_rank(rank: int, size: int, store: str, out: str, args: argparse.Na
         with StoragePeak() as peak:
             result = measure_case(model, inputs, CPU32, progress=lambda message: None)
         plan = plan_analysis(
-            config.model,
-            args.seq_len,
-            engine="taylor",
-            K=args.K,
-            hvp_batch_size=args.micro_batch,
-            micro_batch_size=args.micro_batch,
-            itemsize=4,
-            compiled=False,
+            JobShape(
+                config=config.model,
+                seq_len=args.seq_len,
+                engine="taylor",
+                K=args.K,
+                hvp_batch_size=args.micro_batch,
+                micro_batch_size=args.micro_batch,
+                itemsize=4,
+                compiled=False,
+                shards=size,
+            ),
             audit_directions=None,
             extra_vectors=0,
             budget_bytes=None,
-            shards=size,
         )
         passes = result["counts"]["hvp_passes"]
         forms = 2 * args.analysis_noise + 1

@@ -42,6 +42,7 @@ __all__ = [
     "FEATURES",
     "GRADIENT",
     "GiB",
+    "JobShape",
     "MemoryPlan",
     "PHASES",
     "PassPlan",
@@ -281,20 +282,25 @@ def _head_chunks(tokens: int, chunk_head: bool) -> list[int | None]:
     return chunks
 
 
+@dataclass(frozen=True, kw_only=True)
+class JobShape:
+    """What a job's passes are, for its memory plan: the model and context, the engine with its K
+    directions per pass, the micro-batches, the bytes of a number, compilation and the ranks the
+    model is sharded over."""
+
+    config: ModelConfig
+    seq_len: int
+    engine: str
+    K: int
+    hvp_batch_size: int
+    micro_batch_size: int
+    itemsize: int
+    compiled: bool = False
+    shards: int = 1
+
+
 def plan_analysis(
-    config: ModelConfig,
-    seq_len: int,
-    *,
-    engine: str,
-    K: int,
-    hvp_batch_size: int,
-    micro_batch_size: int,
-    itemsize: int,
-    compiled: bool,
-    audit_directions: int | None,
-    extra_vectors: int,
-    budget_bytes: int | None,
-    shards: int = 1,
+    job: JobShape, *, audit_directions: int | None, extra_vectors: int, budget_bytes: int | None
 ) -> MemoryPlan:
     """The grouping of a (state, case) job's passes: the gradient passes (training's micro-batches),
     the quadratic forms (K directions on curvature micro-batches) and, when audited, the float64
@@ -309,6 +315,8 @@ def plan_analysis(
     Raises:
         ValueError: a pass that does not fit ``budget_bytes`` even one sequence at a time.
     """
+    config, seq_len, engine, K, itemsize, shards = job.config, job.seq_len, job.engine, job.K, job.itemsize, job.shards
+    hvp_batch_size, micro_batch_size = job.hvp_batch_size, job.micro_batch_size
     D = -(-parameter_count(config) // shards)
     unsharded = held_unsharded(config, engine, K, shards, itemsize)  # what the sharded operator says
 
@@ -324,7 +332,7 @@ def plan_analysis(
         return choose_group_rows(*args, D=D, chunk_head=chunked(engine_), **options)
 
     largest = max(1, hvp_batch_size // K) if engine_named(engine).rows_per_direction else None
-    forms = {"shape": forms_shape(config, engine, shards), "equal_groups": compiled, "largest": largest}
+    forms = {"shape": forms_shape(config, engine, shards), "equal_groups": job.compiled, "largest": largest}
     passes = [
         fit("gradient", GRADIENT, micro_batch_size, 1, itemsize, resident + unsharded[GRADIENT]),
         fit("forms", engine, hvp_batch_size, K, itemsize, resident + unsharded[engine], **forms),
@@ -337,21 +345,7 @@ def plan_analysis(
     return MemoryPlan(budget_bytes, tuple(passes), shards)
 
 
-def plan_spectrum(
-    config: ModelConfig,
-    seq_len: int,
-    *,
-    engine: str,
-    K: int,
-    hvp_batch_size: int,
-    micro_batch_size: int,
-    itemsize: int,
-    compiled: bool,
-    basis_bytes: int,
-    extra_vectors: int,
-    budget_bytes: int | None,
-    shards: int = 1,
-) -> MemoryPlan:
+def plan_spectrum(job: JobShape, *, basis_bytes: int, extra_vectors: int, budget_bytes: int | None) -> MemoryPlan:
     """The grouping of a spectrum job's passes: gradients, and Hessian-vector products of at most K
     directions (one for Lanczos, SLQ and CG), beside the Lanczos basis (``basis_bytes``, this
     rank's) and ``extra_vectors`` float64 vectors (the sampled noise directions). Sharded over
@@ -361,26 +355,15 @@ def plan_spectrum(
     Raises:
         ValueError: a pass that does not fit ``budget_bytes`` even one sequence at a time.
     """
-    D = -(-parameter_count(config) // shards)
-    resident = resident_bytes(D, K, itemsize, extra_vectors) + basis_bytes
+    config, seq_len, itemsize = job.config, job.seq_len, job.itemsize
+    D = -(-parameter_count(config) // job.shards)
+    resident = resident_bytes(D, job.K, itemsize, extra_vectors) + basis_bytes
+    gradient = (GRADIENT, config, job.micro_batch_size, 1, seq_len, itemsize, budget_bytes, resident)
+    products = (job.engine, config, job.hvp_batch_size, job.K, seq_len, itemsize, budget_bytes, resident)
     return MemoryPlan(
         budget_bytes,
         (
-            choose_group_rows(
-                "gradient", GRADIENT, config, micro_batch_size, 1, seq_len, itemsize, budget_bytes, resident, D=D
-            ),
-            choose_group_rows(
-                "products",
-                engine,
-                config,
-                hvp_batch_size,
-                K,
-                seq_len,
-                itemsize,
-                budget_bytes,
-                resident,
-                equal_groups=compiled,
-                D=D,
-            ),
+            choose_group_rows("gradient", *gradient, D=D),
+            choose_group_rows("products", *products, equal_groups=job.compiled, D=D),
         ),
     )

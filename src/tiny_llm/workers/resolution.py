@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.engines import default_products_engine
 from tiny_llm.curvature.engines import engine as engine_named
-from tiny_llm.curvature.memory import MemoryPlan, plan_analysis
+from tiny_llm.curvature.memory import JobShape, MemoryPlan, plan_analysis
 from tiny_llm.workers.settings import AnalysisSettings, quadratic_form_engine
 
 __all__ = ["ITEMSIZE", "Resolution", "memory_plan", "resolve", "runs_compiled"]
@@ -71,16 +71,18 @@ def memory_plan(
     """
     resolution = resolve(settings, config, cuda)
     return plan_analysis(
-        config.model,
-        config.data.seq_len,
-        engine=resolution.engine,
-        K=settings.directions_per_pass,
-        hvp_batch_size=resolution.hvp_batch_size,
-        micro_batch_size=config.training.micro_batch_size,
-        itemsize=ITEMSIZE[settings.dtype],
-        compiled=resolution.compiled,
+        JobShape(
+            config=config.model,
+            seq_len=config.data.seq_len,
+            engine=resolution.engine,
+            K=settings.directions_per_pass,
+            hvp_batch_size=resolution.hvp_batch_size,
+            micro_batch_size=config.training.micro_batch_size,
+            itemsize=ITEMSIZE[settings.dtype],
+            compiled=resolution.compiled,
+            shards=ranks if settings.sharded else 1,
+        ),
         audit_directions=settings.audit_directions if settings.audited else None,
         extra_vectors=config.training.workers if config.training.packed and settings.consensus else 0,
         budget_bytes=budget_bytes,
-        shards=ranks if settings.sharded else 1,
     )

@@ -18,7 +18,7 @@ from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.hessian import FD_SCALE, Precision, runtime_settings
-from tiny_llm.curvature.memory import MemoryPlan, parameter_count, plan_spectrum
+from tiny_llm.curvature.memory import JobShape, MemoryPlan, parameter_count, plan_spectrum
 from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
@@ -70,15 +70,17 @@ def spectrum_memory(
     basis = spectrum.lanczos_steps * -(-D // shards) * torch.finfo(BASIS_DTYPES[spectrum.lanczos_basis]).bits // 8
     noise = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
     return plan_spectrum(
-        config.model,
-        config.data.seq_len,
-        engine=resolved.hvp_engine,
-        shards=shards,
-        K=min(settings.directions_per_pass, max(spectrum.block_samples, 1)),
-        hvp_batch_size=resolved.hvp_batch_size,
-        micro_batch_size=config.training.micro_batch_size,
-        itemsize=itemsize,
-        compiled=resolved.hvp_compiled,
+        JobShape(
+            config=config.model,
+            seq_len=config.data.seq_len,
+            engine=resolved.hvp_engine,
+            shards=shards,
+            K=min(settings.directions_per_pass, max(spectrum.block_samples, 1)),
+            hvp_batch_size=resolved.hvp_batch_size,
+            micro_batch_size=config.training.micro_batch_size,
+            itemsize=itemsize,
+            compiled=resolved.hvp_compiled,
+        ),
         basis_bytes=basis,
         extra_vectors=noise,
         budget_bytes=device_budget(resolved.device, settings.memory_budget_gb),

@@ -13,6 +13,7 @@ from tiny_llm.curvature.memory import (
     GRADIENT,
     MODEL_MARGIN,
     GiB,
+    JobShape,
     choose_group_rows,
     parameter_count,
     pass_bytes,
@@ -131,15 +132,12 @@ CAMPAIGN = ModelConfig(vocab_size=256, d_model=512, n_heads=8, d_ff=1368, n_laye
 
 def campaign_plan(engine: str, audit_directions: int | None, budget_bytes: int | None, shards: int = 1):
     """The plan of the campaign's analysis settings (T = 1024, K = 16, micro-batches of 64 and 32)."""
-    settings = dict(K=16, hvp_batch_size=64, micro_batch_size=32, itemsize=4, compiled=False, extra_vectors=0)
+    settings = dict(K=16, hvp_batch_size=64, micro_batch_size=32, itemsize=4, compiled=False)
     return plan_analysis(
-        CAMPAIGN,
-        1024,
-        engine=engine,
+        JobShape(config=CAMPAIGN, seq_len=1024, engine=engine, shards=shards, **settings),
         audit_directions=audit_directions,
         budget_bytes=budget_bytes,
-        shards=shards,
-        **settings,
+        extra_vectors=0,
     )
 
 
