@@ -1,4 +1,4 @@
-"""Indexing: checkpoint selection, alias grouping by parameter state, training positions."""
+"""Indexing: alias grouping by parameter state, training positions."""
 
 import shutil
 
@@ -7,7 +7,6 @@ from builders import make_oracle_run
 
 from tiny_llm.training.loop import train
 from tiny_llm.workers.index import index_states
-from tiny_llm.workers.selection import select_checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -16,17 +15,6 @@ def run(tmp_path_factory):
     config = make_oracle_run(path, epochs=3, tokens=3 * 6 * 3 * 3)
     train(config, path / "run")
     return path / "run"
-
-
-def test_all_selects_epochs_in_order_then_final(run):
-    names = [p.name for p in select_checkpoints(run, "all")]
-    assert names == [
-        "epoch-000.safetensors",
-        "epoch-001.safetensors",
-        "epoch-002.safetensors",
-        "epoch-003.safetensors",
-        "final.pt",
-    ]
 
 
 def test_identical_states_become_aliases(run, tmp_path):
@@ -44,12 +32,3 @@ def test_identical_states_become_aliases(run, tmp_path):
     assert [s["aliases"][0]["tokens"] for s in index["states"]] == [0, 54, 108, 162]
     assert index["packed"] is False and index["consensus"] is False
     assert all(s["key"] == s["weights_hash"] for s in index["states"])
-
-
-def test_selection_errors(run, tmp_path):
-    with pytest.raises(ValueError, match="expected 'all' or a non-empty list"):
-        select_checkpoints(run, [])
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="holds no checkpoints"):
-        select_checkpoints(tmp_path / "empty", "all")
-    assert [p.name for p in select_checkpoints(run, [str(run / "final.pt")])] == ["final.pt"]
