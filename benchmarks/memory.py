@@ -280,33 +280,18 @@ def shape_check(config_path: Path, device: str, out: Path | None) -> list[dict]:
                 f"{'-' if measured is None else size(measured):>9}, ratio {ratio}",
                 flush=True,
             )
+    job = JobShape(
+        config=config.model, seq_len=T, engine="adjoint", K=16, hvp_batch_size=64, micro_batch_size=32, itemsize=4
+    )
     unbounded = plan_analysis(
-        JobShape(
-            config=config.model,
-            seq_len=T,
-            engine="adjoint",
-            K=16,
-            hvp_batch_size=64,
-            micro_batch_size=32,
-            itemsize=4,
-            compiled=False,
-        ),
+        job,
         audit_directions=None,
         extra_vectors=0,
         budget_bytes=None,
     )
     budget = min(40 * GiB, unbounded.peak_bytes // 3)
     plan = plan_analysis(
-        JobShape(
-            config=config.model,
-            seq_len=T,
-            engine="adjoint",
-            K=16,
-            hvp_batch_size=64,
-            micro_batch_size=32,
-            itemsize=4,
-            compiled=False,
-        ),
+        job,
         audit_directions=None,
         extra_vectors=0,
         budget_bytes=budget,
