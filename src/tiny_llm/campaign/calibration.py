@@ -23,10 +23,7 @@ from tiny_llm.curvature.engines import default_forms_engine
 from tiny_llm.curvature.gradients import batch_gradient
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan
-from tiny_llm.curvature.memory_measure import device_budget
-from tiny_llm.distributed import world
-from tiny_llm.workers.loading import Resolved, resolve_job
-from tiny_llm.workers.resolution import memory_plan
+from tiny_llm.workers.loading import Resolved, job_memory_plan, resolve_job
 from tiny_llm.workers.settings import AnalysisSettings
 from tiny_llm.workers.state import explain_out_of_memory
 
@@ -57,13 +54,7 @@ def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -
         ValueError: the setup does not fit the device's memory, naming the settings to lower.
     """
     resolved = resolve_job(settings, config)
-    memory = memory_plan(
-        settings,
-        config,
-        device_budget(resolved.device, settings.memory_budget_gb),
-        cuda=resolved.device.type == "cuda",
-        ranks=world()[1],
-    )
+    memory = job_memory_plan(settings, config, resolved)
     with (
         runtime_settings(resolved.device, resolved.tf32) as runtime,
         explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),

@@ -14,15 +14,18 @@ import torch
 
 from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, load_config
+from tiny_llm.curvature.memory import MemoryPlan
+from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, offset_plan, unseen_plan
+from tiny_llm.distributed import world
 from tiny_llm.layout import IMPORTED, RESOLVED
 from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
 from tiny_llm.model.hf_runs import run_tokenizer
 from tiny_llm.provenance import canonical_hash
 from tiny_llm.runtime import resolve_device
 from tiny_llm.training.loop import average_states
-from tiny_llm.workers.resolution import Resolution, resolve
+from tiny_llm.workers.resolution import Resolution, memory_plan, resolve
 from tiny_llm.workers.selection import resolve_checkpoints
 from tiny_llm.workers.settings import CASES, AnalysisSettings
 
@@ -130,6 +133,13 @@ def resolve_job(settings: AnalysisSettings, config: RunConfig) -> Resolved:
     device = resolve_device(settings.device)
     resolution = resolve(settings, config, cuda=device.type == "cuda")
     return Resolved(**asdict(resolution), device=device, dtype=getattr(torch, settings.dtype))
+
+
+def job_memory_plan(settings: AnalysisSettings, config: RunConfig, resolved: Resolved) -> MemoryPlan:
+    """The memory plan of this job (:func:`tiny_llm.workers.resolution.memory_plan`) on its device,
+    under its budget, over its ranks."""
+    budget = device_budget(resolved.device, settings.memory_budget_gb)
+    return memory_plan(settings, config, budget, cuda=resolved.device.type == "cuda", ranks=world()[1])
 
 
 def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, offset: int):

@@ -28,7 +28,6 @@ from tiny_llm.curvature.engines import FINITE_DIFFERENCE
 from tiny_llm.curvature.gradients import gradient_rounding
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan
-from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.sharded import shard_rows
 from tiny_llm.data.order import order_report
@@ -39,8 +38,7 @@ from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
-from tiny_llm.workers.loading import LoadedState, Resolved, prepare_inputs
-from tiny_llm.workers.resolution import memory_plan
+from tiny_llm.workers.loading import LoadedState, Resolved, job_memory_plan, prepare_inputs
 from tiny_llm.workers.results import result_identity, reusable_result, single_writer
 from tiny_llm.workers.settings import AnalysisSettings, settings_record
 
@@ -67,13 +65,7 @@ def analyze_state(
     check_writable_file(output)
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
     identity = result_identity(settings, resolved, config, cache)
-    memory = memory_plan(
-        settings,
-        config,
-        device_budget(resolved.device, settings.memory_budget_gb),
-        cuda=resolved.device.type == "cuda",
-        ranks=world()[1],
-    )
+    memory = job_memory_plan(settings, config, resolved)
     with single_writer(output) as reuse:
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
             log.info("reusing %s (same identity)", output)
