@@ -70,6 +70,9 @@ class Architecture:
     records only these."""
     biased: bool = False
     """Its projections carry biases when ``attention_bias`` / ``mlp_bias`` are not given."""
+    hf_model_types: tuple[str, ...] = ()
+    """The Hugging Face ``model_type`` values whose checkpoints import natively as this architecture
+    (each a format in ``tiny_llm.model.hf_formats.FORMATS``); any other comes in through the adapter."""
     shapes: Callable[[Any], ParameterShapes] | None = None
     """Its parameters' names and shapes from a configuration, without torch (None: read from a model
     built on the meta device, for the adapter's models, whose parameters transformers decides)."""
@@ -93,6 +96,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             "tiny_llm.model.llama:Llama",
             jets=True,
             options=("n_kv_heads", "rope_theta", "rope_scaling", "attention_bias", "mlp_bias"),
+            hf_model_types=("llama", "mistral", "qwen2"),
             shapes=llama_shapes,
         ),
         Architecture(
@@ -101,6 +105,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             jets=True,
             options=("attention_bias", "mlp_bias"),
             biased=True,
+            hf_model_types=("gpt2",),
             shapes=gpt2_shapes,
         ),
         Architecture(
@@ -109,6 +114,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             jets=True,
             options=("rope_theta", "rope_scaling", "rotary_pct", "attention_bias", "mlp_bias", "parallel_residual"),
             biased=True,
+            hf_model_types=("gpt_neox",),
             shapes=gpt_neox_shapes,
         ),
         Architecture("hf", "tiny_llm.model.adapter:HFCausalLM", jets=False, options=("hf_config",)),

@@ -76,6 +76,18 @@ def test_whether_a_model_has_second_order_rules_is_asked_of_its_architecture(tmp
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_hugging_face_format_is_declared_by_its_architecture(variant):
+    """The registry names the model types each architecture imports; each format reads a config
+    into that architecture, and our model is exported in one of them."""
+    from tiny_llm.model.hf_formats import FORMATS, export_format
+
+    declared = {t: name for name, spec in ARCHITECTURES.items() for t in spec.hf_model_types}
+    assert set(declared) == set(FORMATS)
+    config = _model(variant).config
+    assert export_format(config).model_type in architecture(config.architecture).hf_model_types
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_every_architecture_has_jet_rules_that_give_the_loss_curvature(variant):
     model = _model(variant)
     assert isinstance(model, CausalLM)
