@@ -202,9 +202,10 @@ def _add_import_hf(sub: argparse._SubParsersAction) -> None:
     ih = sub.add_parser(
         "import-hf",
         formatter_class=_HelpFormatter,
-        help="make a run directory from local Hugging Face checkpoint directories",
-        description="Read local Hugging Face causal-LM directories (config.json and safetensors "
-        "weights; no download), the checkpoints of one model, into a new run directory: "
+        help="make a run directory from local Hugging Face checkpoint directories or cached revisions",
+        description="Read local Hugging Face causal-LM directories, or a repository's revisions in the "
+        "local Hugging Face cache (config.json and safetensors, or pytorch_model.bin read as tensors "
+        "only; no download), the checkpoints of one model, into a new run directory: "
         "resolved.yaml (model from config.json, data and training from --config), "
         "epoch-000.safetensors, epoch-001.safetensors, ... in the order given (oldest first; each "
         "records its source directory, step and tokens), the tokenizer they carry and imported.json; "
@@ -216,7 +217,19 @@ def _add_import_hf(sub: argparse._SubParsersAction) -> None:
         "Seen and unseen do not apply to an imported run: analyse it on the offset case (a "
         "batch-aligned epoch of the cache from a stated offset).",
     )
-    ih.add_argument("directories", nargs="+", type=Path, help="local Hugging Face model directories, oldest first")
+    ih.add_argument(
+        "directories",
+        nargs="+",
+        type=Path,
+        help="local Hugging Face model directories, oldest first; or one repository ORG/NAME with --revision",
+    )
+    ih.add_argument(
+        "--revision",
+        nargs="+",
+        help="revisions of the repository (step1000 ...), oldest first, resolved in the local Hugging Face "
+        "cache (HF_HUB_CACHE, or HF_HOME/hub), never downloaded; a revision's name gives its step "
+        "(stepN) and tokens (...-tokens4B) unless stated",
+    )
     ih.add_argument("--run-dir", required=True, type=Path, help="new run directory, e.g. runs/imported")
     _add_config(ih)
     ih.add_argument(

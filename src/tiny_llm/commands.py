@@ -106,17 +106,32 @@ def import_hf(args: argparse.Namespace) -> None:
     """``tiny-llm import-hf``."""
     from tiny_llm.model.hf_runs import import_run
 
-    print(
-        import_run(
-            args.directories,
-            args.run_dir,
-            _config(args),
-            steps=args.step,
-            tokens=args.tokens,
-            tokens_per_step=args.tokens_per_step,
-            adapter=args.adapter,
-        )
-    )
+    print(import_run(_import_sources(args), args.run_dir, _config(args), args.tokens_per_step, args.adapter))
+
+
+def _import_sources(args: argparse.Namespace) -> list:
+    """The checkpoints ``import-hf`` was given: local directories, or a repository's revisions in
+    the local Hugging Face cache (``ORG/NAME --revision R1 R2 ...``), with the steps and tokens
+    stated for each."""
+    from tiny_llm.model.hf_positions import CheckpointSource
+    from tiny_llm.model.hub import resolve_revision
+
+    if args.revision:
+        if len(args.directories) != 1:
+            raise ValueError(f"--revision takes one repository (ORG/NAME), got {len(args.directories)}")
+        repo = str(args.directories[0])
+        found = [(resolve_revision(repo, r), repo, r) for r in args.revision]
+    else:
+        found = [(Path(d), None, None) for d in args.directories]
+    n = len(found)
+    for flag, values in (("--step", args.step), ("--tokens", args.tokens)):
+        if values is not None and len(values) != n:
+            raise ValueError(f"{flag}: give one per checkpoint ({n} checkpoints, {len(values)} given)")
+    steps, tokens = args.step or [None] * n, args.tokens or [None] * n
+    return [
+        CheckpointSource(path, step, count, repo, revision)
+        for (path, repo, revision), step, count in zip(found, steps, tokens, strict=True)
+    ]
 
 
 def export_hf(args: argparse.Namespace) -> None:

@@ -195,8 +195,8 @@ def local_directory(directory: str | Path, what: str = "") -> Path:
     path = Path(directory)
     if not path.is_dir():
         hint = (
-            f"; it looks like a hub id: fetch it first (huggingface-cli download {directory} --local-dir DIR) "
-            "and give DIR"
+            f"; it looks like a hub id: fetch a revision into the local cache (hf download {directory} "
+            "--revision REV) and give --revision REV (hf_checkpoints: {repo: ..., revision: REV})"
             if re.fullmatch(r"[\w.-]+/[\w.-]+", str(directory))
             else ""
         )

@@ -21,8 +21,9 @@ from tiny_llm.campaign.checks import (
 from tiny_llm.config import ModelConfig, RunConfig, config_to_dict
 from tiny_llm.data.corpus import default_capacity, describe_tokenizer, same_tokenizer
 from tiny_llm.model.hf import imported_config
-from tiny_llm.model.hf_positions import CheckpointPosition, checkpoint_positions
+from tiny_llm.model.hf_positions import CheckpointPosition, CheckpointSource, checkpoint_positions
 from tiny_llm.model.hf_runs import checkpoint_tokenizer
+from tiny_llm.model.hub import expand_checkpoints
 
 __all__ = ["Runs"]
 
@@ -30,6 +31,11 @@ __all__ = ["Runs"]
 def _shape(model: ModelConfig) -> str:
     """A model's shape in words, for messages."""
     return f"d_model {model.d_model}, {model.n_layers} layers, {model.n_heads} heads, vocabulary {model.vocab_size}"
+
+
+def _hub(checkpoints: list[dict[str, Any]]) -> bool:
+    """Whether any checkpoint came from a hub revision (its import spec then records them)."""
+    return any(c.get("revision") for c in checkpoints)
 
 
 class Runs:
@@ -112,17 +118,13 @@ class Runs:
                 "names the prepared cache; training.batch_size, micro_batch_size, tokens and epochs "
                 "cut the offset epoch)"
             )
-        checkpoints = entry["hf_checkpoints"]
-        try:
-            paths = [Path(c["path"]) for c in checkpoints]
+        try:  # a suite or revisions in the local Hugging Face cache: their folders, once
+            entry["hf_checkpoints"] = expand_checkpoints(entry["hf_checkpoints"], self._key(name, "hf_checkpoints"))
+            sources = [CheckpointSource.from_entry(c) for c in entry["hf_checkpoints"]]
+            paths = [s.path for s in sources]
             run = load_run_config({"config": entry["config"], "set": entry.get("set", {})})
             planned = imported_config(paths, run, adapter=bool(entry.get("adapter")))
-            self.positions[name] = checkpoint_positions(
-                paths,
-                [c.get("step") for c in checkpoints],
-                [c.get("tokens") for c in checkpoints],
-                entry.get("tokens_per_step"),
-            )
+            self.positions[name] = checkpoint_positions(sources, entry.get("tokens_per_step"))
             carried = checkpoint_tokenizer(paths, planned.model.vocab_size)
         except ValueError as error:
             raise ValueError(f"{self._key(name, 'hf_checkpoints')}: {error}") from None
@@ -238,6 +240,7 @@ class Runs:
             "directories": [c["path"] for c in checkpoints],
             "steps": [c.get("step") for c in checkpoints],
             "tokens": [c.get("tokens") for c in checkpoints],
+            **({"hub": [[c.get("repo"), c.get("revision")] for c in checkpoints]} if _hub(checkpoints) else {}),
             "tokens_per_step": entry.get("tokens_per_step"),
             "config": config_to_dict(load_run_config({"config": entry["config"], "set": entry.get("set", {})})),
             **({"adapter": True} if entry.get("adapter") else {}),  # absent when false: earlier imports stand

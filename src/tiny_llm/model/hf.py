@@ -5,8 +5,10 @@ GPT-NeoX, exactly.
 One literal key map per architecture, written once (:mod:`tiny_llm.model.hf_formats`).
 
 Only local directories are read (``config.json`` and ``model.safetensors`` or a sharded
-``model.safetensors.index.json``); a hub id is refused with how to fetch it first, and pickled
-``pytorch_model.bin`` weights are refused (checkpoints are data, not code). A configuration our
+``model.safetensors.index.json``, else ``pytorch_model.bin``, single or sharded, read as tensors
+only with ``torch.load(weights_only=True)``: a pickle that would run code is refused by name and
+never executed; checkpoints are data, not code); a hub id is refused with how to fetch it first (a
+revision in the local cache resolves through :mod:`tiny_llm.model.hub`). A configuration our
 models cannot represent is refused by name (Llama family: a sliding window shorter than the context,
 another activation, RoPE scaling other than linear or llama3, a head size other than
 d_model / n_heads; GPT-2: another activation, unscaled or layer-scaled attention, cross-attention;
@@ -54,6 +56,7 @@ __all__ = [
     "read_json_object",
     "read_weights",
     "to_hf_state",
+    "weight_files",
     "write_hf",
     "write_hf_files",
 ]
@@ -173,43 +176,80 @@ def _read_config(directory: str | Path) -> tuple[Path, dict[str, Any]]:
     return path, read_json_object(path / "config.json")
 
 
-def _weight_files(path: Path) -> list[str]:
-    """A Hugging Face model directory's safetensors files (pickled weights are refused)."""
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = read_json_object(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError(f"{index} has no weight_map; save the model again")
-        files = sorted(set(weight_map.values()))
-        for file in files:
-            if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
-                raise ValueError(
-                    f"{index}: its weight_map names {file!r}, not a file of {path}; a checkpoint's shards are "
-                    "files of its own folder (save the model again)"
-                )
-    elif (path / "model.safetensors").exists():
-        files = ["model.safetensors"]
-    elif any(path.glob("*.bin")):
+WEIGHT_FILES = (
+    ("model.safetensors.index.json", "model.safetensors"),
+    ("pytorch_model.bin.index.json", "pytorch_model.bin"),
+)
+"""A directory's weights, in order of preference: safetensors (one file or sharded with its index),
+then PyTorch's pickled ``.bin`` (read as tensors only, never as code)."""
+
+
+def weight_files(path: Path) -> list[str]:
+    """A Hugging Face model directory's weight files: safetensors, else ``pytorch_model.bin``
+    (single or sharded with its index)."""
+    for index_name, single in WEIGHT_FILES:
+        index = path / index_name
+        if index.exists():
+            weight_map = read_json_object(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ValueError(f"{index} has no weight_map; save the model again")
+            files = sorted(set(weight_map.values()))
+            for file in files:
+                if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+                    raise ValueError(
+                        f"{index}: its weight_map names {file!r}, not a file of {path}; a checkpoint's shards are "
+                        "files of its own folder (save the model again)"
+                    )
+            return files
+        if (path / single).exists():
+            return [single]
+    raise ValueError(f"{path} has no model.safetensors or pytorch_model.bin")
+
+
+def _load_pickled(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a pickled ``.bin`` file, read with ``torch.load(weights_only=True)``: a pickle
+    that would run code is refused by name and never executed."""
+    import pickle
+
+    import torch
+
+    try:
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as error:
+            if "mmap" not in str(error):
+                raise
+            state = torch.load(file, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
+    except pickle.UnpicklingError as error:
+        why = str(error).partition("WeightsUnpickler error:")[2].strip().split("\n")[0][:200]
+        if "global" not in why.lower():
+            raise ValueError(f"{file} is truncated or corrupt ({why or error}); download it again") from None
         raise ValueError(
-            f"{path} holds pickled .bin weights only; convert them to safetensors first "
-            "(model.save_pretrained(DIR, safe_serialization=True))"
-        )
-    else:
-        raise ValueError(f"{path} has no model.safetensors")
-    return files
+            f"{file} is a pickle that would run code, not plain tensors; it was not executed and is not read "
+            f"({why}); use the checkpoint's safetensors, or weights from a source you trust converted to them"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as error:
+        raise ValueError(f"{file} is truncated or corrupt ({error}); download it again") from None
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise ValueError(f"{file} holds no state dict of tensors; not a model's weights")
+    return state
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """A Hugging Face model directory's weights (safetensors only), as saved.
+    """A Hugging Face model directory's weights (safetensors, else ``pytorch_model.bin``), as saved
+    (their stored dtype kept).
 
     Raises:
-        ValueError: pickled weights only, or a missing, truncated or corrupt safetensors file, named.
+        ValueError: no weights, a missing, truncated or corrupt file, or a pickle carrying code, named.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     hf_state: dict[str, torch.Tensor] = {}
-    for file in _weight_files(path):
+    for file in weight_files(path):
+        if file.endswith(".bin"):
+            hf_state.update(_load_pickled(path / file))
+            continue
         try:
             hf_state.update(load_file(path / file))
         except (SafetensorError, OSError, ValueError) as error:

@@ -16,10 +16,44 @@ from typing import Any
 
 from tiny_llm.layout import TRAINER_LOG_SOURCE
 from tiny_llm.model.hf import read_json_object
+from tiny_llm.model.hub import revision_position, tokens_rounding
 
-__all__ = ["CheckpointPosition", "checkpoint_positions", "read_trainer_state", "trainer_log", "warn_unknown_tokens"]
+__all__ = [
+    "CheckpointPosition",
+    "CheckpointSource",
+    "checkpoint_positions",
+    "read_trainer_state",
+    "trainer_log",
+    "warn_unknown_tokens",
+]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    """One checkpoint folder to import, and what is stated of it: its step and tokens when given,
+    and the hub repository and revision it was resolved from (the revision's name may carry the
+    step and tokens)."""
+
+    path: Path
+    step: int | None = None
+    tokens: int | None = None
+    repo: str | None = None
+    revision: str | None = None
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any]) -> CheckpointSource:
+        """From a configuration's (expanded) ``hf_checkpoints`` entry."""
+        fields = ("step", "tokens", "repo", "revision")
+        return cls(Path(entry["path"]), **{k: entry.get(k) for k in fields})
+
+    def record(self) -> dict[str, Any]:
+        """Where it came from, for the import's record."""
+        return {
+            "source": str(self.path.resolve()),
+            **({"repo": self.repo, "revision": self.revision} if self.repo else {}),
+        }
 
 
 @dataclass(frozen=True)
@@ -75,17 +109,22 @@ def _count(value: Any, what: str) -> int:
 
 
 def _position(
-    path: Path, state: dict | None, step: int | None, count: int | None, tokens_per_step: int | None, alone: bool
+    source: CheckpointSource, state: dict | None, tokens_per_step: int | None, alone: bool
 ) -> CheckpointPosition:
-    """One directory's step and tokens: given, from its trainer_state.json, derived or unknown."""
+    """One directory's step and tokens: given, from its trainer_state.json, from its revision's
+    name, derived or unknown."""
+    path, step, count, revision = source.path, source.step, source.tokens, source.revision
+    named_step, named_tokens = revision_position(revision) if revision else (None, None)
     if step is not None:
         step, step_source = _count(step, f"step of {path}"), "given"
     elif state is not None:
         step, step_source = state["global_step"], "trainer_state.json global_step"
+    elif named_step is not None:
+        step, step_source = named_step, f"revision name {revision}"
     elif not alone:
         raise ValueError(
-            f"{path}: its training step is unknown (no trainer_state.json); give the step of "
-            "every checkpoint (--step S1 S2 ..., hf_checkpoints[].step)"
+            f"{path}: its training step is unknown (no trainer_state.json, no step in a revision's name); "
+            "give the step of every checkpoint (--step S1 S2 ..., hf_checkpoints[].step)"
         )
     else:
         step, step_source = 0, "unknown"
@@ -102,9 +141,22 @@ def _position(
             )
     elif tokens_per_step is not None and step_source != "unknown":
         count, tokens_source = step * tokens_per_step, f"step x tokens_per_step ({tokens_per_step})"
+        _check_named_tokens(revision, named_tokens, count)
+    elif named_tokens is not None:
+        count, tokens_source = named_tokens, f"revision name {revision} (as rounded there)"
     else:
         count, tokens_source = None, "unknown"
     return CheckpointPosition(step, step_source, count, tokens_source)
+
+
+def _check_named_tokens(revision: str | None, named: int | None, count: int) -> None:
+    """A revision's name that states its tokens must agree with step x tokens_per_step (to the
+    name's rounding)."""
+    if named is not None and abs(count - named) > tokens_rounding(revision):
+        raise ValueError(
+            f"tokens_per_step puts revision {revision} at {count} tokens, but its name says {named}; "
+            "correct tokens_per_step (or drop it: the name's count is used)"
+        )
 
 
 def _check_order(paths: list[Path], positions: list[CheckpointPosition]) -> None:
@@ -145,29 +197,23 @@ def warn_unknown_tokens(paths: list[Path], positions: list[CheckpointPosition]) 
 
 
 def checkpoint_positions(
-    paths: list[Path],
-    steps: list[int | None] | None = None,
-    tokens: list[int | None] | None = None,
-    tokens_per_step: int | None = None,
+    sources: list[CheckpointSource], tokens_per_step: int | None = None
 ) -> list[CheckpointPosition]:
     """Each directory's step and training tokens, in the order given (oldest first).
 
-    A step is given, or a Trainer's ``trainer_state.json`` global_step; tokens are given, or its
-    ``num_input_tokens_seen``, or step × ``tokens_per_step``, or unknown (None; ``warn_unknown_tokens``
-    says so). A
-    single directory without a step gets step 0, said to be unknown.
+    A step is given, or a Trainer's ``trainer_state.json`` global_step, or what its hub revision's
+    name says (``step1000``; ``stage1-step1000-tokens4B``); tokens are given, or its
+    ``num_input_tokens_seen``, or step × ``tokens_per_step`` (checked against a name that states
+    them), or the name's, or unknown (None; ``warn_unknown_tokens`` says so). A single directory
+    without a step gets step 0, said to be unknown.
 
     Raises:
-        ValueError: counts not one per directory, a directory given twice, steps unknown for
-            several directories, or steps (tokens) that do not increase in the order given.
+        ValueError: no directory, a directory given twice, steps unknown for several
+            directories, or steps (tokens) that do not increase in the order given.
     """
-    n = len(paths)
-    steps, tokens = list(steps or [None] * n), list(tokens or [None] * n)
-    if not n or len(steps) != n or len(tokens) != n:
-        raise ValueError(
-            f"give one step and one token count per checkpoint directory ({n} directories, "
-            f"{len(steps)} steps, {len(tokens)} token counts)"
-        )
+    paths, n = [s.path for s in sources], len(sources)
+    if not n:
+        raise ValueError("no checkpoint directory given")
     seen: dict[Path, Path] = {}
     for path in paths:
         if (resolved := Path(path).resolve()) in seen:
@@ -177,8 +223,7 @@ def checkpoint_positions(
         raise ValueError("tokens_per_step: expected a positive integer (tokens in one optimizer step), got 0")
     states = [read_trainer_state(path) for path in paths]
     positions = [
-        _position(path, state, step, count, tokens_per_step, alone=n == 1)
-        for path, state, step, count in zip(paths, states, steps, tokens, strict=True)
+        _position(source, state, tokens_per_step, n == 1) for source, state in zip(sources, states, strict=True)
     ]
     _check_order(paths, positions)
     return positions

@@ -40,10 +40,12 @@ from tiny_llm.model.hf import (
     imported_config,
     read_json_object,
     read_weights,
+    weight_files,
     write_hf_files,
 )
 from tiny_llm.model.hf_positions import (
     CheckpointPosition,
+    CheckpointSource,
     checkpoint_positions,
     read_trainer_state,
     trainer_log,
@@ -134,18 +136,19 @@ def _checked_states(paths: list[Path], planned: RunConfig) -> list[dict[str, tor
 
 def _adapter_state(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]:
     """The weights of a local directory under the adapter's keys (its module ``model.``), read by
-    ``transformers`` itself (safetensors, local files only), so that the renames and conversions
+    ``transformers`` itself (local files only; a ``.bin`` only once :func:`read_weights` has read it
+    as plain tensors), so that the renames and conversions
     it applies to saved names (``embed_out`` to ``lm_head``, say) are the ones it computes with;
     tied tensors once, in the file's dtype."""
     import transformers
 
-    read_weights(path)  # safetensors only, refused by name otherwise; a truncated file is named
+    read_weights(path)  # a truncated file, or a pickle carrying code, is refused by name here
     transformers.utils.logging.disable_progress_bar()  # a progress bar per checkpoint is noise in a log
     try:  # mismatches are reported below, by name, rather than in transformers' multi-line report
         loaded, info = transformers.AutoModelForCausalLM.from_pretrained(
             path,
             local_files_only=True,
-            use_safetensors=True,
+            use_safetensors=not any(name.endswith(".bin") for name in weight_files(path)),
             dtype="auto",
             ignore_mismatched_sizes=True,
             output_loading_info=True,
@@ -210,19 +213,19 @@ def _check_target(run_dir: Path) -> None:
 
 
 def import_run(
-    directories: list[str | Path],
+    sources: list[CheckpointSource],
     run_dir: str | Path,
     config: RunConfig,
-    steps: list[int | None] | None = None,
-    tokens: list[int | None] | None = None,
     tokens_per_step: int | None = None,
     adapter: bool = False,
 ) -> Path:
     """Make a run directory from local Hugging Face checkpoint directories of one model (the
-    revisions of a training suite, oldest first, or just one): ``resolved.yaml`` (the model
-    section from their config.json; data and the analysis epoch's training keys from ``config``),
-    each checkpoint's weights as ``epoch-NNN.safetensors`` in the order given (metadata: its step,
-    tokens and source directory), the tokenizer they carry (``tokenizer/``) and ``imported.json``.
+    revisions of a training suite, oldest first, or just one; each with what is stated of it):
+    ``resolved.yaml`` (the model section from their config.json; data and the analysis epoch's
+    training keys from ``config``), each checkpoint's weights as ``epoch-NNN.safetensors`` in the
+    order given (as stored; metadata: its step, tokens and source directory), the tokenizer they
+    carry (``tokenizer/``) and ``imported.json`` (each checkpoint's source, hub revision, step and
+    tokens with where each came from, stored dtypes and file hashes).
     The Llama family, GPT-2 and GPT-NeoX become our models (every engine); another architecture
     (or any, with ``adapter``) keeps its own weights and config.json (``hf-config.json``) for the
     adapter (HVP engines). All or nothing (see the module docstring); ``run_dir`` must not exist or
@@ -233,11 +236,11 @@ def import_run(
             :func:`checkpoint_tokenizer` refuses, weights that do not match their config.json,
             or a ``run_dir`` that holds something.
     """
-    run_dir, paths = Path(run_dir), [Path(d) for d in directories]
+    run_dir, paths = Path(run_dir), [s.path for s in sources]
     _check_target(run_dir)
     for path in paths:
         local_directory(path, "checkpoint directory")
-    positions = checkpoint_positions(paths, steps, tokens, tokens_per_step)
+    positions = checkpoint_positions(sources, tokens_per_step)
     training_log = trainer_log(paths, tokens_per_step)
     planned = imported_config(paths, config, adapter=adapter)
     tokenizer = checkpoint_tokenizer(paths, planned.model.vocab_size)
@@ -247,19 +250,20 @@ def import_run(
         log.info("removing %s, left by an interrupted import", stale)
         shutil.rmtree(stale, ignore_errors=True)
     with atomic_directory(run_dir, kind="import") as tmp:  # renamed onto a missing or empty directory only
-        _write_import(tmp, run_dir, paths, planned, positions, tokenizer, states, training_log)
+        _write_import(tmp, run_dir, sources, planned, positions, tokenizer, states, training_log)
     log.info("imported %d checkpoint(s) into %s", len(paths), run_dir)
     return run_dir
 
 
 def _write_checkpoint(
-    tmp: Path, index: int, path: Path, position: CheckpointPosition, state: dict[str, torch.Tensor]
+    tmp: Path, index: int, source: CheckpointSource, position: CheckpointPosition, state: dict[str, torch.Tensor]
 ) -> dict[str, Any]:
     """One imported checkpoint as ``epoch-<index>.safetensors`` in ``tmp``, and its record (where it
-    came from, its step and tokens, the sha256 of its directory's files)."""
+    came from, its step and tokens, the dtypes its weights were stored in, the sha256 of its
+    directory's files)."""
     from tiny_llm.model.checkpoint import save_weights
 
-    name = epoch_file(index)
+    path, name = source.path, epoch_file(index)
     metadata = {
         "step": position.step,
         "epoch": 0,
@@ -267,11 +271,12 @@ def _write_checkpoint(
         **({"tokens": position.tokens} if position.tokens is not None else {}),
     }
     save_weights(tmp / name, state, metadata)
-    files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors"))
+    files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors", ".bin"))
     return {
         "checkpoint": name,
-        "source": str(path.resolve()),
+        **source.record(),
         **position.record(),
+        "stored_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}),
         "files": {p.name: sha256_file(p) for p in files},
     }
 
@@ -279,7 +284,7 @@ def _write_checkpoint(
 def _write_import(
     tmp: Path,
     run_dir: Path,
-    paths: list[Path],
+    sources: list[CheckpointSource],
     planned: RunConfig,
     positions: list[CheckpointPosition],
     tokenizer: dict[str, Any] | None,
@@ -288,6 +293,7 @@ def _write_import(
 ) -> None:
     """The import's files in ``tmp`` (renamed onto ``run_dir`` by the caller): the marker first,
     the full record last."""
+    paths = [s.path for s in sources]
     record: dict[str, Any] = {"complete": False, "architecture": planned.model.architecture}
     atomic_write_json(tmp / IMPORTED, record)  # first: this directory is never a run trained here
     model = planned.model
@@ -300,8 +306,8 @@ def _write_import(
             shutil.copyfile(Path(tokenizer["path"]) / name, tmp / TOKENIZER_DIR / name)
         tokenizer = {**tokenizer, "path": str((run_dir / TOKENIZER_DIR).resolve()), "name": paths[0].name}
     checkpoints = [
-        _write_checkpoint(tmp, index, path, position, state)
-        for index, (path, position, state) in enumerate(zip(paths, positions, states, strict=True))
+        _write_checkpoint(tmp, index, source, position, state)
+        for index, (source, position, state) in enumerate(zip(sources, positions, states, strict=True))
     ]
     resolved = config_from_dict({**config_to_dict(planned), "model": config_to_dict(model)})
     (tmp / RESOLVED).write_text(_resolved_text(resolved))

@@ -2,6 +2,7 @@
 float64 both ways, tied and untied heads, a bit-identical round trip, and refusals by name."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,21 +140,64 @@ def test_configurations_our_llama_cannot_represent_are_refused(tmp_path, changes
         read_hf(path)
 
 
-def test_only_local_safetensors_directories_are_read(tmp_path):
+class _Payload:
+    """Unpickling this would create a file: proof that a .bin is never run as code."""
+
+    marker: Path = Path("/nonexistent")
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_only_local_directories_are_read(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"meta-llama/Llama-3.2-1B is not a local directory; it looks like a hub id: "
-        r"fetch it first \(huggingface-cli download",
+        r"fetch a revision into the local cache \(hf download meta-llama/Llama-3.2-1B --revision REV\)",
     ):
         read_hf("meta-llama/Llama-3.2-1B")
     _, path = _hf_model(tmp_path, True)
-    (path / "model.safetensors").unlink()
-    (path / "pytorch_model.bin").write_bytes(b"pickle")
-    with pytest.raises(ValueError, match="holds pickled .bin weights only; convert them to safetensors first"):
-        read_hf(path)
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "model_type": "opt"}))
     with pytest.raises(ValueError, match="model_type='opt' cannot be represented here"):
+        read_hf(path)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_pickled_bin_weights_are_read_as_tensors_in_their_stored_dtype(tmp_path, sharded):
+    """pytorch_model.bin (single, or sharded with its index) gives the same model as safetensors,
+    its float16 kept as stored."""
+    hf, path = _hf_model(tmp_path, False)
+    state = {k: v.half() for k, v in hf.state_dict().items()}
+    (path / "model.safetensors").unlink()
+    if sharded:
+        keys = sorted(state)
+        halves = {"pytorch_model-00001-of-00002.bin": keys[::2], "pytorch_model-00002-of-00002.bin": keys[1::2]}
+        for file, names in halves.items():
+            torch.save({k: state[k] for k in names}, path / file)
+        weight_map = {k: file for file, names in halves.items() for k in names}
+        (path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    else:
+        torch.save(state, path / "pytorch_model.bin")
+    _, ours = read_hf(path)
+    assert {t.dtype for t in ours.values()} == {torch.float16}
+    assert len(ours) == len(state) and torch.equal(ours["tok_embeddings.weight"], state["model.embed_tokens.weight"])
+    assert torch.equal(ours["layers.1.feed_forward.w2.weight"], state["model.layers.1.mlp.down_proj.weight"])
+
+
+def test_a_bin_that_would_run_code_is_refused_and_never_run(tmp_path):
+    _, path = _hf_model(tmp_path, True)
+    (path / "model.safetensors").unlink()
+    _Payload.marker = tmp_path / "executed"
+    torch.save({"model.embed_tokens.weight": torch.zeros(2), "x": _Payload()}, path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"pytorch_model.bin is a pickle that would run code, not plain tensors; it "):
+        read_hf(path)
+    assert not _Payload.marker.exists()
+    (path / "pytorch_model.bin").write_bytes(b"pickle")
+    with pytest.raises(ValueError, match="pytorch_model.bin is truncated or corrupt"):
+        read_hf(path)
+    (path / "pytorch_model.bin").unlink()
+    with pytest.raises(ValueError, match="has no model.safetensors or pytorch_model.bin"):
         read_hf(path)
 
 

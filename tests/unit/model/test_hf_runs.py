@@ -262,7 +262,9 @@ def test_order_duplicates_and_counts_are_refused_by_name(suites, project, capsys
     _refused(capsys, ["import-hf", a, b, *run, "--step", "100", "100"], "out of training order")
     _refused(capsys, ["import-hf", a, b, *run, "--tokens", "900", "800"], "out of training order", "800 tokens")
     _refused(capsys, ["import-hf", a, *run, "--step", "-5"], "expected a non-negative integer, got -5")
-    _refused(capsys, ["import-hf", a, b, *run, "--step", "5"], "one step and one token count per checkpoint")
+    _refused(
+        capsys, ["import-hf", a, b, *run, "--step", "5"], "--step: give one per checkpoint (2 checkpoints, 1 given)"
+    )
     _refused(capsys, ["import-hf", a, "hf/missing", *run], "hf/missing is not a local directory")
     assert not Path("runs").exists()
 

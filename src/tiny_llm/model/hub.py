@@ -1,0 +1,216 @@
+"""Checkpoint suites as they are downloaded: a Hugging Face repository's revisions, resolved in the
+local cache and never downloaded.
+
+A suite such as Pythia publishes one revision per checkpoint, named for its step (``step0``,
+``step1000``, ...); OLMo names its revisions ``stage1-step1000-tokens4B``. This module resolves a
+repository and revision to its snapshot folder in the standard cache (``HF_HUB_CACHE``, or
+``HF_HOME``/hub, or the default; ``huggingface_hub``'s offline resolution), lists a repository's
+cached revisions, selects among them (all, a list, a step range, every k-th, log-spaced) and reads
+the step and tokens a revision's name carries. What is not in the cache is refused with the command
+that fetches it. Torch-free, for the planner.
+
+A configuration's ``hf_checkpoints`` entries are expanded here (:func:`expand_checkpoints`) into
+the folder entries the import takes: ``{path, step?, tokens?, repo?, revision?}``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "HubRevision",
+    "cached_revisions",
+    "expand_checkpoints",
+    "fetch_command",
+    "resolve_revision",
+    "revision_position",
+    "select_revisions",
+    "tokens_rounding",
+]
+
+_STEP = re.compile(r"(?:^|[-_])step(\d+)(?=$|[-_])")
+_TOKENS = re.compile(r"(?:^|[-_])tokens(\d+(?:\.\d+)?)([KMBT]?)(?=$|[-_])")
+_SCALE = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+SELECTION_KEYS = ("min_step", "max_step", "every", "log_spaced")
+"""The keys of a revision selection given as a mapping (beside ``all`` and a list of names)."""
+
+
+@dataclass(frozen=True)
+class HubRevision:
+    """A revision of a repository, with what its name says of its position in training."""
+
+    repo: str
+    revision: str
+    step: int | None
+    tokens: int | None
+    """Training tokens the name states (rounded as the name rounds them), or None."""
+
+
+def revision_position(name: str) -> tuple[int | None, int | None]:
+    """(step, tokens) a revision's name carries, each None when it carries none.
+
+    Example:
+        >>> revision_position("step1000"), revision_position("stage1-step1000-tokens4B")
+        ((1000, None), (1000, 4000000000))
+        >>> revision_position("main")
+        (None, None)
+    """
+    step = _STEP.search(name)
+    tokens = _TOKENS.search(name)
+    count = None if tokens is None else round(float(tokens.group(1)) * _SCALE[tokens.group(2)])
+    return (None if step is None else int(step.group(1))), count
+
+
+def tokens_rounding(name: str) -> float:
+    """How far the exact token count may lie from the one a revision's name states: half the unit
+    of its last digit (``tokens4B``: 0.5e9; ``tokens4.2B``: 0.05e9); 0 when it states none."""
+    tokens = _TOKENS.search(name)
+    if tokens is None:
+        return 0.0
+    return 0.5 * _SCALE[tokens.group(2)] / 10 ** len(tokens.group(1).partition(".")[2])
+
+
+def fetch_command(repo: str, revision: str) -> str:
+    """The command that puts ``repo`` at ``revision`` into the local cache."""
+    return f"hf download {repo} --revision {revision}"
+
+
+def resolve_revision(repo: str, revision: str, cache_dir: str | Path | None = None) -> Path:
+    """The snapshot folder of ``repo`` at ``revision`` in the local cache (offline: nothing is
+    downloaded).
+
+    Raises:
+        ValueError: the revision (or the repository) is not in the cache, naming the command that
+            fetches it.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo, revision=revision, cache_dir=cache_dir, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError):
+        raise ValueError(
+            f"{repo} at revision {revision} is not in the local Hugging Face cache ({_cache(cache_dir)}); "
+            f"fetch it first: {fetch_command(repo, revision)}"
+        ) from None
+
+
+def _cache(cache_dir: str | Path | None) -> str:
+    from huggingface_hub import constants
+
+    return str(cache_dir or constants.HF_HUB_CACHE)
+
+
+def cached_revisions(repo: str, cache_dir: str | Path | None = None) -> list[HubRevision]:
+    """The named revisions (branches and tags) of ``repo`` in the local cache, in training order
+    when their names carry steps (those without one last, by name).
+
+    Raises:
+        ValueError: the repository is not in the cache, or none of its revisions is named.
+    """
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        repos = [r for r in scan_cache_dir(cache_dir).repos if r.repo_id == repo and r.repo_type == "model"]
+    except CacheNotFound:
+        repos = []
+    names = sorted({ref for r in repos for revision in r.revisions for ref in revision.refs})
+    if not names:
+        raise ValueError(
+            f"{repo} has no named revision in the local Hugging Face cache ({_cache(cache_dir)}); fetch the "
+            f"revisions to study first: {fetch_command(repo, 'REVISION')}"
+        )
+    revisions = [HubRevision(repo, name, *revision_position(name)) for name in names]
+    return sorted(revisions, key=lambda r: (r.step is None, r.step or 0, r.tokens or 0, r.revision))
+
+
+def select_revisions(revisions: list[HubRevision], selection: Any, key: str) -> list[HubRevision]:
+    """The revisions a configuration's ``revisions`` selects from ``revisions`` (in training
+    order): ``all``, a list of names (each must be cached), or a mapping of ``min_step``,
+    ``max_step`` (inclusive), ``every`` (every k-th of those, from the first) and ``log_spaced``
+    (the n revisions whose positive steps lie nearest to n log-spaced steps over their range,
+    and step 0).
+
+    Raises:
+        ValueError: naming ``key``: an unknown key, a name not cached, a selection that keeps none.
+    """
+    by_name = {r.revision: r for r in revisions}
+    if selection == "all":
+        return list(revisions)
+    if isinstance(selection, list) and selection and all(isinstance(n, str) for n in selection):
+        missing = [n for n in selection if n not in by_name]
+        if missing:
+            repo = revisions[0].repo
+            raise ValueError(
+                f"{key}: {', '.join(missing)} not in the local cache (cached: {_some(by_name)}); "
+                f"fetch it first: {fetch_command(repo, missing[0])}"
+            )
+        return [by_name[n] for n in selection]
+    if not isinstance(selection, dict) or not selection or set(selection) - set(SELECTION_KEYS):
+        raise ValueError(
+            f"{key}: expected all, a list of revision names, or a mapping of {', '.join(SELECTION_KEYS)}; "
+            f"got {selection!r}"
+        )
+    for name, value in selection.items():
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= (1 if name != "min_step" else 0)):
+            raise ValueError(f"{key}.{name}: expected a {'non-negative' if name == 'min_step' else 'positive'} integer")
+    stepped = [r for r in revisions if r.step is not None]
+    low, high = selection.get("min_step", 0), selection.get("max_step", math.inf)
+    chosen = [r for r in stepped if low <= r.step <= high][:: selection.get("every", 1)]
+    if "log_spaced" in selection:
+        chosen = _log_spaced(chosen, selection["log_spaced"])
+    if not chosen:
+        raise ValueError(f"{key}: no cached revision with a step is selected (cached: {_some(by_name)})")
+    return chosen
+
+
+def _some(by_name: dict[str, Any]) -> str:
+    names = list(by_name)
+    return ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
+
+
+def _log_spaced(revisions: list[HubRevision], n: int) -> list[HubRevision]:
+    """The ``n`` of ``revisions`` (steps increasing) with positive steps nearest to ``n``
+    log-spaced steps over their range, and step 0 when it is there."""
+    zero = [r for r in revisions if r.step == 0]
+    positive = [r for r in revisions if r.step > 0]
+    if len(positive) <= n:
+        return zero + positive
+    first, last = positive[0].step, positive[-1].step
+    targets = [first * (last / first) ** (i / max(n - 1, 1)) for i in range(n)]
+    keep = {min(range(len(positive)), key=lambda i: abs(math.log(positive[i].step / t))) for t in targets}
+    return zero + [positive[i] for i in sorted(keep)]
+
+
+def expand_checkpoints(checkpoints: Any, key: str, cache_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """A configuration's ``hf_checkpoints`` as the folder entries an import takes: a suite
+    ``{repo, revisions}`` becomes one entry per selected revision; a list entry ``{repo, revision}``
+    becomes its snapshot folder; ``{path}`` entries stay. Each hub entry keeps its ``repo`` and
+    ``revision`` (the step and tokens its name carries are read with the positions).
+
+    Raises:
+        ValueError: naming ``key``: a malformed entry, a revision not in the cache.
+    """
+    if isinstance(checkpoints, dict):
+        if "repo" not in checkpoints or set(checkpoints) - {"repo", "revisions"}:
+            raise ValueError(f"{key}: a suite is {{repo: ORG/NAME, revisions: ...}}, got {checkpoints!r}")
+        repo = checkpoints["repo"]
+        chosen = select_revisions(cached_revisions(repo, cache_dir), checkpoints.get("revisions", "all"), key)
+        checkpoints = [{"repo": repo, "revision": r.revision} for r in chosen]
+    if not isinstance(checkpoints, list) or not checkpoints:
+        raise ValueError(f"{key}: expected a list of checkpoints or {{repo: ORG/NAME, revisions: ...}}")
+    expanded = []
+    for i, entry in enumerate(checkpoints):
+        if not isinstance(entry, dict) or not ("path" in entry or "repo" in entry):
+            raise ValueError(f"{key}[{i}]: expected {{path: DIR}} or {{repo: ORG/NAME, revision: REV}}, got {entry!r}")
+        if "path" not in entry:  # a revision in the cache (an expanded one keeps its path)
+            if not isinstance(entry.get("revision"), str):
+                raise ValueError(f"{key}[{i}]: {entry['repo']} needs its revision (revision: step1000, say)")
+            entry = {**entry, "path": str(resolve_revision(entry["repo"], entry["revision"], cache_dir))}
+        expanded.append(entry)
+    return expanded

@@ -1,0 +1,66 @@
+"""A miniature of the Hugging Face hub's local cache (no download): a repository's revisions laid
+out as ``hf download`` leaves them (``models--ORG--NAME/blobs``, ``snapshots/<commit>/`` linking to
+the blobs, ``refs/<revision>`` naming the commit), so that huggingface_hub resolves them offline."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+
+def cache_revision(cache: Path, repo: str, revision: str, folder: Path) -> Path:
+    """Put ``folder``'s files into ``cache`` as ``repo`` at ``revision``; returns the snapshot folder."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    commit = hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
+    snapshot = root / "snapshots" / commit
+    (root / "blobs").mkdir(parents=True, exist_ok=True)
+    (root / "refs").mkdir(exist_ok=True)
+    snapshot.mkdir(parents=True)
+    for file in sorted(folder.iterdir()):
+        blob = root / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
+        if not blob.exists():
+            shutil.copyfile(file, blob)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / file.name)
+    (root / "refs" / revision).write_text(commit)
+    return snapshot
+
+
+def neox_suite(tmp: Path, steps: tuple[int, ...], seed: int = 0) -> dict[int, Path]:
+    """Tiny GPT-NeoX checkpoints (Pythia's architecture), one folder per step, each the previous
+    moved a little (as training moves it), saved as transformers saves them."""
+    import torch
+    import transformers
+
+    config = transformers.GPTNeoXConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        rotary_pct=0.25,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = transformers.GPTNeoXForCausalLM(config).eval()
+    folders = {}
+    for step in steps:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        folders[step] = tmp / f"seed{seed}-step{step}"
+        model.save_pretrained(folders[step], safe_serialization=True)
+    return folders
+
+
+def as_bin(folder: Path, dtype=None) -> None:
+    """Replace a folder's model.safetensors by pytorch_model.bin (``dtype``: stored in it), as many
+    intermediate Pythia revisions are published."""
+    import torch
+    from safetensors.torch import load_file
+
+    state = load_file(folder / "model.safetensors")
+    torch.save({k: v.to(dtype) if dtype else v for k, v in state.items()}, folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()

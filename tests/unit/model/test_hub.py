@@ -1,0 +1,158 @@
+"""Checkpoint suites as downloaded: revisions resolved offline in a miniature of the local Hugging
+Face cache, their steps and tokens read from their names, selections, and the import of a suite
+whose revisions are safetensors and float16 ``pytorch_model.bin`` alike."""
+
+import json
+import sys
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tiny_llm.cli import main
+from tiny_llm.model.checkpoint import load_weights
+from tiny_llm.model.hub import (
+    HubRevision,
+    cached_revisions,
+    expand_checkpoints,
+    resolve_revision,
+    revision_position,
+    select_revisions,
+    tokens_rounding,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hf_hub import as_bin, cache_revision, neox_suite
+
+REPO = "org/pythia-tiny"
+STEPS = (0, 1, 2, 4, 8, 16, 32, 64)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """A cache holding the suite's revisions step0 ... step64 (step2 as a float16 .bin), and the
+    original folders."""
+    root = tmp_path_factory.mktemp("hub")
+    folders = neox_suite(root / "saved", STEPS)
+    as_bin(folders[2], torch.float16)
+    for step, folder in folders.items():
+        cache_revision(root / "cache", REPO, f"step{step}", folder)
+    cache_revision(root / "cache", REPO, "main", folders[64])
+    return root / "cache", folders
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("step1000", (1000, None)),
+        ("stage1-step1000-tokens4B", (1000, 4_000_000_000)),
+        ("stage2-ingredient1-step11931-tokens50B", (11931, 50_000_000_000)),
+        ("step5-tokens2.5M", (5, 2_500_000)),
+        ("main", (None, None)),
+        ("mystep12", (None, None)),
+    ],
+)
+def test_a_revision_name_gives_its_step_and_tokens(name, expected):
+    assert revision_position(name) == expected
+
+
+def test_a_named_token_count_is_as_exact_as_its_digits():
+    assert tokens_rounding("stage1-step1000-tokens4B") == 0.5e9
+    assert tokens_rounding("step5-tokens2.5M") == 0.05e6
+    assert tokens_rounding("step5") == 0
+
+
+def test_cached_revisions_resolve_offline_in_training_order(hub):
+    cache, folders = hub
+    revisions = cached_revisions(REPO, cache)
+    assert [r.revision for r in revisions] == [f"step{s}" for s in STEPS] + ["main"]
+    assert (
+        resolve_revision(REPO, "step4", cache).joinpath("config.json").read_text()
+        == (folders[4] / "config.json").read_text()
+    )
+    with pytest.raises(ValueError, match=r"org/pythia-tiny at revision step3 is not in the local Hugging Face cache"):
+        resolve_revision(REPO, "step3", cache)
+    with pytest.raises(ValueError, match=r"fetch it first: hf download org/other --revision step3"):
+        resolve_revision("org/other", "step3", cache)
+    with pytest.raises(ValueError, match=r"org/other has no named revision in the local Hugging Face cache"):
+        cached_revisions("org/other", cache)
+
+
+def test_a_suite_is_selected_by_names_range_stride_or_log_spacing():
+    revisions = [HubRevision(REPO, f"step{s}", s, None) for s in STEPS] + [HubRevision(REPO, "main", None, None)]
+
+    def steps(selection):
+        return [r.step for r in select_revisions(revisions, selection, "k")]
+
+    assert steps("all") == [*STEPS, None]
+    assert steps(["step4", "step1"]) == [4, 1]
+    assert steps({"min_step": 2, "max_step": 32}) == [2, 4, 8, 16, 32]
+    assert steps({"every": 3}) == [0, 4, 32]
+    assert steps({"log_spaced": 3}) == [0, 1, 8, 64]  # 1, 8, 64 nearest to 1, 8, 64; step 0 kept
+    for selection, message in (
+        (["step3"], r"k: step3 not in the local cache \(cached: step0, .*\); fetch it first: hf download"),
+        ({"stride": 2}, "k: expected all, a list of revision names, or a mapping of min_step"),
+        ({"every": 0}, "k.every: expected a positive integer"),
+        ({"min_step": 100}, "k: no cached revision with a step is selected"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            select_revisions(revisions, selection, "k")
+
+
+def test_configuration_entries_expand_to_folders(hub):
+    cache, _ = hub
+    suite = expand_checkpoints({"repo": REPO, "revisions": {"max_step": 2}}, "k", cache)
+    assert [(c["revision"], Path(c["path"]).parent.name) for c in suite] == [
+        ("step0", "snapshots"),
+        ("step1", "snapshots"),
+        ("step2", "snapshots"),
+    ]
+    listed = expand_checkpoints([{"repo": REPO, "revision": "step4", "step": 4}, {"path": "local"}], "k", cache)
+    assert listed[0]["step"] == 4 and listed[1] == {"path": "local"}
+    assert expand_checkpoints(listed, "k", cache) == listed  # expanded once: again, the same
+    with pytest.raises(ValueError, match=r"k\[0\]: org/pythia-tiny needs its revision"):
+        expand_checkpoints([{"repo": REPO}], "k", cache)
+    with pytest.raises(ValueError, match=r"k: a suite is \{repo: ORG/NAME, revisions: ...\}"):
+        expand_checkpoints({"repo": REPO, "revision": "step1"}, "k", cache)
+
+
+def test_import_hf_takes_revisions_as_downloaded(hub, tmp_path, monkeypatch, capsys):
+    """Steps from the names; tokens from tokens_per_step; the float16 .bin read as tensors and kept
+    in its stored dtype; each checkpoint's repository, revision and stored dtype recorded."""
+    cache, folders = hub
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # as HF_HUB_CACHE=... sets it
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text(
+        "data: {cache: cache/x, seq_len: 8, shuffle_group_blocks: 4}\n"
+        "training: {batch_size: 2, micro_batch_size: 2, tokens: 32, epochs: 1}\n"
+    )
+    argv = ["--quiet", "import-hf", REPO, "--revision", "step1", "step2", "step4", "--run-dir", "runs/suite"]
+    assert main([*argv, "--config", "run.yaml", "--tokens-per-step", "1000"]) == 0
+    record = json.loads(Path("runs/suite/imported.json").read_text())
+    rows = [
+        (c["revision"], c["step"], c["step_source"], c["tokens"], c["stored_dtypes"]) for c in record["checkpoints"]
+    ]
+    assert rows == [
+        ("step1", 1, "revision name step1", 1000, ["float32"]),
+        ("step2", 2, "revision name step2", 2000, ["float16"]),
+        ("step4", 4, "revision name step4", 4000, ["float32"]),
+    ]
+    assert all(c["repo"] == REPO and "/snapshots/" in c["source"] for c in record["checkpoints"])
+    assert "pytorch_model.bin" in record["checkpoints"][1]["files"]
+    state, _ = load_weights(Path("runs/suite/epoch-001.safetensors"))
+    original = torch.load(folders[2] / "pytorch_model.bin", weights_only=True)
+    assert torch.equal(state["tok_embeddings.weight"], original["gpt_neox.embed_in.weight"])
+    theirs = load_file(folders[4] / "model.safetensors")
+    state, _ = load_weights(Path("runs/suite/epoch-002.safetensors"))
+    assert torch.equal(state["output.weight"], theirs["embed_out.weight"])
+    capsys.readouterr()
+    assert (
+        main(["--quiet", "import-hf", REPO, "--revision", "step3", "--run-dir", "runs/x", "--config", "run.yaml"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert (
+        "step3 is not in the local Hugging Face cache" in err and "hf download org/pythia-tiny --revision step3" in err
+    )
+    assert not Path("runs/x").exists()
