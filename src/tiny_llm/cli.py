@@ -260,6 +260,12 @@ def _add_import_hf(sub: argparse._SubParsersAction) -> None:
         help="keep transformers' own model even for a natively read architecture (measured with the "
         "HVP engines; to compare the two, or for a configuration transformers computes differently)",
     )
+    ih.add_argument(
+        "--allow-identical-states",
+        action="store_true",
+        help="import checkpoints of different steps whose weights are identical (refused otherwise: a suite "
+        "that serves one checkpoint under several steps' names); they are measured once, and reported",
+    )
     ih.set_defaults(func=commands.import_hf)
 
 

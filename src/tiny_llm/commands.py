@@ -106,7 +106,8 @@ def import_hf(args: argparse.Namespace) -> None:
     """``tiny-llm import-hf``."""
     from tiny_llm.model.hf_runs import import_run
 
-    print(import_run(_import_sources(args), args.run_dir, _config(args), args.tokens_per_step, args.adapter))
+    sources, config = _import_sources(args), _config(args)
+    print(import_run(sources, args.run_dir, config, args.tokens_per_step, args.adapter, args.allow_identical_states))
 
 
 def _import_sources(args: argparse.Namespace) -> list:

@@ -23,4 +23,5 @@ import_run(
     config_from_dict(spec["config"]),
     tokens_per_step=spec.get("tokens_per_step"),
     adapter=spec.get("adapter", False),
+    allow_identical=spec.get("allow_identical_states", False),
 )

@@ -255,7 +255,7 @@ def expand_seed_experiments(
     return runs, roles
 
 
-SEED_IMPORT_KEYS = ("config", "set", "tokens_per_step")
+SEED_IMPORT_KEYS = ("config", "set", "tokens_per_step", "allow_identical_states")
 """Keys of a seed experiment of hf_checkpoints that every seed's import takes."""
 CACHE_KEYS = ("cache_source", "cache_inputs", "cache_tokenizer", "cache_order", "shard_tokens")
 """Keys that prepare the experiment's one cache (taken by the first seed's import, which prepares it)."""

@@ -24,6 +24,7 @@ from tiny_llm.model.hf import imported_config
 from tiny_llm.model.hf_positions import CheckpointPosition, CheckpointSource, checkpoint_positions
 from tiny_llm.model.hf_runs import checkpoint_tokenizer
 from tiny_llm.model.hub import expand_checkpoints
+from tiny_llm.model.integrity import identical_findings, refuse_identical, weights_digest
 
 __all__ = ["Runs"]
 
@@ -63,6 +64,8 @@ class Runs:
         """The tokenizer each import's checkpoints carry."""
         self.positions: dict[str, list[CheckpointPosition]] = {}
         """Each import's checkpoints' steps and tokens."""
+        self.integrity: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        """Each import's checkpoints whose weight files another step's repeat (by label)."""
         self.imports = {name: self._check_import(name) for name in self.import_entries}
         """Each import: the run configuration importing it gives (its run directory: the entry's ``run``)."""
         self._check_seed_imports(seed_experiments)
@@ -125,6 +128,7 @@ class Runs:
             run = load_run_config({"config": entry["config"], "set": entry.get("set", {})})
             planned = imported_config(paths, run, adapter=bool(entry.get("adapter")))
             self.positions[name] = checkpoint_positions(sources, entry.get("tokens_per_step"))
+            self._check_integrity(name, sources)
             carried = checkpoint_tokenizer(paths, planned.model.vocab_size)
         except ValueError as error:
             raise ValueError(f"{self._key(name, 'hf_checkpoints')}: {error}") from None
@@ -232,6 +236,16 @@ class Runs:
                 f"{remedy}"
             )
 
+    def _check_integrity(self, name: str, sources: list[CheckpointSource]) -> None:
+        """Checkpoints of different steps with identical weight files are refused before any work
+        (unless the entry's ``allow_identical_states``); what is found is kept per import."""
+        labels = [s.revision or str(s.path) for s in sources]
+        steps = [p.step for p in self.positions[name]]
+        self.integrity[name] = identical_findings(labels, steps, [weights_digest(s.path) for s in sources])
+        if not self.import_entries[name].get("allow_identical_states"):
+            setting = f"{self._owner(name)}.allow_identical_states: true"
+            refuse_identical(self.integrity[name], self._key(name, "hf_checkpoints"), setting)
+
     def import_spec(self, run: str) -> dict[str, Any]:
         """What the import of runs/``run`` (an import's hf_checkpoints) writes (a change imports again)."""
         entry = self.import_entries[self.importing(run)]
@@ -244,6 +258,7 @@ class Runs:
             "tokens_per_step": entry.get("tokens_per_step"),
             "config": config_to_dict(load_run_config({"config": entry["config"], "set": entry.get("set", {})})),
             **({"adapter": True} if entry.get("adapter") else {}),  # absent when false: earlier imports stand
+            **({"allow_identical_states": True} if entry.get("allow_identical_states") else {}),
         }
 
     def importing(self, run: str) -> str:

@@ -51,6 +51,7 @@ from tiny_llm.model.hf_positions import (
     trainer_log,
     warn_unknown_tokens,
 )
+from tiny_llm.model.integrity import refuse_identical, state_findings
 
 if TYPE_CHECKING:
     import torch
@@ -218,6 +219,7 @@ def import_run(
     config: RunConfig,
     tokens_per_step: int | None = None,
     adapter: bool = False,
+    allow_identical: bool = False,
 ) -> Path:
     """Make a run directory from local Hugging Face checkpoint directories of one model (the
     revisions of a training suite, oldest first, or just one; each with what is stated of it):
@@ -225,7 +227,9 @@ def import_run(
     training keys from ``config``), each checkpoint's weights as ``epoch-NNN.safetensors`` in the
     order given (as stored; metadata: its step, tokens and source directory), the tokenizer they
     carry (``tokenizer/``) and ``imported.json`` (each checkpoint's source, hub revision, step and
-    tokens with where each came from, stored dtypes and file hashes).
+    tokens with where each came from, stored dtypes, file hashes, its distance from the first
+    checkpoint and what the integrity checks found: :mod:`tiny_llm.model.integrity`). Checkpoints
+    of different steps with identical weights are refused unless ``allow_identical``.
     The Llama family, GPT-2 and GPT-NeoX become our models (every engine); another architecture
     (or any, with ``adapter``) keeps its own weights and config.json (``hf-config.json``) for the
     adapter (HVP engines). All or nothing (see the module docstring); ``run_dir`` must not exist or
@@ -245,29 +249,48 @@ def import_run(
     planned = imported_config(paths, config, adapter=adapter)
     tokenizer = checkpoint_tokenizer(paths, planned.model.vocab_size)
     states = _checked_states(paths, planned)
+    labels = [s.revision or s.path.name for s in sources]
+    findings, distances = state_findings(labels, [p.step for p in positions], states)
+    if not allow_identical:
+        refuse_identical(findings, "import", "--allow-identical-states (allow_identical_states: true)")
     warn_unknown_tokens(paths, positions)  # after every refusal: a refused import prints one line
+    for label, found in findings.items():
+        log.warning("integrity: %s: %s", label, "; ".join(f["detail"] for f in found))
     for stale in _leftovers(run_dir):
         log.info("removing %s, left by an interrupted import", stale)
         shutil.rmtree(stale, ignore_errors=True)
     with atomic_directory(run_dir, kind="import") as tmp:  # renamed onto a missing or empty directory only
-        _write_import(tmp, run_dir, sources, planned, positions, tokenizer, states, training_log)
+        suite = _Suite(sources, positions, states, [findings.get(label, []) for label in labels], distances)
+        _write_import(tmp, run_dir, planned, suite, tokenizer, training_log)
     log.info("imported %d checkpoint(s) into %s", len(paths), run_dir)
     return run_dir
 
 
-def _write_checkpoint(
-    tmp: Path, index: int, source: CheckpointSource, position: CheckpointPosition, state: dict[str, torch.Tensor]
-) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class _Suite:
+    """What an import writes of each checkpoint, in the suite's order."""
+
+    sources: list[CheckpointSource]
+    positions: list[CheckpointPosition]
+    states: list[dict[str, torch.Tensor]]
+    findings: list[list[dict[str, Any]]]
+    """What the integrity checks found of each (empty: nothing)."""
+    distances: list[float]
+    """‖θᵢ − θ₀‖ of each from the first."""
+
+
+def _write_checkpoint(tmp: Path, index: int, suite: _Suite) -> dict[str, Any]:
     """One imported checkpoint as ``epoch-<index>.safetensors`` in ``tmp``, and its record (where it
     came from, its step and tokens, the dtypes its weights were stored in, the sha256 of its
     directory's files)."""
     from tiny_llm.model.checkpoint import save_weights
 
+    source, position, state = suite.sources[index], suite.positions[index], suite.states[index]
     path, name = source.path, epoch_file(index)
     metadata = {
         "step": position.step,
         "epoch": 0,
-        "source": path.name,
+        "source": source.revision or path.name,  # what the tables name it by
         **({"tokens": position.tokens} if position.tokens is not None else {}),
     }
     save_weights(tmp / name, state, metadata)
@@ -278,22 +301,22 @@ def _write_checkpoint(
         **position.record(),
         "stored_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}),
         "files": {p.name: sha256_file(p) for p in files},
+        "distance_from_first": suite.distances[index],
+        "integrity": suite.findings[index],
     }
 
 
 def _write_import(
     tmp: Path,
     run_dir: Path,
-    sources: list[CheckpointSource],
     planned: RunConfig,
-    positions: list[CheckpointPosition],
+    suite: _Suite,
     tokenizer: dict[str, Any] | None,
-    states: list[dict[str, torch.Tensor]],
     training_log: tuple[Path, list[dict[str, Any]]] | None,
 ) -> None:
     """The import's files in ``tmp`` (renamed onto ``run_dir`` by the caller): the marker first,
     the full record last."""
-    paths = [s.path for s in sources]
+    paths = [s.path for s in suite.sources]
     record: dict[str, Any] = {"complete": False, "architecture": planned.model.architecture}
     atomic_write_json(tmp / IMPORTED, record)  # first: this directory is never a run trained here
     model = planned.model
@@ -305,10 +328,7 @@ def _write_import(
         for name in tokenizer["files"]:
             shutil.copyfile(Path(tokenizer["path"]) / name, tmp / TOKENIZER_DIR / name)
         tokenizer = {**tokenizer, "path": str((run_dir / TOKENIZER_DIR).resolve()), "name": paths[0].name}
-    checkpoints = [
-        _write_checkpoint(tmp, index, source, position, state)
-        for index, (source, position, state) in enumerate(zip(sources, positions, states, strict=True))
-    ]
+    checkpoints = [_write_checkpoint(tmp, index, suite) for index in range(len(suite.sources))]
     resolved = config_from_dict({**config_to_dict(planned), "model": config_to_dict(model)})
     (tmp / RESOLVED).write_text(_resolved_text(resolved))
     if training_log is not None:  # the Trainer's logged losses and norms, for the figures

@@ -91,7 +91,7 @@ def resolve_revision(repo: str, revision: str, cache_dir: str | Path | None = No
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(repo, revision=revision, cache_dir=cache_dir, local_files_only=True))
+        return Path(snapshot_download(repo, revision=revision, cache_dir=_cache(cache_dir), local_files_only=True))
     except (LocalEntryNotFoundError, FileNotFoundError):
         raise ValueError(
             f"{repo} at revision {revision} is not in the local Hugging Face cache ({_cache(cache_dir)}); "
@@ -100,6 +100,8 @@ def resolve_revision(repo: str, revision: str, cache_dir: str | Path | None = No
 
 
 def _cache(cache_dir: str | Path | None) -> str:
+    """The cache folder: ``cache_dir``, else the standard one as huggingface_hub reads it now
+    (HF_HUB_CACHE, or HF_HOME/hub, or the default)."""
     from huggingface_hub import constants
 
     return str(cache_dir or constants.HF_HUB_CACHE)
@@ -116,7 +118,7 @@ def cached_revisions(repo: str, cache_dir: str | Path | None = None) -> list[Hub
     from huggingface_hub.errors import CacheNotFound
 
     try:
-        repos = [r for r in scan_cache_dir(cache_dir).repos if r.repo_id == repo and r.repo_type == "model"]
+        repos = [r for r in scan_cache_dir(_cache(cache_dir)).repos if r.repo_id == repo and r.repo_type == "model"]
     except CacheNotFound:
         repos = []
     names = sorted({ref for r in repos for revision in r.revisions for ref in revision.refs})

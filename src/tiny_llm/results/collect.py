@@ -31,7 +31,7 @@ from tiny_llm.curvature.statistics import (
 from tiny_llm.curvature.statistics import STATISTICS as DECLARED
 from tiny_llm.io import atomic_write_json, atomic_write_text
 from tiny_llm.layout import BLOCKS, MANIFEST, SPECTRUM, SUMMARY
-from tiny_llm.results.manifest import AUDIT_THRESHOLD, audit_block, manifest
+from tiny_llm.results.manifest import AUDIT_THRESHOLD, audit_block, integrity_block, manifest
 from tiny_llm.results.record import append_event, job_records
 
 log = logging.getLogger(__name__)
@@ -62,13 +62,16 @@ SUMMARY_COLUMNS = [
     "step",
     "tokens",
     "source",
+    "integrity",
     *(s.name for s in DECLARED),
     *ERROR_COLUMNS,
     "audit_statistic_error",
     "audit_max_relative_error",
     *CONSENSUS_COLUMNS,
 ]
-"""One row per checkpoint file × case; ``loss`` is the epoch loss of the state on the case,
+"""One row per checkpoint file × case; ``integrity`` names what the checks of a suite trained
+elsewhere found of the checkpoint (``identical``, ``final``, ``collapse``, ``spike``; blank: nothing,
+or a run trained here), ``loss`` is the epoch loss of the state on the case,
 ``<statistic>_se`` the standard error of a sampled statistic, ``audit_statistic_error`` the largest
 relative error of a statistic that the precision audit implies (loss and ḡ over the whole epoch in
 float64, the audited directions rebuilt in float64) and ``audit_max_relative_error`` the largest
@@ -248,12 +251,16 @@ def _rows_per_alias(
 def _summary_rows(results: dict, states: dict[str, Any], cases: list[str]) -> list[dict[str, Any]]:
     """One summary.csv row per checkpoint file × case, sorted by step."""
 
+    block = integrity_block(states["run"]) or {}
+    flags = {f["checkpoint"]: " ".join(x["kind"] for x in f["findings"]) for f in block.get("flagged", [])}
+
     def row(result: dict[str, Any], alias: dict[str, Any]) -> list[dict[str, Any]]:
         aggregate = (result.get("consensus") or {}).get("aggregate") or {}
         audit = result.get("audit") or {}
         return [
             {
                 "source": alias.get("source", ""),
+                "integrity": flags.get(alias["file"], ""),
                 **{s.name: _cell(result["statistics"].get(s.name)) for s in DECLARED},
                 **{k: _cell(result["standard_errors"].get(k)) for k in ERROR_COLUMNS},
                 "audit_statistic_error": _cell(audit.get("max_statistic_relative_error")),

@@ -222,7 +222,7 @@ def finish(
     if xlabel is None:
         for axis in fig.axes:
             axis.xaxis.set_major_formatter(FuncFormatter(engineering))
-        note = "; ".join(n for n in (note, context.get("x_note", "")) if n)
+        note = "; ".join(n for n in (note, context.get("x_note", ""), context.get("integrity_note", "")) if n)
     ax.set_xlabel(xlabel or context.get("xlabel", "training tokens"))
     ax.set_ylabel(ylabel)
     top = fig.axes[0]
@@ -252,7 +252,18 @@ def figure_context(analysis_dir: Path) -> dict:
         "run": manifest.get("run"),
         "audit": manifest.get("audit"),
         "precision": manifest.get("precision"),
+        "integrity_note": _integrity_note(manifest.get("integrity")),
     }
+
+
+def _integrity_note(block: dict | None) -> str:
+    """The figures' word on a suite's flagged checkpoints (manifest.json's integrity block)."""
+    flagged = (block or {}).get("flagged") or []
+    if not flagged:
+        return ""
+    kinds = sorted({x["kind"] for f in flagged for x in f["findings"]})
+    steps = ", ".join(str(f["step"]) for f in flagged[:6]) + (", ..." if len(flagged) > 6 else "")
+    return f"suite integrity: steps {steps} flagged ({', '.join(kinds)}; manifest.json)"
 
 
 def collected(

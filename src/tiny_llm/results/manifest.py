@@ -1,7 +1,8 @@
 """The manifest of a collected analysis (manifest.json): the analysis, its identity and settings,
 the precision audit's block (the rows whose implied statistic error exceeds a threshold), the
-precision floor of a float64 analysis whose model computes some operation below float64, what ran
-where, the data of each case and every state with its results."""
+precision floor of a float64 analysis whose model computes some operation below float64, the
+integrity of a suite trained elsewhere (what its import found), what ran where, the data of each
+case and every state with its results."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import logging
 from typing import Any
 
 from tiny_llm.data.order import order_warnings
+from tiny_llm.model.hf_runs import imported_record
 
-__all__ = ["AUDIT_THRESHOLD", "audit_block", "manifest", "precision_floor"]
+__all__ = ["AUDIT_THRESHOLD", "audit_block", "integrity_block", "manifest", "precision_floor"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,28 @@ def precision_floor(results: dict) -> dict[str, Any] | None:
     }
 
 
+def integrity_block(run: str) -> dict[str, Any] | None:
+    """The manifest's integrity block of an imported suite: how many checkpoints were checked, each
+    one's distance from the first, and those flagged with what was found
+    (:mod:`tiny_llm.model.integrity`); None for a run trained here or imported before the checks."""
+    record = imported_record(run)
+    checkpoints = (record or {}).get("checkpoints") or []
+    if not checkpoints or any("integrity" not in c for c in checkpoints):
+        return None
+    flagged = [
+        {
+            "checkpoint": c["checkpoint"],
+            "source": c.get("revision") or c["source"],
+            "step": c["step"],
+            "findings": c["integrity"],
+        }
+        for c in checkpoints
+        if c["integrity"]
+    ]
+    distances = {c["checkpoint"]: c["distance_from_first"] for c in checkpoints}
+    return {"checked": len(checkpoints), "flagged": flagged, "distance_from_first": distances}
+
+
 BATCH_SIZES = (
     "effective_batch_size",
     "micro_batch_size",
@@ -107,6 +131,7 @@ def manifest(results: dict, identity: dict, states: dict, cases: list[str], name
         "precision": first["precision"],
         "audit": audit,
         "precision_floor": precision_floor(results),
+        "integrity": integrity_block(states["run"]),
         "software": first["software"],
         "hardware": list({json.dumps(r["hardware"], sort_keys=True): r["hardware"] for r in results.values()}.values()),
         "slurm_jobs": [r["slurm"] | {"state": k[:12], "case": c} for (k, c), r in results.items() if r.get("slurm")],
