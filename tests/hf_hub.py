@@ -28,8 +28,9 @@ def cache_revision(cache: Path, repo: str, revision: str, folder: Path) -> Path:
 
 
 def neox_suite(tmp: Path, steps: tuple[int, ...], seed: int = 0) -> dict[int, Path]:
-    """Tiny GPT-NeoX checkpoints (Pythia's architecture), one folder per step, each the previous
-    moved a little (as training moves it), saved as transformers saves them."""
+    """Tiny GPT-NeoX checkpoints (Pythia's architecture), one folder per step, saved as
+    transformers saves them: θ₀ + step·δ for a seeded δ, so that ‖θ − θ₀‖ grows with the step as
+    along a training run."""
     import torch
     import transformers
 
@@ -45,11 +46,14 @@ def neox_suite(tmp: Path, steps: tuple[int, ...], seed: int = 0) -> dict[int, Pa
     )
     torch.manual_seed(seed)
     model = transformers.GPTNeoXForCausalLM(config).eval()
+    parameters = dict(model.named_parameters())
+    start = {k: p.detach().clone() for k, p in parameters.items()}
+    drift = {k: 1e-3 * torch.randn_like(v) for k, v in start.items()}
     folders = {}
     for step in steps:
         with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.01 * torch.randn_like(p))
+            for k, p in parameters.items():
+                p.copy_(start[k] + step * drift[k])
         folders[step] = tmp / f"seed{seed}-step{step}"
         model.save_pretrained(folders[step], safe_serialization=True)
     return folders

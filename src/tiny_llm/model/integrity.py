@@ -11,11 +11,11 @@ imported suite is checked and what is found is reported per checkpoint:
   ``allow_identical_states: true`` (``--allow-identical-states``), naming the revisions.
 * ``final``: a checkpoint before the last whose weights equal the last's (a branch that serves the
   final checkpoint under an earlier step's name).
-* ``collapse``: its distance from the first checkpoint, ‖θᵢ − θ₀‖, is less than half the largest
-  distance of an earlier one (training does not return halfway to its initialisation; an early
-  revision filed under a late step does).
-* ``spike``: its distance from the first is more than twice that of both neighbours (a late
-  revision filed under an early step).
+* ``spike``: its distance from the first checkpoint, ‖θᵢ − θ₀‖, is more than twice that of both
+  neighbours (a late revision filed under an early step).
+* ``collapse``: its distance from the first is less than half the largest distance of an earlier
+  checkpoint that is not a spike (training does not return halfway to its initialisation; an
+  early revision filed under a late step does).
 
 The rules are plain arithmetic, torch-free, for the planner too; :func:`state_findings` applies
 them to the weights themselves (torch imported there).
@@ -77,22 +77,24 @@ def identical_findings(labels: list[str], steps: list[int], keys: list[str]) -> 
 
 def path_findings(labels: list[str], distances: list[float]) -> dict[str, list[dict[str, Any]]]:
     """Per checkpoint (by label): a distance from the first checkpoint (``distances``, in the
-    suite's order) that collapses below half of an earlier one's, or spikes above twice both
-    neighbours'."""
+    suite's order) that spikes above twice both neighbours', or collapses below half of the largest
+    earlier one that is not a spike (so that one misplaced late revision does not flag every
+    checkpoint after it)."""
     findings: dict[str, list[dict[str, Any]]] = {}
+    spikes = {i for i in range(1, len(distances) - 1) if distances[i] > SPIKE * max(distances[i - 1], distances[i + 1])}
+    for i in sorted(spikes):
+        findings.setdefault(labels[i], []).append(
+            {
+                "kind": "spike",
+                "detail": f"‖θ − θ₀‖ = {distances[i]:.4g}, above twice both neighbours' "
+                f"({distances[i - 1]:.4g}, {distances[i + 1]:.4g})",
+            }
+        )
     for i, (label, d) in enumerate(zip(labels, distances, strict=True)):
-        earlier = max(distances[:i], default=0.0)
-        if earlier > 0 and d < COLLAPSE * earlier:
+        earlier = max((distances[j] for j in range(i) if j not in spikes), default=0.0)
+        if i not in spikes and earlier > 0 and d < COLLAPSE * earlier:
             findings.setdefault(label, []).append(
                 {"kind": "collapse", "detail": f"‖θ − θ₀‖ = {d:.4g}, below half of an earlier one's {earlier:.4g}"}
-            )
-        if 0 < i < len(distances) - 1 and d > SPIKE * max(distances[i - 1], distances[i + 1]):
-            findings.setdefault(label, []).append(
-                {
-                    "kind": "spike",
-                    "detail": f"‖θ − θ₀‖ = {d:.4g}, above twice both neighbours' "
-                    f"({distances[i - 1]:.4g}, {distances[i + 1]:.4g})",
-                }
             )
     return findings
 

@@ -13,7 +13,7 @@ from typing import Any
 from tiny_llm.data.order import order_warnings
 from tiny_llm.model.hf_runs import imported_record
 
-__all__ = ["AUDIT_THRESHOLD", "audit_block", "integrity_block", "manifest", "precision_floor"]
+__all__ = ["AUDIT_THRESHOLD", "audit_block", "integrity_block", "integrity_flag", "manifest", "precision_floor"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,20 @@ def integrity_block(run: str) -> dict[str, Any] | None:
     ]
     distances = {c["checkpoint"]: c["distance_from_first"] for c in checkpoints}
     return {"checked": len(checkpoints), "flagged": flagged, "distance_from_first": distances}
+
+
+def integrity_flag(block: dict[str, Any] | None) -> str | None:
+    """``summarize``'s flag of a suite's flagged checkpoints (an integrity block); None when none is."""
+    flagged = (block or {}).get("flagged") or []
+    if not flagged:
+        return None
+    shown = "; ".join(
+        f"{f['source']} (step {f['step']}): {', '.join(x['detail'] for x in f['findings'])}" for f in flagged[:3]
+    )
+    return (
+        f"suite integrity: {len(flagged)} of {block['checked']} checkpoints flagged ({shown}"
+        f"{'; ...' if len(flagged) > 3 else ''}); their statistics are not those of the steps they are named for"
+    )
 
 
 BATCH_SIZES = (

@@ -20,6 +20,7 @@ from typing import Any
 
 from tiny_llm.curvature.statistics import STATISTICS
 from tiny_llm.layout import MANIFEST, SPECTRUM, SUMMARY
+from tiny_llm.results.manifest import integrity_flag
 
 __all__ = ["COLUMNS", "summarize"]
 
@@ -101,15 +102,8 @@ def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[
             + (f" (its gradients rounded to about {rounding:.1e}, relative)" if rounding is not None else "")
             + "; no statistic is more exact than that"
         )
-    integrity = (manifest.get("integrity") or {}).get("flagged") or []
-    if integrity:
-        shown = "; ".join(
-            f"{f['source']} (step {f['step']}): {', '.join(x['detail'] for x in f['findings'])}" for f in integrity[:3]
-        )
-        flags.append(
-            f"suite integrity: {len(integrity)} of {manifest['integrity']['checked']} checkpoints flagged ({shown}"
-            f"{'; ...' if len(integrity) > 3 else ''}); their statistics are not those of the steps they are named for"
-        )
+    if integrity := integrity_flag(manifest.get("integrity")):
+        flags.append(integrity)
     unconverged = sorted(
         {(_name(r), r["case"]) for r in spectrum if any(v == "False" for k, v in r.items() if "_converged_" in k)}
     )
