@@ -1,0 +1,251 @@
+"""A suite's published training order as a token source, read in place and memory-mapped (never
+copied: the Pile as Pythia trained on it is ~600 GB).
+
+Two formats, each a sequence of fixed-length training sequences in the order they were trained,
+sequence i trained at step ``i // sequences_per_step + 1``:
+
+* ``megatron``: a GPT-NeoX/Megatron indexed dataset, ``PREFIX.idx`` (header ``MMIDIDX``, version 1,
+  the token dtype's code, the sequence count, the document count, then each sequence's length
+  (int32), its byte offset in the data (int64) and the document index (int64)) and ``PREFIX.bin``
+  (the tokens), or Pythia's published shards ``PREFIX-000NN-of-000MM.bin`` read as one file
+  without concatenating them.
+* ``token_array``: flat token arrays (``.npy``, or raw files of a stated dtype) cut into instances
+  of ``sequence_tokens`` tokens, in the order of the files, optionally permuted by a global index
+  order (an ``.npy`` of instance indices: position in training -> instance), as OLMo publishes
+  them.
+
+Refused by name: an ``.idx`` of another version or a non-integer dtype, a data file shorter than
+its index says (truncated), sequences of another length than ``sequence_tokens``, token ids beyond
+the model's vocabulary (checked on every sequence read), and windows beyond the data.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = ["MEGATRON_DTYPES", "TrainingOrder", "TrainingOrderSpec", "write_megatron"]
+
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+"""The integer token dtypes of an ``.idx`` by code (codes 6 and 7, floats, hold no tokens)."""
+_SHARD = re.compile(r"-(\d+)-of-(\d+)\.bin$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingOrderSpec:
+    """An analysis's ``training_order``: where the sequences are and how training read them."""
+
+    path: str
+    """megatron: the prefix of PREFIX.idx + PREFIX.bin (or its shards); token_array: a file or a
+    folder of files."""
+    format: Literal["megatron", "token_array"] = "megatron"
+    sequences_per_step: int
+    """Sequences in one optimizer step's batch (Pythia: 1,024)."""
+    sequence_tokens: int | None = None
+    """Tokens of one sequence (inputs and the target shifted by one: Pythia's 2,049); megatron: read
+    from the index when not given (every sequence must have it)."""
+    order: str | None = None
+    """token_array: an .npy of instance indices in the order trained (OLMo's global indices)."""
+    dtype: str = "uint16"
+    """token_array: the dtype of raw files (.npy files carry their own)."""
+
+
+class TrainingOrder:
+    """The sequences of a published training order, memory-mapped.
+
+    Raises (constructing):
+        ValueError: a missing file, an index of another version or dtype, a truncated data file,
+            sequences of another length, naming the file.
+    """
+
+    def __init__(self, spec: TrainingOrderSpec, vocab_size: int):
+        self.spec, self.vocab_size = spec, vocab_size
+        if spec.format == "megatron":
+            self._megatron(Path(spec.path))
+        elif spec.format == "token_array":
+            self._token_array(Path(spec.path))
+        else:
+            raise ValueError(f"training_order.format: expected megatron or token_array, got {spec.format!r}")
+        self._order = None
+        if spec.order is not None:
+            order = np.load(spec.order, mmap_mode="r")
+            if order.ndim != 1 or not np.issubdtype(order.dtype, np.integer):
+                raise ValueError(f"{spec.order}: expected a one-dimensional array of instance indices")
+            self._order = order
+
+    # --- reading the formats -------------------------------------------------------------------
+
+    def _megatron(self, prefix: Path) -> None:
+        idx = prefix.with_name(prefix.name + ".idx")
+        if not idx.exists():
+            raise ValueError(
+                f"training_order.path: {idx} does not exist (a megatron dataset is PREFIX.idx + PREFIX.bin)"
+            )
+        with open(idx, "rb") as handle:
+            header = handle.read(9 + 8 + 1 + 8 + 8)
+        if len(header) < 34 or header[:9] != MEGATRON_MAGIC:
+            raise ValueError(f"{idx}: not a Megatron/GPT-NeoX index (no MMIDIDX header)")
+        version, code, count, documents = struct.unpack("<QBQQ", header[9:])
+        if version != 1:
+            raise ValueError(f"{idx}: index version {version}; only version 1 is read")
+        if code not in MEGATRON_DTYPES:
+            raise ValueError(f"{idx}: token dtype code {code} is not an integer dtype ({sorted(MEGATRON_DTYPES)})")
+        dtype = np.dtype(MEGATRON_DTYPES[code])
+        expected = 34 + count * 4 + count * 8 + documents * 8
+        if idx.stat().st_size < expected:
+            raise ValueError(f"{idx} is truncated: {idx.stat().st_size} bytes, its header says {expected}")
+        sizes = np.memmap(idx, dtype=np.int32, mode="r", offset=34, shape=(count,))
+        pointers = np.memmap(idx, dtype=np.int64, mode="r", offset=34 + count * 4, shape=(count,))
+        length = self.spec.sequence_tokens or (int(sizes[0]) if count else 0)
+        wrong = np.flatnonzero(np.asarray(sizes) != length)
+        if len(wrong):
+            raise ValueError(
+                f"{idx}: sequence {int(wrong[0])} has {int(sizes[wrong[0]])} tokens, not {length}; a training "
+                "order is fixed-length sequences (set sequence_tokens, or use the dataset training read)"
+            )
+        self._files = _megatron_files(prefix)
+        self._dtype, self.sequence_tokens, self.sequences, self._pointers = dtype, length, count, pointers
+        self._maps = [np.memmap(f, dtype=dtype, mode="r") for f in self._files]
+        self._offsets = np.cumsum([0] + [len(m) for m in self._maps])
+        needed = int(pointers[-1]) // dtype.itemsize + length if count else 0
+        if self._offsets[-1] < needed:
+            raise ValueError(
+                f"{self._files[-1]}: the data holds {int(self._offsets[-1])} tokens, its index {needed} "
+                "(truncated; download it again)"
+            )
+
+    def _token_array(self, path: Path) -> None:
+        if self.spec.sequence_tokens is None:
+            raise ValueError("training_order.sequence_tokens: a token_array order needs the length of its sequences")
+        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+        if not files or not all(f.exists() for f in files):
+            raise ValueError(f"training_order.path: {path} holds no token files")
+        self._maps = [
+            np.load(f, mmap_mode="r").reshape(-1)
+            if f.suffix == ".npy"
+            else np.memmap(f, dtype=self.spec.dtype, mode="r")
+            for f in files
+        ]
+        for f, m in zip(files, self._maps, strict=True):
+            if not np.issubdtype(m.dtype, np.integer):
+                raise ValueError(f"{f}: tokens of dtype {m.dtype}, not integers")
+        # instances never cross a file: each file holds whole instances (a remainder is dropped)
+        per_file = [len(m) // self.spec.sequence_tokens for m in self._maps]
+        self._files, self._dtype, self.sequence_tokens = files, self._maps[0].dtype, self.spec.sequence_tokens
+        self._instances = np.cumsum([0, *per_file])
+        self.sequences = int(self._instances[-1])
+
+    # --- the sequences -------------------------------------------------------------------------
+
+    def instance(self, position: int) -> int:
+        """The stored instance trained at ``position`` (the global order's, else the same)."""
+        if self._order is None:
+            return position
+        if position >= len(self._order):
+            raise ValueError(f"{self.spec.order}: position {position} beyond its {len(self._order)} indices")
+        return int(self._order[position])
+
+    def sequence(self, position: int) -> np.ndarray:
+        """The tokens (int64) of the sequence trained at ``position``, its ids checked against the
+        model's vocabulary."""
+        if not 0 <= position < self.length:
+            raise ValueError(f"training order: sequence {position} is beyond the data ({self.length} sequences)")
+        i, T = self.instance(position), self.sequence_tokens
+        if self.spec.format == "megatron":
+            tokens = self._read(int(self._pointers[i]) // self._dtype.itemsize, T)
+        else:
+            f = int(np.searchsorted(self._instances, i, side="right") - 1)
+            local = (i - int(self._instances[f])) * T
+            tokens = np.asarray(self._maps[f][local : local + T], dtype=np.int64)
+        if tokens.size and (int(tokens.max()) >= self.vocab_size or int(tokens.min()) < 0):
+            raise ValueError(
+                f"training order: sequence {position} holds token id {int(tokens.max())} beyond the model's "
+                f"vocabulary ({self.vocab_size}); this is not the order the model was trained on"
+            )
+        return tokens
+
+    def _read(self, start: int, count: int) -> np.ndarray:
+        """``count`` tokens from global token ``start`` across the data files (shards)."""
+        parts, position, end = [], start, start + count
+        while position < end:
+            f = int(np.searchsorted(self._offsets, position, side="right") - 1)
+            stop = min(end, int(self._offsets[f + 1]))
+            parts.append(np.asarray(self._maps[f][position - self._offsets[f] : stop - self._offsets[f]]))
+            position = stop
+        return np.concatenate(parts).astype(np.int64)
+
+    @property
+    def length(self) -> int:
+        """How many sequences can be read in training order."""
+        return min(self.sequences, len(self._order)) if self._order is not None else self.sequences
+
+    def step_sequences(self, first_step: int, steps: int) -> range:
+        """The positions of the sequences of steps ``[first_step, first_step + steps)`` (step s
+        trained sequences ``[(s − 1)·B, s·B)``, B = sequences_per_step).
+
+        Raises:
+            ValueError: a window before step 1 or beyond the data, naming it.
+        """
+        B = self.spec.sequences_per_step
+        start, stop = (first_step - 1) * B, (first_step - 1 + steps) * B
+        if first_step < 1 or steps < 1 or stop > self.length:
+            raise ValueError(
+                f"training order: steps {first_step}..{first_step + steps - 1} need sequences {start}..{stop - 1}, "
+                f"but the data holds {self.length} ({self.length // B} steps of {B})"
+            )
+        return range(start, stop)
+
+    def describe(self) -> dict[str, Any]:
+        """What a result records of the order it read."""
+        return {
+            "format": self.spec.format,
+            "files": [str(f) for f in self._files],
+            "sequences": self.length,
+            "sequence_tokens": self.sequence_tokens,
+            "sequences_per_step": self.spec.sequences_per_step,
+            "order": self.spec.order,
+        }
+
+
+def _token_file(path: Path, dtype: str) -> np.ndarray:
+    """A flat token file, memory-mapped: an .npy with its own dtype, else raw ``dtype`` values."""
+    if path.suffix == ".npy":
+        return np.load(path, mmap_mode="r").reshape(-1)
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def _megatron_files(prefix: Path) -> list[Path]:
+    """PREFIX.bin, else Pythia's shards PREFIX-000NN-of-000MM.bin (all of them, in order)."""
+    single = prefix.with_name(prefix.name + ".bin")
+    if single.exists():
+        return [single]
+    shards = sorted(prefix.parent.glob(f"{prefix.name}-*-of-*.bin"))
+    numbered = [(int(m.group(1)), int(m.group(2)), s) for s in shards if (m := _SHARD.search(s.name))]
+    if not numbered:
+        raise ValueError(f"training_order.path: neither {single} nor its shards {prefix.name}-000NN-of-000MM.bin exist")
+    total = numbered[0][1]
+    if [n for n, _, _ in numbered] != list(range(len(numbered))) or len(numbered) != total:
+        have = ", ".join(s.name for _, _, s in numbered[:3])
+        raise ValueError(f"{prefix}: shards {have}, ... are not all {total} of {total}; download the missing ones")
+    return [s for _, _, s in numbered]
+
+
+def write_megatron(prefix: str | Path, sequences: np.ndarray, dtype: Any = np.uint16) -> None:
+    """Write ``sequences`` (n, T) as a Megatron/GPT-NeoX indexed dataset (one document per
+    sequence), the format GPT-NeoX trains from (for tests and small studies)."""
+    prefix = Path(prefix)
+    data = np.ascontiguousarray(sequences, dtype=dtype)
+    n, T = data.shape
+    code = next(c for c, d in MEGATRON_DTYPES.items() if np.dtype(d) == np.dtype(dtype))
+    data.tofile(prefix.with_name(prefix.name + ".bin"))
+    with open(prefix.with_name(prefix.name + ".idx"), "wb") as handle:
+        handle.write(MEGATRON_MAGIC + struct.pack("<QBQQ", 1, code, n, n + 1))
+        handle.write(np.full(n, T, dtype=np.int32).tobytes())
+        handle.write((np.arange(n, dtype=np.int64) * T * data.itemsize).tobytes())
+        handle.write(np.arange(n + 1, dtype=np.int64).tobytes())

@@ -1,0 +1,116 @@
+"""A published training order read in place: GPT-NeoX/Megatron indexed datasets (whole or in
+Pythia's shards) and flat token arrays with a global index order, each sequence at the step that
+trained it; every defect refused by name."""
+
+import struct
+
+import numpy as np
+import pytest
+
+from tiny_llm.data.training_order import TrainingOrder, TrainingOrderSpec, write_megatron
+
+N, T, B, VOCAB = 12, 9, 4, 50
+"""12 sequences of 9 tokens, 4 per step: steps 1..3."""
+
+
+@pytest.fixture
+def sequences():
+    return np.random.default_rng(0).integers(0, VOCAB, size=(N, T)).astype(np.uint16)
+
+
+def _index(path, code, n, T, itemsize, version=1):
+    """An .idx written field by field, as GPT-NeoX's _IndexWriter lays it out (independent of the
+    project's writer)."""
+    with open(path, "wb") as handle:
+        handle.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", version) + struct.pack("<B", code))
+        handle.write(struct.pack("<Q", n) + struct.pack("<Q", n + 1))
+        handle.write(struct.pack(f"<{n}i", *([T] * n)))
+        handle.write(struct.pack(f"<{n}q", *(i * T * itemsize for i in range(n))))
+        handle.write(struct.pack(f"<{n + 1}q", *range(n + 1)))
+
+
+def _order(prefix, **spec):
+    return TrainingOrder(TrainingOrderSpec(path=str(prefix), sequences_per_step=B, **spec), VOCAB)
+
+
+def test_a_megatron_dataset_gives_each_step_its_sequences(tmp_path, sequences):
+    _index(tmp_path / "document.idx", 8, N, T, 2)
+    sequences.tofile(tmp_path / "document.bin")
+    order = _order(tmp_path / "document")
+    assert order.sequences == N and order.sequence_tokens == T
+    for i in range(N):
+        assert np.array_equal(order.sequence(i), sequences[i])
+    assert order.step_sequences(2, 1) == range(4, 8)  # step 2 trained sequences 4..7: i // B + 1 == 2
+    assert all(i // B + 1 in (2, 3) for i in order.step_sequences(2, 2))
+    write_megatron(tmp_path / "ours", sequences)  # the project's writer gives the same files
+    assert (tmp_path / "ours.idx").read_bytes() == (tmp_path / "document.idx").read_bytes()
+
+
+def test_pythias_shards_are_read_as_one_file(tmp_path, sequences):
+    write_megatron(tmp_path / "document", sequences)
+    data = (tmp_path / "document.bin").read_bytes()
+    (tmp_path / "document.bin").unlink()
+    cuts = [0, 50, 130, len(data)]  # shard boundaries inside sequences
+    for k in range(3):
+        (tmp_path / f"document-{k:05d}-of-00003.bin").write_bytes(data[cuts[k] : cuts[k + 1]])
+    order = _order(tmp_path / "document")
+    assert all(np.array_equal(order.sequence(i), sequences[i]) for i in range(N))
+    (tmp_path / "document-00001-of-00003.bin").unlink()
+    with pytest.raises(ValueError, match="are not all 3 of 3; download the missing ones"):
+        _order(tmp_path / "document")
+
+
+def test_flat_token_arrays_in_their_global_order(tmp_path, sequences):
+    folder = tmp_path / "olmo"
+    folder.mkdir()
+    np.save(folder / "part-0.npy", sequences[:5].reshape(-1))
+    np.save(folder / "part-1.npy", sequences[5:].reshape(-1))
+    permutation = np.random.default_rng(1).permutation(N)
+    np.save(tmp_path / "order.npy", permutation)
+    plain = _order(folder, format="token_array", sequence_tokens=T)
+    assert all(np.array_equal(plain.sequence(i), sequences[i]) for i in range(N))
+    ordered = _order(folder, format="token_array", sequence_tokens=T, order=str(tmp_path / "order.npy"))
+    assert all(np.array_equal(ordered.sequence(i), sequences[permutation[i]]) for i in range(N))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("truncated", r"document.bin: the data holds 100 tokens, its index 108 \(truncated"),
+        ("version", "index version 2; only version 1 is read"),
+        ("float", "token dtype code 7 is not an integer dtype"),
+        ("length", "sequence 0 has 9 tokens, not 8"),
+        ("not_an_index", "not a Megatron/GPT-NeoX index"),
+        ("missing", r"document.idx does not exist"),
+    ],
+)
+def test_a_damaged_dataset_is_refused_by_name(tmp_path, sequences, damage, message):
+    _index(tmp_path / "document.idx", 8, N, T, 2, version=2 if damage == "version" else 1)
+    sequences.tofile(tmp_path / "document.bin")
+    spec = {}
+    if damage == "truncated":
+        (tmp_path / "document.bin").write_bytes((tmp_path / "document.bin").read_bytes()[:200])
+    elif damage == "float":
+        _index(tmp_path / "document.idx", 7, N, T, 2)
+    elif damage == "length":
+        spec = {"sequence_tokens": 8}
+    elif damage == "not_an_index":
+        (tmp_path / "document.idx").write_bytes(b"x" * 64)
+    elif damage == "missing":
+        (tmp_path / "document.idx").unlink()
+    with pytest.raises(ValueError, match=message):
+        _order(tmp_path / "document", **spec)
+
+
+def test_ids_beyond_the_vocabulary_and_windows_beyond_the_data_are_refused(tmp_path, sequences):
+    bad = sequences.copy()
+    bad[5, 3] = VOCAB
+    write_megatron(tmp_path / "document", bad)
+    order = _order(tmp_path / "document")
+    assert np.array_equal(order.sequence(4), sequences[4])
+    with pytest.raises(ValueError, match=r"sequence 5 holds token id 50 beyond the model's vocabulary \(50\)"):
+        order.sequence(5)
+    with pytest.raises(ValueError, match=r"steps 3..4 need sequences 8..15, but the data holds 12 \(3 steps of 4\)"):
+        order.step_sequences(3, 2)
+    with pytest.raises(ValueError, match="sequence 12 is beyond the data"):
+        order.sequence(12)
