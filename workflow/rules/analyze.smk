@@ -29,6 +29,7 @@ rule analyze_state:
         run=get_analysis_run,
         settings=get_analysis_settings,
         aliases=get_state_aliases,
+        order=get_case_order,
     script:
         "../scripts/analyze_state.py"
 

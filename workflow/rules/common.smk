@@ -133,6 +133,12 @@ def get_state_aliases(wildcards):
     return [alias["file"] for alias in _state(wildcards)["aliases"]]
 
 
+def get_case_order(wildcards):
+    """A training order's case: its window at the state's step (None: the run's token cache)."""
+    step = min(alias["step"] for alias in _state(wildcards)["aliases"])
+    return PLAN.case_order(wildcards.analysis, wildcards.case, step)
+
+
 def get_state_results(wildcards):
     return PLAN.state_results(wildcards.analysis, wildcards.key)
 

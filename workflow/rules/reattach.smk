@@ -28,6 +28,7 @@ if workflow.is_main_process:
             run=get_analysis_run,
             settings=get_analysis_settings,
             aliases=get_state_aliases,
+            order=get_case_order,
         script:
             "../scripts/await_earlier_job.py"
 

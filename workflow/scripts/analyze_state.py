@@ -24,6 +24,7 @@ with devices_of_the_job(job), node_local_compile_cache(shared_by=snakemake.wildc
             "case": snakemake.wildcards.case,
             "settings": dict(snakemake.params.settings),
             "expect_key": snakemake.wildcards.key,
+            "order": snakemake.params.order.case,  # a training order's window, or None
         },
         snakemake.output.result,
         ranks=snakemake.resources.ranks,

@@ -37,6 +37,7 @@ from typing import Any
 
 from tiny_llm.campaign.checks import check_corpus, check_device, cuda_devices
 from tiny_llm.campaign.costs import CostReport
+from tiny_llm.campaign.orders import JobOrder, OrderPlan, plan_order
 from tiny_llm.campaign.plan import ClusterSettings
 from tiny_llm.campaign.planned import AnalysisPlan, Campaign, ExperimentPlan
 from tiny_llm.campaign.runs import Runs
@@ -44,6 +45,7 @@ from tiny_llm.campaign.walltimes import Walltimes
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.memory import GiB, MemoryPlan
 from tiny_llm.data.tokens import TokenCache, offset_plan
+from tiny_llm.data.training_order import ORDER_CASES
 from tiny_llm.geometry.settings import as_analysis_settings, geometry_settings_from_dict
 from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, SPECTRUM_RESULT, STATE_RESULT, epoch_file, epoch_stem
 from tiny_llm.workers.binding import check_output_binding, output_binding
@@ -92,6 +94,8 @@ class WorkflowPlan:
             where = ("seed_experiments", experiment_of[name]) if name in experiment_of else ("train_runs", name)
             check_corpus(where[1], self.train_runs[name], run, "unseen" if analysed else "train", key=where[0])
         self.train_device: str = config.get("train_device", "cpu")
+        self.orders: dict[str, OrderPlan] = {}
+        """The published training orders of analyses of suites trained elsewhere."""
         self.analysis_settings = {name: self._check_analysis(name) for name in self.analyses}
         for name in self.analyses:
             gpus, per_node = self.ranks(name)["gpus"], self.cluster.gpus_per_node
@@ -160,7 +164,9 @@ class WorkflowPlan:
             interval = training.checkpoint_policy == "interval"
             writes = {FINAL, *(epoch_file(e) for e in range(training.epochs + 1) if interval)}
         check_selection(f"analyses.{name}.checkpoints", entry["run"], entry.get("checkpoints", "all"), writes)
-        check_output_binding(f"results/{name}", output_binding(settings, entry["run"], entry.get("spectrum", {})))
+        if "training_order" in entry:
+            self._check_order(name)
+        check_output_binding(f"results/{name}", self._binding(name, settings))
         spectrum = entry.get("spectrum") or {}
         if spectrum.get("enabled"):
             try:
@@ -176,10 +182,11 @@ class WorkflowPlan:
         (an adapter's model with a jet engine), and a case that needs a training order the run does not
         have (seen or unseen of an imported run)."""
         ordered = sorted(set(self.cases(name)) - {"offset"})
-        if self.imported(name) and ordered:
+        if "training_order" not in self.analyses[name] and ((self.imported(name) and ordered) or "recent" in ordered):
             raise ValueError(
                 f"analyses.{name}.cases: {', '.join(ordered)} need{'s' if len(ordered) == 1 else ''} the batches "
-                f"training took, which a run imported from elsewhere does not have; use [offset]"
+                "training took, which a run imported from elsewhere does not have unless its training_order is "
+                "given; use [offset], or give the suite's published training_order"
             )
         try:
             model = self.run_config(name).model
@@ -190,6 +197,29 @@ class WorkflowPlan:
         except ValueError as error:
             where = "settings_override" if "engine" in self.settings_override else f"analyses.{name}.settings"
             raise ValueError(f"{where}.engine: {error}") from None
+
+    def _check_order(self, name: str) -> None:
+        """An imported suite's training order, every case's window checked against every analysed
+        checkpoint (spectra of its cases are not measured: refused)."""
+        key = f"analyses.{name}"
+        if name not in self.imports:
+            raise ValueError(f"{key}.training_order: applies to a suite trained elsewhere (with hf_checkpoints)")
+        if self.spectrum_enabled(name):
+            raise ValueError(f"{key}.spectrum: spectra of a training order's cases are not measured; disable them")
+        positions = self.runs.positions[name]
+        selection = self.selection(name)
+        if selection != "all":
+            stems = [epoch_stem(i) for i in range(len(positions))]
+            positions = [positions[stems.index(Path(f).stem)] for f in selection if Path(f).stem in stems]
+        self.orders[name] = plan_order(
+            key, self.analyses[name], self.cases(name), [p.step for p in positions], self.imports[name]
+        )
+
+    def case_order(self, analysis: str, case: str, step: int) -> JobOrder:
+        """What the (state, case) job of a checkpoint at ``step`` is given of its training order
+        (its window; None: the case reads the run's token cache)."""
+        plan = self.orders.get(analysis)
+        return JobOrder(plan.job(case, step) if plan is not None and case in ORDER_CASES else None)
 
     def _check_offset(self, name: str, settings: AnalysisSettings) -> None:
         """An offset epoch that reaches past a cache already prepared is refused at start-up."""
@@ -304,8 +334,14 @@ class WorkflowPlan:
         return {**self.analyses[analysis].get("settings", {}), **self.settings_override}
 
     def binding(self, analysis: str) -> dict[str, Any]:
-        entry = self.analyses[analysis]
-        return output_binding(self.analysis_settings[analysis], entry["run"], entry.get("spectrum", {}))
+        return self._binding(analysis, self.analysis_settings[analysis])
+
+    def _binding(self, analysis: str, settings: AnalysisSettings) -> dict[str, Any]:
+        """What the analysis's output directory is bound to: its run, settings, spectrum and source,
+        and its training order when it has one."""
+        entry, order = self.analyses[analysis], self.orders.get(analysis)
+        binding = output_binding(settings, entry["run"], entry.get("spectrum", {}))
+        return binding | ({"training_order": order.binding()} if order is not None else {})
 
     def cases(self, analysis: str) -> list[str]:
         entry = self.analyses[analysis]

@@ -1,4 +1,5 @@
-"""What one (state, case) measurement needs besides the model: the cache and the case's batch plan,
+"""What one (state, case) measurement needs besides the model: the token source (the cache, or a
+published training order) and the case's batch plan,
 the sampling settings, the engine and its grouping under the memory plan, the audit's size and the
 consensus errors of packed runs (``CaseInputs``), shared by the measurement and its audit.
 """
@@ -11,6 +12,7 @@ import torch
 
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.data.tokens import BatchPlan, TokenCache
+from tiny_llm.data.training_order import TrainingOrder
 
 __all__ = ["CaseInputs"]
 
@@ -19,7 +21,8 @@ __all__ = ["CaseInputs"]
 class CaseInputs:
     """What one (state, case) measurement needs besides the model."""
 
-    cache: TokenCache
+    cache: TokenCache | TrainingOrder
+    """Where the batches' tokens come from (``tokens``, ``position``)."""
     plan: BatchPlan
     micro_batch_size: int
     hvp_batch_size: int

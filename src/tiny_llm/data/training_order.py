@@ -21,6 +21,7 @@ the model's vocabulary (checked on every sequence read), and windows beyond the 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from dataclasses import dataclass
@@ -29,7 +30,26 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["MEGATRON_DTYPES", "TrainingOrder", "TrainingOrderSpec", "write_megatron"]
+from tiny_llm.data.tokens import BatchPlan
+from tiny_llm.declared import Positive, build
+
+__all__ = [
+    "MEGATRON_DTYPES",
+    "ORDER_CASES",
+    "OrderCase",
+    "TrainingOrder",
+    "TrainingOrderSpec",
+    "case_window",
+    "check_window",
+    "order_plan",
+    "write_megatron",
+]
+
+ORDER_CASES = ("seen", "unseen", "recent")
+"""The cases of a suite whose training order is known, each a window of ``steps`` training steps:
+``seen``, the steps up to the earliest analysed checkpoint (trained on by every one); ``unseen``,
+those right after the latest (trained on by none); ``recent``, those up to each checkpoint's own
+step (what it was last trained on)."""
 
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
@@ -45,15 +65,38 @@ class TrainingOrderSpec:
     """megatron: the prefix of PREFIX.idx + PREFIX.bin (or its shards); token_array: a file or a
     folder of files."""
     format: Literal["megatron", "token_array"] = "megatron"
-    sequences_per_step: int
+    sequences_per_step: Positive
     """Sequences in one optimizer step's batch (Pythia: 1,024)."""
-    sequence_tokens: int | None = None
+    sequence_tokens: Positive | None = None
     """Tokens of one sequence (inputs and the target shifted by one: Pythia's 2,049); megatron: read
     from the index when not given (every sequence must have it)."""
     order: str | None = None
     """token_array: an .npy of instance indices in the order trained (OLMo's global indices)."""
     dtype: str = "uint16"
     """token_array: the dtype of raw files (.npy files carry their own)."""
+
+
+@dataclass(frozen=True)
+class OrderCase:
+    """One job's case of a training order: the order, the window of steps (first, last) and the
+    sequences of a batch (None: a training step's)."""
+
+    spec: TrainingOrderSpec
+    window: tuple[int, int]
+    batch_sequences: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OrderCase:
+        """From the plain data a workflow job is given (:meth:`to_dict`)."""
+        spec = build(TrainingOrderSpec, dict(data["spec"]), "training_order.")
+        return cls(spec, (int(data["window"][0]), int(data["window"][1])), data.get("batch_sequences"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": dataclasses.asdict(self.spec),
+            "window": list(self.window),
+            "batch_sequences": self.batch_sequences,
+        }
 
 
 class TrainingOrder:
@@ -170,6 +213,17 @@ class TrainingOrder:
             )
         return tokens
 
+    def tokens(self, positions: np.ndarray | list[int]) -> Any:
+        """The sequences trained at ``positions`` as a (len, sequence_tokens) int64 tensor (the
+        token cache's interface: a batch's rows)."""
+        import torch
+
+        return torch.from_numpy(np.stack([self.sequence(int(i)) for i in positions]))
+
+    def position(self, position: int) -> tuple[int]:
+        """Where a sequence lies, for a result's per-sample records: its position in training."""
+        return (int(position),)
+
     def _read(self, start: int, count: int) -> np.ndarray:
         """``count`` tokens from global token ``start`` across the data files (shards)."""
         parts, position, end = [], start, start + count
@@ -249,3 +303,60 @@ def write_megatron(prefix: str | Path, sequences: np.ndarray, dtype: Any = np.ui
         handle.write(np.full(n, T, dtype=np.int32).tobytes())
         handle.write((np.arange(n, dtype=np.int64) * T * data.itemsize).tobytes())
         handle.write(np.arange(n + 1, dtype=np.int64).tobytes())
+
+
+def case_window(case: str, step: int, analysed: tuple[int, int], steps: int) -> tuple[int, int]:
+    """(first step, last step) of ``case``'s window of ``steps`` training steps for a checkpoint at
+    ``step`` of an analysis whose checkpoints lie at steps ``analysed`` = (earliest, latest).
+
+    Raises:
+        ValueError: a window a checkpoint has not reached (seen, recent: before step 1), naming it.
+    """
+    earliest, latest = analysed
+    end = {"seen": earliest, "recent": step, "unseen": latest + steps}[case]
+    if end - steps + 1 < 1:
+        whose = "the earliest analysed checkpoint" if case == "seen" else "this checkpoint"
+        raise ValueError(
+            f"case {case}: {whose} (step {end}) has trained {end} steps, fewer than the window's {steps} "
+            "(case_steps); analyse later checkpoints or a shorter window"
+        )
+    return end - steps + 1, end
+
+
+def check_window(case: str, window: tuple[int, int], step: int) -> None:
+    """A checkpoint at ``step`` must have trained on every step of a ``seen`` or ``recent``
+    window, and on none of an ``unseen`` one.
+
+    Raises:
+        ValueError: naming the case, the window and the checkpoint's step.
+    """
+    first, last = window
+    if case in ("seen", "recent") and last > step:
+        raise ValueError(
+            f"case {case}: window steps {first}..{last} reach past this checkpoint (step {step}), which has not "
+            "trained on them"
+        )
+    if case == "unseen" and first <= step:
+        raise ValueError(
+            f"case unseen: window steps {first}..{last} start at or before this checkpoint's step {step}; it has "
+            "trained on them"
+        )
+
+
+def order_plan(order: TrainingOrder, window: tuple[int, int], batch_sequences: int | None = None) -> BatchPlan:
+    """The batch plan of a training-order case: the window's sequences in training order, in
+    batches of ``batch_sequences`` (a training step's batch by default, or a divisor of it); a
+    batch's ``stream_batches`` entry is the step that trained it.
+
+    Raises:
+        ValueError: a batch that does not divide the step's, or a window beyond the data.
+    """
+    B = order.spec.sequences_per_step
+    b = batch_sequences or B
+    if B % b:
+        raise ValueError(f"batch_sequences: expected a divisor of sequences_per_step ({B}), got {b}")
+    first, last = window
+    positions = np.asarray(order.step_sequences(first, last - first + 1), dtype=np.int64)
+    return BatchPlan(
+        f"steps {first}..{last}", positions.reshape(-1, b), first + np.arange(len(positions) // b) * b // B
+    )

@@ -17,7 +17,8 @@ from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
-from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, offset_plan, unseen_plan
+from tiny_llm.data.tokens import BatchPlan, TokenCache, check_capacity, epoch_plan, offset_plan, unseen_plan
+from tiny_llm.data.training_order import ORDER_CASES, OrderCase, TrainingOrder, check_window, order_plan
 from tiny_llm.distributed import world
 from tiny_llm.layout import IMPORTED, RESOLVED
 from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
@@ -147,6 +148,8 @@ def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, o
         raise ValueError(f"case: expected one of {', '.join(CASES)}, got {case!r}")
     if case == "offset":
         return offset_plan(config, cache, offset)
+    if case == "recent":
+        raise ValueError("case recent: a window of a published training order; give the suite's training_order")
     if (run_dir / IMPORTED).exists():
         raise ValueError(
             f"case {case}: {run_dir} holds imported weights, trained elsewhere on a stream this "
@@ -174,25 +177,51 @@ def check_tokenizer(run_dir: Path, cache: TokenCache, carried: dict[str, Any] | 
 
 
 def prepare_inputs(
-    run_dir: str | Path, checkpoints: list[str], case: str, settings: AnalysisSettings, expect_key: str | None = None
+    run_dir: str | Path,
+    checkpoints: list[str],
+    case: str,
+    settings: AnalysisSettings,
+    expect_key: str | None = None,
+    order: OrderCase | None = None,
 ):
     """Everything a worker checks before computing: configuration, resolved precision, cache and
-    its capacity, the case's batch plan, and the verified state (matching ``expect_key``).
+    its capacity (or, for a case of a published training order, that order and its window), the
+    case's batch plan, and the verified state (matching ``expect_key``).
 
-    Returns ``(config, resolved, cache, plan, state)``.
+    Returns ``(config, resolved, source, plan, state)``: the source is the token cache or the
+    training order, either giving a batch's tokens (``tokens``) and a sequence's place (``position``).
     """
     run_dir = Path(run_dir)
     config = load_config(run_dir / RESOLVED)
     carried = run_tokenizer(run_dir)  # an import that did not finish is refused first
     resolved = resolve_job(settings, config)
-    cache = TokenCache(config.data.cache)
-    cache.check_layout(config)
-    check_tokenizer(run_dir, cache, carried)
-    plan = _case_plan(config, cache, case, run_dir, settings.data_offset)
+    if order is not None:
+        source, plan = _order_plan(config, case, order)
+    else:
+        source = TokenCache(config.data.cache)
+        source.check_layout(config)
+        check_tokenizer(run_dir, source, carried)
+        plan = _case_plan(config, source, case, run_dir, settings.data_offset)
     state = load_state(run_dir, resolve_checkpoints(run_dir, checkpoints), config, settings.consensus)
     if expect_key is not None and state.key != expect_key:
         raise ValueError(
             f"checkpoints {checkpoints} hash to state key {state.key}, expected {expect_key}; "
             "the files changed since the states were indexed"
         )
-    return config, resolved, cache, plan, state
+    if order is not None:
+        check_window(case, order.window, min(a["step"] for a in state.aliases))
+    return config, resolved, source, plan, state
+
+
+def _order_plan(config: RunConfig, case: str, order: OrderCase) -> tuple[TrainingOrder, BatchPlan]:
+    """The training order and the batch plan of its case's window."""
+    if case not in ORDER_CASES:
+        raise ValueError(f"case {case}: a training order's cases are {', '.join(ORDER_CASES)}")
+    source = TrainingOrder(order.spec, config.model.vocab_size)
+    if source.sequence_tokens != config.data.seq_len + 1:
+        raise ValueError(
+            f"training_order: its sequences hold {source.sequence_tokens} tokens, but data.seq_len "
+            f"{config.data.seq_len} reads {config.data.seq_len + 1} (inputs and the shifted target); set "
+            f"data.seq_len: {source.sequence_tokens - 1}"
+        )
+    return source, order_plan(source, order.window, order.batch_sequences)

@@ -26,9 +26,10 @@ from tiny_llm.workers.settings import AnalysisSettings, numerical_settings
 __all__ = ["result_identity", "reusable_result", "single_writer"]
 
 
-def result_identity(settings: AnalysisSettings, resolved: Resolved, config: RunConfig, cache: TokenCache) -> dict:
+def result_identity(settings: AnalysisSettings, resolved: Resolved, config: RunConfig, cache: Any, plan: Any) -> dict:
     """What a (state, case) result's numbers depend on, and its hash: the numerical settings as the
-    job resolved them (device kind, engine), the run's configuration and the cache's content."""
+    job resolved them (device kind, engine), the run's configuration and the data: the cache's
+    content, or a training order's files and the case's window (``plan``)."""
     numerical = {
         **numerical_settings(settings),
         "device": resolved.device.type,
@@ -47,7 +48,11 @@ def result_identity(settings: AnalysisSettings, resolved: Resolved, config: RunC
     }
     run = {
         "config": config_to_dict(config) | {"data": {**config_to_dict(config)["data"], "cache": None}},
-        "cache_shards": [s["sha256"] for s in cache.meta["shards"]],
+        **(
+            {"cache_shards": [s["sha256"] for s in cache.meta["shards"]]}
+            if isinstance(cache, TokenCache)
+            else {"training_order": cache.describe(), "window": plan.name}
+        ),
     }
     identity = {"source": source_hash(), "settings": numerical, "execution": execution, "run": canonical_hash(run)}
     return {**identity, "hash": canonical_hash(identity)}

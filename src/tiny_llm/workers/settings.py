@@ -30,10 +30,12 @@ ENGINE_SETTINGS = (AUTO, *names())
 EngineSetting = Literal[ENGINE_SETTINGS]  # the registry's names, as a type
 
 
-CASES = ("seen", "unseen", "offset")
+CASES = ("seen", "unseen", "offset", "recent")
 """seen: epoch 1 as trained; unseen: one epoch after training's final shuffle group; offset: one
 batch-aligned epoch of the cache from ``data_offset`` batches on (the case of imported runs,
-whose training stream is not known)."""
+whose training stream is not known). A suite trained elsewhere whose published training order is
+given reads seen, unseen and recent as windows of its training steps
+(:mod:`tiny_llm.data.training_order`)."""
 
 
 EXECUTION_SETTINGS = ("memory_budget_gb",)

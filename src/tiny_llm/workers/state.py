@@ -32,6 +32,7 @@ from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.sharded import shard_rows
 from tiny_llm.data.order import order_report
 from tiny_llm.data.tokens import TokenCache
+from tiny_llm.data.training_order import OrderCase, TrainingOrder
 from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.distributed import sharded as is_sharded
@@ -55,16 +56,20 @@ def analyze_state(
     settings: AnalysisSettings,
     output: str | Path,
     expect_key: str | None = None,
+    order: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure one state on one case and write the result JSON atomically; returns the result.
+    ``order``: a case of a published training order (:class:`tiny_llm.data.training_order.OrderCase`
+    as plain data: the order and the case's window of steps) instead of the run's token cache.
 
     Raises:
         ValueError: any bad input (see module docstring); nothing is written.
     """
     output = Path(output)
     check_writable_file(output)
-    config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
-    identity = result_identity(settings, resolved, config, cache)
+    order_case = OrderCase.from_dict(order) if order is not None else None
+    config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key, order_case)
+    identity = result_identity(settings, resolved, config, cache, plan)
     memory = job_memory_plan(settings, config, resolved)
     with single_writer(output) as reuse:
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
@@ -102,7 +107,8 @@ class StateJob:
     """One (state, case) job, resolved and checked before any compute."""
 
     config: RunConfig
-    cache: TokenCache
+    cache: TokenCache | TrainingOrder
+    """Where the case's tokens come from: the run's token cache, or a published training order."""
     plan: Any
     """The case's batch plan (``tiny_llm.data.tokens.BatchPlan``)."""
     state: LoadedState
@@ -146,8 +152,21 @@ def _precision_record(job: StateJob, measured: dict[str, Any]) -> dict[str, Any]
 
 
 def _data_record(job: StateJob) -> dict[str, Any]:
-    """The result's data: the cache, its tokenizer and shards, and where the case's batches lie."""
+    """The result's data: the cache, its tokenizer and shards, and where the case's batches lie; or
+    the training order and the case's window of steps, its sequences and tokens."""
     cache, plan = job.cache, job.plan
+    if isinstance(cache, TrainingOrder):
+        first, last = (int(s) for s in plan.name.removeprefix("steps ").split(".."))
+        sequences = int(plan.blocks.size)
+        return {
+            "training_order": cache.describe(),
+            "window": {"first_step": first, "last_step": last, "steps": last - first + 1},
+            "sequences": sequences,
+            "tokens": sequences * (cache.sequence_tokens - 1),
+            "plan": plan.name,
+            "stream_batches": [int(plan.stream_batches[0]), int(plan.stream_batches[-1])],
+            "seq_len": job.config.data.seq_len,
+        }
     return {
         "cache": str(cache.path),
         "tokenizer": cache.meta["tokenizer"],

@@ -1,0 +1,110 @@
+"""The published training order of an analysis of a suite trained elsewhere, planned before any
+work: the order opened and checked (its files, its index, its length), and the window of training
+steps each case reads at each analysed checkpoint (``seen``, ``unseen``, ``recent``), checked
+against every checkpoint's step at start-up. Each (state, case) job is given its window as plain
+data (:meth:`OrderPlan.job`).
+
+An analysis's keys: ``training_order`` (``{path, format, sequences_per_step, sequence_tokens,
+order, dtype}``), ``case_steps`` (the window's training steps: the case's epoch; default 1) and
+``batch_sequences`` (the sequences of one batch of the noise samples: a training step's batch by
+default, or a divisor of it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from tiny_llm.config import RunConfig
+from tiny_llm.data.training_order import (
+    ORDER_CASES,
+    OrderCase,
+    TrainingOrder,
+    TrainingOrderSpec,
+    case_window,
+    check_window,
+)
+from tiny_llm.declared import build
+
+__all__ = ["JobOrder", "OrderPlan", "plan_order"]
+
+
+@dataclass(frozen=True)
+class JobOrder:
+    """A (state, case) job's training-order case as a rule parameter (None: the run's token cache).
+
+    An object, not plain data, so that Snakemake leaves it out of its comparison of parameters:
+    results made before the parameter existed are not rerun for it; a changed order is refused at
+    start-up by the output directory's binding, and a changed window by the result's identity."""
+
+    case: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class OrderPlan:
+    """An analysis's training order, its window length and batch, and the steps it analyses."""
+
+    spec: TrainingOrderSpec
+    steps: int
+    """Training steps of each case's window."""
+    batch_sequences: int | None
+    analysed: tuple[int, int]
+    """(earliest, latest) step of the analysed checkpoints."""
+
+    def window(self, case: str, step: int) -> tuple[int, int]:
+        """(first, last) step of ``case``'s window for the checkpoint at ``step``."""
+        return case_window(case, step, self.analysed, self.steps)
+
+    def job(self, case: str, step: int) -> dict[str, Any]:
+        """What a (state, case) job of a checkpoint at ``step`` is given (:class:`OrderCase`)."""
+        return OrderCase(self.spec, self.window(case, step), self.batch_sequences).to_dict()
+
+    def binding(self) -> dict[str, Any]:
+        """What an analysis's results are bound to of its order (a change is refused at start-up)."""
+        return {
+            "spec": dataclasses.asdict(self.spec),
+            "case_steps": self.steps,
+            "batch_sequences": self.batch_sequences,
+        }
+
+
+def plan_order(key: str, entry: dict[str, Any], cases: list[str], steps: list[int], run: RunConfig) -> OrderPlan:
+    """The order of an analysis entry (``key``: its config key), with every case's window checked
+    against every analysed checkpoint's ``steps`` and the data's length.
+
+    Raises:
+        ValueError: naming the key: a malformed order, missing or damaged files, a window a
+            checkpoint has not reached, or has contrary to its case, or one beyond the data.
+    """
+    try:
+        spec = build(TrainingOrderSpec, dict(entry["training_order"]), f"{key}.training_order.")
+        order = TrainingOrder(spec, run.model.vocab_size)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{key}.training_order: {error}") from None
+    if order.sequence_tokens != run.data.seq_len + 1:
+        raise ValueError(
+            f"{key}.training_order: its sequences hold {order.sequence_tokens} tokens, but data.seq_len "
+            f"{run.data.seq_len} reads {run.data.seq_len + 1}; set data.seq_len: {order.sequence_tokens - 1}"
+        )
+    window, batch = entry.get("case_steps", 1), entry.get("batch_sequences")
+    for name, value in (("case_steps", window), ("batch_sequences", batch)):
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ValueError(f"{key}.{name}: expected a positive integer, got {value!r}")
+    if batch is not None and spec.sequences_per_step % batch:
+        raise ValueError(f"{key}.batch_sequences: expected a divisor of sequences_per_step ({spec.sequences_per_step})")
+    plan = OrderPlan(spec, window, batch, (min(steps), max(steps)))
+    available = order.length // spec.sequences_per_step
+    for case in (c for c in cases if c in ORDER_CASES):
+        for step in steps:
+            try:
+                first, last = plan.window(case, step)
+                check_window(case, (first, last), step)
+            except ValueError as error:
+                raise ValueError(f"{key}.cases: {error}") from None
+            if last > available:
+                raise ValueError(
+                    f"{key}.cases: case {case} reads steps {first}..{last}, but the training order holds "
+                    f"{available} steps ({order.length} sequences of {spec.sequences_per_step} per step)"
+                )
+    return plan
