@@ -1,0 +1,136 @@
+"""Seen, unseen and recent on a suite's published training order: a tiny GPT-NeoX trained by a loop
+that reads its batches from an indexed dataset (sequence i at step i // B + 1), its revisions in a
+local Hugging Face cache, imported as downloaded; the loss each case reports at each checkpoint
+equals, in float64, that checkpoint's loss on the sequences of the case's window as this test
+computes them from the order itself."""
+
+import json
+import sys
+from pathlib import Path
+
+import huggingface_hub
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from tiny_llm.campaign.orders import plan_order
+from tiny_llm.cli import main
+from tiny_llm.config import load_config
+from tiny_llm.data.training_order import write_megatron
+from tiny_llm.workers.settings import AnalysisSettings
+from tiny_llm.workers.state import analyze_state
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hf_hub import cache_revision
+
+B, T, STEPS, VOCAB = 2, 9, 10, 64
+"""2 sequences of 9 tokens (seq_len 8) per step, 10 steps in the order."""
+SAVED = (2, 4, 6)
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    root = tmp_path_factory.mktemp("order")
+    sequences = np.random.default_rng(0).integers(0, VOCAB, size=(STEPS * B, T)).astype(np.uint16)
+    write_megatron(root / "document", sequences)
+    config = transformers.GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        rotary_pct=0.25,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.GPTNeoXForCausalLM(config)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(1, max(SAVED) + 1):  # step s trains sequences [(s − 1)·B, s·B)
+        batch = torch.from_numpy(sequences[(step - 1) * B : step * B].astype(np.int64))
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step in SAVED:
+            folder = root / f"saved-step{step}"
+            model.save_pretrained(folder, safe_serialization=True)
+            cache_revision(root / "hf", "org/ordered", f"step{step}", folder)
+    return root, sequences
+
+
+@pytest.fixture(scope="module")
+def imported(suite, tmp_path_factory):
+    root, _ = suite
+    project = tmp_path_factory.mktemp("project")
+    (project / "run.yaml").write_text(
+        "data: {cache: cache/none, seq_len: 8, shuffle_group_blocks: 4}\n"
+        "training: {batch_size: 2, micro_batch_size: 2, tokens: 32, epochs: 1}\n"
+    )
+    patch = pytest.MonkeyPatch()
+    patch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root / "hf"))
+    argv = ["--quiet", "import-hf", "org/ordered", "--revision", *(f"step{s}" for s in SAVED)]
+    assert main([*argv, "--run-dir", str(project / "runs/suite"), "--config", str(project / "run.yaml")]) == 0
+    patch.undo()
+    return project / "runs/suite"
+
+
+def _loss(folder: Path, rows: np.ndarray) -> float:
+    """The mean next-token loss of transformers' own model of ``folder`` on ``rows``, in float64
+    (its float32 shortcuts swapped for float64, the loss taken here from its float64 logits)."""
+    model = transformers.GPTNeoXForCausalLM.from_pretrained(folder, attn_implementation="eager").double().eval()
+    tokens = torch.from_numpy(rows.astype(np.int64))
+    with torch.no_grad():
+        logits = model(input_ids=tokens[:, :-1]).logits
+    return float(torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)))
+
+
+def test_each_case_reads_its_window_of_the_training_order(suite, imported, tmp_path, monkeypatch):
+    from hf_float64 import float64_transformers
+
+    float64_transformers(monkeypatch)
+    root, sequences = suite
+    run = load_config(imported / "resolved.yaml")
+    entry = {"training_order": {"path": str(root / "document"), "sequences_per_step": B}, "case_steps": 2}
+    plan = plan_order("analyses.a", entry, ["seen", "unseen", "recent"], list(SAVED), run)
+    assert [plan.window(c, 4) for c in ("seen", "unseen", "recent")] == [(1, 2), (7, 8), (3, 4)]
+    settings = AnalysisSettings(device="cpu", dtype="float64", noise_samples=2, random_samples=1, audit=False)
+    for index, step in enumerate(SAVED):
+        for case in ("seen", "unseen", "recent"):
+            first, last = plan.window(case, step)
+            result = analyze_state(
+                imported,
+                [f"epoch-{index:03d}.safetensors"],
+                case,
+                settings,
+                tmp_path / f"{step}-{case}.json",
+                order=plan.job(case, step),
+            )
+            rows = sequences[(first - 1) * B : last * B]
+            expected = _loss(root / f"saved-step{step}", rows)
+            assert abs(result["statistics"]["loss"] - expected) < 1e-12 * abs(expected), (step, case)
+            assert result["data"]["window"] == {"first_step": first, "last_step": last, "steps": 2}
+            assert result["data"]["tokens"] == 2 * B * (T - 1)
+            assert sorted(r["positions"] for r in result["noise_samples"]) == [
+                [[i] for i in range((first - 1 + b) * B, (first + b) * B)] for b in range(2)
+            ]
+
+
+def test_windows_a_checkpoint_has_not_reached_are_refused(suite, imported, tmp_path):
+    root, _ = suite
+    run = load_config(imported / "resolved.yaml")
+    entry = {"training_order": {"path": str(root / "document"), "sequences_per_step": B}, "case_steps": 3}
+    with pytest.raises(ValueError, match=r"analyses.a.cases: case seen: the earliest analysed checkpoint \(step 2\)"):
+        plan_order("analyses.a", entry, ["seen"], list(SAVED), run)
+    with pytest.raises(ValueError, match=r"case unseen reads steps 7..11, but the training order holds 10 steps"):
+        plan_order("analyses.a", {**entry, "case_steps": 5}, ["unseen"], list(SAVED), run)
+    settings = AnalysisSettings(device="cpu", dtype="float64", noise_samples=1, random_samples=1, audit=False)
+    wrong = {"spec": {"path": str(root / "document"), "sequences_per_step": B}, "window": [3, 4]}
+    with pytest.raises(ValueError, match=r"case seen: window steps 3..4 reach past this checkpoint \(step 2\)"):
+        analyze_state(imported, ["epoch-000.safetensors"], "seen", settings, tmp_path / "x.json", order=wrong)
+    with pytest.raises(ValueError, match=r"case unseen: window steps 3..4 start at or before this checkpoint's step 4"):
+        analyze_state(imported, ["epoch-001.safetensors"], "unseen", settings, tmp_path / "x.json", order=wrong)
+    assert not (tmp_path / "x.json").exists()
+    record = json.loads((imported / "imported.json").read_text())
+    assert [c["step"] for c in record["checkpoints"]] == list(SAVED)
