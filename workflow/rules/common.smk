@@ -119,9 +119,7 @@ def _state(wildcards):
     for state in _states(wildcards.analysis):
         if state["key"] == wildcards.key:
             return state
-    raise ValueError(
-        f"state {wildcards.key} is not in the index of {wildcards.analysis}"
-    )
+    raise ValueError(f"state {wildcards.key} is not in the index of {wildcards.analysis}")
 
 
 def get_state_checkpoint(wildcards):
@@ -133,10 +131,9 @@ def get_state_aliases(wildcards):
     return [alias["file"] for alias in _state(wildcards)["aliases"]]
 
 
-def get_case_order(wildcards):
-    """A training order's case: its window at the state's step (None: the run's token cache)."""
-    step = min(alias["step"] for alias in _state(wildcards)["aliases"])
-    return PLAN.case_order(wildcards.analysis, wildcards.case, step)
+get_case_order = lambda w: PLAN.case_order(  # a training order's window at the state's step
+    w.analysis, w.case, min(alias["step"] for alias in _state(w)["aliases"])
+)
 
 
 def get_state_results(wildcards):
@@ -184,18 +181,12 @@ def get_experiment_records(wildcards):
 get_experiment_roles = _by("experiment", PLAN.experiment_runs.get)
 # trained.json, or an imported run's imported.json
 get_run_receipt = _by("run", PLAN.runs.receipt)
-get_reference_cache = _by(
-    "experiment", lambda e: PLAN.runs.cache_receipt(PLAN.reference_run(e))
-)
-get_reference_run_config = _by(
-    "experiment", lambda e: config_to_dict(PLAN.reference_config(e))
-)
+get_reference_cache = _by("experiment", lambda e: PLAN.runs.cache_receipt(PLAN.reference_run(e)))
+get_reference_run_config = _by("experiment", lambda e: config_to_dict(PLAN.reference_config(e)))
 get_geometry_settings = _by("experiment", PLAN.geometry_settings_dict)
 get_geometry_calibration = _by("experiment", PLAN.walltimes.geometry_calibration)
 get_geometry_runtime = _by("experiment", PLAN.walltimes.geometry_runtime)
-get_geometry_calibration_settings = _by(
-    "experiment", lambda e: asdict(PLAN.calibration_settings(e))
-)
+get_geometry_calibration_settings = _by("experiment", lambda e: asdict(PLAN.calibration_settings(e)))
 get_compared_experiments = _by(
     "comparison",
     lambda c: expand(
