@@ -222,7 +222,8 @@ def finish(
     if xlabel is None:
         for axis in fig.axes:
             axis.xaxis.set_major_formatter(FuncFormatter(engineering))
-        note = "; ".join(n for n in (note, context.get("x_note", ""), context.get("integrity_note", "")) if n)
+        notes = (note, context.get("x_note", ""), context.get("window_note", ""), context.get("integrity_note", ""))
+        note = "; ".join(n for n in notes if n)
     ax.set_xlabel(xlabel or context.get("xlabel", "training tokens"))
     ax.set_ylabel(ylabel)
     top = fig.axes[0]
@@ -253,7 +254,24 @@ def figure_context(analysis_dir: Path) -> dict:
         "audit": manifest.get("audit"),
         "precision": manifest.get("precision"),
         "integrity_note": _integrity_note(manifest.get("integrity")),
+        "window_note": _window_note(manifest.get("data") or {}),
     }
+
+
+def _window_note(data: dict) -> str:
+    """The figures' word on the cases of a training order: each case's window of steps and tokens
+    (recent: the steps up to each checkpoint's own, so the reference state's is not shown)."""
+    parts = []
+    for case, record in data.items():
+        window = (record or {}).get("window")
+        if window is None:
+            continue
+        steps = window["steps"]
+        if case == "recent":
+            parts.append(f"recent: each checkpoint's last {steps} step{'s' if steps > 1 else ''}")
+        else:
+            parts.append(f"{case}: steps {window['first_step']}–{window['last_step']} ({record['tokens']:,} tokens)")
+    return "; ".join(parts)
 
 
 def _integrity_note(block: dict | None) -> str:

@@ -122,7 +122,7 @@ def test_the_import_reports_every_defect_per_checkpoint(project, capsys):
     assert integrity_block("runs/clean")["flagged"] == []
 
 
-def test_the_figures_say_which_steps_are_flagged(tmp_path):
+def test_the_figures_say_which_steps_are_flagged_and_each_case_s_window(tmp_path):
     block = {
         "checked": 3,
         "flagged": [
@@ -135,4 +135,12 @@ def test_the_figures_say_which_steps_are_flagged(tmp_path):
         ],
     }
     (tmp_path / "manifest.json").write_text(json.dumps({"analysis": "p", "integrity": block}))
-    assert figure_context(tmp_path)["integrity_note"] == "suite integrity: steps 2 flagged (spike; manifest.json)"
+    data = {
+        "seen": {"window": {"first_step": 1, "last_step": 2, "steps": 2}, "tokens": 4096},
+        "recent": {"window": {"first_step": 3, "last_step": 4, "steps": 2}, "tokens": 4096},
+        "offset": {"plan": "offset"},
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps({"analysis": "p", "integrity": block, "data": data}))
+    context = figure_context(tmp_path)
+    assert context["integrity_note"] == "suite integrity: steps 2 flagged (spike; manifest.json)"
+    assert context["window_note"] == "seen: steps 1–2 (4,096 tokens); recent: each checkpoint's last 2 steps"
