@@ -27,6 +27,23 @@ def cache_revision(cache: Path, repo: str, revision: str, folder: Path) -> Path:
     return snapshot
 
 
+def neox_config(**changes):
+    """A tiny GPT-NeoX configuration (Pythia's architecture: partial rotary, untied head)."""
+    import transformers
+
+    shape = dict(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+    return transformers.GPTNeoXConfig(
+        **{**shape, "max_position_embeddings": 16, "rotary_pct": 0.25, "tie_word_embeddings": False, **changes}
+    )
+
+
+RUN_YAML = (
+    "data: {cache: cache/p, seq_len: 8, shuffle_group_blocks: 4}\n"
+    "training: {batch_size: 2, micro_batch_size: 2, tokens: 32, epochs: 1}\n"
+)
+"""A run configuration for the tiny suites: sequences of 8 (+1) tokens, batches of 2."""
+
+
 def neox_suite(tmp: Path, steps: tuple[int, ...], seed: int = 0) -> dict[int, Path]:
     """Tiny GPT-NeoX checkpoints (Pythia's architecture), one folder per step, saved as
     transformers saves them: θ₀ + step·δ for a seeded δ, so that ‖θ − θ₀‖ grows with the step as
@@ -34,18 +51,8 @@ def neox_suite(tmp: Path, steps: tuple[int, ...], seed: int = 0) -> dict[int, Pa
     import torch
     import transformers
 
-    config = transformers.GPTNeoXConfig(
-        vocab_size=64,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        rotary_pct=0.25,
-        tie_word_embeddings=False,
-    )
     torch.manual_seed(seed)
-    model = transformers.GPTNeoXForCausalLM(config).eval()
+    model = transformers.GPTNeoXForCausalLM(neox_config()).eval()
     parameters = dict(model.named_parameters())
     start = {k: p.detach().clone() for k, p in parameters.items()}
     drift = {k: 1e-3 * torch.randn_like(v) for k, v in start.items()}

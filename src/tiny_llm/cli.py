@@ -198,6 +198,32 @@ def _add_plot_analysis(sub: argparse._SubParsersAction) -> None:
     pl.set_defaults(func=commands.plot_analysis)
 
 
+def _add_import_positions(ih: argparse.ArgumentParser) -> None:
+    """``import-hf``'s steps and tokens of the checkpoints, where they are stated."""
+    ih.add_argument(
+        "--step",
+        type=int,
+        nargs="+",
+        help="training step of each directory's weights (recorded; "
+        "default: a Trainer's trainer_state.json global_step there; one directory without either: 0, "
+        "recorded as unknown); steps must increase in the order given",
+    )
+    ih.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        help="training tokens of each directory's weights (recorded; "
+        "the figures' x-axis; default: trainer_state.json num_input_tokens_seen, else step x "
+        "--tokens-per-step, else unknown (a warning; the figures then use steps)",
+    )
+    ih.add_argument(
+        "--tokens-per-step",
+        type=int,
+        help="training tokens per optimizer step (batch size x sequence "
+        "length x gradient accumulation x devices), for tokens derived from the step",
+    )
+
+
 def _add_import_hf(sub: argparse._SubParsersAction) -> None:
     ih = sub.add_parser(
         "import-hf",
@@ -232,28 +258,7 @@ def _add_import_hf(sub: argparse._SubParsersAction) -> None:
     )
     ih.add_argument("--run-dir", required=True, type=Path, help="new run directory, e.g. runs/imported")
     _add_config(ih)
-    ih.add_argument(
-        "--step",
-        type=int,
-        nargs="+",
-        help="training step of each directory's weights (recorded; "
-        "default: a Trainer's trainer_state.json global_step there; one directory without either: 0, "
-        "recorded as unknown); steps must increase in the order given",
-    )
-    ih.add_argument(
-        "--tokens",
-        type=int,
-        nargs="+",
-        help="training tokens of each directory's weights (recorded; "
-        "the figures' x-axis; default: trainer_state.json num_input_tokens_seen, else step x "
-        "--tokens-per-step, else unknown (a warning; the figures then use steps)",
-    )
-    ih.add_argument(
-        "--tokens-per-step",
-        type=int,
-        help="training tokens per optimizer step (batch size x sequence "
-        "length x gradient accumulation x devices), for tokens derived from the step",
-    )
+    _add_import_positions(ih)
     ih.add_argument(
         "--adapter",
         action="store_true",

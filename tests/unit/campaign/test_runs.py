@@ -12,7 +12,7 @@ import pytest
 from tiny_llm.campaign.workflow import WorkflowPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hf_hub import cache_revision, neox_suite
+from hf_hub import RUN_YAML, cache_revision, neox_suite
 
 
 @pytest.fixture
@@ -22,10 +22,7 @@ def project(tmp_path, monkeypatch):
         cache_revision(tmp_path / "hf", "org/p", f"step{step}", folder)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "run.yaml").write_text(
-        "data: {cache: cache/p, seq_len: 8, shuffle_group_blocks: 4}\n"
-        "training: {batch_size: 2, micro_batch_size: 2, tokens: 32, epochs: 1}\n"
-    )
+    (tmp_path / "run.yaml").write_text(RUN_YAML)
     (tmp_path / "a.txt").write_text("the suite's reference text " * 500)
     return tmp_path
 

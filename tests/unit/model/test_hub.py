@@ -24,7 +24,7 @@ from tiny_llm.model.hub import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hf_hub import as_bin, cache_revision, neox_suite
+from hf_hub import RUN_YAML, as_bin, cache_revision, neox_suite
 
 REPO = "org/pythia-tiny"
 STEPS = (0, 1, 2, 4, 8, 16, 32, 64)
@@ -124,10 +124,7 @@ def test_import_hf_takes_revisions_as_downloaded(hub, tmp_path, monkeypatch, cap
     cache, folders = hub
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # as HF_HUB_CACHE=... sets it
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "run.yaml").write_text(
-        "data: {cache: cache/x, seq_len: 8, shuffle_group_blocks: 4}\n"
-        "training: {batch_size: 2, micro_batch_size: 2, tokens: 32, epochs: 1}\n"
-    )
+    (tmp_path / "run.yaml").write_text(RUN_YAML)
     argv = ["--quiet", "import-hf", REPO, "--revision", "step1", "step2", "step4", "--run-dir", "runs/suite"]
     assert main([*argv, "--config", "run.yaml", "--tokens-per-step", "1000"]) == 0
     record = json.loads(Path("runs/suite/imported.json").read_text())

@@ -17,7 +17,7 @@ from tiny_llm.results.drawing import figure_context
 from tiny_llm.results.manifest import integrity_block, integrity_flag
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hf_hub import cache_revision, neox_suite
+from hf_hub import RUN_YAML, cache_revision, neox_suite
 
 STEPS = (0, 1, 2, 4, 8, 16, 32, 64)
 DAMAGED = {0: 0, 1: 1, 2: 64, 4: 2, 8: 8, 16: 32, 32: 32, 64: 2}
@@ -45,10 +45,7 @@ def hub(tmp_path_factory):
 def project(hub, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub[0]))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "run.yaml").write_text(
-        "data: {cache: cache/p, seq_len: 8, shuffle_group_blocks: 4}\n"
-        "training: {batch_size: 2, micro_batch_size: 2, tokens: 32, epochs: 1}\n"
-    )
+    (tmp_path / "run.yaml").write_text(RUN_YAML)
     (tmp_path / "a.txt").write_text("a reference text " * 500)
     return tmp_path
 

@@ -22,7 +22,7 @@ from tiny_llm.workers.settings import AnalysisSettings
 from tiny_llm.workers.state import analyze_state
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hf_hub import cache_revision
+from hf_hub import RUN_YAML, cache_revision, neox_config
 
 B, T, STEPS, VOCAB = 2, 9, 10, 64
 """2 sequences of 9 tokens (seq_len 8) per step, 10 steps in the order."""
@@ -34,18 +34,8 @@ def suite(tmp_path_factory):
     root = tmp_path_factory.mktemp("order")
     sequences = np.random.default_rng(0).integers(0, VOCAB, size=(STEPS * B, T)).astype(np.uint16)
     write_megatron(root / "document", sequences)
-    config = transformers.GPTNeoXConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        rotary_pct=0.25,
-        tie_word_embeddings=False,
-    )
     torch.manual_seed(0)
-    model = transformers.GPTNeoXForCausalLM(config)
+    model = transformers.GPTNeoXForCausalLM(neox_config(vocab_size=VOCAB, num_hidden_layers=1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     for step in range(1, max(SAVED) + 1):  # step s trains sequences [(s − 1)·B, s·B)
         batch = torch.from_numpy(sequences[(step - 1) * B : step * B].astype(np.int64))
@@ -64,10 +54,7 @@ def suite(tmp_path_factory):
 def imported(suite, tmp_path_factory):
     root, _ = suite
     project = tmp_path_factory.mktemp("project")
-    (project / "run.yaml").write_text(
-        "data: {cache: cache/none, seq_len: 8, shuffle_group_blocks: 4}\n"
-        "training: {batch_size: 2, micro_batch_size: 2, tokens: 32, epochs: 1}\n"
-    )
+    (project / "run.yaml").write_text(RUN_YAML)
     patch = pytest.MonkeyPatch()
     patch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root / "hf"))
     argv = ["--quiet", "import-hf", "org/ordered", "--revision", *(f"step{s}" for s in SAVED)]
