@@ -119,11 +119,9 @@ def _state(wildcards):
     for state in _states(wildcards.analysis):
         if state["key"] == wildcards.key:
             return state
-    raise ValueError(f"state {wildcards.key} is not in the index of {wildcards.analysis}")
-
-
-def get_state_checkpoint(wildcards):
-    return PLAN.state_checkpoint(wildcards.analysis, _state(wildcards))
+    raise ValueError(
+        f"state {wildcards.key} is not in the index of {wildcards.analysis}"
+    )
 
 
 def get_state_aliases(wildcards):
@@ -131,13 +129,9 @@ def get_state_aliases(wildcards):
     return [alias["file"] for alias in _state(wildcards)["aliases"]]
 
 
-get_case_order = lambda w: PLAN.case_order(  # a training order's window at the state's step
-    w.analysis, w.case, min(alias["step"] for alias in _state(w)["aliases"])
-)
-
-
-def get_state_results(wildcards):
-    return PLAN.state_results(wildcards.analysis, wildcards.key)
+get_state_checkpoint = lambda w: PLAN.state_checkpoint(w.analysis, _state(w))
+get_state_results = lambda w: PLAN.state_results(w.analysis, w.key)
+get_case_order = lambda w: PLAN.case_order(w.analysis, w.case, _state(w))  # its window
 
 
 def get_state_receipts(wildcards):
@@ -181,12 +175,18 @@ def get_experiment_records(wildcards):
 get_experiment_roles = _by("experiment", PLAN.experiment_runs.get)
 # trained.json, or an imported run's imported.json
 get_run_receipt = _by("run", PLAN.runs.receipt)
-get_reference_cache = _by("experiment", lambda e: PLAN.runs.cache_receipt(PLAN.reference_run(e)))
-get_reference_run_config = _by("experiment", lambda e: config_to_dict(PLAN.reference_config(e)))
+get_reference_cache = _by(
+    "experiment", lambda e: PLAN.runs.cache_receipt(PLAN.reference_run(e))
+)
+get_reference_run_config = _by(
+    "experiment", lambda e: config_to_dict(PLAN.reference_config(e))
+)
 get_geometry_settings = _by("experiment", PLAN.geometry_settings_dict)
 get_geometry_calibration = _by("experiment", PLAN.walltimes.geometry_calibration)
 get_geometry_runtime = _by("experiment", PLAN.walltimes.geometry_runtime)
-get_geometry_calibration_settings = _by("experiment", lambda e: asdict(PLAN.calibration_settings(e)))
+get_geometry_calibration_settings = _by(
+    "experiment", lambda e: asdict(PLAN.calibration_settings(e))
+)
 get_compared_experiments = _by(
     "comparison",
     lambda c: expand(

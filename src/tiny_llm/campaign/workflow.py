@@ -215,10 +215,10 @@ class WorkflowPlan:
             key, self.analyses[name], self.cases(name), [p.step for p in positions], self.imports[name]
         )
 
-    def case_order(self, analysis: str, case: str, step: int) -> JobOrder:
-        """What the (state, case) job of a checkpoint at ``step`` is given of its training order
-        (its window; None: the case reads the run's token cache)."""
-        plan = self.orders.get(analysis)
+    def case_order(self, analysis: str, case: str, state: dict[str, Any]) -> JobOrder:
+        """What the (state, case) job of an indexed ``state`` (its aliases' steps) is given of its
+        training order (its window at the state's step; None: the case reads the run's token cache)."""
+        plan, step = self.orders.get(analysis), min(alias["step"] for alias in state["aliases"])
         return JobOrder(plan.job(case, step) if plan is not None and case in ORDER_CASES else None)
 
     def _check_offset(self, name: str, settings: AnalysisSettings) -> None:

@@ -19,10 +19,14 @@ def test_a_suite_with_its_training_order_plans_windowed_cases(project, suite_ana
     entry = config["analyses"]["p"]
     entry.update(training_order=order, case_steps=2, cases=["seen", "unseen", "recent"])
     plan = WorkflowPlan(config)
-    assert plan.case_order("p", "seen", 4).case["window"] == [1, 2]  # up to the earliest analysed (step 2)
-    assert plan.case_order("p", "unseen", 2).case["window"] == [5, 6]  # right after the latest (step 4)
-    assert plan.case_order("p", "recent", 4).case["window"] == [3, 4]
-    assert plan.case_order("p", "offset", 4).case is None
+
+    def window(case, step):  # of the indexed state at ``step``
+        return plan.case_order("p", case, {"aliases": [{"step": step}]}).case
+
+    assert window("seen", 4)["window"] == [1, 2]  # up to the earliest analysed (step 2)
+    assert window("unseen", 2)["window"] == [5, 6]  # right after the latest (step 4)
+    assert window("recent", 4)["window"] == [3, 4]
+    assert window("offset", 4) is None
     assert plan.binding("p")["training_order"]["case_steps"] == 2
     for change, message in (
         ({"case_steps": 3}, r"analyses.p.cases: case seen: the earliest analysed checkpoint \(step 2\) has trained 2"),
