@@ -23,6 +23,7 @@ from tiny_llm.config import config_to_dict, parse_yaml
 from tiny_llm.provenance import source_hash
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.results.record import append_event
+from tiny_llm.workers.settings import CASES
 
 _SCHEMA = parse_yaml(
     (Path(workflow.basedir) / "workflow/schemas/config.schema.yaml").read_text()
@@ -61,7 +62,7 @@ wildcard_constraints:
     comparison="|".join(SEED_COMPARISONS) or "NONE",
     checkpoint="epoch-[0-9]{3}",
     key="[0-9a-f]{64}",
-    case="seen|unseen|offset",
+    case="|".join(CASES),
 
 
 def _by(wildcard, answer):

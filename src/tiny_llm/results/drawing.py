@@ -227,7 +227,7 @@ def finish(
     ax.set_xlabel(xlabel or context.get("xlabel", "training tokens"))
     ax.set_ylabel(ylabel)
     top = fig.axes[0]
-    title = "\n".join(line for line in (stamp(context), note) if line)
+    title = "\n".join(line for line in (stamp(context), textwrap.fill(note, 100)) if line)  # about the axes' width
     if title:
         top.set_title(title, loc="left", fontsize=6, color="0.3")
     handles, labels = (legend_ax or ax).get_legend_handles_labels()

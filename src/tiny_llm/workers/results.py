@@ -26,10 +26,11 @@ from tiny_llm.workers.settings import AnalysisSettings, numerical_settings
 __all__ = ["result_identity", "reusable_result", "single_writer"]
 
 
-def result_identity(settings: AnalysisSettings, resolved: Resolved, config: RunConfig, cache: Any, plan: Any) -> dict:
+def result_identity(settings: AnalysisSettings, resolved: Resolved, config: RunConfig, cache: Any) -> dict:
     """What a (state, case) result's numbers depend on, and its hash: the numerical settings as the
     job resolved them (device kind, engine), the run's configuration and the data: the cache's
-    content, or a training order's files and the case's window (``plan``)."""
+    content, or a training order's files (one identity for the whole analysis, as for a cache: the
+    case's window is the result's ``data.plan``, which a reuse must match)."""
     numerical = {
         **numerical_settings(settings),
         "device": resolved.device.type,
@@ -51,7 +52,7 @@ def result_identity(settings: AnalysisSettings, resolved: Resolved, config: RunC
         **(
             {"cache_shards": [s["sha256"] for s in cache.meta["shards"]]}
             if isinstance(cache, TokenCache)
-            else {"training_order": cache.describe(), "window": plan.name}
+            else {"training_order": cache.describe()}  # the window: the result's data.plan, checked on reuse
         ),
     }
     identity = {"source": source_hash(), "settings": numerical, "execution": execution, "run": canonical_hash(run)}

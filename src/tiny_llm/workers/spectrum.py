@@ -140,7 +140,7 @@ def analyze_spectrum(
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
     if (engine := sharded_engine(settings, spectrum)) is not None:
         resolved = replace(resolved, hvp_engine=engine, hvp_compiled=False)
-    identity = {k: v for k, v in result_identity(settings, resolved, config, cache, plan).items() if k != "hash"}
+    identity = {k: v for k, v in result_identity(settings, resolved, config, cache).items() if k != "hash"}
     identity["spectrum"] = asdict(spectrum)
     identity["hash"] = canonical_hash(identity)
     memory = spectrum_memory(settings, spectrum, config, resolved, len(plan))

@@ -69,10 +69,15 @@ def analyze_state(
     check_writable_file(output)
     order_case = OrderCase.from_dict(order) if order is not None else None
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key, order_case)
-    identity = result_identity(settings, resolved, config, cache, plan)
+    identity = result_identity(settings, resolved, config, cache)
     memory = job_memory_plan(settings, config, resolved)
     with single_writer(output) as reuse:
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
+            if old["data"].get("plan") != plan.name:
+                raise ValueError(
+                    f"{output} holds the case's batches {old['data'].get('plan')}, not {plan.name} (the analysed "
+                    "checkpoints or case_steps changed); use a new output directory"
+                )
             log.info("reusing %s (same identity)", output)
             return old
         log.info("%s", memory.describe())

@@ -17,12 +17,11 @@ import transformers
 from tiny_llm.campaign.orders import plan_order
 from tiny_llm.cli import main
 from tiny_llm.config import load_config
-from tiny_llm.data.training_order import write_megatron
 from tiny_llm.workers.settings import AnalysisSettings
 from tiny_llm.workers.state import analyze_state
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hf_hub import RUN_YAML, cache_revision, neox_config
+from hf_hub import RUN_YAML, ordered_suite
 
 B, T, STEPS, VOCAB = 2, 9, 10, 64
 """2 sequences of 9 tokens (seq_len 8) per step, 10 steps in the order."""
@@ -32,22 +31,7 @@ SAVED = (2, 4, 6)
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     root = tmp_path_factory.mktemp("order")
-    sequences = np.random.default_rng(0).integers(0, VOCAB, size=(STEPS * B, T)).astype(np.uint16)
-    write_megatron(root / "document", sequences)
-    torch.manual_seed(0)
-    model = transformers.GPTNeoXForCausalLM(neox_config(vocab_size=VOCAB, num_hidden_layers=1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    for step in range(1, max(SAVED) + 1):  # step s trains sequences [(s − 1)·B, s·B)
-        batch = torch.from_numpy(sequences[(step - 1) * B : step * B].astype(np.int64))
-        loss = model(input_ids=batch, labels=batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step in SAVED:
-            folder = root / f"saved-step{step}"
-            model.save_pretrained(folder, safe_serialization=True)
-            cache_revision(root / "hf", "org/ordered", f"step{step}", folder)
-    return root, sequences
+    return root, ordered_suite(root, B, STEPS, SAVED)
 
 
 @pytest.fixture(scope="module")
