@@ -105,3 +105,23 @@ def test_windows_a_checkpoint_has_not_reached_are_refused(suite, imported, tmp_p
     assert not (tmp_path / "x.json").exists()
     record = json.loads((imported / "imported.json").read_text())
     assert [c["step"] for c in record["checkpoints"]] == list(SAVED)
+
+
+def test_a_finished_result_of_another_window_is_refused_not_reused(suite, imported, tmp_path):
+    """One identity for the analysis; the window is the result's own (``data.plan``): a result of the
+    same state and case over other steps (the analysed checkpoints changed) is refused."""
+    root, _ = suite
+    settings = AnalysisSettings(device="cpu", dtype="float64", noise_samples=1, random_samples=1, audit=False)
+    spec = {"path": str(root / "document"), "sequences_per_step": B}
+    output = tmp_path / "seen.json"
+    analyze_state(imported, ["epoch-002.safetensors"], "seen", settings, output, order={"spec": spec, "window": [1, 2]})
+    before = output.read_bytes()
+    again = analyze_state(
+        imported, ["epoch-002.safetensors"], "seen", settings, output, order={"spec": spec, "window": [1, 2]}
+    )
+    assert again["data"]["plan"] == "steps 1..2" and output.read_bytes() == before  # reused
+    with pytest.raises(ValueError, match=r"holds the case's batches steps 1..2, not steps 3..4"):
+        analyze_state(
+            imported, ["epoch-002.safetensors"], "seen", settings, output, order={"spec": spec, "window": [3, 4]}
+        )
+    assert output.read_bytes() == before
