@@ -59,6 +59,8 @@ RC = {
 
 
 X_AXES = ("auto", "tokens", "step")
+LOG_SPAN = 100
+"""Checkpoints whose positive positions span this factor or more are drawn on a log x-axis."""
 """The figures' x-axis: training tokens, optimizer steps, or auto (tokens when all are known)."""
 
 
@@ -113,6 +115,11 @@ def states(summary: pd.DataFrame, x_axis: str = "auto") -> pd.DataFrame:
     use_tokens = x_axis != "step" and known
     table["x"] = tokens if use_tokens else table["step"].astype(float)
     table.attrs["xlabel"] = "training tokens" if use_tokens else "training step"
+    positive = table["x"][table["x"] > 0]
+    # log-spaced checkpoints (Pythia's steps 1, 2, 4, ... 512, 1000, ... 143000): a symmetric log axis,
+    # linear below the first positive position (step 0 stays at 0)
+    table.attrs["x_log"] = bool(len(positive)) and float(positive.max()) >= LOG_SPAN * float(positive.min())
+    table.attrs["x_linthresh"] = float(positive.min()) if len(positive) else 1.0
     table.attrs["x_note"] = (
         "training tokens unknown for some checkpoints: x-axis in steps" if x_axis == "tokens" and not known else ""
     )
@@ -221,6 +228,9 @@ def finish(
     x ticks in engineering notation."""
     if xlabel is None:
         for axis in fig.axes:
+            if context.get("x_log"):
+                axis.set_xscale("symlog", linthresh=context["x_linthresh"], linscale=0.5)
+                axis.set_xlim(left=0)
             axis.xaxis.set_major_formatter(FuncFormatter(engineering))
         notes = (note, context.get("x_note", ""), context.get("window_note", ""), context.get("integrity_note", ""))
         note = "; ".join(n for n in notes if n)
@@ -299,5 +309,6 @@ def collected(
         raise ValueError(f"{analysis_dir} has no {table_name}; run the workflow (or collect) first")
     table = states(read_table(analysis_dir / table_name), x_axis)
     out_dir.mkdir(parents=True, exist_ok=True)
-    context = {**figure_context(analysis_dir), "xlabel": table.attrs["xlabel"], "x_note": table.attrs["x_note"]}
+    axis = {k: table.attrs[k] for k in ("xlabel", "x_note", "x_log", "x_linthresh")}
+    context = {**figure_context(analysis_dir), **axis}
     return table, context, out_dir

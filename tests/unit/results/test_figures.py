@@ -185,3 +185,30 @@ def test_block_styles_keep_a_deep_models_legend_short():
     assert sum(deep[:3]) < sum(shallow[:3])  # darker
     assert _block_style("layer 0 attention", 12)[0] != _block_style("layer 0 mlp", 12)[0]
     assert _block_style("norms", 12) == ("0.5", "norms")
+
+
+def test_log_spaced_checkpoints_get_a_log_axis_and_evenly_spaced_ones_a_linear_one(tmp_path, monkeypatch):
+    """Pythia's revisions (steps 0, 1, 2, 4, ... then every 1000): a symmetric log x-axis, linear
+    below the first positive position, so that the early checkpoints are not crowded at 0; the
+    demo's evenly spaced epochs keep a linear one."""
+    _write(tmp_path)
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert not states(summary).attrs["x_log"]
+    steps = sorted(summary["step"].unique())
+    log_spaced = dict(zip(steps, [0, 1, 512, 143_000][: len(steps)], strict=False))
+    summary["step"] = summary["step"].map(log_spaced)
+    summary["tokens"] = summary["step"] * 2_097_152
+    summary.to_csv(tmp_path / "summary.csv", index=False)
+    table = states(summary)
+    assert table.attrs["x_log"] and table.attrs["x_linthresh"] == 2_097_152
+    scales = {}
+    original = plots.finish
+
+    def spy(fig, ax, out_dir, name, *args, **kwargs):
+        paths = original(fig, ax, out_dir, name, *args, **kwargs)
+        scales[name] = ax.get_xscale()
+        return paths
+
+    monkeypatch.setattr(plots, "finish", spy)
+    plot_analysis(tmp_path, training_norms=False)
+    assert scales["loss"] == scales["batch_sizes"] == "symlog"
