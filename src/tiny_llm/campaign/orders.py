@@ -80,13 +80,9 @@ def plan_order(key: str, entry: dict[str, Any], cases: list[str], steps: list[in
     try:
         spec = build(TrainingOrderSpec, dict(entry["training_order"]), f"{key}.training_order.")
         order = TrainingOrder(spec, run.model.vocab_size)
+        order.check_sequence_length(run.data.seq_len)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{key}.training_order: {error}") from None
-    if order.sequence_tokens != run.data.seq_len + 1:
-        raise ValueError(
-            f"{key}.training_order: its sequences hold {order.sequence_tokens} tokens, but data.seq_len "
-            f"{run.data.seq_len} reads {run.data.seq_len + 1}; set data.seq_len: {order.sequence_tokens - 1}"
-        )
     window, batch = entry.get("case_steps", 1), entry.get("batch_sequences")
     for name, value in (("case_steps", window), ("batch_sequences", batch)):
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):

@@ -234,6 +234,18 @@ class TrainingOrder:
             position = stop
         return np.concatenate(parts).astype(np.int64)
 
+    def check_sequence_length(self, seq_len: int) -> None:
+        """A run reading ``seq_len`` targets reads sequences of ``seq_len + 1`` tokens.
+
+        Raises:
+            ValueError: the order's sequences are of another length, saying which seq_len fits.
+        """
+        if self.sequence_tokens != seq_len + 1:
+            raise ValueError(
+                f"its sequences hold {self.sequence_tokens} tokens, but data.seq_len {seq_len} reads {seq_len + 1} "
+                f"(inputs and the shifted target); set data.seq_len: {self.sequence_tokens - 1}"
+            )
+
     @property
     def length(self) -> int:
         """How many sequences can be read in training order."""

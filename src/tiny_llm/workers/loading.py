@@ -218,10 +218,8 @@ def _order_plan(config: RunConfig, case: str, order: OrderCase) -> tuple[Trainin
     if case not in ORDER_CASES:
         raise ValueError(f"case {case}: a training order's cases are {', '.join(ORDER_CASES)}")
     source = TrainingOrder(order.spec, config.model.vocab_size)
-    if source.sequence_tokens != config.data.seq_len + 1:
-        raise ValueError(
-            f"training_order: its sequences hold {source.sequence_tokens} tokens, but data.seq_len "
-            f"{config.data.seq_len} reads {config.data.seq_len + 1} (inputs and the shifted target); set "
-            f"data.seq_len: {source.sequence_tokens - 1}"
-        )
+    try:
+        source.check_sequence_length(config.data.seq_len)
+    except ValueError as error:
+        raise ValueError(f"training_order: {error}") from None
     return source, order_plan(source, order.window, order.batch_sequences)

@@ -161,7 +161,7 @@ def _data_record(job: StateJob) -> dict[str, Any]:
     the training order and the case's window of steps, its sequences and tokens."""
     cache, plan = job.cache, job.plan
     if isinstance(cache, TrainingOrder):
-        first, last = (int(s) for s in plan.name.removeprefix("steps ").split(".."))
+        first, last = int(plan.stream_batches[0]), int(plan.stream_batches[-1])  # the steps that trained them
         sequences = int(plan.blocks.size)
         return {
             "training_order": cache.describe(),

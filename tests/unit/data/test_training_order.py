@@ -41,6 +41,9 @@ def test_a_megatron_dataset_gives_each_step_its_sequences(tmp_path, sequences):
     for i in range(N):
         assert np.array_equal(order.sequence(i), sequences[i])
     assert order.step_sequences(2, 1) == range(4, 8)  # step 2 trained sequences 4..7: i // B + 1 == 2
+    order.check_sequence_length(T - 1)  # a run of seq_len 8 reads 9 tokens a sequence
+    with pytest.raises(ValueError, match="hold 9 tokens, but data.seq_len 7 reads 8 .* set data.seq_len: 8"):
+        order.check_sequence_length(T - 2)
     assert all(i // B + 1 in (2, 3) for i in order.step_sequences(2, 2))
     write_megatron(tmp_path / "ours", sequences)  # the project's writer gives the same files
     assert (tmp_path / "ours.idx").read_bytes() == (tmp_path / "document.idx").read_bytes()
