@@ -1,4 +1,5 @@
-# Analysis: one job per (parameter state, data case); both cases of a state form one group job.
+# Analysis: one job per (parameter state, data case); both cases of a state form one group job,
+# and a cluster job runs cluster.states_per_job such groups (one group name per analysis).
 
 
 rule analyze_state:
@@ -12,7 +13,7 @@ rule analyze_state:
     benchmark:
         "results/benchmarks/analyze_state/{analysis}/{key}/{case}.tsv"
     group:
-        "analysis"
+        get_state_group
     conda:
         "../../envs/tiny-llm.yaml"
     # CPU threads torch uses (1: many small local jobs side by side; the cluster profile sets more).
@@ -35,7 +36,7 @@ rule analyze_state:
 
 
 # Joins the cases of one state: it makes them one connected group component, so a cluster job
-# runs both cases of a state (and --group-components analysis=N runs N states per job).
+# runs both cases of a state (and cluster.states_per_job such components one after another).
 rule finish_state:
     input:
         results=get_state_results,
@@ -45,10 +46,11 @@ rule finish_state:
     log:
         "logs/finish_state/{analysis}/{key}.log",
     group:
-        "analysis"
+        get_state_group
     conda:
         "../../envs/tiny-llm.yaml"
     resources:
         runtime=get_finish_runtime,
+        state_slot=1,  # one at a time in a job of several states (memory is not summed)
     script:
         "../scripts/finish_state.py"

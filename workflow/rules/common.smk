@@ -9,7 +9,7 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-from tiny_llm.campaign import jobs, slurm_jobs
+from tiny_llm.campaign import jobs, packing, slurm_jobs
 from tiny_llm.campaign.checks import schema_errors, typed_profile_values, unknown_keys
 from tiny_llm.campaign.slurm_jobs import (
     AWAITABLE,
@@ -133,6 +133,7 @@ def get_state_aliases(wildcards):
 get_state_checkpoint = lambda w: PLAN.state_checkpoint(w.analysis, _state(w))
 get_state_results = lambda w: PLAN.state_results(w.analysis, w.key)
 get_case_order = lambda w: PLAN.case_order(w.analysis, w.case, _state(w))  # its window
+get_state_group = lambda w: packing.analysis_group(workflow, PLAN, w.analysis)
 
 
 def get_state_receipts(wildcards):

@@ -12,7 +12,7 @@ rule analyze_spectrum:
     benchmark:
         "results/benchmarks/analyze_spectrum/{analysis}/{key}/{case}.tsv"
     group:
-        "analysis"
+        get_state_group
     conda:
         "../../envs/tiny-llm.yaml"
     threads: 1

@@ -85,7 +85,8 @@ class CostReport:
         settings = planned.settings
         workers = run.training.workers if settings.consensus else 0
         each = cost.parallel_seconds(cost.case_work(run, settings, workers).seconds(timing_entry["seconds"]), gpus)
-        return count * cost.job_minutes(len(planned.cases) * each) / 60 * gpus
+        per_job = max(1, min(count, cost.states_per_job(len(planned.cases), each, self.cluster.states_per_job)))
+        return -(-count // per_job) * cost.group_minutes(per_job, len(planned.cases), each) / 60 * gpus
 
     def experiment_cost_line(self, experiment: str) -> str:
         """What a seed experiment will cost: runs × checkpoints measured, and the time."""

@@ -63,6 +63,10 @@ class ClusterSettings:
     gpus_per_node: Positive | None = None
     """GPUs on one node of the cluster (profiles/naiss: 4), the most an analysis's gpus_per_job may
     ask for; null: not checked."""
+    states_per_job: Positive | Literal["auto"] = "auto"
+    """States one cluster job measures one after another; auto: one, or under the walltime estimate
+    as many short states as make about an hour of requested work (at most 32), so that a suite's
+    hundreds of minute-long states do not flood the queue."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ClusterSettings:
@@ -146,6 +150,35 @@ def estimate_seconds(
 ) -> float:
     """Estimated work of one (state, case) job, from the actual full-epoch counts and samples."""
     return case_work(config, settings, workers).seconds(seconds)
+
+
+STATE_JOB_MINUTES = 60
+"""Requested minutes a cluster job of short states is filled to under ``states_per_job: auto``."""
+MAX_STATES_PER_JOB = 32
+
+
+def states_per_job(cases: int, each: float, setting: int | str = "auto") -> int:
+    """States one cluster job measures one after another: ``setting`` when a number; under auto, as
+    many as fill :data:`STATE_JOB_MINUTES` with 2 × the estimated work of ``cases`` cases of
+    ``each`` seconds (at least one, at most :data:`MAX_STATES_PER_JOB`)."""
+    if setting != "auto":
+        return int(setting)
+    per_state = cases * math.ceil(2 * each / 60)
+    return max(1, min(MAX_STATES_PER_JOB, STATE_JOB_MINUTES // max(per_state, 1)))
+
+
+def finish_minutes(cases: int, each: float, states: int = 1) -> int:
+    """The minutes of a state's last job (``finish_state``): one state's margin, what completes
+    2 × work of ``cases`` cases of ``each`` seconds (2 × work each) to :func:`job_minutes`, shared by
+    the ``states`` states of a cluster job (at least a minute each)."""
+    return max(1, math.ceil((job_minutes(cases * each) - cases * math.ceil(2 * each / 60)) / states))
+
+
+def group_minutes(states: int, cases: int, each: float) -> int:
+    """The walltime of a cluster job of ``states`` states (``cases`` cases of ``each`` seconds), as
+    Snakemake sums it over the jobs it runs one after another: 2 × work per case and each state's
+    share of the margin; for one state, :func:`job_minutes`."""
+    return states * (cases * math.ceil(2 * each / 60) + finish_minutes(cases, each, states))
 
 
 def job_minutes(work_seconds: float) -> int:
@@ -254,10 +287,12 @@ def cost_line(
                 f"(results/timing/{name}.json; or set cluster.walltime_hours)"
             )
         else:
-            hours = job_minutes(len(cases) * each) / 60
+            per_job = max(1, min(count, states_per_job(len(cases), each, cluster.states_per_job)))
+            jobs, hours = -(-count // per_job), group_minutes(per_job, len(cases), each) / 60
+            packed = f" of ≤ {per_job} states" if per_job > 1 else ""
             line += (
-                f"; Slurm: ≤ {count} jobs × {hours:g} h walltime (2 × work + 30 min){_times(gpus)} = "
-                f"{count * hours * gpus:g} GPU-hours requested"
+                f"; Slurm: ≤ {jobs} jobs{packed} × {hours:.3g} h walltime (2 × work + 30 min){_times(gpus)} = "
+                f"{jobs * hours * gpus:.4g} GPU-hours requested"
             )
     elif each is None:
         line += " (`snakemake calibrate` measures one)"

@@ -106,6 +106,18 @@ class Walltimes:
         one = cost.estimate_seconds(run, settings, entry["seconds"], workers=workers if workers > 1 else 0)
         return cost.parallel_seconds(one, planned.ranks)
 
+    def states_per_job(self, analysis: str) -> int:
+        """States one cluster job of an analysis measures, one after another (``cluster.states_per_job``;
+        under auto, packed by the walltime estimate, else one)."""
+        setting = self.cluster.states_per_job
+        if setting != "auto" or not self.cluster.estimated:
+            return 1 if setting == "auto" else int(setting)
+        try:
+            work = self.case_work_seconds(analysis)
+        except ValueError:  # not measured yet: asked again once the calibration has run
+            return 1
+        return 1 if work is None else cost.states_per_job(len(self.analyses[analysis].cases), work)
+
     def _explicit_minutes(self, analysis: str) -> tuple[int, int]:
         """``cluster.walltime_hours`` as minutes per state job, split over its group's jobs: each
         case gets an equal share, finish_state the rest (at least one minute; none is ever 0)."""
@@ -125,14 +137,14 @@ class Walltimes:
 
     def finish_runtime(self, analysis: str) -> int:
         """Completes the group of one state to 2 × work + 30 min, rounded up to the hour (≤ 72 h):
-        a group job's runtime is the sum of its jobs' runtimes (they run one after another)."""
+        a group job's runtime is the sum of its jobs' runtimes (they run one after another). In a
+        job of several short states each carries its share of that margin."""
         if self.cluster.walltime_hours:
             return self._explicit_minutes(analysis)[1]
         work = self.case_work_seconds(analysis)
         if work is None:
             return 5
-        cases = len(self.analyses[analysis].cases)
-        return cost.job_minutes(cases * work) - cases * math.ceil(2 * work / 60)
+        return cost.finish_minutes(len(self.analyses[analysis].cases), work, self.states_per_job(analysis))
 
     def geometry_runtime(self, experiment: str) -> int:
         """Minutes for one checkpoint's measurement: ``cluster.walltime_hours`` when set; under

@@ -13,7 +13,9 @@ from tiny_llm.campaign.plan import (
     estimate_seconds,
     expected_states,
     format_seconds,
+    group_minutes,
     job_minutes,
+    states_per_job,
 )
 from tiny_llm.training.loop import train
 from tiny_llm.workers.index import index_states
@@ -110,9 +112,19 @@ def test_cost_line_says_jobs_work_and_time(run):
     )
     entry = {"seconds": seconds, "measured": {}}
     slurm = cost_line("a", (4, "x"), ["seen", "unseen"], work, "cuda", entry, ClusterSettings(walltime="estimate"))
-    hours = job_minutes(2 * each) / 60
+    per_job = min(4, states_per_job(2, each))
+    jobs, hours = -(-4 // per_job), group_minutes(per_job, 2, each) / 60
+    packed = f" of ≤ {per_job} states" if per_job > 1 else ""
     assert slurm.endswith(
-        f"; Slurm: ≤ 4 jobs × {hours:g} h walltime (2 × work + 30 min) = {4 * hours:g} GPU-hours requested"
+        f"; Slurm: ≤ {jobs} jobs{packed} × {hours:.3g} h walltime (2 × work + 30 min) = "
+        f"{jobs * hours:.4g} GPU-hours requested"
+    )
+    one = cost_line(
+        "a", (4, "x"), ["seen", "unseen"], work, "cuda", entry, ClusterSettings("estimate", states_per_job=1)
+    )
+    hours = job_minutes(2 * each) / 60
+    assert one.endswith(
+        f"; Slurm: ≤ 4 jobs × {hours:.3g} h walltime (2 × work + 30 min) = {4 * hours:.4g} GPU-hours requested"
     )
     assert cost_line("a", (3, "x"), ["seen"], work, "cuda", None, ClusterSettings(walltime_hours=5)).endswith(
         "; Slurm: ≤ 3 jobs × 5 h (cluster.walltime_hours) = 15 GPU-hours requested"
