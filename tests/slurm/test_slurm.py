@@ -265,6 +265,35 @@ def test_group_job_holds_its_gpus_and_runs_its_ranks(cluster, trained, tmp_path)
         os.chdir(REPO)
 
 
+def test_short_states_share_a_job_one_after_another(cluster, trained, tmp_path):
+    """cluster.states_per_job: 2 (what auto decides for short states under the walltime estimate):
+    the three states run in two Slurm jobs, their cases one after another in each, and every
+    result is there once; the walltime Slurm was given is the sum of the group's jobs."""
+    workdir = _workdir(tmp_path / "packed", SETTINGS, trained)
+    done = _run(
+        workdir,
+        "--profile",
+        str(REPO / "profiles/test-slurm"),
+        "--config",
+        'cluster={"walltime": "none", "reattach_poll_seconds": 2, "states_per_job": 2}',
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    results = [
+        json.loads(p.read_text()) for p in (workdir / "results/tiny/states").glob("*/*.json") if p.stem != "done"
+    ]
+    assert len(results) == 6
+    by_job: dict[str, set[str]] = {}
+    for result in results:
+        by_job.setdefault(result["slurm"]["job_id"], set()).add(result["state"]["key"])
+    assert sorted(len(states) for states in by_job.values()) == [1, 2], by_job
+    limits = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", ",".join(by_job), "-o", "JobID,State,Timelimit"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert limits.count("COMPLETED") == 2, limits
+
+
 def _queued(name_prefix: str = "tinyllm_") -> list[str]:
     queue = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T|%k"], capture_output=True, text=True).stdout
     return [line for line in queue.splitlines() if line.split("|")[1].startswith(name_prefix)]

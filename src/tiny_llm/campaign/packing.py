@@ -7,7 +7,9 @@ such groups into one cluster job, run one after another (a job's ``state_slot`` 
 walltime is the sum of theirs. How many is decided per analysis by
 :meth:`~tiny_llm.campaign.walltimes.Walltimes.states_per_job` (``cluster.states_per_job``) and asked
 when the groups are formed, which is after a pending calibration has measured the setup. A
-profile's ``group-components: analysis: N`` still applies, to every analysis.
+profile's ``group-components: analysis: N`` still applies, to every analysis. A dry run lists one
+group per state (its cost line counts the packed jobs): Snakemake 9.27's dry run repeats packed
+groups in its listing, without end at a suite's size.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def pack_states(workflow: Any, analyses: Mapping[str, Any], states_per_job: Call
     rules' group function, so while the DAG is built: Snakemake replaces the settings it parsed the
     Snakefile with by the run's before that."""
     settings = workflow.group_settings
+    if workflow.dryrun:  # Snakemake 9's dry run lists packed groups over and over (GBs for a suite)
+        return
     if not isinstance(settings.group_components, StatesPerJob):
         settings.group_components = StatesPerJob(settings.group_components, list(analyses), states_per_job)
 

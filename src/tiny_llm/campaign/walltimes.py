@@ -29,6 +29,7 @@ class Walltimes:
     def __init__(self, campaign: Campaign):
         self.analyses, self.experiments, self.cluster = campaign.analyses, campaign.experiments, campaign.cluster
         self._pending: dict[str, bool] = {}
+        self._packed: dict[str, int] = {}
 
     # --- timing entries -----------------------------------------------------------------------
 
@@ -112,11 +113,13 @@ class Walltimes:
         setting = self.cluster.states_per_job
         if setting != "auto" or not self.cluster.estimated:
             return 1 if setting == "auto" else int(setting)
-        try:
-            work = self.case_work_seconds(analysis)
-        except ValueError:  # not measured yet: asked again once the calibration has run
-            return 1
-        return 1 if work is None else cost.states_per_job(len(self.analyses[analysis].cases), work)
+        if analysis not in self._packed:
+            try:
+                work = self.case_work_seconds(analysis)
+            except ValueError:  # not measured yet: asked again once the calibration has run
+                return 1
+            self._packed[analysis] = cost.states_per_job(len(self.analyses[analysis].cases), work)
+        return self._packed[analysis]
 
     def _explicit_minutes(self, analysis: str) -> tuple[int, int]:
         """``cluster.walltime_hours`` as minutes per state job, split over its group's jobs: each

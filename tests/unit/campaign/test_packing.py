@@ -27,7 +27,7 @@ def test_group_components_per_analysis_the_profiles_first():
 
 
 def test_installed_once_into_the_runs_group_settings():
-    workflow = SimpleNamespace(group_settings=SimpleNamespace(group_components={"analysis": 2}))
+    workflow = SimpleNamespace(group_settings=SimpleNamespace(group_components={"analysis": 2}), dryrun=False)
     pack_states(workflow, {"a": None}, lambda name: 5)
     installed = workflow.group_settings.group_components
     pack_states(workflow, {"a": None}, lambda name: 9)
@@ -63,3 +63,9 @@ def test_the_stated_walltime_is_snakemakes_sum_over_the_group(states, cases, sec
     merged = GroupResources.basic_layered(layers, Resources.from_mapping({"state_slot": 1, "gpu": 4}), run_local=False)
     assert merged["runtime"] == group_minutes(states, cases, seconds)
     assert merged["mem_mb"] == 8000 and merged["gpu"] == 1  # one state at a time: nothing summed
+
+
+def test_a_dry_run_lists_one_group_per_state():
+    workflow = SimpleNamespace(group_settings=SimpleNamespace(group_components={}), dryrun=True)
+    pack_states(workflow, {"a": None}, lambda name: 5)
+    assert workflow.group_settings.group_components == {}
