@@ -16,6 +16,10 @@ imported suite is checked and what is found is reported per checkpoint:
 * ``collapse``: its distance from the first is less than half the largest distance of an earlier
   checkpoint that is not a spike (training does not return halfway to its initialisation; an
   early revision filed under a late step does).
+* ``init``: a step-0 checkpoint from which the next moved more than four times as fast, per step,
+  as training moved on to the one after, ‖θ₁ − θ₀‖/(s₁ − s₀) > 4 ‖θ₂ − θ₁‖/(s₂ − s₁): the step 0 is
+  not this run's initialisation (a seed's later revisions that start from another seed's weights
+  are a whole initialisation's distance from it).
 
 The rules are plain arithmetic, torch-free, for the planner too; :func:`state_findings` applies
 them to the weights themselves (torch imported there).
@@ -33,8 +37,10 @@ from tiny_llm.model.hf import weight_files
 
 __all__ = [
     "COLLAPSE",
+    "INIT",
     "SPIKE",
     "identical_findings",
+    "init_findings",
     "path_findings",
     "refuse_identical",
     "state_findings",
@@ -45,6 +51,9 @@ COLLAPSE = 0.5
 """A distance from the first checkpoint below this fraction of an earlier one's is a collapse."""
 SPIKE = 2.0
 """A distance from the first checkpoint above this multiple of both neighbours' is a spike."""
+INIT = 4.0
+"""A step 0 the next checkpoint moved from this many times faster per step than on to the one after
+is not the run's initialisation."""
 
 
 def weights_digest(folder: str | Path) -> str:
@@ -99,24 +108,40 @@ def path_findings(labels: list[str], distances: list[float]) -> dict[str, list[d
     return findings
 
 
+def init_findings(labels: list[str], steps: list[int], first: float, second: float) -> dict[str, list[dict[str, Any]]]:
+    """The ``init`` finding of a suite whose first checkpoint is step 0, from ``first`` = ‖θ₁ − θ₀‖
+    and ``second`` = ‖θ₂ − θ₁‖ (at least three checkpoints)."""
+    if len(steps) < 3 or steps[0] != 0 or first / (steps[1] - steps[0]) <= INIT * second / (steps[2] - steps[1]):
+        return {}
+    detail = (
+        f"‖θ({labels[1]}) − θ({labels[0]})‖ = {first:.4g}, more than {INIT:g}× per step the next "
+        f"‖θ({labels[2]}) − θ({labels[1]})‖ = {second:.4g}: not this run's initialisation"
+    )
+    return {labels[0]: [{"kind": "init", "detail": detail}]}
+
+
 def state_findings(
     labels: list[str], steps: list[int], states: list[dict[str, Any]]
 ) -> tuple[dict[str, list[dict[str, Any]]], list[float]]:
     """Every finding of a suite from its weights (state dicts in the suite's order): identical
     states by their hash, and the path from each checkpoint's distance from the first (float64).
     Returns (findings by label, the distances)."""
-    import math
-
     from tiny_llm.model.checkpoint import state_hash
 
     findings = identical_findings(labels, steps, [state_hash(s) for s in states])
-    first = states[0]
-    distances = [
-        math.sqrt(math.fsum(float((s[k].double() - first[k].double()).pow(2).sum()) for k in first)) for s in states
-    ]
-    for label, found in path_findings(labels, distances).items():
+    distances = [_distance(s, states[0]) for s in states]
+    second = _distance(states[2], states[1]) if len(states) > 2 else 0.0
+    found_init = init_findings(labels, steps, distances[1] if len(states) > 1 else 0.0, second)
+    for label, found in [*path_findings(labels, distances).items(), *found_init.items()]:
         findings.setdefault(label, []).extend(found)
     return findings, distances
+
+
+def _distance(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """‖a − b‖ over every tensor, in float64."""
+    import math
+
+    return math.sqrt(math.fsum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a))
 
 
 def refuse_identical(findings: dict[str, list[dict[str, Any]]], key: str, setting: str) -> None:

@@ -12,7 +12,13 @@ import pytest
 
 from tiny_llm.campaign.workflow import WorkflowPlan
 from tiny_llm.cli import main
-from tiny_llm.model.integrity import identical_findings, path_findings, refuse_identical, weights_digest
+from tiny_llm.model.integrity import (
+    identical_findings,
+    init_findings,
+    path_findings,
+    refuse_identical,
+    weights_digest,
+)
 from tiny_llm.results.drawing import figure_context
 from tiny_llm.results.manifest import integrity_block, integrity_flag
 
@@ -38,6 +44,8 @@ def hub(tmp_path_factory):
     for step in STEPS:
         cache_revision(root / "hf", "org/clean", f"step{step}", folders[step])
         cache_revision(root / "hf", "org/damaged", f"step{step}", folders[DAMAGED[step]])
+        other = neox_suite(root / "other", (0,), seed=1)[0] if step == 0 else folders[step]  # another seed's
+        cache_revision(root / "hf", "org/reseeded", f"step{step}", other)
     return root / "hf", folders
 
 
@@ -62,6 +70,9 @@ def test_the_rules_on_their_own():
     assert [f["kind"] for f in path_findings(labels, [0.0, 9.0, 2.0, 4.0])["b"]] == ["spike"]
     assert list(path_findings([*labels, "e"], [0.0, 1.0, 4.0, 5.0, 1.5])) == ["e"]  # below half of 5
     assert list(path_findings(labels, [0.0, 1.0, 4.0, 1.5])) == ["c"]  # a spike, and no collapse after it
+    assert init_findings(labels, [0, 1, 2, 3], 3.0, 1.0) == {} and init_findings(labels, [1, 2, 3, 4], 9.0, 1.0) == {}
+    assert [f["kind"] for f in init_findings(labels, [0, 1, 2, 3], 5.0, 1.0)["a"]] == ["init"]
+    assert init_findings(labels, [0, 1000, 1001, 1002], 5.0, 1.0) == {}  # per step: 1000 steps moved 5
     with pytest.raises(
         ValueError, match=r"k: checkpoints of different steps hold identical weights \(b, d\): .* set s"
     ):
@@ -117,6 +128,11 @@ def test_the_import_reports_every_defect_per_checkpoint(project, capsys):
     clean = ["--quiet", "import-hf", "org/clean", "--revision", *revisions, "--config", "run.yaml"]
     assert main([*clean, "--run-dir", "runs/clean"]) == 0
     assert integrity_block("runs/clean")["flagged"] == []
+    reseeded = ["--quiet", "import-hf", "org/reseeded", "--revision", *revisions, "--config", "run.yaml"]
+    assert main([*reseeded, "--run-dir", "runs/reseeded"]) == 0  # a step 0 of another seed: reported
+    assert [(f["source"], [k["kind"] for k in f["findings"]]) for f in integrity_block("runs/reseeded")["flagged"]] == [
+        ("step0", ["init"])
+    ]
 
 
 def test_the_figures_say_which_steps_are_flagged_and_each_case_s_window(tmp_path):
