@@ -79,6 +79,7 @@ from tiny_llm.curvature.statistics import (
     standard_errors,
     summarise,
 )
+from tiny_llm.curvature.trajectory import queue_step, step_block_rows, step_losses, step_statistics
 from tiny_llm.curvature.vectors import Vectors
 from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.model.llama import Llama
@@ -104,6 +105,8 @@ class _Setup:
     """Whether the forms come with their Gauss–Newton part (the exact form engines)."""
     audit_sides: Callable[[], tuple[AuditSide, AuditSide]]
     """The production and float64 sides of the precision audit."""
+    displacement: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, Callable[[torch.Tensor], float]]]
+    """Δ = θ' − θ (float64) to a successor state θ', and the epoch loss at θ + d for a displacement d."""
 
 
 def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision) -> _Setup:
@@ -139,7 +142,32 @@ def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precis
         operator=operator,
         split=engine_named(inputs.engine).forms,
         audit_sides=lambda: whole_sides(model, batches, inputs, precision),
+        displacement=lambda successor: (
+            (
+                flat.flatten_state(successor).double().to(precision.device)
+                - flat.flatten([p.detach() for p in model.parameters()]).double()
+            ),
+            lambda d: _loss_at(
+                model, flat, d, lambda: mean_gradient_and_loss(model, flat, batches, rows, precision, head)[1]
+            ),
+        ),
     )
+
+
+def _loss_at(model: Llama, flat: FlatParameters, d: torch.Tensor, loss: Callable[[], float]) -> float:
+    """``loss()`` with the parameters moved to θ + d (in float64, then the model's dtype), restored
+    exactly afterwards."""
+    parameters = list(model.parameters())
+    kept = [p.detach().clone() for p in parameters]
+    with torch.no_grad():
+        for p, piece in zip(parameters, flat.blocks(d), strict=True):
+            p.copy_((p.double() + piece.view_as(p)).to(p.dtype))
+    try:
+        return loss()
+    finally:
+        with torch.no_grad():
+            for p, original in zip(parameters, kept, strict=True):
+                p.copy_(original)
 
 
 def _sharded(
@@ -198,6 +226,14 @@ def _sharded(
         operator=lambda: operator,
         split=engine.forms,
         audit_sides=audit_sides,
+        displacement=_not_sharded,
+    )
+
+
+def _not_sharded(successor: dict[str, torch.Tensor]) -> Any:
+    raise ValueError(
+        "trajectory statistics (a successor checkpoint) are measured on one process or data-parallel ranks, "
+        "not yet with settings.sharded: true; measure this analysis unsharded"
     )
 
 
@@ -305,6 +341,38 @@ def _block_rows(
     )
 
 
+def _queue_step(setup: _Setup, runner: DirectionRunner, inputs: CaseInputs, blocks: list[tuple[str, list[int]]]) -> Any:
+    """With a successor state: Δ (and each Δ_b) queued, with what measures the losses at θ + Δ."""
+    if inputs.successor is None:
+        return None
+    delta, loss_at = setup.displacement(inputs.successor)
+    record, block_records = queue_step(runner, delta, blocks, inputs.block_curvature)
+    return delta, loss_at, record, block_records
+
+
+def _add_step(
+    step: Any,
+    g_bar: torch.Tensor,
+    epoch_loss: float,
+    vectors: Vectors,
+    blocks: list[tuple[str, list[int]]],
+    statistics: dict[str, Any],
+    block_rows: list[dict[str, Any]],
+) -> None:
+    """The trajectory statistics of the step to the successor, whole and per block (in place)."""
+    delta, loss_at, record, block_records = step
+    per_block = block_records is not None
+    whole, block_losses = step_losses(loss_at, delta, vectors.pieces, blocks, per_block)
+    statistics.update(step_statistics(float(g_bar.double() @ delta), record, whole - epoch_loss))
+    if not per_block:
+        return
+    pairs = [(a.double() * b).sum() for a, b in zip(vectors.pieces(g_bar), vectors.pieces(delta), strict=True)]
+    dots = [float(sum(pairs[i] for i in indices)) for _, indices in blocks]
+    changes = [loss - epoch_loss for loss in block_losses]
+    for row, found in zip(block_rows, step_block_rows(dots, block_records, changes), strict=True):
+        row.update(found)
+
+
 def measure_case(
     model: Llama, inputs: CaseInputs, precision: Precision, progress: Callable[[str], None] = log.info
 ) -> dict[str, Any]:
@@ -334,12 +402,14 @@ def measure_case(
     blocks = model_blocks(setup.names, inputs.block_curvature, progress)
     total = (len(selected) + 1) * (1 + (len(blocks) if inputs.block_curvature else 0))
     total += inputs.random_samples + len(inputs.consensus)
+    total += 0 if inputs.successor is None else 1 + (len(blocks) if inputs.block_curvature else 0)
     K = inputs.directions_per_pass if sharded else operator.K
     runner = DirectionRunner(operator, K, setup.split, vectors, total, precision.dtype, progress)
     noise, sample_seconds, block_forms = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks)
     random, gradient, gradient_blocks, consensus = queue_other_directions(
         runner, g_bar, inputs, blocks, precision.device
     )
+    step = _queue_step(setup, runner, inputs, blocks)
     runner.flush()
     if inputs.block_curvature:
         for record in noise:
@@ -348,10 +418,16 @@ def measure_case(
 
     M, D = n * B, vectors.layout.D
     samples = Samples(noise, random, vectors.norm(g_bar), gradient.curvature, D, B, M, gradient.gauss_newton)
+    statistics, block_rows = (
+        {"loss": epoch_loss, **summarise(samples)},
+        _block_rows(samples, setup, blocks, g_bar, gradient_blocks),
+    )
+    if step is not None:
+        _add_step(step, g_bar, epoch_loss, vectors, blocks, statistics, block_rows)
     return {
-        "statistics": {"loss": epoch_loss, **summarise(samples)},
+        "statistics": statistics,
         "standard_errors": standard_errors(samples),
-        "blocks": _block_rows(samples, setup, blocks, g_bar, gradient_blocks),
+        "blocks": block_rows,
         "audit": audit,
         "noise_samples": [r.to_json() for r in noise],
         "random_directions": [r.to_json() for r in random],
