@@ -41,9 +41,10 @@ class CaseInputs:
     """With several ranks, shard the model and every parameter-sized vector over them (FSDP2)."""
     audit: tuple[int, int] | None = None
     """(directions of each kind, curvature micro-batches) of the precision audit, or None."""
-    successor: dict[str, torch.Tensor] | None = None
-    """The parameters of the next checkpoint θ' (by name, as ``named_parameters``), for the
-    trajectory statistics along Δ = θ' − θ (:mod:`tiny_llm.curvature.trajectory`); None: none."""
+    step: torch.Tensor | None = None
+    """Δ = θ' − θ to the next checkpoint θ' as float64 (D,), or this rank's shard when sharded (as
+    the consensus errors), for the trajectory statistics (:mod:`tiny_llm.curvature.trajectory`);
+    None: the state has no successor."""
     memory: MemoryPlan | None = None
     """Sequences per group of each pass (gradient, forms, audit, audit_gradient) under a memory budget; None:
     unchunked. Grouping changes only how the same terms are summed."""

@@ -105,8 +105,8 @@ class _Setup:
     """Whether the forms come with their Gauss–Newton part (the exact form engines)."""
     audit_sides: Callable[[], tuple[AuditSide, AuditSide]]
     """The production and float64 sides of the precision audit."""
-    displacement: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, Callable[[torch.Tensor], float]]]
-    """Δ = θ' − θ (float64) to a successor state θ', and the epoch loss at θ + d for a displacement d."""
+    loss_at: Callable[[torch.Tensor], float]
+    """The epoch loss at θ + d, for a displacement d held as every vector is (the step's)."""
 
 
 def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision) -> _Setup:
@@ -142,25 +142,23 @@ def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precis
         operator=operator,
         split=engine_named(inputs.engine).forms,
         audit_sides=lambda: whole_sides(model, batches, inputs, precision),
-        displacement=lambda successor: (
-            (
-                flat.flatten_state(successor).double().to(precision.device)
-                - flat.flatten([p.detach() for p in model.parameters()]).double()
-            ),
-            lambda d: _loss_at(
-                model, flat, d, lambda: mean_gradient_and_loss(model, flat, batches, rows, precision, head)[1]
-            ),
+        loss_at=lambda d: _loss_at(
+            list(model.parameters()),
+            flat.blocks,
+            d,
+            lambda: mean_gradient_and_loss(model, flat, batches, rows, precision, head)[1],
         ),
     )
 
 
-def _loss_at(model: Llama, flat: FlatParameters, d: torch.Tensor, loss: Callable[[], float]) -> float:
-    """``loss()`` with the parameters moved to θ + d (in float64, then the model's dtype), restored
-    exactly afterwards."""
-    parameters = list(model.parameters())
+def _loss_at(
+    parameters: list[torch.Tensor], pieces: Callable[[torch.Tensor], list[torch.Tensor]], d: torch.Tensor, loss: Any
+) -> float:
+    """``loss()`` with the parameters (whole, or this rank's shards) moved to θ + d (in float64, then
+    their dtype), restored exactly afterwards."""
     kept = [p.detach().clone() for p in parameters]
     with torch.no_grad():
-        for p, piece in zip(parameters, flat.blocks(d), strict=True):
+        for p, piece in zip(parameters, pieces(d), strict=True):
             p.copy_((p.double() + piece.view_as(p)).to(p.dtype))
     try:
         return loss()
@@ -226,14 +224,12 @@ def _sharded(
         operator=lambda: operator,
         split=engine.forms,
         audit_sides=audit_sides,
-        displacement=_not_sharded,
-    )
-
-
-def _not_sharded(successor: dict[str, torch.Tensor]) -> Any:
-    raise ValueError(
-        "trajectory statistics (a successor checkpoint) are measured on one process or data-parallel ranks, "
-        "not yet with settings.sharded: true; measure this analysis unsharded"
+        loss_at=lambda d: _loss_at(
+            [operator.local(p) for p in operator.params],
+            operator.pieces,
+            d,
+            lambda: operator.gradient_and_loss(torch.cat(batches), rows)[1],
+        ),
     )
 
 
@@ -341,13 +337,19 @@ def _block_rows(
     )
 
 
-def _queue_step(setup: _Setup, runner: DirectionRunner, inputs: CaseInputs, blocks: list[tuple[str, list[int]]]) -> Any:
-    """With a successor state: Δ (and each Δ_b) queued, with what measures the losses at θ + Δ."""
-    if inputs.successor is None:
+def _queue_step(
+    setup: _Setup,
+    runner: DirectionRunner,
+    inputs: CaseInputs,
+    blocks: list[tuple[str, list[int]]],
+    device: torch.device,
+) -> Any:
+    """With a step to a successor: Δ (and each Δ_b) queued, with what measures the losses at θ + Δ."""
+    if inputs.step is None:
         return None
-    delta, loss_at = setup.displacement(inputs.successor)
+    delta = inputs.step.to(device)
     record, block_records = queue_step(runner, delta, blocks, inputs.block_curvature)
-    return delta, loss_at, record, block_records
+    return delta, setup.loss_at, record, block_records
 
 
 def _add_step(
@@ -363,11 +365,10 @@ def _add_step(
     delta, loss_at, record, block_records = step
     per_block = block_records is not None
     whole, block_losses = step_losses(loss_at, delta, vectors.pieces, blocks, per_block)
-    statistics.update(step_statistics(float(g_bar.double() @ delta), record, whole - epoch_loss))
+    statistics.update(step_statistics(vectors.dot(g_bar, delta), record, whole - epoch_loss))
     if not per_block:
         return
-    pairs = [(a.double() * b).sum() for a, b in zip(vectors.pieces(g_bar), vectors.pieces(delta), strict=True)]
-    dots = [float(sum(pairs[i] for i in indices)) for _, indices in blocks]
+    dots = vectors.block_dots(g_bar, delta, blocks)
     changes = [loss - epoch_loss for loss in block_losses]
     for row, found in zip(block_rows, step_block_rows(dots, block_records, changes), strict=True):
         row.update(found)
@@ -402,14 +403,14 @@ def measure_case(
     blocks = model_blocks(setup.names, inputs.block_curvature, progress)
     total = (len(selected) + 1) * (1 + (len(blocks) if inputs.block_curvature else 0))
     total += inputs.random_samples + len(inputs.consensus)
-    total += 0 if inputs.successor is None else 1 + (len(blocks) if inputs.block_curvature else 0)
+    total += 0 if inputs.step is None else 1 + (len(blocks) if inputs.block_curvature else 0)
     K = inputs.directions_per_pass if sharded else operator.K
     runner = DirectionRunner(operator, K, setup.split, vectors, total, precision.dtype, progress)
     noise, sample_seconds, block_forms = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks)
     random, gradient, gradient_blocks, consensus = queue_other_directions(
         runner, g_bar, inputs, blocks, precision.device
     )
-    step = _queue_step(setup, runner, inputs, blocks)
+    step = _queue_step(setup, runner, inputs, blocks, precision.device)
     runner.flush()
     if inputs.block_curvature:
         for record in noise:

@@ -34,6 +34,18 @@ class Vectors:
     def norm(self, v: torch.Tensor) -> float:
         return self.squared_norm(v) ** 0.5 if self.sharded else float(v.norm())
 
+    def dot(self, a: torch.Tensor, b: torch.Tensor) -> float:
+        """aᵀb in float64 (local sums all-reduced when sharded)."""
+        return float(self.layout.reduce((a.double() * b.double()).sum()))
+
+    def block_dots(self, a: torch.Tensor, b: torch.Tensor, blocks: list[tuple[str, list[int]]]) -> list[float]:
+        """Each block's a_bᵀb_b in float64 (all-reduced when sharded)."""
+        per = [float((x.double() * y.double()).sum()) for x, y in zip(self.pieces(a), self.pieces(b), strict=True)]
+        local = [sum(per[i] for i in indices) for _, indices in blocks]
+        if not self.sharded:
+            return local
+        return self.layout.reduce(torch.tensor(local, dtype=torch.float64, device=a.device)).tolist()
+
     def block_squared_norms(self, v: torch.Tensor, blocks: list[tuple[str, list[int]]]) -> list[float]:
         local = squared_norms(self.pieces(v), blocks)
         if not self.sharded:

@@ -1,6 +1,7 @@
 """The statistics of one (state, case) on an FSDP2-sharded model, on 2 and 3 CPU ranks (gloo,
 float64): every statistic, standard error, per-block statistic (block-diagonal curvature included),
-per-sample record and consensus error equals the one-process measurement with the same engine, to
+per-sample record, consensus error and step to a successor (the trajectory statistics, whole and
+per block) equals the one-process measurement with the same engine, to
 1e-12 with the exact Taylor-mode forms and to the finite-difference error with the fallback; the
 Rademacher directions are the one-process signs, drawn in chunks of a shard."""
 
@@ -44,7 +45,13 @@ def _consensus(model) -> list[torch.Tensor]:
     ]
 
 
-def _inputs(config, engine: str, consensus, sharded: bool) -> CaseInputs:
+def _step(model) -> list[torch.Tensor]:
+    """A step to a successor checkpoint, Δ = θ' − θ, per parameter."""
+    generator = torch.Generator().manual_seed(7)
+    return [torch.randn(p.shape, dtype=torch.float64, generator=generator) * 1e-2 for p in model.parameters()]
+
+
+def _inputs(config, engine: str, consensus, sharded: bool, step=None) -> CaseInputs:
     cache = TokenCache(config.data.cache)
     return CaseInputs(
         cache=cache,
@@ -62,6 +69,7 @@ def _inputs(config, engine: str, consensus, sharded: bool) -> CaseInputs:
         block_curvature=True,
         sharded=sharded,
         audit=(1, 2),  # the precision audit, sharded too (float64 here: its errors are rounding)
+        step=step,
     )
 
 
@@ -74,7 +82,8 @@ def _rank(
         model = _model(config, architecture).to(getattr(torch, dtype))
         consensus = [(w, shard_rows(e, rank, size)) for w, e in enumerate(_consensus(model))]
         precision = Precision(torch.device("cpu"), getattr(torch, dtype))
-        result = measure_case(model, _inputs(config, engine, consensus, sharded=True), precision)
+        step = shard_rows(_step(model), rank, size)
+        result = measure_case(model, _inputs(config, engine, consensus, sharded=True, step=step), precision)
         assert all(type(p).__name__ == "DTensor" for p in model.parameters())  # it was sharded
         with open(f"{out}.{rank}", "w") as f:
             json.dump(result, f)
@@ -148,7 +157,8 @@ def test_sharded_statistics_equal_one_process(tmp_path, run, architecture, ranks
     model = _model(run, architecture)
     flat = FlatParameters(model)
     consensus = [(w, flat.flatten(e)) for w, e in enumerate(_consensus(model))]
-    single = measure_case(model, _inputs(run, engine, consensus, sharded=True), CPU64)  # one rank: whole
+    step = flat.flatten(_step(model))
+    single = measure_case(model, _inputs(run, engine, consensus, sharded=True, step=step), CPU64)  # one rank: whole
     mp.start_processes(
         _rank,
         args=(ranks, str(tmp_path / "store"), str(tmp_path / "out"), run, architecture, engine),
@@ -161,6 +171,7 @@ def test_sharded_statistics_equal_one_process(tmp_path, run, architecture, ranks
     for part in parts:  # every rank holds the statistics
         _assert_equal(_numbers(part), _numbers(single), 1e-12 if exact else 1e-6)
         assert part["counts"] == single["counts"] | {"hvp_passes": part["counts"]["hvp_passes"]}
+    assert parts[0]["statistics"]["actual_loss_change"] is not None and "step_curvature" in parts[0]["blocks"][0]
     if exact:  # and the Gauss–Newton split came along
         assert parts[0]["statistics"]["noise_gauss_newton"] is not None
     else:  # the fallback's forms are the dense Hessian's within its step error
