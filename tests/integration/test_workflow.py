@@ -190,11 +190,37 @@ def test_summary_matches_the_worker(workdir, tmp_path):
     os.chdir(workdir)  # the run's resolved.yaml names its cache relative to the workflow directory
     try:
         direct = analyze_state(
-            "runs/tiny", ["epoch-001.safetensors"], "unseen", settings_from_dict(SETTINGS), tmp_path / "direct.json"
+            "runs/tiny",
+            ["epoch-001.safetensors"],
+            "unseen",
+            settings_from_dict(SETTINGS),
+            tmp_path / "direct.json",
+            successor=saved["trajectory"]["successor"],
         )
     finally:
         os.chdir(REPO)
     assert direct["statistics"] == saved["statistics"]
+    assert saved["trajectory"]["successor"]["file"] == "epoch-002.safetensors"
+
+
+def test_the_step_to_the_next_checkpoint(workdir):
+    """The trajectory statistics: along the step from each checkpoint to the next, the loss change
+    measured at the next one is that one's own epoch loss minus this one's (the same epoch); the
+    quadratic model's prediction and best step beside it; the last checkpoint has none."""
+    rows = _summary(workdir, "tiny")
+    for case in ("seen", "unseen"):
+        first = {}
+        for row in rows:
+            if row["case"] == case:
+                first.setdefault(row["state_key"], row)
+        ordered = list(first.values())
+        for this, following in zip(ordered, ordered[1:]):
+            change = float(following["loss"]) - float(this["loss"])
+            assert float(this["actual_loss_change"]) == pytest.approx(change, rel=1e-9, abs=1e-12)
+            predicted = float(this["step_grad_dot"]) + 0.5 * float(this["step_curvature"])
+            assert float(this["predicted_loss_change"]) == pytest.approx(predicted, rel=1e-12)
+            assert float(this["step_norm"]) > 0 and this["step_gauss_newton"] != ""
+        assert all(ordered[-1][k] == "" for k in ("step_curvature", "actual_loss_change", "optimal_step"))
 
 
 def test_packed_consensus_columns(workdir):

@@ -31,6 +31,7 @@ rule analyze_state:
         settings=get_analysis_settings,
         aliases=get_state_aliases,
         order=get_case_order,
+        successor=get_successor,
     script:
         "../scripts/analyze_state.py"
 

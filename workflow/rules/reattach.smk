@@ -29,6 +29,7 @@ if workflow.is_main_process:
             settings=get_analysis_settings,
             aliases=get_state_aliases,
             order=get_case_order,
+            successor=get_successor,
         script:
             "../scripts/await_earlier_job.py"
 

@@ -25,6 +25,7 @@ with devices_of_the_job(job), node_local_compile_cache(shared_by=snakemake.wildc
             "settings": dict(snakemake.params.settings),
             "expect_key": snakemake.wildcards.key,
             "order": snakemake.params.order.case,  # a training order's window, or None
+            "successor": snakemake.params.successor.state,  # the next state's file, or None
         },
         snakemake.output.result,
         ranks=snakemake.resources.ranks,

@@ -42,6 +42,16 @@ class JobOrder:
 
 
 @dataclass(frozen=True)
+class JobSuccessor:
+    """A (state, case) job's next state in its analysis (the trajectory statistics' θ'), as a rule
+    parameter: ``{"key", "file", "step"}`` of its first checkpoint file, or None (the last state, or
+    ``trajectory: false``). An object for the reason :class:`JobOrder` is; a changed successor is
+    refused by the result on reuse."""
+
+    state: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
 class OrderPlan:
     """An analysis's training order, its window length and batch, and the steps it analyses."""
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from tiny_llm.campaign.checks import check_corpus, check_device, cuda_devices
 from tiny_llm.campaign.costs import CostReport
-from tiny_llm.campaign.orders import JobOrder, OrderPlan, plan_order
+from tiny_llm.campaign.orders import JobOrder, JobSuccessor, OrderPlan, plan_order
 from tiny_llm.campaign.plan import ClusterSettings
 from tiny_llm.campaign.planned import AnalysisPlan, Campaign, ExperimentPlan
 from tiny_llm.campaign.runs import Runs
@@ -220,6 +220,20 @@ class WorkflowPlan:
         training order (its window at the state's step; None: the case reads the run's token cache)."""
         plan, step = self.orders.get(analysis), min(alias["step"] for alias in state["aliases"])
         return JobOrder(plan.job(case, step) if plan is not None and case in ORDER_CASES else None)
+
+    def state_successor(self, analysis: str, state: dict[str, Any], states: list[dict[str, Any]]) -> JobSuccessor:
+        """The state after an indexed ``state`` among the analysis's ``states`` (by their earliest
+        step), whose parameters the trajectory statistics step to; None for the last one, or with
+        ``trajectory: false``."""
+        if not self.analysis_settings[analysis].trajectory:
+            return JobSuccessor(None)
+        ordered = sorted(states, key=lambda s: min(alias["step"] for alias in s["aliases"]))
+        keys = [s["key"] for s in ordered]
+        after = keys.index(state["key"]) + 1
+        if after == len(ordered):
+            return JobSuccessor(None)
+        alias = min(ordered[after]["aliases"], key=lambda a: a["step"])
+        return JobSuccessor({"key": ordered[after]["key"], "file": alias["file"], "step": alias["step"]})
 
     def _check_offset(self, name: str, settings: AnalysisSettings) -> None:
         """An offset epoch that reaches past a cache already prepared is refused at start-up."""

@@ -360,18 +360,28 @@ def _add_step(
     blocks: list[tuple[str, list[int]]],
     statistics: dict[str, Any],
     block_rows: list[dict[str, Any]],
-) -> None:
-    """The trajectory statistics of the step to the successor, whole and per block (in place)."""
+) -> dict[str, Any]:
+    """The trajectory statistics of the step to the successor, whole and per block (in place); returns
+    the step's record (ḡᵀΔ, its form, Gauss–Newton part and ‖Δ‖², the loss at θ')."""
     delta, loss_at, record, block_records = step
     per_block = block_records is not None
     whole, block_losses = step_losses(loss_at, delta, vectors.pieces, blocks, per_block)
-    statistics.update(step_statistics(vectors.dot(g_bar, delta), record, whole - epoch_loss))
+    grad_dot = vectors.dot(g_bar, delta)
+    statistics.update(step_statistics(grad_dot, record, whole - epoch_loss))
+    trajectory = {
+        "grad_dot": grad_dot,
+        "curvature": record.curvature,
+        "gauss_newton": record.gauss_newton,
+        "squared_norm": record.squared_norm,
+        "next_loss": whole,
+    }
     if not per_block:
-        return
+        return trajectory
     dots = vectors.block_dots(g_bar, delta, blocks)
     changes = [loss - epoch_loss for loss in block_losses]
     for row, found in zip(block_rows, step_block_rows(dots, block_records, changes), strict=True):
         row.update(found)
+    return trajectory
 
 
 def measure_case(
@@ -423,8 +433,7 @@ def measure_case(
         {"loss": epoch_loss, **summarise(samples)},
         _block_rows(samples, setup, blocks, g_bar, gradient_blocks),
     )
-    if step is not None:
-        _add_step(step, g_bar, epoch_loss, vectors, blocks, statistics, block_rows)
+    trajectory = None if step is None else _add_step(step, g_bar, epoch_loss, vectors, blocks, statistics, block_rows)
     return {
         "statistics": statistics,
         "standard_errors": standard_errors(samples),
@@ -433,6 +442,7 @@ def measure_case(
         "noise_samples": [r.to_json() for r in noise],
         "random_directions": [r.to_json() for r in random],
         "consensus": consensus_block(consensus) if consensus else None,
+        "trajectory": trajectory,
         "counts": _counts(samples, inputs, operator),
         "timing": {
             "mean_gradient_seconds": t_mean,

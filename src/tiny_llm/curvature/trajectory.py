@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from tiny_llm.curvature.directions import DirectionRunner, add_block_directions
 from tiny_llm.curvature.records import Direction
+
+if TYPE_CHECKING:
+    import torch
+
+    from tiny_llm.curvature.directions import DirectionRunner
 
 __all__ = ["STEP_STATISTICS", "queue_step", "step_block_rows", "step_losses", "step_statistics"]
 
@@ -43,13 +45,16 @@ STEP_STATISTICS = (
     "predicted_loss_change",
     "actual_loss_change",
 )
-"""The trajectory statistics of a state with a successor (summary.csv and blocks.csv columns)."""
+"""The trajectory statistics of a state with a successor (summary.csv and blocks.csv columns). The
+module imports no torch (the collected tables name them)."""
 
 
 def queue_step(
     runner: DirectionRunner, delta: torch.Tensor, blocks: list[tuple[str, list[int]]], per_block: bool
 ) -> tuple[Direction, list[Direction] | None]:
     """Queue Δ (and, ``per_block``, each Δ_b) on ``runner``; their records once it is flushed."""
+    from tiny_llm.curvature.directions import add_block_directions
+
     record = Direction()
     runner.add(delta, record, time.perf_counter())
     return record, add_block_directions(runner, delta, blocks) if per_block else None
@@ -91,7 +96,7 @@ def step_losses(
         return whole, None
     losses, sources = [], pieces(delta)
     for _, indices in blocks:
-        part = torch.zeros_like(delta)
+        part = delta.new_zeros(delta.shape)
         targets = pieces(part)
         for i in indices:
             targets[i].copy_(sources[i])

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tiny_llm.curvature.records import Direction
 from tiny_llm.curvature.statistics import (
     BLOCK_STANDARD_ERRORS,
     BLOCK_STATISTICS,
@@ -29,6 +30,7 @@ from tiny_llm.curvature.statistics import (
     summarise,
 )
 from tiny_llm.curvature.statistics import STATISTICS as DECLARED
+from tiny_llm.curvature.trajectory import STEP_STATISTICS, step_statistics
 from tiny_llm.io import atomic_write_json, atomic_write_text
 from tiny_llm.layout import BLOCKS, MANIFEST, SPECTRUM, SUMMARY
 from tiny_llm.results.manifest import AUDIT_THRESHOLD, audit_block, integrity_block, manifest
@@ -68,6 +70,7 @@ SUMMARY_COLUMNS = [
     "audit_statistic_error",
     "audit_max_relative_error",
     *CONSENSUS_COLUMNS,
+    *STEP_STATISTICS,
 ]
 """One row per checkpoint file × case; ``integrity`` names what the checks of a suite trained
 elsewhere found of the checkpoint (``identical``, ``final``, ``collapse``, ``spike``; blank: nothing,
@@ -77,7 +80,9 @@ relative error of a statistic that the precision audit implies (loss and ḡ ove
 float64, the audited directions rebuilt in float64) and ``audit_max_relative_error`` the largest
 relative error of a single audited quadratic form (blank when null or not audited). The
 ``*_gauss_newton`` columns are the generalised Gauss–Newton parts of the noise, random and ḡ
-forms (blank with the HVP engines)."""
+forms (blank with the HVP engines). The ``step_*``, ``optimal_step`` and ``*_loss_change`` columns
+are the trajectory statistics along the step to the next checkpoint (blank for the last, or with
+``trajectory: false``)."""
 
 BLOCK_COLUMNS = [
     "file",
@@ -89,11 +94,13 @@ BLOCK_COLUMNS = [
     "parameters",
     *BLOCK_STATISTICS,
     *(f"{name}_se" for name in BLOCK_STANDARD_ERRORS),
+    *STEP_STATISTICS,
 ]
 """One row per checkpoint file × case × parameter block (embedding, each layer's attention and MLP,
 norms, an untied head): the block's ‖ḡ_b‖, mean ‖gᵢ,b‖, mean ‖vᵢ,b‖, B_simple and its shares of
 ‖ḡ‖² and of Σ‖vᵢ‖², and with the block_curvature setting its block-diagonal noise and ḡ forms and
-B_noise, with the standard errors of the sampled ones."""
+B_noise, with the standard errors of the sampled ones; with block_curvature, the trajectory
+statistics along the step restricted to the block (Δ_b)."""
 
 
 def _agree(a: float | None, b: float | None) -> bool:
@@ -118,6 +125,20 @@ def _check_blocks(rows: list[dict[str, Any]], samples: Samples, source: str) -> 
                     f"{source}: block {row['block']}: {name} = {row.get(name)!r} disagrees with its "
                     f"per-sample records ({value!r})"
                 )
+
+
+def _check_step(result: dict[str, Any], source: str) -> None:
+    """The trajectory statistics against the step's record (ḡᵀΔ, ΔᵀHΔ, ‖Δ‖², the loss at θ')."""
+    step = result["trajectory"]
+    record = Direction(
+        curvature=step["curvature"], gauss_newton=step["gauss_newton"], squared_norm=step["squared_norm"]
+    )
+    again = step_statistics(step["grad_dot"], record, step["next_loss"] - result["statistics"]["loss"])
+    for name, value in again.items():
+        if not _agree(value, result["statistics"].get(name)):
+            raise ValueError(
+                f"{source}: {name} = {result['statistics'].get(name)!r} disagrees with the step's record ({value!r})"
+            )
 
 
 def _check_audit(audit: dict[str, Any], source: str) -> None:
@@ -161,6 +182,8 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
                 )
     if "blocks" in result:
         _check_blocks(result["blocks"], samples, source)
+    if result.get("trajectory"):
+        _check_step(result, source)
     if result.get("audit") is not None:
         _check_audit(result["audit"], source)
     if workers is not None:
@@ -266,6 +289,7 @@ def _summary_rows(results: dict, states: dict[str, Any], cases: list[str]) -> li
                 "audit_statistic_error": _cell(audit.get("max_statistic_relative_error")),
                 "audit_max_relative_error": _cell(audit.get("max_relative_error")),
                 **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS},
+                **{k: _cell(result["statistics"].get(k)) for k in STEP_STATISTICS},
             }
         ]
 

@@ -213,6 +213,17 @@ def prepare_inputs(
     return config, resolved, source, plan, state
 
 
+def load_successor(
+    run_dir: str | Path, successor: dict[str, Any] | None, config: RunConfig
+) -> tuple[dict[str, Any], LoadedState] | None:
+    """The next state of an analysis (``{"key", "file", "step"}`` as the planner names it), loaded and
+    verified as any state is (its root weights: the step's end), or None."""
+    if successor is None:
+        return None
+    run_dir = Path(run_dir)
+    return successor, load_state(run_dir, resolve_checkpoints(run_dir, [successor["file"]]), config, False)
+
+
 def _order_plan(config: RunConfig, case: str, order: OrderCase) -> tuple[TrainingOrder, BatchPlan]:
     """The training order and the batch plan of its case's window."""
     if case not in ORDER_CASES:

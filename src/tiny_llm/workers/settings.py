@@ -76,6 +76,10 @@ class AnalysisSettings:
     block_curvature: bool = False
     """Also measure each parameter block's block-diagonal forms vᵢ,bᵀH_bb vᵢ,b and ḡ_bᵀH_bb ḡ_b (one
     more quadratic form per noise sample and block, and per block for ḡ), giving B_noise per block."""
+    trajectory: bool = True
+    """At every state with a successor (the next analysed checkpoint θ'), the trajectory statistics
+    along Δ = θ' − θ (one more quadratic form and one more gradient pass; per block with
+    block_curvature)."""
     sharded: bool = False
     """With several ranks (``gpus_per_job`` × ``nodes_per_job``), shard the model and every
     parameter-sized vector over them with FSDP2, for a model whose statistics do not fit one device:

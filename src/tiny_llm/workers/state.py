@@ -39,7 +39,7 @@ from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
-from tiny_llm.workers.loading import LoadedState, Resolved, job_memory_plan, prepare_inputs
+from tiny_llm.workers.loading import LoadedState, Resolved, job_memory_plan, load_successor, prepare_inputs
 from tiny_llm.workers.results import result_identity, reusable_result, single_writer
 from tiny_llm.workers.settings import AnalysisSettings, settings_record
 
@@ -57,10 +57,13 @@ def analyze_state(
     output: str | Path,
     expect_key: str | None = None,
     order: dict[str, Any] | None = None,
+    successor: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure one state on one case and write the result JSON atomically; returns the result.
     ``order``: a case of a published training order (:class:`tiny_llm.data.training_order.OrderCase`
     as plain data: the order and the case's window of steps) instead of the run's token cache.
+    ``successor``: the next state of the analysis (``{"key", "file", "step"}``), for the trajectory
+    statistics along the step to it; None: none.
 
     Raises:
         ValueError: any bad input (see module docstring); nothing is written.
@@ -69,6 +72,7 @@ def analyze_state(
     check_writable_file(output)
     order_case = OrderCase.from_dict(order) if order is not None else None
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key, order_case)
+    following = load_successor(run_dir, successor, config)
     identity = result_identity(settings, resolved, config, cache)
     memory = job_memory_plan(settings, config, resolved)
     with single_writer(output) as reuse:
@@ -78,10 +82,16 @@ def analyze_state(
                     f"{output} holds the case's batches {old['data'].get('plan')}, not {plan.name} (the analysed "
                     "checkpoints or case_steps changed); use a new output directory"
                 )
+            if (old.get("trajectory") or {}).get("successor") != successor:
+                raise ValueError(
+                    f"{output} was measured along the step to {(old.get('trajectory') or {}).get('successor')}, not to "
+                    f"{successor} (the analysed checkpoints changed); use a new output directory"
+                )
             log.info("reusing %s (same identity)", output)
             return old
         log.info("%s", memory.describe())
-        result = _measure(StateJob(config, cache, plan, state, case, settings, resolved, identity, memory))
+        job = StateJob(config, cache, plan, state, case, settings, resolved, identity, memory, following)
+        result = _measure(job)
         if is_writer():
             atomic_write_json(output, result)
     return result
@@ -122,6 +132,8 @@ class StateJob:
     resolved: Resolved
     identity: dict
     memory: MemoryPlan
+    successor: tuple[dict[str, Any], LoadedState] | None = None
+    """The next state (as the planner named it, and loaded), for the trajectory statistics."""
 
     @property
     def label(self) -> str:
@@ -205,6 +217,7 @@ def _result(job: StateJob, measured: dict[str, Any], started: float) -> dict[str
         "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started, "compile": compile_record()},
         "memory": job.memory.record(),
         **{key: measured[key] for key in MEASURED},
+        "trajectory": None if job.successor is None else {**measured["trajectory"], "successor": job.successor[0]},
         "data": _data_record(job),
         "software": software(),
         "hardware": hardware(job.resolved.device),
@@ -226,7 +239,7 @@ MEASURED = (
 """What a result holds from the measurement as it came (``measure_case``), in this order."""
 
 
-def _case_inputs(job: StateJob, consensus: list) -> CaseInputs:
+def _case_inputs(job: StateJob, consensus: list, step: torch.Tensor | None) -> CaseInputs:
     """What ``measure_case`` is given for the job."""
     config, settings, resolved = job.config, job.settings, job.resolved
     return CaseInputs(
@@ -246,6 +259,7 @@ def _case_inputs(job: StateJob, consensus: list) -> CaseInputs:
         sharded=settings.sharded,
         audit=(settings.audit_directions, settings.audit_batches) if settings.audited else None,
         memory=job.memory,
+        step=step,
     )
 
 
@@ -266,12 +280,18 @@ def _measure(job: StateJob) -> dict[str, Any]:
         (w, shard_rows([worker[n].double() - state.root[n].double() for n in names], rank, ranks if sharded else 1))
         for w, worker in enumerate(state.workers)
     ]
+    step = None  # Δ = θ' − θ between the stored checkpoints, held as the consensus errors are
+    if job.successor is not None:
+        following = job.successor[1].root
+        step = shard_rows(
+            [following[n].double() - state.root[n].double() for n in names], rank, ranks if sharded else 1
+        )
     with (
         runtime_settings(resolved.device, resolved.tf32) as runtime,
         explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
     ):
         measured = measure_case(
-            model, _case_inputs(job, consensus), precision, progress=lambda m: log.info("%s %s", job.label, m)
+            model, _case_inputs(job, consensus, step), precision, progress=lambda m: log.info("%s %s", job.label, m)
         )
     measured |= _below_float64(job, model, precision, sharded)
     return _result(job, measured | runtime, started)
