@@ -51,7 +51,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FIGURES = ["loss", "normalized_alignment", "noise_alignment", "gradient_norms", "batch_sizes", "block_batch_sizes"]
+FIGURES = [
+    "loss",
+    "normalized_alignment",
+    "noise_alignment",
+    "gradient_norms",
+    "batch_sizes",
+    "block_batch_sizes",
+    "step_sharpness",
+    "step_loss",
+]
 AUDIT_FIGURES = ["precision_audit"]
 """Drawn for audited analyses only (``plot_audit``): a float64 analysis has nothing to show there."""
 
@@ -185,6 +194,33 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     return finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)", context, note)
 
 
+def _step_sharpness(table, context, out_dir) -> list[Path]:
+    """The directional sharpness along the step training took, ΔᵀHΔ/‖Δ‖², beside the one along the
+    gradient, ḡᵀHḡ/‖ḡ‖², at each checkpoint with a successor."""
+    fig, ax = plt.subplots(figsize=COLUMN)
+    notes = Notes()
+    table = table.assign(
+        grad_sharpness=pd.to_numeric(table["grad_curvature"], errors="coerce") / table["full_grad_norm"] ** 2
+    )
+    curves(ax, table, "step_sharpness", "ΔᵀHΔ/‖Δ‖² (the step)", "C3", notes=notes)
+    curves(ax, table, "grad_sharpness", "ḡᵀHḡ/‖ḡ‖² (the gradient)", "C0", notes=notes)
+    ax.axhline(0, color="0.6", lw=0.6)
+    note = "the last checkpoint has no successor; " + notes.text() if notes.text() else ""
+    return finish(fig, ax, out_dir, "step_sharpness", "directional sharpness", context, note)
+
+
+def _step_loss(table, context, out_dir) -> list[Path]:
+    """The loss change from each checkpoint to the next: measured at the next one on the same epoch,
+    and what the quadratic model at this one predicts (ḡᵀΔ + ½ΔᵀHΔ)."""
+    fig, ax = plt.subplots(figsize=COLUMN)
+    notes = Notes()
+    curves(ax, table, "actual_loss_change", "measured L(θ') − L(θ)", "C2", notes=notes)
+    curves(ax, table, "predicted_loss_change", "quadratic model ḡᵀΔ + ½ΔᵀHΔ", "C1", notes=notes)
+    ax.axhline(0, color="0.6", lw=0.6)
+    note = "the last checkpoint has no successor; " + notes.text() if notes.text() else ""
+    return finish(fig, ax, out_dir, "step_loss", "loss change to the next checkpoint (nats)", context, note)
+
+
 BLOCK_COLOURS = {"embedding": "C4", "norms": "0.5", "head": "C2"}
 """Colours of the blocks that are not layers; a layer's attention is blue and its MLP orange, light
 to dark with depth."""
@@ -303,6 +339,8 @@ def plot_analysis(
             + _gradient_norms(table, context, out_dir, run_dir)
             + _batch_sizes(table, context, out_dir)
             + _block_batch_sizes(table, context, out_dir, blocks)
+            + _step_sharpness(table, context, out_dir)
+            + _step_loss(table, context, out_dir)
         )
     if audit and ((context.get("audit") or {}).get("audited_rows") or 0) > 0:
         paths += plot_audit(analysis_dir, out_dir, x_axis)
