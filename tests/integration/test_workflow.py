@@ -214,7 +214,7 @@ def test_the_step_to_the_next_checkpoint(workdir):
             if row["case"] == case:
                 first.setdefault(row["state_key"], row)
         ordered = list(first.values())
-        for this, following in zip(ordered, ordered[1:]):
+        for this, following in zip(ordered, ordered[1:], strict=False):
             change = float(following["loss"]) - float(this["loss"])
             assert float(this["actual_loss_change"]) == pytest.approx(change, rel=1e-9, abs=1e-12)
             predicted = float(this["step_grad_dot"]) + 0.5 * float(this["step_curvature"])

@@ -205,7 +205,7 @@ def _step_sharpness(table, context, out_dir) -> list[Path]:
     curves(ax, table, "step_sharpness", "ΔᵀHΔ/‖Δ‖² (the step)", "C3", notes=notes)
     curves(ax, table, "grad_sharpness", "ḡᵀHḡ/‖ḡ‖² (the gradient)", "C0", notes=notes)
     ax.axhline(0, color="0.6", lw=0.6)
-    note = "the last checkpoint has no successor; " + notes.text() if notes.text() else ""
+    note = "the last checkpoint has no successor (not drawn)"
     return finish(fig, ax, out_dir, "step_sharpness", "directional sharpness", context, note)
 
 
@@ -217,7 +217,7 @@ def _step_loss(table, context, out_dir) -> list[Path]:
     curves(ax, table, "actual_loss_change", "measured L(θ') − L(θ)", "C2", notes=notes)
     curves(ax, table, "predicted_loss_change", "quadratic model ḡᵀΔ + ½ΔᵀHΔ", "C1", notes=notes)
     ax.axhline(0, color="0.6", lw=0.6)
-    note = "the last checkpoint has no successor; " + notes.text() if notes.text() else ""
+    note = "the last checkpoint has no successor (not drawn)"
     return finish(fig, ax, out_dir, "step_loss", "loss change to the next checkpoint (nats)", context, note)
 
 
