@@ -54,6 +54,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -79,7 +80,7 @@ from tiny_llm.curvature.statistics import (
     standard_errors,
     summarise,
 )
-from tiny_llm.curvature.trajectory import queue_step, step_block_rows, step_losses, step_statistics
+from tiny_llm.curvature.trajectory import finish_trajectory, queue_trajectory, shifted_loss
 from tiny_llm.curvature.vectors import Vectors
 from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.model.llama import Llama
@@ -114,6 +115,9 @@ def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precis
     flat = FlatParameters(model)
     rows, head = inputs.gradient_micro_batch, inputs.head_tokens("gradient")
 
+    def mean() -> tuple[torch.Tensor, float]:
+        return mean_gradient_and_loss(model, flat, batches, rows, precision, head)
+
     def operator() -> EpochHessian:
         return EpochHessian(
             model,
@@ -131,7 +135,7 @@ def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precis
         vectors=Vectors(Layout(flat.D), flat.blocks, inputs.seed),
         names=flat.names,
         sizes=flat.sizes,
-        mean_gradient=lambda: mean_gradient_and_loss(model, flat, batches, rows, precision, head),
+        mean_gradient=mean,
         gradients=lambda selected, known: sampled_gradients(
             selected,
             known,
@@ -142,30 +146,8 @@ def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precis
         operator=operator,
         split=engine_named(inputs.engine).forms,
         audit_sides=lambda: whole_sides(model, batches, inputs, precision),
-        loss_at=lambda d: _loss_at(
-            list(model.parameters()),
-            flat.blocks,
-            d,
-            lambda: mean_gradient_and_loss(model, flat, batches, rows, precision, head)[1],
-        ),
+        loss_at=partial(shifted_loss, list(model.parameters()), flat.blocks, lambda: mean()[1]),
     )
-
-
-def _loss_at(
-    parameters: list[torch.Tensor], pieces: Callable[[torch.Tensor], list[torch.Tensor]], d: torch.Tensor, loss: Any
-) -> float:
-    """``loss()`` with the parameters (whole, or this rank's shards) moved to θ + d (in float64, then
-    their dtype), restored exactly afterwards."""
-    kept = [p.detach().clone() for p in parameters]
-    with torch.no_grad():
-        for p, piece in zip(parameters, pieces(d), strict=True):
-            p.copy_((p.double() + piece.view_as(p)).to(p.dtype))
-    try:
-        return loss()
-    finally:
-        with torch.no_grad():
-            for p, original in zip(parameters, kept, strict=True):
-                p.copy_(original)
 
 
 def _sharded(
@@ -174,8 +156,7 @@ def _sharded(
     """The model sharded over the ranks with FSDP2 (here, in place), every vector this rank's shard:
     the gradients are FSDP's reduce-scattered shards, the forms the engine's sharded computation
     (``Engine.sharded``; an engine without one is refused by name before any work)."""
-    engine = engine_named(inputs.engine)
-    engine.compute_sharded()  # refused by name before the model is copied or sharded
+    (engine := engine_named(inputs.engine)).compute_sharded()  # refused by name before any copy or shard
     reference = copy.deepcopy(model).double() if inputs.audit else None  # the audit's, sharded in turn
 
     def sharded(net: Llama, prec: Precision, group: str) -> ShardedHessian:
@@ -211,6 +192,9 @@ def _sharded(
         exact = sharded(reference, Precision(precision.device, torch.float64), "audit")
         return side(operator, rows), side(exact, inputs.rows("audit_gradient") or inputs.micro_batch_size)
 
+    def mean() -> tuple[torch.Tensor, float]:
+        return operator.gradient_and_loss(torch.cat(batches), rows)
+
     def gradients(selected, known):
         for i in selected:
             yield known.pop(i, None) or operator.gradient_and_loss(batches[i], rows)
@@ -219,17 +203,12 @@ def _sharded(
         vectors=Vectors(operator.layout, operator.pieces, inputs.seed),
         names=operator.names,
         sizes=operator.sizes,
-        mean_gradient=lambda: operator.gradient_and_loss(torch.cat(batches), rows),
+        mean_gradient=mean,
         gradients=gradients,
         operator=lambda: operator,
         split=engine.forms,
         audit_sides=audit_sides,
-        loss_at=lambda d: _loss_at(
-            [operator.local(p) for p in operator.params],
-            operator.pieces,
-            d,
-            lambda: operator.gradient_and_loss(torch.cat(batches), rows)[1],
-        ),
+        loss_at=partial(shifted_loss, [operator.local(p) for p in operator.params], operator.pieces, lambda: mean()[1]),
     )
 
 
@@ -337,51 +316,15 @@ def _block_rows(
     )
 
 
-def _queue_step(
-    setup: _Setup,
-    runner: DirectionRunner,
-    inputs: CaseInputs,
-    blocks: list[tuple[str, list[int]]],
-    device: torch.device,
-) -> Any:
-    """With a step to a successor: Δ (and each Δ_b) queued, with what measures the losses at θ + Δ."""
-    if inputs.step is None:
-        return None
-    delta = inputs.step.to(device)
-    record, block_records = queue_step(runner, delta, blocks, inputs.block_curvature)
-    return delta, setup.loss_at, record, block_records
-
-
-def _add_step(
-    step: Any,
-    g_bar: torch.Tensor,
-    epoch_loss: float,
-    vectors: Vectors,
-    blocks: list[tuple[str, list[int]]],
-    statistics: dict[str, Any],
-    block_rows: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """The trajectory statistics of the step to the successor, whole and per block (in place); returns
-    the step's record (ḡᵀΔ, its form, Gauss–Newton part and ‖Δ‖², the loss at θ')."""
-    delta, loss_at, record, block_records = step
-    per_block = block_records is not None
-    whole, block_losses = step_losses(loss_at, delta, vectors.pieces, blocks, per_block)
-    grad_dot = vectors.dot(g_bar, delta)
-    statistics.update(step_statistics(grad_dot, record, whole - epoch_loss))
-    trajectory = {
-        "grad_dot": grad_dot,
-        "curvature": record.curvature,
-        "gauss_newton": record.gauss_newton,
-        "squared_norm": record.squared_norm,
-        "next_loss": whole,
-    }
-    if not per_block:
-        return trajectory
-    dots = vectors.block_dots(g_bar, delta, blocks)
-    changes = [loss - epoch_loss for loss in block_losses]
-    for row, found in zip(block_rows, step_block_rows(dots, block_records, changes), strict=True):
-        row.update(found)
-    return trajectory
+def _block_forms_measured(
+    noise: list[NoiseSample], block_forms: dict[int, list[Direction]], gradient_blocks: list[Direction] | None
+) -> list[Direction]:
+    """Each noise sample's block-diagonal forms onto its record, once measured; every block form's
+    record (for the timing)."""
+    for record in noise:
+        if record.batch_index in block_forms:
+            record.block_noise_curvatures = [d.curvature for d in block_forms[record.batch_index]]
+    return [*(gradient_blocks or []), *(d for forms in block_forms.values() for d in forms)]
 
 
 def measure_case(
@@ -408,32 +351,24 @@ def measure_case(
     selected = noise_batch_indices(n, inputs.noise_samples, inputs.seed)
     sampled: dict[int, tuple[torch.Tensor, float]] = {}  # the audit's production batch gradients, reused
     audit = _audit_first(setup, batches, (g_bar, epoch_loss), selected, inputs, sampled, progress)
-
     operator = setup.operator()
     blocks = model_blocks(setup.names, inputs.block_curvature, progress)
-    total = (len(selected) + 1) * (1 + (len(blocks) if inputs.block_curvature else 0))
-    total += inputs.random_samples + len(inputs.consensus)
-    total += 0 if inputs.step is None else 1 + (len(blocks) if inputs.block_curvature else 0)
+    per = 1 + (len(blocks) if inputs.block_curvature else 0)  # a direction, and its block-diagonal parts
+    total = (len(selected) + 1 + (inputs.step is not None)) * per + inputs.random_samples + len(inputs.consensus)
     K = inputs.directions_per_pass if sharded else operator.K
     runner = DirectionRunner(operator, K, setup.split, vectors, total, precision.dtype, progress)
     noise, sample_seconds, block_forms = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks)
     random, gradient, gradient_blocks, consensus = queue_other_directions(
         runner, g_bar, inputs, blocks, precision.device
     )
-    step = _queue_step(setup, runner, inputs, blocks, precision.device)
+    step = queue_trajectory(runner, inputs.step, setup.loss_at, blocks, inputs.block_curvature, precision.device)
     runner.flush()
-    if inputs.block_curvature:
-        for record in noise:
-            record.block_noise_curvatures = [d.curvature for d in block_forms[record.batch_index]]
-    block_records = [*(gradient_blocks or []), *(d for forms in block_forms.values() for d in forms)]
-
+    block_records = _block_forms_measured(noise, block_forms, gradient_blocks)
     M, D = n * B, vectors.layout.D
     samples = Samples(noise, random, vectors.norm(g_bar), gradient.curvature, D, B, M, gradient.gauss_newton)
-    statistics, block_rows = (
-        {"loss": epoch_loss, **summarise(samples)},
-        _block_rows(samples, setup, blocks, g_bar, gradient_blocks),
-    )
-    trajectory = None if step is None else _add_step(step, g_bar, epoch_loss, vectors, blocks, statistics, block_rows)
+    statistics = {"loss": epoch_loss, **summarise(samples)}
+    block_rows = _block_rows(samples, setup, blocks, g_bar, gradient_blocks)
+    trajectory = finish_trajectory(step, g_bar, epoch_loss, blocks, statistics, block_rows)
     return {
         "statistics": statistics,
         "standard_errors": standard_errors(samples),

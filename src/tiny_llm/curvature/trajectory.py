@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tiny_llm.curvature.records import Direction
@@ -33,7 +34,16 @@ if TYPE_CHECKING:
 
     from tiny_llm.curvature.directions import DirectionRunner
 
-__all__ = ["STEP_STATISTICS", "queue_step", "step_block_rows", "step_losses", "step_statistics"]
+__all__ = [
+    "STEP_STATISTICS",
+    "finish_trajectory",
+    "queue_step",
+    "queue_trajectory",
+    "shifted_loss",
+    "step_block_rows",
+    "step_losses",
+    "step_statistics",
+]
 
 STEP_STATISTICS = (
     "step_grad_dot",
@@ -102,3 +112,82 @@ def step_losses(
             targets[i].copy_(sources[i])
         losses.append(epoch_loss(part))
     return whole, losses
+
+
+def shifted_loss(
+    parameters: list[torch.Tensor], pieces: Callable[[torch.Tensor], list[torch.Tensor]], loss: Any, d: torch.Tensor
+) -> float:
+    """``loss()`` with ``parameters`` (whole, or this rank's shards) moved to θ + d (summed in float64,
+    then rounded to their dtype: θ' itself when d = θ' − θ), restored exactly afterwards."""
+    import torch
+
+    kept = [p.detach().clone() for p in parameters]
+    with torch.no_grad():
+        for p, piece in zip(parameters, pieces(d), strict=True):
+            p.copy_((p.double() + piece.view_as(p)).to(p.dtype))
+    try:
+        return loss()
+    finally:
+        with torch.no_grad():
+            for p, original in zip(parameters, kept, strict=True):
+                p.copy_(original)
+
+
+@dataclass
+class PendingStep:
+    """A step queued on a measurement's runner, its records filled once the runner is flushed."""
+
+    delta: torch.Tensor
+    loss_at: Callable[[torch.Tensor], float]
+    record: Direction
+    block_records: list[Direction] | None
+    runner: DirectionRunner
+
+
+def queue_trajectory(
+    runner: DirectionRunner,
+    step: torch.Tensor | None,
+    loss_at: Callable[[torch.Tensor], float],
+    blocks: list[tuple[str, list[int]]],
+    per_block: bool,
+    device: Any,
+) -> PendingStep | None:
+    """With a step Δ (held as the measurement's vectors are): Δ, and ``per_block`` each Δ_b, queued
+    on ``runner``; ``loss_at(d)`` is the epoch loss at θ + d. None without one."""
+    if step is None:
+        return None
+    delta = step.to(device)
+    record, block_records = queue_step(runner, delta, blocks, per_block)
+    return PendingStep(delta, loss_at, record, block_records, runner)
+
+
+def finish_trajectory(
+    pending: PendingStep | None,
+    g_bar: torch.Tensor,
+    epoch_loss: float,
+    blocks: list[tuple[str, list[int]]],
+    statistics: dict[str, Any],
+    block_rows: list[dict[str, Any]],
+) -> dict[str, Any] | None:
+    """The trajectory statistics of a flushed step, whole into ``statistics`` and per block into
+    ``block_rows`` (in place); returns the step's record (ḡᵀΔ, its form, Gauss–Newton part and ‖Δ‖²,
+    the loss at θ'), None without a step."""
+    if pending is None:
+        return None
+    vectors, delta, per_block = pending.runner.vectors, pending.delta, pending.block_records is not None
+    whole, block_losses = step_losses(pending.loss_at, delta, vectors.pieces, blocks, per_block)
+    grad_dot = vectors.dot(g_bar, delta)
+    statistics.update(step_statistics(grad_dot, pending.record, whole - epoch_loss))
+    if per_block:
+        changes = [loss - epoch_loss for loss in block_losses]
+        found = step_block_rows(vectors.block_dots(g_bar, delta, blocks), pending.block_records, changes)
+        for row, values in zip(block_rows, found, strict=True):
+            row.update(values)
+    record = pending.record
+    return {
+        "grad_dot": grad_dot,
+        "curvature": record.curvature,
+        "gauss_newton": record.gauss_newton,
+        "squared_norm": record.squared_norm,
+        "next_loss": whole,
+    }
