@@ -85,6 +85,19 @@ SHAPES = {
         ),
         1,
     ),
+    "nanogpt": (  # nanoGPT's default model (curvlinops' benchmark problem): 12 layers; 2 here (CPU)
+        ModelConfig(
+            architecture="gpt2",
+            vocab_size=50304,
+            d_model=768,
+            n_layers=2,
+            n_heads=12,
+            d_ff=3072,
+            max_seq_len=1024,
+            tie_embeddings=False,
+        ),
+        4,
+    ),
     "0.8M": (ModelConfig(vocab_size=256, d_model=128, n_layers=4, n_heads=4, d_ff=344, max_seq_len=128), 8),
     "demo": (load_config(REPO / "config/runs/demo.yaml").model, 8),
 }
@@ -193,12 +206,12 @@ class _Flat(torch.nn.Module):
         return logits.reshape(-1, logits.size(-1))
 
 
-def _curvlinops(model, tokens) -> Callable[[torch.Tensor], torch.Tensor]:
-    from curvlinops import HessianLinearOperator
+def _curvlinops(model, tokens, operator: str = "HessianLinearOperator") -> Callable[[torch.Tensor], torch.Tensor]:
+    import curvlinops
 
     wrapped = _Flat(model)
     data = [(tokens[:, :-1], tokens[:, 1:].reshape(-1))]
-    H = HessianLinearOperator(
+    H = getattr(curvlinops, operator)(
         wrapped,
         torch.nn.CrossEntropyLoss(reduction="mean"),
         list(model.parameters()),
@@ -220,6 +233,10 @@ PEERS = {
     "plain double backward": (_double_backward, None),
     "torch.func jvp(grad)": (_jvp_of_grad, None),
     "curvlinops 3.0.1 HessianLinearOperator": (_curvlinops, "curvlinops"),
+    "curvlinops 3.0.1 GGNLinearOperator (vᵀGv only)": (
+        lambda m, t: _curvlinops(m, t, "GGNLinearOperator"),
+        "curvlinops",
+    ),
     "hessian-eigenthings 1.0.0a5 (autograd)": (lambda m, t: _eigenthings(m, t, "autograd"), "hessian_eigenthings"),
     "hessian-eigenthings 1.0.0a5 (finite difference)": (
         lambda m, t: _eigenthings(m, t, "finite_difference"),
@@ -285,12 +302,18 @@ def measure_shape(name: str, options: Options = Options()) -> dict:
     config, sequences = options.size.of(name)
     model, tokens, directions = problem(name, device, options.size)
     flat = FlatParameters(model)
-    reference = copy.deepcopy(model).double()
-    exact = _ours(reference, tokens, "adjoint", 16, Precision(device, torch.float64), Chunks(chunks.group_rows, 64))(
-        directions.double()
+    reference = EpochHessian(  # float64 forms, and their Gauss–Newton parts for the GGN operators
+        copy.deepcopy(model).double(),
+        tokens,
+        batch_size=len(tokens),
+        engine="adjoint",
+        precision=Precision(device, torch.float64),
+        directions_per_pass=16,
+        group_rows=chunks.group_rows,
+        head_tokens=64,
     )
+    exact_forms, exact_parts = reference.split_quadratic_forms(directions.double())
     del reference
-    rms = float(exact.square().mean().sqrt())
 
     float32 = Precision(device, torch.float32)
     methods: dict[str, tuple[Callable, int]] = {
@@ -317,6 +340,8 @@ def measure_shape(name: str, options: Options = Options()) -> dict:
 
     accuracy = {}
     for label, (forms, _) in methods.items():  # warm-up, and each method's forms against float64
+        exact = exact_parts if "GGN" in label else exact_forms  # vᵀGv against the float64 parts
+        rms = float(exact.square().mean().sqrt())
         errors = (forms(directions).double() - exact).abs() / rms  # the same 16 directions for every method
         accuracy[label] = (float(errors.max()), float(errors.median()))
         print(f"  {name}: {label} checked against float64", file=sys.stderr, flush=True)

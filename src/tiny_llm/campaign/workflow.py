@@ -221,7 +221,7 @@ class WorkflowPlan:
         plan, step = self.orders.get(analysis), min(alias["step"] for alias in state["aliases"])
         return JobOrder(plan.job(case, step) if plan is not None and case in ORDER_CASES else None)
 
-    def state_successor(self, analysis: str, state: dict[str, Any], states: list[dict[str, Any]]) -> JobSuccessor:
+    def successor(self, analysis: str, state: dict[str, Any], states: list[dict[str, Any]]) -> JobSuccessor:
         """The state after an indexed ``state`` among the analysis's ``states`` (by their earliest
         step), whose parameters the trajectory statistics step to; None for the last one, or with
         ``trajectory: false``."""

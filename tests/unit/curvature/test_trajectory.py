@@ -47,6 +47,13 @@ def oracle(tmp_path_factory):
     return config, cache, model, plan, flat, delta, dense
 
 
+def _inputs(cache, plan, engine, **changes):
+    settings = dict(micro_batch_size=2, hvp_batch_size=4, noise_samples=2, random_samples=2, seed=11)
+    return CaseInputs(
+        cache=cache, plan=plan, engine=engine, directions_per_pass=3, compile=False, **settings, **changes
+    )
+
+
 def _close(value, expected):
     assert value == (None if expected is None else pytest.approx(expected, rel=1e-9, abs=1e-12))
 
@@ -69,20 +76,7 @@ def _expected(g, H, G, delta, loss, loss_at):
 @pytest.mark.parametrize("engine", EXACT_ENGINES)
 def test_the_step_to_the_successor_equals_the_dense_oracle(oracle, engine):
     config, cache, model, plan, flat, delta, dense = oracle
-    inputs = CaseInputs(
-        cache=cache,
-        plan=plan,
-        micro_batch_size=2,
-        hvp_batch_size=4,
-        noise_samples=2,
-        random_samples=2,
-        seed=11,
-        engine=engine,
-        directions_per_pass=3,
-        compile=False,
-        block_curvature=True,
-        step=delta,
-    )
+    inputs = _inputs(cache, plan, engine, block_curvature=True, step=delta)
     before = [p.detach().clone() for p in model.parameters()]
     result = measure_case(model, inputs, CPU64)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # θ restored exactly
@@ -116,17 +110,6 @@ def test_no_minimum_along_a_step_of_negative_curvature():
 
 def test_without_a_successor_nothing_is_added(oracle):
     config, cache, model, plan, *_ = oracle
-    inputs = CaseInputs(
-        cache=cache,
-        plan=plan,
-        micro_batch_size=2,
-        hvp_batch_size=4,
-        noise_samples=2,
-        random_samples=2,
-        seed=11,
-        engine="adjoint",
-        directions_per_pass=3,
-        compile=False,
-    )
+    inputs = _inputs(cache, plan, "adjoint")
     result = measure_case(model, inputs, CPU64)
     assert not set(STEP_STATISTICS) & set(result["statistics"])
