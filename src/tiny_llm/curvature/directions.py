@@ -8,7 +8,7 @@ measurement records them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -82,18 +82,27 @@ class DirectionRunner:
         self.pending = []
 
 
+def block_parts(
+    vector: torch.Tensor, pieces: Callable[[torch.Tensor], list[torch.Tensor]], blocks: list[tuple[str, list[int]]]
+) -> Iterator[torch.Tensor]:
+    """``vector`` restricted to each parameter block in turn (zero elsewhere); ``pieces`` cuts a
+    vector into its per-parameter views."""
+    sources = pieces(vector)
+    for _, indices in blocks:
+        part = torch.zeros_like(vector)
+        targets = pieces(part)
+        for i in indices:
+            targets[i].copy_(sources[i])
+        yield part
+
+
 def add_block_directions(
     runner: DirectionRunner, vector: torch.Tensor, blocks: list[tuple[str, list[int]]]
 ) -> list[Direction]:
     """Queue ``vector`` restricted to each parameter block (zero elsewhere), so that each form is the
     block-diagonal v_bᵀH_bb v_b; returns their records, in block order."""
-    vectors = runner.vectors
-    records, sources = [], vectors.pieces(vector)
-    for _, indices in blocks:
-        part = torch.zeros_like(vector)
-        targets = vectors.pieces(part)
-        for i in indices:
-            targets[i].copy_(sources[i])
+    records = []
+    for part in block_parts(vector, runner.vectors.pieces, blocks):
         records.append(Direction())
         runner.add(part, records[-1], time.perf_counter())
     return records

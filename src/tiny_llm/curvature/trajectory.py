@@ -104,14 +104,9 @@ def step_losses(
     whole = epoch_loss(delta)
     if not per_block:
         return whole, None
-    losses, sources = [], pieces(delta)
-    for _, indices in blocks:
-        part = delta.new_zeros(delta.shape)
-        targets = pieces(part)
-        for i in indices:
-            targets[i].copy_(sources[i])
-        losses.append(epoch_loss(part))
-    return whole, losses
+    from tiny_llm.curvature.directions import block_parts
+
+    return whole, [epoch_loss(part) for part in block_parts(delta, pieces, blocks)]
 
 
 def shifted_loss(
