@@ -218,6 +218,10 @@ class DataConfig:
     """Blocks per shuffle group; block order is permuted inside each group with the data seed."""
     seed: NonNegative = 1234
     """Data seed for the shuffle-group permutations (the unseen stream derives its own)."""
+    stream_offset: NonNegative = 0
+    """Sequences of the training stream passed over before the first batch: 0, or, for a branch
+    (``training.init_from``), the sequences its parent had trained on when it saved that state, so
+    that the branch reads what its parent would have read next (the same data seed)."""
     prepare_train_tokens: Positive | None = None
     """Minimum training capacity in tokens when preparing a cache; null = what training plus
     one unseen analysis epoch need."""
@@ -285,6 +289,13 @@ class TrainingConfig:
     """final: final.pt only; interval: epoch-NNN.safetensors at every virtual epoch (000 = init) too."""
     packed: PackedConfig | None = None
     """Local-SGD settings, or null for an ordinary run."""
+    init_from: str | None = None
+    """A training state (``state-NNN.pt`` that another run kept by ``keep_states``) whose weights and
+    optimizer state this run starts from instead of initialising from ``seed``: a branch of that
+    run. null: an ordinary run."""
+    keep_states: tuple[NonNegative, ...] = ()
+    """Virtual epochs at whose end the whole training state (weights and optimizer state) is kept
+    as ``state-NNN.pt``, for branches to start from (not scientific: keeping states changes no number)."""
     log_every: Positive = 10
     """Progress line every this many steps (not scientific)."""
 
@@ -393,6 +404,7 @@ def resolved_dict(config: RunConfig) -> dict[str, Any]:
     options its architecture has (the others are at their defaults, and a file that lists them, as
     older ones do, loads to the same configuration)."""
     data = config_to_dict(config)
+    data["training"]["keep_states"] = list(config.training.keep_states)  # YAML has no tuples
     data["model"] = {k: v for k, v in data["model"].items() if k in config.model.spec.fields}
     return data
 

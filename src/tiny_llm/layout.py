@@ -36,6 +36,7 @@ __all__ = [
     "TRAIN_LOG",
     "epoch_file",
     "epoch_stem",
+    "state_file",
     "state_result",
 ]
 
@@ -77,6 +78,12 @@ SPECTRUM_RESULT = "results/{analysis}/spectra/{key}/{case}.json"
 def epoch_stem(epoch: int) -> str:
     """``epoch-NNN``: a virtual epoch's checkpoint name without its suffix."""
     return f"epoch-{epoch:03d}"
+
+
+def state_file(epoch: int) -> str:
+    """``state-NNN.pt``: the whole training state kept at the end of virtual epoch ``epoch``
+    (``training.keep_states``), for branches to start from."""
+    return f"state-{epoch:03d}.pt"
 
 
 def epoch_file(epoch: int) -> str:

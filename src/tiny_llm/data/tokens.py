@@ -264,7 +264,7 @@ def capacity_blocks(config: RunConfig) -> dict[str, int]:
     past the nominal budget). ``unseen``: that plus one batch-aligned epoch and its full final group.
     """
     G, B = config.data.shuffle_group_blocks, config.training.batch_size
-    train = _round_up(config.total_batches * B, G)
+    train = _round_up(config.data.stream_offset + config.total_batches * B, G)
     return {"train": train, "unseen": train + _round_up(config.steps_per_epoch * B, G)}
 
 
@@ -317,9 +317,11 @@ class BatchPlan:
 def stream_batches(
     config: RunConfig, first: int, count: int, stream: int = TRAIN_STREAM, start_block: int = 0
 ) -> np.ndarray:
-    """Block ids (count, B) of stream batches ``[first, first + count)``."""
+    """Block ids (count, B) of stream batches ``[first, first + count)``; the training stream's
+    batches start after its first ``data.stream_offset`` sequences (a branch's)."""
     G, B, seed = config.data.shuffle_group_blocks, config.training.batch_size, config.data.seed
-    positions = np.arange(first * B, (first + count) * B, dtype=np.int64)
+    skip = config.data.stream_offset if stream == TRAIN_STREAM else 0
+    positions = np.arange(skip + first * B, skip + (first + count) * B, dtype=np.int64)
     groups = positions // G
     out = np.empty_like(positions)
     for g in np.unique(groups):

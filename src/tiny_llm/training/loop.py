@@ -8,6 +8,8 @@ Run directory layout (read by analysis):
 * ``node-NNN/epoch-NNN.safetensors``: worker NNN's weights at the same moments (packed runs).
 * ``final.pt``: root weights, every worker's weights and optimizer state, and the position.
 * ``resume.pt``: the same content at the latest virtual-epoch boundary of an unfinished run.
+* ``state-NNN.pt``: the same content at the end of virtual epoch NNN, for the epochs
+  ``training.keep_states`` names (branches start from them: :mod:`tiny_llm.training.branches`).
 * ``train-log.jsonl``: one line per optimizer step.
 
 Packed runs: at local step t (0-based) worker w trains on stream batch ``t * K + w``; so stream
@@ -32,19 +34,20 @@ import torch
 from torch import nn
 
 from tiny_llm.architectures import build_model
-from tiny_llm.config import RunConfig, config_to_dict, dump_config, load_config
+from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, dump_config, load_config
 from tiny_llm.data.tokens import TokenCache, check_capacity, stream_batches
 from tiny_llm.io import atomic_write_text, exclusive, remove_leftovers
-from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, RESUME, TRAIN_LOG, epoch_file
+from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, RESUME, TRAIN_LOG, epoch_file, state_file
 from tiny_llm.model.causal import CausalLM, head_loss_chunks, token_losses
 from tiny_llm.model.checkpoint import load_train_state, save_train_state, save_weights
 from tiny_llm.runtime import resolve_device
+from tiny_llm.training.branches import load_start
 
 __all__ = ["accumulate_batch_gradient", "average_states", "learning_rate", "run_summary", "train"]
 
 log = logging.getLogger(__name__)
 
-NON_SCIENTIFIC = {"training.log_every", "data.cache"}
+NON_SCIENTIFIC = {"training.log_every", "training.keep_states", "data.cache"}
 TRAIN_LOCK = ".train.lock"
 """Held by the trainer of a run directory (holds its process id; removed when training ends)."""
 """Settings that may change between a run and its resumption."""
@@ -199,7 +202,8 @@ class _Trainer:
 
     def restore(self, path: Path) -> None:
         state = load_train_state(path)
-        changed = _changed_settings(state["config"], config_to_dict(self.config))
+        saved = config_to_dict(config_from_dict(state["config"]))  # settings added since: their defaults
+        changed = _changed_settings(saved, config_to_dict(self.config))
         if changed:
             raise ValueError(
                 f"{path} was trained with other settings ({', '.join(changed)}); resume with the "
@@ -230,6 +234,11 @@ class _Trainer:
                     _clone_state(worker.model),
                     {**meta, "kind": "worker", "worker": w},
                 )
+
+    def keep_state(self) -> None:
+        """The whole state at this epoch's end, when ``training.keep_states`` names the epoch."""
+        if self.epoch in self.config.training.keep_states:
+            self.save_state(state_file(self.epoch), complete=self.step == self.total_steps)
 
     # --- steps ---------------------------------------------------------------------------------
     def train_step(self, worker: _Worker, batch: int, lr: float) -> tuple[float, float]:
@@ -288,6 +297,7 @@ class _Trainer:
                 )
             if self.step % spe == 0:
                 self.write_epoch_checkpoint()
+                self.keep_state()
                 if self.step < self.total_steps:
                     self.save_state(RESUME, complete=False)
                 if stop_after_epoch is not None and self.epoch >= stop_after_epoch and self.step < self.total_steps:
@@ -381,7 +391,10 @@ def _train_locked(trainer: _Trainer, config: RunConfig, run_dir: Path, stop_afte
     kept_log = _kept_log(log_path, trainer.step)
     atomic_write_text(run_dir / RESOLVED, dump_config(config))
     if not resume.exists():
+        if config.training.init_from is not None:  # a branch: its parent's kept state
+            load_start(config, trainer.workers)
         trainer.write_epoch_checkpoint()  # epoch-000: the initialisation
+        trainer.keep_state()
     if kept_log is not None:
         atomic_write_text(log_path, kept_log)
     with open(log_path, "a") as log_file:

@@ -1,0 +1,143 @@
+"""Branches of a training run: ordinary runs that start from a state their parent kept
+(``training.keep_states`` → ``state-NNN.pt``; the branch's ``training.init_from``) and train on with
+their own batch size and learning rate for a fixed token budget, reading the parent's training
+stream where the parent stopped (``data.stream_offset``) in their own data order (``data.seed``).
+The critical-batch-size experiment (:mod:`tiny_llm.campaign.cbs`) runs them and compares the loss
+they reach on the parent's held-out data (:func:`held_out_loss`).
+
+A branch at the parent's own batch size, learning rate (a constant schedule) and data seed
+continues the parent exactly: same weights, optimizer state and log.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from tiny_llm.architectures import build_model
+from tiny_llm.config import RunConfig, config_from_dict
+from tiny_llm.data.tokens import TokenCache, unseen_plan
+from tiny_llm.layout import state_file
+from tiny_llm.model.causal import token_losses
+from tiny_llm.model.checkpoint import load_train_state
+
+__all__ = [
+    "LR_RULES",
+    "BRANCH_EPOCHS",
+    "branch_overrides",
+    "held_out_blocks",
+    "held_out_loss",
+    "load_start",
+    "lr_factor",
+    "state_path",
+]
+
+LR_RULES = ("auto", "sqrt", "linear", "none")
+"""How a branch's learning rate follows its batch size B' against the parent's B: ``sqrt`` multiplies
+it by √(B'/B) (Adam, as Merrill et al. 2025), ``linear`` by B'/B (SGD), ``none`` keeps it; ``auto``:
+sqrt for adamw, linear for sgd."""
+BRANCH_EPOCHS = 4
+"""A branch saves its resume state at most this many times (each quarter of its budget when its
+steps allow), so that a killed branch loses at most that much."""
+
+
+def lr_factor(rule: Literal["auto", "sqrt", "linear", "none"], optimizer: str, ratio: float) -> float:
+    """The learning-rate multiplier of a branch whose batch is ``ratio`` × its parent's."""
+    if rule == "auto":
+        rule = "sqrt" if optimizer == "adamw" else "linear"
+    return {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}[rule]
+
+
+def branch_overrides(
+    parent: RunConfig, state: str, epoch: int, batch_size: int, tokens: int, data_seed: int, rule: str
+) -> dict[str, Any]:
+    """The ``section.key`` overrides that make the parent's configuration a branch from its state
+    at the end of virtual epoch ``epoch`` (file ``state``): ``batch_size`` sequences per step for
+    ``tokens`` training tokens, at the learning rate the parent's schedule gives its next step
+    times :func:`lr_factor`, held constant; the data seed ``data_seed``; final.pt only."""
+    from tiny_llm.training.loop import learning_rate  # the loop imports this module
+
+    tc = parent.training
+    total = parent.local_steps_per_epoch * tc.epochs
+    lr = learning_rate(min(epoch * parent.local_steps_per_epoch, total - 1), total, parent)
+    steps = tokens // (batch_size * parent.data.seq_len)
+    return {
+        "training.init_from": state,
+        "training.batch_size": batch_size,
+        "training.micro_batch_size": min(tc.micro_batch_size, batch_size),
+        "training.tokens": tokens,
+        "training.epochs": math.gcd(steps, BRANCH_EPOCHS),
+        "training.lr": lr * lr_factor(rule, tc.optimizer, batch_size / tc.batch_size),
+        "training.lr_schedule": "constant",
+        "training.warmup_steps": 0,
+        "training.checkpoint_policy": "final",
+        "training.keep_states": [],
+        "data.seed": data_seed,
+        "data.stream_offset": parent.data.stream_offset + epoch * parent.steps_per_epoch * tc.batch_size,
+    }
+
+
+def load_start(config: RunConfig, workers: list[Any]) -> None:
+    """Load the state a branch starts from (``training.init_from``) into its one worker.
+
+    Raises:
+        ValueError: naming the file: missing, unreadable, a packed run's, or of another model or
+            optimizer.
+    """
+    path = Path(config.training.init_from)
+    if not path.exists():
+        raise ValueError(
+            f"training.init_from: {path} does not exist; a run keeps state-NNN.pt only at the epochs its "
+            f"training.keep_states names (train the parent with them, or branch from a kept state)"
+        )
+    state = load_train_state(path)
+    parent = config_from_dict(state["config"])
+    if len(state["workers"]) != 1 or len(workers) != 1:
+        raise ValueError(f"training.init_from: {path} is a packed run's state; branches start from ordinary runs")
+    if parent.model != config.model or parent.training.optimizer != config.training.optimizer:
+        raise ValueError(
+            f"training.init_from: {path} holds a {parent.model.architecture} model with its "
+            f"{parent.training.optimizer} state; the branch's model and optimizer must be the same"
+        )
+    saved = state["workers"][0]
+    workers[0].model.load_state_dict(saved["model"], strict=True)
+    workers[0].optimizer.load_state_dict(saved["optimizer"])
+
+
+def held_out_blocks(parent: RunConfig, sequences: int) -> list[int]:
+    """The first ``sequences`` cache blocks of the parent's unseen stream (no branch trains on them).
+
+    Raises:
+        ValueError: more sequences than one unseen epoch holds.
+    """
+    blocks = [int(b) for b in unseen_plan(parent).blocks.reshape(-1)]
+    if sequences > len(blocks):
+        raise ValueError(
+            f"eval_sequences: {sequences} held-out sequences asked for, one unseen epoch of the run holds "
+            f"{len(blocks)}; ask for at most that many"
+        )
+    return blocks[:sequences]
+
+
+@torch.no_grad()
+def held_out_loss(final: str | Path, config: RunConfig, blocks: list[int], device: str = "cpu") -> float:
+    """The token-mean loss of a run's final weights on the cache blocks ``blocks``, in float64 on
+    the CPU and float32 on a GPU, ``training.micro_batch_size`` sequences at a time."""
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    model = build_model(config.model, attention_backend="reference")
+    model.load_state_dict(load_train_state(final)["model"], strict=True)
+    model = model.to(device=device, dtype=dtype).eval()
+    tokens = TokenCache(config.data.cache).tokens(blocks).to(device)
+    total, size = 0.0, config.training.micro_batch_size
+    for start in range(0, len(tokens), size):
+        chunk = tokens[start : start + size]
+        total += float(token_losses(model(chunk[:, :-1]), chunk[:, 1:]).double().sum())
+    return total / (len(tokens) * (tokens.shape[1] - 1))
+
+
+def state_path(run_dir: str | Path, epoch: int) -> str:
+    """Where a run keeps its state at the end of virtual epoch ``epoch``."""
+    return str(Path(run_dir) / state_file(epoch))

@@ -1,0 +1,94 @@
+"""Branches: a run started from its parent's kept state continues it exactly at the parent's own
+batch and rate; the learning-rate rules; refusals; the held-out loss; resumption."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from tiny_llm.config import apply_overrides, config_from_dict, config_to_dict
+from tiny_llm.data.tokens import TokenCache, capacity_blocks, unseen_plan
+from tiny_llm.model.causal import token_losses
+from tiny_llm.model.checkpoint import load_train_state
+from tiny_llm.model.llama import Llama
+from tiny_llm.training.branches import (
+    branch_overrides,
+    held_out_blocks,
+    held_out_loss,
+    lr_factor,
+    state_path,
+)
+from tiny_llm.training.loop import train
+
+
+def _branch(parent, epoch, batch_size, tokens, seed, run_dir, rule="auto"):
+    overrides = branch_overrides(parent, state_path(run_dir, epoch), epoch, batch_size, tokens, seed, rule)
+    return config_from_dict(apply_overrides(config_to_dict(parent), [f"{k}={v}" for k, v in overrides.items()]))
+
+
+def _equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def parent(make_config, tmp_path):
+    """A constant-rate run of 3 epochs × 3 steps that keeps its states after epochs 1 and 2."""
+    config = make_config(epochs=3, tokens=4 * 8 * 3 * 3, warmup_steps=0, lr_schedule="constant", keep_states=[1, 2])
+    train(config, tmp_path / "parent")
+    return config
+
+
+def test_a_branch_at_the_parents_batch_rate_and_seed_continues_it_exactly(parent, tmp_path):
+    branch = _branch(parent, 1, 4, 2 * 3 * 4 * 8, parent.data.seed, tmp_path / "parent")
+    assert branch.training.lr == parent.training.lr and branch.data.stream_offset == 12
+    train(branch, tmp_path / "branch")
+    ours, theirs = (load_train_state(tmp_path / d / "final.pt") for d in ("branch", "parent"))
+    assert _equal(ours["model"], theirs["model"])
+    saved = [s["workers"][0]["optimizer"]["state"] for s in (ours, theirs)]
+    assert all(_equal(saved[0][i], saved[1][i]) for i in saved[1])
+    logs = [
+        [json.loads(line) for line in (tmp_path / d / "train-log.jsonl").read_text().splitlines()]
+        for d in ("parent", "branch")
+    ]
+    assert [r["loss"] for r in logs[1]] == [r["loss"] for r in logs[0][3:]]
+
+
+def test_a_killed_branch_resumes_to_the_same_files(parent, tmp_path):
+    branch = _branch(parent, 1, 2, 2 * 3 * 4 * 8, 11, tmp_path / "parent")
+    assert branch.training.epochs == 4 and branch.training.micro_batch_size == 2
+    train(branch, tmp_path / "whole")
+    train(branch, tmp_path / "split", stop_after_epoch=2)
+    assert (tmp_path / "split" / "resume.pt").exists()
+    train(branch, tmp_path / "split")
+    whole, split = (load_train_state(tmp_path / d / "final.pt") for d in ("whole", "split"))
+    assert _equal(whole["model"], split["model"])
+
+
+def test_learning_rate_rules(parent):
+    assert lr_factor("auto", "adamw", 4) == 2 and lr_factor("auto", "sgd", 4) == 4
+    assert lr_factor("sqrt", "sgd", 2) == math.sqrt(2) and lr_factor("none", "adamw", 8) == 1
+    wide = branch_overrides(parent, "s.pt", 2, 16, 16 * 8, 1, "auto")
+    assert wide["training.lr"] == pytest.approx(2 * parent.training.lr)
+    assert wide["data.stream_offset"] == 24 and wide["training.epochs"] == 1
+
+
+def test_a_branch_from_a_state_its_parent_did_not_keep_is_refused(parent, tmp_path):
+    branch = _branch(parent, 0, 4, 4 * 8, 1, tmp_path / "parent")
+    with pytest.raises(ValueError, match=r"training.init_from: .*state-000.pt does not exist; .*keep_states"):
+        train(branch, tmp_path / "orphan")
+    assert not (tmp_path / "orphan" / "final.pt").exists()
+
+
+def test_held_out_loss_is_the_token_mean_loss_on_the_unseen_stream(parent, tmp_path):
+    blocks = held_out_blocks(parent, 5)
+    assert blocks == [int(b) for b in unseen_plan(parent).blocks.reshape(-1)[:5]]
+    assert min(blocks) >= capacity_blocks(parent)["train"]
+    model = Llama(parent.model, attention_backend="reference").double()
+    model.load_state_dict(load_train_state(tmp_path / "parent" / "final.pt")["model"])
+    tokens = TokenCache(parent.data.cache).tokens(blocks)
+    with torch.no_grad():
+        expected = float(token_losses(model(tokens[:, :-1]), tokens[:, 1:]).mean())
+    assert held_out_loss(tmp_path / "parent" / "final.pt", parent, blocks) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="eval_sequences: 999 held-out sequences"):
+        held_out_blocks(parent, 999)
