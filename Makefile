@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo seeds-demo test test-slow test-llc bench-peers gpu-check clean-demo
+.PHONY: setup demo seeds-demo cbs-demo test test-slow test-llc bench-peers gpu-check clean-demo
 
 # TORCH_INDEX: a wheel index to take torch from first, e.g. PyTorch's CPU index for a CPU-only build
 # (see envs/requirements.txt); empty: torch as PyPI serves it.
@@ -27,6 +27,11 @@ demo: $(STAMP)
 # A demo-sized cross-seed experiment (3 seeds and 2 controls of the demo model), alone.
 seeds-demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake -c1 --configfile config/seeds-demo.yaml --replace-workflow-config
+
+# A demo-sized critical-batch-size experiment (the demo model branched from 3 checkpoints with 5
+# batch sizes over 3 data orders), alone.
+cbs-demo: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake -c2 --configfile config/cbs-demo.yaml --replace-workflow-config
 
 # Two workers, each taking whole test files (a file's tests share its fixtures, in order), in the
 # order tests/conftest.py collects them: the Slurm tests, which mostly wait, first.

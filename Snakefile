@@ -21,6 +21,7 @@ include: "workflow/rules/plot.smk"
 include: "workflow/rules/calibrate.smk"
 include: "workflow/rules/spectrum.smk"
 include: "workflow/rules/seeds.smk"
+include: "workflow/rules/cbs.smk"
 include: "workflow/rules/reattach.smk"
 
 

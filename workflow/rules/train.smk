@@ -1,9 +1,14 @@
 # Training: runs/<name>/ with resolved.yaml, checkpoints, final.pt and train-log.jsonl.
+from tiny_llm.campaign.cbs import parent_receipt
+
+# A branch of a critical-batch-size experiment starts from a state its parent run kept.
+get_branch_parent = _by("run", lambda run: parent_receipt(PLAN.train_runs, run))
 
 
 rule train_run:
     input:
         cache=get_cache_receipt,
+        parent=get_branch_parent,
     output:
         # A receipt, not the checkpoints: Snakemake deletes a job's declared outputs before
         # rerunning it and after a failure. The run directory itself belongs to tiny-llm, which

@@ -56,8 +56,9 @@ class CostReport:
         return f"{line}; {memory}"
 
     def cost_lines(self, train_minutes: int | None = None, calibration_minutes: int | None = None) -> list[str]:
-        """The cost line of every analysis that has no summary.csv yet and of every seed experiment
-        without its comparison, and under a cluster walltime rule the campaign's total request
+        """The cost line of every analysis that has no summary.csv yet, of every seed experiment
+        without its comparison and of every critical-batch-size experiment without its table, and
+        under a cluster walltime rule the campaign's total request
         (``train_minutes`` and ``calibration_minutes``: the walltimes the profile asks for those jobs)."""
         campaign = self.campaign
         lines = [self.cost_line(name) for name in campaign.analyses if not Path(f"results/{name}/summary.csv").exists()]
@@ -66,6 +67,7 @@ class CostReport:
             for name in campaign.experiments
             if not Path(f"results/{name}/comparison.csv").exists()
         ]
+        lines += [cbs.cost_line() for name, cbs in campaign.cbs.items() if not Path(f"results/{name}/cbs.csv").exists()]
         lines.append(self.campaign_line(train_minutes, calibration_minutes))
         return [line for line in lines if line]
 

@@ -9,7 +9,7 @@ take it and nothing else, so none of them reaches back into the plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tiny_llm.campaign.plan import ClusterSettings
@@ -17,6 +17,7 @@ from tiny_llm.config import RunConfig
 from tiny_llm.workers.settings import AnalysisSettings
 
 if TYPE_CHECKING:
+    from tiny_llm.campaign.cbs import CbsPlan
     from tiny_llm.curvature.memory import MemoryPlan
     from tiny_llm.geometry.settings import GeometrySettings
 
@@ -72,3 +73,5 @@ class Campaign:
     """The runs this workflow trains."""
     comparisons: tuple[str, ...]
     """The seed comparisons."""
+    cbs: dict[str, CbsPlan] = field(default_factory=dict)
+    """The critical-batch-size experiments (their runs and analyses are among the others)."""

@@ -1,6 +1,7 @@
 """The targets of ``rule all``: every run, every figure, and every (state, case) result of an
 existing index (so that a deleted result counts as missing and a rerun recomputes exactly what was
-lost), and the seed experiments' comparisons and dashboards.
+lost), the seed experiments' comparisons and dashboards, and the critical-batch-size experiments'
+tables and figures.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def all_targets(campaign: Campaign, walltimes: Walltimes) -> list[str]:
     """
     targets = [f"runs/{name}/trained.json" for name in campaign.trained_runs]
     targets += experiment_targets(campaign, walltimes)
+    for cbs in campaign.cbs.values():
+        targets += cbs.targets()
     for name, planned in campaign.analyses.items():
         # The collected files too: a crash during collect (or their deletion) reruns collect.
         targets += [f"results/{name}/manifest.json", f"results/{name}/summary.csv"]

@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tiny_llm.campaign.cbs import expand_cbs_experiments
 from tiny_llm.campaign.checks import check_corpus, check_device, cuda_devices
 from tiny_llm.campaign.costs import CostReport
 from tiny_llm.campaign.orders import JobOrder, JobSuccessor, OrderPlan, plan_order
@@ -71,6 +72,7 @@ class WorkflowPlan:
     """
 
     def __init__(self, config: dict[str, Any]):
+        config, self.cbs = expand_cbs_experiments(config)  # their runs and analyses, as any other
         self.analyses: dict[str, Any] = config.get("analyses") or {}
         self.plots: dict[str, Any] = config.get("plots") or {}
         self.seed_experiments: dict[str, Any] = config.get("seed_experiments") or {}
@@ -110,6 +112,7 @@ class WorkflowPlan:
             experiments={name: self._planned_experiment(name) for name in self.seed_experiments},
             trained_runs=tuple(self.run_configs),
             comparisons=tuple(self.seed_comparisons),
+            cbs=self.cbs,
         )
         """What the walltimes, the cost lines and the targets are given."""
         self.walltimes = Walltimes(self.campaign)

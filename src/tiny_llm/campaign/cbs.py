@@ -1,0 +1,233 @@
+"""Critical-batch-size experiments (``cbs_experiments.<name>``), planned into ordinary parts.
+
+An experiment names a run configuration, the virtual epochs to branch from, a grid of batch sizes,
+a token budget and data-order seeds. :func:`expand_cbs_experiments` turns it into what the workflow
+already runs, before anything else is planned:
+
+* the base run ``<name>-base`` (a ``train_runs`` entry) with interval checkpoints, keeping its whole
+  training state at each chosen epoch (``training.keep_states``);
+* one branch run ``<name>-e<NNN>-b<B>-s<seed>`` per (epoch, batch size, seed): an ordinary training
+  run from that state (:func:`tiny_llm.training.branches.branch_overrides`), atomic, reused and
+  resumed like any other;
+* the analysis ``<name>`` of the base run at the chosen checkpoints, whose B_simple and B_noise
+  stand beside the measured critical batch size.
+
+Its own jobs are then the held-out loss of each checkpoint's branches
+(``results/<name>/branches/epoch-NNN.json``) and the table and figure (``cbs.csv``,
+``branches.csv``, ``figures/critical_batch``): :mod:`tiny_llm.results.cbs`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tiny_llm.campaign.checks import load_run_config
+from tiny_llm.config import RunConfig, config_to_dict
+from tiny_llm.data.tokens import capacity_blocks
+from tiny_llm.layout import epoch_file, epoch_stem
+from tiny_llm.training.branches import branch_overrides, held_out_blocks, state_path
+from tiny_llm.workers.settings import settings_from_dict
+
+__all__ = ["CbsPlan", "expand_cbs_experiments"]
+
+CACHE_KEYS = ("config", "cache_source", "cache_inputs", "shard_tokens", "cache_order", "cache_tokenizer")
+"""The keys of an experiment that its runs share (one configuration, one token cache)."""
+
+
+@dataclass(frozen=True)
+class CbsPlan:
+    """One critical-batch-size experiment as planned."""
+
+    name: str
+    base: str
+    """Its base run (runs/<base>)."""
+    base_config: RunConfig
+    epochs: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    seeds: tuple[int, ...]
+    token_budget: int
+    epsilon: float
+    case: str
+    """The analysis case whose B_simple and B_noise stand beside the critical batch size."""
+    eval_blocks: tuple[int, ...]
+    """The held-out cache blocks every branch's loss is measured on."""
+    branches: dict[int, dict[str, dict[str, Any]]]
+    """Per epoch: each branch run's name → its batch size, seed, steps and learning rate."""
+
+    def epoch_of(self, checkpoint: str) -> int:
+        return int(checkpoint.removeprefix("epoch-"))
+
+    def records(self) -> list[str]:
+        """The held-out losses of each checkpoint's branches."""
+        return [f"results/{self.name}/branches/{epoch_stem(epoch)}.json" for epoch in self.epochs]
+
+    def position(self, epoch: int) -> dict[str, int]:
+        """The base run's step and training tokens at the end of virtual epoch ``epoch``."""
+        step = epoch * self.base_config.local_steps_per_epoch
+        return {"step": step, "tokens": step * self.base_config.batch_tokens}
+
+    def evaluation(self, checkpoint: str, device: str) -> dict[str, Any]:
+        """What the held-out measurement of one checkpoint's branches is given (plain data)."""
+        epoch = self.epoch_of(checkpoint)
+        return {
+            "checkpoint": checkpoint,
+            **self.position(epoch),
+            "base": config_to_dict(self.base_config),
+            "blocks": list(self.eval_blocks),
+            "device": device,
+            "branches": self.branches[epoch],
+        }
+
+    def receipts(self, checkpoint: str) -> list[str]:
+        """The training receipts of one checkpoint's branch runs."""
+        return [f"runs/{run}/trained.json" for run in self.branches[self.epoch_of(checkpoint)]]
+
+    def targets(self) -> list[str]:
+        figures = [f"results/{self.name}/figures/critical_batch.{ext}" for ext in ("pdf", "png")]
+        return [f"results/{self.name}/cbs.csv", f"results/{self.name}/branches.csv", *figures]
+
+    def cost_line(self) -> str:
+        """What the experiment adds to its base run and analysis: the branch runs and their tokens."""
+        runs = sum(len(b) for b in self.branches.values())
+        base = self.base_config.training.tokens
+        return (
+            f"cbs experiment {self.name}: {len(self.epochs)} checkpoints × {len(self.batch_sizes)} batch sizes "
+            f"({', '.join(map(str, self.batch_sizes))} sequences) × {len(self.seeds)} data-order seeds = {runs} "
+            f"branch runs of {self.token_budget:,} tokens ({runs * self.token_budget:,} tokens in all, "
+            f"{runs * self.token_budget / base:.3g} × the base run's {base:,}), each then measured on "
+            f"{len(self.eval_blocks)} held-out sequences; B_simple and B_noise from analysis {self.name}"
+        )
+
+
+def _check_grid(key: str, entry: dict[str, Any], base: RunConfig) -> None:
+    """The epochs, batch sizes and budget: every branch trains whole steps on its parent's
+    training data only (never on the held-out sequences).
+
+    Raises:
+        ValueError: naming the key.
+    """
+    epochs, sizes, budget, T = entry["checkpoints"], entry["batch_sizes"], entry["token_budget"], base.data.seq_len
+    if base.training.packed is not None:
+        raise ValueError(f"{key}.config: a packed run (training.packed); branches start from ordinary runs")
+    if sorted(sizes) != list(sizes):
+        raise ValueError(f"{key}.batch_sizes: list them in ascending order, got {sizes}")
+    for epoch in epochs:
+        if not 0 <= epoch < base.training.epochs:
+            raise ValueError(
+                f"{key}.checkpoints: epoch {epoch} is not one to branch from; the run's virtual epochs are "
+                f"0 (initialisation) to {base.training.epochs}, and a branch needs training data after its epoch"
+            )
+    step = math.lcm(*sizes) * T
+    if budget % step:
+        raise ValueError(
+            f"{key}.token_budget: {budget} is not a whole number of steps for every batch size; use a multiple "
+            f"of {step} (the batch sizes' least common multiple × data.seq_len {T})"
+        )
+    room = capacity_blocks(base)["train"] - base.data.stream_offset
+    need = max(epochs) * base.steps_per_epoch * base.training.batch_size + budget // T
+    if need > room:
+        fits = (room - max(epochs) * base.steps_per_epoch * base.training.batch_size) * T // step * step
+        raise ValueError(
+            f"{key}.token_budget: branches from epoch {max(epochs)} would read {need} sequences of the "
+            f"training stream, which holds {room} before the held-out data; lower token_budget to "
+            f"{max(fits, 0)} or less, branch from earlier checkpoints, or train the base run on more tokens"
+        )
+
+
+def _plan(name: str, entry: dict[str, Any]) -> tuple[CbsPlan, dict[str, dict[str, Any]], dict[str, Any]]:
+    """One experiment: its plan, its runs (name → train_runs entry) and its analysis entry."""
+    key = f"cbs_experiments.{name}"
+    shared = {k: entry[k] for k in CACHE_KEYS if k in entry}
+    kept = {**entry.get("set", {}), "training.checkpoint_policy": "interval"}
+    kept["training.keep_states"] = sorted(set(entry["checkpoints"]))
+    try:
+        base = load_run_config({**shared, "set": kept})
+        settings_from_dict(entry.get("settings") or {})
+    except ValueError as error:
+        raise ValueError(f"{key}: {error}") from None
+    _check_grid(key, entry, base)
+    try:
+        blocks = tuple(held_out_blocks(base, entry["eval_sequences"]))
+    except ValueError as error:
+        raise ValueError(f"{key}.{error}") from None
+    base_name = f"{name}-base"
+    runs = {base_name: {**shared, "set": kept}}
+    branches: dict[int, dict[str, dict[str, Any]]] = {}
+    for epoch in sorted(set(entry["checkpoints"])):
+        branches[epoch] = {}
+        for size in entry["batch_sizes"]:
+            for seed in entry["data_seeds"]:
+                run = f"{name}-e{epoch:03d}-b{size}-s{seed}"
+                overrides = branch_overrides(
+                    base, state_path(f"runs/{base_name}", epoch), epoch, size, entry["token_budget"], seed,
+                    entry["lr_rule"],
+                )  # fmt: skip
+                runs[run] = {**shared, "set": {**kept, **overrides}, "parent": base_name}
+                steps = entry["token_budget"] // (size * base.data.seq_len)
+                branches[epoch][run] = {
+                    "batch_size": size,
+                    "seed": seed,
+                    "steps": steps,
+                    "lr": overrides["training.lr"],
+                }
+    analysis = {
+        "run": f"runs/{base_name}",
+        "checkpoints": [epoch_file(e) for e in sorted(set(entry["checkpoints"]))],
+        "cases": [entry["case"]],
+        "settings": entry.get("settings") or {},
+    }
+    plan = CbsPlan(
+        name=name,
+        base=base_name,
+        base_config=base,
+        epochs=tuple(sorted(set(entry["checkpoints"]))),
+        batch_sizes=tuple(entry["batch_sizes"]),
+        seeds=tuple(entry["data_seeds"]),
+        token_budget=entry["token_budget"],
+        epsilon=entry["epsilon"],
+        case=entry["case"],
+        eval_blocks=blocks,
+        branches=branches,
+    )
+    return plan, runs, analysis
+
+
+def expand_cbs_experiments(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, CbsPlan]]:
+    """The workflow configuration with every experiment's runs added to ``train_runs`` and its
+    analysis to ``analyses``, and the experiments' plans.
+
+    Raises:
+        ValueError: a name taken twice or an experiment that cannot run, naming the key.
+    """
+    experiments = config.get("cbs_experiments") or {}
+    if not experiments:
+        return config, {}
+    train_runs, analyses = dict(config.get("train_runs") or {}), dict(config.get("analyses") or {})
+    taken = {
+        **dict.fromkeys(config.get("seed_experiments") or {}, "seed_experiments"),
+        **dict.fromkeys(analyses, "analyses"),
+    }
+    plans = {}
+    for name, entry in experiments.items():
+        if name in taken:
+            raise ValueError(
+                f"cbs_experiments.{name}: {taken[name]}.{name} has the same name (both write "
+                f"results/{name}/); rename one"
+            )
+        plan, runs, analysis = _plan(name, entry)
+        for run in runs:
+            if run in train_runs:
+                raise ValueError(f"cbs_experiments.{name} trains runs/{run}, which train_runs also names; rename one")
+        train_runs.update(runs)
+        analyses[name] = analysis
+        plans[name] = plan
+    return {**config, "train_runs": train_runs, "analyses": analyses}, plans
+
+
+def parent_receipt(train_runs: dict[str, Any], run: str) -> list[str]:
+    """What training ``run`` waits for besides its cache: its parent's receipt, for a branch."""
+    parent = train_runs.get(run, {}).get("parent")
+    return [str(Path("runs") / parent / "trained.json")] if parent else []
