@@ -22,19 +22,66 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tiny_llm.campaign.checks import load_run_config
 from tiny_llm.config import RunConfig, config_to_dict
 from tiny_llm.data.tokens import capacity_blocks
+from tiny_llm.declared import NonNegative, Positive, PositiveNumber, build
 from tiny_llm.layout import epoch_file, epoch_stem
 from tiny_llm.training.branches import branch_overrides, held_out_blocks, state_path
 from tiny_llm.workers.settings import settings_from_dict
 
-__all__ = ["CbsPlan", "expand_cbs_experiments"]
+__all__ = ["CbsExperiment", "CbsPlan", "expand_cbs_experiments", "parent_receipt"]
 
 CACHE_KEYS = ("config", "cache_source", "cache_inputs", "shard_tokens", "cache_order", "cache_tokenizer")
 """The keys of an experiment that its runs share (one configuration, one token cache)."""
+
+
+@dataclass(frozen=True)
+class CbsExperiment:
+    """The keys of one ``cbs_experiments.<name>`` entry, as written (the one declaration: loaded by
+    :func:`~tiny_llm.declared.build`, which refuses unknown keys and bad values by name)."""
+
+    config: str
+    """Run configuration of the base run (sections model, data, training); data.cache must be cache/<name>."""
+    checkpoints: tuple[NonNegative, ...]
+    """Virtual epochs of the base run to branch from (0: the initialisation); each before its last,
+    since a branch trains on the training data after it."""
+    batch_sizes: tuple[Positive, ...]
+    """The grid of branch batch sizes in sequences, ascending (B·2ᵏ around the base run's B)."""
+    token_budget: Positive
+    """Training tokens of every branch: a whole number of steps of every batch size."""
+    set: Any = None
+    """Overrides of the run configuration, ``section.key: value``."""
+    cache_source: Literal["demo", "text", "tokens"] = "demo"
+    """Where the token cache comes from (as a train_runs entry's)."""
+    cache_inputs: tuple[str, ...] = ()
+    """Input files for cache_source text or tokens."""
+    shard_tokens: Positive = 1048576
+    """Approximate tokens per cache shard."""
+    cache_order: Literal["shuffle", "keep"] = "shuffle"
+    """shuffle: preparation permutes the sequences with data.seed; keep: source order."""
+    cache_tokenizer: str | None = None
+    """cache_source text: a local Hugging Face tokenizer directory that encodes the text."""
+    lr_rule: Literal["auto", "sqrt", "linear", "none"] = "auto"
+    """A branch's learning rate: the base run's at the checkpoint × √(B'/B) (sqrt), × B'/B (linear)
+    or unchanged (none), held constant over the branch; auto: sqrt for adamw, linear for sgd."""
+    data_seeds: tuple[NonNegative, ...] = (1, 2, 3)
+    """Data orders (data.seed) of each batch size's branches; their spread is the loss's standard error."""
+    epsilon: PositiveNumber = 0.01
+    """The critical batch size is the largest batch whose mean held-out loss is within this fraction of the best."""
+    eval_sequences: Positive = 64
+    """Held-out sequences (the base run's unseen stream) every branch's loss is measured on."""
+    case: Literal["seen", "unseen"] = "seen"
+    """The case of the analysis whose B_simple and B_noise stand beside the critical batch size."""
+    settings: Any = None
+    """Settings of that analysis (as an analysis's ``settings``)."""
+
+    def shared(self) -> dict[str, Any]:
+        """What every run of the experiment takes from it (a train_runs entry's cache keys)."""
+        keys = {k: getattr(self, k) for k in CACHE_KEYS if getattr(self, k) is not None}
+        return {**keys, "cache_inputs": list(self.cache_inputs)}
 
 
 @dataclass(frozen=True)
@@ -102,18 +149,18 @@ class CbsPlan:
         )
 
 
-def _check_grid(key: str, entry: dict[str, Any], base: RunConfig) -> None:
+def _check_grid(key: str, entry: CbsExperiment, base: RunConfig) -> None:
     """The epochs, batch sizes and budget: every branch trains whole steps on its parent's
     training data only (never on the held-out sequences).
 
     Raises:
         ValueError: naming the key.
     """
-    epochs, sizes, budget, T = entry["checkpoints"], entry["batch_sizes"], entry["token_budget"], base.data.seq_len
+    epochs, sizes, budget, T = entry.checkpoints, entry.batch_sizes, entry.token_budget, base.data.seq_len
     if base.training.packed is not None:
         raise ValueError(f"{key}.config: a packed run (training.packed); branches start from ordinary runs")
-    if sorted(sizes) != list(sizes):
-        raise ValueError(f"{key}.batch_sizes: list them in ascending order, got {sizes}")
+    if sorted(set(sizes)) != list(sizes) or len(sizes) < 2:
+        raise ValueError(f"{key}.batch_sizes: list two or more, ascending, got {list(sizes)}")
     for epoch in epochs:
         if not 0 <= epoch < base.training.epochs:
             raise ValueError(
@@ -137,62 +184,68 @@ def _check_grid(key: str, entry: dict[str, Any], base: RunConfig) -> None:
         )
 
 
-def _plan(name: str, entry: dict[str, Any]) -> tuple[CbsPlan, dict[str, dict[str, Any]], dict[str, Any]]:
-    """One experiment: its plan, its runs (name → train_runs entry) and its analysis entry."""
-    key = f"cbs_experiments.{name}"
-    shared = {k: entry[k] for k in CACHE_KEYS if k in entry}
-    kept = {**entry.get("set", {}), "training.checkpoint_policy": "interval"}
-    kept["training.keep_states"] = sorted(set(entry["checkpoints"]))
-    try:
-        base = load_run_config({**shared, "set": kept})
-        settings_from_dict(entry.get("settings") or {})
-    except ValueError as error:
-        raise ValueError(f"{key}: {error}") from None
-    _check_grid(key, entry, base)
-    try:
-        blocks = tuple(held_out_blocks(base, entry["eval_sequences"]))
-    except ValueError as error:
-        raise ValueError(f"{key}.{error}") from None
-    base_name = f"{name}-base"
-    runs = {base_name: {**shared, "set": kept}}
-    branches: dict[int, dict[str, dict[str, Any]]] = {}
-    for epoch in sorted(set(entry["checkpoints"])):
+def _branches(name: str, entry: CbsExperiment, base: RunConfig, kept: dict[str, Any]) -> tuple[dict, dict]:
+    """Every branch run's train_runs entry, and per epoch what each branch is (for the records)."""
+    runs, branches = {}, {}
+    for epoch in sorted(set(entry.checkpoints)):
         branches[epoch] = {}
-        for size in entry["batch_sizes"]:
-            for seed in entry["data_seeds"]:
+        for size in entry.batch_sizes:
+            for seed in entry.data_seeds:
                 run = f"{name}-e{epoch:03d}-b{size}-s{seed}"
-                overrides = branch_overrides(
-                    base, state_path(f"runs/{base_name}", epoch), epoch, size, entry["token_budget"], seed,
-                    entry["lr_rule"],
-                )  # fmt: skip
-                runs[run] = {**shared, "set": {**kept, **overrides}, "parent": base_name}
-                steps = entry["token_budget"] // (size * base.data.seq_len)
+                state = state_path(f"runs/{name}-base", epoch)
+                overrides = branch_overrides(base, state, epoch, size, entry.token_budget, seed, entry.lr_rule)
+                runs[run] = {**entry.shared(), "set": {**kept, **overrides}, "parent": f"{name}-base"}
+                steps = entry.token_budget // (size * base.data.seq_len)
                 branches[epoch][run] = {
                     "batch_size": size,
                     "seed": seed,
                     "steps": steps,
                     "lr": overrides["training.lr"],
                 }
+    return runs, branches
+
+
+def _plan(name: str, data: dict[str, Any]) -> tuple[CbsPlan, dict[str, dict[str, Any]], dict[str, Any]]:
+    """One experiment: its plan, its runs (name → train_runs entry) and its analysis entry."""
+    key = f"cbs_experiments.{name}"
+    try:
+        entry = build(CbsExperiment, data or {}, f"{key}.")
+    except TypeError:  # a required key missing
+        missing = [k for k in ("config", "checkpoints", "batch_sizes", "token_budget") if k not in (data or {})]
+        raise ValueError(f"{key}: give {', '.join(missing)} (see docs/critical-batch.md)") from None
+    epochs = tuple(sorted(set(entry.checkpoints)))
+    kept = {**(entry.set or {}), "training.checkpoint_policy": "interval", "training.keep_states": list(epochs)}
+    try:
+        base = load_run_config({**entry.shared(), "set": kept})
+        settings_from_dict(entry.settings or {})
+    except ValueError as error:
+        raise ValueError(f"{key}: {error}") from None
+    _check_grid(key, entry, base)
+    try:
+        blocks = tuple(held_out_blocks(base, entry.eval_sequences))
+    except ValueError as error:
+        raise ValueError(f"{key}.{error}") from None
+    runs, branches = _branches(name, entry, base, kept)
     analysis = {
-        "run": f"runs/{base_name}",
-        "checkpoints": [epoch_file(e) for e in sorted(set(entry["checkpoints"]))],
-        "cases": [entry["case"]],
-        "settings": entry.get("settings") or {},
+        "run": f"runs/{name}-base",
+        "checkpoints": [epoch_file(e) for e in epochs],
+        "cases": [entry.case],
+        "settings": entry.settings or {},
     }
     plan = CbsPlan(
         name=name,
-        base=base_name,
+        base=f"{name}-base",
         base_config=base,
-        epochs=tuple(sorted(set(entry["checkpoints"]))),
-        batch_sizes=tuple(entry["batch_sizes"]),
-        seeds=tuple(entry["data_seeds"]),
-        token_budget=entry["token_budget"],
-        epsilon=entry["epsilon"],
-        case=entry["case"],
+        epochs=epochs,
+        batch_sizes=entry.batch_sizes,
+        seeds=entry.data_seeds,
+        token_budget=entry.token_budget,
+        epsilon=entry.epsilon,
+        case=entry.case,
         eval_blocks=blocks,
         branches=branches,
     )
-    return plan, runs, analysis
+    return plan, {f"{name}-base": {**entry.shared(), "set": kept}, **runs}, analysis
 
 
 def expand_cbs_experiments(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, CbsPlan]]:

@@ -1,0 +1,104 @@
+"""A critical-batch-size experiment through the real workflow: the base run, its branches (one of
+them killed part-way and resumed by the workflow without loss), the analysis at the checkpoint, the
+held-out losses, cbs.csv and the figure."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tiny_llm.campaign.workflow import WorkflowPlan
+from tiny_llm.model.checkpoint import load_train_state
+from tiny_llm.training.loop import train
+
+REPO = Path(__file__).resolve().parents[2]
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+RUN = {
+    "model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
+    "data": {"cache": "cache/cbs", "seq_len": 16, "shuffle_group_blocks": 4},
+    "training": {"batch_size": 4, "micro_batch_size": 2, "tokens": 4 * 16 * 4 * 4, "epochs": 4, "lr": 0.01},
+}
+EXPERIMENT = {
+    "config": "run.yaml",
+    "shard_tokens": 256,
+    "checkpoints": [1],
+    "batch_sizes": [1, 2, 4],
+    "data_seeds": [1, 2],
+    "token_budget": 16 * 16,
+    "eval_sequences": 16,
+    "settings": {"noise_samples": "all", "random_samples": 2, "device": "cpu", "dtype": "float64"},
+}
+KILLED = "tiny-e001-b1-s1"
+
+
+def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
+    command = [str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
+    command += ["--configfile", str(workdir / "config.yaml"), "--replace-workflow-config", "-c2", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cbs")
+    (path / "run.yaml").write_text(yaml.safe_dump(RUN))
+    config = {"train_runs": {}, "analyses": {}, "cbs_experiments": {"tiny": EXPERIMENT}}
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    base = _snakemake(path, "runs/tiny-base/trained.json")
+    assert base.returncode == 0, base.stderr[-4000:]
+    assert "cbs experiment tiny: 1 checkpoints × 3 batch sizes (1, 2, 4 sequences) × 2 data-order seeds" in base.stderr
+    cwd = Path.cwd()
+    os.chdir(path)
+    try:  # a branch killed after half its budget, while writing its log
+        branch = WorkflowPlan(config).run_configs[KILLED]
+        train(branch, path / "runs" / KILLED, stop_after_epoch=2)
+        with open(path / "runs" / KILLED / "train-log.jsonl", "a") as log:
+            log.write('{"step": 9, "epo')
+    finally:
+        os.chdir(cwd)
+    done = _snakemake(path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return path, branch
+
+
+def test_the_critical_batch_stands_beside_the_noise_scales(experiment):
+    path, _ = experiment
+    with open(path / "results/tiny/cbs.csv") as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert (row["checkpoint"], row["step"], row["tokens"]) == ("epoch-001", "4", str(4 * 4 * 16))
+    assert int(row["cbs"]) in (1, 2, 4) and float(row["b_simple"]) > 0
+    assert float(row["b_simple_tokens"]) == pytest.approx(16 * float(row["b_simple"]))
+    record = json.loads((path / "results/tiny/branches/epoch-001.json").read_text())
+    assert sorted((b["batch_size"], b["seed"]) for b in record["branches"]) == [
+        (b, s) for b in (1, 2, 4) for s in (1, 2)
+    ]
+    with open(path / "results/tiny/branches.csv") as handle:
+        assert [int(r["batch_size"]) for r in csv.DictReader(handle)] == [1, 2, 4]
+    assert (path / "results/tiny/figures/critical_batch.png").stat().st_size > 10_000
+    assert (path / "results/tiny/summary.csv").exists()  # the analysis of the base run
+
+
+def test_a_killed_branch_resumed_by_the_workflow_lost_nothing(experiment, tmp_path):
+    path, branch = experiment
+    log = [json.loads(line) for line in (path / "runs" / KILLED / "train-log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 17))
+    cwd = Path.cwd()
+    os.chdir(path)
+    try:
+        train(branch, tmp_path / "uninterrupted")
+    finally:
+        os.chdir(cwd)
+    resumed = load_train_state(path / "runs" / KILLED / "final.pt")["model"]
+    whole = load_train_state(tmp_path / "uninterrupted" / "final.pt")["model"]
+    assert all(torch.equal(resumed[k], whole[k]) for k in whole)
+
+
+def test_a_rerun_does_nothing(experiment):
+    path, _ = experiment
+    assert "Nothing to be done" in _snakemake(path, "-n").stdout

@@ -1,0 +1,103 @@
+"""A critical-batch-size experiment planned into ordinary parts: the base run keeping its states,
+one branch run per (checkpoint, batch size, data seed) waiting for it, the analysis of the base
+run at the checkpoints, the targets and the price; and every entry that cannot run refused by key."""
+
+import re
+
+import pytest
+import yaml
+
+from tiny_llm.campaign.cbs import expand_cbs_experiments, parent_receipt
+from tiny_llm.campaign.targets import all_targets
+from tiny_llm.campaign.workflow import WorkflowPlan
+
+RUN = {
+    "model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
+    "data": {"cache": "cache/cbs", "seq_len": 16, "shuffle_group_blocks": 4},
+    "training": {"batch_size": 4, "micro_batch_size": 2, "tokens": 4 * 16 * 4 * 4, "epochs": 4, "lr": 0.01},
+}
+ENTRY = {
+    "config": "run.yaml",
+    "checkpoints": [2, 1],
+    "batch_sizes": [2, 4, 8],
+    "token_budget": 8 * 16 * 2,
+    "eval_sequences": 16,
+}
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
+    return tmp_path
+
+
+def _config(**changes):
+    return {"train_runs": {}, "analyses": {}, "cbs_experiments": {"x": {**ENTRY, **changes}}}
+
+
+def test_an_experiment_is_a_base_run_its_branches_and_an_analysis(project):
+    config, plans = expand_cbs_experiments(_config(data_seeds=[5, 6]))
+    runs, plan = config["train_runs"], plans["x"]
+    assert len(runs) == 1 + 2 * 3 * 2 and plan.epochs == (1, 2)
+    assert runs["x-base"]["set"] == {"training.checkpoint_policy": "interval", "training.keep_states": [1, 2]}
+    branch = runs["x-e002-b8-s6"]["set"]
+    assert branch["training.init_from"] == "runs/x-base/state-002.pt" and branch["data.seed"] == 6
+    assert branch["training.batch_size"] == 8 and branch["data.stream_offset"] == 2 * 4 * 4
+    assert parent_receipt(runs, "x-e002-b8-s6") == ["runs/x-base/trained.json"] and parent_receipt(runs, "x-base") == []
+    assert config["analyses"]["x"] == {
+        "run": "runs/x-base",
+        "checkpoints": ["epoch-001.safetensors", "epoch-002.safetensors"],
+        "cases": ["seen"],
+        "settings": {},
+    }
+    steps = {info["batch_size"]: info["steps"] for info in plan.branches[1].values()}
+    assert steps == {2: 8, 4: 4, 8: 2}
+    rates = {info["batch_size"]: info["lr"] for info in plan.branches[1].values()}
+    assert rates[8] == pytest.approx(rates[2] * 2)  # Adam: √(8/2)
+    spec = plan.evaluation("epoch-001", "cpu")
+    assert (spec["step"], spec["tokens"], len(spec["blocks"])) == (4, 4 * 4 * 16, 16)
+    assert plan.receipts("epoch-002")[0] == "runs/x-e002-b2-s5/trained.json"
+
+
+def test_the_plan_runs_it_prices_it_and_targets_its_table(project):
+    plan = WorkflowPlan(_config())
+    assert "x-e001-b2-s1" in plan.run_configs and "x" in plan.analyses
+    assert plan.run_configs["x-e001-b2-s1"].training.init_from == "runs/x-base/state-001.pt"
+    targets = all_targets(plan.campaign, plan.walltimes)
+    assert {"results/x/cbs.csv", "results/x/figures/critical_batch.png", "runs/x-e002-b8-s3/trained.json"} <= set(
+        targets
+    )
+    line = next(line for line in plan.costs.cost_lines() if line.startswith("cbs experiment x"))
+    assert "2 checkpoints × 3 batch sizes (2, 4, 8 sequences) × 3 data-order seeds = 18 branch runs" in line
+    assert "of 256 tokens (4,608 tokens in all, 4.5 × the base run's 1,024)" in line
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"batch_sizes": [4, 2]}, "cbs_experiments.x.batch_sizes: list two or more, ascending, got [4, 2]"),
+        ({"checkpoints": [4]}, "cbs_experiments.x.checkpoints: epoch 4 is not one to branch from"),
+        ({"token_budget": 100}, "cbs_experiments.x.token_budget: 100 is not a whole number of steps"),
+        ({"token_budget": 8 * 16 * 8}, "cbs_experiments.x.token_budget: branches from epoch 2 would read 96 sequences"),
+        ({"eval_sequences": 17}, "cbs_experiments.x.eval_sequences: 17 held-out sequences asked for"),
+        ({"lr_rule": "cubic"}, "cbs_experiments.x.lr_rule"),
+        ({"epsilon": 0}, "cbs_experiments.x.epsilon"),
+        ({"seeds": [1]}, "unknown key cbs_experiments.x.seeds"),
+        ({"settings": {"engine": "magic"}}, "cbs_experiments.x: "),
+        ({"set": {"training.packed": {"workers": 2}}}, "cbs_experiments.x.config: a packed run"),
+    ],
+)
+def test_an_experiment_that_cannot_run_is_refused_by_key(project, changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        expand_cbs_experiments(_config(**changes))
+
+
+def test_a_name_taken_twice_is_refused(project):
+    with pytest.raises(ValueError, match=r"cbs_experiments.x: analyses.x has the same name"):
+        expand_cbs_experiments({**_config(), "analyses": {"x": {}}})
+    with pytest.raises(ValueError, match="cbs_experiments.x trains runs/x-base, which train_runs also names"):
+        expand_cbs_experiments({**_config(), "train_runs": {"x-base": {}}})
+    missing = {"cbs_experiments": {"x": {"config": "run.yaml"}}}
+    with pytest.raises(ValueError, match="cbs_experiments.x: give checkpoints, batch_sizes, token_budget"):
+        expand_cbs_experiments(missing)
