@@ -15,14 +15,10 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
-from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, config_from_dict
 from tiny_llm.data.tokens import TokenCache, unseen_plan
 from tiny_llm.layout import state_file
-from tiny_llm.model.causal import token_losses
-from tiny_llm.model.checkpoint import load_train_state
+from tiny_llm.training.schedule import learning_rate
 
 __all__ = [
     "LR_RULES",
@@ -58,8 +54,6 @@ def branch_overrides(
     at the end of virtual epoch ``epoch`` (file ``state``): ``batch_size`` sequences per step for
     ``tokens`` training tokens, at the learning rate the parent's schedule gives its next step
     times :func:`lr_factor`, held constant; the data seed ``data_seed``; final.pt only."""
-    from tiny_llm.training.loop import learning_rate  # the loop imports this module
-
     tc = parent.training
     total = parent.local_steps_per_epoch * tc.epochs
     lr = learning_rate(min(epoch * parent.local_steps_per_epoch, total - 1), total, parent)
@@ -93,6 +87,8 @@ def load_start(config: RunConfig, workers: list[Any]) -> None:
             f"training.init_from: {path} does not exist; a run keeps state-NNN.pt only at the epochs its "
             f"training.keep_states names (train the parent with them, or branch from a kept state)"
         )
+    from tiny_llm.model.checkpoint import load_train_state  # torch: not for the planner
+
     state = load_train_state(path)
     parent = config_from_dict(state["config"])
     if len(state["workers"]) != 1 or len(workers) != 1:
@@ -122,19 +118,25 @@ def held_out_blocks(parent: RunConfig, sequences: int) -> list[int]:
     return blocks[:sequences]
 
 
-@torch.no_grad()
 def held_out_loss(final: str | Path, config: RunConfig, blocks: list[int], device: str = "cpu") -> float:
     """The token-mean loss of a run's final weights on the cache blocks ``blocks``, in float64 on
     the CPU and float32 on a GPU, ``training.micro_batch_size`` sequences at a time."""
+    import torch  # not for the planner
+
+    from tiny_llm.architectures import build_model
+    from tiny_llm.model.causal import token_losses
+    from tiny_llm.model.checkpoint import load_train_state
+
     dtype = torch.float64 if device == "cpu" else torch.float32
     model = build_model(config.model, attention_backend="reference")
     model.load_state_dict(load_train_state(final)["model"], strict=True)
     model = model.to(device=device, dtype=dtype).eval()
     tokens = TokenCache(config.data.cache).tokens(blocks).to(device)
     total, size = 0.0, config.training.micro_batch_size
-    for start in range(0, len(tokens), size):
-        chunk = tokens[start : start + size]
-        total += float(token_losses(model(chunk[:, :-1]), chunk[:, 1:]).double().sum())
+    with torch.no_grad():
+        for start in range(0, len(tokens), size):
+            chunk = tokens[start : start + size]
+            total += float(token_losses(model(chunk[:, :-1]), chunk[:, 1:]).double().sum())
     return total / (len(tokens) * (tokens.shape[1] - 1))
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from tiny_llm.model.causal import CausalLM, head_loss_chunks, token_losses
 from tiny_llm.model.checkpoint import load_train_state, save_train_state, save_weights
 from tiny_llm.runtime import resolve_device
 from tiny_llm.training.branches import load_start
+from tiny_llm.training.schedule import learning_rate
 
 __all__ = ["accumulate_batch_gradient", "average_states", "learning_rate", "run_summary", "train"]
 
@@ -55,17 +55,6 @@ TRAIN_LOCK = ".train.lock"
 
 def worker_dir(worker: int) -> str:
     return f"node-{worker:03d}"
-
-
-def learning_rate(step: int, total_steps: int, config: RunConfig) -> float:
-    """Learning rate of 0-based local step ``step``: linear warmup, then cosine to min_lr_ratio * lr."""
-    tc = config.training
-    if step < tc.warmup_steps:
-        return tc.lr * (step + 1) / tc.warmup_steps
-    if tc.lr_schedule == "constant":
-        return tc.lr
-    progress = (step - tc.warmup_steps) / max(1, total_steps - tc.warmup_steps)
-    return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def accumulate_batch_gradient(

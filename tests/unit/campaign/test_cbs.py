@@ -2,12 +2,14 @@
 one branch run per (checkpoint, batch size, data seed) waiting for it, the analysis of the base
 run at the checkpoints, the targets and the price; and every entry that cannot run refused by key."""
 
+import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tiny_llm.campaign.cbs import expand_cbs_experiments, parent_receipt
+from tiny_llm.campaign.cbs import CbsExperiment, expand_cbs_experiments, parent_receipt
 from tiny_llm.campaign.targets import all_targets
 from tiny_llm.campaign.workflow import WorkflowPlan
 
@@ -101,3 +103,17 @@ def test_a_name_taken_twice_is_refused(project):
     missing = {"cbs_experiments": {"x": {"config": "run.yaml"}}}
     with pytest.raises(ValueError, match="cbs_experiments.x: give checkpoints, batch_sizes, token_budget"):
         expand_cbs_experiments(missing)
+
+
+def test_the_docs_state_every_key_and_its_default():
+    page = (Path(__file__).resolve().parents[3] / "docs/critical-batch.md").read_text()
+    table = page.split("## The keys", 1)[1].split("\n\n", 2)[1].splitlines()[2:]
+    documented = {}
+    for line in table:
+        key, default = (cell.strip().strip("`") for cell in line.strip("|").split("|")[:2])
+        documented[key] = None if default in ("(required)", "null") else yaml.safe_load(default)
+    fields = {f.name: f.default for f in dataclasses.fields(CbsExperiment)}
+    assert set(documented) == set(fields)
+    for key, default in fields.items():
+        expected = None if default is dataclasses.MISSING else default
+        assert documented[key] == (list(expected) if isinstance(expected, tuple) else expected), key

@@ -1,7 +1,6 @@
 """Training: determinism, resume, checkpoints, packed averaging, logs, accumulation with remainders."""
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.model.causal import token_losses
 from tiny_llm.model.checkpoint import load_train_state, load_weights
 from tiny_llm.model.llama import Llama
-from tiny_llm.training.loop import accumulate_batch_gradient, learning_rate, train
+from tiny_llm.training.loop import accumulate_batch_gradient, train
 
 
 def _weights(path):
@@ -150,14 +149,6 @@ def test_accumulation_with_remainder_equals_full_batch_gradient(tiny_model_confi
     assert float(loss) == pytest.approx(float(full.detach()), abs=1e-14)
     for a, p in zip(accumulated, model.parameters(), strict=True):
         torch.testing.assert_close(a, p.grad, rtol=0, atol=1e-14)
-
-
-def test_learning_rate_schedule(make_config):
-    config = make_config(warmup_steps=2, lr=1.0, min_lr_ratio=0.1)
-    assert learning_rate(0, 10, config) == 0.5 and learning_rate(1, 10, config) == 1.0
-    assert learning_rate(2, 10, config) == pytest.approx(1.0)
-    assert learning_rate(10, 10, config) == pytest.approx(0.1)
-    assert learning_rate(6, 10, config) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
 
 
 def test_cache_too_small_writes_nothing(make_config, tmp_path):
