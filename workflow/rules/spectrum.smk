@@ -29,6 +29,7 @@ rule analyze_spectrum:
         settings=get_analysis_settings,
         spectrum=get_spectrum_settings,
         aliases=get_state_aliases,
+        successor=get_successor,  # its step's share in the top eigenspace
     script:
         "../scripts/analyze_spectrum.py"
 

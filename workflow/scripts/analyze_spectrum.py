@@ -25,6 +25,7 @@ with devices_of_the_job(job), node_local_compile_cache(shared_by=snakemake.wildc
             "settings": dict(snakemake.params.settings),
             "spectrum": dict(snakemake.params.spectrum),
             "expect_key": snakemake.wildcards.key,
+            "successor": snakemake.params.successor.state,  # the next state, or None
         },
         snakemake.output.result,
         ranks=snakemake.resources.ranks,

@@ -352,9 +352,14 @@ def _spectrum_row(result: dict[str, Any]) -> dict[str, Any]:
             row[f"{which}_converged_{pair['index'] + 1}"] = _cell(pair.get("converged"))
     row["trace_over_D"] = result["slq"]["trace_over_D"]
     row["second_moment_over_D"] = result["slq"]["second_moment_over_D"]
-    row["gradient_top1_alignment"] = result["alignment"]["gradient_top"][0]
-    noise = result["alignment"]["noise_top_mean"]
+    alignment = result["alignment"]
+    row["gradient_top1_alignment"] = alignment["gradient_top"][0]
+    noise = alignment["noise_top_mean"]
     row["noise_top1_alignment"] = _cell(noise[0] if noise else None)
+    row["gradient_top_share"] = _cell(alignment.get("gradient_top_share"))  # older results lack the shares
+    step = alignment.get("step_top")
+    row["step_top1_alignment"] = _cell(step[0] if step else None)
+    row["step_top_share"] = _cell(alignment.get("step_top_share"))
     cg = result["cg"]
     row.update(
         cg_damping=cg["damping"],

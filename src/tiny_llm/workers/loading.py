@@ -16,6 +16,7 @@ from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.memory_measure import device_budget
+from tiny_llm.curvature.sharded import shard_rows
 from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
 from tiny_llm.data.tokens import BatchPlan, TokenCache, check_capacity, epoch_plan, offset_plan, unseen_plan
 from tiny_llm.data.training_order import ORDER_CASES, OrderCase, TrainingOrder, check_window, order_plan
@@ -222,6 +223,17 @@ def load_successor(
         return None
     run_dir = Path(run_dir)
     return successor, load_state(run_dir, resolve_checkpoints(run_dir, [successor["file"]]), config, False)
+
+
+def step_vector(
+    state: LoadedState, successor: tuple[dict[str, Any], LoadedState] | None, names: list[str], sharded: bool
+) -> torch.Tensor | None:
+    """Δ = θ' − θ between the stored checkpoints, float64 in the order of ``names``: this rank's
+    rows when sharded (as every parameter-sized vector of a sharded job), or None without a successor."""
+    if successor is None:
+        return None
+    following, (rank, ranks) = successor[1].root, world()
+    return shard_rows([following[n].double() - state.root[n].double() for n in names], rank, ranks if sharded else 1)
 
 
 def _order_plan(config: RunConfig, case: str, order: OrderCase) -> tuple[TrainingOrder, BatchPlan]:

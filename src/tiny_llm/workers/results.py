@@ -99,3 +99,18 @@ def single_writer(output: Path) -> Iterator[Callable[[Callable[[], Any]], Any]]:
         finally:
             if not failed:
                 barrier()
+
+
+def check_successor(old: dict[str, Any], successor: dict[str, Any] | None, output: Path) -> None:
+    """A reusable result was measured along the step to the same successor (the trajectory
+    statistics and the step's alignment depend on it).
+
+    Raises:
+        ValueError: naming the file and both successors.
+    """
+    measured = (old.get("trajectory") or {}).get("successor")
+    if measured != successor:
+        raise ValueError(
+            f"{output} was measured along the step to {measured}, not to {successor} (the analysed "
+            "checkpoints changed); use a new output directory"
+        )

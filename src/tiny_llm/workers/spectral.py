@@ -111,6 +111,9 @@ class SpectrumJob:
     micro_batch_size: int
     """Training's micro-batch: the gradients' (cut by ``memory`` when it says so)."""
     memory: MemoryPlan | None = None
+    step: torch.Tensor | None = None
+    """Δ = θ' − θ to the next state (float64; this rank's rows when sharded), for its share in the
+    top eigenspace; None: the state has no successor."""
 
 
 def _spectrum_operator(
@@ -288,19 +291,27 @@ def _slq_stage(
     }
 
 
-def _alignment(g_bar: torch.Tensor, noise: list[torch.Tensor], vectors: torch.Tensor, layout: Layout) -> dict:
-    """|cos| of ḡ with each top eigenvector, and the mean |cos| of the noise directions (None when
-    there is no noise to align)."""
+def _alignment(
+    g_bar: torch.Tensor, noise: list[torch.Tensor], vectors: torch.Tensor, layout: Layout, step: torch.Tensor | None
+) -> dict:
+    """|cos| of ḡ with each top eigenvector and ḡ's share in their span (Σ cos², the eigenvectors
+    being orthonormal), the mean |cos| of the noise directions (None when there is no noise to
+    align), and with a successor the same |cos| and share of the step Δ training took."""
     noise_cos = (
         _cosines(torch.stack(noise), vectors, layout)
         if noise and float(layout.norms(torch.stack(noise)).sum()) > 0
         else None
     )
+    gradient = _cosines(g_bar.unsqueeze(0), vectors, layout)[0]
+    moved = None if step is None else _cosines(step.to(g_bar).unsqueeze(0), vectors, layout)[0]
     return {
-        "gradient_top": _cosines(g_bar.unsqueeze(0), vectors, layout)[0],
+        "gradient_top": gradient,
+        "gradient_top_share": sum(c * c for c in gradient),
         "noise_top_mean": (
             [sum(c[j] for c in noise_cos) / len(noise_cos) for j in range(len(vectors))] if noise_cos else None
         ),
+        "step_top": moved,
+        "step_top_share": None if moved is None else sum(c * c for c in moved),
     }
 
 
@@ -357,7 +368,7 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], job: 
     return {
         **top,
         "slq": slq_record,
-        "alignment": _alignment(g_bar, noise, vectors, layout),
+        "alignment": _alignment(g_bar, noise, vectors, layout, job.step),
         "cg": cg,
         "block_diagonal": block_diagonal,
         "counts": {"parameters_D": flat.D, "hvp_batches": len(operator.batches), "noise_samples": len(noise)},

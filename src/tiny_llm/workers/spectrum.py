@@ -17,7 +17,7 @@ import torch
 from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.engines import engine as engine_named
-from tiny_llm.curvature.hessian import FD_SCALE, Precision, runtime_settings
+from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import JobShape, MemoryPlan, parameter_count, plan_spectrum
 from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.distributed import is_writer, world
@@ -25,8 +25,8 @@ from tiny_llm.distributed import record as parallel_record
 from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
-from tiny_llm.workers.loading import LoadedState, Resolved, prepare_inputs
-from tiny_llm.workers.results import result_identity, reusable_result, single_writer
+from tiny_llm.workers.loading import LoadedState, Resolved, load_successor, prepare_inputs, step_vector
+from tiny_llm.workers.results import check_successor, result_identity, reusable_result, single_writer
 from tiny_llm.workers.settings import (
     AnalysisSettings,
     SpectrumSettings,
@@ -127,8 +127,11 @@ def analyze_spectrum(
     spectrum: SpectrumSettings,
     output: str | Path,
     expect_key: str | None = None,
+    successor: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure one state's spectrum on one case and write the JSON atomically (reused when identical).
+    ``successor``: the next state of the analysis (``{"key", "file", "step"}``), whose step Δ's share
+    in the top eigenspace is measured too; None: none.
 
     Raises:
         ValueError: bad inputs (as the noise worker), before anything is computed or written.
@@ -138,6 +141,7 @@ def analyze_spectrum(
     if settings.sharded:  # the analysis's switch shards its spectra too
         spectrum = replace(spectrum, sharded=True)
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
+    following = load_successor(run_dir, successor, config)
     if (engine := sharded_engine(settings, spectrum)) is not None:
         resolved = replace(resolved, hvp_engine=engine, hvp_compiled=False)
     identity = {k: v for k, v in result_identity(settings, resolved, config, cache).items() if k != "hash"}
@@ -146,13 +150,15 @@ def analyze_spectrum(
     memory = spectrum_memory(settings, spectrum, config, resolved, len(plan))
     with single_writer(output) as reuse:  # every rank computes, rank 0 writes
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
+            check_successor(old, successor, output)
             return old
-        precision = Precision(resolved.device, resolved.dtype, settings.amp)
-        hvp = (resolved.hvp_batch_size, resolved.hvp_engine, resolved.hvp_compiled)
-        job = SpectrumJob(settings, spectrum, precision, *hvp, config.training.micro_batch_size, memory)
         model = build_model(config.model, attention_backend="reference")
         model.load_state_dict(state.root, strict=True)
         sharded = is_sharded(spectrum.sharded)
+        step = step_vector(state, following, FlatParameters(model).names, sharded)
+        precision = Precision(resolved.device, resolved.dtype, settings.amp)
+        hvp = (resolved.hvp_batch_size, resolved.hvp_engine, resolved.hvp_compiled)
+        job = SpectrumJob(settings, spectrum, precision, *hvp, config.training.micro_batch_size, memory, step)
         # sharded, the model stays on the host until FSDP moves each block's shards to the device
         model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
         batches = [cache.tokens(blocks) for blocks in plan.blocks]
@@ -162,6 +168,7 @@ def analyze_spectrum(
         ):
             measured = measure_spectrum(model, batches, job)
         result = _result(identity, state, case, job, resolved, measured | runtime, sharded)
+        result["trajectory"] = None if successor is None else {"successor": successor}
         if is_writer():
             atomic_write_json(output, result)
     return result

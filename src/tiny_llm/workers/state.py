@@ -39,8 +39,15 @@ from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
-from tiny_llm.workers.loading import LoadedState, Resolved, job_memory_plan, load_successor, prepare_inputs
-from tiny_llm.workers.results import result_identity, reusable_result, single_writer
+from tiny_llm.workers.loading import (
+    LoadedState,
+    Resolved,
+    job_memory_plan,
+    load_successor,
+    prepare_inputs,
+    step_vector,
+)
+from tiny_llm.workers.results import check_successor, result_identity, reusable_result, single_writer
 from tiny_llm.workers.settings import AnalysisSettings, settings_record
 
 __all__ = ["RESULT_SCHEMA", "analyze_state", "explain_out_of_memory"]
@@ -82,11 +89,7 @@ def analyze_state(
                     f"{output} holds the case's batches {old['data'].get('plan')}, not {plan.name} (the analysed "
                     "checkpoints or case_steps changed); use a new output directory"
                 )
-            if (old.get("trajectory") or {}).get("successor") != successor:
-                raise ValueError(
-                    f"{output} was measured along the step to {(old.get('trajectory') or {}).get('successor')}, not to "
-                    f"{successor} (the analysed checkpoints changed); use a new output directory"
-                )
+            check_successor(old, successor, output)
             log.info("reusing %s (same identity)", output)
             return old
         log.info("%s", memory.describe())
@@ -280,12 +283,7 @@ def _measure(job: StateJob) -> dict[str, Any]:
         (w, shard_rows([worker[n].double() - state.root[n].double() for n in names], rank, ranks if sharded else 1))
         for w, worker in enumerate(state.workers)
     ]
-    step = None  # Δ = θ' − θ between the stored checkpoints, held as the consensus errors are
-    if job.successor is not None:
-        following = job.successor[1].root
-        step = shard_rows(
-            [following[n].double() - state.root[n].double() for n in names], rank, ranks if sharded else 1
-        )
+    step = step_vector(state, job.successor, names, sharded)  # held as the consensus errors are
     with (
         runtime_settings(resolved.device, resolved.tf32) as runtime,
         explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),

@@ -10,7 +10,9 @@ from builders import make_oracle_run, smallest_budget_gb
 from safetensors.torch import load_file
 from unit.workers.test_state import _dense_hessian
 
-from tiny_llm.data.tokens import epoch_plan
+from tiny_llm.data.tokens import TokenCache, epoch_plan
+from tiny_llm.model.causal import token_losses
+from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
 from tiny_llm.workers.settings import AnalysisSettings
 from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum, spectrum_settings_from_dict
@@ -44,6 +46,38 @@ def test_spectrum_result_against_dense_oracle(run):
     assert result["cg"]["relative_residual"] <= 1e-9 and result["cg"]["status"] == "ok"
     assert set(result["block_diagonal"]) == {"tensor", "layer"}
     assert json.loads((path / "s.json").read_text())["kind"] == "spectrum"
+
+
+def _dense_gradient(config, state, plan):
+    model = Llama(config.model, attention_backend="reference").double()
+    model.load_state_dict(state)
+    tokens = torch.cat([TokenCache(config.data.cache).tokens(b) for b in plan.blocks])
+    token_losses(model(tokens[:, :-1]), tokens[:, 1:]).mean().backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def test_shares_of_the_gradient_and_the_step_in_the_top_eigenspace_equal_the_dense_oracle(run):
+    """Σ_j (u_jᵀx)² / ‖x‖² over the top-k eigenvectors u_j of the dense Hessian, for ḡ and for the
+    step Δ = θ' − θ to the next checkpoint."""
+    config, path = run
+    successor = {"key": "next", "file": "epoch-002.safetensors", "step": 6}
+    out = path / "step.json"
+    result = analyze_spectrum(path / "run", ["epoch-001.safetensors"], "seen", SETTINGS, SPECTRUM, out, None, successor)
+    state, following = (load_file(path / "run" / f"epoch-00{e}.safetensors") for e in (1, 2))
+    H, flat = _dense_hessian(config, state, epoch_plan(config, 1))
+    g = _dense_gradient(config, state, epoch_plan(config, 1))
+    delta = flat.flatten([(following[n] - state[n]).double() for n in flat.names])
+    top = torch.linalg.eigh(H).eigenvectors[:, -SPECTRUM.top_k :]
+    alignment = result["alignment"]
+    for vector, name in ((g, "gradient"), (delta, "step")):
+        share = float(((top.T @ vector) ** 2).sum() / (vector @ vector))
+        assert alignment[f"{name}_top_share"] == pytest.approx(share, rel=1e-6), name
+        assert alignment[f"{name}_top"][0] == pytest.approx(
+            float((top[:, -1] @ vector).abs() / vector.norm()), rel=1e-6
+        )
+    assert result["trajectory"] == {"successor": successor}
+    with pytest.raises(ValueError, match=r"was measured along the step to \{'key': 'next'"):
+        analyze_spectrum(path / "run", ["epoch-001.safetensors"], "seen", SETTINGS, SPECTRUM, out)
 
 
 def test_reuse_and_refusal(run, monkeypatch):
