@@ -69,6 +69,11 @@ def _add_inputs(an: argparse.ArgumentParser) -> None:
     )
     an.add_argument("--output", required=True, type=Path, help="result JSON to write")
     an.add_argument("--expect-key", help="refuse unless the checkpoints hash to this state key")
+    an.add_argument(
+        "--successor",
+        help="the next checkpoint of the run, relative to it or absolute: adds the statistics along the step "
+        "Δ = θ' − θ training took to it (analyze-state) and Δ's share in the top eigenspace (analyze-spectrum)",
+    )
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -149,7 +149,13 @@ def analyze_state(args: argparse.Namespace) -> None:
 
     init_from_environment(args.device)  # under torchrun: one rank of the data-parallel passes
     result = analyze_state(
-        args.run, args.checkpoint, args.case, _analysis_settings(args), args.output, expect_key=args.expect_key
+        args.run,
+        args.checkpoint,
+        args.case,
+        _analysis_settings(args),
+        args.output,
+        expect_key=args.expect_key,
+        successor=_successor(args),
     )
     if is_writer():
         print(json.dumps(result["statistics"], indent=1))
@@ -168,6 +174,11 @@ def plot_analysis(args: argparse.Namespace) -> None:
 
     for path in plot_analysis(args.output, training_norms=args.training_norms, x_axis=args.x_axis):
         print(path)
+
+
+def _successor(args: argparse.Namespace) -> dict[str, str] | None:
+    """The next state named by ``--successor``, as the workflow names it (its checkpoint file)."""
+    return None if args.successor is None else {"file": args.successor}
 
 
 def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
@@ -190,6 +201,7 @@ def analyze_spectrum(args: argparse.Namespace) -> None:
         spectrum,
         args.output,
         expect_key=args.expect_key,
+        successor=_successor(args),
     )
     if is_writer():
         print(json.dumps({"top_eigenvalues": result["top_eigenvalues"], "cg": result["cg"]}, indent=1))

@@ -227,3 +227,18 @@ def test_a_refusal_is_one_line_and_under_torchrun_the_line_its_report_shows(tmp_
     report = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file))  # what torchrun reads
     assert report.message == err
     assert not (tmp_path / "out").exists()
+
+
+def test_analyze_state_along_the_step_to_a_successor(trained_run, tmp_path, capsys):
+    """--successor: the statistics along the step to the next checkpoint, as the workflow measures them."""
+    argv = ["--quiet", "analyze-state", "--run", str(trained_run), "--checkpoint", "epoch-001.safetensors"]
+    argv += ["--case", "seen", "--device", "cpu", "--dtype", "float64", "--random-samples", "1"]
+    assert main([*argv, "--output", str(tmp_path / "step.json"), "--successor", "epoch-002.safetensors"]) == 0
+    result = json.loads((tmp_path / "step.json").read_text())
+    assert result["trajectory"]["successor"] == {"file": "epoch-002.safetensors"}
+    assert result["statistics"]["actual_loss_change"] < 0 and result["statistics"]["step_norm"] > 0
+    assert main([*argv, "--output", str(tmp_path / "alone.json")]) == 0
+    assert "step_norm" not in json.loads((tmp_path / "alone.json").read_text())["statistics"]
+    capsys.readouterr()
+    assert main([*argv, "--output", str(tmp_path / "step.json")]) == 2  # measured along another step
+    assert "was measured along the step to" in capsys.readouterr().err
