@@ -263,6 +263,25 @@ def test_seed_experiments_run_through_the_naiss_profile(tmp_path):
     assert "calibrate_geometry" in calibrate.stdout + calibrate.stderr  # `calibrate` covers experiments too
 
 
+def test_a_critical_batch_experiment_runs_through_the_naiss_profile(tmp_path):
+    """Its base run and branches are GPU training jobs (a branch after its base run), each
+    checkpoint's held-out losses a GPU job of 72 threads, the table local; the price is printed."""
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
+    experiment = {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64, "checkpoints": [1]}
+    experiment |= {"batch_sizes": [1, 2], "data_seeds": [1, 2], "token_budget": 32, "eval_sequences": 4}
+    (tmp_path / "config.yaml").write_text(
+        yaml.safe_dump({"train_runs": {}, "analyses": {}, "cbs_experiments": {"cbs": experiment}})
+    )
+    plan = _snakemake(tmp_path, "--profile", str(REPO / "profiles/naiss"), "-n", "--cores", "100")
+    text = plan.stdout + plan.stderr
+    assert plan.returncode == 0, text[-3000:]
+    jobs = {name: block for name, block in re.findall(r"\n(?:rule|checkpoint) (\w+):\n((?:    .*\n)+)", text)}
+    assert "threads: 72" in jobs["evaluate_branches"] and "gpu=1" in jobs["evaluate_branches"]
+    assert re.search(r"train_run\s+5\b", text)  # the base run and 2 batch sizes x 2 seeds
+    assert "gpu=1" not in jobs["critical_batch"]
+    assert "cbs experiment cbs: 1 checkpoints × 2 batch sizes" in text
+
+
 def test_seed_experiment_walltime_from_a_timing_entry(tmp_path):
     """Under walltime: estimate a timing entry of the measurement setup prices each checkpoint's job
     (2 x work + 30 min, rounded up to the hour); without one, walltime_minutes applies."""
