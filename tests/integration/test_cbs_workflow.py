@@ -52,7 +52,7 @@ def experiment(tmp_path_factory):
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     base = _snakemake(path, "runs/tiny-base/trained.json")
     assert base.returncode == 0, base.stderr[-4000:]
-    assert "cbs experiment tiny: 1 checkpoints × 3 batch sizes (1, 2, 4 sequences) × 2 data-order seeds" in base.stderr
+    assert "cbs experiment tiny: 1 checkpoint × 3 batch sizes (1, 2, 4 sequences) × 2 data-order seeds" in base.stderr
     cwd = Path.cwd()
     os.chdir(path)
     try:  # a branch killed after half its budget, while writing its log

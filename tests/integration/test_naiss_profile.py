@@ -279,7 +279,7 @@ def test_a_critical_batch_experiment_runs_through_the_naiss_profile(tmp_path):
     assert "threads: 72" in jobs["evaluate_branches"] and "gpu=1" in jobs["evaluate_branches"]
     assert re.search(r"train_run\s+5\b", text)  # the base run and 2 batch sizes x 2 seeds
     assert "gpu=1" not in jobs["critical_batch"]
-    assert "cbs experiment cbs: 1 checkpoints × 2 batch sizes" in text
+    assert "cbs experiment cbs: 1 checkpoint × 2 batch sizes" in text
 
 
 def test_seed_experiment_walltime_from_a_timing_entry(tmp_path):

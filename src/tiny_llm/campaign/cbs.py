@@ -140,13 +140,18 @@ class CbsPlan:
         """What the experiment adds to its base run and analysis: the branch runs and their tokens."""
         runs = sum(len(b) for b in self.branches.values())
         base = self.base_config.training.tokens
+        checkpoints = _count(len(self.epochs), "checkpoint")
         return (
-            f"cbs experiment {self.name}: {len(self.epochs)} checkpoints × {len(self.batch_sizes)} batch sizes "
+            f"cbs experiment {self.name}: {checkpoints} × {len(self.batch_sizes)} batch sizes "
             f"({', '.join(map(str, self.batch_sizes))} sequences) × {len(self.seeds)} data-order seeds = {runs} "
             f"branch runs of {self.token_budget:,} tokens ({runs * self.token_budget:,} tokens in all, "
             f"{runs * self.token_budget / base:.3g} × the base run's {base:,}), each then measured on "
             f"{len(self.eval_blocks)} held-out sequences; B_simple and B_noise from analysis {self.name}"
         )
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
 def _check_grid(key: str, entry: CbsExperiment, base: RunConfig) -> None:

@@ -93,6 +93,7 @@ class WorkflowPlan:
         experiment_of = {run: name for name, runs in self.experiment_runs.items() for run in runs}
         for name, run in self.run_configs.items():
             analysed = any(self.trained_here(a) == name and "unseen" in self.cases(a) for a in self.analyses)
+            analysed |= any(cbs.base == name for cbs in self.cbs.values())  # its held-out sequences
             where = ("seed_experiments", experiment_of[name]) if name in experiment_of else ("train_runs", name)
             check_corpus(where[1], self.train_runs[name], run, "unseen" if analysed else "train", key=where[0])
         self.train_device: str = config.get("train_device", "cpu")
