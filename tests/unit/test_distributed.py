@@ -85,7 +85,7 @@ def _analyze(rank: int, size: int, store: str, run: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
     try:
-        result = analyze_state(run, ["epoch-002.safetensors"], "seen", SETTINGS, out)
+        result = analyze_state(run, ["epoch-001.safetensors"], "seen", SETTINGS, out, successor=NEXT)
         torch.save(
             {
                 "statistics": result["statistics"],
@@ -99,6 +99,11 @@ def _analyze(rank: int, size: int, store: str, run: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+NEXT = {"file": "epoch-002.safetensors"}
+"""The successor of the analysed state (epoch-001): the statistics along the step to it, and its
+share in the top eigenspace."""
+
+
 @pytest.fixture(scope="module")
 def oracle_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("dp")
@@ -108,10 +113,14 @@ def oracle_run(tmp_path_factory):
 
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_an_analysis_on_ranks_gives_the_single_process_result_written_once(oracle_run, tmp_path, ranks):
-    """analyze_state on 2 and 3 ranks: every statistic, standard error and noise sample of the
-    single-process result to 1e-12 on every rank; rank 0 writes it, with the rank count recorded
-    outside the identity (which is the single process's)."""
-    single = analyze_state(oracle_run / "run", ["epoch-002.safetensors"], "seen", SETTINGS, tmp_path / "single.json")
+    """analyze_state on 2 and 3 ranks: every statistic (the step to the next checkpoint's
+    included), standard error and noise sample of the single-process result to 1e-12 on every
+    rank; rank 0 writes it, with the rank count recorded outside the identity (which is the single
+    process's)."""
+    single = analyze_state(
+        oracle_run / "run", ["epoch-001.safetensors"], "seen", SETTINGS, tmp_path / "single.json", successor=NEXT
+    )
+    assert single["statistics"]["step_curvature"] is not None
     assert single["parallel"] == {"ranks": 1, "backend": None, "sharded": False}
     out = tmp_path / "parallel.json"
     mp.start_processes(
@@ -141,13 +150,18 @@ def test_an_analysis_on_ranks_gives_the_single_process_result_written_once(oracl
 def test_torchrun_and_srun_run_the_command_line_unchanged(oracle_run, tmp_path):
     """tiny-llm analyze-state under torchrun --nproc-per-node 2 (CPU, gloo), and as two tasks the way
     srun starts them (Slurm's variables only): the single-process statistics, printed once."""
-    single = analyze_state(oracle_run / "run", ["epoch-002.safetensors"], "seen", SETTINGS, tmp_path / "single.json")
+    single = analyze_state(
+        oracle_run / "run", ["epoch-001.safetensors"], "seen", SETTINGS, tmp_path / "single.json", successor=NEXT
+    )
+    assert single["statistics"]["step_curvature"] is not None
     arguments = [
         "--quiet",
         "analyze-state",
         "--run",
         str(oracle_run / "run"),
         "--checkpoint",
+        "epoch-001.safetensors",
+        "--successor",
         "epoch-002.safetensors",
         "--case",
         "seen",
@@ -226,7 +240,7 @@ def _spectrum(rank: int, size: int, store: str, run: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
     try:
-        result = analyze_spectrum(run, ["epoch-002.safetensors"], "seen", FD, SPECTRUM, out)
+        result = analyze_spectrum(run, ["epoch-001.safetensors"], "seen", FD, SPECTRUM, out, None, NEXT)
         torch.save(json.loads(json.dumps(result)), f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
@@ -236,7 +250,9 @@ def _spectral_numbers(result: dict) -> list[float]:
     """Every number of a spectrum result that the ranks compute."""
     numbers = [p["eigenvalue"] for p in result["top_eigenvalues"] + result["top_magnitude_eigenvalues"]]
     numbers += [v for nodes in result["slq"]["nodes"] for v in nodes] + [result["slq"]["trace_over_D"]]
-    numbers += result["alignment"]["gradient_top"] + result["alignment"]["noise_top_mean"]
+    alignment = result["alignment"]
+    numbers += alignment["gradient_top"] + alignment["noise_top_mean"] + alignment["step_top"]
+    numbers += [alignment["gradient_top_share"], alignment["step_top_share"]]
     numbers += [result["cg"]["g_inverse_g"], result["cg"]["relative_residual"]]
     return numbers + [x for kind in result["block_diagonal"].values() for x in kind["relative_error"] + kind["cosine"]]
 
@@ -244,9 +260,10 @@ def _spectral_numbers(result: dict) -> list[float]:
 def test_a_spectrum_on_ranks_data_parallel_and_sharded(oracle_run, tmp_path):
     """analyze_spectrum on 2 ranks with every parameter on each (data-parallel products), then under
     torchrun with the model and vectors sharded (FSDP2, shard-local finite differences): every
-    spectral number of the single-process finite-difference result, one result file each."""
+    spectral number of the single-process finite-difference result (the step to the next
+    checkpoint's top-eigenspace share included), one result file each."""
     single = analyze_spectrum(
-        oracle_run / "run", ["epoch-002.safetensors"], "seen", FD, SPECTRUM, tmp_path / "single.json"
+        oracle_run / "run", ["epoch-001.safetensors"], "seen", FD, SPECTRUM, tmp_path / "single.json", None, NEXT
     )
     assert single["parallel"] == {"ranks": 1, "backend": None, "sharded": False}
     out = tmp_path / "parallel.json"
@@ -277,6 +294,8 @@ def test_a_spectrum_on_ranks_data_parallel_and_sharded(oracle_run, tmp_path):
             "--run",
             str(oracle_run / "run"),
             "--checkpoint",
+            "epoch-001.safetensors",
+            "--successor",
             "epoch-002.safetensors",
             "--case",
             "seen",

@@ -232,8 +232,8 @@ def step_vector(
     rows when sharded (as every parameter-sized vector of a sharded job), or None without a successor."""
     if successor is None:
         return None
-    following, (rank, ranks) = successor[1].root, world()
-    return shard_rows([following[n].double() - state.root[n].double() for n in names], rank, ranks if sharded else 1)
+    rank, ranks = world() if sharded else (0, 1)  # data-parallel ranks hold every vector whole
+    return shard_rows([successor[1].root[n].double() - state.root[n].double() for n in names], rank, ranks)
 
 
 def _order_plan(config: RunConfig, case: str, order: OrderCase) -> tuple[TrainingOrder, BatchPlan]:

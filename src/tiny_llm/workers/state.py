@@ -272,15 +272,15 @@ def _measure(job: StateJob) -> dict[str, Any]:
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     model = build_model(job.config.model, attention_backend="reference")
     model.load_state_dict(state.root, strict=True)
-    rank, ranks = world()
     sharded = is_sharded(settings.sharded)
+    rank, ranks = world() if sharded else (0, 1)  # data-parallel ranks hold every vector whole
     # sharded, the model stays on the host until FSDP moves each block's shards to the device
     model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
     names = FlatParameters(model).names
     if settings.block_curvature:
         check_block_layout(names)
     consensus = [
-        (w, shard_rows([worker[n].double() - state.root[n].double() for n in names], rank, ranks if sharded else 1))
+        (w, shard_rows([worker[n].double() - state.root[n].double() for n in names], rank, ranks))
         for w, worker in enumerate(state.workers)
     ]
     step = step_vector(state, job.successor, names, sharded)  # held as the consensus errors are
