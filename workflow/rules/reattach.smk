@@ -68,6 +68,7 @@ if workflow.is_main_process:
             settings=get_analysis_settings,
             spectrum=get_spectrum_settings,
             aliases=get_state_aliases,
+            successor=get_successor,
         script:
             "../scripts/await_earlier_job.py"
 
