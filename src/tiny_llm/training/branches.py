@@ -21,7 +21,6 @@ from tiny_llm.layout import state_file
 from tiny_llm.training.schedule import learning_rate
 
 __all__ = [
-    "LR_RULES",
     "BRANCH_EPOCHS",
     "branch_overrides",
     "held_out_blocks",
@@ -31,17 +30,15 @@ __all__ = [
     "state_path",
 ]
 
-LR_RULES = ("auto", "sqrt", "linear", "none")
-"""How a branch's learning rate follows its batch size B' against the parent's B: ``sqrt`` multiplies
-it by √(B'/B) (Adam, as Merrill et al. 2025), ``linear`` by B'/B (SGD), ``none`` keeps it; ``auto``:
-sqrt for adamw, linear for sgd."""
 BRANCH_EPOCHS = 4
 """A branch saves its resume state at most this many times (each quarter of its budget when its
 steps allow), so that a killed branch loses at most that much."""
 
 
 def lr_factor(rule: Literal["auto", "sqrt", "linear", "none"], optimizer: str, ratio: float) -> float:
-    """The learning-rate multiplier of a branch whose batch is ``ratio`` × its parent's."""
+    """The learning-rate multiplier of a branch whose batch B' is ``ratio`` × its parent's B: ``sqrt``
+    √(B'/B) (Adam, as Merrill et al. 2025), ``linear`` B'/B (SGD), ``none`` 1; ``auto``: sqrt for
+    adamw, linear for sgd."""
     if rule == "auto":
         rule = "sqrt" if optimizer == "adamw" else "linear"
     return {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}[rule]
