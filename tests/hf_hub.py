@@ -27,6 +27,12 @@ def cache_revision(cache: Path, repo: str, revision: str, folder: Path) -> Path:
     return snapshot
 
 
+def alias_revision(cache: Path, repo: str, revision: str, of: str) -> None:
+    """Name ``of``'s commit ``revision`` too (as Pythia's ``main`` is its last ``stepN``)."""
+    refs = cache / f"models--{repo.replace('/', '--')}" / "refs"
+    (refs / revision).write_text((refs / of).read_text())
+
+
 def neox_config(**changes):
     """A tiny GPT-NeoX configuration (Pythia's architecture: partial rotary, untied head)."""
     import transformers

@@ -184,8 +184,11 @@ def requested_minutes(workflow: Any, rule: str) -> int | None:
 
 
 def print_cost_lines(plan: Any, workflow: Any) -> None:
-    """Print the plan's cost lines before any job, with the walltimes the profile gives training
-    and calibration jobs (counted in a cluster campaign's total)."""
+    """Print what planning left out (``note: ...``) and the plan's cost lines before any job, with
+    the walltimes the profile gives training and calibration jobs (counted in a cluster campaign's
+    total)."""
+    for note in plan.runs.notes:
+        print(f"note: {note}", file=sys.stderr)
     for line in plan.costs.cost_lines(
         requested_minutes(workflow, "train_run"), requested_minutes(workflow, "calibrate_timing")
     ):

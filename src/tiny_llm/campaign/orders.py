@@ -6,8 +6,9 @@ data (:meth:`OrderPlan.job`).
 
 An analysis's keys: ``training_order`` (``{path, format, sequences_per_step, sequence_tokens,
 order, dtype}``), ``case_steps`` (the window's training steps: the case's epoch; default 1) and
-``batch_sequences`` (the sequences of one batch of the noise samples: a training step's batch by
-default, or a divisor of it).
+``batch_sequences`` (the sequences of one batch of the noise samples: a divisor of a training step's
+batch; by default the largest that cuts the window into at least :data:`NOISE_BATCHES` batches). A
+window that would be a single batch is refused: one batch gives no noise estimate.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ from tiny_llm.data.training_order import (
 )
 from tiny_llm.declared import build
 
-__all__ = ["JobOrder", "OrderPlan", "plan_order"]
+__all__ = ["NOISE_BATCHES", "JobOrder", "OrderPlan", "default_batch_sequences", "plan_order"]
+
+NOISE_BATCHES = 8
+"""The noise batches a training-order case's window is cut into by default (as the demo's epoch of
+8 steps): B_simple and B_noise are means over these batches' deviations from the window's gradient."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,8 @@ class OrderPlan:
     spec: TrainingOrderSpec
     steps: int
     """Training steps of each case's window."""
-    batch_sequences: int | None
+    batch_sequences: int
+    """Sequences of one noise batch (a divisor of ``spec.sequences_per_step``)."""
     analysed: tuple[int, int]
     """(earliest, latest) step of the analysed checkpoints."""
 
@@ -71,12 +77,24 @@ class OrderPlan:
         return OrderCase(self.spec, self.window(case, step), self.batch_sequences).to_dict()
 
     def binding(self) -> dict[str, Any]:
-        """What an analysis's results are bound to of its order (a change is refused at start-up)."""
+        """What an analysis's results are bound to of its order, keyed as the configuration is (a
+        change of any of them is refused at start-up): the order as given, the window's steps and
+        the noise batch as resolved."""
         return {
-            "spec": dataclasses.asdict(self.spec),
+            "training_order": dataclasses.asdict(self.spec),
             "case_steps": self.steps,
             "batch_sequences": self.batch_sequences,
         }
+
+
+def default_batch_sequences(sequences_per_step: int, steps: int) -> int:
+    """The largest divisor of a training step's batch that cuts a window of ``steps`` steps into at
+    least :data:`NOISE_BATCHES` noise batches (1 when none does)."""
+    window = sequences_per_step * steps
+    fitting = [
+        b for b in range(1, sequences_per_step + 1) if sequences_per_step % b == 0 and window // b >= NOISE_BATCHES
+    ]
+    return max(fitting, default=1)
 
 
 def plan_order(key: str, entry: dict[str, Any], cases: list[str], steps: list[int], run: RunConfig) -> OrderPlan:
@@ -97,8 +115,15 @@ def plan_order(key: str, entry: dict[str, Any], cases: list[str], steps: list[in
     for name, value in (("case_steps", window), ("batch_sequences", batch)):
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             raise ValueError(f"{key}.{name}: expected a positive integer, got {value!r}")
-    if batch is not None and spec.sequences_per_step % batch:
-        raise ValueError(f"{key}.batch_sequences: expected a divisor of sequences_per_step ({spec.sequences_per_step})")
+    B = spec.sequences_per_step
+    if batch is not None and B % batch:
+        raise ValueError(f"{key}.batch_sequences: expected a divisor of sequences_per_step ({B}), got {batch}")
+    batch = batch or default_batch_sequences(B, window)
+    if window * B // batch < 2:
+        raise ValueError(
+            f"{key}: a window of {window} step(s) of {B} sequences in batches of {batch} is a single batch, from "
+            "which no gradient noise can be estimated; set case_steps: 2 or more, or a smaller batch_sequences"
+        )
     plan = OrderPlan(spec, window, batch, (min(steps), max(steps)))
     available = order.length // spec.sequences_per_step
     for case in (c for c in cases if c in ORDER_CASES):

@@ -66,6 +66,9 @@ class Runs:
         """Each import's checkpoints' steps and tokens."""
         self.integrity: dict[str, dict[str, list[dict[str, Any]]]] = {}
         """Each import's checkpoints whose weight files another step's repeat (by label)."""
+        self.notes: list[str] = []
+        """What planning left out and why (revisions before a case's window, aliases of one
+        commit, revisions without a step), for the log."""
         self.imports = {name: self._check_import(name) for name in self.import_entries}
         """Each import: the run configuration importing it gives (its run directory: the entry's ``run``)."""
         self._check_seed_imports(seed_experiments)
@@ -122,7 +125,8 @@ class Runs:
                 "cut the offset epoch)"
             )
         try:  # a suite or revisions in the local Hugging Face cache: their folders, once
-            entry["hf_checkpoints"] = expand_checkpoints(entry["hf_checkpoints"], self._key(name, "hf_checkpoints"))
+            key, first = self._key(name, "hf_checkpoints"), _first_trained_step(entry)
+            entry["hf_checkpoints"] = expand_checkpoints(entry["hf_checkpoints"], key, None, first, self.notes)
             sources = [CheckpointSource.from_entry(c) for c in entry["hf_checkpoints"]]
             paths = [s.path for s in sources]
             run = load_run_config({"config": entry["config"], "set": entry.get("set", {})})
@@ -328,3 +332,13 @@ class Runs:
     def caches(self) -> list[str]:
         """Every cache the workflow prepares: the trained runs' and the hf_checkpoints analyses'."""
         return [*self.run_of_cache, *self.analysis_caches]
+
+
+def _first_trained_step(entry: dict[str, Any]) -> int:
+    """The first step an analysis's selected revisions must have trained: its ``case_steps`` when
+    a case reads the steps up to a checkpoint (``seen``, ``recent`` of a training order), else 0."""
+    cases = set(entry.get("cases") or ())
+    if "training_order" in entry and cases & {"seen", "recent"}:
+        steps = entry.get("case_steps", 1)
+        return steps if isinstance(steps, int) and not isinstance(steps, bool) else 1
+    return 0

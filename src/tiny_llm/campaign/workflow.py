@@ -359,7 +359,7 @@ class WorkflowPlan:
         and its training order when it has one."""
         entry, order = self.analyses[analysis], self.orders.get(analysis)
         binding = output_binding(settings, entry["run"], entry.get("spectrum", {}))
-        return binding | ({"training_order": order.binding()} if order is not None else {})
+        return binding | (order.binding() if order is not None else {})
 
     def cases(self, analysis: str) -> list[str]:
         entry = self.analyses[analysis]

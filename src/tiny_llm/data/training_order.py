@@ -328,9 +328,10 @@ def case_window(case: str, step: int, analysed: tuple[int, int], steps: int) -> 
     end = {"seen": earliest, "recent": step, "unseen": latest + steps}[case]
     if end - steps + 1 < 1:
         whose = "the earliest analysed checkpoint" if case == "seen" else "this checkpoint"
+        shorter = f" or case_steps: {end}" if end >= 1 else ""
         raise ValueError(
             f"case {case}: {whose} (step {end}) has trained {end} steps, fewer than the window's {steps} "
-            "(case_steps); analyse later checkpoints or a shorter window"
+            f"(case_steps); leave out the checkpoints before step {steps} (revisions: {{min_step: {steps}}}){shorter}"
         )
     return end - steps + 1, end
 
@@ -370,5 +371,7 @@ def order_plan(order: TrainingOrder, window: tuple[int, int], batch_sequences: i
     first, last = window
     positions = np.asarray(order.step_sequences(first, last - first + 1), dtype=np.int64)
     return BatchPlan(
-        f"steps {first}..{last}", positions.reshape(-1, b), first + np.arange(len(positions) // b) * b // B
+        f"steps {first}..{last} in batches of {b}",
+        positions.reshape(-1, b),
+        first + np.arange(len(positions) // b) * b // B,
     )

@@ -48,6 +48,8 @@ class HubRevision:
     step: int | None
     tokens: int | None
     """Training tokens the name states (rounded as the name rounds them), or None."""
+    commit: str | None = None
+    """The commit the name refers to in the cache (refs on one commit are one state)."""
 
 
 def revision_position(name: str) -> tuple[int | None, int | None]:
@@ -121,29 +123,36 @@ def cached_revisions(repo: str, cache_dir: str | Path | None = None) -> list[Hub
         repos = [r for r in scan_cache_dir(_cache(cache_dir)).repos if r.repo_id == repo and r.repo_type == "model"]
     except CacheNotFound:
         repos = []
-    names = sorted({ref for r in repos for revision in r.revisions for ref in revision.refs})
-    if not names:
+    commits = {ref: revision.commit_hash for r in repos for revision in r.revisions for ref in revision.refs}
+    if not commits:
         raise ValueError(
             f"{repo} has no named revision in the local Hugging Face cache ({_cache(cache_dir)}); fetch the "
             f"revisions to study first: {fetch_command(repo, 'REVISION')}"
         )
-    revisions = [HubRevision(repo, name, *revision_position(name)) for name in names]
+    revisions = [HubRevision(repo, name, *revision_position(name), commit) for name, commit in commits.items()]
     return sorted(revisions, key=lambda r: (r.step is None, r.step or 0, r.tokens or 0, r.revision))
 
 
-def select_revisions(revisions: list[HubRevision], selection: Any, key: str) -> list[HubRevision]:
+def select_revisions(
+    revisions: list[HubRevision], selection: Any, key: str, first_step: int = 0, notes: list[str] | None = None
+) -> list[HubRevision]:
     """The revisions a configuration's ``revisions`` selects from ``revisions`` (in training
     order): ``all``, a list of names (each must be cached), or a mapping of ``min_step``,
     ``max_step`` (inclusive), ``every`` (every k-th of those, from the first) and ``log_spaced``
     (the n revisions whose positive steps lie nearest to n log-spaced steps over their range,
     and step 0).
 
+    ``all`` and a mapping keep the revisions whose names carry a step (a repository with none:
+    all of them) and leave out those before ``first_step`` (an analysis whose cases need trained
+    steps). Refs that name one commit are one state, named by the ref that carries a step (Pythia's
+    ``main`` is its last ``stepN``). What is left out is said in ``notes``.
+
     Raises:
-        ValueError: naming ``key``: an unknown key, a name not cached, a selection that keeps none.
+        ValueError: naming ``key``: an unknown key, a name not cached, a selection that keeps none,
+            refs of one commit that name different steps.
     """
+    notes = [] if notes is None else notes
     by_name = {r.revision: r for r in revisions}
-    if selection == "all":
-        return list(revisions)
     if isinstance(selection, list) and selection and all(isinstance(n, str) for n in selection):
         missing = [n for n in selection if n not in by_name]
         if missing:
@@ -152,7 +161,27 @@ def select_revisions(revisions: list[HubRevision], selection: Any, key: str) -> 
                 f"{key}: {', '.join(missing)} not in the local cache (cached: {_some(by_name)}); "
                 f"fetch it first: {fetch_command(repo, missing[0])}"
             )
-        return [by_name[n] for n in selection]
+        return _one_per_commit([by_name[n] for n in selection], key, notes)
+    chosen = _selected(revisions, selection, key)
+    _note_stepless(revisions, chosen, key, notes)
+    early = [r.revision for r in chosen if r.step is not None and r.step < first_step]
+    if early:
+        notes.append(
+            f"{key}: {', '.join(early)} left out: the analysis's cases need checkpoints that trained at least "
+            f"{first_step} step(s) (name revisions in a list to choose them yourself)"
+        )
+        chosen = [r for r in chosen if r.revision not in early]
+    if not chosen:
+        raise ValueError(f"{key}: no cached revision with a step of at least {first_step} is selected")
+    return _one_per_commit(chosen, key, notes)
+
+
+def _selected(revisions: list[HubRevision], selection: Any, key: str) -> list[HubRevision]:
+    """``all`` or a mapping's revisions, before the first step and aliases are applied."""
+    by_name = {r.revision: r for r in revisions}
+    stepped = [r for r in revisions if r.step is not None]
+    if selection == "all":
+        return stepped or list(revisions)
     if not isinstance(selection, dict) or not selection or set(selection) - set(SELECTION_KEYS):
         raise ValueError(
             f"{key}: expected all, a list of revision names, or a mapping of {', '.join(SELECTION_KEYS)}; "
@@ -161,7 +190,6 @@ def select_revisions(revisions: list[HubRevision], selection: Any, key: str) -> 
     for name, value in selection.items():
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= (1 if name != "min_step" else 0)):
             raise ValueError(f"{key}.{name}: expected a {'non-negative' if name == 'min_step' else 'positive'} integer")
-    stepped = [r for r in revisions if r.step is not None]
     low, high = selection.get("min_step", 0), selection.get("max_step", math.inf)
     chosen = [r for r in stepped if low <= r.step <= high][:: selection.get("every", 1)]
     if "log_spaced" in selection:
@@ -169,6 +197,47 @@ def select_revisions(revisions: list[HubRevision], selection: Any, key: str) -> 
     if not chosen:
         raise ValueError(f"{key}: no cached revision with a step is selected (cached: {_some(by_name)})")
     return chosen
+
+
+def _note_stepless(revisions: list[HubRevision], chosen: list[HubRevision], key: str, notes: list[str]) -> None:
+    """Say which refs without a step a selection left out: an alias of a chosen commit, or a
+    revision of its own."""
+    by_commit = {r.commit: r.revision for r in chosen if r.commit}
+    for r in revisions:
+        if r.step is None and r not in chosen:
+            if r.commit in by_commit:
+                notes.append(f"{key}: {r.revision} is the same commit as {by_commit[r.commit]}: measured once, as it")
+            else:
+                notes.append(
+                    f"{key}: {r.revision} left out: its name carries no step (name it in a list to measure it)"
+                )
+
+
+def _one_per_commit(chosen: list[HubRevision], key: str, notes: list[str]) -> list[HubRevision]:
+    """One revision per commit: of refs that name one commit, the one whose name carries a step
+    (else the first), the others said in ``notes``.
+
+    Raises:
+        ValueError: refs of one commit whose names carry different steps, naming them.
+    """
+    groups: dict[Any, list[HubRevision]] = {}
+    for r in chosen:
+        groups.setdefault(r.commit or r.revision, []).append(r)
+    kept = []
+    for group in groups.values():
+        steps = sorted({r.step for r in group if r.step is not None})
+        if len(steps) > 1:
+            names = ", ".join(r.revision for r in group)
+            raise ValueError(
+                f"{key}: {names} are one commit ({group[0].commit}) but their names give steps {steps}; one set of "
+                "weights cannot be several steps: name the right one in a list of revisions"
+            )
+        keep = next((r for r in group if r.step is not None), group[0])
+        others = [r.revision for r in group if r is not keep]
+        if others:
+            notes.append(f"{key}: {', '.join(others)} is the same commit as {keep.revision}: measured once, as it")
+        kept.append(keep)
+    return kept
 
 
 def _some(by_name: dict[str, Any]) -> str:
@@ -189,11 +258,18 @@ def _log_spaced(revisions: list[HubRevision], n: int) -> list[HubRevision]:
     return zero + [positive[i] for i in sorted(keep)]
 
 
-def expand_checkpoints(checkpoints: Any, key: str, cache_dir: str | Path | None = None) -> list[dict[str, Any]]:
+def expand_checkpoints(
+    checkpoints: Any,
+    key: str,
+    cache_dir: str | Path | None = None,
+    first_step: int = 0,
+    notes: list[str] | None = None,
+) -> list[dict[str, Any]]:
     """A configuration's ``hf_checkpoints`` as the folder entries an import takes: a suite
-    ``{repo, revisions}`` becomes one entry per selected revision; a list entry ``{repo, revision}``
-    becomes its snapshot folder; ``{path}`` entries stay. Each hub entry keeps its ``repo`` and
-    ``revision`` (the step and tokens its name carries are read with the positions).
+    ``{repo, revisions}`` becomes one entry per selected revision (:func:`select_revisions`, with
+    ``first_step`` and ``notes``); a list entry ``{repo, revision}`` becomes its snapshot folder;
+    ``{path}`` entries stay. Each hub entry keeps its ``repo`` and ``revision`` (the step and tokens
+    its name carries are read with the positions).
 
     Raises:
         ValueError: naming ``key``: a malformed entry, a revision not in the cache.
@@ -202,7 +278,8 @@ def expand_checkpoints(checkpoints: Any, key: str, cache_dir: str | Path | None 
         if "repo" not in checkpoints or set(checkpoints) - {"repo", "revisions"}:
             raise ValueError(f"{key}: a suite is {{repo: ORG/NAME, revisions: ...}}, got {checkpoints!r}")
         repo = checkpoints["repo"]
-        chosen = select_revisions(cached_revisions(repo, cache_dir), checkpoints.get("revisions", "all"), key)
+        revisions = checkpoints.get("revisions", "all")
+        chosen = select_revisions(cached_revisions(repo, cache_dir), revisions, key, first_step, notes)
         checkpoints = [{"repo": repo, "revision": r.revision} for r in chosen]
     if not isinstance(checkpoints, list) or not checkpoints:
         raise ValueError(f"{key}: expected a list of checkpoints or {{repo: ORG/NAME, revisions: ...}}")

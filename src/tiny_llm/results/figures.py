@@ -184,13 +184,17 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     notes = Notes()
     curves(ax, table, "b_simple", "B_simple", "C4", log=True, notes=notes)
     curves(ax, table, "b_noise", "B_noise (critical)", "C5", log=True, notes=notes)
-    trained = {b["effective_batch_size"] for b in (context.get("batch_sizes") or {}).values()}
+    sizes = (context.get("batch_sizes") or {}).values()
+    trained = {b.get("training_batch_size") or b["effective_batch_size"] for b in sizes}
     for B in sorted(trained):
         ax.axhline(B, color="0.4", lw=0.8, ls=":", label=f"training batch B = {B}")
     log_axis(ax)
     note = notes.text()
     if Notes.NULL in notes.counts:
         note += " (B_noise is null where ḡᵀHḡ ≤ 0)"
+    single = [case for case, b in (context.get("batch_sizes") or {}).items() if b.get("epoch_batches") == 1]
+    if single:
+        note += f"; {', '.join(single)}: one batch, no noise estimate"
     return finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)", context, note)
 
 

@@ -114,6 +114,7 @@ def integrity_flag(block: dict[str, Any] | None) -> str | None:
 
 
 BATCH_SIZES = (
+    "training_batch_size",
     "effective_batch_size",
     "micro_batch_size",
     "hvp_batch_size",
@@ -151,7 +152,7 @@ def manifest(results: dict, identity: dict, states: dict, cases: list[str], name
         "slurm_jobs": [r["slurm"] | {"state": k[:12], "case": c} for (k, c), r in results.items() if r.get("slurm")],
         "data": {case: results[reference, case]["data"] for case in cases},
         "data_order_warnings": order,
-        "batch_sizes": {case: {k: results[reference, case]["counts"][k] for k in BATCH_SIZES} for case in cases},
+        "batch_sizes": {case: {k: results[reference, case]["counts"].get(k) for k in BATCH_SIZES} for case in cases},
         "states": [
             {
                 **state,

@@ -63,8 +63,16 @@ def _name(row: dict[str, str]) -> str:
 
 def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[dict[str, str]]) -> list[str]:
     flags = []
-    batch = (manifest.get("batch_sizes") or {}).get(manifest["cases"][0], {}).get("effective_batch_size")
+    sizes = manifest.get("batch_sizes") or {}
+    first_case = sizes.get(manifest["cases"][0], {})
+    batch = first_case.get("training_batch_size") or first_case.get("effective_batch_size")
     above = [r for r in rows if batch and (_number(r.get("b_noise")) or 0) > batch]
+    single = [case for case in manifest["cases"] if (sizes.get(case) or {}).get("epoch_batches") == 1]
+    if single:
+        flags.append(
+            f"case {', '.join(single)}: one batch only, so the gradient noise cannot be estimated there (its noise "
+            "statistics are 0 by construction, B_simple and B_noise blank); measure a longer epoch or smaller batches"
+        )
     if above:
         first = above[0]
         flags.append(

@@ -91,9 +91,19 @@ def _changes(old: dict[str, Any], binding: dict[str, Any]) -> list[str]:
         for k, v in binding["spectrum"].items()
         if old.get("spectrum", {}).get(k) != v
     ]
+    for key in sorted((set(old) | set(binding)) - {"run", "settings", "spectrum", "source"}):
+        changed += _nested_changes(key, old.get(key), binding.get(key))
     if old["source"] != binding["source"]:
         changed.append("the tiny_llm source code changed")
     return changed
+
+
+def _nested_changes(key: str, old: Any, new: Any) -> list[str]:
+    """Each differing leaf of two bound values (e.g. an analysis's training order), by its dotted
+    key as the configuration spells it."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [c for k in sorted(set(old) | set(new)) for c in _nested_changes(f"{key}.{k}", old.get(k), new.get(k))]
+    return [] if old == new else [f"{key}: {old!r} -> {new!r}"]
 
 
 def bind_output(output_dir: str | Path, binding: dict[str, Any]) -> None:

@@ -87,7 +87,7 @@ def analyze_state(
             if old["data"].get("plan") != plan.name:
                 raise ValueError(
                     f"{output} holds the case's batches {old['data'].get('plan')}, not {plan.name} (the analysed "
-                    "checkpoints or case_steps changed); use a new output directory"
+                    "checkpoints, case_steps or batch_sequences changed); use a new output directory"
                 )
             check_successor(old, successor, output)
             log.info("reusing %s (same identity)", output)
@@ -184,6 +184,7 @@ def _data_record(job: StateJob) -> dict[str, Any]:
             "sequences": sequences,
             "tokens": sequences * (cache.sequence_tokens - 1),
             "plan": plan.name,
+            "batch_sequences": int(plan.blocks.shape[1]),
             "stream_batches": [int(plan.stream_batches[0]), int(plan.stream_batches[-1])],
             "seq_len": job.config.data.seq_len,
         }
@@ -197,6 +198,14 @@ def _data_record(job: StateJob) -> dict[str, Any]:
         "seq_len": job.config.data.seq_len,
         "order": order_report(cache, plan),
     }
+
+
+def _training_batch(job: StateJob) -> int:
+    """Sequences of one optimizer step's batch in the training the case is taken from (the noise
+    batches may be smaller: ``effective_batch_size``)."""
+    if isinstance(job.cache, TrainingOrder):
+        return job.cache.spec.sequences_per_step
+    return job.config.training.batch_size
 
 
 def _result(job: StateJob, measured: dict[str, Any], started: float) -> dict[str, Any]:
@@ -220,6 +229,7 @@ def _result(job: StateJob, measured: dict[str, Any], started: float) -> dict[str
         "timing": {**measured["timing"], "wall_seconds": time.perf_counter() - started, "compile": compile_record()},
         "memory": job.memory.record(),
         **{key: measured[key] for key in MEASURED},
+        "counts": {**measured["counts"], "training_batch_size": _training_batch(job)},
         "trajectory": None if job.successor is None else {**measured["trajectory"], "successor": job.successor[0]},
         "data": _data_record(job),
         "software": software(),

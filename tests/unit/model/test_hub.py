@@ -24,7 +24,7 @@ from tiny_llm.model.hub import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hf_hub import RUN_YAML, as_bin, cache_revision, neox_suite
+from hf_hub import RUN_YAML, alias_revision, as_bin, cache_revision, neox_suite
 
 REPO = "org/pythia-tiny"
 STEPS = (0, 1, 2, 4, 8, 16, 32, 64)
@@ -39,7 +39,8 @@ def hub(tmp_path_factory):
     as_bin(folders[2], torch.float16)
     for step, folder in folders.items():
         cache_revision(root / "cache", REPO, f"step{step}", folder)
-    cache_revision(root / "cache", REPO, "main", folders[64])
+    alias_revision(root / "cache", REPO, "main", "step64")  # as downloaded: main is the last step's commit
+    cache_revision(root / "cache", REPO, "v-other", folders[32])  # a ref without a step, of its own commit
     return root / "cache", folders
 
 
@@ -67,7 +68,8 @@ def test_a_named_token_count_is_as_exact_as_its_digits():
 def test_cached_revisions_resolve_offline_in_training_order(hub):
     cache, folders = hub
     revisions = cached_revisions(REPO, cache)
-    assert [r.revision for r in revisions] == [f"step{s}" for s in STEPS] + ["main"]
+    assert [r.revision for r in revisions] == [f"step{s}" for s in STEPS] + ["main", "v-other"]
+    assert revisions[-2].commit == revisions[-3].commit != revisions[-1].commit
     assert (
         resolve_revision(REPO, "step4", cache).joinpath("config.json").read_text()
         == (folders[4] / "config.json").read_text()
@@ -81,12 +83,27 @@ def test_cached_revisions_resolve_offline_in_training_order(hub):
 
 
 def test_a_suite_is_selected_by_names_range_stride_or_log_spacing():
-    revisions = [HubRevision(REPO, f"step{s}", s, None) for s in STEPS] + [HubRevision(REPO, "main", None, None)]
+    revisions = [HubRevision(REPO, f"step{s}", s, None, f"c{s}") for s in STEPS]
+    revisions += [HubRevision(REPO, "main", None, None, "c64"), HubRevision(REPO, "v1", None, None, "c-v1")]
 
-    def steps(selection):
-        return [r.step for r in select_revisions(revisions, selection, "k")]
+    def steps(selection, first_step=0, notes=None):
+        return [r.step for r in select_revisions(revisions, selection, "k", first_step, notes)]
 
-    assert steps("all") == [*STEPS, None]
+    notes = []
+    assert steps("all", notes=notes) == [*STEPS]  # main is step64's commit: one state, named step64
+    assert notes == [
+        "k: main is the same commit as step64: measured once, as it",
+        "k: v1 left out: its name carries no step (name it in a list to measure it)",
+    ]
+    notes = []
+    assert steps(["step64", "main", "v1"], notes=notes) == [64, None]  # named: kept, but once per commit
+    assert notes == ["k: main is the same commit as step64: measured once, as it"]
+    notes = []
+    assert steps({"log_spaced": 3}, first_step=1, notes=notes) == [1, 8, 64]  # a case needing trained steps
+    assert notes[2] == (
+        "k: step0 left out: the analysis's cases need checkpoints that trained at least 1 step(s) (name "
+        "revisions in a list to choose them yourself)"
+    )
     assert steps(["step4", "step1"]) == [4, 1]
     assert steps({"min_step": 2, "max_step": 32}) == [2, 4, 8, 16, 32]
     assert steps({"every": 3}) == [0, 4, 32]
@@ -99,6 +116,9 @@ def test_a_suite_is_selected_by_names_range_stride_or_log_spacing():
     ):
         with pytest.raises(ValueError, match=message):
             select_revisions(revisions, selection, "k")
+    twice = [*revisions, HubRevision(REPO, "stage1-step32-tokens4B", 32, 4 * 10**9, "c64")]
+    with pytest.raises(ValueError, match=r"k: step64, stage1-step32-tokens4B are one commit \(c64\) but their names"):
+        select_revisions(twice, "all", "k")
 
 
 def test_configuration_entries_expand_to_folders(hub):

@@ -64,6 +64,8 @@ def test_each_case_reads_its_window_of_the_training_order(suite, imported, tmp_p
     root, sequences = suite
     run = load_config(imported / "resolved.yaml")
     entry = {"training_order": {"path": str(root / "document"), "sequences_per_step": B}, "case_steps": 2}
+    assert plan_order("analyses.a", entry, ["seen"], list(SAVED), run).batch_sequences == 1  # the default: 4 batches
+    entry["batch_sequences"] = B  # the training steps' own batches
     plan = plan_order("analyses.a", entry, ["seen", "unseen", "recent"], list(SAVED), run)
     assert [plan.window(c, 4) for c in ("seen", "unseen", "recent")] == [(1, 2), (7, 8), (3, 4)]
     settings = AnalysisSettings(device="cpu", dtype="float64", noise_samples=2, random_samples=1, audit=False)
@@ -119,8 +121,8 @@ def test_a_finished_result_of_another_window_is_refused_not_reused(suite, import
     again = analyze_state(
         imported, ["epoch-002.safetensors"], "seen", settings, output, order={"spec": spec, "window": [1, 2]}
     )
-    assert again["data"]["plan"] == "steps 1..2" and output.read_bytes() == before  # reused
-    with pytest.raises(ValueError, match=r"holds the case's batches steps 1..2, not steps 3..4"):
+    assert again["data"]["plan"] == f"steps 1..2 in batches of {B}" and output.read_bytes() == before  # reused
+    with pytest.raises(ValueError, match=r"holds the case's batches steps 1..2 in batches of 2, not steps 3..4"):
         analyze_state(
             imported, ["epoch-002.safetensors"], "seen", settings, output, order={"spec": spec, "window": [3, 4]}
         )
