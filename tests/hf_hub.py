@@ -83,12 +83,21 @@ def as_bin(folder: Path, dtype=None) -> None:
     (folder / "model.safetensors").unlink()
 
 
-def ordered_suite(root: Path, per_step: int, steps: int, saved: tuple[int, ...], seed: int = 0):
+def ordered_suite(
+    root: Path,
+    per_step: int,
+    steps: int,
+    saved: tuple[int, ...],
+    seed: int = 0,
+    repo: str = "org/ordered",
+    data: Path | None = None,
+):
     """A suite trained on its own published order: ``steps`` × ``per_step`` sequences of 9 tokens
-    written as a Megatron indexed dataset (``root/document``), a tiny GPT-NeoX trained by SGD on
-    them in order (step s on sequences [(s − 1)·per_step, s·per_step)), its ``saved`` steps in the
-    cache ``root/hf`` as org/ordered's revisions ``step<s>`` (and in ``root/saved-step<s>``).
-    Returns the sequences."""
+    written as a Megatron indexed dataset (``data``, default ``root/document``), a tiny GPT-NeoX
+    trained by SGD on them in order (step s on sequences [(s − 1)·per_step, s·per_step)), its
+    ``saved`` steps (0: the initialisation) in the cache ``root/hf`` as ``repo``'s revisions
+    ``step<s>`` (and in ``root/saved-step<s>``), and ``main`` naming the last one's commit, as
+    ``hf download`` leaves a suite. Returns the sequences."""
     import numpy as np
     import torch
     import transformers
@@ -96,17 +105,20 @@ def ordered_suite(root: Path, per_step: int, steps: int, saved: tuple[int, ...],
     from tiny_llm.data.training_order import write_megatron
 
     sequences = np.random.default_rng(seed).integers(0, 64, size=(steps * per_step, 9)).astype(np.uint16)
-    write_megatron(root / "document", sequences)
+    (data or root / "document").parent.mkdir(parents=True, exist_ok=True)
+    write_megatron(data or root / "document", sequences)
     torch.manual_seed(seed)
     model = transformers.GPTNeoXForCausalLM(neox_config(num_hidden_layers=1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    for step in range(1, max(saved) + 1):
-        batch = torch.from_numpy(sequences[(step - 1) * per_step : step * per_step].astype(np.int64))
-        loss = model(input_ids=batch, labels=batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    for step in range(max(saved) + 1):
+        if step:
+            batch = torch.from_numpy(sequences[(step - 1) * per_step : step * per_step].astype(np.int64))
+            loss = model(input_ids=batch, labels=batch).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
         if step in saved:
             model.save_pretrained(root / f"saved-step{step}", safe_serialization=True)
-            cache_revision(root / "hf", "org/ordered", f"step{step}", root / f"saved-step{step}")
+            cache_revision(root / "hf", repo, f"step{step}", root / f"saved-step{step}")
+    alias_revision(root / "hf", repo, "main", f"step{max(saved)}")
     return sequences

@@ -1,11 +1,15 @@
 """A published suite on its own training order through the workflow: revisions in a local Hugging
-Face cache, the order as a Megatron indexed dataset, an analysis with seen, unseen and recent;
-the workflow imports, checks, measures, collects and draws, each case on its window of training
-steps, and a rerun does nothing."""
+Face cache (``main`` beside the steps, as downloaded), the order as a Megatron indexed dataset, an
+analysis with seen, unseen and recent; the workflow imports, checks, measures, collects and draws,
+each case on its window of training steps, and a rerun does nothing. In the same run, the README's
+Pythia example as written, on a miniature Pythia (1,024 sequences a step) in the same cache; and
+docs/suites.md's example planned."""
 
 import csv
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,15 +23,35 @@ REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 
 
-def _snakemake(workdir: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_CACHE": str(workdir / "hf"), "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
+def _snakemake(workdir: Path, *extra: str, hub: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_CACHE": str(hub or workdir / "hf"), "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
     command = [str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
     command += ["--configfile", str(workdir / "config.yaml"), "-c2", *extra]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
 
 
+def _example(page: str, marker: str) -> str:
+    """The yaml block of ``page`` that holds ``marker``, as written."""
+    return next(b for b in re.findall(r"```yaml\n(.*?)```", (REPO / page).read_text(), re.S) if marker in b)
+
+
+def _miniature_pythia(root: Path) -> None:
+    """EleutherAI/pythia-160m in miniature (9-token sequences, 1,024 a step; step0, 1, 2, 4 and
+    main) in ``root/hf``, its order at data/pile/document, and docs/suites.md's run configuration
+    with the miniature's sequence length."""
+    ordered_suite(
+        root / "pythia", 1024, 6, (0, 1, 2, 4), repo="EleutherAI/pythia-160m", data=root / "data/pile/document"
+    )
+    name = "models--EleutherAI--pythia-160m"
+    shutil.copytree(root / "pythia/hf" / name, root / "hf" / name, symlinks=True)
+    run = _example("docs/suites.md", "# pythia-run.yaml")
+    assert "seq_len: 2048" in run
+    (root / "pythia-run.yaml").write_text(run.replace("seq_len: 2048", "seq_len: 8"))
+
+
 def test_a_suite_on_its_training_order_through_the_workflow(tmp_path):
     ordered_suite(tmp_path, per_step=2, steps=10, saved=(2, 4, 6))
+    _miniature_pythia(tmp_path)
     (tmp_path / "run.yaml").write_text(RUN_YAML.replace("cache/p", "cache/ordered"))
     (tmp_path / "a.txt").write_text("a reference text the offset case would read " * 300)
     settings = {"device": "cpu", "dtype": "float64", "noise_samples": 2, "random_samples": 2, "directions_per_pass": 2}
@@ -41,9 +65,19 @@ def test_a_suite_on_its_training_order_through_the_workflow(tmp_path):
         "cases": ["seen", "unseen", "recent"],
         "settings": settings,
     }
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"analyses": {"ordered": analysis}, "plots": {}}))
+    readme = yaml.safe_load(_example("README.md", "pythia-160m:"))["analyses"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"analyses": {"ordered": analysis, **readme}, "plots": {}}))
     done = _snakemake(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "note: analyses.ordered.hf_checkpoints: main is the same commit as step6: measured once" in done.stderr
+    assert "note: analyses.pythia-160m.hf_checkpoints: step0 left out" in done.stderr
+    pythia = list(csv.DictReader((tmp_path / "results/pythia-160m/summary.csv").open()))
+    assert [(r["source"], r["case"]) for r in pythia] == [
+        (f"step{s}", c) for s in (1, 2, 4) for c in ("seen", "unseen", "recent")
+    ]
+    assert all(float(r["b_simple"]) > 0 and float(r["mean_noise_norm"]) > 0 for r in pythia)  # 8 noise batches
+    sizes = json.loads((tmp_path / "results/pythia-160m/manifest.json").read_text())["batch_sizes"]["seen"]
+    assert (sizes["training_batch_size"], sizes["effective_batch_size"], sizes["epoch_batches"]) == (1024, 128, 8)
     rows = list(csv.DictReader((tmp_path / "results/ordered/summary.csv").open()))
     assert [(r["source"], r["case"]) for r in rows] == [
         (f"step{s}", c) for s in (2, 4, 6) for c in ("seen", "unseen", "recent")
@@ -58,3 +92,15 @@ def test_a_suite_on_its_training_order_through_the_workflow(tmp_path):
     assert all(r["integrity"] == "" for r in rows)
     again = _snakemake(tmp_path, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+    changed = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    changed["analyses"]["ordered"]["case_steps"] = 1
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(changed))
+    refused = _snakemake(tmp_path)
+    assert refused.returncode == 2 and "case_steps: 2 -> 1" in refused.stderr, refused.stderr[-2000:]
+    docs = tmp_path / "docs-example"  # docs/suites.md's example plans on the same cache and order
+    docs.mkdir()
+    (docs / "data").symlink_to(tmp_path / "data")
+    shutil.copyfile(tmp_path / "pythia-run.yaml", docs / "pythia-run.yaml")
+    (docs / "config.yaml").write_text(_example("docs/suites.md", "batch_sequences: 256"))
+    planned = _snakemake(docs, "-n", hub=tmp_path / "hf")
+    assert planned.returncode == 0 and "3 states" in planned.stderr + planned.stdout, planned.stderr[-2000:]

@@ -314,11 +314,13 @@ def expand_seed_imports(
     return imports, roles
 
 
-def load_run_config(entry: dict[str, Any]) -> RunConfig:
+def load_run_config(entry: dict[str, Any], training: dict[str, Any] | None = None) -> RunConfig:
     """A run the workflow trains is meant for analysis: unless its configuration says otherwise,
-    it writes interval checkpoints (one state per virtual epoch, not just the final one)."""
+    it writes interval checkpoints (one state per virtual epoch, not just the final one).
+    ``training``: further defaults of keys its ``training`` section does not give."""
     data = load_config_dict(entry["config"])
     overrides = _overrides(entry.get("set", {}))
-    if "checkpoint_policy" not in (data.get("training") or {}):
-        overrides.insert(0, "training.checkpoint_policy=interval")
+    given = data.get("training") or {}
+    defaults = {"checkpoint_policy": "interval", **(training or {})}
+    overrides[:0] = [f"training.{key}={value}" for key, value in defaults.items() if key not in given]
     return config_from_dict(apply_overrides(data, overrides))

@@ -129,7 +129,7 @@ class Runs:
             entry["hf_checkpoints"] = expand_checkpoints(entry["hf_checkpoints"], key, None, first, self.notes)
             sources = [CheckpointSource.from_entry(c) for c in entry["hf_checkpoints"]]
             paths = [s.path for s in sources]
-            run = load_run_config({"config": entry["config"], "set": entry.get("set", {})})
+            run = _import_run_config(entry)
             planned = imported_config(paths, run, adapter=bool(entry.get("adapter")))
             self.positions[name] = checkpoint_positions(sources, entry.get("tokens_per_step"))
             self._check_integrity(name, sources)
@@ -260,7 +260,7 @@ class Runs:
             "tokens": [c.get("tokens") for c in checkpoints],
             **({"hub": [[c.get("repo"), c.get("revision")] for c in checkpoints]} if _hub(checkpoints) else {}),
             "tokens_per_step": entry.get("tokens_per_step"),
-            "config": config_to_dict(load_run_config({"config": entry["config"], "set": entry.get("set", {})})),
+            "config": config_to_dict(_import_run_config(entry)),
             **({"adapter": True} if entry.get("adapter") else {}),  # absent when false: earlier imports stand
             **({"allow_identical_states": True} if entry.get("allow_identical_states") else {}),
         }
@@ -342,3 +342,12 @@ def _first_trained_step(entry: dict[str, Any]) -> int:
         steps = entry.get("case_steps", 1)
         return steps if isinstance(steps, int) and not isinstance(steps, bool) else 1
     return 0
+
+
+def _import_run_config(entry: dict[str, Any]) -> RunConfig:
+    """The run configuration an import's entry gives; with a training order, its training batch
+    (``training.batch_size``) is the order's ``sequences_per_step`` unless the file says otherwise."""
+    order = entry.get("training_order")
+    per_step = order.get("sequences_per_step") if isinstance(order, dict) else None
+    batch = {"batch_size": per_step} if isinstance(per_step, int) and not isinstance(per_step, bool) else {}
+    return load_run_config({"config": entry["config"], "set": entry.get("set", {})}, batch)
