@@ -120,7 +120,7 @@ def model_config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             key and ``source``.
     """
     model_type = data.get("model_type")
-    if model_type not in FORMATS:
+    if not isinstance(model_type, str) or model_type not in FORMATS:
         raise refusal(source)(
             "model_type",
             model_type,

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tiny_llm.config import ModelConfig, RopeScaling
+from tiny_llm.config import ModelConfig
+from tiny_llm.model.hf_values import flag, given, mapping, model, positive, refusal, rope
 
 __all__ = [
     "FORMATS",
@@ -136,38 +137,6 @@ GPT2_TRANSPOSED = frozenset(
 """GPT-2 layer keys whose tensor is stored transposed there (``Conv1D``: (in, out))."""
 
 
-def refusal(source: str) -> Callable[[str, Any, str], ValueError]:
-    """``refuse(key, found, need)``: the one-line error for a configuration value of ``source``
-    that our models cannot represent."""
-
-    def refuse(key: str, found: Any, need: str) -> ValueError:
-        return ValueError(f"{source}: {key}={found!r} cannot be represented here ({need})")
-
-    return refuse
-
-
-def _rope(data: dict[str, Any], refuse: Callable[[str, Any, str], ValueError]) -> tuple[float, RopeScaling | None]:
-    """The RoPE base and scaling, wherever transformers 4 (``rope_theta``, ``rope_scaling``) or 5
-    (``rope_parameters``) keep them; scalings other than linear and llama3 refused by name."""
-    parameters = data.get("rope_parameters") or {}
-    scaling = data.get("rope_scaling") or parameters
-    theta = data.get("rope_theta") or data.get("rotary_emb_base") or parameters.get("rope_theta", 10000.0)
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
-        return float(theta), None
-    if kind == "linear":
-        return float(theta), RopeScaling(kind="linear", factor=float(scaling["factor"]))
-    if kind == "llama3":
-        return float(theta), RopeScaling(
-            kind="llama3",
-            factor=float(scaling["factor"]),
-            low_freq_factor=float(scaling["low_freq_factor"]),
-            high_freq_factor=float(scaling["high_freq_factor"]),
-            original_max_seq_len=int(scaling["original_max_position_embeddings"]),
-        )
-    raise refuse("rope_scaling", scaling, "RoPE scaling of kind default, linear or llama3 only")
-
-
 def _rope_hf(config: ModelConfig) -> dict[str, Any]:
     """RoPE's keys both where transformers 4 (``rope_theta``, ``rope_scaling``) and 5
     (``rope_parameters``) read them."""
@@ -199,9 +168,44 @@ def _sliding_window(data: dict[str, Any]) -> int | None:
     return data.get("sliding_window")
 
 
+_COMMON_KEYS = {"rope_theta": "rope_theta", "rope_scaling": "rope_scaling", "tie_embeddings": "tie_word_embeddings"}
+LLAMA_KEYS = {
+    **_COMMON_KEYS,
+    "vocab_size": "vocab_size",
+    "d_model": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "d_ff": "intermediate_size",
+    "max_seq_len": "max_position_embeddings",
+    "norm_eps": "rms_norm_eps",
+}
+"""A Llama-family config.json's key of each ModelConfig field (a refused value is named by it)."""
+GPT2_KEYS = {
+    "tie_embeddings": "tie_word_embeddings",
+    "vocab_size": "vocab_size",
+    "d_model": "n_embd",
+    "n_layers": "n_layer",
+    "n_heads": "n_head",
+    "d_ff": "n_inner",
+    "max_seq_len": "n_positions",
+    "norm_eps": "layer_norm_epsilon",
+}
+"""GPT-2's config.json key of each ModelConfig field."""
+GPT_NEOX_KEYS = {
+    **LLAMA_KEYS,
+    "norm_eps": "layer_norm_eps",
+    "rotary_pct": "rotary_pct",
+    "parallel_residual": "use_parallel_residual",
+}
+"""GPT-NeoX's config.json key of each ModelConfig field."""
+
+
 def _llama_config(data: dict[str, Any], source: str) -> ModelConfig:
     """The Llama family: Llama 2/3 (GQA, biases, RoPE scaling), Mistral and Qwen2 without a window."""
     refuse = refusal(source)
+    for key in ("num_attention_heads", "hidden_size", "max_position_embeddings"):
+        positive(data, key, refuse)
     heads, context = data["num_attention_heads"], data["max_position_embeddings"]
     kv_heads = data.get("num_key_value_heads")
     if kv_heads is None:
@@ -212,12 +216,14 @@ def _llama_config(data: dict[str, Any], source: str) -> ModelConfig:
         raise refuse("sliding_window", window, f"attention over the whole context; need null or ≥ {context}")
     if data.get("hidden_act", "silu") != "silu":
         raise refuse("hidden_act", data["hidden_act"], "need silu (SwiGLU)")
-    head_dim = data.get("head_dim") or data["hidden_size"] // heads
+    head_dim = positive(data, "head_dim", refuse, default=data["hidden_size"] // heads)
     if head_dim * heads != data["hidden_size"]:
         raise refuse("head_dim", head_dim, f"need hidden_size / num_attention_heads = {data['hidden_size'] // heads}")
-    theta, scaling = _rope(data, refuse)
-    attention_bias = "qkv" if data["model_type"] == "qwen2" else "all" if data.get("attention_bias") else None
-    return ModelConfig(
+    theta, scaling = rope(data, refuse)
+    attention_bias = "qkv" if data["model_type"] == "qwen2" else "all" if flag(data, "attention_bias", False) else None
+    return model(
+        source,
+        LLAMA_KEYS,
         vocab_size=data["vocab_size"],
         d_model=data["hidden_size"],
         n_layers=data["num_hidden_layers"],
@@ -228,9 +234,9 @@ def _llama_config(data: dict[str, Any], source: str) -> ModelConfig:
         rope_theta=theta,
         rope_scaling=scaling,
         attention_bias=attention_bias,
-        mlp_bias=True if data.get("mlp_bias") else None,
-        norm_eps=float(data["rms_norm_eps"]),
-        tie_embeddings=bool(data.get("tie_word_embeddings", True)),
+        mlp_bias=True if flag(data, "mlp_bias", False) else None,
+        norm_eps=data["rms_norm_eps"],
+        tie_embeddings=flag(data, "tie_word_embeddings", True),
     )
 
 
@@ -265,17 +271,19 @@ def _gpt2_config(data: dict[str, Any], source: str) -> ModelConfig:
     for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
         if data.get(key):
             raise refuse(key, data[key], "need false")
-    width = data.get("n_embd", 768)
-    return ModelConfig(
+    width = positive(data, "n_embd", refuse, default=768)
+    return model(
+        source,
+        GPT2_KEYS,
         architecture="gpt2",
-        vocab_size=data.get("vocab_size", 50257),
+        vocab_size=given(data, "vocab_size", default=50257)[1],
         d_model=width,
-        n_layers=data.get("n_layer", 12),
-        n_heads=data.get("n_head", 12),
-        d_ff=data.get("n_inner") or 4 * width,
-        max_seq_len=data.get("n_positions", 1024),
-        norm_eps=float(data.get("layer_norm_epsilon", 1e-5)),
-        tie_embeddings=bool(data.get("tie_word_embeddings", True)),
+        n_layers=given(data, "n_layer", default=12)[1],
+        n_heads=given(data, "n_head", default=12)[1],
+        d_ff=given(data, "n_inner", default=4 * width)[1],
+        max_seq_len=given(data, "n_positions", default=1024)[1],
+        norm_eps=given(data, "layer_norm_epsilon", default=1e-5)[1],
+        tie_embeddings=flag(data, "tie_word_embeddings", True),
     )
 
 
@@ -304,10 +312,14 @@ def _gpt_neox_config(data: dict[str, Any], source: str) -> ModelConfig:
     refuse = refusal(source)
     if data.get("hidden_act", "gelu") != "gelu":
         raise refuse("hidden_act", data["hidden_act"], "need gelu (exact, erf)")
-    parameters = data.get("rope_parameters") or {}
-    rotary_pct = data.get("rotary_pct") or parameters.get("partial_rotary_factor", 0.25)
-    theta, scaling = _rope(data, refuse)
-    return ModelConfig(
+    parameters = mapping(data, "rope_parameters", refuse)
+    key, rotary_pct = given({**parameters, **data}, "rotary_pct", "partial_rotary_factor", default=0.25)
+    if isinstance(rotary_pct, bool) or not isinstance(rotary_pct, int | float) or not 0 < rotary_pct <= 1:
+        raise refuse(key, rotary_pct, "a fraction in (0, 1] of each head rotated: a model without RoPE is not one")
+    theta, scaling = rope(data, refuse)
+    return model(
+        source,
+        GPT_NEOX_KEYS,
         architecture="gpt_neox",
         vocab_size=data["vocab_size"],
         d_model=data["hidden_size"],
@@ -318,10 +330,10 @@ def _gpt_neox_config(data: dict[str, Any], source: str) -> ModelConfig:
         rope_theta=theta,
         rope_scaling=scaling,
         rotary_pct=float(rotary_pct),
-        attention_bias=None if data.get("attention_bias", True) else "none",
-        parallel_residual=bool(data.get("use_parallel_residual", True)),
-        norm_eps=float(data.get("layer_norm_eps", 1e-5)),
-        tie_embeddings=bool(data.get("tie_word_embeddings", False)),
+        attention_bias=None if flag(data, "attention_bias", True) else "none",
+        parallel_residual=flag(data, "use_parallel_residual", True),
+        norm_eps=given(data, "layer_norm_eps", default=1e-5)[1],
+        tie_embeddings=flag(data, "tie_word_embeddings", False),
     )
 
 

@@ -91,7 +91,11 @@ def _saved_config(tmp_path, config, **changes):
     [
         ("mistral", {"sliding_window": 8}, "sliding_window=8"),
         ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "layer_types": None}, "sliding_window=4"),
-        ("llama-linear", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1.0}}, "rope_scaling"),
+        (
+            "llama-linear",
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1.0}},
+            "rope_parameters",
+        ),
         ("llama-linear", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ("pythia", {"hidden_act": "gelu_new"}, "hidden_act='gelu_new'"),
     ],
