@@ -102,7 +102,7 @@ CASES = {
     "pickled payload in final.pt": (
         lambda t: torch.save({"kind": "tiny_llm.train_state", "model": _Payload()}, t / "ordinary/run/final.pt"),
         lambda t: [*_state(t), "--checkpoint", "final.pt"],
-        "holds pickled objects that are not plain tensors",
+        "is a pickle that would run code when read",
     ),
     "NaN weights": (
         lambda t: _resave(

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, safe_open, save
 from torch import nn
 
 from tiny_llm.io import atomic_path
+from tiny_llm.model.pickles import load_pickle
 
 __all__ = [
     "check_state_dict",
@@ -81,14 +82,7 @@ def load_train_state(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ValueError(f"checkpoint {path} does not exist")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # UnpicklingError, RuntimeError (zip), EOFError, ...
-        raise ValueError(
-            f"checkpoint {path} cannot be read as plain tensors ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}); it is truncated, corrupt, or holds "
-            "pickled objects that are not plain tensors, which tiny-llm refuses to unpickle"
-        ) from None
+    state = load_pickle(path)
     if not isinstance(state, dict) or state.get("kind") != TRAIN_STATE_KIND:
         raise ValueError(
             f"checkpoint {path} is not a tiny-llm training state (expected a dict with kind={TRAIN_STATE_KIND!r})"

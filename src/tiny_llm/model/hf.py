@@ -207,29 +207,14 @@ def weight_files(path: Path) -> list[str]:
 
 
 def _load_pickled(file: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a pickled ``.bin`` file, read with ``torch.load(weights_only=True)``: a pickle
-    that would run code is refused by name and never executed."""
-    import pickle
-
+    """The tensors of a pickled ``.bin`` file, checked and read as tensors only
+    (:func:`tiny_llm.model.pickles.load_pickle`): a pickle that would run code is refused by name and
+    never executed."""
     import torch
 
-    try:
-        try:
-            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as error:
-            if "mmap" not in str(error):
-                raise
-            state = torch.load(file, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
-    except pickle.UnpicklingError as error:
-        why = str(error).partition("WeightsUnpickler error:")[2].strip().split("\n")[0][:200]
-        if "global" not in why.lower():
-            raise ValueError(f"{file} is truncated or corrupt ({why or error}); download it again") from None
-        raise ValueError(
-            f"{file} is a pickle that would run code, not plain tensors; it was not executed and is not read "
-            f"({why}); use the checkpoint's safetensors, or weights from a source you trust converted to them"
-        ) from None
-    except (RuntimeError, EOFError, OSError) as error:
-        raise ValueError(f"{file} is truncated or corrupt ({error}); download it again") from None
+    from tiny_llm.model.pickles import load_pickle
+
+    state = load_pickle(file, mmap=True)
     if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise ValueError(f"{file} holds no state dict of tensors; not a model's weights")
     return state
