@@ -138,4 +138,8 @@ def plan_order(key: str, entry: dict[str, Any], cases: list[str], steps: list[in
                     f"{key}.cases: case {case} reads steps {first}..{last}, but the training order holds "
                     f"{available} steps ({order.length} sequences of {spec.sequences_per_step} per step)"
                 )
+            try:
+                order.check_positions(order.step_sequences(first, last - first + 1))
+            except ValueError as error:
+                raise ValueError(f"{key}.training_order: {error}") from None
     return plan

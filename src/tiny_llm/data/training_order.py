@@ -41,6 +41,7 @@ __all__ = [
     "TrainingOrderSpec",
     "case_window",
     "check_window",
+    "flat_integers",
     "order_plan",
     "write_megatron",
 ]
@@ -61,9 +62,10 @@ _SHARD = re.compile(r"-(\d+)-of-(\d+)\.bin$")
 class TrainingOrderSpec:
     """An analysis's ``training_order``: where the sequences are and how training read them."""
 
-    path: str
-    """megatron: the prefix of PREFIX.idx + PREFIX.bin (or its shards); token_array: a file or a
-    folder of files."""
+    path: str | list[str]
+    """megatron: the prefix of PREFIX.idx + PREFIX.bin (or its shards); token_array: a file, a
+    folder of files (read in name order), or a list of files in the order training numbered their
+    instances (OLMo's ``data.paths``)."""
     format: Literal["megatron", "token_array"] = "megatron"
     sequences_per_step: Positive
     """Sequences in one optimizer step's batch (Pythia: 1,024)."""
@@ -71,9 +73,13 @@ class TrainingOrderSpec:
     """Tokens of one sequence (inputs and the target shifted by one: Pythia's 2,049); megatron: read
     from the index when not given (every sequence must have it)."""
     order: str | None = None
-    """token_array: an .npy of instance indices in the order trained (OLMo's global indices)."""
+    """token_array: a file of instance indices in the order trained (OLMo's global indices)."""
     dtype: str = "uint16"
-    """token_array: the dtype of raw files (.npy files carry their own)."""
+    """token_array: the dtype of raw token files (OLMo writes its ``part-*.npy`` raw, without a NumPy
+    header: uint16, or uint32 for vocabularies above 65,536); an .npy with a header carries its own."""
+    order_dtype: str = "uint32"
+    """token_array: the dtype of a raw index file (OLMo writes ``global_indices.npy`` raw, uint32);
+    an .npy with a header carries its own."""
 
 
 @dataclass(frozen=True)
@@ -110,17 +116,16 @@ class TrainingOrder:
     def __init__(self, spec: TrainingOrderSpec, vocab_size: int):
         self.spec, self.vocab_size = spec, vocab_size
         if spec.format == "megatron":
+            if not isinstance(spec.path, str):
+                raise ValueError("training_order.path: a megatron dataset is one prefix (PREFIX.idx + PREFIX.bin)")
             self._megatron(Path(spec.path))
         elif spec.format == "token_array":
-            self._token_array(Path(spec.path))
+            self._token_array(spec.path)
         else:
             raise ValueError(f"training_order.format: expected megatron or token_array, got {spec.format!r}")
         self._order = None
         if spec.order is not None:
-            order = np.load(spec.order, mmap_mode="r")
-            if order.ndim != 1 or not np.issubdtype(order.dtype, np.integer):
-                raise ValueError(f"{spec.order}: expected a one-dimensional array of instance indices")
-            self._order = order
+            self._order = flat_integers(Path(spec.order), spec.order_dtype, "training_order.order_dtype")
 
     # --- reading the formats -------------------------------------------------------------------
 
@@ -163,21 +168,17 @@ class TrainingOrder:
                 "(truncated; download it again)"
             )
 
-    def _token_array(self, path: Path) -> None:
+    def _token_array(self, path: str | list[str]) -> None:
         if self.spec.sequence_tokens is None:
             raise ValueError("training_order.sequence_tokens: a token_array order needs the length of its sequences")
-        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
-        if not files or not all(f.exists() for f in files):
+        if isinstance(path, list):
+            files = [Path(p) for p in path]
+        else:
+            folder = Path(path)
+            files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else [folder]
+        if not files:
             raise ValueError(f"training_order.path: {path} holds no token files")
-        self._maps = [
-            np.load(f, mmap_mode="r").reshape(-1)
-            if f.suffix == ".npy"
-            else np.memmap(f, dtype=self.spec.dtype, mode="r")
-            for f in files
-        ]
-        for f, m in zip(files, self._maps, strict=True):
-            if not np.issubdtype(m.dtype, np.integer):
-                raise ValueError(f"{f}: tokens of dtype {m.dtype}, not integers")
+        self._maps = [flat_integers(f, self.spec.dtype, "training_order.dtype") for f in files]
         # instances never cross a file: each file holds whole instances (a remainder is dropped)
         per_file = [len(m) // self.spec.sequence_tokens for m in self._maps]
         self._files, self._dtype, self.sequence_tokens = files, self._maps[0].dtype, self.spec.sequence_tokens
@@ -187,12 +188,36 @@ class TrainingOrder:
     # --- the sequences -------------------------------------------------------------------------
 
     def instance(self, position: int) -> int:
-        """The stored instance trained at ``position`` (the global order's, else the same)."""
+        """The stored instance trained at ``position`` (the global order's, else the same).
+
+        Raises:
+            ValueError: a position beyond the index, or an index naming an instance beyond the data.
+        """
         if self._order is None:
             return position
         if position >= len(self._order):
             raise ValueError(f"{self.spec.order}: position {position} beyond its {len(self._order)} indices")
-        return int(self._order[position])
+        index = int(self._order[position])
+        if not 0 <= index < self.sequences:
+            raise ValueError(
+                f"{self.spec.order}: position {position} names instance {index}, beyond the {self.sequences} "
+                "instances of the token files (another data set's index, or the files in another order: list "
+                "them as training numbered them)"
+            )
+        return index
+
+    def check_positions(self, positions: range) -> None:
+        """Every position of a window names an instance of the data (a global index of another
+        data set is refused before any work).
+
+        Raises:
+            ValueError: as :meth:`instance`.
+        """
+        if self._order is not None and len(positions):
+            window = np.asarray(self._order[positions.start : positions.stop])
+            if window.size and (int(window.max()) >= self.sequences or int(window.min()) < 0):
+                bad = int(np.flatnonzero((window >= self.sequences) | (window < 0))[0]) + positions.start
+                self.instance(bad)
 
     def sequence(self, position: int) -> np.ndarray:
         """The tokens (int64) of the sequence trained at ``position``, its ids checked against the
@@ -276,14 +301,43 @@ class TrainingOrder:
             "sequence_tokens": self.sequence_tokens,
             "sequences_per_step": self.spec.sequences_per_step,
             "order": self.spec.order,
+            "dtype": str(self._dtype),
+            **({"order_dtype": str(self._order.dtype)} if self._order is not None else {}),
         }
 
 
-def _token_file(path: Path, dtype: str) -> np.ndarray:
-    """A flat token file, memory-mapped: an .npy with its own dtype, else raw ``dtype`` values."""
-    if path.suffix == ".npy":
-        return np.load(path, mmap_mode="r").reshape(-1)
-    return np.memmap(path, dtype=dtype, mode="r")
+def flat_integers(path: Path, dtype: str, key: str) -> np.ndarray:
+    """A flat file of integers, memory-mapped: an .npy with a NumPy header carries its own dtype;
+    any other file (OLMo's ``.npy`` files too, written by ``np.memmap`` without a header) is raw
+    values of ``dtype`` (``key``: the setting that states it).
+
+    Raises:
+        ValueError: naming the file: missing, not a whole number of values, not integers.
+    """
+    if not path.is_file():
+        raise ValueError(f"training_order: {path} does not exist")
+    with open(path, "rb") as handle:
+        headed = handle.read(6) == b"\x93NUMPY"
+    if headed:
+        try:
+            array = np.load(path, mmap_mode="r").reshape(-1)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
+    else:
+        try:
+            raw = np.dtype(dtype)
+        except TypeError:
+            raise ValueError(f"{key}: {dtype!r} is not a NumPy dtype (uint16, uint32, ...)") from None
+        size = path.stat().st_size
+        if size % raw.itemsize:
+            raise ValueError(
+                f"{path}: {size} bytes are not a whole number of {raw} values ({raw.itemsize} bytes each); set "
+                f"{key} to the dtype it was written with, or download it again (truncated)"
+            )
+        array = np.memmap(path, dtype=raw, mode="r") if size else np.zeros(0, raw)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{path}: values of dtype {array.dtype}, not integers ({key})")
+    return array
 
 
 def _megatron_files(prefix: Path) -> list[Path]:

@@ -117,3 +117,54 @@ def test_ids_beyond_the_vocabulary_and_windows_beyond_the_data_are_refused(tmp_p
         order.step_sequences(3, 2)
     with pytest.raises(ValueError, match="sequence 12 is beyond the data"):
         order.sequence(12)
+
+
+def _olmo_memmap(path, values, dtype):
+    """A file as OLMo writes its token files and global index: ``np.memmap(..., mode="w+")``,
+    raw values with no NumPy header, whatever the name's suffix."""
+    array = np.memmap(path, dtype=dtype, mode="w+", shape=values.shape)
+    array[:] = values
+    array.flush()
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_olmos_files_are_read_as_olmo_writes_them(tmp_path, sequences, dtype):
+    """Raw part-*.npy token files of a stated dtype, listed in the order of OLMo's data.paths (not
+    their names' order), through a raw uint32 global_indices.npy."""
+    _olmo_memmap(tmp_path / "part-1-00000.npy", sequences[:5].reshape(-1), dtype)
+    _olmo_memmap(tmp_path / "part-0-00000.npy", sequences[5:].reshape(-1), dtype)  # second in data.paths
+    permutation = np.random.default_rng(1).permutation(N).astype(np.uint32)
+    _olmo_memmap(tmp_path / "global_indices.npy", permutation, np.uint32)
+    paths = [str(tmp_path / "part-1-00000.npy"), str(tmp_path / "part-0-00000.npy")]
+    spec = {"format": "token_array", "sequence_tokens": T, "dtype": np.dtype(dtype).name}
+    order = _order(paths[0], **spec)  # one file: its own instances
+    assert order.sequences == 5 and np.array_equal(order.sequence(4), sequences[4])
+    order = TrainingOrder(
+        TrainingOrderSpec(path=paths, sequences_per_step=B, order=str(tmp_path / "global_indices.npy"), **spec), VOCAB
+    )
+    assert all(np.array_equal(order.sequence(i), sequences[permutation[i]]) for i in range(N))
+    assert order.describe()["dtype"] == np.dtype(dtype).name and order.describe()["order_dtype"] == "uint32"
+    order.check_positions(order.step_sequences(1, 3))
+
+
+def test_olmo_files_of_another_dtype_length_or_data_set_are_refused_by_name(tmp_path, sequences):
+    _olmo_memmap(tmp_path / "part-0.npy", sequences.reshape(-1), np.uint16)
+    spec = {"format": "token_array", "sequence_tokens": T}
+    (tmp_path / "odd.npy").write_bytes(b"\x01\x02\x03")
+    with pytest.raises(
+        ValueError, match=r"odd.npy: 3 bytes are not a whole number of uint16 values .* training_order.dtype"
+    ):
+        _order(tmp_path / "odd.npy", **spec)
+    with pytest.raises(ValueError, match=r"training_order.dtype: 'uint12' is not a NumPy dtype"):
+        _order(tmp_path / "part-0.npy", **spec, dtype="uint12")
+    with pytest.raises(ValueError, match=r"training_order: .*missing.npy does not exist"):
+        TrainingOrder(TrainingOrderSpec(path=[str(tmp_path / "missing.npy")], sequences_per_step=B, **spec), VOCAB)
+    np.save(tmp_path / "floats.npy", np.zeros(4))
+    with pytest.raises(ValueError, match=r"floats.npy: values of dtype float64, not integers"):
+        _order(tmp_path / "part-0.npy", **spec, order=str(tmp_path / "floats.npy"))
+    _olmo_memmap(tmp_path / "other.npy", np.arange(N, dtype=np.uint32) + 7, np.uint32)  # another data set's
+    order = _order(tmp_path / "part-0.npy", **spec, order=str(tmp_path / "other.npy"))
+    with pytest.raises(ValueError, match=r"other.npy: position 5 names instance 12, beyond the 12 instances"):
+        order.check_positions(order.step_sequences(1, 3))
+    with pytest.raises(ValueError, match="a megatron dataset is one prefix"):
+        TrainingOrder(TrainingOrderSpec(path=["a", "b"], sequences_per_step=B), VOCAB)
