@@ -64,6 +64,7 @@ def test_a_suite_on_its_training_order_through_the_workflow(tmp_path):
         "case_steps": 2,
         "cases": ["seen", "unseen", "recent"],
         "settings": settings,
+        "spectrum": {"enabled": True, "top_k": 1, "lanczos_steps": 20, "slq_vectors": 1, "slq_steps": 4},
     }
     readme = yaml.safe_load(_example("README.md", "pythia-160m:"))["analyses"]
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"analyses": {"ordered": analysis, **readme}, "plots": {}}))
@@ -85,6 +86,8 @@ def test_a_suite_on_its_training_order_through_the_workflow(tmp_path):
     loss = {(r["source"], r["case"]): float(r["loss"]) for r in rows}
     assert loss["step2", "seen"] == loss["step2", "recent"]  # at the earliest checkpoint both are steps 1..2
     assert loss["step6", "recent"] < loss["step6", "seen"] < loss["step6", "unseen"]  # last trained, long ago, never
+    spectra = list(csv.DictReader((tmp_path / "results/ordered/spectrum.csv").open()))
+    assert len(spectra) == 9 and all(float(r["la_eigenvalue_1"]) > 0 for r in spectra)  # on each case's window
     manifest = json.loads((tmp_path / "results/ordered/manifest.json").read_text())
     assert manifest["data"]["seen"]["window"] == {"first_step": 1, "last_step": 2, "steps": 2}
     assert manifest["data"]["unseen"]["window"] == {"first_step": 7, "last_step": 8, "steps": 2}

@@ -69,6 +69,7 @@ if workflow.is_main_process:
             spectrum=get_spectrum_settings,
             aliases=get_state_aliases,
             successor=get_successor,
+            order=get_case_order,
         script:
             "../scripts/await_earlier_job.py"
 

@@ -30,6 +30,7 @@ rule analyze_spectrum:
         spectrum=get_spectrum_settings,
         aliases=get_state_aliases,
         successor=get_successor,  # its step's share in the top eigenspace
+        order=get_case_order,  # a training order's window, or None
     script:
         "../scripts/analyze_spectrum.py"
 

@@ -26,6 +26,7 @@ with devices_of_the_job(job), node_local_compile_cache(shared_by=snakemake.wildc
             "spectrum": dict(snakemake.params.spectrum),
             "expect_key": snakemake.wildcards.key,
             "successor": snakemake.params.successor.state,  # the next state, or None
+            "order": snakemake.params.order.case,  # a training order's case, or None (the cache)
         },
         snakemake.output.result,
         ranks=snakemake.resources.ranks,

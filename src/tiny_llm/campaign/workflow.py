@@ -204,12 +204,10 @@ class WorkflowPlan:
 
     def _check_order(self, name: str) -> None:
         """An imported suite's training order, every case's window checked against every analysed
-        checkpoint (spectra of its cases are not measured: refused)."""
+        checkpoint."""
         key = f"analyses.{name}"
         if name not in self.imports:
             raise ValueError(f"{key}.training_order: applies to a suite trained elsewhere (with hf_checkpoints)")
-        if self.spectrum_enabled(name):
-            raise ValueError(f"{key}.spectrum: spectra of a training order's cases are not measured; disable them")
         positions = self.runs.positions[name]
         selection = self.selection(name)
         if selection != "all":

@@ -20,6 +20,7 @@ from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import JobShape, MemoryPlan, parameter_count, plan_spectrum
 from tiny_llm.curvature.memory_measure import device_budget
+from tiny_llm.data.training_order import OrderCase
 from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.distributed import sharded as is_sharded
@@ -128,10 +129,12 @@ def analyze_spectrum(
     output: str | Path,
     expect_key: str | None = None,
     successor: dict[str, Any] | None = None,
+    order: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure one state's spectrum on one case and write the JSON atomically (reused when identical).
     ``successor``: the next state of the analysis (``{"key", "file", "step"}``), whose step Δ's share
-    in the top eigenspace is measured too; None: none.
+    in the top eigenspace is measured too; None: none. ``order``: a case of a published training
+    order (as :func:`tiny_llm.workers.state.analyze_state` takes it) instead of the run's cache.
 
     Raises:
         ValueError: bad inputs (as the noise worker), before anything is computed or written.
@@ -140,7 +143,8 @@ def analyze_spectrum(
     check_writable_file(output)
     if settings.sharded:  # the analysis's switch shards its spectra too
         spectrum = replace(spectrum, sharded=True)
-    config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key)
+    order_case = OrderCase.from_dict(order) if order is not None else None
+    config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key, order_case)
     following = load_successor(run_dir, successor, config)
     if (engine := sharded_engine(settings, spectrum)) is not None:
         resolved = replace(resolved, hvp_engine=engine, hvp_compiled=False)
@@ -151,6 +155,11 @@ def analyze_spectrum(
     with single_writer(output) as reuse:  # every rank computes, rank 0 writes
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
             check_successor(old, successor, output)
+            if old.get("plan", plan.name) != plan.name:
+                raise ValueError(
+                    f"{output} holds the case's batches {old['plan']}, not {plan.name} (the analysed checkpoints, "
+                    "case_steps or batch_sequences changed); use a new output directory"
+                )
             return old
         model = build_model(config.model, attention_backend="reference")
         model.load_state_dict(state.root, strict=True)
@@ -169,6 +178,7 @@ def analyze_spectrum(
             measured = measure_spectrum(model, batches, job)
         result = _result(identity, state, case, job, resolved, measured | runtime, sharded)
         result["trajectory"] = None if successor is None else {"successor": successor}
+        result["plan"] = plan.name
         if is_writer():
             atomic_write_json(output, result)
     return result

@@ -40,10 +40,10 @@ def test_a_suite_with_its_training_order_plans_windowed_cases(project, suite_ana
         ({"case_steps": 7, "cases": ["unseen"]}, r"case unseen reads steps 5..11, but the training order holds 10"),
         ({"training_order": {**order, "path": "nowhere"}}, r"analyses.p.training_order: .*nowhere.idx does not exist"),
         ({"batch_sequences": 3}, r"analyses.p.batch_sequences: expected a divisor of sequences_per_step \(2\)"),
-        ({"spectrum": {"enabled": True}}, "analyses.p.spectrum: spectra of a training order's cases are not measured"),
     ):
         with pytest.raises(ValueError, match=message):
             WorkflowPlan({"analyses": {"p": {**entry, **change}}})
+    assert WorkflowPlan({"analyses": {"p": {**entry, "spectrum": {"enabled": True}}}}).spectrum_enabled("p")
     without = {**entry}
     del without["training_order"]
     with pytest.raises(ValueError, match=r"analyses.p.cases: recent, seen, unseen need the batches training took"):

@@ -127,3 +127,34 @@ def test_a_finished_result_of_another_window_is_refused_not_reused(suite, import
             imported, ["epoch-002.safetensors"], "seen", settings, output, order={"spec": spec, "window": [3, 4]}
         )
     assert output.read_bytes() == before
+
+
+def test_a_spectrum_on_a_training_order_case_is_that_of_its_window(suite, imported, tmp_path):
+    """The top eigenvalue of a recent case equals the dense float64 Hessian's over the sequences of
+    its window, read from the order by this test; the window is the result's own (``plan``)."""
+    from oracles import dense_epoch_hessian
+    from safetensors.torch import load_file
+
+    from tiny_llm.architectures import build_model
+    from tiny_llm.workers.spectrum import SpectrumSettings, analyze_spectrum
+
+    root, sequences = suite
+    run = load_config(imported / "resolved.yaml")
+    entry = {"training_order": {"path": str(root / "document"), "sequences_per_step": B}, "case_steps": 2}
+    plan = plan_order("analyses.a", entry, ["recent"], list(SAVED), run)
+    settings = AnalysisSettings(device="cpu", dtype="float64", noise_samples=1, random_samples=1, audit=False)
+    spectrum = SpectrumSettings(top_k=1, lanczos_steps=80, slq_vectors=1, slq_steps=4, block_samples=1)
+    output = tmp_path / "spectrum.json"
+    result = analyze_spectrum(
+        imported, ["epoch-001.safetensors"], "recent", settings, spectrum, output, order=plan.job("recent", 4)
+    )
+    model = build_model(run.model, attention_backend="reference").double()
+    model.load_state_dict({k: v.double() for k, v in load_file(imported / "epoch-001.safetensors").items()})
+    tokens = torch.from_numpy(sequences[2 * B : 4 * B].astype(np.int64))  # steps 3..4, up to step 4
+    top = float(torch.linalg.eigvalsh(dense_epoch_hessian(model, tokens))[-1])
+    assert result["top_eigenvalues"][0]["eigenvalue"] == pytest.approx(top, rel=1e-8)
+    assert result["plan"] == "steps 3..4 in batches of 1"
+    with pytest.raises(ValueError, match=r"holds the case's batches steps 3..4 in batches of 1, not steps 1..2"):
+        analyze_spectrum(
+            imported, ["epoch-001.safetensors"], "recent", settings, spectrum, output, order=plan.job("seen", 4)
+        )
