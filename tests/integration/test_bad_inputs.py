@@ -278,6 +278,17 @@ CASES = {
         lambda t: ["train", "--config", str(t / "stopped/run.yaml"), "--run-dir", str(t / "stopped/run")],
         "train-log.jsonl line 1 is not a training log entry",
     ),
+    # the trajectory's successor
+    "successor is the state itself": (
+        None,
+        lambda t: [*_state(t), "--checkpoint", "epoch-001.safetensors", "--successor", "epoch-001.safetensors"],
+        r"successor epoch-001.safetensors: the same weights as the state measured",
+    ),
+    "successor is an earlier state": (
+        None,
+        lambda t: [*_state(t), "--checkpoint", "epoch-002.safetensors", "--successor", "epoch-001.safetensors"],
+        r"successor epoch-001.safetensors: trained to step \d+, not after this state's step \d+",
+    ),
     # identity and locks
     "result with other settings": (
         lambda t: (

@@ -199,6 +199,19 @@ def test_torchrun_and_srun_run_the_command_line_unchanged(oracle_run, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count('"b_noise"') == 1
+    refused = subprocess.run(  # a refusal on every rank: one whole line each, never joined
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "tiny_llm.cli", "--", *arguments]
+        + ["--successor", "epoch-001.safetensors", "--output", str(tmp_path / "refused.json")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    lines = [line for line in refused.stderr.splitlines() if "tiny-llm analyze-state: error" in line]
+    assert refused.returncode != 0 and not (tmp_path / "refused.json").exists()
+    assert {line.partition("error")[2][:15] for line in lines} == {" (rank 0 of 2):", " (rank 1 of 2):"}, lines
+    assert all(
+        line.count("tiny-llm analyze-state") == 1 and line.endswith("name the next checkpoint") for line in lines
+    )
     clean = {
         k: v
         for k, v in os.environ.items()

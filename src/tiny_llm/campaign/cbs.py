@@ -166,6 +166,13 @@ def _check_grid(key: str, entry: CbsExperiment, base: RunConfig) -> None:
         raise ValueError(f"{key}.config: a packed run (training.packed); branches start from ordinary runs")
     if sorted(set(sizes)) != list(sizes) or len(sizes) < 2:
         raise ValueError(f"{key}.batch_sizes: list two or more, ascending, got {list(sizes)}")
+    if not entry.data_seeds or len(set(entry.data_seeds)) != len(entry.data_seeds):
+        raise ValueError(
+            f"{key}.data_seeds: list one or more distinct data orders (two or more give the loss a standard "
+            f"error), got {list(entry.data_seeds)}"
+        )
+    if not epochs:
+        raise ValueError(f"{key}.checkpoints: list one or more epochs to branch from")
     for epoch in epochs:
         if not 0 <= epoch < base.training.epochs:
             raise ValueError(

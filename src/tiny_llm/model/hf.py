@@ -77,7 +77,7 @@ def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source
         ValueError: naming ``source`` and the keys that are missing or have no counterpart.
     """
     form = export_format(config)
-    ours = _parameter_names(config)
+    ours = _parameter_shapes(config)
     theirs = {form.theirs(key): key for key in ours}
     embedding, head = form.model_keys["tok_embeddings.weight"], form.model_keys["output.weight"]
     state, unknown = {}, []
@@ -92,6 +92,12 @@ def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source
             unknown.append(key)
             continue
         state[theirs[key]] = tensor.t().contiguous() if form.flips(theirs[key]) else tensor
+        if tuple(state[theirs[key]].shape) != ours[theirs[key]]:
+            want = ours[theirs[key]][::-1] if form.flips(theirs[key]) else ours[theirs[key]]
+            raise ValueError(
+                f"{source}: {key} has shape {list(tensor.shape)}, but its config.json gives {list(want)}; the "
+                "weights are not those of this config.json (save the model again)"
+            )
     missing = sorted(set(ours) - set(state))
     if unknown or missing:
         raise ValueError(
@@ -102,14 +108,15 @@ def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source
     return state
 
 
-def _parameter_names(config: ModelConfig) -> list[str]:
-    """The state-dict keys of our model for ``config``, from a model built without storage."""
+def _parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The state-dict keys of our model for ``config`` and their shapes, from a model built
+    without storage."""
     import torch
 
     from tiny_llm.architectures import build_model
 
     with torch.device("meta"):
-        return list(build_model(config).state_dict())
+        return {key: tuple(tensor.shape) for key, tensor in build_model(config).state_dict().items()}
 
 
 def model_config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:

@@ -129,8 +129,18 @@ def _position(
     else:
         step, step_source = 0, "unknown"
     seen_tokens = (state or {}).get("num_input_tokens_seen")
+    if seen_tokens is not None and not _is_count(seen_tokens):
+        raise ValueError(
+            f"{Path(path) / 'trainer_state.json'}: num_input_tokens_seen {seen_tokens!r} is not a count of tokens; "
+            "correct it, or give the checkpoint's tokens (--tokens, hf_checkpoints[].tokens)"
+        )
     if count is not None:
         count, tokens_source = _count(count, f"tokens of {path}"), "given"
+        if tokens_per_step is not None and step * tokens_per_step != count:
+            raise ValueError(
+                f"tokens_per_step {tokens_per_step} puts {path} (step {step}) at {step * tokens_per_step} tokens, "
+                f"but its tokens are given as {count}; correct one of them (or drop tokens_per_step)"
+            )
     elif _is_count(seen_tokens) and seen_tokens > 0:
         count, tokens_source = seen_tokens, "trainer_state.json num_input_tokens_seen"
         if tokens_per_step is not None and step * tokens_per_step != seen_tokens:

@@ -244,9 +244,9 @@ def import_run(
     _check_target(run_dir)
     for path in paths:
         local_directory(path, "checkpoint directory")
+    planned = imported_config(paths, config, adapter=adapter)  # checkpoints of different models first
     positions = checkpoint_positions(sources, tokens_per_step)
     training_log = trainer_log(paths, tokens_per_step)
-    planned = imported_config(paths, config, adapter=adapter)
     tokenizer = checkpoint_tokenizer(paths, planned.model.vocab_size)
     states = _checked_states(paths, planned)
     labels = [s.revision or s.path.name for s in sources]

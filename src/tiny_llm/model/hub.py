@@ -287,6 +287,16 @@ def expand_checkpoints(
     for i, entry in enumerate(checkpoints):
         if not isinstance(entry, dict) or not ("path" in entry or "repo" in entry):
             raise ValueError(f"{key}[{i}]: expected {{path: DIR}} or {{repo: ORG/NAME, revision: REV}}, got {entry!r}")
+        if "path" in entry and entry.get("revision") is not None:  # an expanded entry names its own snapshot
+            if (
+                "repo" not in entry
+                or Path(entry["path"]).resolve()
+                != resolve_revision(entry["repo"], entry["revision"], cache_dir).resolve()
+            ):
+                raise ValueError(
+                    f"{key}[{i}]: gives both path {entry['path']} and revision {entry['revision']}; a checkpoint is "
+                    "a folder (path) or a revision of a repository in the cache (repo, revision): give one"
+                )
         if "path" not in entry:  # a revision in the cache (an expanded one keeps its path)
             if not isinstance(entry.get("revision"), str):
                 raise ValueError(f"{key}[{i}]: {entry['repo']} needs its revision (revision: step1000, say)")

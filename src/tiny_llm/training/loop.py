@@ -356,6 +356,8 @@ def train(config: RunConfig, run_dir: str | Path, *, device: str = "cpu", stop_a
         )
     _check_run_dir(config, run_dir)
     trainer = _Trainer(config, run_dir, device)  # checks the cache before anything is written
+    if config.training.init_from is not None and not (run_dir / RESUME).exists() and not (run_dir / FINAL).exists():
+        load_start(config, trainer.workers)  # a branch: its parent's kept state, refused before any write
     run_dir.mkdir(parents=True, exist_ok=True)
     with exclusive(run_dir / TRAIN_LOCK, f"training {run_dir}"):
         return _train_locked(trainer, config, run_dir, stop_after_epoch)
@@ -380,9 +382,7 @@ def _train_locked(trainer: _Trainer, config: RunConfig, run_dir: Path, stop_afte
     kept_log = _kept_log(log_path, trainer.step)
     atomic_write_text(run_dir / RESOLVED, dump_config(config))
     if not resume.exists():
-        if config.training.init_from is not None:  # a branch: its parent's kept state
-            load_start(config, trainer.workers)
-        trainer.write_epoch_checkpoint()  # epoch-000: the initialisation
+        trainer.write_epoch_checkpoint()  # epoch-000: the initialisation (a branch's: its parent's state)
         trainer.keep_state()
     if kept_log is not None:
         atomic_write_text(log_path, kept_log)

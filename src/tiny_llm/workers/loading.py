@@ -215,14 +215,37 @@ def prepare_inputs(
 
 
 def load_successor(
-    run_dir: str | Path, successor: dict[str, Any] | None, config: RunConfig
+    run_dir: str | Path, successor: dict[str, Any] | None, config: RunConfig, state: LoadedState | None = None
 ) -> tuple[dict[str, Any], LoadedState] | None:
     """The next state of an analysis (``{"key", "file", "step"}`` as the planner names it), loaded and
-    verified as any state is (its root weights: the step's end), or None."""
+    verified as any state is (its root weights: the step's end), or None.
+
+    Raises:
+        ValueError: a successor that is ``state`` itself, or trained no later than it, naming it.
+    """
     if successor is None:
         return None
     run_dir = Path(run_dir)
-    return successor, load_state(run_dir, resolve_checkpoints(run_dir, [successor["file"]]), config, False)
+    following = load_state(run_dir, resolve_checkpoints(run_dir, [successor["file"]]), config, False)
+    if state is not None:
+        if following.weights_hash == state.weights_hash:
+            raise ValueError(
+                f"successor {successor['file']}: the same weights as the state measured, so there is no step to "
+                "measure along; name the next checkpoint"
+            )
+        here, there = _step(state.aliases), _step(following.aliases)
+        if here is not None and there is not None and there <= here:
+            raise ValueError(
+                f"successor {successor['file']}: trained to step {there}, not after this state's step {here}; "
+                "name the next checkpoint"
+            )
+    return successor, following
+
+
+def _step(aliases: list[dict[str, Any]]) -> int | None:
+    """A state's training step, from its first alias (None where unknown)."""
+    step = aliases[0].get("step") if aliases else None
+    return int(step) if isinstance(step, int | float | str) and str(step).lstrip("-").isdigit() else None
 
 
 def step_vector(

@@ -145,7 +145,7 @@ def analyze_spectrum(
         spectrum = replace(spectrum, sharded=True)
     order_case = OrderCase.from_dict(order) if order is not None else None
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key, order_case)
-    following = load_successor(run_dir, successor, config)
+    following = load_successor(run_dir, successor, config, state)
     if (engine := sharded_engine(settings, spectrum)) is not None:
         resolved = replace(resolved, hvp_engine=engine, hvp_compiled=False)
     identity = {k: v for k, v in result_identity(settings, resolved, config, cache).items() if k != "hash"}

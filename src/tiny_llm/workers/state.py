@@ -79,7 +79,7 @@ def analyze_state(
     check_writable_file(output)
     order_case = OrderCase.from_dict(order) if order is not None else None
     config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key, order_case)
-    following = load_successor(run_dir, successor, config)
+    following = load_successor(run_dir, successor, config, state)
     identity = result_identity(settings, resolved, config, cache)
     memory = job_memory_plan(settings, config, resolved)
     with single_writer(output) as reuse:

@@ -79,6 +79,9 @@ def test_the_plan_runs_it_prices_it_and_targets_its_table(project):
     ("changes", "message"),
     [
         ({"batch_sizes": [4, 2]}, "cbs_experiments.x.batch_sizes: list two or more, ascending, got [4, 2]"),
+        ({"data_seeds": []}, "cbs_experiments.x.data_seeds: list one or more distinct data orders"),
+        ({"data_seeds": [1, 1]}, "cbs_experiments.x.data_seeds: list one or more distinct data orders"),
+        ({"checkpoints": []}, "cbs_experiments.x.checkpoints: list one or more epochs to branch from"),
         ({"checkpoints": [4]}, "cbs_experiments.x.checkpoints: epoch 4 is not one to branch from"),
         ({"token_budget": 100}, "cbs_experiments.x.token_budget: 100 is not a whole number of steps"),
         ({"token_budget": 8 * 16 * 8}, "cbs_experiments.x.token_budget: branches from epoch 2 would read 96 sequences"),

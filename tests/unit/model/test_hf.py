@@ -342,3 +342,19 @@ def test_configurations_our_gpt2_cannot_represent_are_refused(tmp_path, changes,
     _, path = _hf_gpt2(tmp_path, True, **changes)
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         read_hf(path)
+
+
+def test_a_misshaped_tensor_is_named_as_the_file_names_it(tmp_path):
+    """A weight whose shape differs from what config.json gives is refused naming the file's key
+    and both shapes, not our internal name."""
+    from safetensors.torch import load_file, save_file
+
+    _, path = _hf_model(tmp_path, False)
+    state = load_file(path / "model.safetensors")
+    state["model.layers.0.mlp.down_proj.weight"] = state["model.layers.0.mlp.down_proj.weight"][:, :-1].contiguous()
+    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(
+        ValueError, match=r"model.layers.0.mlp.down_proj.weight has shape \[\d+, \d+\], but its config"
+    ) as e:
+        read_hf(path)
+    assert str(path) in str(e.value) and "feed_forward" not in str(e.value)

@@ -181,6 +181,20 @@ def test_tokens_per_step_of_zero_or_contradicting_the_trainer_is_refused(suites,
     assert main(["--quiet", *argv, "--tokens-per-step", str(BATCH * SEQ)]) == 0  # agreeing with it is fine
 
 
+def test_tokens_that_cannot_be_counts_or_contradict_tokens_per_step_are_refused(suites, project, capsys, tmp_path):
+    """A negative num_input_tokens_seen is refused by name, not taken for unknown tokens; a
+    tokens_per_step that contradicts the tokens given is refused, not ignored."""
+    copies = [Path(shutil.copytree(p, tmp_path / p.name)) for p in suites["neox"]]
+    state = json.loads((copies[0] / "trainer_state.json").read_text())
+    (copies[0] / "trainer_state.json").write_text(json.dumps({**state, "num_input_tokens_seen": -5}))
+    argv = ["import-hf", *map(str, copies), "--run-dir", "runs/bad", "--config", "run.yaml"]
+    _refused(capsys, argv, "trainer_state.json: num_input_tokens_seen -5 is not a count of tokens")
+    argv = ["import-hf", *map(str, suites["neox"]), "--run-dir", "runs/bad", "--config", "run.yaml"]
+    given = ["--tokens", *(str(7 * s) for s in (2, 4, 6)), "--tokens-per-step", "8"]
+    _refused(capsys, [*argv, *given], "tokens_per_step 8 puts", "at 16 tokens, but its tokens are given as 14")
+    assert not Path("runs/bad").exists()
+
+
 def _corrupt(kind, path: Path):
     """Break one file of a copied checkpoint directory the way ``kind`` says."""
     config = json.loads((path / "config.json").read_text())

@@ -136,6 +136,10 @@ def test_configuration_entries_expand_to_folders(hub):
         expand_checkpoints([{"repo": REPO}], "k", cache)
     with pytest.raises(ValueError, match=r"k: a suite is \{repo: ORG/NAME, revisions: ...\}"):
         expand_checkpoints({"repo": REPO, "revision": "step1"}, "k", cache)
+    with pytest.raises(ValueError, match=r"k\[0\]: gives both path local and revision step1; a checkpoint is a folder"):
+        expand_checkpoints([{"path": "local", "revision": "step1"}], "k", cache)
+    with pytest.raises(ValueError, match=r"k\[0\]: gives both path .*snapshots.* and revision step2"):
+        expand_checkpoints([{"repo": REPO, "revision": "step2", "path": suite[1]["path"]}], "k", cache)
 
 
 def test_import_hf_takes_revisions_as_downloaded(hub, tmp_path, monkeypatch, capsys):
