@@ -189,9 +189,11 @@ def print_cost_lines(plan: Any, workflow: Any) -> None:
     total)."""
     for note in plan.runs.notes:
         print(f"note: {note}", file=sys.stderr)
-    for line in plan.costs.cost_lines(
-        requested_minutes(workflow, "train_run"), requested_minutes(workflow, "calibrate_timing")
-    ):
+    with refusing():  # a plan no partition can run (packed jobs beyond its walltime) stops here
+        lines = plan.costs.cost_lines(
+            requested_minutes(workflow, "train_run"), requested_minutes(workflow, "calibrate_timing")
+        )
+    for line in lines:
         print(line, file=sys.stderr)
 
 

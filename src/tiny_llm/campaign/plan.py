@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -167,6 +168,22 @@ def states_per_job(cases: int, each: float, setting: int | str = "auto") -> int:
     return max(1, min(MAX_STATES_PER_JOB, STATE_JOB_MINUTES // max(per_state, 1)))
 
 
+def check_packing(analysis: str, states: int, minutes: Callable[[int], float]) -> None:
+    """A cluster job of ``states`` states (``minutes(n)``: the walltime of one of n) must fit the
+    partition.
+
+    Raises:
+        ValueError: naming ``cluster.states_per_job`` and the most states that fit.
+    """
+    limit = MAX_HOURS * 60
+    if states > 1 and minutes(states) > limit:
+        fits = max((n for n in range(1, states) if minutes(n) <= limit), default=1)
+        raise ValueError(
+            f"cluster.states_per_job: {states} states of analysis {analysis} in one job ask for "
+            f"{minutes(states) / 60:.3g} h, beyond the partition's {MAX_HOURS} h; set it to {fits} or less (or auto)"
+        )
+
+
 def finish_minutes(cases: int, each: float, states: int = 1) -> int:
     """The minutes of a state's last job (``finish_state``): one state's margin, what completes
     2 × work of ``cases`` cases of ``each`` seconds (2 × work each) to :func:`job_minutes`, shared by
@@ -276,8 +293,12 @@ def cost_line(
     cluster = cluster or ClusterSettings()
     if cluster.walltime_hours:
         hours = float(cluster.walltime_hours)
+        per_job = 1 if cluster.states_per_job == "auto" else max(1, min(count, int(cluster.states_per_job)))
+        check_packing(name, per_job, lambda n: n * hours * 60)
+        jobs = -(-count // per_job)
+        packed = f" of ≤ {per_job} states × {hours:g} h" if per_job > 1 else f" × {hours:g} h"
         line += (
-            f"; Slurm: ≤ {count} jobs × {hours:g} h (cluster.walltime_hours){_times(gpus)} = "
+            f"; Slurm: ≤ {jobs} jobs{packed} (cluster.walltime_hours){_times(gpus)} = "
             f"{count * hours * gpus:g} GPU-hours requested"
         )
     elif cluster.walltime == "estimate":
@@ -288,6 +309,7 @@ def cost_line(
             )
         else:
             per_job = max(1, min(count, states_per_job(len(cases), each, cluster.states_per_job)))
+            check_packing(name, per_job, lambda n: group_minutes(n, len(cases), each))
             jobs, hours = -(-count // per_job), group_minutes(per_job, len(cases), each) / 60
             packed = f" of ≤ {per_job} states" if per_job > 1 else ""
             line += (

@@ -112,7 +112,13 @@ class Walltimes:
         under auto, packed by the walltime estimate, else one)."""
         setting = self.cluster.states_per_job
         if setting != "auto" or not self.cluster.estimated:
-            return 1 if setting == "auto" else int(setting)
+            states = 1 if setting == "auto" else int(setting)
+            if self.cluster.walltime_hours:
+                cost.check_packing(analysis, states, lambda n: n * float(self.cluster.walltime_hours) * 60)
+            elif self.cluster.estimated and (work := self._known_work(analysis)) is not None:
+                cases = len(self.analyses[analysis].cases)
+                cost.check_packing(analysis, states, lambda n: cost.group_minutes(n, cases, work))
+            return states
         if analysis not in self._packed:
             try:
                 work = self.case_work_seconds(analysis)
@@ -120,6 +126,13 @@ class Walltimes:
                 return 1
             self._packed[analysis] = cost.states_per_job(len(self.analyses[analysis].cases), work)
         return self._packed[analysis]
+
+    def _known_work(self, analysis: str) -> float | None:
+        """The estimated work of one (state, case) job, None while it is not measured."""
+        try:
+            return self.case_work_seconds(analysis)
+        except ValueError:
+            return None
 
     def _explicit_minutes(self, analysis: str) -> tuple[int, int]:
         """``cluster.walltime_hours`` as minutes per state job, split over its group's jobs: each

@@ -129,6 +129,20 @@ def test_cost_line_says_jobs_work_and_time(run):
     assert cost_line("a", (3, "x"), ["seen"], work, "cuda", None, ClusterSettings(walltime_hours=5)).endswith(
         "; Slurm: ≤ 3 jobs × 5 h (cluster.walltime_hours) = 15 GPU-hours requested"
     )
+    packed = ClusterSettings(walltime_hours=5, states_per_job=2)  # priced as packed: 2 jobs of 2 states × 5 h
+    assert cost_line("a", (3, "x"), ["seen"], work, "cuda", None, packed).endswith(
+        "; Slurm: ≤ 2 jobs of ≤ 2 states × 5 h (cluster.walltime_hours) = 15 GPU-hours requested"
+    )
+    for cluster, entry_given in (
+        (ClusterSettings(walltime_hours=30, states_per_job=3), None),  # 90 h in one job
+        (ClusterSettings("estimate", states_per_job=32), {"seconds": {k: 600 * v for k, v in seconds.items()}}),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=r"cluster.states_per_job: \d+ states of analysis a in one job ask for .* "
+            r"beyond the partition's 72 h; set it to \d+ or less",
+        ):
+            cost_line("a", (64, "x"), ["seen", "unseen"], work, "cuda", entry_given, cluster)
     assert "Slurm walltime: from the calibration job, which runs first on the target node (results/timing/a.json" in (
         cost_line("a", (3, "x"), ["seen"], work, "cuda", None, ClusterSettings(walltime="estimate"))
     )
