@@ -148,6 +148,42 @@ def mean_gradient_and_loss(
     return g[:-1], float(g[-1])
 
 
+def epoch_loss(
+    model: Llama,
+    batches: list[torch.Tensor],
+    micro_batch_size: int,
+    precision: Precision,
+    head_tokens: int | None = None,
+) -> float:
+    """The epoch loss L = Σ_b (N_b / N) L_b from forward passes only, each batch's loss summed
+    micro-batch by micro-batch as :func:`mean_gradient_and_loss` sums it (the same number): what
+    the loss at a shifted θ costs. Each rank its batches, summed in float64."""
+    from tiny_llm.model.causal import token_losses
+
+    n_total = sum(int(b[:, 1:].numel()) for b in batches)
+    total = torch.zeros((), dtype=torch.float64, device=precision.device)
+    with torch.no_grad():
+        for tokens in shard(batches):
+            tokens = tokens.to(precision.device)
+            inputs, targets = tokens[:, :-1], tokens[:, 1:]
+            n_batch, batch = targets.numel(), torch.zeros((), dtype=torch.float64, device=precision.device)
+            for start in range(0, len(tokens), micro_batch_size):
+                x, y = inputs[start : start + micro_batch_size], targets[start : start + micro_batch_size]
+                if head_tokens is not None and head_tokens < y.numel():
+                    with precision.autocast():
+                        h = model.hidden(x)
+                        h = h.reshape(-1, h.size(-1))
+                        for s in range(0, y.numel(), head_tokens):
+                            part = token_losses(
+                                model.logits(h[s : s + head_tokens]), y.reshape(-1)[s : s + head_tokens]
+                            )
+                            batch += (part.sum() * (1 / n_batch)).double()
+                    continue
+                batch += (token_losses(precision.forward(model, x), y).sum() / n_batch).double()
+            total += float(batch) * (n_batch / n_total)
+    return float(all_reduce_sum(total))
+
+
 def mean_gradient(
     model: Llama,
     flat: FlatParameters,

@@ -66,6 +66,7 @@ from tiny_llm.curvature.directions import DirectionRunner, add_block_directions,
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.gradients import (
     batch_gradient_and_loss,
+    epoch_loss,
     mean_gradient_and_loss,
     noise_batch_indices,
     sampled_gradients,
@@ -146,7 +147,12 @@ def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precis
         operator=operator,
         split=engine_named(inputs.engine).forms,
         audit_sides=lambda: whole_sides(model, batches, inputs, precision),
-        loss_at=partial(shifted_loss, list(model.parameters()), flat.blocks, lambda: mean()[1]),
+        loss_at=partial(
+            shifted_loss,
+            list(model.parameters()),
+            flat.blocks,
+            lambda: epoch_loss(model, batches, inputs.gradient_micro_batch, precision, head),
+        ),
     )
 
 
@@ -208,7 +214,12 @@ def _sharded(
         operator=lambda: operator,
         split=engine.forms,
         audit_sides=audit_sides,
-        loss_at=partial(shifted_loss, [operator.local(p) for p in operator.params], operator.pieces, lambda: mean()[1]),
+        loss_at=partial(
+            shifted_loss,
+            [operator.local(p) for p in operator.params],
+            operator.pieces,
+            lambda: operator.loss(torch.cat(batches), rows),
+        ),
     )
 
 

@@ -205,6 +205,20 @@ class ShardedHessian:
             loss += batch_loss
         return total, float(all_reduce_sum(loss))
 
+    def loss(self, tokens: torch.Tensor, micro_batch_size: int) -> float:
+        """The token-mean loss of ``tokens`` (n, T+1) from forward passes only, cut and summed as
+        :meth:`gradient_and_loss` does (float64, the same on every rank): what the loss at a
+        shifted θ costs."""
+        batches = pad_sequences(tokens.to(self.precision.device), micro_batch_size)
+        n_targets = int(tokens[:, 1:].numel())
+        loss = torch.zeros((), dtype=torch.float64, device=self.precision.device)
+        with torch.no_grad():
+            for inputs, targets in self.rank_batches(batches):
+                logits = self.precision.forward(self.model, inputs)
+                loss += (token_losses(logits, targets).sum() / n_targets).double()
+        self.model.reshard()  # without a backward, the root's unsharded parameters are freed here
+        return float(all_reduce_sum(loss))
+
     def on(self, tokens: torch.Tensor) -> ShardedHessian:
         """The same operator (the same sharded model, layout and step) over other token rows (n, T+1):
         the Hessian of their token-mean loss (the precision audit's micro-batches)."""

@@ -20,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 from tiny_llm.layout import BLOCKS, TRAIN_LOG, TRAINER_LOG_SOURCE
@@ -222,6 +223,12 @@ def _step_loss(table, context, out_dir) -> list[Path]:
     curves(ax, table, "predicted_loss_change", "quadratic model ḡᵀΔ + ½ΔᵀHΔ", "C1", notes=notes)
     ax.axhline(0, color="0.6", lw=0.6)
     note = "the last checkpoint has no successor (not drawn)"
+    values = [pd.to_numeric(table[c], errors="coerce") for c in ("actual_loss_change", "predicted_loss_change")]
+    sizes = pd.concat(values).abs()
+    sizes = sizes[np.isfinite(sizes) & (sizes > 0)]
+    if len(sizes) and sizes.max() > 30 * sizes.min():  # an early step's change would flatten the rest
+        ax.set_yscale("symlog", linthresh=float(sizes.min()), linscale=0.5)
+        note += f"; symmetric log axis, linear within ±{float(sizes.min()):.2g}"
     return finish(fig, ax, out_dir, "step_loss", "loss change to the next checkpoint (nats)", context, note)
 
 

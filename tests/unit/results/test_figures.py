@@ -212,3 +212,32 @@ def test_log_spaced_checkpoints_get_a_log_axis_and_evenly_spaced_ones_a_linear_o
     monkeypatch.setattr(plots, "finish", spy)
     plot_analysis(tmp_path, training_norms=False)
     assert scales["loss"] == scales["batch_sizes"] == "symlog"
+
+
+def test_step_loss_keeps_every_checkpoint_legible_and_batch_sizes_draw_the_training_batch(tmp_path, monkeypatch):
+    """An initialisation's step of −20 nats beside later ones of 1e-3: a symmetric log axis, linear
+    only within the smallest change, so every checkpoint's change is read off; the training batch
+    is the training's, not the noise batch's."""
+    _write(tmp_path)
+    table = pd.read_csv(tmp_path / "summary.csv")
+    changes = {"epoch-000.safetensors": -20.7, "epoch-001.safetensors": -2e-3, "epoch-002.safetensors": 1e-3}
+    table["actual_loss_change"] = table["file"].map(changes)
+    table["predicted_loss_change"] = table["actual_loss_change"] * 1.1
+    table.to_csv(tmp_path / "summary.csv", index=False)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    for sizes in manifest["batch_sizes"].values():
+        sizes["training_batch_size"] = 1024
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    figures = {}
+    original = plots.finish
+
+    def spy(fig, ax, out_dir, name, *args, **kwargs):
+        figures[name] = fig
+        return original(fig, ax, out_dir, name, *args, **kwargs)
+
+    monkeypatch.setattr(plots, "finish", spy)
+    plot_analysis(tmp_path)
+    step = figures["step_loss"].axes[0]
+    assert step.get_yscale() == "symlog" and "linear within ±0.001" in step.get_title(loc="left")
+    batch = figures["batch_sizes"].axes[0]
+    assert any(line.get_label() == "training batch B = 1024" for line in batch.get_lines())
