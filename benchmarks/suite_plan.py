@@ -3,8 +3,8 @@
 A PolyPythia-sized miniature, made here without download: ``--seeds`` repositories of Pythia's 154
 revision names (step0, 1, 2, 4 … 512, 1000 … 143000) in a local Hugging Face cache (tiny GPT-NeoX
 weights), their published training order as a Megatron indexed dataset (one sequence per step),
-and one analysis per seed measuring seen, unseen and recent on it (step0 left out: no training
-step comes before it, so it has no seen window). The dry run of the NAISS
+and one analysis per seed measuring seen, unseen and recent on windows of two steps (step0 and
+step1 left out, with a note: they have not trained two steps). The dry run of the NAISS
 profile (``snakemake -n``) is timed, with a GH200 timing entry whose per-state work is a few
 minutes, and its cost lines (jobs, states per job, GPU-hours) are printed.
 
@@ -63,9 +63,10 @@ def configure(root: Path, seeds: int) -> None:
     analyses = {
         f"seed{seed}": {
             "config": "run.yaml",
-            "hf_checkpoints": {"repo": f"org/seed{seed}", "revisions": {"min_step": 1}},  # seen: step 1
+            "hf_checkpoints": {"repo": f"org/seed{seed}", "revisions": "all"},  # step0, 1 left out: seen needs 2
             "tokens_per_step": 8,
             "training_order": {"path": "document", "format": "megatron", "sequences_per_step": 1},
+            "case_steps": 2,  # two noise batches of one sequence
             "cases": ["seen", "unseen", "recent"],
             "settings": {"noise_samples": 2, "random_samples": 2},
         }

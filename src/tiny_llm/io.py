@@ -124,6 +124,52 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+_READ: dict[Path, tuple[tuple[int, int], Any]] = {}
+
+
+def read_if_changed(path: str | Path, parse: Any) -> Any:
+    """``parse(text)`` of a file, read again only when its size or modification time changed since
+    the last read in this process (a planner asks for the same files thousands of times)."""
+    path = Path(path)
+    stat = path.stat()
+    stamp = (stat.st_size, stat.st_mtime_ns)
+    known = _READ.get(path)
+    if known is None or known[0] != stamp:
+        known = _READ[path] = (stamp, parse(path.read_text()))
+    return known[1]
+
+
+DIGESTS = Path(".snakemake/tiny-llm/digests.json")
+"""The planner's digest cache: each hashed file's sha256 by its real path, size and modification
+time. Removing it (or ``TINY_LLM_REHASH=1``) hashes every file again."""
+
+
+def cached_sha256(path: str | Path, store: Path = DIGESTS) -> str:
+    """:func:`sha256_file` of ``path``, kept in ``store`` and computed again whenever the file's size
+    or modification time changes (a checkpoint folder of many GB is read once, not at every plan)."""
+    real = os.path.realpath(path)
+    stat = os.stat(real)
+    stamp = [stat.st_size, stat.st_mtime_ns]
+    digests = {} if os.environ.get("TINY_LLM_REHASH") == "1" else _load_digests(store)
+    known = digests.get(real)
+    if known and known[:2] == stamp:
+        return known[2]
+    digest = sha256_file(real)
+    digests[real] = [*stamp, digest]
+    with contextlib.suppress(OSError):  # a read-only project still plans, hashing each time
+        store.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(store, digests)
+    return digest
+
+
+def _load_digests(store: Path) -> dict[str, list]:
+    try:
+        data = read_if_changed(store, json.loads)
+    except (OSError, ValueError):
+        return {}
+    return dict(data) if isinstance(data, dict) else {}
+
+
 @contextlib.contextmanager
 def exclusive(lock: str | Path, what: str) -> Iterator[None]:
     """Hold ``lock`` (a file holding the holder's process id) for the duration, or refuse.

@@ -277,9 +277,13 @@ def test_a_critical_batch_experiment_runs_through_the_naiss_profile(tmp_path):
     assert plan.returncode == 0, text[-3000:]
     jobs = {name: block for name, block in re.findall(r"\n(?:rule|checkpoint) (\w+):\n((?:    .*\n)+)", text)}
     assert "threads: 72" in jobs["evaluate_branches"] and "gpu=1" in jobs["evaluate_branches"]
-    assert re.search(r"train_run\s+5\b", text)  # the base run and 2 batch sizes x 2 seeds
+    assert re.search(r"train_run\s+1\b", text) and re.search(r"train_branch\s+4\b", text)  # 2 sizes x 2 seeds
+    assert "runtime=1440" in jobs["train_run"] and "gpu=1" in jobs["train_branch"]
+    # 32 of the base run's 512 tokens: 1440 min / 16 + 30 min, rounded up to 2 h
+    assert "runtime=120" in jobs["train_branch"] and "threads: 72" in jobs["train_branch"]
     assert "gpu=1" not in jobs["critical_batch"]
     assert "cbs experiment cbs: 1 checkpoint × 2 batch sizes" in text
+    assert "training 1 run(s) × 24 h + 4 branch run(s), 8 h (scaled by their tokens)" in text
 
 
 def test_seed_experiment_walltime_from_a_timing_entry(tmp_path):

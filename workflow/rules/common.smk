@@ -20,6 +20,7 @@ from tiny_llm.campaign.slurm_jobs import (
 from tiny_llm.campaign.targets import all_targets, experiment_targets
 from tiny_llm.campaign.workflow import WorkflowPlan
 from tiny_llm.config import config_to_dict, parse_yaml
+from tiny_llm.io import read_if_changed
 from tiny_llm.provenance import source_hash
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.results.record import append_event
@@ -113,16 +114,14 @@ get_attempt = lambda wildcards, attempt: attempt  # 1 + retries so far, in each 
 
 def _states(analysis):  # states.json, once its index checkpoint has run
     path = checkpoints.index_states.get(analysis=analysis).output.states
-    return json.loads(Path(path).read_text())["states"]
+    return read_if_changed(path, json.loads)["states"]
 
 
 def _state(wildcards):
     for state in _states(wildcards.analysis):
         if state["key"] == wildcards.key:
             return state
-    raise ValueError(
-        f"state {wildcards.key} is not in the index of {wildcards.analysis}"
-    )
+    raise ValueError(f"state {wildcards.key} is not indexed in {wildcards.analysis}")
 
 
 def get_state_aliases(wildcards):

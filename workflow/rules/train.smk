@@ -28,6 +28,18 @@ rule train_run:
         "../scripts/train.py"
 
 
+# A critical-batch-size branch trains as any run; on the cluster it asks for the base run's
+# walltime (the profile's train_run runtime) scaled by its share of the base run's tokens.
+use rule train_run as train_branch with:
+    wildcard_constraints:
+        run="|".join(PLAN.branch_runs()) or "NONE",
+    resources:
+        runtime=lambda w: jobs.branch_runtime(PLAN, workflow, w.run),
+
+
+ruleorder: train_branch > train_run
+
+
 # Hugging Face checkpoints an analysis lists (hf_checkpoints): imported into its run directory.
 rule import_hf:
     input:

@@ -104,6 +104,13 @@ class CbsPlan:
     branches: dict[int, dict[str, dict[str, Any]]]
     """Per epoch: each branch run's name → its batch size, seed, steps and learning rate."""
 
+    def branch_minutes(self, base_minutes: int) -> int:
+        """The walltime a branch asks for when its base run asks for ``base_minutes``: the base's
+        scaled by the branch's share of its tokens, plus 30 minutes, rounded up to the hour (at most
+        the base's)."""
+        share = self.token_budget / self.base_config.training.tokens
+        return min(base_minutes, 60 * math.ceil((share * base_minutes + 30) / 60))
+
     def epoch_of(self, checkpoint: str) -> int:
         return int(checkpoint.removeprefix("epoch-"))
 

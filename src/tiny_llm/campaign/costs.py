@@ -137,13 +137,9 @@ class CostReport:
         hours = {a: self.requested_hours(a) for a in open_analyses}
         parts, total = [], 0.0
         if untrained:
-            each = (train_minutes or 0) / 60
-            parts.append(
-                f"training {len(untrained)} run(s) × {each:g} h"
-                if train_minutes
-                else f"training {len(untrained)} run(s) (walltime not set by the profile)"
-            )
-            total += len(untrained) * each
+            training, line = self._training_hours(untrained, train_minutes)
+            parts.append(line)
+            total += training
         if calibrations:
             each = (calibration_minutes or 60) / 60
             parts.append(f"calibration {len(calibrations)} job(s) × {each:g} h")
@@ -161,6 +157,20 @@ class CostReport:
         unknown = sorted(a for a, h in hours.items() if h is None)
         later = f" (+ {', '.join(unknown)}: priced by its calibration)" if unknown else ""
         return f"campaign on Slurm: {' + '.join(parts)} = at most {total:g} GPU-hours requested{later}"
+
+    def _training_hours(self, runs: list[str], train_minutes: int | None) -> tuple[float, str]:
+        """GPU-hours the training of ``runs`` asks for, and its part of the campaign line: a run
+        trained here the profile's train_run walltime, a critical-batch branch that scaled by its
+        tokens."""
+        if not train_minutes:
+            return 0.0, f"training {len(runs)} run(s) (walltime not set by the profile)"
+        plans = {run: plan for plan in self.campaign.cbs.values() for group in plan.branches.values() for run in group}
+        base = [run for run in runs if run not in plans]
+        branch_hours = sum(plans[run].branch_minutes(train_minutes) for run in runs if run in plans) / 60
+        line = f"training {len(base)} run(s) × {train_minutes / 60:g} h"
+        if branch_hours:
+            line += f" + {len(runs) - len(base)} branch run(s), {branch_hours:g} h (scaled by their tokens)"
+        return len(base) * train_minutes / 60 + branch_hours, line
 
     def start_event(self, analysis: str, command: list[str], source: str) -> dict[str, Any]:
         """The campaign record's start event of an analysis for this controller run."""

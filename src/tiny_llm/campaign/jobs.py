@@ -197,6 +197,12 @@ def print_cost_lines(plan: Any, workflow: Any) -> None:
         print(line, file=sys.stderr)
 
 
+def branch_runtime(plan: Any, workflow: Any, run: str) -> int:
+    """Minutes a critical-batch branch run asks for: the profile's train_run runtime scaled by the
+    branch's tokens (an hour where the profile gives none)."""
+    return plan.branch_minutes(run, requested_minutes(workflow, "train_run")) or 60
+
+
 def uses_devices(dag: Any) -> tuple[bool, set[str]]:
     """What the jobs this run will execute compute on a device: whether it trains, and which
     analyses it measures or collects (the measurements of an analysis appear in the DAG only after
@@ -204,7 +210,7 @@ def uses_devices(dag: Any) -> tuple[bool, set[str]]:
     trains, analyses = False, set()
     for job in dag.needrun_jobs():
         name, wildcards = job.rule.name, job.wildcards_dict
-        trains = trains or name == "train_run"
+        trains = trains or name in ("train_run", "train_branch")
         if "analysis" in wildcards and name != "index_states":
             analyses.add(wildcards["analysis"])
     return trains, analyses

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from tiny_llm.config import RunConfig
-from tiny_llm.io import atomic_write_json
+from tiny_llm.io import atomic_write_json, read_if_changed
 from tiny_llm.workers.settings import AnalysisSettings, quadratic_form_engine
 
 __all__ = ["load_profiles", "lookup", "lookup_entry", "timing_key", "write_profile"]
@@ -54,7 +54,7 @@ def load_profiles(paths: list[str | Path]) -> list[dict[str, Any]]:
         if path.is_dir():
             entries += load_profiles(sorted(path.glob("*.json")))
         elif path.exists():
-            data = yaml.safe_load(path.read_text()) or {}
+            data = read_if_changed(path, yaml.safe_load) or {}  # asked once per job while planning
             entries += data.get("entries", []) if isinstance(data, dict) else []
     return entries
 

@@ -338,6 +338,15 @@ class WorkflowPlan:
         """Calibration needs only the run's shapes: a run trained here is not waited for."""
         return [] if self.trained_here(analysis) else [self.run_ready(analysis)]
 
+    def branch_runs(self) -> dict[str, Any]:
+        """Every branch run of the critical-batch-size experiments → its experiment's plan."""
+        return {run: plan for plan in self.cbs.values() for runs in plan.branches.values() for run in runs}
+
+    def branch_minutes(self, run: str, base_minutes: int | None) -> int | None:
+        """A branch run's walltime, scaled from its base run's (``base_minutes``, the profile's
+        train_run runtime) by its tokens; None without one."""
+        return None if base_minutes is None else self.branch_runs()[run].branch_minutes(base_minutes)
+
     def run_config(self, analysis: str) -> RunConfig:
         name = self.trained_here(analysis)
         if name:

@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.io import sha256_file
+from tiny_llm.io import cached_sha256
 from tiny_llm.model.hf import weight_files
 
 __all__ = [
@@ -63,7 +63,7 @@ def weights_digest(folder: str | Path) -> str:
     for name in weight_files(Path(folder)):
         path = Path(folder) / name
         target = Path(os.path.realpath(path))
-        parts.append(f"{name}:{target.name if target.parent.name == 'blobs' else sha256_file(path)}")
+        parts.append(f"{name}:{target.name if target.parent.name == 'blobs' else cached_sha256(path)}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
