@@ -25,6 +25,9 @@ include: "workflow/rules/cbs.smk"
 include: "workflow/rules/reattach.smk"
 
 
+jobs.remember_signatures(globals())  # Snakemake would inspect each input function at every call
+
+
 rule all:
     default_target: True
     input:

@@ -197,6 +197,21 @@ def print_cost_lines(plan: Any, workflow: Any) -> None:
         print(line, file=sys.stderr)
 
 
+def remember_signatures(namespace: dict[str, Any]) -> None:
+    """Give every input function of the workflow (``get_*``) its signature once: Snakemake asks for
+    it at every call otherwise (``inspect.signature``, a third of planning a suite of thousands of
+    jobs), through its own ``overwrite_function_params``."""
+    import inspect
+
+    try:
+        from snakemake.common import overwrite_function_params
+    except ImportError:  # another Snakemake: it inspects them itself
+        return
+    for name, value in list(namespace.items()):
+        if name.startswith("get_") and inspect.isfunction(value):
+            overwrite_function_params(value, inspect.signature(value).parameters)
+
+
 def branch_runtime(plan: Any, workflow: Any, run: str) -> int:
     """Minutes a critical-batch branch run asks for: the profile's train_run runtime scaled by the
     branch's tokens (an hour where the profile gives none)."""
