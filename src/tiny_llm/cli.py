@@ -65,7 +65,8 @@ def _add_inputs(an: argparse.ArgumentParser) -> None:
         required=True,
         choices=CASES,
         help="seen: epoch 1 as trained; unseen: one epoch after training's final shuffle group; offset: "
-        "one batch-aligned epoch of the cache from --data-offset (imported runs: the only case)",
+        "one batch-aligned epoch of the cache from --data-offset (imported runs: the only case); step: the "
+        "batches training took from this checkpoint towards --successor (at most an epoch; without one, unseen's)",
     )
     an.add_argument("--output", required=True, type=Path, help="result JSON to write")
     an.add_argument("--expect-key", help="refuse unless the checkpoints hash to this state key")

@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from tiny_llm.config import RunConfig, apply_overrides, config_from_dict, load_config_dict
 from tiny_llm.declared import from_options
@@ -176,9 +177,16 @@ def plot_analysis(args: argparse.Namespace) -> None:
         print(path)
 
 
-def _successor(args: argparse.Namespace) -> dict[str, str] | None:
-    """The next state named by ``--successor``, as the workflow names it (its checkpoint file)."""
-    return None if args.successor is None else {"file": args.successor}
+def _successor(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The next state named by ``--successor``, as the workflow names it (its checkpoint file and
+    the step its metadata records: where the ``step`` case's batches end)."""
+    if args.successor is None:
+        return None
+    from tiny_llm.model.checkpoint import load_weights
+    from tiny_llm.workers.selection import resolve_checkpoints
+
+    step = load_weights(resolve_checkpoints(Path(args.run), [args.successor])[0])[1].get("step")
+    return {"file": args.successor, **({"step": int(step)} if str(step).isdigit() else {})}
 
 
 def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:

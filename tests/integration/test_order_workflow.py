@@ -62,7 +62,7 @@ def test_a_suite_on_its_training_order_through_the_workflow(tmp_path):
         "cache_inputs": ["a.txt"],
         "training_order": {"path": "document", "format": "megatron", "sequences_per_step": 2},
         "case_steps": 2,
-        "cases": ["seen", "unseen", "recent"],
+        "cases": ["seen", "unseen", "recent", "step"],
         "settings": settings,
         "spectrum": {"enabled": True, "top_k": 1, "lanczos_steps": 20, "slq_vectors": 1, "slq_steps": 4},
     }
@@ -81,13 +81,24 @@ def test_a_suite_on_its_training_order_through_the_workflow(tmp_path):
     assert (sizes["training_batch_size"], sizes["effective_batch_size"], sizes["epoch_batches"]) == (1024, 128, 8)
     rows = list(csv.DictReader((tmp_path / "results/ordered/summary.csv").open()))
     assert [(r["source"], r["case"]) for r in rows] == [
-        (f"step{s}", c) for s in (2, 4, 6) for c in ("seen", "unseen", "recent")
+        (f"step{s}", c) for s in (2, 4, 6) for c in ("seen", "unseen", "recent", "step")
     ]
+    windows = {
+        r["source"]: json.loads((tmp_path / f"results/ordered/states/{r['state_key']}/step.json").read_text())
+        for r in rows
+        if r["case"] == "step"
+    }
+    assert {k: (v["data"]["window"]["first_step"], v["data"]["window"]["last_step"]) for k, v in windows.items()} == {
+        "step2": (3, 4),  # the steps from each checkpoint to the next: the batches its step trained on
+        "step4": (5, 6),
+        "step6": (7, 8),  # the last: the case_steps steps after it
+    }
+    assert all(float(r["step_curvature"]) > 0 for r in rows if r["case"] == "step" and r["source"] != "step6")
     loss = {(r["source"], r["case"]): float(r["loss"]) for r in rows}
     assert loss["step2", "seen"] == loss["step2", "recent"]  # at the earliest checkpoint both are steps 1..2
     assert loss["step6", "recent"] < loss["step6", "seen"] < loss["step6", "unseen"]  # last trained, long ago, never
     spectra = list(csv.DictReader((tmp_path / "results/ordered/spectrum.csv").open()))
-    assert len(spectra) == 9 and all(float(r["la_eigenvalue_1"]) > 0 for r in spectra)  # on each case's window
+    assert len(spectra) == 12 and all(float(r["la_eigenvalue_1"]) > 0 for r in spectra)  # on each case's window
     manifest = json.loads((tmp_path / "results/ordered/manifest.json").read_text())
     assert manifest["data"]["seen"]["window"] == {"first_step": 1, "last_step": 2, "steps": 2}
     assert manifest["data"]["unseen"]["window"] == {"first_step": 7, "last_step": 8, "steps": 2}

@@ -68,13 +68,14 @@ class OrderPlan:
     analysed: tuple[int, int]
     """(earliest, latest) step of the analysed checkpoints."""
 
-    def window(self, case: str, step: int) -> tuple[int, int]:
-        """(first, last) step of ``case``'s window for the checkpoint at ``step``."""
-        return case_window(case, step, self.analysed, self.steps)
+    def window(self, case: str, step: int, next_step: int | None = None) -> tuple[int, int]:
+        """(first, last) step of ``case``'s window for the checkpoint at ``step`` (``next_step``: the
+        next analysed checkpoint's, for the ``step`` case)."""
+        return case_window(case, step, self.analysed, self.steps, next_step)
 
-    def job(self, case: str, step: int) -> dict[str, Any]:
+    def job(self, case: str, step: int, next_step: int | None = None) -> dict[str, Any]:
         """What a (state, case) job of a checkpoint at ``step`` is given (:class:`OrderCase`)."""
-        return OrderCase(self.spec, self.window(case, step), self.batch_sequences).to_dict()
+        return OrderCase(self.spec, self.window(case, step, next_step), self.batch_sequences).to_dict()
 
     def binding(self) -> dict[str, Any]:
         """What an analysis's results are bound to of its order, keyed as the configuration is (a
@@ -126,10 +127,12 @@ def plan_order(key: str, entry: dict[str, Any], cases: list[str], steps: list[in
         )
     plan = OrderPlan(spec, window, batch, (min(steps), max(steps)))
     available = order.length // spec.sequences_per_step
+    ordered = sorted(set(steps))
+    following = dict(zip(ordered, [*ordered[1:], None], strict=True))
     for case in (c for c in cases if c in ORDER_CASES):
         for step in steps:
             try:
-                first, last = plan.window(case, step)
+                first, last = plan.window(case, step, following[step])
                 check_window(case, (first, last), step)
             except ValueError as error:
                 raise ValueError(f"{key}.cases: {error}") from None

@@ -186,6 +186,11 @@ class WorkflowPlan:
         (an adapter's model with a jet engine), and a case that needs a training order the run does not
         have (seen or unseen of an imported run)."""
         ordered = sorted(set(self.cases(name)) - {"offset"})
+        if "step" in ordered and not settings.trajectory:
+            raise ValueError(
+                f"analyses.{name}.cases: step measures the step to the next checkpoint on its own batches; "
+                "it needs settings.trajectory: true"
+            )
         if "training_order" not in self.analyses[name] and ((self.imported(name) and ordered) or "recent" in ordered):
             raise ValueError(
                 f"analyses.{name}.cases: {', '.join(ordered)} need{'s' if len(ordered) == 1 else ''} the batches "
@@ -217,25 +222,27 @@ class WorkflowPlan:
             key, self.analyses[name], self.cases(name), [p.step for p in positions], self.imports[name]
         )
 
-    def case_order(self, analysis: str, case: str, state: dict[str, Any]) -> JobOrder:
+    def case_order(
+        self, analysis: str, case: str, state: dict[str, Any], states: list[dict[str, Any]] | None = None
+    ) -> JobOrder:
         """What the (state, case) job of an indexed ``state`` (its aliases' steps) is given of its
-        training order (its window at the state's step; None: the case reads the run's token cache)."""
-        plan, step = self.orders.get(analysis), min(alias["step"] for alias in state["aliases"])
-        return JobOrder(plan.job(case, step) if plan is not None and case in ORDER_CASES else None)
+        training order (its window at the state's step, the ``step`` case's up to the next of
+        ``states``; None: the case reads the run's token cache)."""
+        plan, step = self.orders.get(analysis), _first_step(state)
+        if plan is None or case not in ORDER_CASES:
+            return JobOrder(None)
+        following = _following(state, states or [state])
+        return JobOrder(plan.job(case, step, None if following is None else _first_step(following)))
 
     def successor(self, analysis: str, state: dict[str, Any], states: list[dict[str, Any]]) -> JobSuccessor:
         """The state after an indexed ``state`` among the analysis's ``states`` (by their earliest
         step), whose parameters the trajectory statistics step to; None for the last one, or with
         ``trajectory: false``."""
-        if not self.analysis_settings[analysis].trajectory:
+        following = _following(state, states)
+        if not self.analysis_settings[analysis].trajectory or following is None:
             return JobSuccessor(None)
-        ordered = sorted(states, key=lambda s: min(alias["step"] for alias in s["aliases"]))
-        keys = [s["key"] for s in ordered]
-        after = keys.index(state["key"]) + 1
-        if after == len(ordered):
-            return JobSuccessor(None)
-        alias = min(ordered[after]["aliases"], key=lambda a: a["step"])
-        return JobSuccessor({"key": ordered[after]["key"], "file": alias["file"], "step": alias["step"]})
+        alias = min(following["aliases"], key=lambda a: a["step"])
+        return JobSuccessor({"key": following["key"], "file": alias["file"], "step": alias["step"]})
 
     def _check_offset(self, name: str, settings: AnalysisSettings) -> None:
         """An offset epoch that reaches past a cache already prepared is refused at start-up."""
@@ -446,3 +453,15 @@ class WorkflowPlan:
     # --- walltimes and calibration ------------------------------------------------------------
 
     # --- before a run ---------------------------------------------------------------------------
+
+
+def _first_step(state: dict[str, Any]) -> int:
+    """An indexed state's step: its earliest alias's."""
+    return min(alias["step"] for alias in state["aliases"])
+
+
+def _following(state: dict[str, Any], states: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The state after ``state`` among ``states`` by their steps; None for the last."""
+    ordered = sorted(states, key=_first_step)
+    after = [s["key"] for s in ordered].index(state["key"]) + 1
+    return ordered[after] if after < len(ordered) else None

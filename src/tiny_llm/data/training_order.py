@@ -46,11 +46,12 @@ __all__ = [
     "write_megatron",
 ]
 
-ORDER_CASES = ("seen", "unseen", "recent")
+ORDER_CASES = ("seen", "unseen", "recent", "step")
 """The cases of a suite whose training order is known, each a window of ``steps`` training steps:
 ``seen``, the steps up to the earliest analysed checkpoint (trained on by every one); ``unseen``,
 those right after the latest (trained on by none); ``recent``, those up to each checkpoint's own
-step (what it was last trained on)."""
+step (what it was last trained on); ``step``, the steps right after each checkpoint, up to the
+next analysed one: the batches the step to it trained on (all of them when it is no longer)."""
 
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
@@ -371,14 +372,20 @@ def write_megatron(prefix: str | Path, sequences: np.ndarray, dtype: Any = np.ui
         handle.write(np.arange(n + 1, dtype=np.int64).tobytes())
 
 
-def case_window(case: str, step: int, analysed: tuple[int, int], steps: int) -> tuple[int, int]:
+def case_window(
+    case: str, step: int, analysed: tuple[int, int], steps: int, next_step: int | None = None
+) -> tuple[int, int]:
     """(first step, last step) of ``case``'s window of ``steps`` training steps for a checkpoint at
-    ``step`` of an analysis whose checkpoints lie at steps ``analysed`` = (earliest, latest).
+    ``step`` of an analysis whose checkpoints lie at steps ``analysed`` = (earliest, latest);
+    ``next_step``: the next analysed checkpoint's step (``step``: the window ends there, or is
+    shorter; None for the last checkpoint).
 
     Raises:
         ValueError: a window a checkpoint has not reached (seen, recent: before step 1), naming it.
     """
     earliest, latest = analysed
+    if case == "step":
+        return step + 1, step + (steps if next_step is None else min(steps, next_step - step))
     end = {"seen": earliest, "recent": step, "unseen": latest + steps}[case]
     if end - steps + 1 < 1:
         whose = "the earliest analysed checkpoint" if case == "seen" else "this checkpoint"
@@ -403,9 +410,9 @@ def check_window(case: str, window: tuple[int, int], step: int) -> None:
             f"case {case}: window steps {first}..{last} reach past this checkpoint (step {step}), which has not "
             "trained on them"
         )
-    if case == "unseen" and first <= step:
+    if case in ("unseen", "step") and first <= step:
         raise ValueError(
-            f"case unseen: window steps {first}..{last} start at or before this checkpoint's step {step}; it has "
+            f"case {case}: window steps {first}..{last} start at or before this checkpoint's step {step}; it has "
             "trained on them"
         )
 

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from tiny_llm.architectures import build_model
@@ -18,7 +19,15 @@ from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.curvature.sharded import shard_rows
 from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
-from tiny_llm.data.tokens import BatchPlan, TokenCache, check_capacity, epoch_plan, offset_plan, unseen_plan
+from tiny_llm.data.tokens import (
+    BatchPlan,
+    TokenCache,
+    check_capacity,
+    epoch_plan,
+    offset_plan,
+    stream_batches,
+    unseen_plan,
+)
 from tiny_llm.data.training_order import ORDER_CASES, OrderCase, TrainingOrder, check_window, order_plan
 from tiny_llm.distributed import world
 from tiny_llm.layout import IMPORTED, RESOLVED
@@ -144,7 +153,7 @@ def job_memory_plan(settings: AnalysisSettings, config: RunConfig, resolved: Res
     return memory_plan(settings, config, budget, cuda=resolved.device.type == "cuda", ranks=world()[1])
 
 
-def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, offset: int):
+def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, offset: int, steps: tuple):
     if case not in CASES:
         raise ValueError(f"case: expected one of {', '.join(CASES)}, got {case!r}")
     if case == "offset":
@@ -158,7 +167,29 @@ def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, o
             "(a batch-aligned epoch of the cache from data_offset)"
         )
     check_capacity(cache, config, "unseen" if case == "unseen" else "train")
+    if case == "step":
+        return _step_plan(config, *steps)
     return epoch_plan(config, 1) if case == "seen" else unseen_plan(config)
+
+
+def _step_plan(config: RunConfig, step: int, next_step: int | None) -> BatchPlan:
+    """The batches a run trained here took from step ``step`` on, towards ``next_step`` (at most an
+    epoch of them); after the last state (``next_step`` None), the unseen case's.
+
+    Raises:
+        ValueError: a packed run (its workers trained on batches of their own), or a step beyond
+            training.
+    """
+    if config.training.packed is not None:
+        raise ValueError("case step: a packed run's workers each trained on their own batches; use seen and unseen")
+    if next_step is None:
+        return unseen_plan(config)
+    count = min(config.steps_per_epoch, next_step - step)
+    if step < 0 or count < 1 or step + count > config.steps_per_epoch * config.training.epochs:
+        raise ValueError(f"case step: steps {step + 1}..{step + count} are not steps this run trained")
+    return BatchPlan(
+        f"steps {step + 1}..{step + count}", stream_batches(config, step, count), np.arange(step, step + count)
+    )
 
 
 def check_tokenizer(run_dir: Path, cache: TokenCache, carried: dict[str, Any] | None) -> None:
@@ -184,6 +215,7 @@ def prepare_inputs(
     settings: AnalysisSettings,
     expect_key: str | None = None,
     order: OrderCase | None = None,
+    next_step: int | None = None,
 ):
     """Everything a worker checks before computing: configuration, resolved precision, cache and
     its capacity (or, for a case of a published training order, that order and its window), the
@@ -196,14 +228,15 @@ def prepare_inputs(
     config = load_config(run_dir / RESOLVED)
     carried = run_tokenizer(run_dir)  # an import that did not finish is refused first
     resolved = resolve_job(settings, config)
+    state = load_state(run_dir, resolve_checkpoints(run_dir, checkpoints), config, settings.consensus)
     if order is not None:
         source, plan = _order_plan(config, case, order)
     else:
         source = TokenCache(config.data.cache)
         source.check_layout(config)
         check_tokenizer(run_dir, source, carried)
-        plan = _case_plan(config, source, case, run_dir, settings.data_offset)
-    state = load_state(run_dir, resolve_checkpoints(run_dir, checkpoints), config, settings.consensus)
+        steps = (min(int(a["step"]) for a in state.aliases), next_step)
+        plan = _case_plan(config, source, case, run_dir, settings.data_offset, steps)
     if expect_key is not None and state.key != expect_key:
         raise ValueError(
             f"checkpoints {checkpoints} hash to state key {state.key}, expected {expect_key}; "

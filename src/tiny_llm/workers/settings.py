@@ -30,7 +30,7 @@ ENGINE_SETTINGS = (AUTO, *names())
 EngineSetting = Literal[ENGINE_SETTINGS]  # the registry's names, as a type
 
 
-CASES = ("seen", "unseen", "offset", "recent")
+CASES = ("seen", "unseen", "offset", "recent", "step")
 """seen: epoch 1 as trained; unseen: one epoch after training's final shuffle group; offset: one
 batch-aligned epoch of the cache from ``data_offset`` batches on (the case of imported runs,
 whose training stream is not known). A suite trained elsewhere whose published training order is

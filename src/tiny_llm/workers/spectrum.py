@@ -144,7 +144,15 @@ def analyze_spectrum(
     if settings.sharded:  # the analysis's switch shards its spectra too
         spectrum = replace(spectrum, sharded=True)
     order_case = OrderCase.from_dict(order) if order is not None else None
-    config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key, order_case)
+    config, resolved, cache, plan, state = prepare_inputs(
+        run_dir,
+        checkpoints,
+        case,
+        settings,
+        expect_key,
+        order_case,
+        None if successor is None else successor.get("step"),
+    )
     following = load_successor(run_dir, successor, config, state)
     if (engine := sharded_engine(settings, spectrum)) is not None:
         resolved = replace(resolved, hvp_engine=engine, hvp_compiled=False)

@@ -78,7 +78,15 @@ def analyze_state(
     output = Path(output)
     check_writable_file(output)
     order_case = OrderCase.from_dict(order) if order is not None else None
-    config, resolved, cache, plan, state = prepare_inputs(run_dir, checkpoints, case, settings, expect_key, order_case)
+    config, resolved, cache, plan, state = prepare_inputs(
+        run_dir,
+        checkpoints,
+        case,
+        settings,
+        expect_key,
+        order_case,
+        None if successor is None else successor.get("step"),
+    )
     following = load_successor(run_dir, successor, config, state)
     identity = result_identity(settings, resolved, config, cache)
     memory = job_memory_plan(settings, config, resolved)

@@ -158,3 +158,44 @@ def test_a_spectrum_on_a_training_order_case_is_that_of_its_window(suite, import
         analyze_spectrum(
             imported, ["epoch-001.safetensors"], "recent", settings, spectrum, output, order=plan.job("seen", 4)
         )
+
+
+def test_the_step_case_of_a_suite_is_the_steps_from_a_checkpoint_to_the_next(suite, imported, tmp_path):
+    """step at step 4 (next analysed: 6) reads steps 5..6 of the order, the last checkpoint the
+    case_steps after it; ΔᵀHΔ and ḡᵀΔ on them equal the dense float64 oracle's."""
+    from oracles import dense_epoch_hessian
+    from safetensors.torch import load_file
+
+    from tiny_llm.architectures import build_model
+    from tiny_llm.curvature.hessian import FlatParameters
+
+    root, sequences = suite
+    run = load_config(imported / "resolved.yaml")
+    entry = {"training_order": {"path": str(root / "document"), "sequences_per_step": B}, "case_steps": 2}
+    plan = plan_order("analyses.a", entry, ["step"], list(SAVED), run)
+    assert [plan.window("step", s, n) for s, n in ((2, 4), (4, 6), (6, None))] == [(3, 4), (5, 6), (7, 8)]
+    assert plan.window("step", 2, 3) == (3, 3)  # a step shorter than case_steps: all of it
+    settings = AnalysisSettings(device="cpu", dtype="float64", noise_samples=1, random_samples=1, audit=False)
+    successor = {"key": "next", "file": "epoch-002.safetensors", "step": 6}
+    result = analyze_state(
+        imported,
+        ["epoch-001.safetensors"],
+        "step",
+        settings,
+        tmp_path / "step.json",
+        order=plan.job("step", 4, 6),
+        successor=successor,
+    )
+    assert result["data"]["window"] == {"first_step": 5, "last_step": 6, "steps": 2}
+    theta, following = (load_file(imported / f"epoch-00{e}.safetensors") for e in (1, 2))
+    model = build_model(run.model, attention_backend="reference").double()
+    model.load_state_dict({k: v.double() for k, v in theta.items()})
+    flat = FlatParameters(model)
+    tokens = torch.from_numpy(sequences[4 * B : 6 * B].astype(np.int64))  # steps 5..6
+    H = dense_epoch_hessian(model, tokens)
+    delta = flat.flatten_state({k: following[k].double() - theta[k].double() for k in theta})
+    assert result["statistics"]["step_curvature"] == pytest.approx(float(delta @ H @ delta), rel=1e-8)
+    with pytest.raises(ValueError, match=r"case step: window steps 3..4 start at or before this checkpoint's step 4"):
+        analyze_state(
+            imported, ["epoch-001.safetensors"], "step", settings, tmp_path / "x.json", order=plan.job("step", 2, 4)
+        )

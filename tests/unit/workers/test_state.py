@@ -489,3 +489,36 @@ def test_a_gpt2_run_trains_resumes_and_is_analysed(tmp_path):
             if value is not None:
                 assert results[engine]["statistics"][key] == pytest.approx(value, rel=1e-10, abs=1e-12), (engine, key)
     assert results["adjoint"]["statistics"]["noise_gauss_newton"] is not None
+
+
+def test_the_step_case_measures_the_step_on_the_batches_it_trained_on(ordinary):
+    """From epoch-001 to epoch-002: the step case reads exactly the batches training read between
+    them (recorded as it trained), and ḡᵀΔ, ΔᵀHΔ and L(θ') − L(θ) on them equal the dense float64
+    oracle's; without a successor (the last state) it reads the unseen case's batches."""
+    config, path, read = ordinary
+    S = config.steps_per_epoch
+    successor = {"key": "next", "file": "epoch-002.safetensors", "step": 2 * S}
+    out = path / "results" / "step.json"
+    result = analyze_state(path / "run", ["epoch-001.safetensors"], "step", FAST, out, successor=successor)
+    assert result["data"]["plan"] == f"steps {S + 1}..{2 * S}" and result["data"]["stream_batches"] == [S, 2 * S - 1]
+    cache = TokenCache(config.data.cache)
+    for record in result["noise_samples"]:
+        assert record["positions"] == [list(cache.position(b)) for b in read[S + record["batch_index"]]]
+    theta, following = (load_file(path / "run" / f"epoch-00{e}.safetensors") for e in (1, 2))
+    H, flat = _dense_hessian(config, theta, epoch_plan(config, 2))
+    delta = flat.flatten_state({k: following[k].double() - theta[k].double() for k in theta})
+    model = Llama(config.model, attention_backend="reference").double()
+    model.load_state_dict(theta)
+    tokens = torch.cat([cache.tokens(b) for b in epoch_plan(config, 2).blocks])
+    loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    g = flat.flatten([p.grad for p in model.parameters()])
+    model.load_state_dict(following)
+    with torch.no_grad():
+        after = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+    statistics = result["statistics"]
+    assert statistics["step_curvature"] == pytest.approx(float(delta @ H @ delta), rel=1e-9)
+    assert statistics["step_grad_dot"] == pytest.approx(float(g @ delta), rel=1e-9)
+    assert statistics["actual_loss_change"] == pytest.approx(float(after - loss), rel=1e-9)
+    last = analyze_state(path / "run", ["final.pt"], "step", FAST, path / "results" / "last-step.json")
+    assert last["data"]["plan"] == "unseen" and last["statistics"].get("step_curvature") is None
