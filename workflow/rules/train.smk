@@ -1,5 +1,5 @@
 # Training: runs/<name>/ with resolved.yaml, checkpoints, final.pt and train-log.jsonl.
-from tiny_llm.campaign.cbs import parent_receipt
+from tiny_llm.campaign.cbs import branch_plans, parent_receipt
 
 # A branch of a critical-batch-size experiment starts from a state its parent run kept.
 get_branch_parent = _by("run", lambda run: parent_receipt(PLAN.train_runs, run))
@@ -32,7 +32,7 @@ rule train_run:
 # walltime (the profile's train_run runtime) scaled by its share of the base run's tokens.
 use rule train_run as train_branch with:
     wildcard_constraints:
-        run="|".join(PLAN.branch_runs()) or "NONE",
+        run="|".join(branch_plans(PLAN.cbs)) or "NONE",
     resources:
         runtime=lambda w: jobs.branch_runtime(PLAN, workflow, w.run),
 

@@ -157,6 +157,11 @@ class CbsPlan:
         )
 
 
+def branch_plans(experiments: dict[str, CbsPlan]) -> dict[str, CbsPlan]:
+    """Every branch run of the critical-batch-size ``experiments`` → its experiment's plan."""
+    return {run: plan for plan in experiments.values() for runs in plan.branches.values() for run in runs}
+
+
 def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" + ("" if number == 1 else "s")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tiny_llm.campaign import plan as cost
+from tiny_llm.campaign.cbs import branch_plans
 from tiny_llm.campaign.planned import Campaign
 from tiny_llm.campaign.walltimes import Walltimes
 from tiny_llm.config import RunConfig
@@ -164,7 +165,7 @@ class CostReport:
         tokens."""
         if not train_minutes:
             return 0.0, f"training {len(runs)} run(s) (walltime not set by the profile)"
-        plans = {run: plan for plan in self.campaign.cbs.values() for group in plan.branches.values() for run in group}
+        plans = branch_plans(self.campaign.cbs)
         base = [run for run in runs if run not in plans]
         branch_hours = sum(plans[run].branch_minutes(train_minutes) for run in runs if run in plans) / 60
         line = f"training {len(base)} run(s) × {train_minutes / 60:g} h"

@@ -28,7 +28,15 @@ from tiny_llm.data.training_order import (
 )
 from tiny_llm.declared import build
 
-__all__ = ["NOISE_BATCHES", "JobOrder", "OrderPlan", "default_batch_sequences", "plan_order"]
+__all__ = [
+    "NOISE_BATCHES",
+    "JobOrder",
+    "OrderPlan",
+    "default_batch_sequences",
+    "following_state",
+    "plan_order",
+    "state_step",
+]
 
 NOISE_BATCHES = 8
 """The noise batches a training-order case's window is cut into by default (as the demo's epoch of
@@ -146,3 +154,15 @@ def plan_order(key: str, entry: dict[str, Any], cases: list[str], steps: list[in
             except ValueError as error:
                 raise ValueError(f"{key}.training_order: {error}") from None
     return plan
+
+
+def state_step(state: dict[str, Any]) -> int:
+    """An indexed state's step: its earliest alias's."""
+    return min(alias["step"] for alias in state["aliases"])
+
+
+def following_state(state: dict[str, Any], states: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The state after ``state`` among ``states`` by their steps; None for the last."""
+    ordered = sorted(states, key=state_step)
+    after = [s["key"] for s in ordered].index(state["key"]) + 1
+    return ordered[after] if after < len(ordered) else None

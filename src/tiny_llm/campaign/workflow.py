@@ -35,10 +35,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.campaign.cbs import expand_cbs_experiments
+from tiny_llm.campaign.cbs import branch_plans, expand_cbs_experiments
 from tiny_llm.campaign.checks import check_corpus, check_device, cuda_devices
 from tiny_llm.campaign.costs import CostReport
-from tiny_llm.campaign.orders import JobOrder, JobSuccessor, OrderPlan, plan_order
+from tiny_llm.campaign.orders import JobOrder, JobSuccessor, OrderPlan, following_state, plan_order, state_step
 from tiny_llm.campaign.plan import ClusterSettings
 from tiny_llm.campaign.planned import AnalysisPlan, Campaign, ExperimentPlan
 from tiny_llm.campaign.runs import Runs
@@ -228,17 +228,17 @@ class WorkflowPlan:
         """What the (state, case) job of an indexed ``state`` (its aliases' steps) is given of its
         training order (its window at the state's step, the ``step`` case's up to the next of
         ``states``; None: the case reads the run's token cache)."""
-        plan, step = self.orders.get(analysis), _first_step(state)
+        plan, step = self.orders.get(analysis), state_step(state)
         if plan is None or case not in ORDER_CASES:
             return JobOrder(None)
-        following = _following(state, states or [state])
-        return JobOrder(plan.job(case, step, None if following is None else _first_step(following)))
+        following = following_state(state, states or [state]) if case == "step" else None
+        return JobOrder(plan.job(case, step, None if following is None else state_step(following)))
 
     def successor(self, analysis: str, state: dict[str, Any], states: list[dict[str, Any]]) -> JobSuccessor:
         """The state after an indexed ``state`` among the analysis's ``states`` (by their earliest
         step), whose parameters the trajectory statistics step to; None for the last one, or with
         ``trajectory: false``."""
-        following = _following(state, states)
+        following = following_state(state, states)
         if not self.analysis_settings[analysis].trajectory or following is None:
             return JobSuccessor(None)
         alias = min(following["aliases"], key=lambda a: a["step"])
@@ -345,14 +345,10 @@ class WorkflowPlan:
         """Calibration needs only the run's shapes: a run trained here is not waited for."""
         return [] if self.trained_here(analysis) else [self.run_ready(analysis)]
 
-    def branch_runs(self) -> dict[str, Any]:
-        """Every branch run of the critical-batch-size experiments → its experiment's plan."""
-        return {run: plan for plan in self.cbs.values() for runs in plan.branches.values() for run in runs}
-
     def branch_minutes(self, run: str, base_minutes: int | None) -> int | None:
         """A branch run's walltime, scaled from its base run's (``base_minutes``, the profile's
         train_run runtime) by its tokens; None without one."""
-        return None if base_minutes is None else self.branch_runs()[run].branch_minutes(base_minutes)
+        return None if base_minutes is None else branch_plans(self.cbs)[run].branch_minutes(base_minutes)
 
     def run_config(self, analysis: str) -> RunConfig:
         name = self.trained_here(analysis)
@@ -453,15 +449,3 @@ class WorkflowPlan:
     # --- walltimes and calibration ------------------------------------------------------------
 
     # --- before a run ---------------------------------------------------------------------------
-
-
-def _first_step(state: dict[str, Any]) -> int:
-    """An indexed state's step: its earliest alias's."""
-    return min(alias["step"] for alias in state["aliases"])
-
-
-def _following(state: dict[str, Any], states: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The state after ``state`` among ``states`` by their steps; None for the last."""
-    ordered = sorted(states, key=_first_step)
-    after = [s["key"] for s in ordered].index(state["key"]) + 1
-    return ordered[after] if after < len(ordered) else None
