@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -49,6 +50,24 @@ def _miniature_pythia(root: Path) -> None:
     (root / "pythia-run.yaml").write_text(run.replace("seq_len: 2048", "seq_len: 8"))
 
 
+def _two_more_seeds(root: Path, analysis: dict) -> dict:
+    """Seeds 1 and 2 of the ordered suite (own initialisation and data order) in the same cache,
+    and an analysis of each measuring seen."""
+    analyses = {}
+    for seed in (1, 2):
+        repo, folder = f"org/ordered-s{seed}", root / f"seed{seed}"
+        ordered_suite(folder, per_step=2, steps=10, saved=(2, 4, 6), seed=seed, repo=repo, data=root / f"doc-s{seed}")
+        name = f"models--org--ordered-s{seed}"
+        shutil.copytree(folder / "hf" / name, root / "hf" / name, symlinks=True)
+        analyses[f"ordered-s{seed}"] = {
+            **{k: v for k, v in analysis.items() if k not in ("spectrum", "cache_inputs")},
+            "hf_checkpoints": {"repo": repo, "revisions": "all"},
+            "training_order": {**analysis["training_order"], "path": f"doc-s{seed}"},
+            "cases": ["seen"],
+        }
+    return analyses
+
+
 def test_a_suite_on_its_training_order_through_the_workflow(tmp_path):
     ordered_suite(tmp_path, per_step=2, steps=10, saved=(2, 4, 6))
     _miniature_pythia(tmp_path)
@@ -67,7 +86,10 @@ def test_a_suite_on_its_training_order_through_the_workflow(tmp_path):
         "spectrum": {"enabled": True, "top_k": 1, "lanczos_steps": 20, "slq_vectors": 1, "slq_steps": 4},
     }
     readme = yaml.safe_load(_example("README.md", "pythia-160m:"))["analyses"]
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"analyses": {"ordered": analysis, **readme}, "plots": {}}))
+    seeds = _two_more_seeds(tmp_path, analysis)  # a study across three seeds of the suite
+    study = {"ordered-seeds": {"analyses": ["ordered", *seeds]}}
+    config = {"analyses": {"ordered": analysis, **seeds, **readme}, "seed_studies": study, "plots": {}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     done = _snakemake(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "note: analyses.ordered.hf_checkpoints: main is the same commit as step6: measured once" in done.stderr
@@ -97,6 +119,23 @@ def test_a_suite_on_its_training_order_through_the_workflow(tmp_path):
     loss = {(r["source"], r["case"]): float(r["loss"]) for r in rows}
     assert loss["step2", "seen"] == loss["step2", "recent"]  # at the earliest checkpoint both are steps 1..2
     assert loss["step6", "recent"] < loss["step6", "seen"] < loss["step6", "unseen"]  # last trained, long ago, never
+    across = list(csv.DictReader((tmp_path / "results/ordered-seeds/seeds.csv").open()))
+    assert [(r["case"], r["step"], r["seeds"]) for r in across if r["case"] == "seen"] == [
+        ("seen", str(s), "3") for s in (2, 4, 6)
+    ]
+    seen = {
+        name: {
+            r["step"]: float(r["loss"])
+            for r in csv.DictReader((tmp_path / f"results/{name}/summary.csv").open())
+            if r["case"] == "seen"
+        }
+        for name in study["ordered-seeds"]["analyses"]
+    }
+    for row in (r for r in across if r["case"] == "seen"):
+        losses = [seen[name][row["step"]] for name in seen]
+        assert float(row["loss_mean"]) == pytest.approx(sum(losses) / 3, rel=1e-12)
+        assert float(row["loss_min"]) == min(losses) and float(row["loss_max"]) == max(losses)
+    assert (tmp_path / "results/ordered-seeds/figures/seeds.png").stat().st_size > 10_000
     spectra = list(csv.DictReader((tmp_path / "results/ordered/spectrum.csv").open()))
     assert len(spectra) == 12 and all(float(r["la_eigenvalue_1"]) > 0 for r in spectra)  # on each case's window
     manifest = json.loads((tmp_path / "results/ordered/manifest.json").read_text())

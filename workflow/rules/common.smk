@@ -131,7 +131,7 @@ def get_state_aliases(wildcards):
 
 get_state_checkpoint = lambda w: PLAN.state_checkpoint(w.analysis, _state(w))
 get_state_results = lambda w: PLAN.state_results(w.analysis, w.key)
-get_case_order = lambda w: PLAN.case_order(w.analysis, w.case, _state(w), _states(w.analysis))
+get_case_order = lambda w: PLAN.case_order(w, _states(w.analysis))  # its window
 get_successor = lambda w: PLAN.successor(w.analysis, _state(w), _states(w.analysis))
 get_state_group = lambda w: packing.analysis_group(workflow, PLAN, w.analysis)
 

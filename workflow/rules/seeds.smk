@@ -83,3 +83,24 @@ rule seeds:
     input:
         experiment_targets(PLAN.campaign, PLAN.walltimes),
     localrule: True
+
+
+# A study across seeds (seed_studies.<name>): the seeds' analyses side by side (seeds.csv, figure).
+rule seed_study:
+    input:
+        summaries=lambda w: list(PLAN.seed_studies[w.study].summaries().values()),
+    output:
+        table="results/{study}/seeds.csv",
+        figures=expand("results/{{study}}/figures/seeds.{ext}", ext=("pdf", "png")),
+    log:
+        "logs/seed_study/{study}.log",
+    wildcard_constraints:
+        study="|".join(PLAN.seed_studies) or "NONE",
+    localrule: True
+    conda:
+        "../../envs/tiny-llm.yaml"
+    params:
+        summaries=lambda w: PLAN.seed_studies[w.study].summaries(),
+        shared=lambda w: list(PLAN.seed_studies[w.study].shared),
+    script:
+        "../scripts/seed_study.py"

@@ -215,7 +215,10 @@ def remember_signatures(namespace: dict[str, Any]) -> None:
 def branch_runtime(plan: Any, workflow: Any, run: str) -> int:
     """Minutes a critical-batch branch run asks for: the profile's train_run runtime scaled by the
     branch's tokens (an hour where the profile gives none)."""
-    return plan.branch_minutes(run, requested_minutes(workflow, "train_run")) or 60
+    from tiny_llm.campaign.cbs import branch_plans
+
+    base = requested_minutes(workflow, "train_run")
+    return 60 if base is None else branch_plans(plan.cbs)[run].branch_minutes(base)
 
 
 def uses_devices(dag: Any) -> tuple[bool, set[str]]:

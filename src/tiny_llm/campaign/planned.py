@@ -75,3 +75,5 @@ class Campaign:
     """The seed comparisons."""
     cbs: dict[str, CbsPlan] = field(default_factory=dict)
     """The critical-batch-size experiments (their runs and analyses are among the others)."""
+    studies: tuple[str, ...] = ()
+    """The studies across seeds (their analyses are among the others)."""

@@ -66,6 +66,8 @@ class Runs:
         """Each import's checkpoints' steps and tokens."""
         self.integrity: dict[str, dict[str, list[dict[str, Any]]]] = {}
         """Each import's checkpoints whose weight files another step's repeat (by label)."""
+        self.digests: dict[str, list[tuple[str, str]]] = {}
+        """Each import's checkpoints' weight digests, by label (a study compares them across seeds)."""
         self.notes: list[str] = []
         """What planning left out and why (revisions before a case's window, aliases of one
         commit, revisions without a step), for the log."""
@@ -245,7 +247,9 @@ class Runs:
         (unless the entry's ``allow_identical_states``); what is found is kept per import."""
         labels = [s.revision or str(s.path) for s in sources]
         steps = [p.step for p in self.positions[name]]
-        self.integrity[name] = identical_findings(labels, steps, [weights_digest(s.path) for s in sources])
+        digests = [weights_digest(s.path) for s in sources]
+        self.digests[name] = list(zip(labels, digests, strict=True))
+        self.integrity[name] = identical_findings(labels, steps, digests)
         if not self.import_entries[name].get("allow_identical_states"):
             setting = f"{self._owner(name)}.allow_identical_states: true"
             refuse_identical(self.integrity[name], self._key(name, "hf_checkpoints"), setting)

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from tiny_llm.campaign.planned import Campaign
+from tiny_llm.campaign.studies import StudyPlan
 from tiny_llm.campaign.walltimes import Walltimes
 from tiny_llm.layout import SPECTRUM, state_result
 from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
@@ -29,6 +30,8 @@ def all_targets(campaign: Campaign, walltimes: Walltimes) -> list[str]:
     targets += experiment_targets(campaign, walltimes)
     for cbs in campaign.cbs.values():
         targets += cbs.targets()
+    for study in campaign.studies:
+        targets += StudyPlan.targets(study)
     for name, planned in campaign.analyses.items():
         # The collected files too: a crash during collect (or their deletion) reruns collect.
         targets += [f"results/{name}/manifest.json", f"results/{name}/summary.csv"]

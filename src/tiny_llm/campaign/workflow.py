@@ -35,13 +35,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.campaign.cbs import branch_plans, expand_cbs_experiments
+from tiny_llm.campaign.cbs import expand_cbs_experiments
 from tiny_llm.campaign.checks import check_corpus, check_device, cuda_devices
 from tiny_llm.campaign.costs import CostReport
 from tiny_llm.campaign.orders import JobOrder, JobSuccessor, OrderPlan, following_state, plan_order, state_step
 from tiny_llm.campaign.plan import ClusterSettings
 from tiny_llm.campaign.planned import AnalysisPlan, Campaign, ExperimentPlan
 from tiny_llm.campaign.runs import Runs
+from tiny_llm.campaign.studies import plan_seed_studies
 from tiny_llm.campaign.walltimes import Walltimes
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.memory import GiB, MemoryPlan
@@ -88,6 +89,7 @@ class WorkflowPlan:
                     f"seed_comparisons.{name}: {unknown} are not seed_experiments "
                     f"(known: {sorted(self.seed_experiments)})"
                 )
+        self.seed_studies = plan_seed_studies(config.get("seed_studies") or {}, self.analyses, self.runs)
         self.train_runs, self.experiment_runs = self.runs.train_runs, self.runs.experiment_runs
         self.run_configs, self.imports = self.runs.run_configs, self.runs.imports
         experiment_of = {run: name for name, runs in self.experiment_runs.items() for run in runs}
@@ -114,6 +116,7 @@ class WorkflowPlan:
             trained_runs=tuple(self.run_configs),
             comparisons=tuple(self.seed_comparisons),
             cbs=self.cbs,
+            studies=tuple(self.seed_studies),
         )
         """What the walltimes, the cost lines and the targets are given."""
         self.walltimes = Walltimes(self.campaign)
@@ -222,16 +225,17 @@ class WorkflowPlan:
             key, self.analyses[name], self.cases(name), [p.step for p in positions], self.imports[name]
         )
 
-    def case_order(
-        self, analysis: str, case: str, state: dict[str, Any], states: list[dict[str, Any]] | None = None
-    ) -> JobOrder:
-        """What the (state, case) job of an indexed ``state`` (its aliases' steps) is given of its
-        training order (its window at the state's step, the ``step`` case's up to the next of
-        ``states``; None: the case reads the run's token cache)."""
-        plan, step = self.orders.get(analysis), state_step(state)
+    def case_order(self, job: Any, states: list[dict[str, Any]]) -> JobOrder:
+        """What a (state, case) ``job`` (its ``analysis``, ``key`` and ``case``, as the rule's
+        wildcards name them) is given of its training order: its window at the state's step among the
+        indexed ``states``, the ``step`` case's up to the next state's; None: the case reads the run's
+        token cache."""
+        plan, case = self.orders.get(job.analysis), job.case
         if plan is None or case not in ORDER_CASES:
             return JobOrder(None)
-        following = following_state(state, states or [state]) if case == "step" else None
+        state = next(s for s in states if s["key"] == job.key)
+        step = state_step(state)
+        following = following_state(state, states) if case == "step" else None
         return JobOrder(plan.job(case, step, None if following is None else state_step(following)))
 
     def successor(self, analysis: str, state: dict[str, Any], states: list[dict[str, Any]]) -> JobSuccessor:
@@ -344,11 +348,6 @@ class WorkflowPlan:
     def calibration_inputs(self, analysis: str) -> list[str]:
         """Calibration needs only the run's shapes: a run trained here is not waited for."""
         return [] if self.trained_here(analysis) else [self.run_ready(analysis)]
-
-    def branch_minutes(self, run: str, base_minutes: int | None) -> int | None:
-        """A branch run's walltime, scaled from its base run's (``base_minutes``, the profile's
-        train_run runtime) by its tokens; None without one."""
-        return None if base_minutes is None else branch_plans(self.cbs)[run].branch_minutes(base_minutes)
 
     def run_config(self, analysis: str) -> RunConfig:
         name = self.trained_here(analysis)

@@ -5,6 +5,7 @@ tests/unit/workers/test_order_cases.py."""
 
 import re
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -27,7 +28,8 @@ def test_a_suite_with_its_training_order_plans_windowed_cases(project, suite_ana
     plan = WorkflowPlan(config)
 
     def window(case, step):  # of the indexed state at ``step``
-        return plan.case_order("p", case, {"aliases": [{"step": step}]}).case
+        states = [{"key": f"k{s}", "aliases": [{"step": s}]} for s in (2, 4)]
+        return plan.case_order(SimpleNamespace(analysis="p", case=case, key=f"k{step}"), states).case
 
     assert window("seen", 4)["window"] == [1, 2]  # up to the earliest analysed (step 2)
     assert window("unseen", 2)["window"] == [5, 6]  # right after the latest (step 4)
