@@ -25,7 +25,8 @@ include: "workflow/rules/cbs.smk"
 include: "workflow/rules/reattach.smk"
 
 
-jobs.remember_signatures(globals())  # Snakemake would inspect each input function at every call
+# Snakemake would otherwise inspect each input function's signature at every call.
+jobs.remember_signatures(globals())
 
 
 rule all:
