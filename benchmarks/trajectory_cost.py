@@ -7,7 +7,7 @@ and with one (a step Δ to a nearby state), alternately, so that every ratio pai
 taken under the same machine load; it reports the median ratio and the work each adds: the step's
 quadratic form rides in the passes over the epoch that the noise and random directions already
 make (one more pass only when it crosses a multiple of K), and the loss at θ + Δ comes from one
-more gradient pass over the epoch. Shapes: ``demo`` (the demo run: D = 28,832, 8 batches of 16 × 64
+more forward pass over the epoch. Shapes: ``demo`` (the demo run: D = 28,832, 8 batches of 16 × 64
 tokens, S_v = all, S_r = 32, K = 16, float64 as the demo analyses) and ``wide`` (GPT-2-small's
 width and vocabulary, 1 layer, 4 batches of 4 × 128 tokens, S_v = 4, S_r = 4, float32).
 """
