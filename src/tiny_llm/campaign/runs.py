@@ -137,7 +137,7 @@ class Runs:
             self._check_integrity(name, sources)
             carried = checkpoint_tokenizer(paths, planned.model.vocab_size)
         except ValueError as error:
-            raise ValueError(f"{self._key(name, 'hf_checkpoints')}: {error}") from None
+            raise ValueError(f"{self._key(name, 'hf_checkpoints')}: {_as_written(str(error), entry)}") from None
         if entry.get("cache_tokenizer"):
             key = self._key(name, "cache_tokenizer")
             check_tokenizer_directory(key, entry["cache_tokenizer"], planned.model.vocab_size)
@@ -355,3 +355,15 @@ def _import_run_config(entry: dict[str, Any]) -> RunConfig:
     per_step = order.get("sequences_per_step") if isinstance(order, dict) else None
     batch = {"batch_size": per_step} if isinstance(per_step, int) and not isinstance(per_step, bool) else {}
     return load_run_config({"config": entry["config"], "set": entry.get("set", {})}, batch)
+
+
+def _as_written(message: str, entry: dict[str, Any]) -> str:
+    """A refusal naming a revision's snapshot folder names it as the configuration does too:
+    ``ORG/NAME revision REV at FOLDER``."""
+    checkpoints = entry.get("hf_checkpoints")
+    for checkpoint in checkpoints if isinstance(checkpoints, list) else []:
+        if isinstance(checkpoint, dict) and checkpoint.get("revision") and checkpoint.get("repo"):
+            folder = str(checkpoint.get("path"))
+            written = f"{checkpoint['repo']} revision {checkpoint['revision']}"
+            message = message.replace(folder, f"{written} at {folder}", 1) if written not in message else message
+    return message

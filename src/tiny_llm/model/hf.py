@@ -95,8 +95,9 @@ def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source
         if tuple(state[theirs[key]].shape) != ours[theirs[key]]:
             want = ours[theirs[key]][::-1] if form.flips(theirs[key]) else ours[theirs[key]]
             raise ValueError(
-                f"{source}: {key} has shape {list(tensor.shape)}, but its config.json gives {list(want)}; the "
-                "weights are not those of this config.json (save the model again)"
+                f"{source}: {key} has shape {list(tensor.shape)}, but its config.json gives {list(want)}"
+                f"{_sizes_named(config, set(want) - set(tensor.shape))}; the weights are not those of this "
+                "config.json (save the model again)"
             )
     missing = sorted(set(ours) - set(state))
     if unknown or missing:
@@ -106,6 +107,15 @@ def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source
             + (f"; missing {missing[:4]}" if missing else "")
         )
     return state
+
+
+def _sizes_named(config: ModelConfig, dims: set[int]) -> str:
+    """`` (vocab_size 308)``: the config.json keys whose sizes a mismatched shape was expected to have."""
+    from tiny_llm.model.hf_formats import GPT2_KEYS, GPT_NEOX_KEYS, LLAMA_KEYS
+
+    keys = {"gpt2": GPT2_KEYS, "gpt_neox": GPT_NEOX_KEYS}.get(config.architecture, LLAMA_KEYS)
+    named = [f"{keys[f]} {getattr(config, f)}" for f in ("vocab_size", "d_model", "d_ff") if getattr(config, f) in dims]
+    return f" ({', '.join(named)})" if named else ""
 
 
 def _parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -339,6 +349,11 @@ def imported_config(directories: list[str | Path], config: RunConfig, adapter: b
                 "import the checkpoints of one model configuration into one run directory"
             )
     data = read[0][1]
+    if not isinstance(data.get("model_type"), str) or not data["model_type"]:
+        raise ValueError(
+            f"{paths[0] / 'config.json'}: model_type={data.get('model_type')!r}: no model type, so neither this "
+            "project's models nor transformers can build it; save the model again with its config.json"
+        )
     if data.get("model_type") in FORMATS and not adapter:
         model = model_config_from_hf(data, str(paths[0] / "config.json"))
     else:

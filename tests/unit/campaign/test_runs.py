@@ -28,3 +28,24 @@ def test_a_revision_not_in_the_cache_is_refused_at_start_up(project, suite_analy
         WorkflowPlan(suite_analysis({"repo": "org/p", "revisions": ["step1", "step3"]}))
     with pytest.raises(ValueError, match=r"analyses.p.hf_checkpoints: org/q has no named revision in the local"):
         WorkflowPlan(suite_analysis({"repo": "org/q"}))
+
+
+def test_a_refusal_names_a_revision_as_the_configuration_does(project, suite_analysis):
+    """A bad file in a revision's snapshot folder is named by repository and revision, not only by
+    the snapshot's hash; a config.json without model_type is one line, not a traceback."""
+    import json
+
+    from tiny_llm.model.hub import resolve_revision
+
+    snapshot = resolve_revision("org/p", "step2", project / "hf")
+    data = json.loads((snapshot / "config.json").read_text())
+    (snapshot / "config.json").unlink()  # a symlink to its blob: replaced, the other revisions keep theirs
+    (snapshot / "config.json").write_text(json.dumps({k: v for k, v in data.items() if k != "model_type"}))
+    with pytest.raises(
+        ValueError,
+        match=r"analyses.p.hf_checkpoints: org/p revision step2 at .*snapshots.*config.json differs from org/p "
+        r"revision step0 at .*snapshots.*config.json \(in model_type\)",
+    ):
+        WorkflowPlan(suite_analysis({"repo": "org/p", "revisions": "all"}))
+    with pytest.raises(ValueError, match=r"org/p revision step2 at .*config.json: model_type=None: no model type"):
+        WorkflowPlan(suite_analysis({"repo": "org/p", "revisions": ["step2"]}))
