@@ -67,12 +67,7 @@ def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[
     first_case = sizes.get(manifest["cases"][0], {})
     batch = first_case.get("training_batch_size") or first_case.get("effective_batch_size")
     above = [r for r in rows if batch and (_number(r.get("b_noise")) or 0) > batch]
-    single = [case for case in manifest["cases"] if (sizes.get(case) or {}).get("epoch_batches") == 1]
-    if single:
-        flags.append(
-            f"case {', '.join(single)}: one batch only, so the gradient noise cannot be estimated there (its noise "
-            "statistics are 0 by construction, B_simple and B_noise blank); measure a longer epoch or smaller batches"
-        )
+    flags += _single_batch(manifest["cases"], sizes)
     if above:
         first = above[0]
         flags.append(
@@ -122,6 +117,17 @@ def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[
         )
     flags += [f"data order: {warning}" for warning in manifest.get("data_order_warnings") or []]
     return flags
+
+
+def _single_batch(cases: list[str], sizes: dict[str, Any]) -> list[str]:
+    """The flag of cases measured on a single batch, whose noise cannot be estimated."""
+    single = [case for case in cases if (sizes.get(case) or {}).get("epoch_batches") == 1]
+    if not single:
+        return []
+    return [
+        f"case {', '.join(single)}: one batch only, so the gradient noise cannot be estimated there (its noise "
+        "statistics are 0 by construction, B_simple and B_noise blank); measure a longer epoch or smaller batches"
+    ]
 
 
 def summarize(folder: str | Path) -> str:

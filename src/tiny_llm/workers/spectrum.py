@@ -120,6 +120,22 @@ def _result(
     }
 
 
+def _checked_reuse(old: dict[str, Any], successor: dict[str, Any] | None, plan: str, output: Path) -> dict[str, Any]:
+    """A finished spectrum of this identity, reused when it was measured along the same step and on
+    the same batches.
+
+    Raises:
+        ValueError: another successor or window, naming the file.
+    """
+    check_successor(old, successor, output)
+    if old.get("plan", plan) != plan:
+        raise ValueError(
+            f"{output} holds the case's batches {old['plan']}, not {plan} (the analysed checkpoints, case_steps or "
+            "batch_sequences changed); use a new output directory"
+        )
+    return old
+
+
 def analyze_spectrum(
     run_dir: str | Path,
     checkpoints: list[str],
@@ -162,13 +178,7 @@ def analyze_spectrum(
     memory = spectrum_memory(settings, spectrum, config, resolved, len(plan))
     with single_writer(output) as reuse:  # every rank computes, rank 0 writes
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
-            check_successor(old, successor, output)
-            if old.get("plan", plan.name) != plan.name:
-                raise ValueError(
-                    f"{output} holds the case's batches {old['plan']}, not {plan.name} (the analysed checkpoints, "
-                    "case_steps or batch_sequences changed); use a new output directory"
-                )
-            return old
+            return _checked_reuse(old, successor, plan.name, output)
         model = build_model(config.model, attention_backend="reference")
         model.load_state_dict(state.root, strict=True)
         sharded = is_sharded(spectrum.sharded)
