@@ -235,7 +235,10 @@ def test_analyze_state_along_the_step_to_a_successor(trained_run, tmp_path, caps
     argv += ["--case", "seen", "--device", "cpu", "--dtype", "float64", "--random-samples", "1"]
     assert main([*argv, "--output", str(tmp_path / "step.json"), "--successor", "epoch-002.safetensors"]) == 0
     result = json.loads((tmp_path / "step.json").read_text())
-    assert result["trajectory"]["successor"] == {"file": "epoch-002.safetensors"}
+    assert result["trajectory"]["successor"] == {"file": "epoch-002.safetensors", "step": 8}  # from its metadata
+    step_case = [*argv, "--case", "step", "--output", str(tmp_path / "own.json")]  # the last --case counts
+    assert main([*step_case, "--successor", "epoch-002.safetensors"]) == 0  # on the step's own batches
+    assert json.loads((tmp_path / "own.json").read_text())["data"]["plan"] == "steps 5..8"
     assert result["statistics"]["actual_loss_change"] < 0 and result["statistics"]["step_norm"] > 0
     assert main([*argv, "--output", str(tmp_path / "alone.json")]) == 0
     assert "step_norm" not in json.loads((tmp_path / "alone.json").read_text())["statistics"]
