@@ -89,6 +89,7 @@ def test_a_suite_on_its_training_order_through_the_workflow(tmp_path):
     seeds = _two_more_seeds(tmp_path, analysis)  # a study across three seeds of the suite
     study = {"ordered-seeds": {"analyses": ["ordered", *seeds]}}
     config = {"analyses": {"ordered": analysis, **seeds, **readme}, "seed_studies": study, "plots": {}}
+    config["settings_override"] = {"random_samples": 2, "audit": False}  # a short test; the entries as written
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     done = _snakemake(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
