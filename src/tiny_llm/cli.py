@@ -375,8 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as error:  # bad input or an unwritable path: one line, exit status 2
         if args.debug or os.environ.get("TINY_LLM_DEBUG") == "1":
             raise
-        ranks = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        where = f" (rank {os.environ.get('RANK', '?')} of {ranks})" if ranks > 1 else ""
+        from tiny_llm.distributed import launched
+
+        rank, ranks = launched()
+        where = f" (rank {rank} of {ranks})" if ranks > 1 else ""
         line = f"tiny-llm {args.command}: error{where}: {' '.join(str(error).split())}"
         sys.stderr.flush()
         sys.stderr.write(line + "\n")  # one write: the ranks' lines never run together

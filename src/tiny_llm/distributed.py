@@ -27,6 +27,7 @@ __all__ = [
     "is_writer",
     "record",
     "shard",
+    "launched",
     "sharded",
     "world",
 ]
@@ -39,6 +40,13 @@ def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def launched() -> tuple[int, int]:
+    """(rank, number of ranks) as this process's launcher set them (torchrun's ``RANK`` and
+    ``WORLD_SIZE``, or srun's once :func:`init_from_environment` has read them), whether or not it
+    has joined the process group: a refusal before joining says which rank it is."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def sharded(asked: bool) -> bool:

@@ -290,32 +290,42 @@ def cost_line(
             f"; about {format_seconds(each)} per job, {format_seconds(jobs * each)} in all on {device} "
             f"(timings measured on {kind}, {measured.get('at', '?')[:10]})"
         )
-    cluster = cluster or ClusterSettings()
+    return line + _slurm_part(name, count, len(cases), each, cluster or ClusterSettings(), gpus)
+
+
+def _slurm_part(name: str, count: int, cases: int, each: float | None, cluster: ClusterSettings, gpus: int) -> str:
+    """What a cost line says Slurm is asked for: ``count`` states of ``cases`` cases of ``each``
+    seconds (None: not measured yet) under the cluster's walltime rule, packed as it packs them.
+
+    Raises:
+        ValueError: packed jobs beyond the partition's walltime (:func:`check_packing`).
+    """
+    part = ""
     if cluster.walltime_hours:
         hours = float(cluster.walltime_hours)
         per_job = 1 if cluster.states_per_job == "auto" else max(1, min(count, int(cluster.states_per_job)))
         check_packing(name, per_job, lambda n: n * hours * 60)
         jobs = -(-count // per_job)
         packed = f" of ≤ {per_job} states × {hours:g} h" if per_job > 1 else f" × {hours:g} h"
-        line += (
+        part = (
             f"; Slurm: ≤ {jobs} jobs{packed} (cluster.walltime_hours){_times(gpus)} = "
             f"{count * hours * gpus:g} GPU-hours requested"
         )
     elif cluster.walltime == "estimate":
         if each is None:
-            line += (
+            part = (
                 f"; Slurm walltime: from the calibration job, which runs first on the target node "
                 f"(results/timing/{name}.json; or set cluster.walltime_hours)"
             )
         else:
-            per_job = max(1, min(count, states_per_job(len(cases), each, cluster.states_per_job)))
-            check_packing(name, per_job, lambda n: group_minutes(n, len(cases), each))
-            jobs, hours = -(-count // per_job), group_minutes(per_job, len(cases), each) / 60
+            per_job = max(1, min(count, states_per_job(cases, each, cluster.states_per_job)))
+            check_packing(name, per_job, lambda n: group_minutes(n, cases, each))
+            jobs, hours = -(-count // per_job), group_minutes(per_job, cases, each) / 60
             packed = f" of ≤ {per_job} states" if per_job > 1 else ""
-            line += (
+            part = (
                 f"; Slurm: ≤ {jobs} jobs{packed} × {hours:.3g} h walltime (2 × work + 30 min){_times(gpus)} = "
                 f"{jobs * hours * gpus:.4g} GPU-hours requested"
             )
     elif each is None:
-        line += " (`snakemake calibrate` measures one)"
-    return line
+        part = " (`snakemake calibrate` measures one)"
+    return part

@@ -151,7 +151,7 @@ def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precis
             shifted_loss,
             list(model.parameters()),
             flat.blocks,
-            lambda: epoch_loss(model, batches, inputs.gradient_micro_batch, precision, head),
+            partial(epoch_loss, model, batches, rows, precision, head),
         ),
     )
 
@@ -201,6 +201,9 @@ def _sharded(
     def mean() -> tuple[torch.Tensor, float]:
         return operator.gradient_and_loss(torch.cat(batches), rows)
 
+    def forward_loss() -> float:  # the epoch loss at θ + d, from forward passes only
+        return operator.loss(torch.cat(batches), rows)
+
     def gradients(selected, known):
         for i in selected:
             yield known.pop(i, None) or operator.gradient_and_loss(batches[i], rows)
@@ -214,12 +217,7 @@ def _sharded(
         operator=lambda: operator,
         split=engine.forms,
         audit_sides=audit_sides,
-        loss_at=partial(
-            shifted_loss,
-            [operator.local(p) for p in operator.params],
-            operator.pieces,
-            lambda: operator.loss(torch.cat(batches), rows),
-        ),
+        loss_at=partial(shifted_loss, [operator.local(p) for p in operator.params], operator.pieces, forward_loss),
     )
 
 

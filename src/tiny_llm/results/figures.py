@@ -186,7 +186,7 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     curves(ax, table, "b_simple", "B_simple", "C4", log=True, notes=notes)
     curves(ax, table, "b_noise", "B_noise (critical)", "C5", log=True, notes=notes)
     sizes = (context.get("batch_sizes") or {}).values()
-    trained = {b.get("training_batch_size") or b["effective_batch_size"] for b in sizes}
+    trained = {b.get("training_batch_size", b["effective_batch_size"]) for b in sizes}  # older: no training batch
     for B in sorted(trained):
         ax.axhline(B, color="0.4", lw=0.8, ls=":", label=f"training batch B = {B}")
     log_axis(ax)

@@ -126,6 +126,11 @@ BATCH_SIZES = (
 """The counts of a result the manifest lists per case."""
 
 
+def _batch_sizes(counts: dict[str, Any]) -> dict[str, Any]:
+    """A result's counts the manifest lists (those it has: older results lack the training batch)."""
+    return {k: counts[k] for k in BATCH_SIZES if k in counts}
+
+
 def manifest(results: dict, identity: dict, states: dict, cases: list[str], name: str, audit: dict) -> dict:
     """manifest.json: the analysis, its identity and settings, the audit block, what ran where, the
     data of each case and every state with its results."""
@@ -152,7 +157,7 @@ def manifest(results: dict, identity: dict, states: dict, cases: list[str], name
         "slurm_jobs": [r["slurm"] | {"state": k[:12], "case": c} for (k, c), r in results.items() if r.get("slurm")],
         "data": {case: results[reference, case]["data"] for case in cases},
         "data_order_warnings": order,
-        "batch_sizes": {case: {k: results[reference, case]["counts"].get(k) for k in BATCH_SIZES} for case in cases},
+        "batch_sizes": {case: _batch_sizes(results[reference, case]["counts"]) for case in cases},
         "states": [
             {
                 **state,

@@ -118,7 +118,7 @@ def write_study(name: str, summaries: dict[str, Path], out_dir: str | Path, note
     rows = max(1, math.ceil(len(shown) / columns))
     fig, axes = plt.subplots(rows, columns, figsize=(7.2, 1.9 * rows + 0.9), squeeze=False, sharex=True)
     log_x = _log_spaced(table["step"].to_numpy(dtype=float))
-    for ax, (statistic, label) in zip(axes.flat, shown, strict=False):
+    for ax, (statistic, label) in zip(list(axes.flat)[: len(shown)], shown, strict=True):
         _panel(ax, table, statistic, label, log_x)
     for ax in list(axes.flat)[len(shown) :]:
         ax.set_visible(False)

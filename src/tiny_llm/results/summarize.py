@@ -65,7 +65,7 @@ def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[
     flags = []
     sizes = manifest.get("batch_sizes") or {}
     first_case = sizes.get(manifest["cases"][0], {})
-    batch = first_case.get("training_batch_size") or first_case.get("effective_batch_size")
+    batch = first_case.get("training_batch_size", first_case.get("effective_batch_size"))  # older: no training batch
     above = [r for r in rows if batch and (_number(r.get("b_noise")) or 0) > batch]
     flags += _single_batch(manifest["cases"], sizes)
     if above:

@@ -214,16 +214,20 @@ def prepare_inputs(
     case: str,
     settings: AnalysisSettings,
     expect_key: str | None = None,
-    order: OrderCase | None = None,
-    next_step: int | None = None,
+    order: dict[str, Any] | None = None,
+    successor: dict[str, Any] | None = None,
 ):
     """Everything a worker checks before computing: configuration, resolved precision, cache and
-    its capacity (or, for a case of a published training order, that order and its window), the
-    case's batch plan, and the verified state (matching ``expect_key``).
+    its capacity (or, for a case of a published training order, ``order``: that order and its
+    window as plain data, :class:`OrderCase`), the case's batch plan, the verified state (matching
+    ``expect_key``) and its ``successor`` (:func:`load_successor`; its step ends the ``step`` case).
 
-    Returns ``(config, resolved, source, plan, state)``: the source is the token cache or the
-    training order, either giving a batch's tokens (``tokens``) and a sequence's place (``position``).
+    Returns ``(config, resolved, source, plan, state, following)``: the source is the token cache or
+    the training order, either giving a batch's tokens (``tokens``) and a sequence's place
+    (``position``); ``following``: the loaded successor, or None.
     """
+    order = OrderCase.from_dict(order) if order is not None else None
+    next_step = None if successor is None else successor.get("step")
     run_dir = Path(run_dir)
     config = load_config(run_dir / RESOLVED)
     carried = run_tokenizer(run_dir)  # an import that did not finish is refused first
@@ -244,7 +248,7 @@ def prepare_inputs(
         )
     if order is not None:
         check_window(case, order.window, min(a["step"] for a in state.aliases))
-    return config, resolved, source, plan, state
+    return config, resolved, source, plan, state, load_successor(run_dir, successor, config, state)
 
 
 def load_successor(

@@ -23,7 +23,7 @@ from tiny_llm.provenance import canonical_hash, source_hash
 from tiny_llm.workers.loading import Resolved
 from tiny_llm.workers.settings import AnalysisSettings, numerical_settings
 
-__all__ = ["result_identity", "reusable_result", "single_writer"]
+__all__ = ["check_same_batches", "check_successor", "result_identity", "reusable_result", "single_writer"]
 
 
 def result_identity(settings: AnalysisSettings, resolved: Resolved, config: RunConfig, cache: Any) -> dict:
@@ -113,4 +113,18 @@ def check_successor(old: dict[str, Any], successor: dict[str, Any] | None, outpu
         raise ValueError(
             f"{output} was measured along the step to {measured}, not to {successor} (the analysed "
             "checkpoints changed); use a new output directory"
+        )
+
+
+def check_same_batches(measured: str | None, plan: str, output: Path) -> None:
+    """A reusable result was measured on the case's batches as they are planned now (its window
+    and noise batch: the analysed checkpoints, ``case_steps`` and ``batch_sequences`` decide them).
+
+    Raises:
+        ValueError: naming the file and both.
+    """
+    if measured != plan:
+        raise ValueError(
+            f"{output} holds the case's batches {measured}, not {plan} (the analysed checkpoints, case_steps or "
+            "batch_sequences changed); use a new output directory"
         )

@@ -20,14 +20,19 @@ from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import JobShape, MemoryPlan, parameter_count, plan_spectrum
 from tiny_llm.curvature.memory_measure import device_budget
-from tiny_llm.data.training_order import OrderCase
 from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
-from tiny_llm.workers.loading import LoadedState, Resolved, load_successor, prepare_inputs, step_vector
-from tiny_llm.workers.results import check_successor, result_identity, reusable_result, single_writer
+from tiny_llm.workers.loading import LoadedState, Resolved, prepare_inputs, step_vector
+from tiny_llm.workers.results import (
+    check_same_batches,
+    check_successor,
+    result_identity,
+    reusable_result,
+    single_writer,
+)
 from tiny_llm.workers.settings import (
     AnalysisSettings,
     SpectrumSettings,
@@ -120,22 +125,6 @@ def _result(
     }
 
 
-def _checked_reuse(old: dict[str, Any], successor: dict[str, Any] | None, plan: str, output: Path) -> dict[str, Any]:
-    """A finished spectrum of this identity, reused when it was measured along the same step and on
-    the same batches.
-
-    Raises:
-        ValueError: another successor or window, naming the file.
-    """
-    check_successor(old, successor, output)
-    if old.get("plan", plan) != plan:
-        raise ValueError(
-            f"{output} holds the case's batches {old['plan']}, not {plan} (the analysed checkpoints, case_steps or "
-            "batch_sequences changed); use a new output directory"
-        )
-    return old
-
-
 def analyze_spectrum(
     run_dir: str | Path,
     checkpoints: list[str],
@@ -159,17 +148,8 @@ def analyze_spectrum(
     check_writable_file(output)
     if settings.sharded:  # the analysis's switch shards its spectra too
         spectrum = replace(spectrum, sharded=True)
-    order_case = OrderCase.from_dict(order) if order is not None else None
-    config, resolved, cache, plan, state = prepare_inputs(
-        run_dir,
-        checkpoints,
-        case,
-        settings,
-        expect_key,
-        order_case,
-        None if successor is None else successor.get("step"),
-    )
-    following = load_successor(run_dir, successor, config, state)
+    prepared = prepare_inputs(run_dir, checkpoints, case, settings, expect_key, order, successor)
+    config, resolved, cache, plan, state, following = prepared
     if (engine := sharded_engine(settings, spectrum)) is not None:
         resolved = replace(resolved, hvp_engine=engine, hvp_compiled=False)
     identity = {k: v for k, v in result_identity(settings, resolved, config, cache).items() if k != "hash"}
@@ -178,7 +158,9 @@ def analyze_spectrum(
     memory = spectrum_memory(settings, spectrum, config, resolved, len(plan))
     with single_writer(output) as reuse:  # every rank computes, rank 0 writes
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
-            return _checked_reuse(old, successor, plan.name, output)
+            check_successor(old, successor, output)
+            check_same_batches(old.get("plan", plan.name), plan.name, output)
+            return old
         model = build_model(config.model, attention_backend="reference")
         model.load_state_dict(state.root, strict=True)
         sharded = is_sharded(spectrum.sharded)

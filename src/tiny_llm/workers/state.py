@@ -32,7 +32,7 @@ from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.sharded import shard_rows
 from tiny_llm.data.order import order_report
 from tiny_llm.data.tokens import TokenCache
-from tiny_llm.data.training_order import OrderCase, TrainingOrder
+from tiny_llm.data.training_order import TrainingOrder
 from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.distributed import sharded as is_sharded
@@ -43,11 +43,16 @@ from tiny_llm.workers.loading import (
     LoadedState,
     Resolved,
     job_memory_plan,
-    load_successor,
     prepare_inputs,
     step_vector,
 )
-from tiny_llm.workers.results import check_successor, result_identity, reusable_result, single_writer
+from tiny_llm.workers.results import (
+    check_same_batches,
+    check_successor,
+    result_identity,
+    reusable_result,
+    single_writer,
+)
 from tiny_llm.workers.settings import AnalysisSettings, settings_record
 
 __all__ = ["RESULT_SCHEMA", "analyze_state", "explain_out_of_memory"]
@@ -77,26 +82,13 @@ def analyze_state(
     """
     output = Path(output)
     check_writable_file(output)
-    order_case = OrderCase.from_dict(order) if order is not None else None
-    config, resolved, cache, plan, state = prepare_inputs(
-        run_dir,
-        checkpoints,
-        case,
-        settings,
-        expect_key,
-        order_case,
-        None if successor is None else successor.get("step"),
-    )
-    following = load_successor(run_dir, successor, config, state)
+    prepared = prepare_inputs(run_dir, checkpoints, case, settings, expect_key, order, successor)
+    config, resolved, cache, plan, state, following = prepared
     identity = result_identity(settings, resolved, config, cache)
     memory = job_memory_plan(settings, config, resolved)
     with single_writer(output) as reuse:
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
-            if old["data"].get("plan") != plan.name:
-                raise ValueError(
-                    f"{output} holds the case's batches {old['data'].get('plan')}, not {plan.name} (the analysed "
-                    "checkpoints, case_steps or batch_sequences changed); use a new output directory"
-                )
+            check_same_batches(old["data"].get("plan"), plan.name, output)
             check_successor(old, successor, output)
             log.info("reusing %s (same identity)", output)
             return old
