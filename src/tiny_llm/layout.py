@@ -18,8 +18,10 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "AUDIT_FIGURES",
     "BLOCKS",
     "EPOCH_FILE",
+    "FIGURES",
     "FINAL",
     "IMPORTED",
     "MANIFEST",
@@ -27,6 +29,7 @@ __all__ = [
     "RESUME",
     "STATES",
     "SPECTRUM",
+    "SPECTRUM_FIGURES",
     "SPECTRUM_RESULT",
     "STATE_DONE",
     "STATE_RESULT",
@@ -73,6 +76,21 @@ STATE_DONE = "results/{analysis}/states/{key}/done.json"
 """The receipt that every case of a state is measured (the finish_state rule's output pattern)."""
 SPECTRUM_RESULT = "results/{analysis}/spectra/{key}/{case}.json"
 """One state's spectrum on one case (the analyze_spectrum rule's output pattern)."""
+FIGURES = [
+    "loss",
+    "normalized_alignment",
+    "noise_alignment",
+    "gradient_norms",
+    "batch_sizes",
+    "block_batch_sizes",
+    "step_sharpness",
+    "step_loss",
+]
+"""An analysis's figures (``figures/<name>.pdf`` and ``.png``), drawn by tiny_llm.results.figures."""
+AUDIT_FIGURES = ["precision_audit"]
+"""Drawn for audited analyses only (``plot_audit``): a float64 analysis has nothing to show there."""
+SPECTRUM_FIGURES = ["top_eigenvalues", "slq_density", "block_diagonal_error"]
+"""An analysis's spectral figures, drawn by tiny_llm.results.spectrum_figures."""
 
 
 def epoch_stem(epoch: int) -> str:

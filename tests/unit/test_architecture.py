@@ -157,21 +157,22 @@ def test_the_command_line_parses_without_importing_torch():
 
 def test_the_planner_plans_every_shipped_configuration_without_torch():
     """The workflow's start-up (the Snakefile's imports, the plan of each shipped configuration, its
-    targets, memory plans and costs) imports no torch: parameter shapes come from the
-    architectures' declarations, job resolution from ``workers.resolution``."""
+    targets, memory plans and costs) imports no torch, matplotlib or pandas: parameter shapes come
+    from the architectures' declarations, job resolution from ``workers.resolution``, figure names
+    from ``layout``."""
     repo = PACKAGE.parents[1]
     code = (
         "import sys, yaml\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] == 'torch':\n"
-        "            raise ImportError('the planner imported torch')\n"
+        "        if name.split('.')[0] in ('torch', 'matplotlib', 'pandas'):\n"
+        "            raise ImportError('the planner imported ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "from tiny_llm.campaign import jobs, slurm_jobs\n"
         "from tiny_llm.campaign.checks import schema_errors\n"
         "from tiny_llm.campaign.targets import all_targets\n"
         "from tiny_llm.campaign.workflow import WorkflowPlan\n"
-        "from tiny_llm.results.figures import FIGURES\n"
+        "from tiny_llm.layout import FIGURES\n"
         "from tiny_llm.results.record import append_event\n"
         "for name in ('config.yaml', 'naiss.yaml', 'seeds-demo.yaml'):\n"
         "    WorkflowPlan(yaml.safe_load(open('config/' + name)))\n"

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tiny_llm.cli import _parser as build_parser
-from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
+from tiny_llm.layout import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.workers.settings import AnalysisSettings
 from tiny_llm.workers.spectrum import SpectrumSettings
 

@@ -1,7 +1,6 @@
 # Configuration checks and the named input functions shared by every rule. The decisions behind
 # them (runs, caches, targets, walltimes, calibration order, re-attach) are plain functions of
 # tiny_llm.campaign.workflow, unit-tested without Snakemake; here they are only called.
-import functools
 import json
 import sys
 from dataclasses import asdict
@@ -9,20 +8,14 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-from tiny_llm.campaign import jobs, packing, slurm_jobs
+from tiny_llm.campaign import jobs, packing
 from tiny_llm.campaign.checks import schema_errors, typed_profile_values, unknown_keys
-from tiny_llm.campaign.slurm_jobs import (
-    AWAITABLE,
-    STANDS_IN,
-    awaited_outputs,
-    sort_earlier_jobs,
-)
 from tiny_llm.campaign.targets import all_targets, experiment_targets
 from tiny_llm.campaign.workflow import WorkflowPlan
 from tiny_llm.config import config_to_dict, parse_yaml
 from tiny_llm.io import read_if_changed
 from tiny_llm.provenance import source_hash
-from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
+from tiny_llm.layout import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.results.record import append_event
 from tiny_llm.workers.settings import CASES
 
@@ -112,16 +105,30 @@ get_finish_runtime = _by("analysis", PLAN.walltimes.finish_runtime)
 get_attempt = lambda wildcards, attempt: attempt  # 1 + retries so far, in each result
 
 
+# analysis -> states.json (a checkpoint's output, once created, stays created)
+_INDEXED = {}
+
+
 def _states(analysis):  # states.json, once its index checkpoint has run
-    path = checkpoints.index_states.get(analysis=analysis).output.states
-    return read_if_changed(path, json.loads)["states"]
+    if analysis not in _INDEXED:
+        index = checkpoints.index_states.get(analysis=analysis)
+        _INDEXED[analysis] = index.output.states
+    return read_if_changed(_INDEXED[analysis], _Indexed)
+
+
+class _Indexed(list):  # the states in their order, each also found by its key
+    def __init__(self, text):
+        super().__init__(json.loads(text)["states"])
+        self.by_key = {state["key"]: state for state in self}
 
 
 def _state(wildcards):
-    for state in _states(wildcards.analysis):
-        if state["key"] == wildcards.key:
-            return state
-    raise ValueError(f"state {wildcards.key} is not indexed in {wildcards.analysis}")
+    state = _states(wildcards.analysis).by_key.get(wildcards.key)
+    if state is None:
+        raise ValueError(
+            f"state {wildcards.key} is not indexed in {wildcards.analysis}"
+        )
+    return state
 
 
 def get_state_aliases(wildcards):
@@ -197,83 +204,6 @@ get_compared_experiments = _by(
     ),
 )
 get_comparison_entry = _by("comparison", SEED_COMPARISONS.get)
-
-
-# --- re-attaching to an earlier controller's Slurm jobs ----------------------------------
-
-
-@functools.cache
-def earlier_jobs():
-    """Active Slurm jobs of earlier controllers in this directory. Looked up once, while the DAG
-    is built, and only by a run that submits to Slurm (not a dry run, not a local run).
-    """
-    if not workflow.is_main_process or workflow.local_exec or workflow.dryrun:
-        return []
-    found, warnings = slurm_jobs.earlier_jobs(Path.cwd())
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    return found
-
-
-@functools.cache
-def awaited():
-    return awaited_outputs(earlier_jobs(), ANALYSES)
-
-
-def _output(wildcards, stage, name):
-    case = name or wildcards.case
-    return f"results/{wildcards.analysis}/{stage}/{wildcards.key}/{case}.json"
-
-
-def _when_awaited(stage, function, name=None):
-    """The stood-in rule's input when an earlier job writes this output, else a file that no
-    rule makes (so that the ordinary rule applies)."""
-    return lambda w: (
-        function(w) if _output(w, stage, name) in awaited() else NOT_AWAITED
-    )
-
-
-def _earlier_job(stage, name=None):
-    return lambda wildcards: awaited().get(_output(wildcards, stage, name), "")
-
-
-def reattach(dag, poll_seconds):
-    """At the start of a run: cancel the earlier controllers' queued jobs (their work is submitted
-    again now), report the running ones that are awaited, and wait for running jobs of other
-    rules (training, data, calibration), whose work a new job would otherwise repeat."""
-    needed = {
-        (
-            STANDS_IN.get(job.rule.name, job.rule.name),
-            tuple(sorted(job.wildcards_dict.items())),
-        )
-        for job in dag.needrun_jobs()
-    }
-    queued, waited, first = sort_earlier_jobs(earlier_jobs(), needed, awaited())
-    if queued:
-        slurm_jobs.cancel(queued)
-        print(
-            f"Cancelled {len(queued)} queued Slurm job(s) of an earlier controller "
-            f"({' '.join(queued)}); their work is submitted again by this run.",
-            file=sys.stderr,
-        )
-    if waited:
-        print(
-            f"Re-attached to {len(waited)} running Slurm job(s) of an earlier controller "
-            f"({' '.join(waited)}): their results are awaited (rules await_*), not computed again.",
-            file=sys.stderr,
-        )
-    for job_id in first:
-        print(
-            f"Waiting for Slurm job {job_id} of an earlier controller (training, data or "
-            "calibration) before submitting anything that would repeat its work...",
-            file=sys.stderr,
-        )
-        slurm_jobs.wait_for_job(
-            job_id,
-            [],
-            poll_seconds=poll_seconds,
-            log=lambda line: print(line, file=sys.stderr),
-        )
 
 
 onstart:

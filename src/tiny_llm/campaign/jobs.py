@@ -15,7 +15,7 @@ import logging
 import re
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,13 +203,30 @@ def remember_signatures(namespace: dict[str, Any]) -> None:
     jobs), through its own ``overwrite_function_params``."""
     import inspect
 
+    for name, value in list(namespace.items()):
+        if name.startswith("get_") and inspect.isfunction(value):
+            remember_signature(value)
+    # And the resources' own evaluators (the profile's values are expressions evaluated per job).
+    with contextlib.suppress(ImportError, AttributeError):
+        from snakemake.resources import Resource
+
+        remember_signature(Resource.evaluate)
+        for rule in namespace["workflow"].rules:
+            for resource in rule.resources.values():
+                if inspect.isfunction(resource._evaluator):
+                    remember_signature(resource._evaluator)
+
+
+def remember_signature(function: Callable) -> Callable:
+    """``function``, carrying its signature for Snakemake (see :func:`remember_signatures`)."""
+    import inspect
+
     try:
         from snakemake.common import overwrite_function_params
     except ImportError:  # another Snakemake: it inspects them itself
-        return
-    for name, value in list(namespace.items()):
-        if name.startswith("get_") and inspect.isfunction(value):
-            overwrite_function_params(value, inspect.signature(value).parameters)
+        return function
+    overwrite_function_params(function, inspect.signature(function).parameters)
+    return function
 
 
 def branch_runtime(plan: Any, workflow: Any, run: str) -> int:

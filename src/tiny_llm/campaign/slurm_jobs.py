@@ -19,6 +19,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ __all__ = [
     "earlier_jobs",
     "job_state",
     "parse_target_jobs",
+    "reattach",
     "sort_earlier_jobs",
     "wait_for_job",
 ]
@@ -220,3 +222,39 @@ def sort_earlier_jobs(
         else:
             first.append(job.job_id)
     return queued, waited, first
+
+
+def reattach(
+    jobs: list[EarlierJob],
+    needed: set[tuple[str, tuple[tuple[str, str], ...]]],
+    awaited: dict[str, str],
+    poll_seconds: float,
+    runner: Runner = subprocess.run,
+) -> None:
+    """At the start of a run: cancel the earlier controllers' queued jobs that compute what this run
+    needs (their work is submitted again now), report the running ones that are awaited, and wait
+    for running jobs of other rules (training, data, calibration), whose work a new job would
+    otherwise repeat (see :func:`sort_earlier_jobs` for ``needed`` and ``awaited``)."""
+    queued, waited, first = sort_earlier_jobs(jobs, needed, awaited)
+    if queued:
+        cancel(queued, runner)
+        print(
+            f"Cancelled {len(queued)} queued Slurm job(s) of an earlier controller ({' '.join(queued)}); "
+            "their work is submitted again by this run.",
+            file=sys.stderr,
+        )
+    if waited:
+        print(
+            f"Re-attached to {len(waited)} running Slurm job(s) of an earlier controller ({' '.join(waited)}): "
+            "their results are awaited (rules await_*), not computed again.",
+            file=sys.stderr,
+        )
+    for job_id in first:
+        print(
+            f"Waiting for Slurm job {job_id} of an earlier controller (training, data or calibration) before "
+            "submitting anything that would repeat its work...",
+            file=sys.stderr,
+        )
+        wait_for_job(
+            job_id, [], poll_seconds=poll_seconds, log=lambda line: print(line, file=sys.stderr), runner=runner
+        )

@@ -12,8 +12,7 @@ from pathlib import Path
 from tiny_llm.campaign.planned import Campaign
 from tiny_llm.campaign.studies import StudyPlan
 from tiny_llm.campaign.walltimes import Walltimes
-from tiny_llm.layout import SPECTRUM, state_result
-from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
+from tiny_llm.layout import AUDIT_FIGURES, FIGURES, SPECTRUM, SPECTRUM_FIGURES, state_result
 
 __all__ = ["all_targets", "experiment_targets"]
 

@@ -111,24 +111,29 @@ def _cache(cache_dir: str | Path | None) -> str:
 
 def cached_revisions(repo: str, cache_dir: str | Path | None = None) -> list[HubRevision]:
     """The named revisions (branches and tags) of ``repo`` in the local cache, in training order
-    when their names carry steps (those without one last, by name).
+    when their names carry steps (those without one last, by name). Read from the repository's
+    ``refs`` folder as huggingface_hub writes it (``models--ORG--NAME/refs/REF`` holds the commit),
+    not by scanning the cache, which stats every file of every repository in it.
 
     Raises:
-        ValueError: the repository is not in the cache, or none of its revisions is named.
+        ValueError: the repository is not in the cache, none of its revisions is named, or a ref
+            names a commit whose snapshot is missing.
     """
-    from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
-
-    try:
-        repos = [r for r in scan_cache_dir(_cache(cache_dir)).repos if r.repo_id == repo and r.repo_type == "model"]
-    except CacheNotFound:
-        repos = []
-    commits = {ref: revision.commit_hash for r in repos for revision in r.revisions for ref in revision.refs}
+    root = Path(_cache(cache_dir)) / f"models--{repo.replace('/', '--')}"
+    refs = root / "refs"
+    files = sorted(ref for ref in refs.rglob("*") if ref.is_file()) if refs.is_dir() else []
+    commits = {ref.relative_to(refs).as_posix(): ref.read_text().strip() for ref in files}
     if not commits:
         raise ValueError(
             f"{repo} has no named revision in the local Hugging Face cache ({_cache(cache_dir)}); fetch the "
             f"revisions to study first: {fetch_command(repo, 'REVISION')}"
         )
+    for name, commit in commits.items():
+        if not (root / "snapshots" / commit).is_dir():
+            raise ValueError(
+                f"{repo} revision {name} names commit {commit}, which has no snapshot in the local Hugging Face "
+                f"cache ({_cache(cache_dir)}); fetch it again: {fetch_command(repo, name)}"
+            )
     revisions = [HubRevision(repo, name, *revision_position(name), commit) for name, commit in commits.items()]
     return sorted(revisions, key=lambda r: (r.step is None, r.step or 0, r.tokens or 0, r.revision))
 

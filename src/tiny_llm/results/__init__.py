@@ -4,35 +4,33 @@ figures: the analysis's; spectrum_figures: the spectrum's), the terminal summary
 the campaign record that every controller run and collection appends to (record).
 """
 
-from tiny_llm.results.collect import (
-    CONSENSUS_COLUMNS,
-    ERROR_COLUMNS,
-    STATISTICS,
-    SUMMARY_COLUMNS,
-    collect,
-    collect_spectrum,
-    validate_result,
-)
-from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, plot_analysis, plot_audit
-from tiny_llm.results.manifest import AUDIT_THRESHOLD
-from tiny_llm.results.record import append_event, job_records
-from tiny_llm.results.spectrum_figures import SPECTRUM_FIGURES, plot_spectrum
+import importlib
 
-__all__ = [
-    "AUDIT_THRESHOLD",
-    "CONSENSUS_COLUMNS",
-    "ERROR_COLUMNS",
-    "AUDIT_FIGURES",
-    "FIGURES",
-    "SPECTRUM_FIGURES",
-    "STATISTICS",
-    "SUMMARY_COLUMNS",
-    "append_event",
-    "collect",
-    "collect_spectrum",
-    "job_records",
-    "plot_analysis",
-    "plot_audit",
-    "plot_spectrum",
-    "validate_result",
-]
+_HOMES = {
+    "AUDIT_THRESHOLD": "manifest",
+    "CONSENSUS_COLUMNS": "collect",
+    "ERROR_COLUMNS": "collect",
+    "STATISTICS": "collect",
+    "SUMMARY_COLUMNS": "collect",
+    "collect": "collect",
+    "collect_spectrum": "collect",
+    "validate_result": "collect",
+    "AUDIT_FIGURES": "figures",
+    "FIGURES": "figures",
+    "plot_analysis": "figures",
+    "plot_audit": "figures",
+    "append_event": "record",
+    "job_records": "record",
+    "SPECTRUM_FIGURES": "spectrum_figures",
+    "plot_spectrum": "spectrum_figures",
+}
+"""Each re-exported name's module, imported when the name is first asked for: the workflow's
+planner imports ``results.record`` without the figures' matplotlib and pandas."""
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from tiny_llm.layout import BLOCKS, TRAIN_LOG, TRAINER_LOG_SOURCE
+from tiny_llm.layout import AUDIT_FIGURES, BLOCKS, FIGURES, TRAIN_LOG, TRAINER_LOG_SOURCE
 from tiny_llm.results.drawing import (
     COLUMN,
     RC,
@@ -51,19 +51,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-FIGURES = [
-    "loss",
-    "normalized_alignment",
-    "noise_alignment",
-    "gradient_norms",
-    "batch_sizes",
-    "block_batch_sizes",
-    "step_sharpness",
-    "step_loss",
-]
-AUDIT_FIGURES = ["precision_audit"]
-"""Drawn for audited analyses only (``plot_audit``): a float64 analysis has nothing to show there."""
 
 
 def _normalized_alignment(table, context, out_dir) -> list[Path]:

@@ -11,13 +11,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from tiny_llm.layout import SPECTRUM
+from tiny_llm.layout import SPECTRUM, SPECTRUM_FIGURES
 from tiny_llm.results.drawing import COLUMN, RC, STYLE, Notes, collected, curves, engineering, finish
 
 __all__ = ["SPECTRUM_FIGURES", "plot_spectrum"]
-
-
-SPECTRUM_FIGURES = ["top_eigenvalues", "slq_density", "block_diagonal_error"]
 
 
 def _top_eigenvalues(table, context, out_dir) -> list[Path]:

@@ -4,7 +4,15 @@ import subprocess
 
 import pytest
 
-from tiny_llm.campaign.slurm_jobs import EarlierJob, cancel, earlier_jobs, job_state, parse_target_jobs, wait_for_job
+from tiny_llm.campaign.slurm_jobs import (
+    EarlierJob,
+    cancel,
+    earlier_jobs,
+    job_state,
+    parse_target_jobs,
+    reattach,
+    wait_for_job,
+)
 
 SCRIPT = """#!/bin/sh
 # This script was created by sbatch --wrap.
@@ -122,3 +130,23 @@ def test_job_state_and_cancel():
 
 def test_earlier_job_knows_whether_it_has_started():
     assert EarlierJob("1", "PENDING", ()).queued and not EarlierJob("1", "RUNNING", ()).queued
+
+
+def test_reattaching_cancels_queued_work_awaits_results_and_waits_for_the_rest(capsys):
+    """Of the earlier jobs that compute what this run needs: the queued one is cancelled, the one
+    writing an awaited result is reported, the one training is waited for; others are left alone."""
+    state = ("analyze_state", (("analysis", "a"), ("case", "seen"), ("key", "k1")))
+    train = ("train_run", (("run", "r"),))
+    jobs = [
+        EarlierJob("1", "PENDING", (state,)),
+        EarlierJob("2", "RUNNING", (state,)),
+        EarlierJob("3", "RUNNING", (train,)),
+        EarlierJob("4", "PENDING", (("collect", (("analysis", "b"),)),)),
+    ]
+    slurm = FakeSlurm(states=[""])
+    reattach(jobs, {state, train}, {"results/a/states/k1/seen.json": "2"}, poll_seconds=0, runner=slurm)
+    assert ["scancel", "1"] in slurm.calls and not any("4" in call for call in slurm.calls)
+    err = capsys.readouterr().err
+    assert "Cancelled 1 queued Slurm job(s) of an earlier controller (1)" in err
+    assert "Re-attached to 1 running Slurm job(s) of an earlier controller (2)" in err
+    assert "Waiting for Slurm job 3 of an earlier controller" in err

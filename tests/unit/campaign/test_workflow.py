@@ -15,7 +15,7 @@ from tiny_llm.campaign.slurm_jobs import EarlierJob, awaited_outputs, sort_earli
 from tiny_llm.campaign.targets import all_targets
 from tiny_llm.campaign.workflow import WorkflowPlan
 from tiny_llm.config import config_from_dict
-from tiny_llm.results.figures import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
+from tiny_llm.layout import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
 from tiny_llm.workers.settings import settings_from_dict
 
 RUN = {

@@ -82,6 +82,30 @@ def test_cached_revisions_resolve_offline_in_training_order(hub):
         cached_revisions("org/other", cache)
 
 
+def test_cached_revisions_are_the_refs_huggingface_hub_finds(hub):
+    """The refs are read directly (a scan of the cache stats every file); huggingface_hub's own
+    scan finds the same names and commits, and a ref to a missing snapshot is refused by name."""
+    from huggingface_hub import scan_cache_dir
+
+    cache, _ = hub
+    scanned = {
+        ref: revision.commit_hash
+        for repo in scan_cache_dir(cache).repos
+        if repo.repo_id == REPO
+        for revision in repo.revisions
+        for ref in revision.refs
+    }
+    assert {r.revision: r.commit for r in cached_revisions(REPO, cache)} == scanned
+    refs = cache / f"models--{REPO.replace('/', '--')}" / "refs"
+    (refs / "step9").write_text("0" * 40)
+    try:
+        missing = r"revision step9 names commit 0{40}, which has no snapshot.*--revision step9"
+        with pytest.raises(ValueError, match=missing):
+            cached_revisions(REPO, cache)
+    finally:
+        (refs / "step9").unlink()
+
+
 def test_a_suite_is_selected_by_names_range_stride_or_log_spacing():
     revisions = [HubRevision(REPO, f"step{s}", s, None, f"c{s}") for s in STEPS]
     revisions += [HubRevision(REPO, "main", None, None, "c64"), HubRevision(REPO, "v1", None, None, "c-v1")]
