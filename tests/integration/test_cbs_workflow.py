@@ -22,19 +22,19 @@ SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 RUN = {
     "model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
     "data": {"cache": "cache/cbs", "seq_len": 16, "shuffle_group_blocks": 4},
-    "training": {"batch_size": 4, "micro_batch_size": 2, "tokens": 4 * 16 * 4 * 4, "epochs": 4, "lr": 0.01},
+    "training": {"batch_size": 4, "micro_batch_size": 2, "tokens": 4 * 16 * 8 * 4, "epochs": 4, "lr": 0.01},
 }
 EXPERIMENT = {
     "config": "run.yaml",
     "shard_tokens": 256,
     "checkpoints": [1],
-    "batch_sizes": [1, 2, 4],
+    "batch_sizes": [2, 4, 8],
     "data_seeds": [1, 2],
-    "token_budget": 16 * 16,
+    "token_budget": 32 * 16,
     "eval_sequences": 16,
     "settings": {"noise_samples": "all", "random_samples": 2, "device": "cpu", "dtype": "float64"},
 }
-KILLED = "tiny-e001-b1-s1"
+KILLED = "tiny-e001-b2-s1"
 
 
 def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
@@ -52,7 +52,8 @@ def experiment(tmp_path_factory):
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     base = _snakemake(path, "runs/tiny-base/trained.json")
     assert base.returncode == 0, base.stderr[-4000:]
-    assert "cbs experiment tiny: 1 checkpoint × 3 batch sizes (1, 2, 4 sequences) × 2 data-order seeds" in base.stderr
+    assert "cbs experiment tiny: 1 checkpoint × 3 batch sizes (2, 4, 8 sequences) × 2 data seeds" in base.stderr
+    assert "warning: cbs_experiments.tiny.token_budget: the largest batch's branches train 4 steps" in base.stderr
     cwd = Path.cwd()
     os.chdir(path)
     try:  # a branch killed after half its budget, while writing its log
@@ -71,15 +72,20 @@ def test_the_critical_batch_stands_beside_the_noise_scales(experiment):
     path, _ = experiment
     with open(path / "results/tiny/cbs.csv") as handle:
         (row,) = list(csv.DictReader(handle))
-    assert (row["checkpoint"], row["step"], row["tokens"]) == ("epoch-001", "4", str(4 * 4 * 16))
-    assert int(row["cbs"]) in (1, 2, 4) and float(row["b_simple"]) > 0
+    assert (row["checkpoint"], row["step"], row["tokens"]) == ("epoch-001", "8", str(8 * 4 * 16))
+    assert int(row["cbs"]) in (4, 8) and row["base_batch"] == "4" and row["case"] == "unseen"
+    assert float(row["b_simple"]) > 0 and row["b_crit_target"] != ""
     assert float(row["b_simple_tokens"]) == pytest.approx(16 * float(row["b_simple"]))
     record = json.loads((path / "results/tiny/branches/epoch-001.json").read_text())
     assert sorted((b["batch_size"], b["seed"]) for b in record["branches"]) == [
-        (b, s) for b in (1, 2, 4) for s in (1, 2)
+        (b, s) for b in (2, 4, 8) for s in (1, 2)
     ]
+    assert all([t for t, _ in b["curve"]] == [0, 128, 256, 384, 512] for b in record["branches"])
     with open(path / "results/tiny/branches.csv") as handle:
-        assert [int(r["batch_size"]) for r in csv.DictReader(handle)] == [1, 2, 4]
+        assert [int(r["batch_size"]) for r in csv.DictReader(handle)] == [2, 4, 8]
+    with open(path / "results/tiny/curves.csv") as handle:
+        assert len(list(csv.DictReader(handle))) == 3 * 2 * 5
+    assert (path / "results/tiny/fits.csv").read_text().startswith("checkpoint,target_loss,e_min,b_crit")
     assert (path / "results/tiny/figures/critical_batch.png").stat().st_size > 10_000
     assert (path / "results/tiny/summary.csv").exists()  # the analysis of the base run
 
@@ -87,7 +93,7 @@ def test_the_critical_batch_stands_beside_the_noise_scales(experiment):
 def test_a_killed_branch_resumed_by_the_workflow_lost_nothing(experiment, tmp_path):
     path, branch = experiment
     log = [json.loads(line) for line in (path / "runs" / KILLED / "train-log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == list(range(1, 17))
+    assert [r["step"] for r in log] == list(range(1, 17))  # 512 tokens in batches of 2 × 16
     cwd = Path.cwd()
     os.chdir(path)
     try:

@@ -268,7 +268,8 @@ def test_a_critical_batch_experiment_runs_through_the_naiss_profile(tmp_path):
     checkpoint's held-out losses a GPU job of 72 threads, the table local; the price is printed."""
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(RUN))
     experiment = {"config": str(tmp_path / "run.yaml"), "shard_tokens": 64, "checkpoints": [1]}
-    experiment |= {"batch_sizes": [1, 2], "data_seeds": [1, 2], "token_budget": 32, "eval_sequences": 4}
+    experiment |= {"batch_sizes": [2, 4], "data_seeds": [1, 2], "token_budget": 256, "eval_sequences": 4}
+    experiment |= {"set": {"training.tokens": 1024}}  # room for each seed's own 16 sequences
     (tmp_path / "config.yaml").write_text(
         yaml.safe_dump({"train_runs": {}, "analyses": {}, "cbs_experiments": {"cbs": experiment}})
     )
@@ -279,11 +280,11 @@ def test_a_critical_batch_experiment_runs_through_the_naiss_profile(tmp_path):
     assert "threads: 72" in jobs["evaluate_branches"] and "gpu=1" in jobs["evaluate_branches"]
     assert re.search(r"train_run\s+1\b", text) and re.search(r"train_branch\s+4\b", text)  # 2 sizes x 2 seeds
     assert "runtime=1440" in jobs["train_run"] and "gpu=1" in jobs["train_branch"]
-    # 32 of the base run's 512 tokens: 1440 min / 16 + 30 min, rounded up to 2 h
-    assert "runtime=120" in jobs["train_branch"] and "threads: 72" in jobs["train_branch"]
+    # 256 of the base run's 1,024 tokens: 1440 min / 4 + 30 min, rounded up to 7 h
+    assert "runtime=420" in jobs["train_branch"] and "threads: 72" in jobs["train_branch"]
     assert "gpu=1" not in jobs["critical_batch"]
     assert "cbs experiment cbs: 1 checkpoint × 2 batch sizes" in text
-    assert "training 1 run(s) × 24 h + 4 branch run(s), 8 h (scaled by their tokens)" in text
+    assert "training 1 run(s) × 24 h + 4 branch run(s), 28 h (scaled by their tokens)" in text
 
 
 def test_seed_experiment_walltime_from_a_timing_entry(tmp_path):

@@ -30,6 +30,8 @@ rule critical_batch:
     output:
         table=report("results/{cbs}/cbs.csv", category="Critical batch size"),
         branches="results/{cbs}/branches.csv",
+        fits="results/{cbs}/fits.csv",
+        curves="results/{cbs}/curves.csv",
         figures=multiext("results/{cbs}/figures/critical_batch", ".pdf", ".png"),
     log:
         "logs/critical_batch/{cbs}.log",
@@ -42,6 +44,7 @@ rule critical_batch:
         case=lambda w: CBS[w.cbs].case,
         epsilon=lambda w: CBS[w.cbs].epsilon,
         seq_len=lambda w: CBS[w.cbs].base_config.data.seq_len,
+        base_batch=lambda w: CBS[w.cbs].base_batch,
     script:
         "../scripts/critical_batch.py"
 

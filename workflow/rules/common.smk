@@ -8,7 +8,7 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-from tiny_llm.campaign import jobs, packing
+from tiny_llm.campaign import jobs, packing, slurm_jobs
 from tiny_llm.campaign.checks import schema_errors, typed_profile_values, unknown_keys
 from tiny_llm.campaign.targets import all_targets, experiment_targets
 from tiny_llm.campaign.workflow import WorkflowPlan
@@ -40,7 +40,8 @@ PLOTS = PLAN.plots
 SEED_EXPERIMENTS = PLAN.seed_experiments
 SEED_COMPARISONS = PLAN.seed_comparisons
 CLUSTER = PLAN.cluster
-NOT_AWAITED = ".snakemake/tiny-llm/no earlier Slurm job writes this"  # made by no rule
+# Earlier controllers' Slurm jobs: the await_* rules stand in for the results they still compute.
+EARLIER = slurm_jobs.Reattachment(workflow, ANALYSES)
 
 # The controller: Slurm states, Ctrl-C, the frozen source; a cluster job: its devices one case at a time.
 jobs.set_up_process(workflow, CLUSTER.on_interrupt)
@@ -211,7 +212,7 @@ onstart:
     if workflow.local_exec:
         with jobs.refusing():
             PLAN.check_devices(*jobs.uses_devices(workflow.dag))
-    reattach(workflow.dag, CLUSTER.reattach_poll_seconds)
+    EARLIER.reattach(workflow.dag, CLUSTER.reattach_poll_seconds)
     # The campaign record: one start event per analysis and controller run (not in dry runs).
     for _name in ANALYSES:
         append_event(

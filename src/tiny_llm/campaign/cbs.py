@@ -29,11 +29,14 @@ from tiny_llm.config import RunConfig, config_to_dict
 from tiny_llm.data.tokens import capacity_blocks
 from tiny_llm.declared import NonNegative, Positive, PositiveNumber, build
 from tiny_llm.layout import epoch_file, epoch_stem
-from tiny_llm.training.branches import branch_overrides, held_out_blocks, state_path
+from tiny_llm.training.branches import BRANCH_EPOCHS, branch_overrides, branch_region, held_out_blocks, state_path
 from tiny_llm.workers.settings import settings_from_dict
 
 __all__ = ["CbsExperiment", "CbsPlan", "expand_cbs_experiments", "parent_receipt"]
 
+ADAM_MEMORIES = 3
+"""A branch should train at least this many × Adam's memory 1/(1 − β2) steps: by then 95 % of its
+second moment's weight lies on the branch's own gradients (β2^(3/(1 − β2)) ≈ e^-3)."""
 CACHE_KEYS = ("config", "cache_source", "cache_inputs", "shard_tokens", "cache_order", "cache_tokenizer")
 """The keys of an experiment that its runs share (one configuration, one token cache)."""
 
@@ -68,13 +71,16 @@ class CbsExperiment:
     """A branch's learning rate: the base run's at the checkpoint × √(B'/B) (sqrt), × B'/B (linear)
     or unchanged (none), held constant over the branch; auto: sqrt for adamw, linear for sgd."""
     data_seeds: tuple[NonNegative, ...] = (1, 2, 3)
-    """Data orders (data.seed) of each batch size's branches; their spread is the loss's standard error."""
+    """Data seeds of each batch size's branches: each reads its own sequences (the same at every batch
+    size), so the paired differences between batch sizes have a confidence interval."""
     epsilon: PositiveNumber = 0.01
-    """The critical batch size is the largest batch whose mean held-out loss is within this fraction of the best."""
+    """Merrill et al.'s tolerance in nats: a batch is within it when its held-out loss exceeds every
+    smaller batch's (from the base batch up) by at most ε, by the confidence interval's upper bound."""
     eval_sequences: Positive = 64
     """Held-out sequences (the base run's unseen stream) every branch's loss is measured on."""
-    case: Literal["seen", "unseen"] = "seen"
-    """The case of the analysis whose B_simple and B_noise stand beside the critical batch size."""
+    case: Literal["seen", "unseen"] = "unseen"
+    """The case of the analysis whose B_simple and B_noise stand beside the critical batch size
+    (unseen: fresh data, as the branches train on)."""
     settings: Any = None
     """Settings of that analysis (as an analysis's ``settings``)."""
 
@@ -97,6 +103,10 @@ class CbsPlan:
     seeds: tuple[int, ...]
     token_budget: int
     epsilon: float
+    base_batch: int
+    """The base run's batch size: Merrill's rule compares the batches k × it, k ≥ 1."""
+    adam_memory: float | None
+    """1 / (1 − β2) steps of the base run's Adam (None for SGD)."""
     case: str
     """The analysis case whose B_simple and B_noise stand beside the critical batch size."""
     eval_blocks: tuple[int, ...]
@@ -129,6 +139,8 @@ class CbsPlan:
         return {
             "checkpoint": checkpoint,
             **self.position(epoch),
+            "state": state_path(f"runs/{self.base}", epoch),
+            "token_budget": self.token_budget,
             "base": config_to_dict(self.base_config),
             "blocks": list(self.eval_blocks),
             "device": device,
@@ -141,20 +153,36 @@ class CbsPlan:
 
     def targets(self) -> list[str]:
         figures = [f"results/{self.name}/figures/critical_batch.{ext}" for ext in ("pdf", "png")]
-        return [f"results/{self.name}/cbs.csv", f"results/{self.name}/branches.csv", *figures]
+        tables = [f"results/{self.name}/{table}.csv" for table in ("cbs", "branches", "fits", "curves")]
+        return [*tables, *figures]
 
-    def cost_line(self) -> str:
-        """What the experiment adds to its base run and analysis: the branch runs and their tokens."""
+    def cost_lines(self) -> list[str]:
+        """What the experiment adds to its base run and analysis (the branch runs and their tokens),
+        then a warning when its largest batch's branches are too short to leave Adam's memory."""
         runs = sum(len(b) for b in self.branches.values())
         base = self.base_config.training.tokens
         checkpoints = _count(len(self.epochs), "checkpoint")
-        return (
+        steps = [self.token_budget // (b * self.base_config.data.seq_len) for b in self.batch_sizes]
+        memory = "" if self.adam_memory is None else f" (Adam's memory 1/(1 − β2): {self.adam_memory:.3g} steps)"
+        lines = [
             f"cbs experiment {self.name}: {checkpoints} × {len(self.batch_sizes)} batch sizes "
-            f"({', '.join(map(str, self.batch_sizes))} sequences) × {len(self.seeds)} data-order seeds = {runs} "
+            f"({', '.join(map(str, self.batch_sizes))} sequences) × {len(self.seeds)} data seeds = {runs} "
             f"branch runs of {self.token_budget:,} tokens ({runs * self.token_budget:,} tokens in all, "
-            f"{runs * self.token_budget / base:.3g} × the base run's {base:,}), each then measured on "
-            f"{len(self.eval_blocks)} held-out sequences; B_simple and B_noise from analysis {self.name}"
-        )
+            f"{runs * self.token_budget / base:.3g} × the base run's {base:,}), {steps[0]} to {steps[-1]} steps"
+            f"{memory}, each measured on {len(self.eval_blocks)} held-out sequences at every quarter of "
+            f"its budget; B_simple and B_noise from analysis {self.name}, case {self.case}"
+        ]
+        if self.adam_memory is not None and steps[-1] < ADAM_MEMORIES * self.adam_memory:
+            T = self.base_config.data.seq_len
+            unit = BRANCH_EPOCHS * math.lcm(*self.batch_sizes) * T
+            enough = math.ceil(ADAM_MEMORIES * self.adam_memory) * self.batch_sizes[-1] * T
+            lines.append(
+                f"warning: cbs_experiments.{self.name}.token_budget: the largest batch's branches train "
+                f"{steps[-1]} steps, fewer than {ADAM_MEMORIES} × Adam's memory ({self.adam_memory:.3g} steps): "
+                "their optimizer moments still carry the base batch's gradients at the end; raise token_budget "
+                f"to {-(-enough // unit) * unit:,} or more"
+            )
+        return lines
 
 
 def branch_plans(experiments: dict[str, CbsPlan]) -> dict[str, CbsPlan]:
@@ -191,20 +219,27 @@ def _check_grid(key: str, entry: CbsExperiment, base: RunConfig) -> None:
                 f"{key}.checkpoints: epoch {epoch} is not one to branch from; the run's virtual epochs are "
                 f"0 (initialisation) to {base.training.epochs}, and a branch needs training data after its epoch"
             )
-    step = math.lcm(*sizes) * T
+    step = BRANCH_EPOCHS * math.lcm(*sizes) * T
     if budget % step:
         raise ValueError(
-            f"{key}.token_budget: {budget} is not a whole number of steps for every batch size; use a multiple "
-            f"of {step} (the batch sizes' least common multiple × data.seq_len {T})"
+            f"{key}.token_budget: {budget} is not a whole number of quarters of steps for every batch size "
+            f"(the loss is measured at each quarter); use a multiple of {step} ({BRANCH_EPOCHS} × the batch "
+            f"sizes' least common multiple × data.seq_len {T})"
         )
-    room = capacity_blocks(base)["train"] - base.data.stream_offset
-    need = max(epochs) * base.steps_per_epoch * base.training.batch_size + budget // T
-    if need > room:
-        fits = (room - max(epochs) * base.steps_per_epoch * base.training.batch_size) * T // step * step
+    if base.training.batch_size not in sizes:
         raise ValueError(
-            f"{key}.token_budget: branches from epoch {max(epochs)} would read {need} sequences of the "
-            f"training stream, which holds {room} before the held-out data; lower token_budget to "
-            f"{max(fits, 0)} or less, branch from earlier checkpoints, or train the base run on more tokens"
+            f"{key}.batch_sizes: {list(sizes)} leaves out the base run's batch {base.training.batch_size}; "
+            "Merrill's rule compares the batches k × it (k ≥ 1) with it"
+        )
+    room = capacity_blocks(base)["train"]
+    need = branch_region(base, max(epochs), budget, len(entry.data_seeds))
+    if need > room:
+        raise ValueError(
+            f"{key}.token_budget: {len(entry.data_seeds)} data seeds of {budget} tokens each from epoch "
+            f"{max(epochs)} would read to sequence {need} of the training stream, which holds {room} before "
+            "the held-out data (each seed reads its own whole shuffle groups after the branch point); lower "
+            "token_budget, use fewer data_seeds, branch from earlier checkpoints, or train the base run on "
+            "more tokens"
         )
 
 
@@ -217,7 +252,8 @@ def _branches(name: str, entry: CbsExperiment, base: RunConfig, kept: dict[str, 
             for seed in entry.data_seeds:
                 run = f"{name}-e{epoch:03d}-b{size}-s{seed}"
                 state = state_path(f"runs/{name}-base", epoch)
-                overrides = branch_overrides(base, state, epoch, size, entry.token_budget, seed, entry.lr_rule)
+                data = (seed, entry.data_seeds.index(seed))
+                overrides = branch_overrides(base, state, epoch, size, entry.token_budget, data, entry.lr_rule)
                 runs[run] = {**entry.shared(), "set": {**kept, **overrides}, "parent": f"{name}-base"}
                 steps = entry.token_budget // (size * base.data.seq_len)
                 branches[epoch][run] = {
@@ -225,6 +261,7 @@ def _branches(name: str, entry: CbsExperiment, base: RunConfig, kept: dict[str, 
                     "seed": seed,
                     "steps": steps,
                     "lr": overrides["training.lr"],
+                    "points": overrides["training.epochs"],  # epoch-001 … of its loss curve
                 }
     return runs, branches
 
@@ -265,6 +302,8 @@ def _plan(name: str, data: dict[str, Any]) -> tuple[CbsPlan, dict[str, dict[str,
         seeds=entry.data_seeds,
         token_budget=entry.token_budget,
         epsilon=entry.epsilon,
+        base_batch=base.training.batch_size,
+        adam_memory=1 / (1 - base.training.beta2) if base.training.optimizer == "adamw" else None,
         case=entry.case,
         eval_blocks=blocks,
         branches=branches,

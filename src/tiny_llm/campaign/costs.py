@@ -68,7 +68,8 @@ class CostReport:
             for name in campaign.experiments
             if not Path(f"results/{name}/comparison.csv").exists()
         ]
-        lines += [cbs.cost_line() for name, cbs in campaign.cbs.items() if not Path(f"results/{name}/cbs.csv").exists()]
+        for name, cbs in campaign.cbs.items():
+            lines += [] if Path(f"results/{name}/cbs.csv").exists() else cbs.cost_lines()
         lines.append(self.campaign_line(train_minutes, calibration_minutes))
         return [line for line in lines if line]
 

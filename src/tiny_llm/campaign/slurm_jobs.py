@@ -16,6 +16,7 @@ again, the workflow re-attaches to them instead of paying for their work twice:
 
 from __future__ import annotations
 
+import functools
 import shlex
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tiny_llm.layout import SPECTRUM_RESULT, STATE_DONE, STATE_RESULT
 
@@ -31,6 +33,7 @@ __all__ = [
     "AWAITABLE",
     "STANDS_IN",
     "EarlierJob",
+    "Reattachment",
     "awaited_outputs",
     "cancel",
     "earlier_jobs",
@@ -258,3 +261,63 @@ def reattach(
         wait_for_job(
             job_id, [], poll_seconds=poll_seconds, log=lambda line: print(line, file=sys.stderr), runner=runner
         )
+
+
+NOT_AWAITED = ".snakemake/tiny-llm/no earlier Slurm job writes this"
+"""The input of a stand-in rule whose output no earlier job writes: a file no rule makes, so that
+the ordinary rule applies."""
+
+
+class Reattachment:
+    """The workflow's view of earlier controllers' Slurm jobs: looked up once, while the DAG is
+    built, and only by a controller that submits to Slurm (not a dry run, not a local run); the
+    input functions of the ``await_*`` rules; and the settling at the start of a run."""
+
+    def __init__(self, workflow: Any, analyses: Iterable[str], runner: Runner = subprocess.run) -> None:
+        self.workflow, self.analyses, self.runner = workflow, list(analyses), runner
+
+    @functools.cached_property
+    def jobs(self) -> list[EarlierJob]:
+        w = self.workflow
+        if not w.is_main_process or w.local_exec or w.dryrun:
+            return []
+        found, warnings = earlier_jobs(Path.cwd(), self.runner)
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        return found
+
+    @functools.cached_property
+    def awaited(self) -> dict[str, str]:
+        return awaited_outputs(self.jobs, self.analyses)
+
+    @staticmethod
+    def _output(wildcards: Any, stage: str, name: str | None) -> str:
+        return f"results/{wildcards.analysis}/{stage}/{wildcards.key}/{name or wildcards.case}.json"
+
+    def when_awaited(self, stage: str, function: Callable, name: str | None = None) -> Callable:
+        """A stand-in rule's input function: ``function``'s input when an earlier job writes this
+        output, else :data:`NOT_AWAITED`."""
+        from tiny_llm.campaign.jobs import remember_signature
+
+        def get_awaited_input(wildcards: Any) -> Any:
+            return function(wildcards) if self._output(wildcards, stage, name) in self.awaited else NOT_AWAITED
+
+        return remember_signature(get_awaited_input)
+
+    def earlier_job(self, stage: str, name: str | None = None) -> Callable:
+        """A stand-in rule's resource: the id of the earlier job that writes its output ("" if none)."""
+        from tiny_llm.campaign.jobs import remember_signature
+
+        def get_earlier_job(wildcards: Any) -> str:
+            return self.awaited.get(self._output(wildcards, stage, name), "")
+
+        return remember_signature(get_earlier_job)
+
+    def reattach(self, dag: Any, poll_seconds: float) -> None:
+        """At the start of a run: settle the earlier controllers' jobs that this run needs
+        (:func:`reattach`), the await rules named as the rules they stand in for."""
+        needed = {
+            (STANDS_IN.get(job.rule.name, job.rule.name), tuple(sorted(job.wildcards_dict.items())))
+            for job in dag.needrun_jobs()
+        }
+        reattach(self.jobs, needed, self.awaited, poll_seconds, self.runner)

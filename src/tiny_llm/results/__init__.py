@@ -2,35 +2,28 @@
 files (collect), the figures drawn from those files alone (drawing: how every figure is drawn;
 figures: the analysis's; spectrum_figures: the spectrum's), the terminal summary (summarize), and
 the campaign record that every controller run and collection appends to (record).
+
+Names are imported on first use, so that the workflow's planner, which writes the campaign record,
+imports no matplotlib or pandas.
 """
 
-import importlib
+from tiny_llm.lazy import exports
 
-_HOMES = {
-    "AUDIT_THRESHOLD": "manifest",
-    "CONSENSUS_COLUMNS": "collect",
-    "ERROR_COLUMNS": "collect",
-    "STATISTICS": "collect",
-    "SUMMARY_COLUMNS": "collect",
-    "collect": "collect",
-    "collect_spectrum": "collect",
-    "validate_result": "collect",
-    "AUDIT_FIGURES": "figures",
-    "FIGURES": "figures",
-    "plot_analysis": "figures",
-    "plot_audit": "figures",
-    "append_event": "record",
-    "job_records": "record",
-    "SPECTRUM_FIGURES": "spectrum_figures",
-    "plot_spectrum": "spectrum_figures",
-}
-"""Each re-exported name's module, imported when the name is first asked for: the workflow's
-planner imports ``results.record`` without the figures' matplotlib and pandas."""
-
-__all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+__all__, __getattr__ = exports(
+    __name__,
+    {
+        "tiny_llm.results.collect": [
+            "CONSENSUS_COLUMNS",
+            "ERROR_COLUMNS",
+            "STATISTICS",
+            "SUMMARY_COLUMNS",
+            "collect",
+            "collect_spectrum",
+            "validate_result",
+        ],
+        "tiny_llm.results.figures": ["AUDIT_FIGURES", "FIGURES", "plot_analysis", "plot_audit"],
+        "tiny_llm.results.manifest": ["AUDIT_THRESHOLD"],
+        "tiny_llm.results.record": ["append_event", "job_records"],
+        "tiny_llm.results.spectrum_figures": ["SPECTRUM_FIGURES", "plot_spectrum"],
+    },
+)

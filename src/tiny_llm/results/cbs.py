@@ -1,60 +1,77 @@
-"""The critical batch size measured by branched training, beside the noise scales that predict it.
+"""The critical batch size of branched training, three ways, beside the noise scales.
 
 For each checkpoint of a critical-batch-size experiment, every batch size B of the grid was trained
-on from the checkpoint for the same token budget, once per data-order seed, and its loss measured on
-held-out data (:mod:`tiny_llm.training.branches`). Here:
+on from the checkpoint for the same token budget, once per data seed, and its loss measured on
+held-out data at every quarter of the budget (:func:`tiny_llm.training.branches.measure_branches`).
+From those records (:mod:`tiny_llm.results.critical` has the formulas):
 
-* :func:`critical_batch`: the mean loss (and its standard error over the seeds) of each batch size,
-  the best of them, and the critical batch size: the largest batch whose mean loss is within ε of
-  the best (``loss ≤ (1 + ε) · best``), with its interval on the grid, [B*, the next batch size)
-  (open above when B* is the grid's largest: the critical batch size is at least B*).
-* :func:`cbs_tables`: ``cbs.csv`` (one row per checkpoint: B*, its interval, and B_simple and B_noise
-  with their standard errors from the experiment's analysis at the same checkpoint, in sequences and
-  in tokens) and ``branches.csv`` (one row per checkpoint and batch size).
-* :func:`draw_cbs`: the figure: held-out loss against batch size per checkpoint, and B*, B_simple
-  and B_noise against training tokens.
+* ``cbs.csv``, one row per checkpoint:
+  * B* by Merrill et al.'s rule, with the interval the data leave it;
+  * B_crit fitted as McCandlish et al. define it, with its bootstrap interval;
+  * the B* that B_noise predicts through McCandlish's model;
+  * B_simple and B_noise from the experiment's analysis at the same checkpoint;
+  * the older relative rule (within (1 + ε) × the best loss), under its own name.
+  Sizes are in sequences, and the main ones in tokens too.
+* ``branches.csv``: one row per checkpoint and batch size.
+* ``fits.csv``: the fit at each target loss.
+* ``curves.csv``: every branch's held-out loss at each point.
+* :func:`draw_cbs`: the figure.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import pandas as pd
+from tiny_llm.results.critical import fit_critical_batch, merrill_rule, noise_scale_prediction
 
-from tiny_llm.results.drawing import COLUMN, RC, engineering
+__all__ = [
+    "BRANCH_COLUMNS",
+    "CBS_COLUMNS",
+    "CURVE_COLUMNS",
+    "FIT_COLUMNS",
+    "TARGETS",
+    "cbs_tables",
+    "relative_rule",
+]
 
-__all__ = ["BRANCH_COLUMNS", "CBS_COLUMNS", "cbs_tables", "critical_batch", "draw_cbs"]
-
+TARGETS = (0.5, 0.75, 1.0)
+"""Target losses of the B_crit fit, as fractions of the drop from the checkpoint's loss to the
+highest final loss of any batch size (so that every batch size reaches every target); the headline
+fit is at the last."""
+SIZES = ("cbs", "cbs_high", "b_crit", "b_crit_low", "b_crit_high", "b_noise_cbs", "b_simple", "b_noise")
+"""The sizes that ``cbs.csv`` also gives in tokens (``<name>_tokens``)."""
 CBS_COLUMNS = [
     "checkpoint",
     "step",
     "tokens",
-    "best_batch",
-    "best_loss",
+    "start_loss",
+    "base_batch",
     "cbs",
-    "cbs_upper",
+    "cbs_point",
+    "cbs_low",
+    "cbs_high",
+    "b_crit",
+    "b_crit_low",
+    "b_crit_high",
+    "b_crit_target",
+    "b_noise_cbs",
+    "b_noise_cbs_grid",
+    "case",
     "b_simple",
     "b_simple_se",
     "b_noise",
     "b_noise_se",
-    "cbs_tokens",
-    "cbs_upper_tokens",
-    "b_simple_tokens",
-    "b_simple_se_tokens",
-    "b_noise_tokens",
-    "b_noise_se_tokens",
+    "relative_cbs",
+    *(f"{name}_tokens" for name in SIZES),
 ]
-"""``cbs.csv``: sizes in sequences, then the same in tokens (× the sequence length); ``cbs_upper``
-blank when the critical batch size is the grid's largest batch (it is at least that)."""
+"""``cbs.csv``: ``cbs_high`` blank when the data cannot bound B* from above within the grid;
+``b_crit*`` blank when no target is reached by every batch size, ``inf`` when the tokens needed do
+not grow with the batch."""
 BRANCH_COLUMNS = [
     "checkpoint",
-    "tokens",
     "batch_size",
     "batch_tokens",
     "steps",
@@ -62,161 +79,119 @@ BRANCH_COLUMNS = [
     "seeds",
     "loss",
     "loss_se",
+    "difference",
+    "difference_half_width",
     "within",
 ]
-"""``branches.csv``: the mean held-out loss of each batch size over its data-order seeds, its
-standard error (blank with one seed) and whether it is within ε of the best."""
+"""``branches.csv``: the mean held-out loss of each batch size over its seeds and its standard
+error; for the batches from the base batch up, the largest paired difference from a smaller one
+with its confidence half-width, and whether its upper bound is within ε."""
+FIT_COLUMNS = ["checkpoint", "target_loss", "e_min", "b_crit", "b_crit_low", "b_crit_high", "tokens_needed"]
+"""``fits.csv``: ``tokens_needed`` lists E(B) for the grid's batch sizes, ascending."""
+CURVE_COLUMNS = ["checkpoint", "batch_size", "seed", "tokens", "loss"]
+
+
+def relative_rule(means: dict[int, float], epsilon: float) -> int:
+    """The largest batch whose mean loss is within (1 + ε) × the best of the grid (this project's
+    earlier rule; not Merrill et al.'s)."""
+    best = min(means.values())
+    return max(b for b, m in means.items() if m <= (1 + epsilon) * best)
 
 
 def _mean_se(values: list[float]) -> tuple[float, float | None]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, math.sqrt(variance / len(values))
+    mean = float(np.mean(values))
+    return mean, (float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else None)
 
 
-def critical_batch(losses: dict[int, list[float]], epsilon: float) -> dict[str, Any]:
-    """The critical batch size of one checkpoint from ``losses`` (batch size → held-out loss of
-    each seed): ``means``, ``errors``, ``best_batch``, ``best_loss``, ``within`` (the batch sizes
-    within ε of the best), ``cbs`` and ``cbs_upper`` (None at the grid's top)."""
-    grid = sorted(losses)
-    means, errors = {}, {}
-    for batch in grid:
-        means[batch], errors[batch] = _mean_se(losses[batch])
-    best_batch = min(grid, key=lambda b: means[b])
-    within = [b for b in grid if means[b] <= (1 + epsilon) * means[best_batch]]
-    cbs = max(within)
-    upper = next((b for b in grid if b > cbs), None)
-    return {
-        "means": means,
-        "errors": errors,
-        "best_batch": best_batch,
-        "best_loss": means[best_batch],
-        "within": within,
-        "cbs": cbs,
-        "cbs_upper": upper,
-    }
-
-
-def _cell(value: Any) -> Any:
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else value
-
-
-def _noise_scales(summary: pd.DataFrame, checkpoint: str, case: str) -> dict[str, float | None]:
+def _noise_scales(summary: Any, checkpoint: str, case: str) -> dict[str, float | None]:
     row = summary[(summary["file"] == f"{checkpoint}.safetensors") & (summary["case"] == case)]
     names = ("b_simple", "b_simple_se", "b_noise", "b_noise_se")
     if row.empty:
         return dict.fromkeys(names)
-    return {name: None if pd.isna(row.iloc[0][name]) else float(row.iloc[0][name]) for name in names}
+    return {name: None if row.iloc[0][name] != row.iloc[0][name] else float(row.iloc[0][name]) for name in names}
+
+
+def _targets(record: dict[str, Any], means: dict[int, float]) -> list[float]:
+    start, reached = record["start_loss"], max(means.values())
+    return [start - f * (start - reached) for f in TARGETS] if reached < start else []
+
+
+def checkpoint_rows(record: dict[str, Any], scales: dict[str, float | None], epsilon: float, base: int) -> dict:
+    """One checkpoint's answers: its ``cbs.csv`` row (sizes in sequences), branch rows and fits."""
+    losses: dict[int, dict[int, float]] = {}
+    curves: dict[int, dict[int, list[tuple[float, float]]]] = {}
+    for branch in record["branches"]:
+        losses.setdefault(branch["batch_size"], {})[branch["seed"]] = branch["loss"]
+        curves.setdefault(branch["batch_size"], {})[branch["seed"]] = [tuple(p) for p in branch["curve"]]
+    grid = sorted(losses)
+    stats = {b: _mean_se(list(losses[b].values())) for b in grid}
+    means = {b: stats[b][0] for b in grid}
+    merrill = merrill_rule(losses, base, epsilon)
+    fits = fit_critical_batch(curves, _targets(record, means))
+    headline = next((f for f in reversed(fits) if f["b_crit"] is not None), None)
+    predicted = {"cbs": None, "cbs_grid": None}
+    if scales["b_noise"] is not None:
+        smallest = [(t, float(np.mean([c[i][1] for c in curves[grid[0]].values()]))) for i, (t, _) in
+                    enumerate(next(iter(curves[grid[0]].values())))]  # fmt: skip
+        predicted = noise_scale_prediction(smallest, grid[0], base, scales["b_noise"], epsilon, grid)
+    row = {
+        **{k: record[k] for k in ("checkpoint", "step", "tokens", "start_loss")},
+        "base_batch": base,
+        **{k: merrill[k] for k in ("cbs", "cbs_point", "cbs_low", "cbs_high")},
+        "b_crit": headline and headline["b_crit"],
+        "b_crit_low": headline and headline["low"],
+        "b_crit_high": headline and headline["high"],
+        "b_crit_target": headline and headline["target"],
+        "b_noise_cbs": predicted["cbs"],
+        "b_noise_cbs_grid": predicted["cbs_grid"],
+        **scales,
+        "relative_cbs": relative_rule(means, epsilon),
+    }
+    branches = []
+    for batch in grid:
+        first = next(b for b in record["branches"] if b["batch_size"] == batch)
+        worst = merrill["worst"].get(batch)
+        branches.append(
+            {
+                "checkpoint": record["checkpoint"], "batch_size": batch, "steps": first["steps"], "lr": first["lr"],
+                "seeds": len(losses[batch]), "loss": stats[batch][0], "loss_se": stats[batch][1],
+                "difference": worst and worst[0], "difference_half_width": worst and worst[1],
+                "within": None if worst is None else worst[0] + worst[1] <= epsilon,
+            }
+        )  # fmt: skip
+    return {"row": row, "branches": branches, "fits": fits, "curves": curves}
 
 
 def cbs_tables(
-    records: list[dict[str, Any]], summary: pd.DataFrame, case: str, epsilon: float, seq_len: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The rows of ``cbs.csv`` and ``branches.csv`` from the branch records (one per checkpoint:
-    ``checkpoint``, ``step``, ``tokens`` and ``branches``, each with ``batch_size``, ``seed``,
-    ``steps``, ``lr`` and ``loss``) and the analysis's summary rows of ``case``."""
-    cbs_rows, branch_rows = [], []
+    records: list[dict[str, Any]], summary: Any, case: str, epsilon: float, seq_len: int, base: int
+) -> dict[str, list[dict[str, Any]]]:
+    """The rows of ``cbs.csv``, ``branches.csv``, ``fits.csv`` and ``curves.csv`` from the branch
+    records (:func:`~tiny_llm.training.branches.measure_branches`) and the analysis's summary rows
+    of ``case``; ``base`` is the base run's batch size."""
+    tables: dict[str, list[dict[str, Any]]] = {"cbs": [], "branches": [], "fits": [], "curves": []}
     for record in sorted(records, key=lambda r: r["step"]):
-        losses: dict[int, list[float]] = {}
-        for branch in record["branches"]:
-            losses.setdefault(branch["batch_size"], []).append(branch["loss"])
-        found = critical_batch(losses, epsilon)
-        scales = _noise_scales(summary, record["checkpoint"], case)
-        tokens = {f"{k}_tokens": None if v is None else v * seq_len for k, v in scales.items()}
-        upper = found["cbs_upper"]
-        cbs_rows.append(
-            {
-                "checkpoint": record["checkpoint"],
-                "step": record["step"],
-                "tokens": record["tokens"],
-                "best_batch": found["best_batch"],
-                "best_loss": found["best_loss"],
-                "cbs": found["cbs"],
-                "cbs_upper": upper,
-                **scales,
-                "cbs_tokens": found["cbs"] * seq_len,
-                "cbs_upper_tokens": None if upper is None else upper * seq_len,
-                **tokens,
-            }
-        )
-        for batch in sorted(losses):
-            first = next(b for b in record["branches"] if b["batch_size"] == batch)
-            branch_rows.append(
+        found = checkpoint_rows(record, _noise_scales(summary, record["checkpoint"], case), epsilon, base)
+        row = {**found["row"], "case": case}
+        row.update({f"{n}_tokens": None if row[n] is None else row[n] * seq_len for n in SIZES})
+        tables["cbs"].append(row)
+        tables["branches"] += [{**b, "batch_tokens": b["batch_size"] * seq_len} for b in found["branches"]]
+        for fit in found["fits"]:
+            tables["fits"].append(
                 {
-                    "checkpoint": record["checkpoint"],
-                    "tokens": record["tokens"],
-                    "batch_size": batch,
-                    "batch_tokens": batch * seq_len,
-                    "steps": first["steps"],
-                    "lr": first["lr"],
-                    "seeds": len(losses[batch]),
-                    "loss": found["means"][batch],
-                    "loss_se": found["errors"][batch],
-                    "within": batch in found["within"],
+                    "checkpoint": record["checkpoint"], "target_loss": fit["target"], "e_min": fit["e_min"],
+                    "b_crit": fit["b_crit"], "b_crit_low": fit["low"], "b_crit_high": fit["high"],
+                    "tokens_needed": " ".join(f"{t:.6g}" for t in fit["tokens"] or []),
                 }
-            )
-    return [{k: _cell(r[k]) for k in CBS_COLUMNS} for r in cbs_rows], [
-        {k: _cell(r[k]) for k in BRANCH_COLUMNS} for r in branch_rows
-    ]
+            )  # fmt: skip
+        for batch, seeds in found["curves"].items():
+            for seed, curve in seeds.items():
+                tables["curves"] += [
+                    {"checkpoint": record["checkpoint"], "batch_size": batch, "seed": seed, "tokens": t, "loss": loss}
+                    for t, loss in curve
+                ]
+    columns = {"cbs": CBS_COLUMNS, "branches": BRANCH_COLUMNS, "fits": FIT_COLUMNS, "curves": CURVE_COLUMNS}
+    return {name: [{k: _cell(r.get(k)) for k in columns[name]} for r in rows] for name, rows in tables.items()}
 
 
-def draw_cbs(
-    cbs: pd.DataFrame,
-    branches: pd.DataFrame,
-    outputs: list[str | Path],
-    title: str,
-    epsilon: float,
-    bottom: int | None = None,
-) -> None:
-    """Left: each checkpoint's held-out loss against the batch size (tokens), ±1 standard error over
-    the seeds, the critical batch size ringed. Right: the critical batch size (its grid interval as a
-    bar; an arrow where it is the grid's top), B_simple and B_noise (±1 standard error) against the
-    checkpoint's training tokens, all in tokens. ``bottom``: the grid's smallest batch (sequences),
-    whose critical batch size lies anywhere below the next (default: the smallest found)."""
-    with plt.rc_context(RC):
-        fig, (left, right) = plt.subplots(1, 2, figsize=(2 * COLUMN[0], COLUMN[1]))
-        for index, (checkpoint, rows) in enumerate(branches.groupby("checkpoint", sort=False)):
-            colour = f"C{index % 10}"
-            tokens = engineering(float(rows["tokens"].iloc[0]))
-            left.errorbar(
-                rows["batch_tokens"], rows["loss"], yerr=rows["loss_se"].fillna(0), color=colour, marker="o",
-                capsize=2, label=f"from {tokens} tokens",
-            )  # fmt: skip
-            star = cbs[cbs["checkpoint"] == checkpoint]["cbs_tokens"].iloc[0]
-            chosen = rows[rows["batch_tokens"] == star]
-            left.plot(chosen["batch_tokens"], chosen["loss"], "o", ms=8, mfc="none", color=colour)
-        left.set_xscale("log", base=2)
-        left.set_xlabel("branch batch (tokens)")
-        left.set_ylabel("held-out loss after the budget")
-        left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
-        x = cbs["tokens"].astype(float)
-        upper = cbs["cbs_upper_tokens"].astype(float)
-        at_top = upper.isna()
-        right.vlines(x, cbs["cbs_tokens"], upper.fillna(cbs["cbs_tokens"] * 2), color="k", lw=3, alpha=0.3,
-                     label="its interval on the grid")  # fmt: skip
-        right.plot(x, cbs["cbs_tokens"], "ks", label=f"critical batch (measured, ε = {epsilon:g})")
-        at_bottom = cbs["cbs"] == (cbs["cbs"].min() if bottom is None else bottom)
-        if at_top.any():
-            right.plot(x[at_top], cbs["cbs_tokens"][at_top] * 2, "k^", label="grid top: at least its largest")
-        if at_bottom.any():
-            right.plot(x[at_bottom], cbs["cbs_tokens"][at_bottom] / 2, "kv", label="grid bottom: below the next")
-        for name, marker, colour in (("b_simple", "o", "C1"), ("b_noise", "D", "C2")):
-            values = cbs[f"{name}_tokens"].astype(float)
-            right.errorbar(
-                x, values, yerr=cbs[f"{name}_se_tokens"].astype(float).fillna(0), fmt=marker, color=colour,
-                capsize=2, label={"b_simple": "B_simple", "b_noise": "B_noise"}[name],
-            )  # fmt: skip
-        right.set_yscale("log")
-        right.set_xlabel("training tokens at the checkpoint")
-        right.set_ylabel("batch size (tokens)")
-        right.xaxis.set_major_formatter(plt.FuncFormatter(engineering))
-        right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
-        fig.subplots_adjust(wspace=0.35)
-        fig.suptitle(title, fontsize=7, color="0.3", x=0.01, ha="left")
-        for path in map(Path, outputs):
-            staging = path.with_name(f".{path.stem}.tmp{path.suffix}")
-            fig.savefig(staging, bbox_inches="tight")
-            staging.replace(path)
-        plt.close(fig)
+def _cell(value: Any) -> Any:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else value

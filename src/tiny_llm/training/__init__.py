@@ -15,10 +15,12 @@ __all__, __getattr__ = exports(
         "tiny_llm.training.schedule": ["learning_rate"],
         "tiny_llm.training.branches": [
             "branch_overrides",
+            "branch_region",
             "held_out_blocks",
             "held_out_loss",
             "load_start",
             "lr_factor",
+            "measure_branches",
             "state_path",
         ],
     },

@@ -17,15 +17,17 @@ from typing import Any, Literal
 
 from tiny_llm.config import RunConfig, config_from_dict
 from tiny_llm.data.tokens import TokenCache, unseen_plan
-from tiny_llm.layout import state_file
+from tiny_llm.layout import epoch_stem, state_file
 from tiny_llm.training.schedule import learning_rate
 
 __all__ = [
     "BRANCH_EPOCHS",
     "branch_overrides",
+    "branch_region",
     "held_out_blocks",
     "held_out_loss",
     "load_start",
+    "measure_branches",
     "lr_factor",
     "state_path",
 ]
@@ -44,17 +46,36 @@ def lr_factor(rule: Literal["auto", "sqrt", "linear", "none"], optimizer: str, r
     return {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}[rule]
 
 
+def branch_region(parent: RunConfig, epoch: int, tokens: int, region: int) -> int:
+    """The training-stream position where a branch from virtual epoch ``epoch`` starts reading: the
+    first whole shuffle group after everything the parent read by then, plus ``region`` regions of
+    whole groups that hold ``tokens`` each. Each data seed of an experiment reads its own region, so
+    seeds draw different sequences (the same ones at every batch size), and no branch reads a
+    sequence the parent trained on before the branch point."""
+    G, T = parent.data.shuffle_group_blocks, parent.data.seq_len
+    read = parent.data.stream_offset + epoch * parent.steps_per_epoch * parent.training.batch_size
+    return _round_up(read, G) + region * _round_up(tokens // T, G)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
 def branch_overrides(
-    parent: RunConfig, state: str, epoch: int, batch_size: int, tokens: int, data_seed: int, rule: str
+    parent: RunConfig, state: str, epoch: int, batch_size: int, tokens: int, data: tuple[int, int], rule: str
 ) -> dict[str, Any]:
     """The ``section.key`` overrides that make the parent's configuration a branch from its state
     at the end of virtual epoch ``epoch`` (file ``state``): ``batch_size`` sequences per step for
     ``tokens`` training tokens, at the learning rate the parent's schedule gives its next step
-    times :func:`lr_factor`, held constant; the data seed ``data_seed``; final.pt only."""
+    (the rate after warm-up when that step is still in it) times :func:`lr_factor`, held constant;
+    ``data`` = (data seed, region: see :func:`branch_region`); root weights at each of its
+    :data:`BRANCH_EPOCHS` saves (the loss curve) and final.pt."""
     tc = parent.training
     total = parent.local_steps_per_epoch * tc.epochs
-    lr = learning_rate(min(epoch * parent.local_steps_per_epoch, total - 1), total, parent)
+    step = max(epoch * parent.local_steps_per_epoch, tc.warmup_steps)
+    lr = learning_rate(min(step, total - 1), total, parent)
     steps = tokens // (batch_size * parent.data.seq_len)
+    data_seed, region = data
     return {
         "training.init_from": state,
         "training.batch_size": batch_size,
@@ -64,10 +85,10 @@ def branch_overrides(
         "training.lr": lr * lr_factor(rule, tc.optimizer, batch_size / tc.batch_size),
         "training.lr_schedule": "constant",
         "training.warmup_steps": 0,
-        "training.checkpoint_policy": "final",
+        "training.checkpoint_policy": "interval",
         "training.keep_states": [],
         "data.seed": data_seed,
-        "data.stream_offset": parent.data.stream_offset + epoch * parent.steps_per_epoch * tc.batch_size,
+        "data.stream_offset": branch_region(parent, epoch, tokens, region),
     }
 
 
@@ -115,18 +136,22 @@ def held_out_blocks(parent: RunConfig, sequences: int) -> list[int]:
     return blocks[:sequences]
 
 
-def held_out_loss(final: str | Path, config: RunConfig, blocks: list[int], device: str = "cpu") -> float:
-    """The token-mean loss of a run's final weights on the cache blocks ``blocks``, in float64 on
-    the CPU and float32 on a GPU, ``training.micro_batch_size`` sequences at a time."""
+def held_out_loss(weights: str | Path, config: RunConfig, blocks: list[int], device: str = "cpu") -> float:
+    """The token-mean loss of a run's weights (a training state such as final.pt or state-NNN.pt,
+    or root weights epoch-NNN.safetensors) on the cache blocks ``blocks``, in float64 on the CPU
+    and float32 on a GPU, ``training.micro_batch_size`` sequences at a time."""
     import torch  # not for the planner
 
     from tiny_llm.architectures import build_model
     from tiny_llm.model.causal import token_losses
-    from tiny_llm.model.checkpoint import load_train_state
+    from tiny_llm.model.checkpoint import load_model_weights, load_train_state
 
     dtype = torch.float64 if device == "cpu" else torch.float32
     model = build_model(config.model, attention_backend="reference")
-    model.load_state_dict(load_train_state(final)["model"], strict=True)
+    if str(weights).endswith(".safetensors"):
+        load_model_weights(model, weights)
+    else:
+        model.load_state_dict(load_train_state(weights)["model"], strict=True)
     model = model.to(device=device, dtype=dtype).eval()
     tokens = TokenCache(config.data.cache).tokens(blocks).to(device)
     total, size = 0.0, config.training.micro_batch_size
@@ -135,6 +160,26 @@ def held_out_loss(final: str | Path, config: RunConfig, blocks: list[int], devic
             chunk = tokens[start : start + size]
             total += float(token_losses(model(chunk[:, :-1]), chunk[:, 1:]).double().sum())
     return total / (len(tokens) * (tokens.shape[1] - 1))
+
+
+def measure_branches(spec: dict[str, Any]) -> dict[str, Any]:
+    """The record of one checkpoint's branches (``spec``: :meth:`~tiny_llm.campaign.cbs.CbsPlan.evaluation`):
+    the held-out loss of the parent's state there (``start_loss``), and of every branch at each of
+    its saved points, ``curve`` = [[0, start_loss], [tokens, loss], …] up to its budget (``loss``:
+    the last)."""
+    base = config_from_dict(spec["base"])
+
+    def loss(weights: str) -> float:
+        return held_out_loss(weights, base, spec["blocks"], spec["device"])
+
+    start, budget, branches = loss(spec["state"]), spec["token_budget"], []
+    for run, info in spec["branches"].items():
+        points = info["points"]
+        curve = [[0, start]]
+        curve += [[k * budget // points, loss(f"runs/{run}/{epoch_stem(k)}.safetensors")] for k in range(1, points + 1)]
+        branches.append({"run": run, **info, "loss": curve[-1][1], "curve": curve})
+    record = {key: spec[key] for key in ("checkpoint", "step", "tokens", "token_budget")}
+    return {**record, "start_loss": start, "eval_sequences": len(spec["blocks"]), "branches": branches}
 
 
 def state_path(run_dir: str | Path, epoch: int) -> str:

@@ -16,13 +16,13 @@ from tiny_llm.campaign.workflow import WorkflowPlan
 RUN = {
     "model": {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "max_seq_len": 16},
     "data": {"cache": "cache/cbs", "seq_len": 16, "shuffle_group_blocks": 4},
-    "training": {"batch_size": 4, "micro_batch_size": 2, "tokens": 4 * 16 * 4 * 4, "epochs": 4, "lr": 0.01},
+    "training": {"batch_size": 4, "micro_batch_size": 2, "tokens": 4 * 16 * 16 * 4, "epochs": 4, "lr": 0.01},
 }
 ENTRY = {
     "config": "run.yaml",
     "checkpoints": [2, 1],
     "batch_sizes": [2, 4, 8],
-    "token_budget": 8 * 16 * 2,
+    "token_budget": 4 * 8 * 16,
     "eval_sequences": 16,
 }
 
@@ -45,20 +45,24 @@ def test_an_experiment_is_a_base_run_its_branches_and_an_analysis(project):
     assert runs["x-base"]["set"] == {"training.checkpoint_policy": "interval", "training.keep_states": [1, 2]}
     branch = runs["x-e002-b8-s6"]["set"]
     assert branch["training.init_from"] == "runs/x-base/state-002.pt" and branch["data.seed"] == 6
-    assert branch["training.batch_size"] == 8 and branch["data.stream_offset"] == 2 * 4 * 4
+    # seed 6 reads the second region of whole shuffle groups after the 2 × 16 × 4 sequences trained
+    assert branch["training.batch_size"] == 8 and branch["data.stream_offset"] == 2 * 16 * 4 + 32
+    assert runs["x-e002-b2-s5"]["set"]["data.stream_offset"] == 2 * 16 * 4  # every batch size: the same region
     assert parent_receipt(runs, "x-e002-b8-s6") == ["runs/x-base/trained.json"] and parent_receipt(runs, "x-base") == []
     assert config["analyses"]["x"] == {
         "run": "runs/x-base",
         "checkpoints": ["epoch-001.safetensors", "epoch-002.safetensors"],
-        "cases": ["seen"],
+        "cases": ["unseen"],
         "settings": {},
     }
     steps = {info["batch_size"]: info["steps"] for info in plan.branches[1].values()}
-    assert steps == {2: 8, 4: 4, 8: 2}
+    assert steps == {2: 16, 4: 8, 8: 4}
+    assert {info["points"] for info in plan.branches[1].values()} == {4}  # a loss at every quarter
     rates = {info["batch_size"]: info["lr"] for info in plan.branches[1].values()}
     assert rates[8] == pytest.approx(rates[2] * 2)  # Adam: √(8/2)
     spec = plan.evaluation("epoch-001", "cpu")
-    assert (spec["step"], spec["tokens"], len(spec["blocks"])) == (4, 4 * 4 * 16, 16)
+    assert (spec["step"], spec["tokens"], len(spec["blocks"])) == (16, 16 * 4 * 16, 16)
+    assert spec["state"] == "runs/x-base/state-001.pt" and spec["token_budget"] == 512
     assert plan.receipts("epoch-002")[0] == "runs/x-e002-b2-s5/trained.json"
 
 
@@ -71,8 +75,14 @@ def test_the_plan_runs_it_prices_it_and_targets_its_table(project):
         targets
     )
     line = next(line for line in plan.costs.cost_lines() if line.startswith("cbs experiment x"))
-    assert "2 checkpoints × 3 batch sizes (2, 4, 8 sequences) × 3 data-order seeds = 18 branch runs" in line
-    assert "of 256 tokens (4,608 tokens in all, 4.5 × the base run's 1,024)" in line
+    assert "2 checkpoints × 3 batch sizes (2, 4, 8 sequences) × 3 data seeds = 18 branch runs" in line
+    assert "of 512 tokens (9,216 tokens in all, 2.25 × the base run's 4,096), 16 to 4 steps" in line
+    assert "(Adam's memory 1/(1 − β2): 20 steps)" in line and "case unseen" in line
+    (warning,) = [line for line in plan.costs.cost_lines() if line.startswith("warning: ")]
+    assert warning.startswith("warning: cbs_experiments.x.token_budget: the largest batch's branches train 4 steps")
+    assert warning.endswith("raise token_budget to 7,680 or more")  # 60 steps of 8, whole quarters of 8
+    forgetful = WorkflowPlan(_config(set={"training.beta2": 0.2}))  # a memory of 1.25 steps
+    assert not [line for line in forgetful.costs.cost_lines() if line.startswith("warning: ")]
 
 
 @pytest.mark.parametrize(
@@ -83,9 +93,10 @@ def test_the_plan_runs_it_prices_it_and_targets_its_table(project):
         ({"data_seeds": [1, 1]}, "cbs_experiments.x.data_seeds: list one or more distinct data orders"),
         ({"checkpoints": []}, "cbs_experiments.x.checkpoints: list one or more epochs to branch from"),
         ({"checkpoints": [4]}, "cbs_experiments.x.checkpoints: epoch 4 is not one to branch from"),
-        ({"token_budget": 100}, "cbs_experiments.x.token_budget: 100 is not a whole number of steps"),
-        ({"token_budget": 8 * 16 * 8}, "cbs_experiments.x.token_budget: branches from epoch 2 would read 96 sequences"),
-        ({"eval_sequences": 17}, "cbs_experiments.x.eval_sequences: 17 held-out sequences asked for"),
+        ({"token_budget": 256}, "cbs_experiments.x.token_budget: 256 is not a whole number of quarters"),
+        ({"token_budget": 4 * 8 * 16 * 2}, "3 data seeds of 1024 tokens each from epoch 2 would read to sequence 320"),
+        ({"batch_sizes": [1, 2]}, "cbs_experiments.x.batch_sizes: [1, 2] leaves out the base run's batch 4"),
+        ({"eval_sequences": 65}, "cbs_experiments.x.eval_sequences: 65 held-out sequences asked for"),
         ({"lr_rule": "cubic"}, "cbs_experiments.x.lr_rule"),
         ({"epsilon": 0}, "cbs_experiments.x.epsilon"),
         ({"seeds": [1]}, "unknown key cbs_experiments.x.seeds"),

@@ -150,3 +150,25 @@ def test_reattaching_cancels_queued_work_awaits_results_and_waits_for_the_rest(c
     assert "Cancelled 1 queued Slurm job(s) of an earlier controller (1)" in err
     assert "Re-attached to 1 running Slurm job(s) of an earlier controller (2)" in err
     assert "Waiting for Slurm job 3 of an earlier controller" in err
+
+
+def test_the_workflow_awaits_only_what_an_earlier_running_job_writes(monkeypatch, tmp_path):
+    """The stand-in rules' input functions: the ordinary input where a running job of an earlier
+    controller writes the output (and its id), else a file no rule makes; a dry run looks nothing up."""
+    from types import SimpleNamespace
+
+    from tiny_llm.campaign.slurm_jobs import NOT_AWAITED, Reattachment
+
+    monkeypatch.chdir(tmp_path)
+    queue = f"7|RUNNING|{tmp_path}"
+    slurm = FakeSlurm(queue=queue, scripts={"7": SCRIPT.replace("analysis=a", "analysis=b")})
+    controller = SimpleNamespace(is_main_process=True, local_exec=False, dryrun=False)
+    earlier = Reattachment(controller, ["b"], runner=slurm)
+    wildcards = SimpleNamespace(analysis="b", key="k1", case="seen")
+    assert earlier.when_awaited("states", lambda w: "ckpt")(wildcards) == "ckpt"
+    assert earlier.earlier_job("states")(wildcards) == "7"
+    other = SimpleNamespace(analysis="b", key="k2", case="seen")
+    assert earlier.when_awaited("states", lambda w: "ckpt")(other) == NOT_AWAITED
+    assert earlier.earlier_job("states")(other) == ""
+    dry = Reattachment(SimpleNamespace(is_main_process=True, local_exec=False, dryrun=True), ["b"], runner=slurm)
+    assert dry.jobs == [] and dry.awaited == {}

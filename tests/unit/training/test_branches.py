@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tiny_llm.config import apply_overrides, config_from_dict, config_to_dict
-from tiny_llm.data.tokens import TokenCache, capacity_blocks, unseen_plan
+from tiny_llm.data.tokens import TokenCache, capacity_blocks, epoch_plan, unseen_plan
 from tiny_llm.model.causal import token_losses
 from tiny_llm.model.checkpoint import load_train_state
 from tiny_llm.model.llama import Llama
@@ -17,13 +17,14 @@ from tiny_llm.training.branches import (
     held_out_blocks,
     held_out_loss,
     lr_factor,
+    measure_branches,
     state_path,
 )
 from tiny_llm.training.loop import train
 
 
-def _branch(parent, epoch, batch_size, tokens, seed, run_dir, rule="auto"):
-    overrides = branch_overrides(parent, state_path(run_dir, epoch), epoch, batch_size, tokens, seed, rule)
+def _branch(parent, epoch, batch_size, tokens, seed, run_dir, rule="auto", region=0):
+    overrides = branch_overrides(parent, state_path(run_dir, epoch), epoch, batch_size, tokens, (seed, region), rule)
     return config_from_dict(apply_overrides(config_to_dict(parent), [f"{k}={v}" for k, v in overrides.items()]))
 
 
@@ -68,7 +69,7 @@ def test_a_killed_branch_resumes_to_the_same_files(parent, tmp_path):
 def test_learning_rate_rules(parent):
     assert lr_factor("auto", "adamw", 4) == 2 and lr_factor("auto", "sgd", 4) == 4
     assert lr_factor("sqrt", "sgd", 2) == math.sqrt(2) and lr_factor("none", "adamw", 8) == 1
-    wide = branch_overrides(parent, "s.pt", 2, 16, 16 * 8, 1, "auto")
+    wide = branch_overrides(parent, "s.pt", 2, 16, 16 * 8, (1, 0), "auto")
     assert wide["training.lr"] == pytest.approx(2 * parent.training.lr)
     assert wide["data.stream_offset"] == 24 and wide["training.epochs"] == 1
 
@@ -92,3 +93,50 @@ def test_held_out_loss_is_the_token_mean_loss_on_the_unseen_stream(parent, tmp_p
     assert held_out_loss(tmp_path / "parent" / "final.pt", parent, blocks) == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match="eval_sequences: 999 held-out sequences"):
         held_out_blocks(parent, 999)
+
+
+def _read(config):
+    """Every cache block a run trains on, in its order."""
+    return [int(b) for e in range(1, config.training.epochs + 1) for b in epoch_plan(config, e).blocks.reshape(-1)]
+
+
+def test_each_data_seed_reads_its_own_sequences_the_same_at_every_batch_size(make_config, tmp_path):
+    """Seeds draw different sequences (not only reorder them), every batch size of a seed reads the
+    same ones, and no branch reads what the parent trained on before the branch point, though the
+    branch point (5 sequences) is not a whole shuffle group (4)."""
+    parent = make_config(batch_size=5, micro_batch_size=5, epochs=4, tokens=5 * 8 * 2 * 4, warmup_steps=0)
+    trained = set(_read(parent)[:10])  # epoch 1: two steps of 5 sequences
+    seen = {}
+    for seed, region in ((11, 0), (12, 1)):
+        for batch in (1, 2, 4):
+            branch = _branch(parent, 1, batch, 4 * 8 * 4, seed, tmp_path, region=region)
+            assert branch.data.stream_offset == 12 + 16 * region  # 10 read, rounded up to groups of 4
+            seen.setdefault(seed, []).append(set(_read(branch)))
+    for seed, sets in seen.items():
+        assert all(s == sets[0] for s in sets) and len(sets[0]) == 16 and not sets[0] & trained, seed
+    assert not seen[11][0] & seen[12][0]
+
+
+def test_a_branch_from_warm_up_takes_the_rate_after_it(make_config):
+    config = make_config(epochs=3, tokens=4 * 8 * 3 * 3, warmup_steps=4, lr_schedule="constant")
+    overrides = branch_overrides(config, "s.pt", 0, 4, 4 * 8 * 4, (1, 0), "none")
+    assert overrides["training.lr"] == pytest.approx(config.training.lr)  # not the first warm-up step's
+    assert overrides["training.checkpoint_policy"] == "interval"
+
+
+def test_a_branch_record_holds_each_branch_loss_curve(parent, tmp_path, monkeypatch):
+    branch = _branch(parent, 1, 2, 4 * 2 * 8, 11, tmp_path / "parent")
+    monkeypatch.chdir(tmp_path)
+    train(branch, tmp_path / "runs" / "b")
+    blocks = held_out_blocks(parent, 4)
+    spec = {
+        "checkpoint": "epoch-001", "step": 3, "tokens": 96, "state": str(tmp_path / "parent" / "state-001.pt"),
+        "token_budget": 64, "base": config_to_dict(parent), "blocks": blocks, "device": "cpu",
+        "branches": {"b": {"batch_size": 2, "seed": 11, "steps": 4, "lr": 0.01, "points": 4}},
+    }  # fmt: skip
+    record = measure_branches(spec)
+    (curve,) = [b["curve"] for b in record["branches"]]
+    assert [t for t, _ in curve] == [0, 16, 32, 48, 64]
+    assert curve[0][1] == record["start_loss"] == held_out_loss(tmp_path / "parent" / "state-001.pt", parent, blocks)
+    assert curve[-1][1] == record["branches"][0]["loss"]
+    assert record["branches"][0]["loss"] == pytest.approx(held_out_loss(tmp_path / "runs/b/final.pt", parent, blocks))

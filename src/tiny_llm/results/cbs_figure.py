@@ -1,0 +1,105 @@
+"""The critical-batch figure: each checkpoint's held-out loss against the branch batch size (with
+the base batch and the ε band of Merrill et al.'s rule), and the three answers beside the noise
+scales over training (:mod:`tiny_llm.results.cbs` makes the tables it draws)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from tiny_llm.results.drawing import COLUMN, RC, engineering
+
+__all__ = ["draw_cbs"]
+
+
+def _losses(ax, cbs: pd.DataFrame, branches: pd.DataFrame, epsilon: float) -> None:
+    """Left: loss ±1 standard error per batch size, the ε band above the base batch's loss (over
+    the batches Merrill's rule compares), B* ringed, the base batch dotted."""
+    for index, (checkpoint, rows) in enumerate(branches.groupby("checkpoint", sort=False)):
+        colour, row = f"C{index % 10}", cbs[cbs["checkpoint"] == checkpoint].iloc[0]
+        ax.errorbar(
+            rows["batch_tokens"], rows["loss"], yerr=rows["loss_se"].astype(float).fillna(0), color=colour,
+            marker="o", ms=3, capsize=2, label=f"from {engineering(float(row['tokens']))} tokens",
+        )  # fmt: skip
+        base = rows[rows["batch_size"] == row["base_batch"]]
+        reference = float(base["loss"].iloc[0])
+        right = rows[rows["batch_size"] >= row["base_batch"]]["batch_tokens"]
+        ax.fill_between([right.min(), right.max()], reference, reference + epsilon, color=colour, alpha=0.12, lw=0)
+        chosen = rows[rows["batch_size"] == row["cbs"]]
+        ax.plot(chosen["batch_tokens"], chosen["loss"], "o", ms=8, mfc="none", color=colour)
+    base_tokens = float(branches[branches["batch_size"] == cbs["base_batch"].iloc[0]]["batch_tokens"].iloc[0])
+    ax.axvline(base_tokens, color="0.5", ls=":", lw=0.8, label="base batch")
+    ax.fill_between([], [], [], color="0.5", alpha=0.12, lw=0, label=f"ε = {epsilon:g} nats above it")
+    ax.plot([], [], "o", ms=8, mfc="none", color="0.3", label="B* (Merrill's rule)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("branch batch (tokens)")
+    ax.set_ylabel("held-out loss after the budget")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+
+
+def _finite(values: pd.Series, top: float) -> tuple[np.ndarray, np.ndarray]:
+    """Values as floats, infinite ones at ``top``; and where they were infinite."""
+    array = values.astype(float).to_numpy()
+    infinite = np.isinf(array)
+    return np.where(infinite, top, array), infinite
+
+
+def _answers(ax, cbs: pd.DataFrame) -> None:
+    """Right: B*'s interval (a bar; ▲ where the grid cannot bound it above), B_crit with its
+    bootstrap interval, the B* that B_noise predicts, and B_simple and B_noise ±1 standard error,
+    all in tokens, against the checkpoint's training tokens."""
+    x = cbs["tokens"].astype(float).to_numpy()
+    sizes = [cbs[c].astype(float) for c in cbs.columns if c.endswith("_tokens")]
+    finite = np.concatenate([s[np.isfinite(s)].to_numpy() for s in sizes])
+    top = 4 * finite.max() if finite.size else 1.0
+    high, unbounded = _finite(cbs["cbs_high_tokens"].astype(float).fillna(np.inf), top)
+    ax.vlines(x, cbs["cbs_tokens"].astype(float), high, color="k", lw=3, alpha=0.3, label="B*: where the data put it")
+    ax.plot(x, cbs["cbs_tokens"].astype(float), "ks", ms=4, label="B* (Merrill; interval's upper bound within ε)")
+    if unbounded.any():
+        ax.plot(x[unbounded], high[unbounded], "k^", ms=4, label="not bounded above by the grid")
+    crit, crit_inf = _finite(cbs["b_crit_tokens"], top)
+    low, _ = _finite(cbs["b_crit_low_tokens"], top)
+    upper, _ = _finite(cbs["b_crit_high_tokens"], top)
+    shown = ~np.isnan(crit)
+    ax.errorbar(
+        x[shown] * 1.03, crit[shown], yerr=[np.maximum(crit - low, 0)[shown], np.maximum(upper - crit, 0)[shown]],
+        fmt="o", color="C3", ms=4, capsize=2, label="B_crit (fit, bootstrap interval)",
+    )  # fmt: skip
+    if crit_inf.any():
+        ax.plot(x[crit_inf] * 1.03, crit[crit_inf], "^", color="C3", ms=5)
+    predicted, predicted_inf = _finite(cbs["b_noise_cbs_tokens"], top)
+    ax.plot(x * 0.97, predicted, "x", color="C2", ms=5, label="B* predicted from B_noise")
+    for name, marker, colour in (("b_simple", "v", "C1"), ("b_noise", "D", "C2")):
+        seq_len = cbs["cbs_tokens"].astype(float) / cbs["cbs"].astype(float)
+        error = (cbs[f"{name}_se"].astype(float) * seq_len).fillna(0)
+        ax.errorbar(
+            x, cbs[f"{name}_tokens"].astype(float), yerr=error, fmt=marker, color=colour, ms=3, capsize=2,
+            label={"b_simple": "B_simple", "b_noise": "B_noise"}[name], alpha=0.8,
+        )  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xlabel("training tokens at the checkpoint")
+    ax.set_ylabel("batch size (tokens)")
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(engineering))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+
+
+def draw_cbs(cbs: pd.DataFrame, branches: pd.DataFrame, outputs: list[str | Path], title: str, epsilon: float) -> None:
+    """The figure of ``cbs.csv`` and ``branches.csv`` (blank cells as None), written atomically to
+    each of ``outputs``."""
+    with plt.rc_context(RC):
+        fig, (left, right) = plt.subplots(1, 2, figsize=(2 * COLUMN[0], COLUMN[1]))
+        _losses(left, cbs, branches, epsilon)
+        _answers(right, cbs)
+        fig.subplots_adjust(wspace=0.35)
+        fig.suptitle(title, fontsize=7, color="0.3", x=0.01, ha="left")
+        for path in map(Path, outputs):
+            staging = path.with_name(f".{path.stem}.tmp{path.suffix}")
+            fig.savefig(staging, bbox_inches="tight")
+            staging.replace(path)
+        plt.close(fig)
