@@ -37,10 +37,10 @@ __all__ = [
     "relative_rule",
 ]
 
-TARGETS = (0.5, 0.75, 1.0)
+TARGETS = (0.25, 0.5, 0.75)
 """Target losses of the B_crit fit, as fractions of the drop from the checkpoint's loss to the
-highest final loss of any batch size (so that every batch size reaches every target); the headline
-fit is at the last."""
+lowest final mean loss of any batch size; each is fitted over the batch sizes that reach it. The
+headline fit (``cbs.csv``) is at the middle one."""
 SIZES = ("cbs", "cbs_high", "b_crit", "b_crit_low", "b_crit_high", "b_noise_cbs", "b_simple", "b_noise")
 """The sizes that ``cbs.csv`` also gives in tokens (``<name>_tokens``)."""
 CBS_COLUMNS = [
@@ -86,8 +86,17 @@ BRANCH_COLUMNS = [
 """``branches.csv``: the mean held-out loss of each batch size over its seeds and its standard
 error; for the batches from the base batch up, the largest paired difference from a smaller one
 with its confidence half-width, and whether its upper bound is within ε."""
-FIT_COLUMNS = ["checkpoint", "target_loss", "e_min", "b_crit", "b_crit_low", "b_crit_high", "tokens_needed"]
-"""``fits.csv``: ``tokens_needed`` lists E(B) for the grid's batch sizes, ascending."""
+FIT_COLUMNS = [
+    "checkpoint",
+    "target_loss",
+    "batch_sizes",
+    "tokens_needed",
+    "e_min",
+    "b_crit",
+    "b_crit_low",
+    "b_crit_high",
+]
+"""``fits.csv``: the batch sizes that reach the target and the tokens E(B) each needs."""
 CURVE_COLUMNS = ["checkpoint", "batch_size", "seed", "tokens", "loss"]
 
 
@@ -112,8 +121,8 @@ def _noise_scales(summary: Any, checkpoint: str, case: str) -> dict[str, float |
 
 
 def _targets(record: dict[str, Any], means: dict[int, float]) -> list[float]:
-    start, reached = record["start_loss"], max(means.values())
-    return [start - f * (start - reached) for f in TARGETS] if reached < start else []
+    start, best = record["start_loss"], min(means.values())
+    return [start - f * (start - best) for f in TARGETS] if best < start else []
 
 
 def checkpoint_rows(record: dict[str, Any], scales: dict[str, float | None], epsilon: float, base: int) -> dict:
@@ -128,7 +137,7 @@ def checkpoint_rows(record: dict[str, Any], scales: dict[str, float | None], eps
     means = {b: stats[b][0] for b in grid}
     merrill = merrill_rule(losses, base, epsilon)
     fits = fit_critical_batch(curves, _targets(record, means))
-    headline = next((f for f in reversed(fits) if f["b_crit"] is not None), None)
+    headline = fits[len(TARGETS) // 2] if fits and fits[len(TARGETS) // 2]["b_crit"] is not None else None
     predicted = {"cbs": None, "cbs_grid": None}
     if scales["b_noise"] is not None:
         smallest = [(t, float(np.mean([c[i][1] for c in curves[grid[0]].values()]))) for i, (t, _) in
@@ -180,6 +189,7 @@ def cbs_tables(
                 {
                     "checkpoint": record["checkpoint"], "target_loss": fit["target"], "e_min": fit["e_min"],
                     "b_crit": fit["b_crit"], "b_crit_low": fit["low"], "b_crit_high": fit["high"],
+                    "batch_sizes": " ".join(map(str, fit["batches"])),
                     "tokens_needed": " ".join(f"{t:.6g}" for t in fit["tokens"] or []),
                 }
             )  # fmt: skip

@@ -40,7 +40,7 @@ def _losses(ax, cbs: pd.DataFrame, branches: pd.DataFrame, epsilon: float) -> No
     ax.set_xscale("log", base=2)
     ax.set_xlabel("branch batch (tokens)")
     ax.set_ylabel("held-out loss after the budget")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1, frameon=False)
 
 
 def _finite(values: pd.Series, top: float) -> tuple[np.ndarray, np.ndarray]:
@@ -51,42 +51,42 @@ def _finite(values: pd.Series, top: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _answers(ax, cbs: pd.DataFrame) -> None:
-    """Right: B*'s interval (a bar; ▲ where the grid cannot bound it above), B_crit with its
-    bootstrap interval, the B* that B_noise predicts, and B_simple and B_noise ±1 standard error,
-    all in tokens, against the checkpoint's training tokens."""
-    x = cbs["tokens"].astype(float).to_numpy()
+    """Right: per checkpoint (one column each, labelled by its training tokens), B*'s interval (a
+    bar; ▲ where the grid cannot bound it above), B_crit with its bootstrap interval (▲ where it is
+    unbounded), the B* that B_noise predicts, and B_simple and B_noise ±1 standard error, in tokens."""
+    x = np.arange(len(cbs), dtype=float)
     sizes = [cbs[c].astype(float) for c in cbs.columns if c.endswith("_tokens")]
     finite = np.concatenate([s[np.isfinite(s)].to_numpy() for s in sizes])
     top = 4 * finite.max() if finite.size else 1.0
     high, unbounded = _finite(cbs["cbs_high_tokens"].astype(float).fillna(np.inf), top)
-    ax.vlines(x, cbs["cbs_tokens"].astype(float), high, color="k", lw=3, alpha=0.3, label="B*: where the data put it")
-    ax.plot(x, cbs["cbs_tokens"].astype(float), "ks", ms=4, label="B* (Merrill; interval's upper bound within ε)")
+    ax.vlines(x, cbs["cbs_tokens"].astype(float), high, color="k", lw=4, alpha=0.3, label="B*: where the data put it")
+    ax.plot(x, cbs["cbs_tokens"].astype(float), "ks", ms=4, label="B* (Merrill's rule)")
     if unbounded.any():
         ax.plot(x[unbounded], high[unbounded], "k^", ms=4, label="not bounded above by the grid")
-    crit, crit_inf = _finite(cbs["b_crit_tokens"], top)
+    crit, _ = _finite(cbs["b_crit_tokens"], top)
     low, _ = _finite(cbs["b_crit_low_tokens"], top)
-    upper, _ = _finite(cbs["b_crit_high_tokens"], top)
+    upper, upper_inf = _finite(cbs["b_crit_high_tokens"], top)
     shown = ~np.isnan(crit)
     ax.errorbar(
-        x[shown] * 1.03, crit[shown], yerr=[np.maximum(crit - low, 0)[shown], np.maximum(upper - crit, 0)[shown]],
-        fmt="o", color="C3", ms=4, capsize=2, label="B_crit (fit, bootstrap interval)",
+        x[shown] + 0.25, crit[shown], yerr=[np.maximum(crit - low, 0)[shown], np.maximum(upper - crit, 0)[shown]],
+        fmt="o", color="C3", ms=4, capsize=2, label="B_crit (fit; bootstrap interval, ▲ unbounded)",
     )  # fmt: skip
-    if crit_inf.any():
-        ax.plot(x[crit_inf] * 1.03, crit[crit_inf], "^", color="C3", ms=5)
-    predicted, predicted_inf = _finite(cbs["b_noise_cbs_tokens"], top)
-    ax.plot(x * 0.97, predicted, "x", color="C2", ms=5, label="B* predicted from B_noise")
-    for name, marker, colour in (("b_simple", "v", "C1"), ("b_noise", "D", "C2")):
-        seq_len = cbs["cbs_tokens"].astype(float) / cbs["cbs"].astype(float)
+    ax.plot(x[upper_inf & shown] + 0.25, upper[upper_inf & shown], "^", color="C3", ms=5)
+    predicted, _ = _finite(cbs["b_noise_cbs_tokens"], top)
+    ax.plot(x - 0.25, predicted, "x", color="C2", ms=6, label="B* that B_noise predicts")
+    seq_len = cbs["cbs_tokens"].astype(float) / cbs["cbs"].astype(float)
+    for name, marker, colour, shift in (("b_simple", "v", "C1", 0.45), ("b_noise", "D", "C2", 0.55)):
         error = (cbs[f"{name}_se"].astype(float) * seq_len).fillna(0)
         ax.errorbar(
-            x, cbs[f"{name}_tokens"].astype(float), yerr=error, fmt=marker, color=colour, ms=3, capsize=2,
-            label={"b_simple": "B_simple", "b_noise": "B_noise"}[name], alpha=0.8,
+            x + shift, cbs[f"{name}_tokens"].astype(float), yerr=error, fmt=marker, color=colour, ms=3, capsize=2,
+            label={"b_simple": "B_simple", "b_noise": "B_noise"}[name],
         )  # fmt: skip
     ax.set_yscale("log")
+    ax.set_xlim(-0.6, len(cbs) - 0.2)
+    ax.set_xticks(x + 0.15, [engineering(float(t)) for t in cbs["tokens"]])
     ax.set_xlabel("training tokens at the checkpoint")
     ax.set_ylabel("batch size (tokens)")
-    ax.xaxis.set_major_formatter(plt.FuncFormatter(engineering))
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1, frameon=False)
 
 
 def draw_cbs(cbs: pd.DataFrame, branches: pd.DataFrame, outputs: list[str | Path], title: str, epsilon: float) -> None:
@@ -96,7 +96,7 @@ def draw_cbs(cbs: pd.DataFrame, branches: pd.DataFrame, outputs: list[str | Path
         fig, (left, right) = plt.subplots(1, 2, figsize=(2 * COLUMN[0], COLUMN[1]))
         _losses(left, cbs, branches, epsilon)
         _answers(right, cbs)
-        fig.subplots_adjust(wspace=0.35)
+        fig.subplots_adjust(wspace=0.4)
         fig.suptitle(title, fontsize=7, color="0.3", x=0.01, ha="left")
         for path in map(Path, outputs):
             staging = path.with_name(f".{path.stem}.tmp{path.suffix}")

@@ -135,26 +135,31 @@ def fit_critical_batch(
     curves: Curves, targets: Sequence[float], resamples: int = 1000, confidence: float = 0.95, seed: int = 0
 ) -> list[dict]:
     """B_crit at each target loss: the tokens E(B) each batch's mean curve needs to reach it, fitted
-    by E(B) = E_min (1 + B / B_crit); its interval from resampling the seeds (paired across batch
-    sizes) with replacement. A target some batch never reaches has no fit (``b_crit`` None)."""
+    by E(B) = E_min (1 + B / B_crit) over the batch sizes that reach it (``batches``; three or more,
+    else no fit: ``b_crit`` None); its interval from resampling the seeds (paired across batch
+    sizes) with replacement, a resample in which one of them misses the target counting as ∞."""
     grid = sorted(curves)
     seeds = sorted(set.intersection(*(set(curves[b]) for b in grid)))
     rng = np.random.default_rng(seed)
-    draws = [list(seeds)] + [list(rng.choice(seeds, size=len(seeds))) for _ in range(resamples)]
+    draws = [list(rng.choice(seeds, size=len(seeds))) for _ in range(resamples)]
     fits = []
     for target in targets:
-        found = []
-        for drawn in draws:
-            need = [tokens_to_reach(mean_curve(curves[b], drawn), target) for b in grid]
-            found.append(None if any(n is None or n <= 0 for n in need) else (need, *_fit(grid, need)))
-        if found[0] is None:
-            fits.append({"target": target, "tokens": None, "e_min": None, "b_crit": None, "low": None, "high": None})
+        need = {b: tokens_to_reach(mean_curve(curves[b], seeds), target) for b in grid}
+        batches = [b for b in grid if need[b] is not None and need[b] > 0]
+        fit = {"target": target, "batches": batches, "tokens": None, "e_min": None, "b_crit": None, "low": None}
+        if len(batches) < 3:
+            fits.append({**fit, "high": None})
             continue
-        values = np.array([f[2] if f else math.inf for f in found[1:]])
+        values = []
+        for drawn in draws:
+            again = [tokens_to_reach(mean_curve(curves[b], drawn), target) for b in batches]
+            values.append(math.inf if any(t is None or t <= 0 for t in again) else _fit(batches, again)[1])
         tail = (1 - confidence) / 2 * 100
         low, high = (float(np.percentile(values, q, method="inverted_cdf")) for q in (tail, 100 - tail))
-        need, e_min, b_crit = found[0]
-        fits.append({"target": target, "tokens": need, "e_min": e_min, "b_crit": b_crit, "low": low, "high": high})
+        e_min, b_crit = _fit(batches, [need[b] for b in batches])
+        fits.append(
+            {**fit, "tokens": [need[b] for b in batches], "e_min": e_min, "b_crit": b_crit, "low": low, "high": high}
+        )
     return fits
 
 

@@ -152,7 +152,8 @@ def test_noiseless_data_the_smallest_batch_is_best(tmp_path, monkeypatch):
     row = found["row"]
     assert scales["b_simple"] == pytest.approx(0, abs=1e-20) and scales["b_noise"] == pytest.approx(0, abs=1e-20)
     assert (row["cbs"], row["cbs_point"], row["cbs_high"]) == (4, 4, 8)
-    assert row["b_crit"] < 0.1 and row["b_crit_high"] < 0.1  # of the smallest batch, 1: interpolation
+    fitted = [f for f in found["fits"] if f["b_crit"] is not None]  # where 3+ batch sizes reach the target
+    assert fitted and all(f["b_crit"] < 0.1 and f["high"] < 0.1 for f in fitted)  # 0 but for interpolation
     assert row["b_noise_cbs"] == pytest.approx(4, abs=0.5) and row["b_noise_cbs_grid"] == 4
     means = [b["loss"] for b in found["branches"]]
     assert means == sorted(means)  # each doubling of the batch costs loss

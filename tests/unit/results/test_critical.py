@@ -104,7 +104,9 @@ def test_the_fit_at_the_two_ends():
     (flat,) = fit_critical_batch(_synthetic(math.inf, grid=grid), targets=[2.9])
     assert flat["b_crit"] == math.inf
     (missed,) = fit_critical_batch(_synthetic(8.0), targets=[0.5])
-    assert missed["b_crit"] is None and missed["low"] is None
+    assert missed["b_crit"] is None and missed["low"] is None and missed["batches"] == []
+    (part,) = fit_critical_batch(_synthetic(8.0), targets=[2.3])  # only batches 1 … 8 get there
+    assert part["batches"] == [1, 2, 4, 8] and part["b_crit"] == pytest.approx(8.0, rel=1e-9)
 
 
 def test_the_noise_scale_prediction_matches_its_closed_form():
