@@ -16,6 +16,7 @@ from tiny_llm.results.cbs import (  # noqa: E402
     CBS_COLUMNS,
     CURVE_COLUMNS,
     FIT_COLUMNS,
+    LR_COLUMNS,
     cbs_tables,
 )
 from tiny_llm.results.cbs_figure import draw_cbs  # noqa: E402
@@ -25,10 +26,11 @@ summary = pd.read_csv(snakemake.input.summary)
 p = snakemake.params
 tables = cbs_tables(records, summary, p.case, p.epsilon, p.seq_len, p.base_batch)
 columns = {"cbs": CBS_COLUMNS, "branches": BRANCH_COLUMNS, "fits": FIT_COLUMNS, "curves": CURVE_COLUMNS}
+columns["lr_check"] = LR_COLUMNS
 frames = {name: pd.DataFrame(rows, columns=columns[name]) for name, rows in tables.items()}
 title = f"{snakemake.wildcards.cbs} · B_simple and B_noise on case {p.case}"
 shown = [frames[name].replace("", None) for name in ("cbs", "branches")]
 draw_cbs(*shown, list(snakemake.output.figures), title, p.epsilon)
-for name in ("curves", "fits", "branches"):
+for name in ("curves", "fits", "lr_check", "branches"):
     atomic_write_text(snakemake.output[name], frames[name].to_csv(index=False))
 atomic_write_text(snakemake.output.table, frames["cbs"].to_csv(index=False))

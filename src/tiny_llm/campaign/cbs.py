@@ -76,6 +76,10 @@ class CbsExperiment:
     epsilon: PositiveNumber = 0.01
     """Merrill et al.'s tolerance in nats: a batch is within it when its held-out loss exceeds every
     smaller batch's (from the base batch up) by at most ε, by the confidence interval's upper bound."""
+    lr_factors: tuple[PositiveNumber, ...] = ()
+    """The learning-rate check: multiples of the rule's rate (for instance [0.5, 2]) that every batch
+    size and seed also trains with from the first checkpoint, to show whether the rule's rate is
+    the best of them there (``lr_check.csv``); none by default."""
     eval_sequences: Positive = 64
     """Held-out sequences (the base run's unseen stream) every branch's loss is measured on."""
     case: Literal["seen", "unseen"] = "unseen"
@@ -153,21 +157,23 @@ class CbsPlan:
 
     def targets(self) -> list[str]:
         figures = [f"results/{self.name}/figures/critical_batch.{ext}" for ext in ("pdf", "png")]
-        tables = [f"results/{self.name}/{table}.csv" for table in ("cbs", "branches", "fits", "curves")]
+        tables = [f"results/{self.name}/{table}.csv" for table in ("cbs", "branches", "fits", "curves", "lr_check")]
         return [*tables, *figures]
 
     def cost_lines(self) -> list[str]:
         """What the experiment adds to its base run and analysis (the branch runs and their tokens),
         then a warning when its largest batch's branches are too short to leave Adam's memory."""
         runs = sum(len(b) for b in self.branches.values())
+        main = len(self.epochs) * len(self.batch_sizes) * len(self.seeds)
+        check = f" (and {runs - main} more for the learning-rate check)" if runs > main else ""
         base = self.base_config.training.tokens
         checkpoints = _count(len(self.epochs), "checkpoint")
         steps = [self.token_budget // (b * self.base_config.data.seq_len) for b in self.batch_sizes]
         memory = "" if self.adam_memory is None else f" (Adam's memory 1/(1 − β2): {self.adam_memory:.3g} steps)"
         lines = [
             f"cbs experiment {self.name}: {checkpoints} × {len(self.batch_sizes)} batch sizes "
-            f"({', '.join(map(str, self.batch_sizes))} sequences) × {len(self.seeds)} data seeds = {runs} "
-            f"branch runs of {self.token_budget:,} tokens ({runs * self.token_budget:,} tokens in all, "
+            f"({', '.join(map(str, self.batch_sizes))} sequences) × {len(self.seeds)} data seeds = {main} "
+            f"branch runs{check} of {self.token_budget:,} tokens ({runs * self.token_budget:,} tokens in all, "
             f"{runs * self.token_budget / base:.3g} × the base run's {base:,}), {steps[0]} to {steps[-1]} steps"
             f"{memory}, each measured on {len(self.eval_blocks)} held-out sequences at every quarter of "
             f"its budget; B_simple and B_noise from analysis {self.name}, case {self.case}"
@@ -213,6 +219,11 @@ def _check_grid(key: str, entry: CbsExperiment, base: RunConfig) -> None:
         )
     if not epochs:
         raise ValueError(f"{key}.checkpoints: list one or more epochs to branch from")
+    if 1 in entry.lr_factors or len(set(entry.lr_factors)) != len(entry.lr_factors):
+        raise ValueError(
+            f"{key}.lr_factors: list distinct multiples of the rule's rate other than 1 (the branches at 1 are "
+            f"the experiment's own), got {list(entry.lr_factors)}"
+        )
     for epoch in epochs:
         if not 0 <= epoch < base.training.epochs:
             raise ValueError(
@@ -244,25 +255,29 @@ def _check_grid(key: str, entry: CbsExperiment, base: RunConfig) -> None:
 
 
 def _branches(name: str, entry: CbsExperiment, base: RunConfig, kept: dict[str, Any]) -> tuple[dict, dict]:
-    """Every branch run's train_runs entry, and per epoch what each branch is (for the records)."""
+    """Every branch run's train_runs entry, and per epoch what each branch is (for the records):
+    one per (batch size, data seed), and at the first checkpoint one more per ``lr_factors`` entry
+    (the rule's rate × that factor)."""
     runs, branches = {}, {}
-    for epoch in sorted(set(entry.checkpoints)):
+    epochs = sorted(set(entry.checkpoints))
+    for epoch in epochs:
         branches[epoch] = {}
-        for size in entry.batch_sizes:
-            for seed in entry.data_seeds:
-                run = f"{name}-e{epoch:03d}-b{size}-s{seed}"
-                state = state_path(f"runs/{name}-base", epoch)
-                data = (seed, entry.data_seeds.index(seed))
-                overrides = branch_overrides(base, state, epoch, size, entry.token_budget, data, entry.lr_rule)
-                runs[run] = {**entry.shared(), "set": {**kept, **overrides}, "parent": f"{name}-base"}
-                steps = entry.token_budget // (size * base.data.seq_len)
-                branches[epoch][run] = {
-                    "batch_size": size,
-                    "seed": seed,
-                    "steps": steps,
-                    "lr": overrides["training.lr"],
-                    "points": overrides["training.epochs"],  # epoch-001 … of its loss curve
-                }
+        factors = (1.0, *entry.lr_factors) if epoch == epochs[0] else (1.0,)
+        for size, seed, factor in ((b, s, f) for b in entry.batch_sizes for s in entry.data_seeds for f in factors):
+            run = f"{name}-e{epoch:03d}-b{size}-s{seed}" + ("" if factor == 1 else f"-lr{factor:g}")
+            state = state_path(f"runs/{name}-base", epoch)
+            data = (seed, entry.data_seeds.index(seed))
+            overrides = branch_overrides(base, state, epoch, size, entry.token_budget, data, entry.lr_rule)
+            overrides["training.lr"] *= factor
+            runs[run] = {**entry.shared(), "set": {**kept, **overrides}, "parent": f"{name}-base"}
+            branches[epoch][run] = {
+                "batch_size": size,
+                "seed": seed,
+                "steps": entry.token_budget // (size * base.data.seq_len),
+                "lr": overrides["training.lr"],
+                "lr_factor": factor,
+                "points": overrides["training.epochs"],  # epoch-001 … of its loss curve
+            }
     return runs, branches
 
 

@@ -15,6 +15,8 @@ From those records (:mod:`tiny_llm.results.critical` has the formulas):
 * ``branches.csv``: one row per checkpoint and batch size.
 * ``fits.csv``: the fit at each target loss.
 * ``curves.csv``: every branch's held-out loss at each point.
+* ``lr_check.csv``: where the experiment asks for it, each batch size at multiples of the rule's
+  learning rate (the branches at the rule's own rate alone give the three answers).
 * :func:`draw_cbs`: the figure.
 """
 
@@ -25,15 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from tiny_llm.results.critical import fit_critical_batch, merrill_rule, noise_scale_prediction
+from tiny_llm.results.critical import fit_critical_batch, merrill_rule, noise_scale_prediction, paired_difference
 
 __all__ = [
     "BRANCH_COLUMNS",
     "CBS_COLUMNS",
     "CURVE_COLUMNS",
     "FIT_COLUMNS",
+    "LR_COLUMNS",
     "TARGETS",
     "cbs_tables",
+    "lr_check_rows",
     "relative_rule",
 ]
 
@@ -98,6 +102,20 @@ FIT_COLUMNS = [
 ]
 """``fits.csv``: the batch sizes that reach the target and the tokens E(B) each needs."""
 CURVE_COLUMNS = ["checkpoint", "batch_size", "seed", "tokens", "loss"]
+LR_COLUMNS = [
+    "checkpoint",
+    "batch_size",
+    "lr_factor",
+    "lr",
+    "seeds",
+    "loss",
+    "loss_se",
+    "difference",
+    "difference_half_width",
+    "best",
+]
+"""``lr_check.csv``: each batch size at each multiple of the rule's rate, its paired difference from
+the rule's rate (× 1; positive: worse), and whether it is the best of them by the mean."""
 
 
 def relative_rule(means: dict[int, float], epsilon: float) -> int:
@@ -129,6 +147,7 @@ def checkpoint_rows(record: dict[str, Any], scales: dict[str, float | None], eps
     """One checkpoint's answers: its ``cbs.csv`` row (sizes in sequences), branch rows and fits."""
     losses: dict[int, dict[int, float]] = {}
     curves: dict[int, dict[int, list[tuple[float, float]]]] = {}
+    record = {**record, "branches": [b for b in record["branches"] if b.get("lr_factor", 1) == 1]}
     for branch in record["branches"]:
         losses.setdefault(branch["batch_size"], {})[branch["seed"]] = branch["loss"]
         curves.setdefault(branch["batch_size"], {})[branch["seed"]] = [tuple(p) for p in branch["curve"]]
@@ -171,19 +190,48 @@ def checkpoint_rows(record: dict[str, Any], scales: dict[str, float | None], eps
     return {"row": row, "branches": branches, "fits": fits, "curves": curves}
 
 
+def lr_check_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The learning-rate check of one checkpoint (empty where its branches have one rate each)."""
+    losses: dict[tuple[int, float], dict[int, float]] = {}
+    rates: dict[tuple[int, float], float] = {}
+    for branch in record["branches"]:
+        key = (branch["batch_size"], float(branch.get("lr_factor", 1)))
+        losses.setdefault(key, {})[branch["seed"]] = branch["loss"]
+        rates[key] = branch["lr"]
+    if {factor for _, factor in losses} == {1.0}:
+        return []
+    rows = []
+    for batch in sorted({b for b, _ in losses}):
+        factors = sorted(f for b, f in losses if b == batch)
+        stats = {f: _mean_se(list(losses[(batch, f)].values())) for f in factors}
+        best = min(factors, key=lambda f: stats[f][0])
+        for factor in factors:
+            difference, half = paired_difference(losses[(batch, factor)], losses[(batch, 1.0)], 0.95)
+            rows.append(
+                {
+                    "checkpoint": record["checkpoint"], "batch_size": batch, "lr_factor": factor,
+                    "lr": rates[(batch, factor)], "seeds": len(losses[(batch, factor)]), "loss": stats[factor][0],
+                    "loss_se": stats[factor][1], "difference": difference,
+                    "difference_half_width": None if math.isinf(half) else half, "best": factor == best,
+                }
+            )  # fmt: skip
+    return rows
+
+
 def cbs_tables(
     records: list[dict[str, Any]], summary: Any, case: str, epsilon: float, seq_len: int, base: int
 ) -> dict[str, list[dict[str, Any]]]:
-    """The rows of ``cbs.csv``, ``branches.csv``, ``fits.csv`` and ``curves.csv`` from the branch
+    """The rows of ``cbs.csv``, ``branches.csv``, ``fits.csv``, ``curves.csv`` and ``lr_check.csv`` from the branch
     records (:func:`~tiny_llm.training.branches.measure_branches`) and the analysis's summary rows
     of ``case``; ``base`` is the base run's batch size."""
-    tables: dict[str, list[dict[str, Any]]] = {"cbs": [], "branches": [], "fits": [], "curves": []}
+    tables: dict[str, list[dict[str, Any]]] = {"cbs": [], "branches": [], "fits": [], "curves": [], "lr_check": []}
     for record in sorted(records, key=lambda r: r["step"]):
         found = checkpoint_rows(record, _noise_scales(summary, record["checkpoint"], case), epsilon, base)
         row = {**found["row"], "case": case}
         row.update({f"{n}_tokens": None if row[n] is None else row[n] * seq_len for n in SIZES})
         tables["cbs"].append(row)
         tables["branches"] += [{**b, "batch_tokens": b["batch_size"] * seq_len} for b in found["branches"]]
+        tables["lr_check"] += lr_check_rows(record)
         for fit in found["fits"]:
             tables["fits"].append(
                 {
@@ -199,7 +247,10 @@ def cbs_tables(
                     {"checkpoint": record["checkpoint"], "batch_size": batch, "seed": seed, "tokens": t, "loss": loss}
                     for t, loss in curve
                 ]
-    columns = {"cbs": CBS_COLUMNS, "branches": BRANCH_COLUMNS, "fits": FIT_COLUMNS, "curves": CURVE_COLUMNS}
+    columns = {
+        "cbs": CBS_COLUMNS, "branches": BRANCH_COLUMNS, "fits": FIT_COLUMNS, "curves": CURVE_COLUMNS,
+        "lr_check": LR_COLUMNS,
+    }  # fmt: skip
     return {name: [{k: _cell(r.get(k)) for k in columns[name]} for r in rows] for name, rows in tables.items()}
 
 

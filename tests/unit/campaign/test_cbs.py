@@ -85,6 +85,19 @@ def test_the_plan_runs_it_prices_it_and_targets_its_table(project):
     assert not [line for line in forgetful.costs.cost_lines() if line.startswith("warning: ")]
 
 
+def test_the_learning_rate_check_adds_branches_at_the_first_checkpoint_only(project):
+    config, plans = expand_cbs_experiments(_config(lr_factors=[0.5, 2], data_seeds=[1, 2]))
+    runs, plan = config["train_runs"], plans["x"]
+    assert len(runs) == 1 + 2 * 3 * 2 + 3 * 2 * 2  # base, the grid at both checkpoints, the check at epoch 1
+    rule = runs["x-e001-b4-s2"]["set"]["training.lr"]
+    assert runs["x-e001-b4-s2-lr0.5"]["set"]["training.lr"] == pytest.approx(rule / 2)
+    assert runs["x-e001-b4-s2-lr2"]["set"]["training.lr"] == pytest.approx(2 * rule)
+    assert "x-e002-b4-s2-lr2" not in runs
+    assert plan.branches[1]["x-e001-b8-s1-lr2"]["lr_factor"] == 2 and plan.branches[2]["x-e002-b8-s1"]["lr_factor"] == 1
+    line = plan.cost_lines()[0]
+    assert "× 2 data seeds = 12 branch runs (and 12 more for the learning-rate check) of 512 tokens" in line
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -98,6 +111,8 @@ def test_the_plan_runs_it_prices_it_and_targets_its_table(project):
         ({"batch_sizes": [1, 2]}, "cbs_experiments.x.batch_sizes: [1, 2] leaves out the base run's batch 4"),
         ({"eval_sequences": 65}, "cbs_experiments.x.eval_sequences: 65 held-out sequences asked for"),
         ({"lr_rule": "cubic"}, "cbs_experiments.x.lr_rule"),
+        ({"lr_factors": [0.5, 1]}, "cbs_experiments.x.lr_factors: list distinct multiples of the rule's rate other"),
+        ({"lr_factors": [-1]}, "cbs_experiments.x.lr_factors"),
         ({"epsilon": 0}, "cbs_experiments.x.epsilon"),
         ({"seeds": [1]}, "unknown key cbs_experiments.x.seeds"),
         ({"settings": {"engine": "magic"}}, "cbs_experiments.x: "),

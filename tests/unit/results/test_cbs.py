@@ -22,6 +22,7 @@ from tiny_llm.results.cbs import (
     TARGETS,
     cbs_tables,
     checkpoint_rows,
+    lr_check_rows,
     relative_rule,
 )
 from tiny_llm.results.cbs_figure import draw_cbs
@@ -49,6 +50,28 @@ def _record(checkpoint, step, finals, start=4.0):
         for s, loss in enumerate(values, start=1)
     ]  # fmt: skip
     return {"checkpoint": checkpoint, "step": step, "tokens": step * 1024, "start_loss": start, "branches": branches}
+
+
+def test_the_learning_rate_check_compares_each_rate_with_the_rules():
+    """Branches at other multiples of the rule's rate take no part in the three answers; their table
+    pairs each with the rule's rate by seed."""
+    record = _record("epoch-001", 8, {4: [3.0, 3.02], 8: [3.01, 3.03]})
+    checked = _record("epoch-001", 8, {4: [2.9, 2.94], 8: [3.11, 3.13]})["branches"]
+    record["branches"] += [{**b, "lr_factor": 2, "lr": 2 * b["lr"]} for b in checked]
+    alone = _record("epoch-001", 8, {4: [3.0, 3.02], 8: [3.01, 3.03]})
+    found, plain = (checkpoint_rows(r, dict.fromkeys(SCALES), 0.01, base=4)["row"] for r in (record, alone))
+    assert found == plain
+    rows = lr_check_rows(record)
+    assert [(r["batch_size"], r["lr_factor"], r["best"]) for r in rows] == [
+        (4, 1, False),
+        (4, 2, True),
+        (8, 1, True),
+        (8, 2, False),
+    ]
+    assert rows[1]["difference"] == pytest.approx(-0.09) and rows[1]["difference_half_width"] == pytest.approx(
+        12.706 * 0.01, rel=1e-3
+    )
+    assert rows[3]["difference"] == pytest.approx(0.1) and lr_check_rows(alone) == []
 
 
 def test_tables_put_the_three_answers_beside_the_noise_scales(tmp_path):
