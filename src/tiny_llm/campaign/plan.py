@@ -95,7 +95,8 @@ class CaseWork:
     gradient_microbatches: int
     """Forward + backward micro-batches: ḡ over the epoch, then each sampled gᵢ."""
     directions: int
-    """Quadratic forms: S_v noise, S_r random, ḡ, and one per worker with consensus."""
+    """Quadratic forms: S_v noise, S_r random, ḡ, one per worker with consensus, and the step Δ to
+    the successor (each per block too, with block curvature)."""
     passes: int
     """Passes over the epoch, K directions each."""
     hvp_microbatches: int
@@ -104,6 +105,8 @@ class CaseWork:
     """float64 gradient micro-batches of the precision audit: ḡ over the epoch and the audited gᵢ."""
     audit_microbatches: int = 0
     """Curvature micro-batches the audit measures, once in the production precision, once in float64."""
+    forward_microbatches: int = 0
+    """Forward-only micro-batches: the epoch's loss at θ + Δ of the trajectory statistics."""
 
     def seconds(self, timing: dict[str, float]) -> float:
         """Estimated seconds of the job from a timing entry: the process's start (interpreter and
@@ -112,10 +115,12 @@ class CaseWork:
         audit = self.audit_gradient_microbatches * timing.get(
             "audit_gradient_microbatch", 0.0
         ) + self.audit_microbatches * (timing["hvp_microbatch_pass"] + timing.get("audit_microbatch_pass", 0.0))
+        forward = timing.get("forward_microbatch", timing["gradient_microbatch"])  # unmeasured: a gradient's, at most
         return (
             timing.get("process", 0.0)
             + timing["startup"]
             + self.gradient_microbatches * timing["gradient_microbatch"]
+            + self.forward_microbatches * forward
             + self.passes * self.hvp_microbatches * timing["hvp_microbatch_pass"]
             + audit
         )
@@ -123,13 +128,16 @@ class CaseWork:
 
 def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -> CaseWork:
     """Counts of one (state, case) job of this run and these settings (``workers`` > 1 adds the
-    consensus directions of a packed run)."""
+    consensus directions of a packed run). With ``settings.trajectory`` the job is priced as one
+    with a successor (every state but the last): the step Δ (per block too) and the loss at θ + Δ."""
     B, mb = config.training.batch_size, config.training.micro_batch_size
     n_batches = config.steps_per_epoch
     S_v = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
     directions = S_v + settings.random_samples + 1 + (workers if workers > 1 else 0)
-    if settings.block_curvature:  # each noise direction and ḡ once more per parameter block
-        directions += (S_v + 1) * block_count(config.model.n_layers, config.model.tie_embeddings)
+    blocks = block_count(config.model.n_layers, config.model.tie_embeddings) if settings.block_curvature else 0
+    directions += (S_v + 1) * blocks  # each noise direction and ḡ once more per parameter block
+    step = 1 + blocks if settings.trajectory else 0  # Δ, and each Δ_b
+    directions += step
     hvp_microbatches = math.ceil(n_batches * B / (settings.hvp_batch_size or mb))
     audit_gradients = audit_microbatches = 0
     if settings.audited:
@@ -143,6 +151,7 @@ def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -
         hvp_microbatches=hvp_microbatches,
         audit_gradient_microbatches=audit_gradients,
         audit_microbatches=audit_microbatches,
+        forward_microbatches=n_batches * math.ceil(B / mb) if step else 0,
     )
 
 
@@ -279,6 +288,8 @@ def cost_line(
         f"{work.gradient_microbatches} gradient micro-batches, {work.directions} quadratic forms in "
         f"{work.passes} passes × {work.hvp_microbatches} curvature micro-batches"
     )
+    if work.forward_microbatches:
+        line += f", {work.forward_microbatches} forward micro-batches (the loss at θ + Δ; not at the last state)"
     if gpus > 1:
         line += f", split over {gpus} {'CPU processes' if device == 'cpu' else 'GPUs'}"
     each = None if timing is None else parallel_seconds(work.seconds(timing["seconds"]), gpus)

@@ -31,9 +31,12 @@ def run(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "samples, K, hvp, blocks", [(2, 4, None, False), (None, 3, 2, False), (99, 16, 1, False), (2, 4, None, True)]
+    "samples, K, hvp, blocks, step",
+    [(2, 4, None, False, False), (None, 3, 2, False, False), (99, 16, 1, False, True), (2, 4, None, True, True)],
 )
-def test_counts_equal_those_of_a_measurement(run, samples, K, hvp, blocks):
+def test_counts_equal_those_of_a_measurement(run, samples, K, hvp, blocks, step):
+    """The price's counts are the job's: with a successor (``step``), the step Δ (per block too) and
+    the loss at θ + Δ are priced as the job runs them."""
     config, path = run
     if not (path / "run" / "final.pt").exists():
         train(config, path / "run")
@@ -45,14 +48,18 @@ def test_counts_equal_those_of_a_measurement(run, samples, K, hvp, blocks):
         device="cpu",
         dtype="float64",
         block_curvature=blocks,
+        trajectory=step,
     )
-    result = analyze_state(
-        path / "run", ["epoch-001.safetensors"], "seen", settings, path / f"r-{samples}-{K}-{hvp}-{blocks}.json"
-    )
+    successor = {"key": "next", "file": "epoch-002.safetensors", "step": 2 * config.steps_per_epoch} if step else None
+    out = path / f"r-{samples}-{K}-{hvp}-{blocks}-{step}.json"
+    result = analyze_state(path / "run", ["epoch-001.safetensors"], "seen", settings, out, successor=successor)
     work, counts = case_work(config, settings), result["counts"]
+    assert (result["trajectory"] is not None) == step
     assert work.noise_samples == counts["noise_samples"]
-    block_forms = (counts["noise_samples"] + 1) * len(result["blocks"]) if blocks else 0
-    assert work.directions == counts["noise_samples"] + counts["random_samples"] + 1 + block_forms
+    block_forms = (counts["noise_samples"] + 1 + step) * len(result["blocks"]) if blocks else 0
+    assert work.directions == counts["noise_samples"] + counts["random_samples"] + 1 + step + block_forms
+    micro = -(-config.training.batch_size // config.training.micro_batch_size)
+    assert work.forward_microbatches == (counts["epoch_batches"] * micro if step else 0)
     assert work.hvp_microbatches == counts["hvp_batches"]
     assert work.passes == counts["hvp_passes"]  # no zero directions here: every direction takes its pass
     micro = -(-config.training.batch_size // config.training.micro_batch_size)
@@ -90,7 +97,12 @@ def test_cost_line_says_jobs_work_and_time(run):
     assert (
         each
         == work.seconds(seconds)
-        == (3.0 + 1.0 + work.gradient_microbatches * 0.5 + work.passes * work.hvp_microbatches * 2)
+        == (
+            3.0
+            + 1.0
+            + (work.gradient_microbatches + work.forward_microbatches) * 0.5
+            + work.passes * work.hvp_microbatches * 2
+        )
     )
     line = cost_line(
         "a",
