@@ -180,7 +180,7 @@ class CbsPlan:
         ]
         if self.adam_memory is not None and steps[-1] < ADAM_MEMORIES * self.adam_memory:
             T = self.base_config.data.seq_len
-            unit = BRANCH_EPOCHS * math.lcm(*self.batch_sizes) * T
+            unit = budget_unit(self.batch_sizes, T)
             enough = math.ceil(ADAM_MEMORIES * self.adam_memory) * self.batch_sizes[-1] * T
             lines.append(
                 f"warning: cbs_experiments.{self.name}.token_budget: the largest batch's branches train "
@@ -198,6 +198,12 @@ def branch_plans(experiments: dict[str, CbsPlan]) -> dict[str, CbsPlan]:
 
 def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
+def budget_unit(batch_sizes: tuple[int, ...], seq_len: int) -> int:
+    """The tokens a branch budget is a multiple of: a whole quarter of steps (the loss is measured at
+    each) of every batch size."""
+    return BRANCH_EPOCHS * math.lcm(*batch_sizes) * seq_len
 
 
 def _check_grid(key: str, entry: CbsExperiment, base: RunConfig) -> None:
@@ -230,7 +236,7 @@ def _check_grid(key: str, entry: CbsExperiment, base: RunConfig) -> None:
                 f"{key}.checkpoints: epoch {epoch} is not one to branch from; the run's virtual epochs are "
                 f"0 (initialisation) to {base.training.epochs}, and a branch needs training data after its epoch"
             )
-    step = BRANCH_EPOCHS * math.lcm(*sizes) * T
+    step = budget_unit(sizes, T)
     if budget % step:
         raise ValueError(
             f"{key}.token_budget: {budget} is not a whole number of quarters of steps for every batch size "

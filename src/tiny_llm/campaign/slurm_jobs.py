@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tiny_llm.campaign.jobs import remember_signature
 from tiny_llm.layout import SPECTRUM_RESULT, STATE_DONE, STATE_RESULT
 
 __all__ = [
@@ -297,7 +298,6 @@ class Reattachment:
     def when_awaited(self, stage: str, function: Callable, name: str | None = None) -> Callable:
         """A stand-in rule's input function: ``function``'s input when an earlier job writes this
         output, else :data:`NOT_AWAITED`."""
-        from tiny_llm.campaign.jobs import remember_signature
 
         def get_awaited_input(wildcards: Any) -> Any:
             return function(wildcards) if self._output(wildcards, stage, name) in self.awaited else NOT_AWAITED
@@ -306,7 +306,6 @@ class Reattachment:
 
     def earlier_job(self, stage: str, name: str | None = None) -> Callable:
         """A stand-in rule's resource: the id of the earlier job that writes its output ("" if none)."""
-        from tiny_llm.campaign.jobs import remember_signature
 
         def get_earlier_job(wildcards: Any) -> str:
             return self.awaited.get(self._output(wildcards, stage, name), "")

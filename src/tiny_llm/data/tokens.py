@@ -50,6 +50,7 @@ __all__ = [
     "offset_plan",
     "stream_batches",
     "unseen_plan",
+    "whole_groups",
 ]
 
 CACHE_FORMAT = 2
@@ -248,13 +249,14 @@ class TokenCache:
 # --- capacity ----------------------------------------------------------------------------------
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
+def whole_groups(blocks: int, shuffle_group_blocks: int) -> int:
+    """``blocks`` rounded up to whole shuffle groups (the training stream reads groups whole)."""
+    return -(-blocks // shuffle_group_blocks) * shuffle_group_blocks
 
 
 def blocks_for_tokens(tokens: int, seq_len: int, shuffle_group_blocks: int) -> int:
     """Cache blocks that hold ``tokens`` training targets, rounded up to whole shuffle groups."""
-    return _round_up(-(-tokens // seq_len), shuffle_group_blocks)
+    return whole_groups(-(-tokens // seq_len), shuffle_group_blocks)
 
 
 def capacity_blocks(config: RunConfig) -> dict[str, int]:
@@ -264,8 +266,8 @@ def capacity_blocks(config: RunConfig) -> dict[str, int]:
     past the nominal budget). ``unseen``: that plus one batch-aligned epoch and its full final group.
     """
     G, B = config.data.shuffle_group_blocks, config.training.batch_size
-    train = _round_up(config.data.stream_offset + config.total_batches * B, G)
-    return {"train": train, "unseen": train + _round_up(config.steps_per_epoch * B, G)}
+    train = whole_groups(config.data.stream_offset + config.total_batches * B, G)
+    return {"train": train, "unseen": train + whole_groups(config.steps_per_epoch * B, G)}
 
 
 def check_capacity(cache: TokenCache, config: RunConfig, need: str = "train") -> None:

@@ -27,7 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from tiny_llm.results.critical import fit_critical_batch, merrill_rule, noise_scale_prediction, paired_difference
+from tiny_llm.results.critical import (
+    fit_critical_batch,
+    mean_curve,
+    merrill_rule,
+    noise_scale_prediction,
+    paired_difference,
+)
 
 __all__ = [
     "BRANCH_COLUMNS",
@@ -72,21 +78,12 @@ CBS_COLUMNS = [
     *(f"{name}_tokens" for name in SIZES),
 ]
 """``cbs.csv``: ``cbs_high`` blank when the data cannot bound B* from above within the grid;
-``b_crit*`` blank when no target is reached by every batch size, ``inf`` when the tokens needed do
-not grow with the batch."""
-BRANCH_COLUMNS = [
-    "checkpoint",
-    "batch_size",
-    "batch_tokens",
-    "steps",
-    "lr",
-    "seeds",
-    "loss",
-    "loss_se",
-    "difference",
-    "difference_half_width",
-    "within",
-]
+``b_crit*`` blank when fewer than three batch sizes reach the middle target, ``inf`` when the
+tokens needed do not grow with the batch."""
+COMPARED = ["lr", "seeds", "loss", "loss_se", "difference", "difference_half_width"]
+"""The columns that ``branches.csv`` and ``lr_check.csv`` share: a rate's mean held-out loss over the
+seeds and its paired difference from a reference."""
+BRANCH_COLUMNS = ["checkpoint", "batch_size", "batch_tokens", "steps", *COMPARED, "within"]
 """``branches.csv``: the mean held-out loss of each batch size over its seeds and its standard
 error; for the batches from the base batch up, the largest paired difference from a smaller one
 with its confidence half-width, and whether its upper bound is within ε."""
@@ -102,18 +99,7 @@ FIT_COLUMNS = [
 ]
 """``fits.csv``: the batch sizes that reach the target and the tokens E(B) each needs."""
 CURVE_COLUMNS = ["checkpoint", "batch_size", "seed", "tokens", "loss"]
-LR_COLUMNS = [
-    "checkpoint",
-    "batch_size",
-    "lr_factor",
-    "lr",
-    "seeds",
-    "loss",
-    "loss_se",
-    "difference",
-    "difference_half_width",
-    "best",
-]
+LR_COLUMNS = ["checkpoint", "batch_size", "lr_factor", *COMPARED, "best"]
 """``lr_check.csv``: each batch size at each multiple of the rule's rate, its paired difference from
 the rule's rate (× 1; positive: worse), and whether it is the best of them by the mean."""
 
@@ -159,8 +145,7 @@ def checkpoint_rows(record: dict[str, Any], scales: dict[str, float | None], eps
     headline = fits[len(TARGETS) // 2] if fits and fits[len(TARGETS) // 2]["b_crit"] is not None else None
     predicted = {"cbs": None, "cbs_grid": None}
     if scales["b_noise"] is not None:
-        smallest = [(t, float(np.mean([c[i][1] for c in curves[grid[0]].values()]))) for i, (t, _) in
-                    enumerate(next(iter(curves[grid[0]].values())))]  # fmt: skip
+        smallest = mean_curve(curves[grid[0]], sorted(curves[grid[0]]))
         predicted = noise_scale_prediction(smallest, grid[0], base, scales["b_noise"], epsilon, grid)
     row = {
         **{k: record[k] for k in ("checkpoint", "step", "tokens", "start_loss")},

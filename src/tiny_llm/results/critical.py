@@ -21,6 +21,7 @@ checkpoint's loss) to (E, the final loss).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -106,7 +107,7 @@ def merrill_rule(losses: Losses, base: int, epsilon: float, confidence: float = 
 def tokens_to_reach(curve: Sequence[tuple[float, float]], target: float) -> float | None:
     """The tokens at which ``curve`` ([(tokens, loss), …], tokens ascending) first reaches
     ``target``, interpolated linearly between its points; None when it never does."""
-    for (t0, l0), (t1, l1) in zip(curve, curve[1:], strict=False):
+    for (t0, l0), (t1, l1) in itertools.pairwise(curve):
         if l0 <= target:
             return float(t0)
         if l1 <= target:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tiny_llm.config import RunConfig, config_from_dict
-from tiny_llm.data.tokens import TokenCache, unseen_plan
+from tiny_llm.data.tokens import TokenCache, unseen_plan, whole_groups
 from tiny_llm.layout import epoch_stem, state_file
 from tiny_llm.training.schedule import learning_rate
 
@@ -54,11 +54,7 @@ def branch_region(parent: RunConfig, epoch: int, tokens: int, region: int) -> in
     sequence the parent trained on before the branch point."""
     G, T = parent.data.shuffle_group_blocks, parent.data.seq_len
     read = parent.data.stream_offset + epoch * parent.steps_per_epoch * parent.training.batch_size
-    return _round_up(read, G) + region * _round_up(tokens // T, G)
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
+    return whole_groups(read, G) + region * whole_groups(tokens // T, G)
 
 
 def branch_overrides(
