@@ -26,7 +26,7 @@ from tiny_llm.curvature.case import CaseInputs
 from tiny_llm.curvature.engines import default_forms_engine
 from tiny_llm.curvature.gradients import batch_gradient_and_loss, mean_gradient_and_loss
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.curvature.spectrum import Layout
+from tiny_llm.curvature.placement import Layout
 from tiny_llm.curvature.statistics import AuditPairs, implied_errors, relative
 from tiny_llm.curvature.vectors import Vectors
 from tiny_llm.data.tokens import group_permutation

@@ -3,7 +3,7 @@
 An engine computes, for one curvature micro-batch, either quadratic forms vᵀH_b v (kind
 ``forms``) or Hessian-vector products H_b v (kind ``products``) for K directions at once. Each is
 an :class:`Engine` in :data:`ENGINES`: what it needs (second-order jet rules of every layer,
-attention it can differentiate twice), what it supports (compilation, shard-local products), the
+attention it can differentiate twice), what it supports (compilation, the placements it runs under), the
 key of its fitted memory model, how a pass groups sequences by default, and its batch computation
 (``"module:function"``, imported when an operator first uses it, so that this registry, and the
 command line that reads its names, need no torch).
@@ -74,12 +74,12 @@ class Engine:
     """Differentiates attention twice, so needs the reference (explicit softmax) attention."""
     compiled: bool = False
     """Runs under ``torch.compile`` when asked (CUDA)."""
-    sharded: str = ""
-    """``module:function`` of its computation on an FSDP2-sharded model (``ShardedHessian``, the
-    one-rank case included): ``f(operator, V)`` with V this rank's shards (K, d) returns the (2, K)
-    forms and Gauss–Newton parts of the ranks' micro-batches together (``forms``), or this rank's
-    shards of the products (K, d) (``products``). Empty: it does not run sharded, and a sharded
-    operator refuses it by name."""
+    placements: tuple[str, ...] = ("whole", "data_parallel")
+    """The placements it runs under (``tiny_llm.curvature.placement.PLACEMENTS``): its batch
+    computation, unchanged, on one process, on data-parallel ranks and, with ``sharded``, on a
+    model sharded over the ranks (FSDP2), the one-rank case included, where V holds a rank's shards
+    and the operator's placement provides what differs. An operator refuses it by name under any
+    other."""
     head_chunks: bool = False
     """Takes the output head and loss in token chunks when the memory plan asks (``head_tokens``),
     on this project's own architectures: a chunk's logits, not a group's, exist at once."""
@@ -108,18 +108,21 @@ class Engine:
         module, function = self.batch.split(":")
         return getattr(importlib.import_module(module), function)
 
-    def compute_sharded(self) -> Callable[..., Any]:
-        """Its computation on a sharded model (imported on first use).
+    @property
+    def sharded(self) -> bool:
+        """Whether it runs on a model sharded over the ranks."""
+        return "sharded" in self.placements
+
+    def check_placement(self, placement: str) -> None:
+        """Refuse a placement it does not declare.
 
         Raises:
-            ValueError: an engine that does not run sharded, naming those that do.
+            ValueError: naming the engines that run under it.
         """
-        if not self.sharded:
-            raise ValueError(
-                f"engine {self.name} does not run on a sharded model; the engines that do: {', '.join(sharded_names())}"
-            )
-        module, function = self.sharded.split(":")
-        return getattr(importlib.import_module(module), function)
+        if placement not in self.placements:
+            able = ", ".join(e.name for e in ENGINES.values() if placement in e.placements)
+            where = "on a sharded model" if placement == "sharded" else f"under the {placement} placement"
+            raise ValueError(f"engine {self.name} does not run {where}; the engines that do: {able}")
 
     def group_rows(self, K: int, B: int) -> int:
         """Sequences of a B-sequence micro-batch in one pass with K directions, by default."""
@@ -189,7 +192,7 @@ register(
         "forward Taylor mode: one no-grad pass carries each activation's jet (z, dz/dt, d²z/dt²)",
         "tiny_llm.curvature.forms:taylor",
         jets=True,
-        sharded="tiny_llm.curvature.sharded_taylor:taylor_forms",
+        placements=("whole", "data_parallel", "sharded"),
         head_chunks=True,
         rows_per_direction=True,
     )
@@ -231,7 +234,7 @@ register(
         "central differences of gradients (first derivatives only: any attention, shard-local)",
         "tiny_llm.curvature.products:finite_difference",
         second_derivatives=False,
-        sharded="tiny_llm.curvature.sharded:difference_products",
+        placements=("whole", "data_parallel", "sharded"),
         head_chunks=True,
     )
 )

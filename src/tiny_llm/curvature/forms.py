@@ -67,10 +67,11 @@ def _jet_forms(
     hessian: EpochHessian, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, adjoints: dict | None
 ) -> torch.Tensor:
     """(2, K): the forms and their Gauss–Newton parts (the adjoint mode's absorbed terms are all
-    second-order terms of the network, so of the residual H − G)."""
+    second-order terms of the network, so of the residual H − G). The placement gives the jets their
+    directions (a sharded model's gathered block by block) and the loss rule."""
     model = hessian.model
-    jets = JetPass(hessian.directions(V), adjoints, workspace=hessian.workspace, head_tokens=hessian.head_tokens)
-    with torch.no_grad(), hessian.precision.autocast():
-        forms = model.loss_jet(model.jet(inputs, jets), targets, jets).double() / hessian.n_targets
+    with hessian.placement.jet_pass(V, adjoints, hessian.workspace, hessian.head_tokens) as (jets, loss_jet):
+        with torch.no_grad(), hessian.precision.autocast():
+            forms = loss_jet(model.jet(inputs, jets), targets, jets).double() / hessian.n_targets
     gauss_newton = jets.gauss_newton.double() / hessian.n_targets
     return torch.stack([forms if jets.absorbed is None else forms + jets.absorbed.double(), gauss_newton])

@@ -28,8 +28,8 @@ from tiny_llm.architectures import jet_rules
 from tiny_llm.curvature.engines import AMP_DIFFERENCES, names
 from tiny_llm.curvature.engines import ENGINES as REGISTRY
 from tiny_llm.curvature.engines import engine as engine_named
-from tiny_llm.distributed import all_reduce_sum, shard
-from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
+from tiny_llm.curvature.placement import Placement, place
+from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, head_loss_chunks, token_losses
 from tiny_llm.model.llama import Llama
 
 __all__ = ["CurvatureOperator", "EpochHessian", "FlatParameters", "Precision", "check_differences", "pad_sequences"]
@@ -209,8 +209,11 @@ class EpochHessian:
         fd_scale: float | None = None,
         group_rows: int | None = None,
         head_tokens: int | None = None,
+        placement: Placement | None = None,
     ):
         self.spec = engine_named(engine)
+        self.placement = placement or place(model)
+        self.spec.check_placement(self.placement.name)
         if self.spec.second_derivatives and model.attention_backend != "reference":
             raise ValueError(
                 "curvature needs reference attention (second derivatives); build "
@@ -229,7 +232,9 @@ class EpochHessian:
         self.model, self.engine, self.precision = model, engine, precision
         self.K, self.compile = directions_per_pass, compile
         self.flat = FlatParameters(model)
-        self.theta = self.flat.flatten([p.detach() for p in model.parameters()])
+        self.theta = self.placement.flatten([p.detach() for p in model.parameters()])
+        """θ as this placement holds it (this rank's shard when sharded)."""
+        self.theta_norm = self.placement.norms(self.theta[None])[0]
         self.batches = pad_sequences(tokens.to(precision.device), batch_size)
         if not self.spec.second_derivatives:
             check_differences(precision, model, self.batches[0][0][:1])
@@ -267,12 +272,48 @@ class EpochHessian:
         with self.precision.autocast():
             return functional_call(self._hidden_and_head, {f"model.{n}": p for n, p in params.items()}, (inputs,))
 
-    def directions(self, V: torch.Tensor) -> dict[torch.Tensor, torch.Tensor]:
-        """Each parameter → its rows of V, shape (K, *parameter.shape) (views, no copies)."""
-        return {
-            p: block.view(len(V), *p.shape)
-            for p, block in zip(self.model.parameters(), self.flat.blocks(V), strict=True)
-        }
+    def head_chunked(self, targets: torch.Tensor) -> bool:
+        """Whether this group's head and loss run in token chunks: ``head_tokens`` set, fewer than
+        the group's targets, a model with second-order rules (which has ``hidden``) and a placement
+        that allows it (``Placement.head_chunks``)."""
+        chunks = self.head_tokens is not None and self.head_tokens < targets.numel()
+        return chunks and self.placement.head_chunks and jet_rules(self.model)
+
+    def gradient_at(
+        self, inputs: torch.Tensor, targets: torch.Tensor, step: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """∇ of this micro-batch's share of the epoch loss at θ + ``step`` (None: at θ), as this
+        placement holds vectors (``batch_gradient``)."""
+        return self.batch_gradient(inputs, targets, step)[0]
+
+    def batch_gradient(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        step: torch.Tensor | None = None,
+        n_targets: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """∇ of this micro-batch's loss sum / ``n_targets`` (default: the epoch's, so its share of the
+        epoch loss) at θ + ``step`` (None: at θ; the placement shifts and restores θ), as this
+        placement holds vectors (a rank's shard when sharded: FSDP reduce-scatters the gradient of
+        every rank's micro-batch of the round), and that loss (float64, this rank's micro-batch's).
+        With ``head_tokens`` (``head_chunked``) the head and loss run that many target positions at
+        a time: the same sums."""
+        model, n_targets = self.model, n_targets or self.n_targets
+        with self.placement.shifted(step):
+            model.zero_grad(set_to_none=True)
+            if self.head_chunked(targets):
+                with self.precision.autocast():
+                    h = model.hidden(inputs)
+                    loss, grad_h = head_loss_chunks(model, h, targets, 1 / n_targets, self.head_tokens, True)
+                h.backward(grad_h)
+            else:
+                loss = token_losses(self.precision.forward(model, inputs), targets).sum() / n_targets
+                loss.backward()
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+            gradient = self.placement.flatten(grads)
+            model.zero_grad(set_to_none=True)
+        return gradient, loss.detach().double()
 
     def batch_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """vᵀH_b v for one curvature micro-batch (its share of the epoch loss), V (K, D) → (K,) float64."""
@@ -320,8 +361,10 @@ class EpochHessian:
 
     # --- passes over the epoch ---------------------------------------------------------------
     def _check(self, V: torch.Tensor) -> torch.Tensor:
-        if V.dim() != 2 or V.size(1) != self.flat.D:
-            raise ValueError(f"directions must have shape (K, {self.flat.D}), got {tuple(V.shape)}")
+        d = sum(self.placement.sizes)
+        if V.dim() != 2 or V.size(1) != d:
+            held = "" if d == self.flat.D else " (this rank's shard)"
+            raise ValueError(f"directions must have shape (K, {d}){held}, got {tuple(V.shape)}")
         return V.to(device=self.precision.device, dtype=self.precision.dtype)
 
     def _passes(self, V: torch.Tensor, per_batch) -> Iterator[tuple[int, int, torch.Tensor]]:
@@ -335,7 +378,7 @@ class EpochHessian:
             if self.compile and 1 < real < self.K:  # one graph for K: pad a short chunk with zero directions
                 chunk = torch.cat([chunk, chunk.new_zeros(self.K - real, chunk.size(1))])
             started = time.perf_counter()
-            for inputs, targets in shard(self.batches):  # this rank's micro-batches (all of them alone)
+            for inputs, targets in self.placement.deal(self.batches):  # this rank's micro-batches
                 yield start, real, per_batch(chunk, inputs, targets)
             self.passes += 1
             self.progress(
@@ -349,7 +392,7 @@ class EpochHessian:
         out = torch.zeros(len(V), dtype=torch.float64, device=self.precision.device)
         for start, real, forms in self._passes(V, self.batch_forms):
             out[start : start + real] += forms[:real]
-        return all_reduce_sum(out)
+        return self.placement.reduce_forms(out)
 
     def split_quadratic_forms(self, V: torch.Tensor) -> torch.Tensor:
         """dᵀHd and its generalised Gauss–Newton part dᵀGd for each row d of V (K', D): (2, K')
@@ -358,7 +401,7 @@ class EpochHessian:
         out = torch.zeros(2, len(V), dtype=torch.float64, device=self.precision.device)
         for start, real, forms in self._passes(V, self.batch_split_forms):
             out[:, start : start + real] += forms[:, :real]
-        return all_reduce_sum(out)
+        return self.placement.reduce_forms(out)
 
     def hvp(self, V: torch.Tensor) -> torch.Tensor:
         """H V for the rows of V (K', D), accumulated over micro-batches in float64."""
@@ -366,7 +409,7 @@ class EpochHessian:
         out = torch.zeros(V.shape, dtype=torch.float64, device=self.precision.device)
         for start, real, HV in self._passes(V, self.batch_products):
             out[start : start + real] += HV[:real].double()
-        return all_reduce_sum(out)
+        return self.placement.reduce_products(out)
 
 
 @contextlib.contextmanager

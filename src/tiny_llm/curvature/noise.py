@@ -72,9 +72,9 @@ from tiny_llm.curvature.gradients import (
     sampled_gradients,
 )
 from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.placement import Layout
 from tiny_llm.curvature.records import Direction, NoiseSample, consensus_block
 from tiny_llm.curvature.sharded import ShardedHessian
-from tiny_llm.curvature.spectrum import Layout
 from tiny_llm.curvature.statistics import (
     Samples,
     block_statistics,
@@ -160,9 +160,9 @@ def _sharded(
     model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision, progress: Callable[[str], None]
 ) -> _Setup:
     """The model sharded over the ranks with FSDP2 (here, in place), every vector this rank's shard:
-    the gradients are FSDP's reduce-scattered shards, the forms the engine's sharded computation
-    (``Engine.sharded``; an engine without one is refused by name before any work)."""
-    (engine := engine_named(inputs.engine)).compute_sharded()  # refused by name before any copy or shard
+    the gradients are FSDP's reduce-scattered shards, the forms the one operator's under the sharded
+    placement (an engine that does not declare it is refused by name before any work)."""
+    (engine := engine_named(inputs.engine)).check_placement("sharded")  # refused by name before any copy or shard
     reference = copy.deepcopy(model).double() if inputs.audit else None  # the audit's, sharded in turn
 
     def sharded(net: Llama, prec: Precision, group: str) -> ShardedHessian:
@@ -175,6 +175,7 @@ def _sharded(
             progress=progress,
             group_rows=inputs.rows(group),
             head_tokens=inputs.head_tokens(group),
+            directions_per_pass=inputs.directions_per_pass,
         )
 
     operator = sharded(model, precision, "forms")
@@ -217,7 +218,7 @@ def _sharded(
         operator=lambda: operator,
         split=engine.forms,
         audit_sides=audit_sides,
-        loss_at=partial(shifted_loss, [operator.local(p) for p in operator.params], operator.pieces, forward_loss),
+        loss_at=partial(shifted_loss, operator.params, operator.pieces, forward_loss),
     )
 
 
@@ -364,8 +365,7 @@ def measure_case(
     blocks = model_blocks(setup.names, inputs.block_curvature, progress)
     per = 1 + (len(blocks) if inputs.block_curvature else 0)  # a direction, and its block-diagonal parts
     total = (len(selected) + 1 + (inputs.step is not None)) * per + inputs.random_samples + len(inputs.consensus)
-    K = inputs.directions_per_pass if sharded else operator.K
-    runner = DirectionRunner(operator, K, setup.split, vectors, total, precision.dtype, progress)
+    runner = DirectionRunner(operator, operator.K, setup.split, vectors, total, precision.dtype, progress)
     noise, sample_seconds, block_forms = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks)
     random, gradient, gradient_blocks, consensus = queue_other_directions(
         runner, g_bar, inputs, blocks, precision.device

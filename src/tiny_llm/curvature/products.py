@@ -14,16 +14,14 @@ takes the output head and loss that many target positions at a time
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 from torch.func import grad, jvp, vjp, vmap
 
-from tiny_llm.architectures import jet_rules
 from tiny_llm.curvature.head import head_gradient, head_loss
-from tiny_llm.model.causal import head_loss_chunks
 
 if TYPE_CHECKING:
     from tiny_llm.curvature.hessian import EpochHessian
@@ -38,7 +36,7 @@ def double_backward(
     ``head_tokens``, the head and loss an autograd function that takes them in token chunks in
     the forward pass and in both derivatives."""
     params = tuple(hessian.model.parameters())
-    if _chunked(hessian, targets):
+    if hessian.head_chunked(targets):
         with hessian.precision.autocast():
             h = hessian.model.hidden(inputs)
             loss = head_loss(h, hessian.model.head_weight, targets, 1 / hessian.n_targets, hessian.head_tokens)
@@ -86,7 +84,7 @@ def _pearlmutter(
             grads = head_gradient(h, W, targets, 1 / n_targets, hessian.head_tokens)
         return pullback(grads)[0]
 
-    gradient = chunked_gradient if _chunked(hessian, targets) else grad(loss)
+    gradient = chunked_gradient if hessian.head_chunked(targets) else grad(loss)
 
     def product(v: torch.Tensor) -> torch.Tensor:
         return jvp(gradient, (theta,), (v,))[1]
@@ -100,17 +98,13 @@ def finite_difference(
     hessian: EpochHessian, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
     """Central differences of gradients, (∇L(θ + εv) − ∇L(θ − εv)) / 2ε, with
-    ε = fd_scale · max(1, ‖θ‖) / ‖v‖: first derivatives only, so fused attention works. With the
-    operator's ``head_tokens`` (a model of this project's, which has ``hidden``) each gradient
-    takes the head and loss that many target positions at a time: the same sums."""
-
-    def loss(flat: torch.Tensor) -> torch.Tensor:
-        return hessian.loss(hessian.flat.unflatten(flat), inputs, targets)
-
-    chunked = _chunked(hessian, targets)
-    gradient = (lambda theta: _chunked_gradient(hessian, theta, inputs, targets)) if chunked else grad(loss)
-    scale = hessian.fd_scale * max(1.0, float(hessian.theta.norm()))
-    return central_differences(lambda step: gradient(hessian.theta + step), V, [float(v.norm()) for v in V], scale)
+    ε = fd_scale · max(1, ‖θ‖) / ‖v‖ (whole vectors' norms): first derivatives only, so fused
+    attention works, and each rank of a sharded model moves its own shard of θ and reads its shard of
+    the reduce-scattered gradient (``EpochHessian.gradient_at``, the placement's shift). With the
+    operator's ``head_tokens`` each gradient takes the head and loss that many target positions at a
+    time: the same sums."""
+    scale = hessian.fd_scale * max(1.0, hessian.theta_norm)
+    return central_differences(partial(hessian.gradient_at, inputs, targets), V, hessian.placement.norms(V), scale)
 
 
 def central_differences(
@@ -129,44 +123,3 @@ def central_differences(
         step = eps * v
         rows.append((gradient_at(step) - gradient_at(-step)) / (2 * eps))
     return torch.stack(rows)
-
-
-def _chunked(hessian: EpochHessian, targets: torch.Tensor) -> bool:
-    """Whether this group's head and loss run in token chunks: ``head_tokens`` set, fewer than the
-    group's targets, and a model with second-order rules (which has ``hidden``)."""
-    return hessian.head_tokens is not None and hessian.head_tokens < targets.numel() and jet_rules(hessian.model)
-
-
-def _chunked_gradient(
-    hessian: EpochHessian, theta: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
-) -> torch.Tensor:
-    """∇ of this group's share of the epoch loss at ``theta``, the head and loss ``head_tokens``
-    target positions at a time (the model's parameters set to θ for the pass, then restored)."""
-    model = hessian.model
-    with _parameters_at(hessian, theta):
-        with hessian.precision.autocast():
-            h = model.hidden(inputs)
-            _, grad_h = head_loss_chunks(
-                model, h, targets, 1 / hessian.n_targets, hessian.head_tokens, parameter_grads=True
-            )
-        h.backward(grad_h)
-        return hessian.flat.flatten([p.grad for p in model.parameters()])
-
-
-@contextlib.contextmanager
-def _parameters_at(hessian: EpochHessian, theta: torch.Tensor) -> Iterator[None]:
-    """The model's parameters set to ``theta`` (their ``.grad`` cleared) inside the block; the
-    operator's own θ and empty gradients restored after it, whatever happens."""
-    params = list(hessian.model.parameters())
-    saved = [p.grad for p in params]
-    try:
-        with torch.no_grad():
-            for p, value in zip(params, hessian.flat.unflatten(theta).values(), strict=True):
-                p.copy_(value)
-                p.grad = None
-        yield
-    finally:
-        with torch.no_grad():
-            for p, value, grad_ in zip(params, hessian.flat.unflatten(hessian.theta).values(), saved, strict=True):
-                p.copy_(value)
-                p.grad = grad_

@@ -1,5 +1,5 @@
-"""The exact quadratic forms of a model sharded over the ranks (FSDP2): the ``taylor`` engine's
-computation on a ``ShardedHessian`` (its registry entry's ``sharded``).
+"""The jets of a model sharded over the ranks (FSDP2): what the sharded placement gives the
+``taylor`` engine's batch computation (``Sharded.jet_pass``), which is the same on every placement.
 
 For each micro-batch the jets run block by block, each block's parameters unsharded (FSDP2's
 ``unshard``) and its K direction shards all-gathered only while its jet runs, then freed; the
@@ -12,22 +12,23 @@ one block's K directions.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from tiny_llm.distributed import all_reduce_sum, world
+from tiny_llm.distributed import world
 from tiny_llm.model.causal import CausalLM, VocabularyRows, check_jet_rules, loss_jet_rows
 from tiny_llm.model.jets import Jet, JetPass
 
 if TYPE_CHECKING:
-    from tiny_llm.curvature.sharded import ShardedHessian
+    from tiny_llm.curvature.placement import Sharded
 
-__all__ = ["gather_rows", "lookup_rows", "taylor_forms"]
+__all__ = ["gather_rows", "lookup_rows", "sharded_jets"]
 
 
 def gather_rows(shard: torch.Tensor, rows: int, ranks: int) -> torch.Tensor:
@@ -146,59 +147,34 @@ def _broadcast_rows(source: int, rank: int, tensors: list[torch.Tensor | None]) 
     return out
 
 
-def taylor_forms(operator: ShardedHessian, V: torch.Tensor) -> torch.Tensor:
-    """``taylor`` on a sharded model: vᵀHv and vᵀGv for this rank's shards V (K, d), exact, by the
-    forward Taylor mode block by block (module docstring): (2, K) float64, the same on every rank.
-
-    Raises:
-        ValueError: a model without second-order rules (an adapter's), naming the layer.
-    """
-    check_jet_rules(operator.model)
-    V = V.to(device=operator.precision.device, dtype=operator.precision.dtype)
-    K = len(V)
-    pieces = V.split([operator.local(p).numel() for p in operator.params], dim=1)
-    shards = {
-        name: piece.reshape(K, *operator.local(p).shape)
-        for name, p, piece in zip(operator.names, operator.params, pieces, strict=True)
-    }
-    total = torch.zeros(2, K, dtype=torch.float64, device=operator.precision.device)
-    started = time.perf_counter()
-    B = len(operator.batches[0][0])  # every micro-batch's (the last is padded), so every rank's groups
-    rows = min(max(1, B // K), operator.group_rows or B)  # the Taylor mode's B/K, capped by the plan
-    for inputs, targets in operator.rank_batches(operator.batches):
-        for start in range(0, B, rows):
-            total += _taylor_batch(operator, shards, inputs[start : start + rows], targets[start : start + rows])
-    operator.passes += 1
-    operator.progress(
-        f"sharded taylor pass over {len(operator.batches)} micro-batches: {time.perf_counter() - started:.2f} s"
-    )
-    return all_reduce_sum(total)
+@contextlib.contextmanager
+def sharded_jets(
+    placement: Sharded, V: torch.Tensor, workspace: dict, head_tokens: int | None
+) -> Iterator[tuple[JetPass, Callable]]:
+    """The jet pass of this rank's shards V (K, d) of K directions on a sharded model (module
+    docstring), and the loss rule on the ranks' vocabulary rows: the root's own parameters unsharded
+    for the pass, each block's parameters unsharded and its directions gathered only while its jet
+    runs. Every rank's share of the forms sums to the forms of every rank's micro-batch."""
+    model = placement.model
+    check_jet_rules(model)
+    shards = {name: piece for (name, _), piece in zip(model.named_parameters(), placement.pieces(V), strict=True)}
+    model.unshard()  # the root's own parameters
+    root = {p: shards[name] for name, p in model.named_parameters() if not name.startswith("layers.")}
+    jets = _ShardedJets(root, placement.ranks, workspace=workspace, head_tokens=head_tokens)
+    for index, layer in enumerate(model.layers):
+        layer.jet = _block_jet(layer, f"layers.{index}.", shards, placement.ranks)
+    try:
+        yield jets, partial(_loss_jet_on_shards, model)
+    finally:
+        for layer in model.layers:
+            del layer.jet  # the class's rule again
+        model.reshard()
 
 
 def _directions(module: nn.Module, prefix: str, shards: dict[str, torch.Tensor], ranks: int) -> dict:
     """The K full directions of ``module``'s unsharded parameters, all-gathered from this rank's
     shards."""
     return {p: gather_rows(shards[prefix + name], p.shape[0], ranks) for name, p in module.named_parameters()}
-
-
-def _taylor_batch(
-    operator: ShardedHessian, shards: dict[str, torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor
-) -> torch.Tensor:
-    """(2, K): this micro-batch's share of the forms and their Gauss–Newton parts."""
-    model = operator.model
-    model.unshard()  # the root's own parameters
-    root = {p: shards[name] for name, p in model.named_parameters() if not name.startswith("layers.")}
-    jets = _ShardedJets(root, operator.ranks, workspace=operator.workspace, head_tokens=operator.head_tokens)
-    for index, layer in enumerate(model.layers):
-        layer.jet = _block_jet(layer, f"layers.{index}.", shards, operator.ranks)
-    try:
-        with torch.no_grad(), operator.precision.autocast():
-            forms = _loss_jet_on_shards(model, model.jet(inputs, jets), targets, jets).double() / operator.n_targets
-    finally:
-        for layer in model.layers:
-            del layer.jet  # the class's rule again
-        model.reshard()
-    return torch.stack([forms, jets.gauss_newton.double() / operator.n_targets])
 
 
 def _block_jet(layer: nn.Module, prefix: str, shards: dict[str, torch.Tensor], ranks: int) -> Callable:

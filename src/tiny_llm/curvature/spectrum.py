@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from tiny_llm.curvature.hessian import FlatParameters
-from tiny_llm.distributed import all_reduce_sum
+from tiny_llm.curvature.placement import Layout
 
 __all__ = [
     "Layout",
@@ -37,32 +37,6 @@ __all__ = [
 ]
 
 MatVec = Callable[[torch.Tensor], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Which entries of a D-vector this process holds: all of them (``indices`` None, one process
-    or data-parallel ranks that each hold everything), or this rank's shard, ``indices`` being the
-    global positions of its entries in order (FSDP). Inner products of shards are all-reduced."""
-
-    D: int
-    indices: torch.Tensor | None = None
-
-    def local(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's entries of ``full`` (..., D) (the whole of it unsharded)."""
-        return full if self.indices is None else full[..., self.indices.to(full.device)]
-
-    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        """Sum per-rank partial sums over the ranks (unchanged unsharded)."""
-        return partial if self.indices is None else all_reduce_sum(partial)
-
-    def dots(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-        """Row-wise inner products ⟨a_i, b_i⟩ of (K, d) parts, reduced: (K,)."""
-        return self.reduce((A * B).sum(-1))
-
-    def norms(self, A: torch.Tensor) -> torch.Tensor:
-        """Row-wise norms of (K, d) parts, reduced: (K,)."""
-        return self.dots(A, A).sqrt()
 
 
 def _whole(D: int, layout: Layout | None) -> Layout:

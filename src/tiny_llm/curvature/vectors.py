@@ -10,7 +10,7 @@ import torch
 
 from tiny_llm.curvature.blocks import squared_norms
 from tiny_llm.curvature.gradients import rademacher
-from tiny_llm.curvature.spectrum import Layout
+from tiny_llm.curvature.placement import Layout
 
 __all__ = ["Vectors"]
 

@@ -74,7 +74,7 @@ def test_no_module_outside_the_registry_compares_an_engine_by_name():
 
 
 def test_the_sharded_capability_dispatches_and_an_engine_without_it_is_refused_by_name(monkeypatch):
-    """An engine that declares a sharded computation is what a sharded operator runs (auto picks the
+    """An engine that declares the sharded placement is what a sharded operator runs (auto picks the
     first registered: exact forms before products, none needing rules the model lacks); one that
     declares none is refused by the operator, naming those that run sharded, before any work."""
     import torch
@@ -87,10 +87,10 @@ def test_the_sharded_capability_dispatches_and_an_engine_without_it_is_refused_b
 
     for declared in ENGINES.values():
         if declared.sharded:
-            assert callable(declared.compute_sharded()), declared.name
+            declared.check_placement("sharded")
         else:
             with pytest.raises(ValueError, match=f"engine {declared.name} does not run on a sharded model"):
-                declared.compute_sharded()
+                declared.check_placement("sharded")
     assert sharded_names() == ("taylor", "finite_difference")
     assert default_forms_engine(16, jets=True, sharded=True) == sharded_names("forms")[0]
     assert default_forms_engine(16, jets=False, sharded=True) == sharded_names("products", jets=False)[0]
@@ -111,7 +111,7 @@ def test_the_sharded_capability_dispatches_and_an_engine_without_it_is_refused_b
         "test",
         "tiny_llm.curvature.forms:adjoint",
         jets=True,
-        sharded="tiny_llm.curvature.sharded_taylor:taylor_forms",
+        placements=("whole", "data_parallel", "sharded"),
     )
     monkeypatch.setattr(registry, "ENGINES", {**ENGINES, new.name: new})
     assert "sharded_adjoint" in sharded_names("forms")

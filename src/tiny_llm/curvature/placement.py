@@ -1,0 +1,240 @@
+"""Where a job's model and its parameter-sized vectors live: one object per job, asked by the one
+curvature operator (:class:`tiny_llm.curvature.hessian.EpochHessian`) and nothing else.
+
+* ``whole``: one process holds the model and every vector.
+* ``data_parallel``: every rank holds the whole model and every vector; the epoch's micro-batches
+  are dealt round-robin over the ranks and each pass's sums are all-reduced.
+* ``sharded``: the model is sharded over the ranks with FSDP2 (``shard_model``): each rank holds its
+  rows of every parameter (``Shard(0)``) and of every vector (``layout``); the micro-batches are
+  dealt as data-parallel ones, a rank with one fewer taking one whose targets are all ignored (every
+  rank must join every gather); gradients are reduce-scattered, so a rank's share of a product is
+  already whole for its rows.
+
+What differs between the three is here: the layout of a rank's entries, the dealing, the reductions,
+the parameters a rank moves to shift θ (and restores), the per-parameter views of a vector, the
+norms of vectors, and the directions the jet rules read (``jet_pass``). An engine never asks which
+placement it runs under; it declares the placements it supports (``Engine.placements``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tiny_llm.distributed import all_reduce_sum, world
+from tiny_llm.distributed import sharded as runs_sharded
+from tiny_llm.model.causal import IGNORE_INDEX
+from tiny_llm.model.jets import JetPass
+
+__all__ = ["PLACEMENTS", "Layout", "Placement", "Sharded", "place", "shard_layout", "shard_model", "shard_rows"]
+
+PLACEMENTS = ("whole", "data_parallel", "sharded")
+"""The placements an engine may declare (``Engine.placements``)."""
+
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which entries of a D-vector this process holds: all of them (``indices`` None, one process
+    or data-parallel ranks that each hold everything), or this rank's shard, ``indices`` being the
+    global positions of its entries in order (FSDP). Inner products of shards are all-reduced."""
+
+    D: int
+    indices: torch.Tensor | None = None
+
+    def local(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's entries of ``full`` (..., D) (the whole of it unsharded)."""
+        return full if self.indices is None else full[..., self.indices.to(full.device)]
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """Sum per-rank partial sums over the ranks (unchanged unsharded)."""
+        return partial if self.indices is None else all_reduce_sum(partial)
+
+    def dots(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        """Row-wise inner products ⟨a_i, b_i⟩ of (K, d) parts, reduced: (K,)."""
+        return self.reduce((A * B).sum(-1))
+
+    def norms(self, A: torch.Tensor) -> torch.Tensor:
+        """Row-wise norms of (K, d) parts, reduced: (K,)."""
+        return self.dots(A, A).sqrt()
+
+
+def shard_model(model: nn.Module) -> nn.Module:
+    """Shard ``model`` in place over the current process group with FSDP2: each block of
+    ``model.layers`` (when it has them), then the rest. Gradients are reduce-scattered as sums
+    (FSDP's default divides by the number of ranks; each rank's loss here is already its share of
+    the token-weighted epoch loss)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in getattr(model, "layers", []):
+        fully_shard(block)
+    fully_shard(model)
+    for module in model.modules():
+        if hasattr(module, "set_gradient_divide_factor"):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
+    return model
+
+
+def shard_layout(shapes: list[torch.Size], rank: int, ranks: int) -> Layout:
+    """The global flat positions of rank ``rank``'s entries when every parameter (in ``shapes``'
+    order, flattened row-major) is cut along its first axis into ``ranks`` chunks of
+    ⌈rows / ranks⌉ rows, the last ones shorter or empty (FSDP2's ``Shard(0)``)."""
+    indices, offset = [], 0
+    for shape in shapes:
+        rows = shape[0] if len(shape) else 1
+        per_row = math.prod(shape[1:]) if len(shape) > 1 else 1
+        chunk = -(-rows // ranks)
+        first, last = min(rank * chunk, rows), min((rank + 1) * chunk, rows)
+        indices.append(torch.arange(offset + first * per_row, offset + last * per_row))
+        offset += rows * per_row
+    return Layout(offset, torch.cat(indices))
+
+
+def shard_rows(tensors: list[torch.Tensor], rank: int, ranks: int) -> torch.Tensor:
+    """Rank ``rank``'s shard (its entries in ``shard_layout``'s order) of a parameter-sized vector
+    given whole, one tensor per parameter in order (e.g. a checkpoint's): each tensor's rows of this
+    rank, flattened and concatenated; nothing else is copied."""
+    parts = []
+    for tensor in tensors:
+        rows = tensor.reshape(-1, *tensor.shape[1:]) if tensor.dim() else tensor.reshape(1)
+        chunk = -(-len(rows) // ranks)
+        parts.append(rows[rank * chunk : (rank + 1) * chunk].reshape(-1))
+    return torch.cat(parts)
+
+
+class Placement:
+    """One process, or data-parallel ranks that each hold the whole model (module docstring)."""
+
+    sharded = False
+    """Whether each rank holds only its rows of the parameters and vectors."""
+    head_chunks = True
+    """Whether a gradient may take the head and loss in token chunks (through ``model.hidden``)."""
+
+    def __init__(self, model: nn.Module, layout: Layout, rank: int = 0, ranks: int = 1):
+        self.model, self.layout, self.rank, self.ranks = model, layout, rank, ranks
+        self.parameters = [self.local(p) for p in model.parameters()]
+        """What this rank holds of each parameter, in the flat vector's order (tied weights once)."""
+        self.sizes = [p.numel() for p in self.parameters]
+
+    @property
+    def name(self) -> str:
+        """Its name in ``PLACEMENTS``."""
+        return "data_parallel" if self.ranks > 1 else "whole"
+
+    @staticmethod
+    def local(tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a parameter or its gradient (the tensor itself, unsharded)."""
+        return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+    def flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """This rank's parts of per-parameter tensors (parameters, gradients) as one flat vector."""
+        return torch.cat([self.local(t).reshape(-1) for t in tensors])
+
+    def pieces(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """A vector as this rank holds it, (..., d), as per-parameter views (..., *local shape)."""
+        lead = flat.shape[:-1]
+        return [
+            piece.view(*lead, *p.shape)
+            for piece, p in zip(flat.split(self.sizes, dim=-1), self.parameters, strict=True)
+        ]
+
+    def norms(self, V: torch.Tensor) -> list[float]:
+        """The whole vectors' norms of the rows of V (K, d)."""
+        return [float(v.norm()) for v in V]
+
+    def deal(self, batches: Batches) -> Batches:
+        """This rank's micro-batches of a pass, every N-th from its rank on (all of them on one
+        process), as every data-parallel pass deals them (``distributed.shard``)."""
+        return list(batches[self.rank :: self.ranks])
+
+    def reduce_forms(self, partial: torch.Tensor) -> torch.Tensor:
+        """Sum per-rank partial forms (or losses) over the ranks."""
+        return all_reduce_sum(partial)
+
+    def reduce_products(self, partial: torch.Tensor) -> torch.Tensor:
+        """This rank's products over its micro-batches → the products of every micro-batch."""
+        return all_reduce_sum(partial)
+
+    @contextlib.contextmanager
+    def shifted(self, step: torch.Tensor | None) -> Iterator[None]:
+        """The model's parameters (this rank's parts) moved to θ + ``step`` inside the block (in
+        their dtype), restored bit for bit after it, whatever happens; nothing moves for None."""
+        if step is None:
+            yield
+            return
+        saved = [p.detach().clone() for p in self.parameters]
+        try:
+            with torch.no_grad():
+                for p, piece in zip(self.parameters, self.pieces(step.to(self.parameters[0].dtype)), strict=True):
+                    p.add_(piece)
+            yield
+        finally:
+            with torch.no_grad():
+                for p, value in zip(self.parameters, saved, strict=True):
+                    p.copy_(value)
+
+    @contextlib.contextmanager
+    def jet_pass(
+        self, V: torch.Tensor, adjoints: dict | None, workspace: dict, head_tokens: int | None
+    ) -> Iterator[tuple[JetPass, Callable]]:
+        """The jet pass of K directions V (K, d) and the loss rule to end it with
+        (``loss_jet(h, targets, jets)``)."""
+        directions = dict(zip(self.model.parameters(), self.pieces(V), strict=True))
+        yield JetPass(directions, adjoints, workspace=workspace, head_tokens=head_tokens), self.model.loss_jet
+
+
+class Sharded(Placement):
+    """The model sharded over the ranks with FSDP2 (module docstring); one rank is the N-rank path
+    with trivial collectives."""
+
+    sharded = True
+    name = "sharded"
+    head_chunks = False
+    """``model.hidden`` would bypass FSDP's hooks on the root (its parameters' gather and their
+    gradients' reduce-scatter), so a sharded gradient takes the head whole."""
+
+    def norms(self, V: torch.Tensor) -> list[float]:
+        return self.layout.norms(V.double()).tolist()
+
+    def deal(self, batches: Batches) -> Batches:
+        mine = super().deal(batches)
+        if len(mine) < -(-len(batches) // self.ranks):  # every rank joins every gather
+            inputs, targets = batches[0]
+            mine.append((inputs, torch.full_like(targets, IGNORE_INDEX)))
+        return mine
+
+    def reduce_products(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial  # reduce-scattered already: each rank's rows hold every rank's micro-batches
+
+    @contextlib.contextmanager
+    def jet_pass(
+        self, V: torch.Tensor, adjoints: dict | None, workspace: dict, head_tokens: int | None
+    ) -> Iterator[tuple[JetPass, Callable]]:
+        from tiny_llm.curvature.sharded_taylor import sharded_jets
+
+        if adjoints is not None:
+            raise ValueError("the adjoint mode's record pass does not run on a sharded model")
+        with sharded_jets(self, V, workspace, head_tokens) as pass_and_loss:
+            yield pass_and_loss
+
+
+def place(model: nn.Module, sharded: bool = False) -> Placement:
+    """The placement of a job's model: ``sharded`` (asked, and in a process group: the model is
+    sharded here, in place, with ``shard_model``), else whole or data-parallel over the process
+    group's ranks. The one place that answers "is it sharded"."""
+    rank, ranks = world()
+    shapes = [p.shape for p in model.parameters()]
+    if not runs_sharded(sharded):
+        return Placement(model, Layout(sum(math.prod(s) for s in shapes)), rank, ranks)
+    layout = shard_layout(shapes, rank, ranks)
+    placement = Sharded(shard_model(model), layout, rank, ranks)
+    if sum(placement.sizes) != len(layout.indices):
+        raise RuntimeError("FSDP's shards do not follow Shard(0) row chunks; this layout cannot describe them")
+    return placement
