@@ -34,6 +34,7 @@ from typing import Annotated, Any, Literal
 
 __all__ = [
     "Bounds",
+    "Pattern",
     "NonNegative",
     "NonNegativeNumber",
     "Positive",
@@ -46,6 +47,7 @@ __all__ = [
     "fail",
     "field_docs",
     "from_options",
+    "json_schema",
 ]
 
 
@@ -76,6 +78,22 @@ class Bounds:
         if self.high is None:
             return f"{'an' if base is int else 'a'} {kind} {'>' if self.open_low else '>='} {self.low:g}"
         return f"a {kind} in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+    """A string a declared text keeps: it matches ``regex`` in full; ``what`` says so in words."""
+
+    regex: str
+    what: str
+
+    def holds(self, value: str) -> bool:
+        import re
+
+        return re.fullmatch(self.regex, value) is not None
+
+    def words(self, base: Any) -> str:
+        return self.what
 
 
 Positive = Annotated[int, Bounds(1)]
@@ -250,3 +268,53 @@ def from_options(cls: type, args: argparse.Namespace) -> Any:
     data = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
     hints = _hints(cls)
     return cls(**{name: coerce(value, hints[name], _flag(name)) for name, value in data.items()})
+
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def _type_schema(tp: Any, spelled: str | None) -> dict[str, Any]:
+    """The JSON schema of values of ``tp`` (``spelled``: the word a configuration writes for None)."""
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        schema = _type_schema(tp.__origin__, None)
+        for mark in tp.__metadata__:
+            if isinstance(mark, Pattern):
+                schema["pattern"] = mark.regex
+                continue
+            if mark.low is not None:
+                schema["exclusiveMinimum" if mark.open_low else "minimum"] = mark.low
+            if mark.high is not None:
+                schema["exclusiveMaximum" if mark.open_high else "maximum"] = mark.high
+        return schema
+    if origin is Literal:
+        values = list(typing.get_args(tp))
+        return {"type": _JSON_TYPES[type(values[0])], "enum": values}
+    if origin in (typing.Union, types.UnionType):
+        arms = [_type_schema(arm, None) for arm in typing.get_args(tp) if arm is not type(None)]
+        if type(None) in typing.get_args(tp):
+            if spelled is not None:
+                arms.append({"type": "string", "enum": [spelled]})
+            elif len(arms) == 1 and isinstance(arms[0].get("type"), str):
+                return {**arms[0], "type": [arms[0]["type"], "null"]}
+            else:
+                arms.append({"type": "null"})
+        return {"oneOf": arms}
+    return {"type": _JSON_TYPES[tp]}
+
+
+def json_schema(cls: type, spelled: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Each field of ``cls`` as a JSON-schema property: its type (a ``Literal`` as an enum, a range
+    as minimum/maximum, a pattern), its default and its docstring as the description. ``spelled``:
+    field → the word a configuration writes for its None (``all``), which is then its default's
+    spelling too."""
+    hints, docs, spelled = _hints(cls), field_docs(cls), spelled or {}
+    properties = {}
+    for field in dataclasses.fields(cls):
+        schema = _type_schema(hints[field.name], spelled.get(field.name))
+        default = field.default
+        schema["default"] = spelled[field.name] if default is None and field.name in spelled else default
+        if field.name in docs:
+            schema["description"] = docs[field.name].replace("``", "")
+        properties[field.name] = schema
+    return properties

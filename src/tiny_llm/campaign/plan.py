@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.blocks import block_count
+from tiny_llm.curvature.measurement import MeasurementPlan
 from tiny_llm.declared import Positive, PositiveNumber, build
 from tiny_llm.layout import FINAL, IMPORTED, STATES
 from tiny_llm.workers.settings import AnalysisSettings
@@ -131,27 +132,28 @@ def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -
     consensus directions of a packed run). With ``settings.trajectory`` the job is priced as one
     with a successor (every state but the last): the step Δ (per block too) and the loss at θ + Δ."""
     B, mb = config.training.batch_size, config.training.micro_batch_size
-    n_batches = config.steps_per_epoch
-    S_v = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
-    directions = S_v + settings.random_samples + 1 + (workers if workers > 1 else 0)
-    blocks = block_count(config.model.n_layers, config.model.tie_embeddings) if settings.block_curvature else 0
-    directions += (S_v + 1) * blocks  # each noise direction and ḡ once more per parameter block
-    step = 1 + blocks if settings.trajectory else 0  # Δ, and each Δ_b
-    directions += step
-    hvp_microbatches = math.ceil(n_batches * B / (settings.hvp_batch_size or mb))
+    plan = MeasurementPlan.of(
+        config.steps_per_epoch,
+        settings.noise_samples,
+        settings.random_samples,
+        consensus=workers if workers > 1 else 0,
+        blocks=block_count(config.model.n_layers, config.model.tie_embeddings) if settings.block_curvature else 0,
+        step=settings.trajectory,
+    )
+    hvp_microbatches = math.ceil(plan.n_batches * B / (settings.hvp_batch_size or mb))
     audit_gradients = audit_microbatches = 0
     if settings.audited:
-        audit_gradients = (n_batches + min(settings.audit_directions, S_v)) * math.ceil(B / mb)
+        audit_gradients = (plan.n_batches + min(settings.audit_directions, plan.noise_samples)) * math.ceil(B / mb)
         audit_microbatches = min(settings.audit_batches, hvp_microbatches)
     return CaseWork(
-        noise_samples=S_v,
-        gradient_microbatches=(n_batches + S_v) * math.ceil(B / mb),
-        directions=directions,
-        passes=math.ceil(directions / settings.directions_per_pass),
+        noise_samples=plan.noise_samples,
+        gradient_microbatches=plan.gradient_batches * math.ceil(B / mb),
+        directions=plan.directions,
+        passes=plan.passes(settings.directions_per_pass),
         hvp_microbatches=hvp_microbatches,
         audit_gradient_microbatches=audit_gradients,
         audit_microbatches=audit_microbatches,
-        forward_microbatches=n_batches * math.ceil(B / mb) if step else 0,
+        forward_microbatches=plan.forward_batches * math.ceil(B / mb),
     )
 
 

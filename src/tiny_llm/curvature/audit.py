@@ -12,7 +12,6 @@ that the audited pairs imply (:mod:`tiny_llm.curvature.statistics`).
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable
@@ -25,14 +24,13 @@ from tiny_llm.architectures import jet_rules
 from tiny_llm.curvature.case import CaseInputs
 from tiny_llm.curvature.engines import default_forms_engine
 from tiny_llm.curvature.gradients import batch_gradient_and_loss, mean_gradient_and_loss
-from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.curvature.placement import Layout
+from tiny_llm.curvature.hessian import EpochHessian, Precision
+from tiny_llm.curvature.placement import Placement
 from tiny_llm.curvature.statistics import AuditPairs, implied_errors, relative
 from tiny_llm.curvature.vectors import Vectors
 from tiny_llm.data.tokens import group_permutation
-from tiny_llm.model.llama import Llama
 
-__all__ = ["AuditSide", "audit_choice", "precision_audit", "whole_sides"]
+__all__ = ["AuditSide", "audit_choice", "audit_sides", "precision_audit"]
 
 AUDIT_STREAM = 4
 
@@ -58,45 +56,34 @@ class AuditSide:
     mean_gradient: Callable[[], tuple[torch.Tensor, float]]
 
 
-def whole_sides(
-    model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision
+def audit_sides(
+    placement: Placement, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision
 ) -> tuple[AuditSide, AuditSide]:
-    """The production and float64 sides of a model held whole (a float64 copy is made here)."""
-    flat = FlatParameters(model)
-    exact = Precision(precision.device, torch.float64)
-    reference = copy.deepcopy(model).to(torch.float64)
-    rows64 = inputs.rows("audit_gradient") or inputs.micro_batch_size
+    """The production and float64 sides of a model as ``placement`` holds it (its float64 copy,
+    ``Placement.reference``, is placed the same way)."""
+    jets = jet_rules(placement.model)  # float64 forms: the exact engine, or an HVP without rules
+    exact = (placement.reference(), Precision(precision.device, torch.float64))
     h = inputs.hvp_batch_size
-    jets = jet_rules(model)  # float64 forms: the exact engine, or an HVP without rules
 
-    def side(net, prec, engine, rows, head, forms_rows, forms_head) -> AuditSide:
+    def side(where: Placement, prec: Precision, engine: Callable[[int], str], rows: int, groups: tuple) -> AuditSide:
+        gradient, forms = groups  # the memory plan's groups of the side's gradient and forms passes
+        head, plan = inputs.head_tokens(gradient), (inputs.rows(forms), inputs.head_tokens(forms))
         return AuditSide(
-            vectors=Vectors(Layout(flat.D), flat.blocks, inputs.seed),
-            batch_gradient=lambda i: batch_gradient_and_loss(net, flat, batches[i], rows, prec, head),
-            forms=lambda V, tokens: _forms(net, tokens, V, engine(len(V)), prec, h, (forms_rows, forms_head)),
+            vectors=Vectors(where.layout, where.pieces, inputs.seed),
+            batch_gradient=lambda i: batch_gradient_and_loss(where.model, where, batches[i], rows, prec, head),
+            forms=lambda V, tokens: _forms(where, tokens, V, engine(len(V)), prec, h, plan),
             dtype=prec.dtype,
             device=prec.device,
             engine=engine,
-            mean_gradient=lambda: mean_gradient_and_loss(net, flat, batches, rows, prec, head),
+            mean_gradient=lambda: mean_gradient_and_loss(where.model, where, batches, rows, prec, head),
         )
 
-    production = side(
-        model,
-        precision,
-        lambda K: inputs.engine,
-        inputs.gradient_micro_batch,
-        inputs.head_tokens("gradient"),
-        inputs.rows("forms"),
-        inputs.head_tokens("forms"),
-    )
+    production = side(placement, precision, lambda K: inputs.engine, inputs.gradient_micro_batch, ("gradient", "forms"))
     float64 = side(
-        reference,
-        exact,
-        lambda K: default_forms_engine(K, jets),
-        rows64,
-        inputs.head_tokens("audit_gradient"),
-        inputs.rows("audit"),
-        inputs.head_tokens("audit"),
+        *exact,
+        lambda K: default_forms_engine(K, jets, placement.sharded),
+        inputs.rows("audit_gradient") or inputs.micro_batch_size,
+        ("audit_gradient", "audit"),
     )
     return production, float64
 
@@ -141,13 +128,13 @@ def _directions(
 
 
 def _forms(
-    model: Llama, rows: torch.Tensor, V: torch.Tensor, engine: str, precision: Precision, h: int, plan: tuple
+    placement: Placement, rows: torch.Tensor, V: torch.Tensor, engine: str, precision: Precision, h: int, plan: tuple
 ) -> list[float]:
     """vᵀHv of the rows of V over the audited micro-batches, all directions in one pass; ``plan``:
     the pass's group rows and head tokens."""
     group, head_tokens = plan
     operator = EpochHessian(
-        model,
+        placement.model,
         rows,
         batch_size=h,
         engine=engine,
@@ -156,6 +143,7 @@ def _forms(
         compile=False,
         group_rows=group,
         head_tokens=head_tokens,
+        placement=placement,
     )
     return operator.quadratic_forms(V).tolist()
 
@@ -171,13 +159,13 @@ def precision_audit(
 ) -> dict[str, Any]:
     """End-to-end error of the production precision against float64 (module docstring).
 
-    ``sides`` are the production and float64 precisions (:func:`whole_sides`, or a sharded
-    model's); ``mean`` is the job's own (production) ḡ and epoch loss. The audit recomputes ḡ
-    and the epoch loss over the whole epoch in float64, the batch gradients of the audited noise
-    batches (``noise_batches``, indices into ``batches``) in both precisions, and the quadratic
-    forms of every audited direction (as each precision builds it) on a seeded sample of curvature
-    micro-batches. The production batch gradients and losses are left in ``sampled`` (batch index
-    → (gᵢ, loss)), so the job does not compute them twice.
+    ``sides`` are the production and float64 precisions (:func:`audit_sides`); ``mean`` is the
+    job's own (production) ḡ and epoch loss. The audit recomputes ḡ and the epoch loss over the
+    whole epoch in float64, the batch gradients of the audited noise batches (``noise_batches``,
+    indices into ``batches``) in both precisions, and the quadratic forms of every audited
+    direction (as each precision builds it) on a seeded sample of curvature micro-batches. The
+    production batch gradients and losses are left in ``sampled`` (batch index → (gᵢ, loss)), so
+    the job does not compute them twice.
     """
     sampled = {} if sampled is None else sampled
     started = time.perf_counter()

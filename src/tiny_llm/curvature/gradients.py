@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterator
 import torch
 
 from tiny_llm.curvature.hessian import FlatParameters, Precision
+from tiny_llm.curvature.placement import Layout, Placement
 from tiny_llm.data.tokens import derive_seed, group_permutation
-from tiny_llm.distributed import all_reduce_sum, shard, world
+from tiny_llm.distributed import all_reduce_sum, world
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import accumulate_batch_gradient
 
@@ -59,41 +60,54 @@ def rademacher(D: int, seed: int, index: int, entries: torch.Tensor | None = Non
     return torch.cat(parts).double() * 2 - 1
 
 
+def placed(model: torch.nn.Module, holder: Placement | FlatParameters) -> Placement:
+    """The placement of a gradient's model: ``holder`` itself, or for a model held whole (a
+    ``FlatParameters``) one process or data-parallel ranks over the process group."""
+    if isinstance(holder, Placement):
+        return holder
+    return Placement(model, Layout(holder.D), *world())
+
+
 def batch_gradient_and_loss(
     model: Llama,
-    flat: FlatParameters,
+    placement: Placement | FlatParameters,
     tokens: torch.Tensor,
     micro_batch_size: int,
     precision: Precision,
     head_tokens: int | None = None,
 ) -> tuple[torch.Tensor, float]:
-    """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches, as float64 (D,),
-    and the batch's token-mean loss (summed over micro-batches in float64); with ``head_tokens``
-    the head and loss run that many target positions at a time (memory only)."""
+    """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches as training
+    computed them (in the parameters' ``.grad``), as float64 and as ``placement`` holds vectors (a
+    sharded model's ranks compute the batch together, each its share of the micro-batches, and FSDP
+    reduce-scatters every backward into their shards), and the batch's token-mean loss (summed over
+    micro-batches in float64). With ``head_tokens`` the head and loss run that many target positions
+    at a time where the placement allows it (memory only)."""
+    placement = placed(model, placement)
     model.zero_grad(set_to_none=True)
     loss = accumulate_batch_gradient(
         model,
         tokens.to(precision.device),
         micro_batch_size,
         forward=lambda x: precision.forward(model, x),
-        head_tokens=head_tokens,
+        head_tokens=head_tokens if placement.head_chunks else None,
         autocast=precision.autocast,
+        share=placement.share,
     )
-    g = flat.flatten([p.grad for p in model.parameters()]).double()
+    g = placement.flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()])
     model.zero_grad(set_to_none=True)
-    return g, float(loss)
+    return g.double(), float(placement.reduce_shared(loss))
 
 
 def batch_gradient(
     model: Llama,
-    flat: FlatParameters,
+    placement: Placement | FlatParameters,
     tokens: torch.Tensor,
     micro_batch_size: int,
     precision: Precision,
     head_tokens: int | None = None,
 ) -> torch.Tensor:
-    """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches; float64 (D,)."""
-    return batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision, head_tokens)[0]
+    """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches; float64."""
+    return batch_gradient_and_loss(model, placement, tokens, micro_batch_size, precision, head_tokens)[0]
 
 
 ROUNDING_STEP = 2e-6
@@ -130,21 +144,23 @@ def gradient_rounding(model: torch.nn.Module, tokens: torch.Tensor, precision: P
 
 def mean_gradient_and_loss(
     model: Llama,
-    flat: FlatParameters,
+    placement: Placement | FlatParameters,
     batches: list[torch.Tensor],
     micro_batch_size: int,
     precision: Precision,
     head_tokens: int | None = None,
 ) -> tuple[torch.Tensor, float]:
     """ḡ = Σ_b (N_b / N) g_b over every batch of the epoch, accumulated in float64, and the epoch
-    loss L = Σ_b (N_b / N) L_b, the token-mean cross-entropy over every target of the epoch."""
+    loss L = Σ_b (N_b / N) L_b, the token-mean cross-entropy over every target of the epoch; the
+    batches spread over data-parallel ranks, computed together by sharded ones."""
+    placement = placed(model, placement)
     n_total = sum(int(b[:, 1:].numel()) for b in batches)
-    g = torch.zeros(flat.D + 1, dtype=torch.float64, device=precision.device)  # ḡ and the loss, reduced together
-    for tokens in shard(batches):  # this rank's batches (all of them alone)
-        g_b, loss_b = batch_gradient_and_loss(model, flat, tokens, micro_batch_size, precision, head_tokens)
+    g = torch.zeros(sum(placement.sizes) + 1, dtype=torch.float64, device=precision.device)  # ḡ and the loss
+    for tokens in placement.split(batches):
+        g_b, loss_b = batch_gradient_and_loss(model, placement, tokens, micro_batch_size, precision, head_tokens)
         g[:-1] += g_b * (tokens[:, 1:].numel() / n_total)
         g[-1] += loss_b * (tokens[:, 1:].numel() / n_total)
-    all_reduce_sum(g)
+    placement.reduce_split(g)  # reduced together
     return g[:-1], float(g[-1])
 
 
@@ -154,21 +170,23 @@ def epoch_loss(
     micro_batch_size: int,
     precision: Precision,
     head_tokens: int | None = None,
+    placement: Placement | None = None,
 ) -> float:
     """The epoch loss L = Σ_b (N_b / N) L_b from forward passes only, each batch's loss summed
     micro-batch by micro-batch as :func:`mean_gradient_and_loss` sums it (the same number): what
-    the loss at a shifted θ costs. Each rank its batches, summed in float64."""
+    the loss at a shifted θ costs. The batches spread as that function spreads them (``placement``;
+    default: the model whole, on one process or data-parallel ranks), summed in float64."""
     from tiny_llm.model.causal import token_losses
 
+    placement = placement or Placement(model, Layout(0), *world())
+    head_tokens = head_tokens if placement.head_chunks else None
     n_total = sum(int(b[:, 1:].numel()) for b in batches)
     total = torch.zeros((), dtype=torch.float64, device=precision.device)
     with torch.no_grad():
-        for tokens in shard(batches):
+        for tokens in placement.split(batches):
             tokens = tokens.to(precision.device)
-            inputs, targets = tokens[:, :-1], tokens[:, 1:]
-            n_batch, batch = targets.numel(), torch.zeros((), dtype=torch.float64, device=precision.device)
-            for start in range(0, len(tokens), micro_batch_size):
-                x, y = inputs[start : start + micro_batch_size], targets[start : start + micro_batch_size]
+            n_batch, batch = tokens[:, 1:].numel(), torch.zeros((), dtype=torch.float64, device=precision.device)
+            for x, y in placement.share(_micro_batches(tokens, micro_batch_size)):
                 if head_tokens is not None and head_tokens < y.numel():
                     with precision.autocast():
                         h = model.hidden(x)
@@ -180,8 +198,14 @@ def epoch_loss(
                             batch += (part.sum() * (1 / n_batch)).double()
                     continue
                 batch += (token_losses(precision.forward(model, x), y).sum() / n_batch).double()
-            total += float(batch) * (n_batch / n_total)
-    return float(all_reduce_sum(total))
+            total += float(placement.reduce_shared(batch)) * (n_batch / n_total)
+    placement.release()
+    return float(placement.reduce_split(total))
+
+
+def _micro_batches(tokens: torch.Tensor, rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, targets) of consecutive ``rows`` sequences of (B, T+1) tokens, the last the rest."""
+    return [(tokens[s : s + rows, :-1], tokens[s : s + rows, 1:]) for s in range(0, len(tokens), rows)]
 
 
 def mean_gradient(
@@ -202,12 +226,14 @@ def sampled_gradients(
     compute: Callable[[int], tuple[torch.Tensor, float]],
     D: int,
     device: torch.device,
+    placement: Placement | None = None,
 ) -> Iterator[tuple[torch.Tensor, float]]:
-    """(gᵢ, loss) of the selected batches in order, ``known`` ones reused. With several ranks, each
-    group of N batches is spread over the N ranks and gathered by a float64 sum (every row filled
-    by one rank), so at most N gradients are held at once."""
+    """(gᵢ, loss) of the selected batches in order, ``known`` ones reused. With several data-parallel
+    ranks, each group of N batches is spread over the N ranks and gathered by a float64 sum (every
+    row filled by one rank), so at most N gradients are held at once; the ranks of a ``placement``
+    that does not spread batches (sharded) compute each batch together."""
     size = world()[1]
-    if size == 1:
+    if not (size > 1 if placement is None else placement.spreads):
         for i in selected:
             yield known.pop(i, None) or compute(i)
         return

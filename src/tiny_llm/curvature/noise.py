@@ -49,7 +49,6 @@ The statistics are declared, with their standard errors and implied audit errors
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -59,7 +58,7 @@ from typing import Any
 
 import torch
 
-from tiny_llm.curvature.audit import AuditSide, audit_choice, precision_audit, whole_sides
+from tiny_llm.curvature.audit import AuditSide, audit_choice, audit_sides, precision_audit
 from tiny_llm.curvature.blocks import model_blocks
 from tiny_llm.curvature.case import CaseInputs
 from tiny_llm.curvature.directions import DirectionRunner, add_block_directions, queue_other_directions
@@ -71,10 +70,10 @@ from tiny_llm.curvature.gradients import (
     noise_batch_indices,
     sampled_gradients,
 )
-from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, FlatParameters, Precision
-from tiny_llm.curvature.placement import Layout
+from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, Precision
+from tiny_llm.curvature.measurement import MeasurementPlan
+from tiny_llm.curvature.placement import Placement, place
 from tiny_llm.curvature.records import Direction, NoiseSample, consensus_block
-from tiny_llm.curvature.sharded import ShardedHessian
 from tiny_llm.curvature.statistics import (
     Samples,
     block_statistics,
@@ -83,7 +82,6 @@ from tiny_llm.curvature.statistics import (
 )
 from tiny_llm.curvature.trajectory import finish_trajectory, queue_trajectory, shifted_loss
 from tiny_llm.curvature.vectors import Vectors
-from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.model.llama import Llama
 
 __all__ = ["CaseInputs", "measure_case"]
@@ -93,11 +91,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Setup:
-    """What a whole and a sharded measurement do differently: the vectors, the gradients, the forms."""
+    """What a measurement reads through its placement: the vectors, the gradients, the forms."""
 
+    placement: Placement
     vectors: Vectors
-    names: list[str]
-    sizes: list[int]
     mean_gradient: Callable[[], tuple[torch.Tensor, float]]
     """ḡ and the epoch loss."""
     gradients: Callable[[list[int], dict[int, tuple[torch.Tensor, float]]], Iterator[tuple[torch.Tensor, float]]]
@@ -111,13 +108,15 @@ class _Setup:
     """The epoch loss at θ + d, for a displacement d held as every vector is (the step's)."""
 
 
-def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision) -> _Setup:
-    """Every vector whole on every rank (one process; data-parallel ranks share the passes)."""
-    flat = FlatParameters(model)
+def _setup(
+    model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision, progress: Callable[[str], None]
+) -> _Setup:
+    """The job's placement (``inputs.sharded`` in a process group: the model sharded over the ranks
+    with FSDP2, here, in place, every vector this rank's shard; else whole, on one process or
+    data-parallel ranks) and everything read through it. An engine that does not run under the
+    placement is refused by name before any copy or shard."""
+    placement = place(model, inputs.sharded, keep_reference=bool(inputs.audit), engine=inputs.engine)
     rows, head = inputs.gradient_micro_batch, inputs.head_tokens("gradient")
-
-    def mean() -> tuple[torch.Tensor, float]:
-        return mean_gradient_and_loss(model, flat, batches, rows, precision, head)
 
     def operator() -> EpochHessian:
         return EpochHessian(
@@ -130,95 +129,28 @@ def _whole(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precis
             compile=inputs.compile,
             group_rows=inputs.rows("forms"),
             head_tokens=inputs.head_tokens("forms"),
+            placement=placement,
         )
 
+    def batch(i: int) -> tuple[torch.Tensor, float]:
+        return batch_gradient_and_loss(model, placement, batches[i], rows, precision, head)
+
     return _Setup(
-        vectors=Vectors(Layout(flat.D), flat.blocks, inputs.seed),
-        names=flat.names,
-        sizes=flat.sizes,
-        mean_gradient=mean,
+        placement=placement,
+        vectors=Vectors(placement.layout, placement.pieces, inputs.seed),
+        mean_gradient=partial(mean_gradient_and_loss, model, placement, batches, rows, precision, head),
         gradients=lambda selected, known: sampled_gradients(
-            selected,
-            known,
-            lambda i: batch_gradient_and_loss(model, flat, batches[i], rows, precision, head),
-            flat.D,
-            precision.device,
+            selected, known, batch, sum(placement.sizes), precision.device, placement
         ),
         operator=operator,
         split=engine_named(inputs.engine).forms,
-        audit_sides=lambda: whole_sides(model, batches, inputs, precision),
+        audit_sides=partial(audit_sides, placement, batches, inputs, precision),
         loss_at=partial(
             shifted_loss,
-            list(model.parameters()),
-            flat.blocks,
-            partial(epoch_loss, model, batches, rows, precision, head),
+            placement.parameters,
+            placement.pieces,
+            partial(epoch_loss, model, batches, rows, precision, head, placement),
         ),
-    )
-
-
-def _sharded(
-    model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision, progress: Callable[[str], None]
-) -> _Setup:
-    """The model sharded over the ranks with FSDP2 (here, in place), every vector this rank's shard:
-    the gradients are FSDP's reduce-scattered shards, the forms the one operator's under the sharded
-    placement (an engine that does not declare it is refused by name before any work)."""
-    (engine := engine_named(inputs.engine)).check_placement("sharded")  # refused by name before any copy or shard
-    reference = copy.deepcopy(model).double() if inputs.audit else None  # the audit's, sharded in turn
-
-    def sharded(net: Llama, prec: Precision, group: str) -> ShardedHessian:
-        return ShardedHessian(
-            net,
-            torch.cat(batches),
-            batch_size=inputs.hvp_batch_size,
-            precision=prec,
-            engine=inputs.engine,
-            progress=progress,
-            group_rows=inputs.rows(group),
-            head_tokens=inputs.head_tokens(group),
-            directions_per_pass=inputs.directions_per_pass,
-        )
-
-    operator = sharded(model, precision, "forms")
-    rows = inputs.gradient_micro_batch
-
-    def side(op: ShardedHessian, gradient_rows: int) -> AuditSide:
-        def forms(V: torch.Tensor, tokens: torch.Tensor) -> list[float]:
-            return op.on(tokens).quadratic_forms(V).tolist()
-
-        return AuditSide(
-            vectors=Vectors(op.layout, op.pieces, inputs.seed),
-            batch_gradient=lambda i: op.gradient_and_loss(batches[i], gradient_rows),
-            forms=forms,
-            dtype=op.precision.dtype,
-            device=op.precision.device,
-            engine=lambda K: inputs.engine,
-            mean_gradient=lambda: op.gradient_and_loss(torch.cat(batches), gradient_rows),
-        )
-
-    def audit_sides() -> tuple[AuditSide, AuditSide]:
-        exact = sharded(reference, Precision(precision.device, torch.float64), "audit")
-        return side(operator, rows), side(exact, inputs.rows("audit_gradient") or inputs.micro_batch_size)
-
-    def mean() -> tuple[torch.Tensor, float]:
-        return operator.gradient_and_loss(torch.cat(batches), rows)
-
-    def forward_loss() -> float:  # the epoch loss at θ + d, from forward passes only
-        return operator.loss(torch.cat(batches), rows)
-
-    def gradients(selected, known):
-        for i in selected:
-            yield known.pop(i, None) or operator.gradient_and_loss(batches[i], rows)
-
-    return _Setup(
-        vectors=Vectors(operator.layout, operator.pieces, inputs.seed),
-        names=operator.names,
-        sizes=operator.sizes,
-        mean_gradient=mean,
-        gradients=gradients,
-        operator=lambda: operator,
-        split=engine.forms,
-        audit_sides=audit_sides,
-        loss_at=partial(shifted_loss, operator.params, operator.pieces, forward_loss),
     )
 
 
@@ -312,6 +244,7 @@ def _counts(samples: Samples, inputs: CaseInputs, operator: CurvatureOperator) -
 def _block_rows(
     samples: Samples,
     setup: _Setup,
+    sizes: list[int],
     blocks: list[tuple[str, list[int]]],
     g_bar: torch.Tensor,
     gradient_blocks: list[Direction] | None,
@@ -320,7 +253,7 @@ def _block_rows(
     return block_statistics(
         samples,
         [name for name, _ in blocks],
-        [sum(setup.sizes[i] for i in indices) for _, indices in blocks],
+        [sum(sizes[i] for i in indices) for _, indices in blocks],
         setup.vectors.block_squared_norms(g_bar, blocks),
         None if gradient_blocks is None else [d.curvature for d in gradient_blocks],
     )
@@ -349,10 +282,7 @@ def measure_case(
     t0 = time.perf_counter()
     batches = [inputs.cache.tokens(blocks) for blocks in inputs.plan.blocks]
     B, n = len(inputs.plan.blocks[0]), len(inputs.plan)
-    sharded = is_sharded(inputs.sharded)
-    setup = (
-        _sharded(model, batches, inputs, precision, progress) if sharded else _whole(model, batches, inputs, precision)
-    )
+    setup = _setup(model, batches, inputs, precision, progress)
     vectors = setup.vectors
     g_bar, epoch_loss = setup.mean_gradient()
     t_mean = time.perf_counter() - t0
@@ -362,10 +292,16 @@ def measure_case(
     sampled: dict[int, tuple[torch.Tensor, float]] = {}  # the audit's production batch gradients, reused
     audit = _audit_first(setup, batches, (g_bar, epoch_loss), selected, inputs, sampled, progress)
     operator = setup.operator()
-    blocks = model_blocks(setup.names, inputs.block_curvature, progress)
-    per = 1 + (len(blocks) if inputs.block_curvature else 0)  # a direction, and its block-diagonal parts
-    total = (len(selected) + 1 + (inputs.step is not None)) * per + inputs.random_samples + len(inputs.consensus)
-    runner = DirectionRunner(operator, operator.K, setup.split, vectors, total, precision.dtype, progress)
+    blocks = model_blocks(operator.flat.names, inputs.block_curvature, progress)
+    plan = MeasurementPlan.of(
+        n,
+        inputs.noise_samples,
+        inputs.random_samples,
+        consensus=len(inputs.consensus),
+        blocks=len(blocks) if inputs.block_curvature else 0,
+        step=inputs.step is not None,
+    )
+    runner = DirectionRunner(operator, operator.K, setup.split, vectors, plan.directions, precision.dtype, progress)
     noise, sample_seconds, block_forms = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks)
     random, gradient, gradient_blocks, consensus = queue_other_directions(
         runner, g_bar, inputs, blocks, precision.device
@@ -376,7 +312,7 @@ def measure_case(
     M, D = n * B, vectors.layout.D
     samples = Samples(noise, random, vectors.norm(g_bar), gradient.curvature, D, B, M, gradient.gauss_newton)
     statistics = {"loss": epoch_loss, **summarise(samples)}
-    block_rows = _block_rows(samples, setup, blocks, g_bar, gradient_blocks)
+    block_rows = _block_rows(samples, setup, operator.flat.sizes, blocks, g_bar, gradient_blocks)
     trajectory = finish_trajectory(step, g_bar, epoch_loss, blocks, statistics, block_rows)
     return {
         "statistics": statistics,

@@ -19,6 +19,7 @@ placement it runs under; it declares the placements it supports (``Engine.placem
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -124,6 +125,11 @@ class Placement:
         self.sizes = [p.numel() for p in self.parameters]
 
     @property
+    def spreads(self) -> bool:
+        """Whether ``split`` spreads units of gradient work over several ranks (data-parallel)."""
+        return self.ranks > 1
+
+    @property
     def name(self) -> str:
         """Its name in ``PLACEMENTS``."""
         return "data_parallel" if self.ranks > 1 else "whole"
@@ -153,6 +159,33 @@ class Placement:
         """This rank's micro-batches of a pass, every N-th from its rank on (all of them on one
         process), as every data-parallel pass deals them (``distributed.shard``)."""
         return list(batches[self.rank :: self.ranks])
+
+    def split(self, units: list) -> list:
+        """The units of gradient work (the epoch's batches) this rank computes alone: every N-th on
+        data-parallel ranks; all of them on one process, and on sharded ranks, which compute each
+        one together (``share``)."""
+        return list(units[self.rank :: self.ranks])
+
+    def share(self, micro_batches: Batches) -> Batches:
+        """This rank's micro-batches of one unit of gradient work (one batch): all of them unless the
+        ranks compute it together (sharded: dealt as a pass's)."""
+        return micro_batches
+
+    def reduce_split(self, partial: torch.Tensor) -> torch.Tensor:
+        """Sum over the ranks what ``split`` spread over them (gradients and losses)."""
+        return all_reduce_sum(partial)
+
+    def reduce_shared(self, partial: torch.Tensor) -> torch.Tensor:
+        """A loss of one unit computed together (``share``) from each rank's part: unchanged unless
+        shared (a gradient needs no reduction: FSDP reduce-scatters it)."""
+        return partial
+
+    def release(self) -> None:
+        """After forward passes without a backward: free what they gathered (nothing unsharded)."""
+
+    def reference(self) -> Placement:
+        """The same placement of a float64 copy of the model (the precision audit's), made now."""
+        return place(copy.deepcopy(self.model).double())
 
     def reduce_forms(self, partial: torch.Tensor) -> torch.Tensor:
         """Sum per-rank partial forms (or losses) over the ranks."""
@@ -213,6 +246,33 @@ class Sharded(Placement):
     def reduce_products(self, partial: torch.Tensor) -> torch.Tensor:
         return partial  # reduce-scattered already: each rank's rows hold every rank's micro-batches
 
+    spreads = False
+
+    def split(self, units: list) -> list:
+        return list(units)  # every rank joins every unit
+
+    def share(self, micro_batches: Batches) -> Batches:
+        return self.deal(micro_batches)
+
+    def reduce_split(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial
+
+    def reduce_shared(self, partial: torch.Tensor) -> torch.Tensor:
+        return all_reduce_sum(partial)
+
+    def release(self) -> None:
+        self.model.reshard()  # without a backward, the root's unsharded parameters are freed here
+
+    kept: nn.Module | None = None
+    """The float64 copy made before the model was sharded (``place``'s ``keep_reference``)."""
+
+    def reference(self) -> Placement:
+        if self.kept is None:
+            raise RuntimeError(
+                "a sharded model's float64 copy is made before it is sharded: place(keep_reference=True)"
+            )
+        return place(self.kept, sharded=True)
+
     @contextlib.contextmanager
     def jet_pass(
         self, V: torch.Tensor, adjoints: dict | None, workspace: dict, head_tokens: int | None
@@ -225,16 +285,30 @@ class Sharded(Placement):
             yield pass_and_loss
 
 
-def place(model: nn.Module, sharded: bool = False) -> Placement:
+def place(
+    model: nn.Module, sharded: bool = False, keep_reference: bool = False, engine: str | None = None
+) -> Placement:
     """The placement of a job's model: ``sharded`` (asked, and in a process group: the model is
     sharded here, in place, with ``shard_model``), else whole or data-parallel over the process
-    group's ranks. The one place that answers "is it sharded"."""
+    group's ranks. The one place that answers "is it sharded". ``keep_reference``: keep what
+    ``reference`` needs (a sharded model's float64 copy is made here, before it is sharded).
+
+    Raises:
+        ValueError: ``engine`` (the job's) does not run under the placement, before any copy or shard.
+    """
     rank, ranks = world()
     shapes = [p.shape for p in model.parameters()]
-    if not runs_sharded(sharded):
+    placement = "sharded" if runs_sharded(sharded) else ("data_parallel" if ranks > 1 else "whole")
+    if engine is not None:
+        from tiny_llm.curvature.engines import engine as engine_named
+
+        engine_named(engine).check_placement(placement)
+    if placement != "sharded":
         return Placement(model, Layout(sum(math.prod(s) for s in shapes)), rank, ranks)
+    kept = copy.deepcopy(model).double() if keep_reference else None
     layout = shard_layout(shapes, rank, ranks)
     placement = Sharded(shard_model(model), layout, rank, ranks)
+    placement.kept = kept
     if sum(placement.sizes) != len(layout.indices):
         raise RuntimeError("FSDP's shards do not follow Shard(0) row chunks; this layout cannot describe them")
     return placement

@@ -64,6 +64,7 @@ def accumulate_batch_gradient(
     forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
     head_tokens: int | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    share: Callable[[list], list] | None = None,
 ) -> torch.Tensor:
     """Add the gradient of one optimizer batch's token-mean loss into ``.grad``, micro-batch by micro-batch.
 
@@ -74,14 +75,18 @@ def accumulate_batch_gradient(
     With ``head_tokens`` (a model with ``hidden``, under ``autocast``) the output head and loss
     run that many target positions at a time (:func:`tiny_llm.model.causal.head_loss_chunks`),
     so that a micro-batch's whole (B, T, V) logits never exist at once; the same sum.
-    Returns the batch loss.
+    ``share`` (analysis on a sharded model) picks this rank's micro-batches, the ranks computing the
+    batch together. Returns the batch loss (this rank's micro-batches').
     """
     forward = forward or model
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     n_targets = targets.numel()
     total = torch.zeros((), dtype=torch.float64, device=tokens.device)
-    for start in range(0, len(tokens), micro_batch_size):
-        x, y = inputs[start : start + micro_batch_size], targets[start : start + micro_batch_size]
+    micro = [
+        (inputs[s : s + micro_batch_size], targets[s : s + micro_batch_size])
+        for s in range(0, len(tokens), micro_batch_size)
+    ]
+    for x, y in share(micro) if share else micro:
         if head_tokens is not None and head_tokens < y.numel():
             with autocast():
                 h = model.hidden(x)

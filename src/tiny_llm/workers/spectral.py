@@ -18,7 +18,7 @@ import torch
 from tiny_llm.curvature.gradients import batch_gradient, mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import MemoryPlan
-from tiny_llm.curvature.sharded import ShardedHessian
+from tiny_llm.curvature.placement import place
 from tiny_llm.curvature.spectrum import (
     Layout,
     block_diagonal_error,
@@ -28,7 +28,6 @@ from tiny_llm.curvature.spectrum import (
     tensor_blocks,
     top_eigenpairs,
 )
-from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.model.causal import CausalLM
 from tiny_llm.runtime import compile_record
 from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
@@ -119,42 +118,32 @@ class SpectrumJob:
 def _spectrum_operator(
     model: CausalLM, tokens_by_batch: list[torch.Tensor], job: SpectrumJob
 ) -> tuple[CurvatureOperator, Layout, Callable, Callable]:
-    """The operator of a spectrum job, the layout of its vectors, and its batch and epoch gradients:
-    sharded over the ranks (the model is sharded in place; vectors are this rank's parts) or whole."""
-    flat, memory, precision, hvp_batch_size = FlatParameters(model), job.memory, job.precision, job.hvp_batch_size
+    """The operator of a spectrum job, the layout of its vectors, and its batch and epoch gradients,
+    as the job's placement holds them (``spectrum.sharded`` in a process group: the model sharded
+    over the ranks in place, vectors this rank's parts; else whole)."""
+    memory, precision = job.memory, job.precision
     micro_batch_size = (memory.rows("gradient") if memory else None) or job.micro_batch_size
-    if is_sharded(job.spectrum.sharded):
-        operator = ShardedHessian(
-            model,
-            torch.cat(tokens_by_batch),
-            batch_size=hvp_batch_size,
-            precision=precision,
-            engine=job.engine,
-            progress=log.info,
-        )
-
-        def gradient(tokens: torch.Tensor) -> torch.Tensor:
-            return operator.gradient(tokens, micro_batch_size)
-
-        return operator, operator.layout, gradient, lambda: gradient(torch.cat(tokens_by_batch))
+    placement = place(model, job.spectrum.sharded, engine=job.engine)
     operator = EpochHessian(
         model,
         torch.cat(tokens_by_batch),
-        batch_size=hvp_batch_size,
+        batch_size=job.hvp_batch_size,
         engine=job.engine,
         precision=precision,
         directions_per_pass=job.settings.directions_per_pass,
         compile=job.compile,
+        progress=log.info,
         group_rows=memory.rows("products") if memory else None,
+        placement=placement,
     )
 
     def gradient(tokens: torch.Tensor) -> torch.Tensor:
-        return batch_gradient(model, flat, tokens, micro_batch_size, precision)
+        return batch_gradient(model, placement, tokens, micro_batch_size, precision)
 
     def epoch_gradient() -> torch.Tensor:
-        return mean_gradient(model, flat, tokens_by_batch, micro_batch_size, precision)
+        return mean_gradient(model, placement, tokens_by_batch, micro_batch_size, precision)
 
-    return operator, Layout(flat.D), gradient, epoch_gradient
+    return operator, placement.layout, gradient, epoch_gradient
 
 
 def _warn_unconverged(pairs: dict, tolerance: float, steps: int) -> int:

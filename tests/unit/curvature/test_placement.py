@@ -31,6 +31,7 @@ TEST_ENGINE = Engine("directional", "forms", "test only", f"{__name__}:direction
 
 
 def _register() -> None:
+    """In a rank's own process: the test engine beside the registry's."""
     registry.ENGINES.setdefault(TEST_ENGINE.name, TEST_ENGINE)
 
 
@@ -70,8 +71,8 @@ def _rank(rank: int, size: int, store: str, out: str, sharded: bool) -> None:
 
 
 @pytest.mark.parametrize(("ranks", "sharded"), [(2, False), (2, True), (3, True)])
-def test_a_test_engine_runs_unchanged_under_every_placement(tmp_path, ranks, sharded):
-    _register()
+def test_a_test_engine_runs_unchanged_under_every_placement(tmp_path, ranks, sharded, monkeypatch):
+    monkeypatch.setitem(registry.ENGINES, TEST_ENGINE.name, TEST_ENGINE)  # this test's only
     whole = EpochHessian(_model(), _tokens(), batch_size=2, precision=CPU64, engine="directional")
     exact = _exact()
     assert whole.placement.name == "whole"

@@ -167,7 +167,9 @@ def test_sharded_statistics_equal_one_process(tmp_path, run, architecture, ranks
     )
     parts = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(ranks)]
     exact = engine == "taylor"
-    assert max(_audit_errors(parts[0])) < 1e-9 and len(parts[0]["audit"]["directions"]) == 3  # audited, sharded
+    # audited, sharded, against exact float64 forms (as one process's audit): the differences' step
+    # error is part of what the audit finds for finite differences
+    assert max(_audit_errors(parts[0])) < (1e-9 if exact else 1e-6) and len(parts[0]["audit"]["directions"]) == 3
     for part in parts:  # every rank holds the statistics
         _assert_equal(_numbers(part), _numbers(single), 1e-12 if exact else 1e-6)
         assert part["counts"] == single["counts"] | {"hvp_passes": part["counts"]["hvp_passes"]}

@@ -1,0 +1,69 @@
+"""What one (state, case) job computes, torch-free: the one description that the worker runs
+(:func:`tiny_llm.curvature.noise.measure_case` counts its directions from it) and the planner
+prices (:func:`tiny_llm.campaign.plan.case_work`), so that the printed price and the work cannot
+drift apart.
+
+A job measures, over one epoch of ``n_batches`` effective batches:
+
+* ḡ and the epoch loss (a gradient pass over every batch), and S_v sampled batch gradients gᵢ;
+* the quadratic forms of S_v noise directions vᵢ = gᵢ − ḡ, of ḡ, of S_r Rademacher directions,
+  of a packed run's consensus errors (one per worker), and with a successor (the trajectory) of the
+  step Δ; with ``block_curvature`` each noise direction, ḡ and Δ once more per parameter block;
+* with a successor the epoch loss at θ + Δ (a forward pass over every batch), and per block at
+  θ + Δ_b;
+* with the precision audit, ḡ again in float64 and the audited batch gradients in both precisions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["MeasurementPlan"]
+
+
+@dataclass(frozen=True)
+class MeasurementPlan:
+    """The counts of one (state, case) job (module docstring)."""
+
+    n_batches: int
+    """Effective batches of the epoch."""
+    noise_samples: int
+    """S_v, the sampled batches (at most ``n_batches``)."""
+    random_samples: int
+    """S_r, the Rademacher directions."""
+    consensus: int = 0
+    """A packed run's consensus directions (one per worker; none unpacked)."""
+    blocks: int = 0
+    """Parameter blocks whose block-diagonal forms are measured (0: none)."""
+    step: bool = False
+    """Whether the step Δ to a successor is measured (its form, and the loss at θ + Δ)."""
+
+    @classmethod
+    def of(
+        cls, n_batches: int, noise_samples: int | None, random_samples: int, **counts: int | bool
+    ) -> MeasurementPlan:
+        """The plan of an epoch of ``n_batches`` with ``noise_samples`` asked for (None: every batch;
+        capped by the epoch); ``counts``: ``consensus``, ``blocks``, ``step``."""
+        drawn = n_batches if noise_samples is None else min(noise_samples, n_batches)
+        return cls(n_batches, drawn, random_samples, **counts)
+
+    @property
+    def directions(self) -> int:
+        """Quadratic forms: the noise directions, ḡ and Δ, each once more per block, the random and
+        the consensus directions."""
+        return (self.noise_samples + 1 + self.step) * (1 + self.blocks) + self.random_samples + self.consensus
+
+    def passes(self, directions_per_pass: int) -> int:
+        """Passes over the epoch's curvature micro-batches, K directions at a time."""
+        return math.ceil(self.directions / directions_per_pass)
+
+    @property
+    def gradient_batches(self) -> int:
+        """Batch gradients: every batch for ḡ, and each sampled one."""
+        return self.n_batches + self.noise_samples
+
+    @property
+    def forward_batches(self) -> int:
+        """Batches of forward passes only: the epoch at θ + Δ (with a successor)."""
+        return self.n_batches if self.step else 0

@@ -1,0 +1,73 @@
+"""The settings' reference is generated: the workflow schema's settings and spectrum properties and
+their tables in docs/workflow.md are what the declarations write, and the schema refuses what the
+settings refuse."""
+
+import dataclasses
+from typing import Annotated, Literal
+
+import jsonschema
+import pytest
+import yaml
+
+from tiny_llm.declared import Bounds, Pattern, Positive, PositiveNumber, json_schema
+from tiny_llm.settings_reference import DOCS, REPO, SCHEMA, SECTIONS, check, docs_table, render
+from tiny_llm.workers.settings import AnalysisSettings
+
+
+def test_the_checked_in_schema_and_docs_are_what_the_declarations_write():
+    assert check() == [], "run python -m tiny_llm.settings_reference --write"
+
+
+def test_a_declaration_becomes_its_schema():
+    @dataclasses.dataclass(frozen=True)
+    class Example:
+        count: Positive | None = None
+        """How many (all: every one)."""
+        rate: PositiveNumber = 0.5
+        kind: Literal["a", "b"] = "a"
+        name: Annotated[str, Pattern("x+", "some x")] = "x"
+        share: Annotated[float, Bounds(0, 1, open_high=True)] = 0.0
+        flag: bool | Literal["auto"] = "auto"
+
+    schema = json_schema(Example, {"count": "all"})
+    assert schema["count"] == {
+        "oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "enum": ["all"]}],
+        "default": "all",
+        "description": "How many (all: every one).",
+    }
+    assert schema["rate"] == {"type": "number", "exclusiveMinimum": 0, "default": 0.5}
+    assert schema["kind"] == {"type": "string", "enum": ["a", "b"], "default": "a"}
+    assert schema["name"] == {"type": "string", "pattern": "x+", "default": "x"}
+    assert schema["share"] == {"type": "number", "minimum": 0, "exclusiveMaximum": 1, "default": 0.0}
+    assert schema["flag"]["oneOf"] == [{"type": "boolean"}, {"type": "string", "enum": ["auto"]}]
+    assert json_schema(Example)["count"]["type"] == ["integer", "null"]
+
+
+def test_a_generated_part_is_rewritten_from_its_markers_and_a_missing_marker_is_refused():
+    text = "before\n"
+    for section in SECTIONS:
+        name = section.cls.__name__
+        text += f"<!-- BEGIN generated from {name} (python -m tiny_llm.settings_reference --write) -->\nold\n"
+        text += f"<!-- END generated from {name} -->\nbetween\n"
+    rendered = render(DOCS, text)
+    assert all(docs_table(section) in rendered for section in SECTIONS)
+    assert "old" not in rendered and rendered.count("between") == len(SECTIONS)
+    with pytest.raises(ValueError, match="expected one line each"):
+        render(DOCS, "no markers here\n")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "valid"),
+    [("device", "cuda:1", True), ("device", "gpu", False), ("audit", "on", True), ("noise_samples", "all", True)],
+)
+def test_the_schema_refuses_what_the_settings_refuse(key, value, valid):
+    schema = yaml.safe_load((REPO / SCHEMA).read_text())
+    settings = schema["properties"]["analyses"]["additionalProperties"]["properties"]["settings"]
+    errors = list(jsonschema.Draft202012Validator(settings).iter_errors({key: value}))
+    assert (not errors) == valid
+    data = {key: None if value == "all" else value}
+    if valid:
+        AnalysisSettings(**data)
+    else:
+        with pytest.raises(ValueError, match=key):
+            AnalysisSettings(**data)
