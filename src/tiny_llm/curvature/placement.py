@@ -281,7 +281,7 @@ class Sharded(Placement):
 
         if adjoints is not None:
             raise ValueError("the adjoint mode's record pass does not run on a sharded model")
-        with sharded_jets(self, V, workspace, head_tokens) as pass_and_loss:
+        with sharded_jets(self.model, self.pieces(V), self.ranks, workspace, head_tokens) as pass_and_loss:
             yield pass_and_loss
 
 

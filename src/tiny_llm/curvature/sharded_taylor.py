@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -24,9 +23,6 @@ from torch import nn
 from tiny_llm.distributed import world
 from tiny_llm.model.causal import CausalLM, VocabularyRows, check_jet_rules, loss_jet_rows
 from tiny_llm.model.jets import Jet, JetPass
-
-if TYPE_CHECKING:
-    from tiny_llm.curvature.placement import Sharded
 
 __all__ = ["gather_rows", "lookup_rows", "sharded_jets"]
 
@@ -149,20 +145,20 @@ def _broadcast_rows(source: int, rank: int, tensors: list[torch.Tensor | None]) 
 
 @contextlib.contextmanager
 def sharded_jets(
-    placement: Sharded, V: torch.Tensor, workspace: dict, head_tokens: int | None
+    model: nn.Module, pieces: list[torch.Tensor], ranks: int, workspace: dict, head_tokens: int | None
 ) -> Iterator[tuple[JetPass, Callable]]:
-    """The jet pass of this rank's shards V (K, d) of K directions on a sharded model (module
-    docstring), and the loss rule on the ranks' vocabulary rows: the root's own parameters unsharded
-    for the pass, each block's parameters unsharded and its directions gathered only while its jet
-    runs. Every rank's share of the forms sums to the forms of every rank's micro-batch."""
-    model = placement.model
+    """The jet pass of K directions on a model sharded over ``ranks`` (module docstring), given as
+    this rank's shards (``pieces``: one (K, *local shape) per parameter, in order), and the loss
+    rule on the ranks' vocabulary rows: the root's own parameters unsharded for the pass, each
+    block's parameters unsharded and its directions gathered only while its jet runs. Every rank's
+    share of the forms sums to the forms of every rank's micro-batch."""
     check_jet_rules(model)
-    shards = {name: piece for (name, _), piece in zip(model.named_parameters(), placement.pieces(V), strict=True)}
+    shards = {name: piece for (name, _), piece in zip(model.named_parameters(), pieces, strict=True)}
     model.unshard()  # the root's own parameters
     root = {p: shards[name] for name, p in model.named_parameters() if not name.startswith("layers.")}
-    jets = _ShardedJets(root, placement.ranks, workspace=workspace, head_tokens=head_tokens)
+    jets = _ShardedJets(root, ranks, workspace=workspace, head_tokens=head_tokens)
     for index, layer in enumerate(model.layers):
-        layer.jet = _block_jet(layer, f"layers.{index}.", shards, placement.ranks)
+        layer.jet = _block_jet(layer, f"layers.{index}.", shards, ranks)
     try:
         yield jets, partial(_loss_jet_on_shards, model)
     finally:

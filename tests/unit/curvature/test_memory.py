@@ -19,21 +19,9 @@ from tiny_llm.curvature.memory import (
     pass_bytes,
     plan_analysis,
 )
-from tiny_llm.curvature.memory_measure import StoragePeak, measure_pass
+from tiny_llm.curvature.memory_measure import measure_pass
 
 ENGINES = (*names(), GRADIENT)
-
-
-def test_storage_peak_counts_each_storage_once_until_it_is_freed():
-    with StoragePeak() as counter:
-        x = torch.ones(1000, dtype=torch.float64)
-        views = [x[:10], x.view(10, 100), x.t() if x.dim() == 2 else x[1:]]
-        y = x * 2
-        del x, views
-        z = y + 1  # noqa: F841 (held: it is counted while alive)
-        del y
-    assert counter.peak == 3 * 8000 - 8000  # x and y, then y and z: never three at once
-    assert counter.live == 8000  # z
 
 
 def _shapes(count: int, seed: int) -> list[dict]:
@@ -176,17 +164,6 @@ def test_the_campaign_plan_fits_a_gh200_by_cutting_its_passes():
     assert "predicted peak" in bounded.describe() and "budget 80 GiB" in bounded.describe()
     taylor = campaign_plan("taylor", None, None)
     assert taylor.rows("forms") == 4  # taylor mode's own groups of B/K sequences
-
-
-def test_storage_peak_does_not_count_views_of_what_existed_before():
-    before = torch.ones(1000, dtype=torch.float64)
-    with StoragePeak() as counter:
-        parts = before.split(100)  # views of a storage made before the block
-        head = before[:10].t()
-        before.mul_(2)  # in place
-        new = parts[0] * 2  # noqa: F841 (held)
-        del head
-    assert counter.peak == 800  # only the product's storage
 
 
 @pytest.mark.parametrize("engine", ["adjoint", "double_backward", "pearlmutter"])

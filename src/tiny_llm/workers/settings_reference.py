@@ -4,8 +4,8 @@ docs/workflow.md, each between its BEGIN/END marker lines, are written from the 
 (``AnalysisSettings``, ``SpectrumSettings``: types, literals as enums, ranges as minimums, patterns,
 defaults, and the field docstrings as descriptions), so that nothing restates them by hand.
 
-    python -m tiny_llm.settings_reference           # say whether the checked-in files are current
-    python -m tiny_llm.settings_reference --write   # rewrite the generated parts
+    python -m tiny_llm.workers.settings_reference           # say whether the checked-in files are current
+    python -m tiny_llm.workers.settings_reference --write   # rewrite the generated parts
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
 
 __all__ = ["SECTIONS", "Section", "check", "docs_table", "render", "schema_properties"]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCHEMA = Path("workflow/schemas/config.schema.yaml")
 DOCS = Path("docs/workflow.md")
 
@@ -56,7 +56,7 @@ SECTIONS = (
 def _markers(section: Section, comment: str) -> tuple[str, str]:
     name = section.cls.__name__
     begin, end = (
-        f"BEGIN generated from {name} (python -m tiny_llm.settings_reference --write)",
+        f"BEGIN generated from {name} (python -m tiny_llm.workers.settings_reference --write)",
         f"END generated from {name}",
     )
     return (f"# {begin}", f"# {end}") if comment == "#" else (f"<!-- {begin} -->", f"<!-- {end} -->")
@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stale = check(write=args.write)
     for path in stale:
-        print(f"{path}: {'rewritten' if args.write else 'stale; run python -m tiny_llm.settings_reference --write'}")
+        fix = "stale; run python -m tiny_llm.workers.settings_reference --write"
+        print(f"{path}: {'rewritten' if args.write else fix}")
     return 1 if stale and not args.write else 0
 
 

@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 from tiny_llm.declared import Bounds, Pattern, Positive, PositiveNumber, json_schema
-from tiny_llm.settings_reference import DOCS, REPO, SCHEMA, SECTIONS, check, docs_table, render
 from tiny_llm.workers.settings import AnalysisSettings
+from tiny_llm.workers.settings_reference import DOCS, REPO, SCHEMA, SECTIONS, check, docs_table, render
 
 
 def test_the_checked_in_schema_and_docs_are_what_the_declarations_write():
-    assert check() == [], "run python -m tiny_llm.settings_reference --write"
+    assert check() == [], "run python -m tiny_llm.workers.settings_reference --write"
 
 
 def test_a_declaration_becomes_its_schema():
@@ -47,7 +47,7 @@ def test_a_generated_part_is_rewritten_from_its_markers_and_a_missing_marker_is_
     text = "before\n"
     for section in SECTIONS:
         name = section.cls.__name__
-        text += f"<!-- BEGIN generated from {name} (python -m tiny_llm.settings_reference --write) -->\nold\n"
+        text += f"<!-- BEGIN generated from {name} (python -m tiny_llm.workers.settings_reference --write) -->\nold\n"
         text += f"<!-- END generated from {name} -->\nbetween\n"
     rendered = render(DOCS, text)
     assert all(docs_table(section) in rendered for section in SECTIONS)

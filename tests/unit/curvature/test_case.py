@@ -1,0 +1,30 @@
+"""What one (state, case) measurement is given: without a memory plan every pass is whole and the
+gradients take training's micro-batch; under one, each pass's groups and head chunks are the plan's."""
+
+from tiny_llm.curvature.case import CaseInputs
+from tiny_llm.curvature.memory import MemoryPlan, PassPlan
+
+
+def _inputs(memory=None) -> CaseInputs:
+    return CaseInputs(
+        cache=None,
+        plan=None,
+        micro_batch_size=4,
+        hvp_batch_size=8,
+        noise_samples=2,
+        random_samples=2,
+        seed=0,
+        engine="adjoint",
+        directions_per_pass=3,
+        compile=False,
+        memory=memory,
+    )
+
+
+def test_a_memory_plan_cuts_the_passes_and_nothing_else():
+    whole = _inputs()
+    assert whole.rows("forms") is None and whole.head_tokens("gradient") is None and whole.gradient_micro_batch == 4
+    passes = (PassPlan("gradient", "gradient", 1, 4, 2, 10, 64), PassPlan("forms", "adjoint", 3, 8, 1, 20))
+    planned = _inputs(MemoryPlan(passes=passes, budget_bytes=100))
+    assert planned.gradient_micro_batch == 2 and planned.head_tokens("gradient") == 64
+    assert planned.rows("forms") == 1 and planned.head_tokens("forms") is None
