@@ -29,6 +29,7 @@ __all__ = [
     "noise_batch_indices",
     "rademacher",
     "sampled_gradients",
+    "signs",
 ]
 
 
@@ -48,15 +49,20 @@ is the same however it is cut, which a test checks)."""
 def rademacher(D: int, seed: int, index: int, entries: torch.Tensor | None = None) -> torch.Tensor:
     """Direction ``index``: D independent ±1 signs (float64, CPU), independent of batching; with
     ``entries`` (ascending global positions, e.g. a shard's ``Layout.indices``) only those signs,
-    the same values, drawn ``RADEMACHER_CHUNK`` at a time, so no rank holds D of them."""
-    generator = torch.Generator().manual_seed(derive_seed(seed, RADEMACHER_STREAM, index))
+    the same values, so no rank holds D of them (``signs``)."""
+    return signs(torch.Generator().manual_seed(derive_seed(seed, RADEMACHER_STREAM, index)), D, entries)
+
+
+def signs(generator: torch.Generator, D: int, entries: torch.Tensor | None = None) -> torch.Tensor:
+    """D independent ±1 signs from ``generator`` (float64, CPU); with ``entries`` (ascending global
+    positions) only those, the same values, drawn ``RADEMACHER_CHUNK`` at a time."""
     if entries is None:
         return torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1
     parts, entries = [], entries.cpu()
     for start in range(0, D, RADEMACHER_CHUNK):
-        signs = torch.randint(0, 2, (min(RADEMACHER_CHUNK, D - start),), generator=generator, dtype=torch.int8)
-        first, last = torch.searchsorted(entries, torch.tensor([start, start + len(signs)])).tolist()
-        parts.append(signs[entries[first:last] - start])
+        drawn = torch.randint(0, 2, (min(RADEMACHER_CHUNK, D - start),), generator=generator, dtype=torch.int8)
+        first, last = torch.searchsorted(entries, torch.tensor([start, start + len(drawn)])).tolist()
+        parts.append(drawn[entries[first:last] - start])
     return torch.cat(parts).double() * 2 - 1
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tiny_llm.curvature.gradients import signs
 from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.curvature.placement import Layout
 
@@ -194,7 +195,7 @@ def slq(
     nodes = []
     for index in range(n_vectors):
         generator = torch.Generator().manual_seed(seed * 100_003 + index)
-        start = layout.local(torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1)
+        start = signs(generator, D, layout.indices)  # a rank draws only its entries
         result = lanczos(
             matvec, start.to(device), steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype, layout=layout
         )

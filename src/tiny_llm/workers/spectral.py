@@ -189,7 +189,7 @@ def _cg_record(product: Callable, g_bar: torch.Tensor, damping: float, spectrum:
 
 def _block_record(product: Callable, flat: FlatParameters, settings, spectrum, layout, device) -> dict:
     """Block-diagonal errors per tensor and per layer on seeded Rademacher directions."""
-    V = torch.stack([layout.local(rademacher(flat.D, settings.seed + 1, i)) for i in range(spectrum.block_samples)])
+    V = torch.stack([rademacher(flat.D, settings.seed + 1, i, layout.indices) for i in range(spectrum.block_samples)])
     blocks = {
         kind: (block_diagonal_error(product, V.to(device), make(flat), layout=layout), len(make(flat)))
         for kind, make in (("tensor", tensor_blocks), ("layer", layer_blocks))
