@@ -215,9 +215,9 @@ def _analysis_rank(rank: int, size: int, store: str, out: str, args: argparse.Na
         counter: dict[str, int] = {}
         _count_collectives(counter)
         forms_bytes = {"moved": 0}
-        from tiny_llm.curvature import sharded
+        from tiny_llm.curvature import hessian
 
-        original = sharded.ShardedHessian.split_quadratic_forms
+        original = hessian.EpochHessian.split_quadratic_forms  # the one operator, sharded placement
 
         def counted(self, V, _original=original):
             before = sum(counter.values())
@@ -226,7 +226,7 @@ def _analysis_rank(rank: int, size: int, store: str, out: str, args: argparse.Na
             finally:
                 forms_bytes["moved"] += sum(counter.values()) - before
 
-        sharded.ShardedHessian.split_quadratic_forms = counted
+        hessian.EpochHessian.split_quadratic_forms = counted
         model = _model(args)
         with StoragePeak() as peak:
             result = measure_case(model, inputs, CPU32, progress=lambda message: None)

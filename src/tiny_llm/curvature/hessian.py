@@ -15,6 +15,7 @@ directions is padded with zero directions when compiled, so one compiled graph s
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -232,9 +233,8 @@ class EpochHessian:
         self.model, self.engine, self.precision = model, engine, precision
         self.K, self.compile = directions_per_pass, compile
         self.flat = FlatParameters(model)
-        self.theta = self.placement.flatten([p.detach() for p in model.parameters()])
-        """θ as this placement holds it (this rank's shard when sharded)."""
-        self.theta_norm = self.placement.norms(self.theta[None])[0]
+        theta = self.placement.flatten([p.detach() for p in model.parameters()])
+        self.theta_norm = self.placement.norms(theta[None])[0]  # the finite differences' step scale
         self.batches = pad_sequences(tokens.to(precision.device), batch_size)
         if not self.spec.second_derivatives:
             check_differences(precision, model, self.batches[0][0][:1])
@@ -249,6 +249,12 @@ class EpochHessian:
         """Functions an engine builds once per operator (the compiled Pearlmutter product)."""
         self._batch = self.spec.compute()
         self._hidden_and_head: _HiddenAndHead | None = None
+
+    @functools.cached_property
+    def theta(self) -> torch.Tensor:
+        """θ as one flat vector, as this placement holds it, made on first use (the Pearlmutter
+        product's point): the engines that do not ask hold no copy of the parameters."""
+        return self.placement.flatten([p.detach() for p in self.model.parameters()])
 
     # --- one micro-batch ---------------------------------------------------------------------
     def loss(
