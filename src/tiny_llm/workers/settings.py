@@ -107,7 +107,7 @@ class AnalysisSettings:
     memory_budget_gb: PositiveNumber | None = None
     """Memory (GiB) a job may use on its device; every pass is cut into groups of sequences that the
     memory model says fit it (the numbers do not change, so it is not part of a result's identity).
-    None: on CUDA the device's free memory less 10 % (at least 2 GiB), elsewhere no budget."""
+    None: on CUDA the device's free memory less a tenth (at least 2 GiB), elsewhere no budget."""
 
     @property
     def audited(self) -> bool:
