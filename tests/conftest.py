@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from builders import make_demo_cache, make_run_config
-from oracles import TINY_MODEL, dense_epoch_hessian
+from oracles import TINY_MODEL, dense_epoch_hessian, dense_model, dense_tokens
 
 from tiny_llm.config import RunConfig
 from tiny_llm.data.tokens import capacity_blocks
-from tiny_llm.model.llama import Llama
 
 
 @pytest.fixture
@@ -24,9 +23,7 @@ def tiny_model_config():
 @pytest.fixture(scope="session")
 def dense_problem():
     """The float64 TINY_MODEL, 7 epoch rows (uneven for every batch size) and its explicit Hessian."""
-    torch.manual_seed(0)
-    model = Llama(TINY_MODEL, attention_backend="reference").double()
-    tokens = torch.randint(0, 16, (7, 7), generator=torch.Generator().manual_seed(2))
+    model, tokens = dense_model(), dense_tokens()
     return model, tokens, dense_epoch_hessian(model, tokens)
 
 

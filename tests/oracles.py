@@ -27,6 +27,22 @@ EXACT_ENGINES = FORM_ENGINES + EXACT_PRODUCT_ENGINES
 TINY_MODEL = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, d_ff=16, max_seq_len=8)
 
 
+def dense_model() -> Llama:
+    """The dense problem's model: TINY_MODEL in float64, seeded (the same weights every call)."""
+    torch.manual_seed(0)
+    return Llama(TINY_MODEL, attention_backend="reference").double()
+
+
+def dense_tokens() -> torch.Tensor:
+    """The dense problem's epoch: 7 rows of 7 tokens (uneven for every batch size)."""
+    return torch.randint(0, 16, (7, 7), generator=torch.Generator().manual_seed(2))
+
+
+def dense_directions(D: int) -> torch.Tensor:
+    """Three seeded float64 directions of the dense problem."""
+    return torch.randn(3, D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+
+
 def dense_epoch_hessian(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
     """The dense oracle: the explicit (D, D) Hessian of the token-mean loss over ``tokens`` (n, T+1)
     at the model's parameters, in FlatParameters order (``torch.func.hessian``)."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from oracles import TINY_MODEL
+from oracles import dense_directions, dense_model, dense_tokens
 
 from tiny_llm.curvature import engines as registry
 from tiny_llm.curvature.engines import Engine
@@ -15,7 +15,6 @@ from tiny_llm.curvature.hessian import EpochHessian, Precision
 from tiny_llm.curvature.placement import PLACEMENTS, Layout, Placement, Sharded, place
 from tiny_llm.curvature.sharded import ShardedHessian
 from tiny_llm.model.causal import IGNORE_INDEX, token_losses
-from tiny_llm.model.llama import Llama
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 
@@ -35,17 +34,7 @@ def _register() -> None:
     registry.ENGINES.setdefault(TEST_ENGINE.name, TEST_ENGINE)
 
 
-def _model() -> Llama:
-    torch.manual_seed(0)
-    return Llama(TINY_MODEL, attention_backend="reference").double()
-
-
-def _tokens() -> torch.Tensor:
-    return torch.randint(0, 16, (7, 7), generator=torch.Generator().manual_seed(2))
-
-
-def _directions(D: int) -> torch.Tensor:
-    return torch.randn(3, D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+_model, _tokens, _directions = dense_model, dense_tokens, dense_directions  # the dense problem's
 
 
 def _exact() -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from oracles import TINY_MODEL
+from oracles import TINY_MODEL, dense_directions, dense_model, dense_tokens
 
 from tiny_llm.curvature.engines import sharded_names
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
@@ -23,23 +23,11 @@ from tiny_llm.curvature.spectrum import (
     top_eigenpairs,
 )
 from tiny_llm.model.causal import token_losses
-from tiny_llm.model.llama import Llama
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 
 
-def _model() -> Llama:
-    torch.manual_seed(0)
-    return Llama(TINY_MODEL, attention_backend="reference").double()
-
-
-def _tokens() -> torch.Tensor:
-    """The dense problem's epoch: 7 rows, micro-batches of 2 (4 of them, the last padded)."""
-    return torch.randint(0, 16, (7, 7), generator=torch.Generator().manual_seed(2))
-
-
-def _directions(D: int) -> torch.Tensor:
-    return torch.randn(3, D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+_model, _tokens, _directions = dense_model, dense_tokens, dense_directions  # the dense problem's
 
 
 def _measure(op, layout, D: int, damping: float, spectra: bool) -> dict:
