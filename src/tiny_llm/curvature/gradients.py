@@ -7,6 +7,7 @@ directions (fixed functions of the seed, so reused across checkpoints and cases)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -104,16 +105,9 @@ def batch_gradient_and_loss(
     return g.double(), float(placement.reduce_shared(loss))
 
 
-def batch_gradient(
-    model: Llama,
-    placement: Placement | FlatParameters,
-    tokens: torch.Tensor,
-    micro_batch_size: int,
-    precision: Precision,
-    head_tokens: int | None = None,
-) -> torch.Tensor:
-    """gᵢ of one optimizer batch (B, T+1), accumulated over training's micro-batches; float64."""
-    return batch_gradient_and_loss(model, placement, tokens, micro_batch_size, precision, head_tokens)[0]
+def batch_gradient(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """gᵢ alone: :func:`batch_gradient_and_loss`'s gradient, for the same arguments."""
+    return batch_gradient_and_loss(*args, **kwargs)[0]
 
 
 ROUNDING_STEP = 2e-6
