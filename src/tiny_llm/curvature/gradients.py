@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from tiny_llm.curvature.hessian import FlatParameters, Precision
-from tiny_llm.curvature.placement import Layout, Placement
+from tiny_llm.curvature.placement import Placement, place
 from tiny_llm.data.tokens import derive_seed, group_permutation
 from tiny_llm.distributed import all_reduce_sum, world
 from tiny_llm.model.llama import Llama
@@ -70,9 +70,7 @@ def signs(generator: torch.Generator, D: int, entries: torch.Tensor | None = Non
 def placed(model: torch.nn.Module, holder: Placement | FlatParameters) -> Placement:
     """The placement of a gradient's model: ``holder`` itself, or for a model held whole (a
     ``FlatParameters``) one process or data-parallel ranks over the process group."""
-    if isinstance(holder, Placement):
-        return holder
-    return Placement(model, Layout(holder.D), *world())
+    return holder if isinstance(holder, Placement) else place(model)
 
 
 def batch_gradient_and_loss(
@@ -178,7 +176,7 @@ def epoch_loss(
     default: the model whole, on one process or data-parallel ranks), summed in float64."""
     from tiny_llm.model.causal import token_losses
 
-    placement = placement or Placement(model, Layout(0), *world())
+    placement = placement or place(model)
     head_tokens = head_tokens if placement.head_chunks else None
     n_total = sum(int(b[:, 1:].numel()) for b in batches)
     total = torch.zeros((), dtype=torch.float64, device=precision.device)

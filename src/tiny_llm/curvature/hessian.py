@@ -288,38 +288,25 @@ class EpochHessian:
     def gradient_at(
         self, inputs: torch.Tensor, targets: torch.Tensor, step: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """∇ of this micro-batch's share of the epoch loss at θ + ``step`` (None: at θ), as this
-        placement holds vectors (``batch_gradient``)."""
-        return self.batch_gradient(inputs, targets, step)[0]
-
-    def batch_gradient(
-        self,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-        step: torch.Tensor | None = None,
-        n_targets: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """∇ of this micro-batch's loss sum / ``n_targets`` (default: the epoch's, so its share of the
-        epoch loss) at θ + ``step`` (None: at θ; the placement shifts and restores θ), as this
-        placement holds vectors (a rank's shard when sharded: FSDP reduce-scatters the gradient of
-        every rank's micro-batch of the round), and that loss (float64, this rank's micro-batch's).
-        With ``head_tokens`` (``head_chunked``) the head and loss run that many target positions at
-        a time: the same sums."""
-        model, n_targets = self.model, n_targets or self.n_targets
+        """∇ of this micro-batch's share of the epoch loss at θ + ``step`` (None: at θ; the placement
+        shifts and restores θ), as this placement holds vectors (a rank's shard when sharded: FSDP
+        reduce-scatters the gradient of every rank's micro-batch of the round). With
+        ``head_tokens`` (``head_chunked``) the head and loss run that many target positions at a
+        time: the same sums."""
+        model = self.model
         with self.placement.shifted(step):
             model.zero_grad(set_to_none=True)
             if self.head_chunked(targets):
                 with self.precision.autocast():
                     h = model.hidden(inputs)
-                    loss, grad_h = head_loss_chunks(model, h, targets, 1 / n_targets, self.head_tokens, True)
+                    _, grad_h = head_loss_chunks(model, h, targets, 1 / self.n_targets, self.head_tokens, True)
                 h.backward(grad_h)
             else:
-                loss = token_losses(self.precision.forward(model, inputs), targets).sum() / n_targets
-                loss.backward()
+                (token_losses(self.precision.forward(model, inputs), targets).sum() / self.n_targets).backward()
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
             gradient = self.placement.flatten(grads)
             model.zero_grad(set_to_none=True)
-        return gradient, loss.detach().double()
+        return gradient
 
     def batch_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """vᵀH_b v for one curvature micro-batch (its share of the epoch loss), V (K, D) → (K,) float64."""

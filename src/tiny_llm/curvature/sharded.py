@@ -23,7 +23,6 @@ since every rank must join every gather.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
@@ -31,7 +30,8 @@ from torch import nn
 
 from tiny_llm.curvature.engines import FINITE_DIFFERENCE
 from tiny_llm.curvature.engines import engine as engine_named
-from tiny_llm.curvature.hessian import EpochHessian, Precision, pad_sequences
+from tiny_llm.curvature.gradients import mean_gradient
+from tiny_llm.curvature.hessian import EpochHessian, Precision
 from tiny_llm.curvature.placement import place, shard_layout, shard_model, shard_rows
 
 __all__ = ["ShardedHessian", "shard_layout", "shard_model", "shard_rows"]
@@ -72,51 +72,15 @@ class ShardedHessian(EpochHessian):
         super().__init__(
             model, tokens, batch_size=batch_size, engine=engine, precision=precision, placement=placement, **options
         )
+        self.tokens = tokens
         self.layout, self.names, self.sizes, self.D = placement.layout, self.flat.names, self.flat.sizes, self.flat.D
 
     def gradient(self, tokens: torch.Tensor | None = None, micro_batch_size: int | None = None) -> torch.Tensor:
-        """This rank's shard of the token-mean gradient of ``tokens`` (n, T+1), float64; the epoch's
-        by default, cut into ``micro_batch_size`` rows (default: the curvature micro-batch)."""
-        return self.gradient_and_loss(tokens, micro_batch_size)[0]
-
-    def gradient_and_loss(
-        self, tokens: torch.Tensor | None = None, micro_batch_size: int | None = None
-    ) -> tuple[torch.Tensor, float]:
-        """``gradient``'s shard and the token-mean loss of the same tokens (float64, the same on every
-        rank)."""
-        operator = self if tokens is None else self.on(tokens, micro_batch_size)
-        total = torch.zeros(sum(self.placement.sizes), dtype=torch.float64, device=self.precision.device)
-        loss = torch.zeros((), dtype=torch.float64, device=self.precision.device)
-        for inputs, targets in self.placement.deal(operator.batches):
-            gradient, batch_loss = operator.batch_gradient(inputs, targets)
-            total += gradient.double()
-            loss += batch_loss
-        return total, float(self.placement.reduce_forms(loss))
-
-    def loss(self, tokens: torch.Tensor, micro_batch_size: int) -> float:
-        """The token-mean loss of ``tokens`` (n, T+1) from forward passes only, cut and summed as
-        :meth:`gradient_and_loss` does (float64, the same on every rank): what the loss at a
-        shifted θ costs."""
-        from tiny_llm.model.causal import token_losses
-
-        operator = self.on(tokens, micro_batch_size)
-        loss = torch.zeros((), dtype=torch.float64, device=self.precision.device)
-        with torch.no_grad():
-            for inputs, targets in self.placement.deal(operator.batches):
-                logits = self.precision.forward(self.model, inputs)
-                loss += (token_losses(logits, targets).sum() / operator.n_targets).double()
-        self.model.reshard()  # without a backward, the root's unsharded parameters are freed here
-        return float(self.placement.reduce_forms(loss))
-
-    def on(self, tokens: torch.Tensor, micro_batch_size: int | None = None) -> ShardedHessian:
-        """The same operator (the same sharded model, layout and step) over other token rows (n, T+1),
-        cut into ``micro_batch_size`` rows (default: the curvature micro-batch): the Hessian of their
-        token-mean loss (the precision audit's micro-batches)."""
-        other = copy.copy(self)
-        other.batches = pad_sequences(tokens.to(self.precision.device), micro_batch_size or len(self.batches[0][0]))
-        other.n_targets = int(tokens[:, 1:].numel())
-        other.workspace, other.passes = {}, 0
-        return other
+        """This rank's shard of the token-mean gradient of ``tokens`` (n, T+1), float64 (the epoch's
+        by default), cut into ``micro_batch_size`` rows (default: the curvature micro-batch): the
+        one gradient (``gradients.mean_gradient``) on this placement."""
+        rows, batch = micro_batch_size or len(self.batches[0][0]), self.tokens if tokens is None else tokens
+        return mean_gradient(self.model, self.placement, [batch], rows, self.precision)
 
     @property
     def pieces(self) -> Callable[[torch.Tensor], list[torch.Tensor]]:
