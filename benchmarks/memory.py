@@ -203,11 +203,16 @@ def nnls(A: np.ndarray, b: np.ndarray, tolerance: float = 1e-10) -> np.ndarray:
     return x / scale
 
 
+FLOOR = 0.805
+"""The least fraction of a fitting point's measured peak a fit may predict."""
+
+
 def fit(points: list[dict], itemsize: int = 4, iterations: int = 100) -> tuple[dict, ...]:
     """Max-of-phases fit by alternating non-negative least squares, weighted to minimise relative
     error. Each point starts in the phase whose own feature (h·T, f, V, or D for the last) is
     largest, D weighted by each of a few factors in turn; the fit whose worst relative error is
-    smallest is kept (alternation finds a local optimum, which depends on where it starts)."""
+    smallest is kept (alternation finds a local optimum, which depends on where it starts), scaled
+    up where it predicts less than FLOOR of a measured peak."""
     y = np.array([p["peak"] / itemsize for p in points])
     X = [design(points, phase) for phase in PHASES]
     own = np.array(
@@ -231,9 +236,11 @@ def fit(points: list[dict], itemsize: int = 4, iterations: int = 100) -> tuple[d
             if (new == assign).all():
                 break
             assign = new
-        worst = np.abs(np.log(predicted.max(axis=1) / y)).max()
+        ratios = predicted.max(axis=1) / y
+        lift = max(1.0, FLOOR / ratios.min())  # under-predicting (running out of memory) costs more
+        worst = np.abs(np.log(ratios * lift)).max()
         if worst < best_worst:
-            best, best_worst = coefficients, worst
+            best, best_worst = [c * lift for c in coefficients], worst
     return tuple(
         {name: (round(float(c[2 * i]), 3), round(float(c[2 * i + 1]), 3)) for i, name in enumerate(phase)}
         for phase, c in zip(PHASES, best, strict=True)

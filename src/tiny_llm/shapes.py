@@ -7,10 +7,11 @@ architecture and option against a model built on the meta device).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ParameterShapes", "gpt2_shapes", "gpt_neox_shapes", "llama_shapes"]
+__all__ = ["ParameterShapes", "Rows", "gpt2_shapes", "gpt_neox_shapes", "llama_shapes"]
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -45,6 +46,73 @@ class ParameterShapes:
         sizes = [math.prod(s) for k, s in self.root.items() if k not in self.by_rows]
         sizes += [math.prod(s) for s in self.block.values()] if self.blocks else []
         return max(sizes, default=0)
+
+    def rows(self, rank: int = 0, shards: int = 1, sharded: bool = False) -> Rows:
+        """The layout of rank ``rank``'s rows of these parameters (every block's, in the model's
+        order of counts; a memory plan asks only counts)."""
+        return Rows(tuple(self.root.values()) + tuple(self.block.values()) * self.blocks, rank, shards, sharded)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Which entries of every parameter-sized vector a rank holds, from the parameters' shapes alone:
+    every parameter (in ``shapes``' order, flattened row-major) cut along its first axis into
+    ``shards`` chunks of ⌈rows / shards⌉ rows, the last ones shorter or empty (FSDP2's
+    ``Shard(0)``); unsharded (``shards`` 1), every entry. ``sharded``: the job's model is sharded
+    (FSDP2), over one rank or several. The one layout of a job: the operator's placement, the
+    vectors a worker cuts (the consensus errors, the step Δ) and the memory plan's counts.
+
+    Example:
+        >>> rows = Rows(((5, 2), (3,)), rank=1, shards=2, sharded=True)
+        >>> rows.D, rows.held, rows.spans
+        (13, 5, ((6, 10), (12, 13)))
+    """
+
+    shapes: tuple[Sequence[int], ...]
+    rank: int = 0
+    shards: int = 1
+    sharded: bool = False
+
+    @property
+    def D(self) -> int:
+        """Entries of a whole parameter-sized vector."""
+        return sum(math.prod(s) for s in self.shapes)
+
+    @property
+    def spans(self) -> tuple[tuple[int, int], ...]:
+        """This rank's entries of each parameter as global flat (start, stop) positions."""
+        spans, offset = [], 0
+        for shape in self.shapes:
+            rows, per_row = (shape[0], math.prod(shape[1:])) if len(shape) else (1, 1)
+            chunk = -(-rows // self.shards)
+            first, last = min(self.rank * chunk, rows), min((self.rank + 1) * chunk, rows)
+            spans.append((offset + first * per_row, offset + last * per_row))
+            offset += rows * per_row
+        return tuple(spans)
+
+    @property
+    def held(self) -> int:
+        """Entries this rank holds of a parameter-sized vector (rank 0 holds the most)."""
+        return sum(stop - start for start, stop in self.spans)
+
+    def cut(self, tensors: Sequence[Any]) -> Any:
+        """This rank's entries (in order) of a parameter-sized vector given whole, one tensor per
+        parameter in ``shapes``' order (a checkpoint's, say): each tensor's rows of this rank,
+        flattened and concatenated; nothing else is copied."""
+        import torch
+
+        parts = []
+        for tensor in tensors:
+            rows = tensor.reshape(-1, *tensor.shape[1:]) if tensor.dim() else tensor.reshape(1)
+            chunk = -(-len(rows) // self.shards)
+            parts.append(rows[self.rank * chunk : (self.rank + 1) * chunk].reshape(-1))
+        return torch.cat(parts)
+
+    def indices(self) -> Any:
+        """The global flat positions of this rank's entries, in order (a torch tensor)."""
+        import torch
+
+        return torch.cat([torch.arange(start, stop) for start, stop in self.spans])
 
 
 def _linear(name: str, out: int, into: int, bias: bool) -> Shapes:

@@ -298,6 +298,11 @@ class JobShape:
     compiled: bool = False
     shards: int = 1
 
+    @property
+    def held(self) -> int:
+        """Entries of a parameter-sized vector a rank holds (rank 0's, the most) in the job's layout."""
+        return parameter_shapes(self.config).rows(0, self.shards, self.shards > 1).held
+
 
 def plan_analysis(
     job: JobShape, *, audit_directions: int | None, extra_vectors: int, budget_bytes: int | None
@@ -317,7 +322,7 @@ def plan_analysis(
     """
     config, seq_len, engine, K, itemsize, shards = job.config, job.seq_len, job.engine, job.K, job.itemsize, job.shards
     hvp_batch_size, micro_batch_size = job.hvp_batch_size, job.micro_batch_size
-    D = -(-parameter_count(config) // shards)
+    D = job.held
     unsharded = held_unsharded(config, engine, K, shards, itemsize)  # what the sharded operator says
 
     def chunked(engine_: str) -> bool:  # the head in token chunks: our models' gradients and some engines
@@ -356,7 +361,7 @@ def plan_spectrum(job: JobShape, *, basis_bytes: int, extra_vectors: int, budget
         ValueError: a pass that does not fit ``budget_bytes`` even one sequence at a time.
     """
     config, seq_len, itemsize = job.config, job.seq_len, job.itemsize
-    D = -(-parameter_count(config) // job.shards)
+    D = job.held
     resident = resident_bytes(D, job.K, itemsize, extra_vectors) + basis_bytes
     gradient = (GRADIENT, config, job.micro_batch_size, 1, seq_len, itemsize, budget_bytes, resident)
     products = (job.engine, config, job.hvp_batch_size, job.K, seq_len, itemsize, budget_bytes, resident)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -31,8 +30,19 @@ from tiny_llm.distributed import all_reduce_sum, world
 from tiny_llm.distributed import sharded as runs_sharded
 from tiny_llm.model.causal import IGNORE_INDEX
 from tiny_llm.model.jets import JetPass
+from tiny_llm.shapes import Rows
 
-__all__ = ["PLACEMENTS", "Layout", "Placement", "Sharded", "place", "shard_layout", "shard_model", "shard_rows"]
+__all__ = [
+    "PLACEMENTS",
+    "Layout",
+    "Placement",
+    "Sharded",
+    "job_rows",
+    "place",
+    "shard_layout",
+    "shard_model",
+    "shard_rows",
+]
 
 PLACEMENTS = ("whole", "data_parallel", "sharded")
 """The placements an engine may declare (``Engine.placements``)."""
@@ -84,30 +94,26 @@ def shard_model(model: nn.Module) -> nn.Module:
 
 
 def shard_layout(shapes: list[torch.Size], rank: int, ranks: int) -> Layout:
-    """The global flat positions of rank ``rank``'s entries when every parameter (in ``shapes``'
-    order, flattened row-major) is cut along its first axis into ``ranks`` chunks of
-    ⌈rows / ranks⌉ rows, the last ones shorter or empty (FSDP2's ``Shard(0)``)."""
-    indices, offset = [], 0
-    for shape in shapes:
-        rows = shape[0] if len(shape) else 1
-        per_row = math.prod(shape[1:]) if len(shape) > 1 else 1
-        chunk = -(-rows // ranks)
-        first, last = min(rank * chunk, rows), min((rank + 1) * chunk, rows)
-        indices.append(torch.arange(offset + first * per_row, offset + last * per_row))
-        offset += rows * per_row
-    return Layout(offset, torch.cat(indices))
+    """The layout of rank ``rank``'s entries when every parameter of ``shapes`` is cut into ``ranks``
+    row chunks (:class:`tiny_llm.shapes.Rows`)."""
+    rows = Rows(tuple(shapes), rank, ranks, sharded=True)
+    return Layout(rows.D, rows.indices())
 
 
 def shard_rows(tensors: list[torch.Tensor], rank: int, ranks: int) -> torch.Tensor:
     """Rank ``rank``'s shard (its entries in ``shard_layout``'s order) of a parameter-sized vector
-    given whole, one tensor per parameter in order (e.g. a checkpoint's): each tensor's rows of this
-    rank, flattened and concatenated; nothing else is copied."""
-    parts = []
-    for tensor in tensors:
-        rows = tensor.reshape(-1, *tensor.shape[1:]) if tensor.dim() else tensor.reshape(1)
-        chunk = -(-len(rows) // ranks)
-        parts.append(rows[rank * chunk : (rank + 1) * chunk].reshape(-1))
-    return torch.cat(parts)
+    given whole, one tensor per parameter in order (:meth:`tiny_llm.shapes.Rows.cut`)."""
+    return Rows(tuple(t.shape for t in tensors), rank, ranks, sharded=True).cut(tensors)
+
+
+def job_rows(shapes: list[torch.Size], asked: bool) -> Rows:
+    """The rows of parameters of ``shapes`` this process holds in a job that ``asked`` for a sharded
+    model: its rank's of the process group's when the job runs sharded (asked, and in a process
+    group), else every row (one process, or data-parallel ranks that each hold everything). The one
+    place that answers "is it sharded": the placement and the workers' vectors ask it."""
+    rank, ranks = world()
+    shapes = tuple(tuple(s) for s in shapes)
+    return Rows(shapes, rank, ranks, sharded=True) if runs_sharded(asked) else Rows(shapes)
 
 
 class Placement:
@@ -297,16 +303,16 @@ def place(
         ValueError: ``engine`` (the job's) does not run under the placement, before any copy or shard.
     """
     rank, ranks = world()
-    shapes = [p.shape for p in model.parameters()]
-    placement = "sharded" if runs_sharded(sharded) else ("data_parallel" if ranks > 1 else "whole")
+    rows = job_rows([p.shape for p in model.parameters()], sharded)
+    placement = "sharded" if rows.sharded else ("data_parallel" if ranks > 1 else "whole")
     if engine is not None:
         from tiny_llm.curvature.engines import engine as engine_named
 
         engine_named(engine).check_placement(placement)
-    if placement != "sharded":
-        return Placement(model, Layout(sum(math.prod(s) for s in shapes)), rank, ranks)
+    if not rows.sharded:
+        return Placement(model, Layout(rows.D), rank, ranks)
     kept = copy.deepcopy(model).double() if keep_reference else None
-    layout = shard_layout(shapes, rank, ranks)
+    layout = Layout(rows.D, rows.indices())
     placement = Sharded(shard_model(model), layout, rank, ranks)
     placement.kept = kept
     if sum(placement.sizes) != len(layout.indices):

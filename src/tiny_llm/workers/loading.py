@@ -17,7 +17,6 @@ from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.memory_measure import device_budget
-from tiny_llm.curvature.sharded import shard_rows
 from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
 from tiny_llm.data.tokens import (
     BatchPlan,
@@ -35,6 +34,7 @@ from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_w
 from tiny_llm.model.hf_runs import run_tokenizer
 from tiny_llm.provenance import canonical_hash
 from tiny_llm.runtime import resolve_device
+from tiny_llm.shapes import Rows
 from tiny_llm.training.loop import average_states
 from tiny_llm.workers.resolution import Resolution, memory_plan, resolve
 from tiny_llm.workers.selection import resolve_checkpoints
@@ -286,14 +286,13 @@ def _step(aliases: list[dict[str, Any]]) -> int | None:
 
 
 def step_vector(
-    state: LoadedState, successor: tuple[dict[str, Any], LoadedState] | None, names: list[str], sharded: bool
+    state: LoadedState, successor: tuple[dict[str, Any], LoadedState] | None, names: list[str], rows: Rows
 ) -> torch.Tensor | None:
     """Δ = θ' − θ between the stored checkpoints, float64 in the order of ``names``: this rank's
-    rows when sharded (as every parameter-sized vector of a sharded job), or None without a successor."""
+    ``rows`` (the job's layout: as every parameter-sized vector), or None without a successor."""
     if successor is None:
         return None
-    rank, ranks = world() if sharded else (0, 1)  # data-parallel ranks hold every vector whole
-    return shard_rows([successor[1].root[n].double() - state.root[n].double() for n in names], rank, ranks)
+    return rows.cut([successor[1].root[n].double() - state.root[n].double() for n in names])
 
 
 def _order_plan(config: RunConfig, case: str, order: OrderCase) -> tuple[TrainingOrder, BatchPlan]:

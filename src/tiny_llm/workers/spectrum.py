@@ -18,11 +18,11 @@ from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
-from tiny_llm.curvature.memory import JobShape, MemoryPlan, parameter_count, plan_spectrum
+from tiny_llm.curvature.memory import JobShape, MemoryPlan, plan_spectrum
 from tiny_llm.curvature.memory_measure import device_budget
+from tiny_llm.curvature.placement import job_rows
 from tiny_llm.distributed import is_writer, world
 from tiny_llm.distributed import record as parallel_record
-from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.workers.loading import LoadedState, Resolved, prepare_inputs, step_vector
@@ -70,23 +70,21 @@ def spectrum_memory(
     Raises:
         ValueError: a pass that does not fit even one sequence at a time (nothing is computed).
     """
-    itemsize = torch.finfo(resolved.dtype).bits // 8
-    D = parameter_count(config.model)
-    shards = (ranks or world()[1]) if spectrum.sharded else 1
-    basis = spectrum.lanczos_steps * -(-D // shards) * torch.finfo(BASIS_DTYPES[spectrum.lanczos_basis]).bits // 8
+    job = JobShape(
+        config=config.model,
+        seq_len=config.data.seq_len,
+        engine=resolved.hvp_engine,
+        shards=(ranks or world()[1]) if spectrum.sharded else 1,
+        K=min(settings.directions_per_pass, max(spectrum.block_samples, 1)),
+        hvp_batch_size=resolved.hvp_batch_size,
+        micro_batch_size=config.training.micro_batch_size,
+        itemsize=torch.finfo(resolved.dtype).bits // 8,
+        compiled=resolved.hvp_compiled,
+    )
+    basis = spectrum.lanczos_steps * job.held * torch.finfo(BASIS_DTYPES[spectrum.lanczos_basis]).bits // 8
     noise = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
     return plan_spectrum(
-        JobShape(
-            config=config.model,
-            seq_len=config.data.seq_len,
-            engine=resolved.hvp_engine,
-            shards=shards,
-            K=min(settings.directions_per_pass, max(spectrum.block_samples, 1)),
-            hvp_batch_size=resolved.hvp_batch_size,
-            micro_batch_size=config.training.micro_batch_size,
-            itemsize=itemsize,
-            compiled=resolved.hvp_compiled,
-        ),
+        job,
         basis_bytes=basis,
         extra_vectors=noise,
         budget_bytes=device_budget(resolved.device, settings.memory_budget_gb),
@@ -163,8 +161,9 @@ def analyze_spectrum(
             return old
         model = build_model(config.model, attention_backend="reference")
         model.load_state_dict(state.root, strict=True)
-        sharded = is_sharded(spectrum.sharded)
-        step = step_vector(state, following, FlatParameters(model).names, sharded)
+        rows = job_rows([p.shape for p in model.parameters()], spectrum.sharded)  # this rank's, as every vector
+        sharded = rows.sharded
+        step = step_vector(state, following, FlatParameters(model).names, rows)
         precision = Precision(resolved.device, resolved.dtype, settings.amp)
         hvp = (resolved.hvp_batch_size, resolved.hvp_engine, resolved.hvp_compiled)
         job = SpectrumJob(settings, spectrum, precision, *hvp, config.training.micro_batch_size, memory, step)

@@ -29,11 +29,11 @@ from tiny_llm.curvature.gradients import gradient_rounding
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.noise import CaseInputs, measure_case
-from tiny_llm.curvature.sharded import shard_rows
+from tiny_llm.curvature.placement import job_rows
 from tiny_llm.data.order import order_report
 from tiny_llm.data.tokens import TokenCache
 from tiny_llm.data.training_order import TrainingOrder
-from tiny_llm.distributed import is_writer, world
+from tiny_llm.distributed import is_writer
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
@@ -282,18 +282,17 @@ def _measure(job: StateJob) -> dict[str, Any]:
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     model = build_model(job.config.model, attention_backend="reference")
     model.load_state_dict(state.root, strict=True)
-    sharded = is_sharded(settings.sharded)
-    rank, ranks = world() if sharded else (0, 1)  # data-parallel ranks hold every vector whole
+    rows = job_rows([p.shape for p in model.parameters()], settings.sharded)  # this rank's, as every vector
     # sharded, the model stays on the host until FSDP moves each block's shards to the device
-    model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
+    model.to(dtype=resolved.dtype, **({} if rows.sharded else {"device": resolved.device}))
     names = FlatParameters(model).names
     if settings.block_curvature:
         check_block_layout(names)
     consensus = [
-        (w, shard_rows([worker[n].double() - state.root[n].double() for n in names], rank, ranks))
+        (w, rows.cut([worker[n].double() - state.root[n].double() for n in names]))
         for w, worker in enumerate(state.workers)
     ]
-    step = step_vector(state, job.successor, names, sharded)  # held as the consensus errors are
+    step = step_vector(state, job.successor, names, rows)
     with (
         runtime_settings(resolved.device, resolved.tf32) as runtime,
         explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
@@ -301,7 +300,7 @@ def _measure(job: StateJob) -> dict[str, Any]:
         measured = measure_case(
             model, _case_inputs(job, consensus, step), precision, progress=lambda m: log.info("%s %s", job.label, m)
         )
-    measured |= _below_float64(job, model, precision, sharded)
+    measured |= _below_float64(job, model, precision, rows.sharded)
     return _result(job, measured | runtime, started)
 
 
