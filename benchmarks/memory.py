@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import random
@@ -45,6 +46,7 @@ from tiny_llm.curvature.memory import (
     PHASES,
     GiB,
     JobShape,
+    PassShape,
     features,
     pass_bytes,
     plan_analysis,
@@ -152,11 +154,18 @@ def config_of(p: dict) -> ModelConfig:
     )
 
 
+def shape_of(engine: str, p: dict) -> PassShape:
+    """The pass of ``engine`` at point ``p`` (float32 numbers)."""
+    return PassShape(
+        engine=engine, config=config_of(p), rows=p["B"], K=p["K"], seq_len=p["T"], head_tokens=p.get("head")
+    )
+
+
 def measure(engine: str, points: list[dict], dtype: torch.dtype = torch.float32) -> list[dict]:
     out = []
     for p in points:
         started = time.perf_counter()
-        peak = measure_pass(config_of(p), engine, p["B"], p["K"], p["T"], dtype, head_tokens=p.get("head"))
+        peak = measure_pass(shape_of(engine, p), dtype)
         out.append({**p, "peak": peak, "seconds": time.perf_counter() - started})
         if "name" in p or p["d"] >= 512:  # the slow ones
             print(
@@ -248,10 +257,7 @@ def fit(points: list[dict], itemsize: int = 4, iterations: int = 100) -> tuple[d
 
 
 def report(engine: str, measured: list[dict], itemsize: int = 4, label: str = "") -> float:
-    ratios = [
-        pass_bytes(engine, config_of(p), p["B"], p["K"], p["T"], itemsize, head_tokens=p.get("head")) / p["peak"]
-        for p in measured
-    ]
+    ratios = [pass_bytes(dataclasses.replace(shape_of(engine, p), itemsize=itemsize)) / p["peak"] for p in measured]
     worst = max(abs(r - 1) for r in ratios)
     wide = [r for r, p in zip(ratios, measured, strict=True) if p["d"] == 512]
     print(
@@ -273,9 +279,10 @@ def shape_check(config_path: Path, device: str, out: Path | None) -> list[dict]:
         for B, K in ((1, 1), (2, 1), (1, 16), (2, 16)):
             if engine == GRADIENT and K > 1:
                 continue
-            predicted = pass_bytes(engine, config.model, B, K, T, 4)
+            shape = PassShape(engine=engine, config=config.model, rows=B, K=K, seq_len=T)
+            predicted = pass_bytes(shape)
             try:
-                measured = measure_pass(config.model, engine, B, K, T, device=device)
+                measured = measure_pass(shape, device=device)
             except torch.OutOfMemoryError:
                 measured = None
             if device == "cuda":
@@ -371,7 +378,7 @@ def main() -> None:
             measured = measure(engine, real_grid(engine))
             report(engine, measured)
             for p in measured:
-                predicted = pass_bytes(engine, config_of(p), 1, p["K"], p["T"], 4, head_tokens=p["head"])
+                predicted = pass_bytes(shape_of(engine, p))
                 print(
                     f"  {p['name']:>13} K={p['K']:>2} head {p['head'] or 'whole':>5}: counted {size(p['peak']):>9}, "
                     f"predicted {size(predicted):>9}, ratio {predicted / p['peak']:.2f}",

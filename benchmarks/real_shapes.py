@@ -54,7 +54,7 @@ from torch.func import functional_call, grad, jvp
 from tiny_llm.architectures import build_model
 from tiny_llm.config import ModelConfig, load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.curvature.memory import GRADIENT
+from tiny_llm.curvature.memory import GRADIENT, PassShape
 from tiny_llm.curvature.memory_measure import measure_pass
 from tiny_llm.model.causal import token_losses
 from tiny_llm.runtime import keep_freed_memory
@@ -379,7 +379,10 @@ def measure_shape(name: str, options: Options = Options()) -> dict:
     if options.memory:
         result["peak_memory_gib"] = {
             f"{what} K={K}{'' if head is None else f' head {head}'}": measure_pass(
-                config, what, sequences, K, config.max_seq_len, device=device, head_tokens=head
+                PassShape(
+                    engine=what, config=config, rows=sequences, K=K, seq_len=config.max_seq_len, head_tokens=head
+                ),
+                device=device,
             )
             / 2**30
             for what, K in ((GRADIENT, 1), ("adjoint", 16))

@@ -35,6 +35,7 @@ __all__ = [
     "default_forms_engine",
     "default_products_engine",
     "engine",
+    "group_sizes",
     "names",
     "register",
     "sharded_names",
@@ -127,6 +128,19 @@ class Engine:
     def group_rows(self, K: int, B: int) -> int:
         """Sequences of a B-sequence micro-batch in one pass with K directions, by default."""
         return max(1, B // K) if self.rows_per_direction else B
+
+
+def group_sizes(batch: int, largest: int | None = None, equal: bool = False) -> list[int]:
+    """The group sizes a pass may cut a micro-batch of ``batch`` sequences into, largest first: at
+    most ``largest`` (an engine's default group, or a memory plan's cap), and with ``equal`` only
+    divisors of ``batch`` (equal groups: one compiled graph). The one grouping rule: the memory
+    plan chooses among these, the operator cuts by the first under its cap.
+
+    Example:
+        >>> group_sizes(12, 5), group_sizes(12, 5, equal=True)
+        ([5, 4, 3, 2, 1], [4, 3, 2, 1])
+    """
+    return [r for r in range(min(batch, largest or batch), 0, -1) if not equal or batch % r == 0]
 
 
 ENGINES: dict[str, Engine] = {}

@@ -26,7 +26,7 @@ import torch
 from torch.func import functional_call
 
 from tiny_llm.architectures import jet_rules
-from tiny_llm.curvature.engines import AMP_DIFFERENCES, names
+from tiny_llm.curvature.engines import AMP_DIFFERENCES, group_sizes, names
 from tiny_llm.curvature.engines import ENGINES as REGISTRY
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.placement import Placement, place
@@ -333,10 +333,8 @@ class EpochHessian:
         layer for K directions at once, near one primal forward of the micro-batch in memory;
         cut finer, the adjoint engine's passes slow down on small models: 0.50 → 0.74 of a
         gradient per direction on the demo model), capped by ``group_rows`` for memory."""
-        rows = self.spec.group_rows(K, B)
-        rows = min(rows, self.group_rows or rows)
-        if self.group_rows and self.compile:  # equal groups: one compiled graph
-            rows = max(d for d in range(1, min(rows, B) + 1) if B % d == 0)
+        cap = min(self.spec.group_rows(K, B), self.group_rows or B)
+        rows = group_sizes(B, cap, equal=bool(self.group_rows) and self.compile)[0]  # equal: one compiled graph
         return [slice(start, start + rows) for start in range(0, B, rows)]
 
     def batch_products(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

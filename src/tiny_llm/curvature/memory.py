@@ -27,12 +27,13 @@ the measured peak differs by a few per cent.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from tiny_llm.architectures import jet_rules, parameter_shapes
 from tiny_llm.config import ModelConfig
-from tiny_llm.curvature.engines import GRADIENT, default_forms_engine
+from tiny_llm.curvature.engines import GRADIENT, default_forms_engine, group_sizes
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.memory_fit import COEFFICIENTS
 from tiny_llm.curvature.sharding import forms_shape, held_unsharded
@@ -48,6 +49,7 @@ __all__ = [
     "PassPlan",
     "choose_group_rows",
     "features",
+    "PassShape",
     "parameter_count",
     "pass_bytes",
     "plan_analysis",
@@ -117,25 +119,33 @@ def features(
     }
 
 
-def pass_bytes(
-    engine: str,
-    config: ModelConfig,
-    rows: int,
-    K: int,
-    seq_len: int,
-    itemsize: int,
-    D: int | None = None,
-    head_tokens: int | None = None,
-) -> int:
-    """Predicted peak bytes that one pass of ``engine`` (or GRADIENT) over ``rows`` sequences with K
-    directions (the head and loss ``head_tokens`` target positions at a time) allocates on top of
-    the job's resident tensors (what :func:`measure_pass` counts)."""
-    key = engine if engine == GRADIENT else engine_named(engine).memory
+@dataclass(frozen=True, kw_only=True)
+class PassShape:
+    """One pass to price (:func:`pass_bytes`), group (:func:`choose_group_rows`) or count
+    (:func:`tiny_llm.curvature.memory_measure.measure_pass`): ``engine`` (or GRADIENT) over ``rows``
+    sequences of ``seq_len`` targets of a model of shape ``config`` with K directions, numbers of
+    ``itemsize`` bytes, parameter-sized vectors of D entries (default: the model's) and the head
+    and loss ``head_tokens`` target positions at a time (None: all at once)."""
+
+    engine: str
+    config: ModelConfig
+    rows: int
+    K: int
+    seq_len: int
+    itemsize: int = 4
+    D: int | None = None
+    head_tokens: int | None = None
+
+
+def pass_bytes(shape: PassShape) -> int:
+    """Predicted peak bytes that one pass allocates on top of the job's resident tensors (what
+    :func:`tiny_llm.curvature.memory_measure.measure_pass` counts)."""
+    key = shape.engine if shape.engine == GRADIENT else engine_named(shape.engine).memory
     if key not in COEFFICIENTS:
-        raise ValueError(f"no memory model for engine {engine!r}; known: {', '.join(COEFFICIENTS)}")
-    x = features(config, rows, seq_len, D, head_tokens)
-    phases = [sum((a + b * K) * x[name] for name, (a, b) in phase.items()) for phase in COEFFICIENTS[key]]
-    return int(itemsize * max(phases))
+        raise ValueError(f"no memory model for engine {shape.engine!r}; known: {', '.join(COEFFICIENTS)}")
+    x = features(shape.config, shape.rows, shape.seq_len, shape.D, shape.head_tokens)
+    phases = [sum((a + b * shape.K) * x[name] for name, (a, b) in phase.items()) for phase in COEFFICIENTS[key]]
+    return int(shape.itemsize * max(phases))
 
 
 def resident_bytes(D: int, K: int, itemsize: int, extra_vectors: int = 0) -> int:
@@ -222,35 +232,31 @@ class MemoryPlan:
 
 def choose_group_rows(
     name: str,
-    engine: str,
-    config: ModelConfig,
-    batch: int,
-    K: int,
-    seq_len: int,
-    itemsize: int,
+    shape: PassShape,
     budget_bytes: int | None,
     resident: int,
-    equal_groups: bool = False,
-    D: int | None = None,
+    *,
     largest: int | None = None,
-    setting: str = "memory_budget_gb",
+    equal_groups: bool = False,
     chunk_head: bool = False,
 ) -> PassPlan:
-    """The largest group of sequences (at most ``largest``, by default ``batch``; a divisor of
-    ``batch`` with ``equal_groups``) whose predicted peak, ``resident`` plus the pass, fits
-    ``budget_bytes`` with the model's margin (MODEL_MARGIN). With ``chunk_head`` (a pass whose
-    head and loss can run in token chunks), a group whose head does not fit at once takes the head
-    in the largest chunk that fits (halving from the whole group down to 64 positions) before the
-    group is cut smaller: at a real vocabulary the logits, not the layers, bound the group.
+    """The largest group of the pass's ``shape.rows`` sequences (at most ``largest``; a divisor of
+    them with ``equal_groups``: :func:`tiny_llm.curvature.engines.group_sizes`) whose predicted
+    peak, ``resident`` plus the pass, fits ``budget_bytes`` with the model's margin (MODEL_MARGIN).
+    With ``chunk_head`` (a pass whose head and loss can run in token chunks), a group whose head
+    does not fit at once takes the head in the largest chunk that fits (halving from the whole
+    group down to 64 positions) before the group is cut smaller: at a real vocabulary the logits,
+    not the layers, bound the group.
 
     Raises:
         ValueError: when one sequence per group does not fit, naming the settings to change.
     """
+    engine, K, batch, seq_len = shape.engine, shape.K, shape.rows, shape.seq_len
 
     def peak(rows: int, head_tokens: int | None = None) -> int:
-        return resident + pass_bytes(engine, config, rows, K, seq_len, itemsize, D, head_tokens)
+        return resident + pass_bytes(dataclasses.replace(shape, rows=rows, head_tokens=head_tokens))
 
-    candidates = [r for r in range(min(batch, largest or batch), 0, -1) if not equal_groups or batch % r == 0]
+    candidates = group_sizes(batch, largest, equal_groups)
     if budget_bytes is None:
         return PassPlan(name, engine, K, batch, candidates[0], peak(candidates[0]))
     for rows in candidates:
@@ -261,7 +267,7 @@ def choose_group_rows(
     lower = "data.seq_len" if engine == GRADIENT else "directions_per_pass or data.seq_len"
     raise ValueError(
         f"{name}: one sequence of {seq_len} tokens{what} needs ~{size(peak(1) * MODEL_MARGIN)} "
-        f"(with the model's margin), more than {setting} = "
+        f"(with the model's margin), more than memory_budget_gb = "
         f"{size(budget_bytes)}; lower {lower}, or raise the budget"
     )
 
@@ -332,11 +338,12 @@ def plan_analysis(
     resident = resident_bytes(D, K, itemsize, extra_vectors + audited)
 
     def fit(name: str, engine_: str, batch: int, k: int, size: int, beside: int, **options: Any) -> PassPlan:
-        shape = options.pop("shape", config)
-        args = (name, engine_, shape, batch, k, seq_len, size, budget_bytes, beside)
-        return choose_group_rows(*args, D=D, chunk_head=chunked(engine_), **options)
+        shape = PassShape(
+            engine=engine_, config=options.pop("shape", config), rows=batch, K=k, seq_len=seq_len, itemsize=size, D=D
+        )
+        return choose_group_rows(name, shape, budget_bytes, beside, chunk_head=chunked(engine_), **options)
 
-    largest = max(1, hvp_batch_size // K) if engine_named(engine).rows_per_direction else None
+    largest = engine_named(engine).group_rows(K, hvp_batch_size)
     forms = {"shape": forms_shape(config, engine, shards), "equal_groups": job.compiled, "largest": largest}
     passes = [
         fit("gradient", GRADIENT, micro_batch_size, 1, itemsize, resident + unsharded[GRADIENT]),
@@ -363,12 +370,14 @@ def plan_spectrum(job: JobShape, *, basis_bytes: int, extra_vectors: int, budget
     config, seq_len, itemsize = job.config, job.seq_len, job.itemsize
     D = job.held
     resident = resident_bytes(D, job.K, itemsize, extra_vectors) + basis_bytes
-    gradient = (GRADIENT, config, job.micro_batch_size, 1, seq_len, itemsize, budget_bytes, resident)
-    products = (job.engine, config, job.hvp_batch_size, job.K, seq_len, itemsize, budget_bytes, resident)
+    gradient = PassShape(
+        engine=GRADIENT, config=config, rows=job.micro_batch_size, K=1, seq_len=seq_len, itemsize=itemsize, D=D
+    )
+    products = dataclasses.replace(gradient, engine=job.engine, rows=job.hvp_batch_size, K=job.K)
     return MemoryPlan(
         budget_bytes,
         (
-            choose_group_rows("gradient", *gradient, D=D),
-            choose_group_rows("products", *products, equal_groups=job.compiled, D=D),
+            choose_group_rows("gradient", gradient, budget_bytes, resident),
+            choose_group_rows("products", products, budget_bytes, resident, equal_groups=job.compiled),
         ),
     )

@@ -11,9 +11,8 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.engines import engine as engine_named
-from tiny_llm.curvature.memory import GRADIENT, GiB
+from tiny_llm.curvature.memory import GRADIENT, GiB, PassShape
 
 __all__ = ["StoragePeak", "device_budget", "measure_pass"]
 
@@ -83,26 +82,31 @@ class _CudaPeak:
 
 
 def measure_pass(
-    config: ModelConfig,
-    engine: str,
-    rows: int,
-    K: int,
-    seq_len: int,
+    shape: PassShape,
     dtype: torch.dtype = torch.float32,
+    *,
     amp: bool = False,
     seed: int = 0,
     device: str | torch.device = "cpu",
     compile: bool = False,
-    head_tokens: int | None = None,
 ) -> int:
-    """Peak bytes that one pass of ``engine`` (or ``GRADIENT``) over one group of ``rows``
-    sequences with K directions (the head ``head_tokens`` target positions at a time) allocates:
-    live storage on CPU (:class:`StoragePeak`), the allocator's peak on CUDA. The parameters and
-    the directions themselves are not included (they are part of :func:`resident_bytes`)."""
+    """Peak bytes that one pass of ``shape`` (its engine, or ``GRADIENT``, over one group of its
+    rows with its K directions, the head its ``head_tokens`` target positions at a time; numbers
+    of ``dtype``, not its itemsize) allocates: live storage on CPU (:class:`StoragePeak`), the
+    allocator's peak on CUDA. The parameters and the directions themselves are not included (they
+    are part of :func:`tiny_llm.curvature.memory.resident_bytes`)."""
     from tiny_llm.architectures import build_model
     from tiny_llm.curvature.hessian import EpochHessian, Precision
     from tiny_llm.training.loop import accumulate_batch_gradient
 
+    config, engine, rows, K, seq_len, head_tokens = (
+        shape.config,
+        shape.engine,
+        shape.rows,
+        shape.K,
+        shape.seq_len,
+        shape.head_tokens,
+    )
     device = torch.device(device)
     counter = _CudaPeak(device) if device.type == "cuda" else StoragePeak()
     torch.manual_seed(seed)

@@ -14,6 +14,7 @@ from tiny_llm.curvature.memory import (
     MODEL_MARGIN,
     GiB,
     JobShape,
+    PassShape,
     choose_group_rows,
     parameter_count,
     pass_bytes,
@@ -63,8 +64,9 @@ def test_memory_model_predicts_the_counted_peak_within_a_quarter(engine):
             n_layers=p["L"],
             max_seq_len=p["T"],
         )
-        measured = measure_pass(config, engine, p["B"], p["K"], p["T"], dtype)
-        predicted = pass_bytes(engine, config, p["B"], p["K"], p["T"], torch.finfo(dtype).bits // 8)
+        shape = PassShape(engine=engine, config=config, rows=p["B"], K=p["K"], seq_len=p["T"])
+        measured = measure_pass(shape, dtype)
+        predicted = pass_bytes(dataclasses.replace(shape, itemsize=torch.finfo(dtype).bits // 8))
         assert 0.8 <= predicted / measured <= (1.65 if index % 2 else 1.25), (engine, p, dtype, predicted / measured)
 
 
@@ -93,8 +95,9 @@ def test_memory_model_at_real_vocabularies_never_under_predicts_by_more_than_a_f
         )
         head = p["head"] if engine == GRADIENT or engine_named(engine).head_chunks else None
         K = 1 if engine == GRADIENT else 4
-        measured = measure_pass(config, engine, 1, K, p["T"], head_tokens=head)
-        predicted = pass_bytes(engine, config, 1, K, p["T"], 4, head_tokens=head)
+        shape = PassShape(engine=engine, config=config, rows=1, K=K, seq_len=p["T"], head_tokens=head)
+        measured = measure_pass(shape)
+        predicted = pass_bytes(shape)
         assert 0.8 <= predicted / measured <= 1.5, (engine, p, predicted / measured)
 
 
@@ -110,8 +113,9 @@ def test_memory_model_at_a_checkpoints_real_width_and_vocabulary(engine):
     K = 1 if engine == GRADIENT else 2
     chunks = (None, 32) if engine == GRADIENT or engine_named(engine).head_chunks else (None,)
     for head in chunks:
-        measured = measure_pass(config, engine, 1, K, 48, head_tokens=head)
-        predicted = pass_bytes(engine, config, 1, K, 48, 4, head_tokens=head)
+        shape = PassShape(engine=engine, config=config, rows=1, K=K, seq_len=48, head_tokens=head)
+        measured = measure_pass(shape)
+        predicted = pass_bytes(shape)
         assert 0.8 <= predicted / measured <= 1.25, (engine, head, predicted / measured)
 
 
@@ -132,14 +136,14 @@ def campaign_plan(engine: str, audit_directions: int | None, budget_bytes: int |
 def test_group_rows_are_the_largest_that_fit():
     D = parameter_count(CAMPAIGN)
     resident = 10 * GiB
-    whole = choose_group_rows("forms", "adjoint", CAMPAIGN, 64, 16, 1024, 4, None, resident, D=D)
-    assert whole.rows == 64 and whole.peak_bytes == resident + pass_bytes("adjoint", CAMPAIGN, 64, 16, 1024, 4, D)
-    fitted = choose_group_rows("forms", "adjoint", CAMPAIGN, 64, 16, 1024, 4, 80 * GiB, resident, D=D)
-    one_more = resident + pass_bytes("adjoint", CAMPAIGN, fitted.rows + 1, 16, 1024, 4, D)
+    forms = PassShape(engine="adjoint", config=CAMPAIGN, rows=64, K=16, seq_len=1024, D=D)
+    whole = choose_group_rows("forms", forms, None, resident)
+    assert whole.rows == 64 and whole.peak_bytes == resident + pass_bytes(forms)
+    fitted = choose_group_rows("forms", forms, 80 * GiB, resident)
+    one_more = resident + pass_bytes(dataclasses.replace(forms, rows=fitted.rows + 1))
     assert fitted.peak_bytes * MODEL_MARGIN <= 80 * GiB < one_more * MODEL_MARGIN
-    equal = choose_group_rows(
-        "forms", "pearlmutter", CAMPAIGN, 64, 16, 1024, 4, 80 * GiB, resident, equal_groups=True, D=D
-    )
+    products = dataclasses.replace(forms, engine="pearlmutter")
+    equal = choose_group_rows("forms", products, 80 * GiB, resident, equal_groups=True)
     assert 64 % equal.rows == 0 and equal.peak_bytes <= 80 * GiB
     assert "of 64 sequences per group" in fitted.describe()
 
@@ -152,7 +156,9 @@ def test_a_pass_that_cannot_fit_one_sequence_is_refused_naming_the_setting():
         r"more than memory_budget_gb = 1.5 GiB; lower "
         r"directions_per_pass",
     ):
-        choose_group_rows("forms", "adjoint", CAMPAIGN, 64, 16, 1024, 4, 1.5 * GiB, 0)
+        choose_group_rows(
+            "forms", PassShape(engine="adjoint", config=CAMPAIGN, rows=64, K=16, seq_len=1024), 1.5 * GiB, 0
+        )
 
 
 def test_the_campaign_plan_fits_a_gh200_by_cutting_its_passes():
@@ -173,14 +179,15 @@ def test_at_a_real_vocabulary_the_plan_chunks_the_head_before_it_cuts_the_group(
     (halving) with the group kept whole."""
     gpt2 = ModelConfig(architecture="gpt2", vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=2)
     D, resident, K = parameter_count(gpt2), 0, 16 if engine == "adjoint" else 2
-    whole = pass_bytes(engine, gpt2, 4, K, 1024, 4, D)
-    chunked = pass_bytes(engine, gpt2, 4, K, 1024, 4, D, head_tokens=256)
+    forms = PassShape(engine=engine, config=gpt2, rows=4, K=K, seq_len=1024, D=D)
+    whole = pass_bytes(forms)
+    chunked = pass_bytes(dataclasses.replace(forms, head_tokens=256))
     assert chunked < whole
     budget = int((chunked + whole) / 2 * MODEL_MARGIN)
-    plan = choose_group_rows("forms", engine, gpt2, 4, K, 1024, 4, budget, resident, D=D, chunk_head=True)
+    plan = choose_group_rows("forms", forms, budget, resident, chunk_head=True)
     assert plan.rows == 4 and plan.head_tokens is not None and plan.head_tokens >= 256
     assert f"head {plan.head_tokens} tokens at a time" in plan.describe()
-    unbounded = choose_group_rows("forms", engine, gpt2, 4, K, 1024, 4, 10**13, 0, D=D, chunk_head=True)
+    unbounded = choose_group_rows("forms", forms, 10**13, 0, chunk_head=True)
     assert unbounded.head_tokens is None
 
 
@@ -205,14 +212,15 @@ def test_a_sharded_plan_is_one_ranks():
             resident_bytes(shard, 16, 4)
             + 4 * (root + block + 16 * max(block, largest) + largest + -(-largest // n))
             + pass_bytes(  # the loss on this rank's rows of the vocabulary
-                "taylor",
-                dataclasses.replace(CAMPAIGN, vocab_size=-(-CAMPAIGN.vocab_size // n)),
-                forms.rows,
-                16,
-                1024,
-                4,
-                D=shard,
-                head_tokens=forms.head_tokens,
+                PassShape(
+                    engine="taylor",
+                    config=dataclasses.replace(CAMPAIGN, vocab_size=-(-CAMPAIGN.vocab_size // n)),
+                    rows=forms.rows,
+                    K=16,
+                    seq_len=1024,
+                    D=shard,
+                    head_tokens=forms.head_tokens,
+                )
             )
         )
         assert forms.peak_bytes == expected
@@ -224,7 +232,17 @@ def test_a_sharded_plan_is_one_ranks():
     assert forms.peak_bytes == (
         resident_bytes(shard, 16, 4)
         + 4 * 2 * (root + block)
-        + pass_bytes("finite_difference", CAMPAIGN, forms.rows, 16, 1024, 4, D=shard, head_tokens=forms.head_tokens)
+        + pass_bytes(
+            PassShape(
+                engine="finite_difference",
+                config=CAMPAIGN,
+                rows=forms.rows,
+                K=16,
+                seq_len=1024,
+                D=shard,
+                head_tokens=forms.head_tokens,
+            )
+        )
     )
     with pytest.raises(ValueError, match="memory_budget_gb"):
         campaign_plan("taylor", None, 2**20, shards=2)
