@@ -36,7 +36,7 @@ from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory_measure import StoragePeak
 from tiny_llm.curvature.sharded import ShardedHessian
-from tiny_llm.curvature.spectrum import top_eigenpairs
+from tiny_llm.curvature.spectrum import Basis, top_eigenpairs
 from tiny_llm.model.llama import Llama
 
 CPU32 = Precision(torch.device("cpu"), torch.float32)
@@ -100,9 +100,7 @@ def _memory_rank(rank: int, size: int, store: str, out: str, args: argparse.Name
                 op.D,
                 1,
                 args.lanczos_steps,
-                layout=op.layout,
-                basis_dtype=torch.float32,
-                reduction_dtype=torch.float32,
+                basis=Basis(torch.float32, torch.float32, layout=op.layout),
             )
             seconds = time.perf_counter() - started
         products = args.lanczos_steps + 1
@@ -133,9 +131,7 @@ def _unsharded_memory(args: argparse.Namespace) -> dict:
         precision=CPU32,
     )
     with StoragePeak() as peak:
-        top_eigenpairs(
-            op.hvp, op.flat.D, 1, args.lanczos_steps, basis_dtype=torch.float32, reduction_dtype=torch.float32
-        )
+        top_eigenpairs(op.hvp, op.flat.D, 1, args.lanczos_steps, basis=Basis(torch.float32, torch.float32))
     return {
         "ranks": 1,
         "sharded": False,

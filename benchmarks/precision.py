@@ -24,7 +24,7 @@ import torch
 from tiny_llm.config import config_from_dict, config_to_dict, load_config
 from tiny_llm.curvature.hessian import EpochHessian, Precision, runtime_settings
 from tiny_llm.curvature.noise import CaseInputs, measure_case
-from tiny_llm.curvature.spectrum import top_eigenpairs
+from tiny_llm.curvature.spectrum import Basis, top_eigenpairs
 from tiny_llm.data.corpus import default_capacity, prepare_source_cache
 from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.model.causal import count_parameters
@@ -122,9 +122,7 @@ def _measure(
                 1,
                 lanczos_steps,
                 seed=42,
-                basis_dtype=basis,
-                reduction_dtype=reduction,
-                device=precision.device,
+                basis=Basis(basis, reduction, precision.device),
             )
             values[str(basis).removeprefix("torch.")] = float(top[0][0])
     return {

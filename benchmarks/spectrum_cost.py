@@ -17,7 +17,7 @@ from hvp_cost import REPO
 
 from tiny_llm.config import load_config
 from tiny_llm.curvature.hessian import EpochHessian, Precision
-from tiny_llm.curvature.spectrum import lanczos
+from tiny_llm.curvature.spectrum import Basis, lanczos
 from tiny_llm.model.llama import Llama
 
 
@@ -54,7 +54,7 @@ def main() -> None:
     step = (time.perf_counter() - start) / len(result.alpha)
     for basis in (torch.bfloat16,):
         start = time.perf_counter()
-        low = lanczos(exact.hvp, v[0], args.steps, basis_dtype=basis, reduction_dtype=torch.float32)
+        low = lanczos(exact.hvp, v[0], args.steps, basis=Basis(basis, torch.float32))
         low_step = (time.perf_counter() - start) / len(low.alpha)
     top = torch.linalg.eigvalsh(result.tridiagonal())[-3:]
     top_low = torch.linalg.eigvalsh(low.tridiagonal())[-3:]

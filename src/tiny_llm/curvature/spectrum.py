@@ -25,6 +25,8 @@ from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.curvature.placement import Layout
 
 __all__ = [
+    "FLOAT64",
+    "Basis",
     "Layout",
     "LanczosResult",
     "block_diagonal_error",
@@ -42,6 +44,23 @@ MatVec = Callable[[torch.Tensor], torch.Tensor]
 
 def _whole(D: int, layout: Layout | None) -> Layout:
     return layout if layout is not None else Layout(D)
+
+
+@dataclass(frozen=True)
+class Basis:
+    """How a Lanczos basis is held: its vectors stored in ``dtype`` (bf16 halves their memory; bf16
+    Lanczos vectors are known to suffice for Hessian spectra at foundation-model scale), their
+    projections and norms in ``reduction``, on ``device``, and ``layout`` the entries this rank
+    holds (None: every entry)."""
+
+    dtype: torch.dtype = torch.float64
+    reduction: torch.dtype = torch.float64
+    device: str | torch.device = "cpu"
+    layout: Layout | None = None
+
+
+FLOAT64 = Basis()
+"""A float64 basis of every entry on the CPU."""
 
 
 @dataclass
@@ -64,32 +83,28 @@ def lanczos(
     start: torch.Tensor,
     steps: int,
     *,
-    basis_dtype: torch.dtype = torch.float64,
-    reduction_dtype: torch.dtype = torch.float64,
+    basis: Basis = FLOAT64,
     breakdown: float = 1e-12,
     done: Callable[[LanczosResult, float], bool] | None = None,
-    layout: Layout | None = None,
 ) -> LanczosResult:
-    """Up to ``steps`` Lanczos iterations from ``start`` with full reorthogonalisation.
-
-    The basis is stored in ``basis_dtype`` (bf16 saves memory; bf16 Lanczos vectors are known to
-    suffice for Hessian spectra at foundation-model scale); projections and norms
-    run in ``reduction_dtype``. Stops early at an invariant subspace (β below ``breakdown``·‖H‖),
-    or when ``done(result so far, next β)`` says the wanted Ritz pairs have converged. With a sharded
-    ``layout``, ``start`` and the basis are this rank's parts.
+    """Up to ``steps`` Lanczos iterations from ``start`` with full reorthogonalisation, the basis
+    held as ``basis`` says (on ``start``'s device). Stops early at an invariant subspace (β below
+    ``breakdown``·‖H‖), or when ``done(result so far, next β)`` says the wanted Ritz pairs have
+    converged. With a sharded layout, ``start`` and the basis are this rank's parts.
     """
-    layout = _whole(start.size(-1), layout)
+    layout = _whole(start.size(-1), basis.layout)
+    basis_dtype, reduction_dtype = basis.dtype, basis.reduction
     q = (start / layout.norms(start.unsqueeze(0))[0]).to(reduction_dtype)
-    basis = torch.empty(steps, start.size(-1), dtype=basis_dtype, device=start.device)  # the only copy
+    stored_basis = torch.empty(steps, start.size(-1), dtype=basis_dtype, device=start.device)  # the only copy
     alphas, betas = [], []
     scale = 0.0
     for j in range(steps):
-        basis[j] = q
-        stored = basis[j]
+        stored_basis[j] = q
+        stored = stored_basis[j]
         w = matvec(stored.to(torch.float64).unsqueeze(0))[0].to(reduction_dtype)
         alpha = layout.dots(stored.to(reduction_dtype).unsqueeze(0), w.unsqueeze(0))[0]
         alphas.append(float(alpha))
-        Q = basis[: j + 1].to(reduction_dtype)  # a view when the basis is stored in the reduction dtype
+        Q = stored_basis[: j + 1].to(reduction_dtype)  # a view when the basis is stored in the reduction dtype
         for _ in range(2):  # classical Gram–Schmidt twice is enough (Kahan–Parlett); one reduction a sweep
             w = w - layout.reduce(Q @ w) @ Q
         del Q
@@ -99,7 +114,9 @@ def lanczos(
             break
         if done is not None and done(
             LanczosResult(
-                torch.tensor(alphas, dtype=torch.float64), torch.tensor(betas, dtype=torch.float64), basis[: j + 1]
+                torch.tensor(alphas, dtype=torch.float64),
+                torch.tensor(betas, dtype=torch.float64),
+                stored_basis[: j + 1],
             ),
             beta,
         ):
@@ -107,7 +124,7 @@ def lanczos(
         betas.append(beta)
         q = w / beta
     return LanczosResult(
-        torch.tensor(alphas, dtype=torch.float64), torch.tensor(betas, dtype=torch.float64), basis[: len(alphas)]
+        torch.tensor(alphas, dtype=torch.float64), torch.tensor(betas, dtype=torch.float64), stored_basis[: len(alphas)]
     )
 
 
@@ -124,12 +141,9 @@ def top_eigenpairs(
     *,
     seed: int = 0,
     which: str | tuple[str, ...] = "LA",
-    basis_dtype: torch.dtype = torch.float64,
-    reduction_dtype: torch.dtype = torch.float64,
-    device: str | torch.device = "cpu",
+    basis: Basis = FLOAT64,
     tolerance: float | None = None,
-    layout: Layout | None = None,
-):
+):  # 8 parameters: eigsh's (k, which, tol and the start's seed) beside the operator, its size and the basis
     """The k largest-algebraic (``LA``) or largest-magnitude (``LM``) eigenpairs from Lanczos.
 
     With ``tolerance``, Lanczos stops as soon as every wanted Ritz pair's residual estimate
@@ -138,9 +152,9 @@ def top_eigenpairs(
     with honest residual norms ‖Hu − λu‖ from one more application of H, and ``converged`` when
     that residual is at most ``tolerance``·|λ| (all False without a tolerance). With
     ``which=("LA", "LM")`` one Lanczos run serves both, and a dict of such tuples is returned. With a
-    sharded ``layout`` the eigenvectors are this rank's parts.
+    sharded layout (``basis.layout``) the eigenvectors are this rank's parts.
     """
-    layout = _whole(D, layout)
+    layout, device = _whole(D, basis.layout), basis.device
     kinds = (which,) if isinstance(which, str) else tuple(which)
     if any(kind not in ("LA", "LM") for kind in kinds):
         raise ValueError(f"which: expected 'LA' or 'LM', got {which!r}")
@@ -155,9 +169,7 @@ def top_eigenpairs(
         )
 
     start = layout.local(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))).to(device)
-    result = lanczos(
-        matvec, start, steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype, done=done, layout=layout
-    )
+    result = lanczos(matvec, start, steps, basis=basis, done=done)
     theta, S = torch.linalg.eigh(result.tridiagonal())
     pairs = {}
     for kind in kinds:
@@ -183,22 +195,17 @@ def slq(
     steps: int,
     *,
     seed: int = 0,
-    basis_dtype: torch.dtype = torch.float64,
-    reduction_dtype: torch.dtype = torch.float64,
-    device: str | torch.device = "cpu",
-    layout: Layout | None = None,
+    basis: Basis = FLOAT64,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Stochastic Lanczos quadrature (Ghorbani et al. 2019; Papyan): for each of ``n_vectors``
     Rademacher starts, the Ritz values θ and weights τ² (squared first components of T's
     eigenvectors). Σ_v Σ_i τ²θ^p / n_v estimates tr(H^p)/D."""
-    layout = _whole(D, layout)
+    layout = _whole(D, basis.layout)
     nodes = []
     for index in range(n_vectors):
         generator = torch.Generator().manual_seed(seed * 100_003 + index)
         start = signs(generator, D, layout.indices)  # a rank draws only its entries
-        result = lanczos(
-            matvec, start.to(device), steps, basis_dtype=basis_dtype, reduction_dtype=reduction_dtype, layout=layout
-        )
+        result = lanczos(matvec, start.to(basis.device), steps, basis=basis)
         theta, S = torch.linalg.eigh(result.tridiagonal())
         nodes.append((theta, S[0] ** 2))
     return nodes

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.curvature.spectrum import top_eigenpairs
+from tiny_llm.curvature.spectrum import Basis, top_eigenpairs
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, unseen_plan
 from tiny_llm.geometry import metrics as geometry
 from tiny_llm.geometry.settings import GeometrySettings
@@ -133,7 +133,7 @@ def _hessian_top(
         1,
         min(settings.lanczos_steps, H.flat.D),
         seed=settings.seed,
-        device=precision.device,
+        basis=Basis(device=precision.device),
         tolerance=tolerance,
     )
     top = vectors[0].double()

@@ -20,6 +20,7 @@ from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, FlatPara
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.placement import place
 from tiny_llm.curvature.spectrum import (
+    Basis,
     Layout,
     block_diagonal_error,
     conjugate_gradient,
@@ -212,10 +213,8 @@ def _lanczos_stage(
     D: int,
     spectrum: SpectrumSettings,
     settings: AnalysisSettings,
-    dtypes: tuple[torch.dtype, torch.dtype],
-    device: torch.device,
+    basis: Basis,
     tolerance: float,
-    layout: Layout,
 ) -> tuple[dict[str, Any], torch.Tensor, float]:
     """The top eigenpairs (largest algebraic and largest magnitude) with their residuals: their
     record, the top eigenvectors, and the largest |eigenvalue| found (``products`` counts the
@@ -227,11 +226,8 @@ def _lanczos_stage(
         spectrum.lanczos_steps,
         seed=settings.seed,
         which=("LA", "LM"),
-        basis_dtype=dtypes[0],
-        reduction_dtype=dtypes[1],
-        device=device,
+        basis=basis,
         tolerance=tolerance,
-        layout=layout,
     )
     values, vectors, residuals, converged = pairs["LA"]
     mag_values, _, mag_residuals, mag_converged = pairs["LM"]
@@ -255,9 +251,7 @@ def _slq_stage(
     D: int,
     spectrum: SpectrumSettings,
     settings: AnalysisSettings,
-    dtypes: tuple[torch.dtype, torch.dtype],
-    device: torch.device,
-    layout: Layout,
+    basis: Basis,
 ) -> dict[str, Any]:
     """The stochastic Lanczos quadrature nodes and weights, and the first two moments over D."""
     nodes = slq(
@@ -266,10 +260,7 @@ def _slq_stage(
         spectrum.slq_vectors,
         spectrum.slq_steps,
         seed=settings.seed,
-        basis_dtype=dtypes[0],
-        reduction_dtype=dtypes[1],
-        device=device,
-        layout=layout,
+        basis=basis,
     )
     moments = {f"m{p}": sum(float((w * t**p).sum()) for t, w in nodes) / len(nodes) for p in (1, 2)}
     return {
@@ -338,11 +329,11 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], job: 
 
     progress.enter(f"Lanczos, top {spectrum.top_k} eigenpairs (at most {spectrum.lanczos_steps} steps)")
     top, vectors, largest = _lanczos_stage(
-        counted, products, flat.D, spectrum, settings, (basis, reduction), device, tolerance, layout
+        counted, products, flat.D, spectrum, settings, Basis(basis, reduction, device, layout), tolerance
     )
     t_lanczos = time.perf_counter() - started
     progress.enter(f"SLQ density ({spectrum.slq_vectors} x {spectrum.slq_steps} steps)")
-    slq_record = _slq_stage(tracked, flat.D, spectrum, settings, (basis, reduction), device, layout)
+    slq_record = _slq_stage(tracked, flat.D, spectrum, settings, Basis(basis, reduction, device, layout))
     g_bar = epoch_gradient()
     noise = [
         gradient(tokens_by_batch[i]) - g_bar

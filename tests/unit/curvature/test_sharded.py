@@ -15,6 +15,7 @@ from tiny_llm.curvature.engines import sharded_names
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.sharded import ShardedHessian, shard_layout
 from tiny_llm.curvature.spectrum import (
+    Basis,
     Layout,
     block_diagonal_error,
     conjugate_gradient,
@@ -42,11 +43,9 @@ def _measure(op, layout, D: int, damping: float, spectra: bool) -> dict:
     }
     if not spectra:
         return out
-    values, vectors, residuals, _ = top_eigenpairs(op.hvp, D, 3, 40, seed=4, layout=layout)
-    low, *_ = top_eigenpairs(
-        op.hvp, D, 3, 20, seed=4, layout=layout, basis_dtype=torch.bfloat16, reduction_dtype=torch.float32
-    )
-    nodes = slq(op.hvp, D, 2, 6, seed=5, layout=layout)
+    values, vectors, residuals, _ = top_eigenpairs(op.hvp, D, 3, 40, seed=4, basis=Basis(layout=layout))
+    low, *_ = top_eigenpairs(op.hvp, D, 3, 20, seed=4, basis=Basis(torch.bfloat16, torch.float32, layout=layout))
+    nodes = slq(op.hvp, D, 2, 6, seed=5, basis=Basis(layout=layout))
     blocks = block_diagonal_error(op.hvp, V[:2], layer_blocks(FlatParameters(_model())), layout=layout)
     x = conjugate_gradient(op.hvp, V[0], damping, rtol=1e-10, layout=layout)[0]
     return {

@@ -8,6 +8,7 @@ from oracles import TINY_MODEL
 
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.spectrum import (
+    Basis,
     block_diagonal_error,
     conjugate_gradient,
     lanczos,
@@ -71,7 +72,7 @@ def test_lanczos_basis_is_orthonormal_also_in_bf16(problem):
     full = lanczos(op.hvp, start, 40)
     Q = full.basis
     torch.testing.assert_close(Q @ Q.T, torch.eye(len(Q), dtype=torch.float64), atol=1e-10, rtol=0)
-    low = lanczos(op.hvp, start, 40, basis_dtype=torch.bfloat16, reduction_dtype=torch.float32)
+    low = lanczos(op.hvp, start, 40, basis=Basis(torch.bfloat16, torch.float32))
     top_full = torch.linalg.eigvalsh(full.tridiagonal())[-1]
     top_low = torch.linalg.eigvalsh(low.tridiagonal())[-1]
     assert abs(top_low - top_full) / abs(top_full) < 1e-2  # bf16 vectors keep the top of the spectrum

@@ -185,7 +185,7 @@ def test_lanczos_storage_and_reduction_dtypes_are_the_configured_ones(run, monke
     seen, real = [], spectrum.lanczos
 
     def spy(matvec, start, steps, **kwargs):
-        seen.append((kwargs["basis_dtype"], kwargs["reduction_dtype"]))
+        seen.append((kwargs["basis"].dtype, kwargs["basis"].reduction))
         return real(matvec, start, steps, **kwargs)
 
     monkeypatch.setattr(spectrum, "lanczos", spy)
