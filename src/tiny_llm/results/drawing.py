@@ -214,18 +214,17 @@ def stamp(context: dict) -> str:
 
 
 def finish(
-    fig,
     ax,
-    out_dir: Path,
-    name: str,
+    path: Path,
     ylabel: str,
     context: dict,
     note: str = "",
     legend_ax=None,
     xlabel: str | None = None,
 ) -> list[Path]:
-    """Label, title (analysis and settings, then the note), a legend below the axes, PDF and PNG;
-    x ticks in engineering notation."""
+    """Label ``ax``, title its figure (analysis and settings, then the note), put a legend below the
+    axes, and save it as ``path``.pdf and ``path``.png; x ticks in engineering notation."""
+    fig = ax.figure
     if xlabel is None:
         for axis in fig.axes:
             if context.get("x_log"):
@@ -243,7 +242,7 @@ def finish(
     handles, labels = (legend_ax or ax).get_legend_handles_labels()
     if handles:  # below the plot: a legend never covers data
         fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False)
-    paths = [out_dir / f"{name}.{ext}" for ext in ("pdf", "png")]
+    paths = [path.with_name(f"{path.name}.{ext}") for ext in ("pdf", "png")]
     for path in paths:
         fig.savefig(path)
     plt.close(fig)

@@ -73,10 +73,8 @@ def _normalized_alignment(table, context, out_dir) -> list[Path]:
     linear.set_ylabel("normalized alignment (nats)")
     log_axis(logarithmic)
     return finish(
-        fig,
         logarithmic,
-        out_dir,
-        "normalized_alignment",
+        out_dir / "normalized_alignment",
         "normalized alignment (nats, log)",
         context,
         notes.text(),
@@ -91,7 +89,7 @@ def _noise_alignment(table, context, out_dir) -> list[Path]:
     if context["consensus"]:
         curves(ax, table, "consensus_mean_curvature", "consensus  mean eᵀHe", "C3", notes=notes)
     ax.axhline(0, color="0.5", lw=0.6)
-    return finish(fig, ax, out_dir, "noise_alignment", "mean vᵀHv along noise (nats³)", context, notes.text())
+    return finish(ax, out_dir / "noise_alignment", "mean vᵀHv along noise (nats³)", context, notes.text())
 
 
 def _training_log(run_dir: Path, context: dict) -> list[dict]:
@@ -133,7 +131,7 @@ def _gradient_norms(table, context, out_dir, run_dir: Path | None) -> list[Path]
         curves(ax, table, "consensus_mean_norm", "consensus mean ‖eᵢ‖", "C3", log=True, notes=notes)
     log_axis(ax)
     note = "; ".join(n for n in (notes.text(), missing) if n)
-    return finish(fig, ax, out_dir, "gradient_norms", "gradient norm (nats)", context, note)
+    return finish(ax, out_dir / "gradient_norms", "gradient norm (nats)", context, note)
 
 
 def _training_losses(ax, run_dir: Path, context: dict) -> None:
@@ -164,7 +162,7 @@ def _loss(table, context, out_dir) -> list[Path]:
     if "loss" in table:
         curves(ax, table, "loss", "epoch loss", "C0", notes=notes)
     note = "; ".join(n for n in (notes.text(), context.pop("missing_log", "")) if n)
-    return finish(fig, ax, out_dir, "loss", "token-mean cross-entropy (nats)", context, note)
+    return finish(ax, out_dir / "loss", "token-mean cross-entropy (nats)", context, note)
 
 
 def _batch_sizes(table, context, out_dir) -> list[Path]:
@@ -183,7 +181,7 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     single = [case for case, b in (context.get("batch_sizes") or {}).items() if b.get("epoch_batches") == 1]
     if single:
         note += f"; {', '.join(single)}: one batch, no noise estimate"
-    return finish(fig, ax, out_dir, "batch_sizes", "batch size (sequences)", context, note)
+    return finish(ax, out_dir / "batch_sizes", "batch size (sequences)", context, note)
 
 
 def _step_sharpness(table, context, out_dir) -> list[Path]:
@@ -198,7 +196,7 @@ def _step_sharpness(table, context, out_dir) -> list[Path]:
     curves(ax, table, "grad_sharpness", "ḡᵀHḡ/‖ḡ‖² (the gradient)", "C0", notes=notes)
     ax.axhline(0, color="0.6", lw=0.6)
     note = "the last checkpoint has no successor (not drawn)"
-    return finish(fig, ax, out_dir, "step_sharpness", "directional sharpness", context, note)
+    return finish(ax, out_dir / "step_sharpness", "directional sharpness", context, note)
 
 
 def _step_loss(table, context, out_dir) -> list[Path]:
@@ -216,7 +214,7 @@ def _step_loss(table, context, out_dir) -> list[Path]:
     if len(sizes) and sizes.max() > 30 * sizes.min():  # an early step's change would flatten the rest
         ax.set_yscale("symlog", linthresh=float(sizes.min()), linscale=0.5)
         note += f"; symmetric log axis, linear within ±{float(sizes.min()):.2g}"
-    return finish(fig, ax, out_dir, "step_loss", "loss change to the next checkpoint (nats)", context, note)
+    return finish(ax, out_dir / "step_loss", "loss change to the next checkpoint (nats)", context, note)
 
 
 BLOCK_COLOURS = {"embedding": "C4", "norms": "0.5", "head": "C2"}
@@ -264,7 +262,7 @@ def _block_batch_sizes(whole, context, out_dir, table: pd.DataFrame | None) -> l
     curves(ax, whole, "b_simple", "whole model", "k", log=True, notes=notes)
     log_axis(ax)
     note = "; ".join(n for n in (note, notes.text()) if n)
-    return finish(fig, ax, out_dir, "block_batch_sizes", "B_simple per block (sequences)", context, note)
+    return finish(ax, out_dir / "block_batch_sizes", "B_simple per block (sequences)", context, note)
 
 
 def _precision_mode(settings: dict, device: str = "") -> str:
@@ -307,7 +305,7 @@ def _precision_audit(table, context, out_dir) -> list[Path]:
             transform=ax.transAxes,
             color="0.4",
         )
-    return finish(fig, ax, out_dir, "precision_audit", "relative error against float64", context, notes.text())
+    return finish(ax, out_dir / "precision_audit", "relative error against float64", context, notes.text())
 
 
 def plot_analysis(

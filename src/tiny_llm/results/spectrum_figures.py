@@ -40,7 +40,7 @@ def _top_eigenvalues(table, context, out_dir) -> list[Path]:
     note = notes.text()
     if unconverged:
         note = (note + "; " if note else "") + f"{unconverged} not converged (red rings): raise spectrum.lanczos_steps"
-    return finish(fig, ax, out_dir, "top_eigenvalues", "top Hessian eigenvalues", context, note)
+    return finish(ax, out_dir / "top_eigenvalues", "top Hessian eigenvalues", context, note)
 
 
 def _slq_density(
@@ -72,10 +72,8 @@ def _slq_density(
     ax.set_yscale("log")
     ax.set_ylim(bottom=1e-6)
     return finish(
-        fig,
         ax,
-        out_dir,
-        name,
+        out_dir / name,
         "spectral density",
         context,
         f"SLQ density, Gaussian width σ = {sigma:.3g}",
@@ -88,7 +86,7 @@ def _block_error(table, context, out_dir) -> list[Path]:
     notes = Notes()
     curves(ax, table, "block_tensor_relative_error", "per tensor", "C0", notes=notes)
     curves(ax, table, "block_layer_relative_error", "per layer", "C1", notes=notes)
-    return finish(fig, ax, out_dir, "block_diagonal_error", "‖Hv − H_bd v‖ / ‖Hv‖", context, notes.text())
+    return finish(ax, out_dir / "block_diagonal_error", "‖Hv − H_bd v‖ / ‖Hv‖", context, notes.text())
 
 
 def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None, x_axis: str = "auto") -> list[Path]:

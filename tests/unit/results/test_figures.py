@@ -84,8 +84,9 @@ def test_figures_explain_themselves(tmp_path, monkeypatch):
     figures = {}
     original = plots.finish
 
-    def spy(fig, ax, out_dir, name, *args, **kwargs):
-        paths = original(fig, ax, out_dir, name, *args, **kwargs)
+    def spy(ax, path, *args, **kwargs):
+        fig, name = ax.figure, path.name
+        paths = original(ax, path, *args, **kwargs)
         figures[name] = fig
         return paths
 
@@ -145,8 +146,9 @@ def test_the_x_axis_is_tokens_when_known_else_steps_in_engineering_notation(tmp_
     figures = {}
     original = plots.finish
 
-    def spy(fig, ax, out_dir, name, *args, **kwargs):
-        paths = original(fig, ax, out_dir, name, *args, **kwargs)
+    def spy(ax, path, *args, **kwargs):
+        fig, name = ax.figure, path.name
+        paths = original(ax, path, *args, **kwargs)
         fig.canvas.draw()
         figures[name] = (
             ax.get_xlabel(),
@@ -204,9 +206,9 @@ def test_log_spaced_checkpoints_get_a_log_axis_and_evenly_spaced_ones_a_linear_o
     scales = {}
     original = plots.finish
 
-    def spy(fig, ax, out_dir, name, *args, **kwargs):
-        paths = original(fig, ax, out_dir, name, *args, **kwargs)
-        scales[name] = ax.get_xscale()
+    def spy(ax, path, *args, **kwargs):
+        paths = original(ax, path, *args, **kwargs)
+        scales[path.name] = ax.get_xscale()
         return paths
 
     monkeypatch.setattr(plots, "finish", spy)
@@ -231,9 +233,9 @@ def test_step_loss_keeps_every_checkpoint_legible_and_batch_sizes_draw_the_train
     figures = {}
     original = plots.finish
 
-    def spy(fig, ax, out_dir, name, *args, **kwargs):
-        figures[name] = fig
-        return original(fig, ax, out_dir, name, *args, **kwargs)
+    def spy(ax, path, *args, **kwargs):
+        figures[path.name] = ax.figure
+        return original(ax, path, *args, **kwargs)
 
     monkeypatch.setattr(plots, "finish", spy)
     plot_analysis(tmp_path)
