@@ -190,11 +190,9 @@ def _llc(model, rows: torch.Tensor, settings: GeometrySettings) -> tuple[float, 
     return geometry.local_learning_coefficient(
         model,
         rows,
-        chains=settings.llc_chains,
-        draws=settings.llc_draws,
-        lr=settings.llc_lr,
-        n_beta=settings.llc_n_beta,
-        localization=settings.llc_localization,
+        geometry.SGLD(
+            settings.llc_chains, settings.llc_draws, settings.llc_lr, settings.llc_n_beta, settings.llc_localization
+        ),
         batch_size=settings.hvp_batch_size,
         seed=settings.seed,
     )

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.func import functional_call, grad, jvp, vjp, vmap
@@ -54,6 +55,7 @@ from tiny_llm.model.causal import token_losses
 from tiny_llm.model.llama import Llama
 
 __all__ = [
+    "SGLD",
     "batch_gradients",
     "concentration",
     "cosine_matrix",
@@ -213,23 +215,25 @@ def jacobian_frobenius(model: Llama, rows: torch.Tensor, samples: int, *, seed: 
     return mean, spread / math.sqrt(samples)
 
 
+@dataclass(frozen=True)
+class SGLD:
+    """The sampler of the local learning coefficient (devinterp 2.0.1's SGLD): ``chains`` chains of
+    ``draws`` draws, step size ``lr``, inverse temperature ``n_beta`` (None: N / ln N for the N
+    reference tokens), pull ``localization`` towards the parameters."""
+
+    chains: int
+    draws: int
+    lr: float = 1e-4
+    n_beta: float | None = None
+    localization: float = 100.0
+
+
 def local_learning_coefficient(
-    model: Llama,
-    rows: torch.Tensor,
-    *,
-    chains: int,
-    draws: int,
-    lr: float,
-    n_beta: float | None,
-    localization: float,
-    batch_size: int,
-    seed: int,
+    model: Llama, rows: torch.Tensor, sampler: SGLD, *, batch_size: int, seed: int
 ) -> tuple[float, float]:
     """The local learning coefficient of the token-mean loss on ``rows`` at the model's parameters,
-    by SGLD (devinterp 2.0.1: ``chains`` chains of ``draws`` draws, step size ``lr``, inverse
-    temperature ``n_beta`` (None: N / ln N for the N reference tokens), pull ``localization``
-    towards the parameters). The model is copied, not changed. Returns (mean over chains, standard
-    error over chains).
+    by ``sampler`` (micro-batches of ``batch_size`` rows, chains seeded by ``seed``). The model is
+    copied, not changed. Returns (mean over chains, standard error over chains).
 
     Raises:
         ValueError: devinterp is not installed (the message says how to install it).
@@ -243,7 +247,7 @@ def local_learning_coefficient(
             "'tiny-llm-curvature[llc]' (or make test-llc), or set llc_every: 0"
         ) from None
     tokens = rows[:, 1:].numel()
-    beta = n_beta if n_beta is not None else tokens / math.log(tokens)
+    beta = sampler.n_beta if sampler.n_beta is not None else tokens / math.log(tokens)
     data = Dataset.from_dict({"input_ids": rows.cpu().tolist()}).with_format("torch")
     sampled = copy.deepcopy(model)
     device = str(next(model.parameters()).device)
@@ -255,14 +259,14 @@ def local_learning_coefficient(
         sampled,
         data,
         {},
-        lr=lr,
+        lr=sampler.lr,
         n_beta=beta,
         loss_fn=per_token_loss,
-        num_chains=chains,
-        num_draws=draws,
+        num_chains=sampler.chains,
+        num_draws=sampler.draws,
         batch_size=min(batch_size, len(rows)),
         num_init_loss_batches=max(1, len(rows) // batch_size),
-        localization=localization,
+        localization=sampler.localization,
         init_seed=seed,
         device=device,
     )

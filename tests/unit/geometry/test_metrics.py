@@ -189,24 +189,23 @@ def test_the_llc_without_devinterp_says_how_to_install(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "devinterp", None)  # as if not installed
     monkeypatch.setitem(sys.modules, "devinterp.slt.llc", None)
-    from tiny_llm.geometry.metrics import local_learning_coefficient
+    from tiny_llm.geometry.metrics import SGLD, local_learning_coefficient
 
     with pytest.raises(ValueError, match=r"needs devinterp 2.0.1: pip install 'tiny-llm-curvature\[llc\]'"):
-        local_learning_coefficient(
-            _model(0), _rows(0), chains=2, draws=5, lr=1e-4, n_beta=None, localization=100.0, batch_size=2, seed=0
-        )
+        sampler = SGLD(chains=2, draws=5, lr=1e-4, n_beta=None, localization=100.0)
+        local_learning_coefficient(_model(0), _rows(0), sampler, batch_size=2, seed=0)
 
 
 @pytest.mark.llc
 def test_the_llc_by_devinterp_on_a_tiny_model():
     pytest.importorskip("devinterp")
-    from tiny_llm.geometry.metrics import local_learning_coefficient
+    from tiny_llm.geometry.metrics import SGLD, local_learning_coefficient
 
     model, rows = _model(8), _rows(8, n=8)
     before = [p.detach().clone() for p in model.parameters()]
-    args = dict(chains=2, draws=30, lr=1e-4, n_beta=None, localization=100.0, batch_size=4)
-    mean, se = local_learning_coefficient(model, rows, seed=3, **args)
-    again, _ = local_learning_coefficient(model, rows, seed=3, **args)
+    sampler = SGLD(chains=2, draws=30, lr=1e-4, n_beta=None, localization=100.0)
+    mean, se = local_learning_coefficient(model, rows, sampler, batch_size=4, seed=3)
+    again, _ = local_learning_coefficient(model, rows, sampler, batch_size=4, seed=3)
     assert math.isfinite(mean) and math.isfinite(se) and se >= 0
     assert again == mean  # reproducible from its seed
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # the model is not changed
