@@ -43,13 +43,11 @@ class CostReport:
         kind = "cpu" if settings.device == "cpu" else self.cluster.gpu_kind or "cuda"
         line = cost.cost_line(
             analysis,
-            self.expected_states(analysis, run),
-            list(planned.cases),
+            cost.Jobs(*self.expected_states(analysis, run), tuple(planned.cases), planned.ranks),
             cost.case_work(run, settings, workers),
             settings.device,
             self.walltimes.timing_entry(analysis, kind),
             self.cluster,
-            planned.ranks,
         )
         memory = planned.memory.describe()  # known with the run's configuration
         if settings.memory_budget_gb is None and settings.device != "cpu":

@@ -30,6 +30,7 @@ __all__ = [
     "PARALLEL_EFFICIENCY",
     "CaseWork",
     "case_work",
+    "Jobs",
     "cost_line",
     "estimate_seconds",
     "expected_states",
@@ -265,25 +266,35 @@ def _times(gpus: int) -> str:
     return f" × {gpus} GPUs" if gpus > 1 else ""
 
 
+@dataclass(frozen=True)
+class Jobs:
+    """An analysis's jobs: at most ``states`` states (found by ``source``: an interval, a list…),
+    each measured on every one of ``cases``, a job over ``ranks`` ranks (GPUs, or CPU processes on
+    ``cpu``)."""
+
+    states: int
+    source: str
+    cases: tuple[str, ...]
+    ranks: int = 1
+
+
 def cost_line(
     name: str,
-    states: tuple[int, str],
-    cases: list[str],
+    jobs: Jobs,
     work: CaseWork,
     device: str,
     timing: dict[str, Any] | None,
     cluster: ClusterSettings | None = None,
-    gpus: int = 1,
 ) -> str:
     """One line for the console before a run: jobs, the work of each, and the estimated time.
 
     ``timing`` is a timing entry (``{"seconds": ..., "measured": ...}``) or None. With ``cluster``
     (the workflow's cluster settings) under a walltime rule, the line adds what Slurm will be
     asked for: one job per state holding both cases, its walltime, and the GPU-hours requested.
-    With ``gpus`` ranks per job (GPUs, or CPU processes on ``cpu``), its time is scaled by
-    :func:`parallel_seconds` and every hour of it holds that many GPUs.
+    With several ranks per job, its time is scaled by :func:`parallel_seconds` and every hour of
+    it holds that many GPUs.
     """
-    count, source = states
+    count, source, cases, gpus = jobs.states, jobs.source, jobs.cases, jobs.ranks
     jobs = count * len(cases)
     line = (
         f"analysis {name}: ≤ {count} states ({source}) × {len(cases)} cases = {jobs} (state, case) jobs; each: "

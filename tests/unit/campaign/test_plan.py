@@ -8,6 +8,7 @@ from builders import make_oracle_run
 
 from tiny_llm.campaign.plan import (
     ClusterSettings,
+    Jobs,
     case_work,
     cost_line,
     estimate_seconds,
@@ -106,8 +107,14 @@ def test_cost_line_says_jobs_work_and_time(run):
     )
     line = cost_line(
         "a",
-        (4, "interval"),
-        ["seen", "unseen"],
+        Jobs(
+            4,
+            "interval",
+            (
+                "seen",
+                "unseen",
+            ),
+        ),
         work,
         "cpu",
         {"key": {"device_kind": "cpu"}, "seconds": seconds, "measured": {"host": "h", "at": "2026-01-02T03:04:05"}},
@@ -120,10 +127,24 @@ def test_cost_line_says_jobs_work_and_time(run):
     )
     assert " h," not in line  # no host names
     assert "no timing entry for this setup on cpu (`snakemake calibrate`" in cost_line(
-        "a", (4, "x"), ["seen"], work, "cpu", None
+        "a", Jobs(4, "x", ("seen",)), work, "cpu", None
     )
     entry = {"seconds": seconds, "measured": {}}
-    slurm = cost_line("a", (4, "x"), ["seen", "unseen"], work, "cuda", entry, ClusterSettings(walltime="estimate"))
+    slurm = cost_line(
+        "a",
+        Jobs(
+            4,
+            "x",
+            (
+                "seen",
+                "unseen",
+            ),
+        ),
+        work,
+        "cuda",
+        entry,
+        ClusterSettings(walltime="estimate"),
+    )
     per_job = min(4, states_per_job(2, each))
     jobs, hours = -(-4 // per_job), group_minutes(per_job, 2, each) / 60
     packed = f" of ≤ {per_job} states" if per_job > 1 else ""
@@ -132,17 +153,29 @@ def test_cost_line_says_jobs_work_and_time(run):
         f"{jobs * hours:.4g} GPU-hours requested"
     )
     one = cost_line(
-        "a", (4, "x"), ["seen", "unseen"], work, "cuda", entry, ClusterSettings("estimate", states_per_job=1)
+        "a",
+        Jobs(
+            4,
+            "x",
+            (
+                "seen",
+                "unseen",
+            ),
+        ),
+        work,
+        "cuda",
+        entry,
+        ClusterSettings("estimate", states_per_job=1),
     )
     hours = job_minutes(2 * each) / 60
     assert one.endswith(
         f"; Slurm: ≤ 4 jobs × {hours:.3g} h walltime (2 × work + 30 min) = {4 * hours:.4g} GPU-hours requested"
     )
-    assert cost_line("a", (3, "x"), ["seen"], work, "cuda", None, ClusterSettings(walltime_hours=5)).endswith(
+    assert cost_line("a", Jobs(3, "x", ("seen",)), work, "cuda", None, ClusterSettings(walltime_hours=5)).endswith(
         "; Slurm: ≤ 3 jobs × 5 h (cluster.walltime_hours) = 15 GPU-hours requested"
     )
     packed = ClusterSettings(walltime_hours=5, states_per_job=2)  # priced as packed: 2 jobs of 2 states × 5 h
-    assert cost_line("a", (3, "x"), ["seen"], work, "cuda", None, packed).endswith(
+    assert cost_line("a", Jobs(3, "x", ("seen",)), work, "cuda", None, packed).endswith(
         "; Slurm: ≤ 2 jobs of ≤ 2 states × 5 h (cluster.walltime_hours) = 15 GPU-hours requested"
     )
     for cluster, entry_given in (
@@ -154,9 +187,23 @@ def test_cost_line_says_jobs_work_and_time(run):
             match=r"cluster.states_per_job: \d+ states of analysis a in one job ask for .* "
             r"beyond the partition's 72 h; set it to \d+ or less",
         ):
-            cost_line("a", (64, "x"), ["seen", "unseen"], work, "cuda", entry_given, cluster)
+            cost_line(
+                "a",
+                Jobs(
+                    64,
+                    "x",
+                    (
+                        "seen",
+                        "unseen",
+                    ),
+                ),
+                work,
+                "cuda",
+                entry_given,
+                cluster,
+            )
     assert "Slurm walltime: from the calibration job, which runs first on the target node (results/timing/a.json" in (
-        cost_line("a", (3, "x"), ["seen"], work, "cuda", None, ClusterSettings(walltime="estimate"))
+        cost_line("a", Jobs(3, "x", ("seen",)), work, "cuda", None, ClusterSettings(walltime="estimate"))
     )
 
 
