@@ -147,7 +147,7 @@ def _analysis_case(args: argparse.Namespace, folder: str):
     import numpy as np
 
     from tiny_llm.config import config_from_dict
-    from tiny_llm.data.preparation import prepare_cache
+    from tiny_llm.data.preparation import Blocking, prepare_cache
 
     model = _model(args).config
     config = config_from_dict(
@@ -170,11 +170,13 @@ def _analysis_case(args: argparse.Namespace, folder: str):
         [ids],
         tokenizer={"type": "external", "vocab_size": args.vocab},
         vocab_size=args.vocab,
-        seq_len=args.seq_len,
-        shuffle_group_blocks=4,
-        data_seed=3,
-        prepare_train_tokens=blocks * args.seq_len,
-        shard_blocks=64,
+        blocking=Blocking(
+            seq_len=args.seq_len,
+            shuffle_group_blocks=4,
+            data_seed=3,
+            prepare_train_tokens=blocks * args.seq_len,
+            shard_blocks=64,
+        ),
         source={"kind": "benchmark"},
     )
     return config

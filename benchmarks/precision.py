@@ -25,7 +25,7 @@ from tiny_llm.config import config_from_dict, config_to_dict, load_config
 from tiny_llm.curvature.hessian import EpochHessian, Precision, runtime_settings
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.spectrum import Basis, top_eigenpairs
-from tiny_llm.data.corpus import default_capacity, prepare_source_cache
+from tiny_llm.data.corpus import Source, default_capacity, prepare_source_cache
 from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.model.causal import count_parameters
 from tiny_llm.model.llama import Llama
@@ -64,7 +64,7 @@ def _trained(name: str) -> tuple[object, Path]:
     config = _run_config(name, folder)
     if not (folder / "cache").exists():
         prepare_source_cache(
-            config.data, "demo", [], capacity=default_capacity(config), out=folder / "cache", shard_tokens=1 << 20
+            config.data, Source("demo"), capacity=default_capacity(config), out=folder / "cache", shard_tokens=1 << 20
         )
     train(config, folder / "run")
     return config, folder / "run"

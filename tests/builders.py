@@ -11,7 +11,7 @@ from oracles import TINY_MODEL
 
 from tiny_llm.config import RunConfig, config_from_dict
 from tiny_llm.data.corpus import BYTE_TOKENIZER, demo_corpus
-from tiny_llm.data.preparation import prepare_cache
+from tiny_llm.data.preparation import Blocking, prepare_cache
 from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,11 +62,13 @@ def make_demo_cache(path: Path, config: RunConfig, shard_blocks: int = 5) -> Pat
         [demo_corpus(blocks * config.data.seq_len + 1, seed=3)],
         tokenizer=BYTE_TOKENIZER,
         vocab_size=256,
-        seq_len=config.data.seq_len,
-        shuffle_group_blocks=config.data.shuffle_group_blocks,
-        data_seed=config.data.seed,
-        prepare_train_tokens=tokens,
-        shard_blocks=shard_blocks,
+        blocking=Blocking(
+            seq_len=config.data.seq_len,
+            shuffle_group_blocks=config.data.shuffle_group_blocks,
+            data_seed=config.data.seed,
+            prepare_train_tokens=tokens,
+            shard_blocks=shard_blocks,
+        ),
         source={"kind": "demo", "seed": 3},
     )
 
@@ -102,11 +104,13 @@ def make_oracle_run(path: Path, model: dict | None = None, **training) -> RunCon
             [ids.numpy()],
             tokenizer={"type": "external", "vocab_size": 16},
             vocab_size=16,
-            seq_len=6,
-            shuffle_group_blocks=4,
-            data_seed=3,
-            prepare_train_tokens=capacity_blocks(config)["unseen"] * 6,
-            shard_blocks=7,
+            blocking=Blocking(
+                seq_len=6,
+                shuffle_group_blocks=4,
+                data_seed=3,
+                prepare_train_tokens=capacity_blocks(config)["unseen"] * 6,
+                shard_blocks=7,
+            ),
             source={"kind": "test"},
         )
     return config

@@ -43,7 +43,7 @@ def _config(args: argparse.Namespace, fallback: Path | None = None) -> RunConfig
 
 def prepare_data(args: argparse.Namespace) -> None:
     """``tiny-llm prepare-data``."""
-    from tiny_llm.data.corpus import default_capacity, prepare_source_cache
+    from tiny_llm.data.corpus import Source, default_capacity, prepare_source_cache
 
     config = _config(args)
     if args.tokenizer is not None:
@@ -52,17 +52,19 @@ def prepare_data(args: argparse.Namespace) -> None:
     capacity = default_capacity(config) if args.source == "demo" else config.data.prepare_train_tokens
     out = prepare_source_cache(
         config.data,
-        args.source,
-        args.inputs,
+        Source(
+            args.source,
+            tuple(args.inputs or ()),
+            demo_seed=args.demo_seed,
+            tokenizer_dir=args.tokenizer,
+            token_dtype=args.token_dtype,
+            vocab_size=args.vocab_size,
+            tokenizer_description=args.tokenizer_description,
+        ),
         capacity=capacity,
         out=args.out,
-        demo_seed=args.demo_seed,
         shard_tokens=args.shard_tokens,
-        token_dtype=args.token_dtype,
-        vocab_size=args.vocab_size,
-        tokenizer_description=args.tokenizer_description,
         keep_order=args.keep_order,
-        tokenizer_dir=args.tokenizer,
     )
     log.info("token cache ready: %s", out)
 

@@ -207,11 +207,11 @@ class EpochHessian:
         directions_per_pass: int = 1,
         compile: bool = False,
         progress: Callable[[str], None] | None = None,
-        fd_scale: float | None = None,
         group_rows: int | None = None,
         head_tokens: int | None = None,
         placement: Placement | None = None,
-    ):
+    ):  # 11 parameters, keyword-only past the data: the engine and the cuts a job's memory plan sets
+
         self.spec = engine_named(engine)
         self.placement = placement or place(model)
         self.spec.check_placement(self.placement.name)
@@ -242,7 +242,7 @@ class EpochHessian:
         self.n_targets_tensor = torch.tensor(float(self.n_targets), dtype=precision.dtype, device=precision.device)
         self.progress = progress or (lambda message: None)
         self.passes = 0
-        self.fd_scale = fd_scale if fd_scale is not None else FD_SCALE.get(precision.dtype, 3e-3)
+        self.fd_scale = FD_SCALE.get(precision.dtype, 3e-3)
         self.workspace: dict[str, torch.Tensor] = {}
         """Buffers the jet engines keep between groups."""
         self.functions: dict[str, Callable] = {}

@@ -48,7 +48,7 @@ class ShardedHessian(EpochHessian):
         precision: dtype / device / AMP policy.
         engine: an engine of the registry that runs sharded (``Engine.placements``); another is
             refused by name.
-        options: ``EpochHessian``'s other keywords (``fd_scale``, ``progress``, ``group_rows``,
+        options: ``EpochHessian``'s other keywords (``progress``, ``group_rows``,
             ``head_tokens``, ``directions_per_pass``).
 
     ``hvp``, ``quadratic_forms`` and ``gradient`` take and return this rank's shards (``layout``).

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tiny_llm.config import DataConfig, RunConfig
-from tiny_llm.data.preparation import prepare_cache
+from tiny_llm.data.preparation import Blocking, prepare_cache
 from tiny_llm.data.tokens import blocks_for_tokens, capacity_blocks
 from tiny_llm.io import local_directory, sha256_file
 
 __all__ = [
     "BYTE_TOKENIZER",
     "DEMO_GENERATOR_VERSION",
+    "Source",
     "TOKENIZER_FILES",
     "byte_tokenizer",
     "default_capacity",
@@ -303,29 +305,23 @@ def read_token_files(paths: list[Path], dtype: str, vocab_size: int) -> tuple[li
     return segments, records
 
 
-def _file_sources(
-    source: str,
-    inputs: list[Path],
-    tokenizer_dir: str | Path | None,
-    token_dtype: str,
-    vocab_size: int,
-    tokenizer_description: str,
-) -> tuple[list, dict[str, Any], int, dict[str, Any]]:
+def _file_sources(source: Source) -> tuple[list, dict[str, Any], int, dict[str, Any]]:
     """The token segments of text or token files, their tokenizer record, vocabulary and provenance."""
+    inputs, vocab_size = list(source.inputs), source.vocab_size
     if not inputs:
-        raise ValueError(f"source {source} needs input files")
-    if source == "text" and tokenizer_dir is not None:
-        encoder, tokenizer = read_tokenizer(tokenizer_dir)
+        raise ValueError(f"source {source.kind} needs input files")
+    if source.kind == "text" and source.tokenizer_dir is not None:
+        encoder, tokenizer = read_tokenizer(source.tokenizer_dir)
         segments, files = read_text_files(inputs, encoder)
         vocab = tokenizer["vocab_size"]
-    elif source == "text":
+    elif source.kind == "text":
         segments, files = read_text_files(inputs)
         tokenizer, vocab = BYTE_TOKENIZER, 256
     else:
-        segments, files = read_token_files(inputs, token_dtype, vocab_size)
-        tokenizer = {"type": "external", "vocab_size": vocab_size, "description": tokenizer_description}
+        segments, files = read_token_files(inputs, source.token_dtype, vocab_size)
+        tokenizer = {"type": "external", "vocab_size": vocab_size, "description": source.tokenizer_description}
         vocab = vocab_size
-    return segments, tokenizer, vocab, {"kind": source, "files": files}
+    return segments, tokenizer, vocab, {"kind": source.kind, "files": files}
 
 
 def _demo_source(data: DataConfig, inputs: list[Path], capacity: int | None, seed: int) -> tuple:
@@ -340,25 +336,34 @@ def _demo_source(data: DataConfig, inputs: list[Path], capacity: int | None, see
     return [demo_corpus(blocks * data.seq_len + 1, seed)], BYTE_TOKENIZER, 256, provenance
 
 
+@dataclass(frozen=True)
+class Source:
+    """What a cache is prepared from: ``kind`` demo | text | tokens and its ``inputs`` (files; none
+    for the demo). The demo's text is generated from ``demo_seed``. Text is byte-tokenised, or
+    encoded with the Hugging Face tokenizer in ``tokenizer_dir``. Token files (.npy, or raw
+    little-endian ``token_dtype``) hold ids below ``vocab_size`` of a tokenizer described by
+    ``tokenizer_description``."""
+
+    kind: str
+    inputs: tuple[Path, ...] = ()
+    demo_seed: int = 0
+    tokenizer_dir: str | Path | None = None
+    token_dtype: str = "uint16"
+    vocab_size: int = 256
+    tokenizer_description: str = ""
+
+
 def prepare_source_cache(
     data: DataConfig,
-    source: str,
-    inputs: list[Path] | None = None,
+    source: Source,
     *,
     capacity: int | None = None,
     out: str | Path | None = None,
-    demo_seed: int = 0,
     shard_tokens: int = 1 << 20,
-    token_dtype: str = "uint16",
-    vocab_size: int = 256,
-    tokenizer_description: str = "",
     keep_order: bool = False,
-    tokenizer_dir: str | Path | None = None,
 ) -> Path:
-    """Prepare the cache ``data`` describes from ``source`` demo | text | tokens.
-
-    Text is byte-tokenised, or encoded with the Hugging Face tokenizer in ``tokenizer_dir``
-    (recorded in meta.json; ids stored as uint16 when the vocabulary allows, else uint32).
+    """Prepare the cache ``data`` describes from ``source`` (its tokenizer recorded in meta.json; ids
+    stored as uint16 when the vocabulary allows, else uint32).
 
     Uses the data section's seq_len, shuffle_group_blocks and seed; the sequences of all sources
     are shuffled with that seed unless ``keep_order``. ``capacity`` (training
@@ -369,28 +374,27 @@ def prepare_source_cache(
     Raises:
         ValueError: an unknown source, missing or unreadable inputs, or too little data.
     """
-    inputs = list(inputs or [])
-    if tokenizer_dir is not None and source != "text":
-        raise ValueError(f"a tokenizer applies to source text only, not {source!r}")
+    if source.tokenizer_dir is not None and source.kind != "text":
+        raise ValueError(f"a tokenizer applies to source text only, not {source.kind!r}")
     capacity = capacity if capacity is not None else data.prepare_train_tokens
-    if source == "demo":
-        segments, tokenizer, vocab, provenance = _demo_source(data, inputs, capacity, demo_seed)
-    elif source in ("text", "tokens"):
-        segments, tokenizer, vocab, provenance = _file_sources(
-            source, inputs, tokenizer_dir, token_dtype, vocab_size, tokenizer_description
-        )
+    if source.kind == "demo":
+        segments, tokenizer, vocab, provenance = _demo_source(data, list(source.inputs), capacity, source.demo_seed)
+    elif source.kind in ("text", "tokens"):
+        segments, tokenizer, vocab, provenance = _file_sources(source)
     else:
-        raise ValueError(f"source: expected one of 'demo', 'text', 'tokens', got {source!r}")
+        raise ValueError(f"source: expected one of 'demo', 'text', 'tokens', got {source.kind!r}")
     return prepare_cache(
         out or data.cache,
         segments,
         tokenizer=tokenizer,
         vocab_size=vocab,
-        seq_len=data.seq_len,
-        shuffle_group_blocks=data.shuffle_group_blocks,
-        data_seed=data.seed,
-        prepare_train_tokens=capacity,
-        shard_blocks=max(1, shard_tokens // data.seq_len),
+        blocking=Blocking(
+            seq_len=data.seq_len,
+            shuffle_group_blocks=data.shuffle_group_blocks,
+            data_seed=data.seed,
+            prepare_train_tokens=capacity,
+            shard_blocks=max(1, shard_tokens // data.seq_len),
+        ),
         source=provenance,
         keep_order=keep_order,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from tiny_llm.data.tokens import (
 )
 from tiny_llm.io import atomic_directory, sha256_file
 
-__all__ = ["prepare_cache"]
+__all__ = ["Blocking", "prepare_cache"]
 
 
 def _source_blocks(segments: list[np.ndarray], seq_len: int) -> np.ndarray:
@@ -148,17 +149,27 @@ def _write_cache(
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
+@dataclass(frozen=True, kw_only=True)
+class Blocking:
+    """How a cache cuts its sources: blocks of ``seq_len`` + 1 tokens in shuffle groups of
+    ``shuffle_group_blocks`` blocks, permuted with a seed derived from ``data_seed``, the first
+    ``prepare_train_tokens`` (rounded up to whole groups; None: every whole group) kept, written
+    ``shard_blocks`` blocks a shard."""
+
+    seq_len: int
+    shuffle_group_blocks: int
+    data_seed: int
+    prepare_train_tokens: int | None
+    shard_blocks: int
+
+
 def prepare_cache(
     out: str | Path,
     segments: list[np.ndarray],
     *,
     tokenizer: dict,
     vocab_size: int,
-    seq_len: int,
-    shuffle_group_blocks: int,
-    data_seed: int,
-    prepare_train_tokens: int | None,
-    shard_blocks: int,
+    blocking: Blocking,
     source: dict,
     keep_order: bool = False,
 ) -> Path:
@@ -173,8 +184,10 @@ def prepare_cache(
     Raises:
         ValueError: ``out`` exists with other settings, or the source is too short.
     """
+    seq_len, data_seed, shard_blocks = blocking.seq_len, blocking.data_seed, blocking.shard_blocks
+    prepare_train_tokens = blocking.prepare_train_tokens
     out = Path(out)
-    G = shuffle_group_blocks
+    G = blocking.shuffle_group_blocks
     blocks = None if prepare_train_tokens is None else blocks_for_tokens(prepare_train_tokens, seq_len, G)
     order = (
         {"shuffled": False}

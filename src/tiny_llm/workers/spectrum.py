@@ -133,7 +133,7 @@ def analyze_spectrum(
     expect_key: str | None = None,
     successor: dict[str, Any] | None = None,
     order: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # 9 parameters: the worker's command line (one a flag), as the workflow's rule passes it
     """Measure one state's spectrum on one case and write the JSON atomically (reused when identical).
     ``successor``: the next state of the analysis (``{"key", "file", "step"}``), whose step Δ's share
     in the top eigenspace is measured too; None: none. ``order``: a case of a published training

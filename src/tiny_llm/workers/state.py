@@ -70,7 +70,7 @@ def analyze_state(
     expect_key: str | None = None,
     order: dict[str, Any] | None = None,
     successor: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # 8 parameters: the worker's command line (one a flag), as the workflow's rule passes it
     """Measure one state on one case and write the result JSON atomically; returns the result.
     ``order``: a case of a published training order (:class:`tiny_llm.data.training_order.OrderCase`
     as plain data: the order and the case's window of steps) instead of the run's token cache.

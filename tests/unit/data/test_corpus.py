@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tiny_llm.config import DataConfig
-from tiny_llm.data.corpus import demo_corpus, prepare_source_cache, read_text_files, read_token_files
+from tiny_llm.data.corpus import Source, demo_corpus, prepare_source_cache, read_text_files, read_token_files
 from tiny_llm.data.tokens import TokenCache
 
 
@@ -41,7 +41,7 @@ def test_token_reader_checks_size_and_range(tmp_path):
 def test_large_vocabulary_uses_uint32_shards(tmp_path):
     np.save(tmp_path / "ids.npy", np.arange(0, 70000 * 3, 7) % 70000)
     data = DataConfig(cache=str(tmp_path / "cache"), seq_len=8, shuffle_group_blocks=2)
-    cache = TokenCache(prepare_source_cache(data, "tokens", [tmp_path / "ids.npy"], vocab_size=70000))
+    cache = TokenCache(prepare_source_cache(data, Source("tokens", (tmp_path / "ids.npy",), vocab_size=70000)))
     source, offset = cache.block_sources()[0][0]
     assert cache.meta["dtype"] == "uint32" and cache.tokens([0])[0, 1].item() == (offset + 1) * 7 % 70000
 
@@ -49,11 +49,11 @@ def test_large_vocabulary_uses_uint32_shards(tmp_path):
 def test_source_dispatch_errors(tmp_path):
     data = DataConfig(cache=str(tmp_path / "c"))
     with pytest.raises(ValueError, match="expected one of 'demo', 'text', 'tokens', got 'web'"):
-        prepare_source_cache(data, "web")
+        prepare_source_cache(data, Source("web"))
     with pytest.raises(ValueError, match="source text needs input files"):
-        prepare_source_cache(data, "text")
+        prepare_source_cache(data, Source("text"))
     with pytest.raises(ValueError, match="source demo needs a capacity"):
-        prepare_source_cache(data, "demo")
+        prepare_source_cache(data, Source("demo"))
 
 
 def _bpe_tokenizer(path, corpus):
@@ -139,9 +139,7 @@ def test_text_encoded_with_a_local_tokenizer(tmp_path, capsys):
     (tmp_path / "words.txt").write_text(" ".join(f"w{(i * 7919) % 70_000}" for i in range(3000)))
     out = prepare_source_cache(
         DataConfig(cache=str(tmp_path / "wide-cache"), seq_len=16),
-        "text",
-        [tmp_path / "words.txt"],
-        tokenizer_dir=tmp_path / "wide",
+        Source("text", (tmp_path / "words.txt",), tokenizer_dir=tmp_path / "wide"),
     )
     wide_cache = TokenCache(out)
     assert wide_cache.meta["dtype"] == "uint32" and wide_cache.tokens(range(wide_cache.n_blocks)).max() >= 1 << 16
@@ -151,10 +149,10 @@ def test_tokenizer_refusals(tmp_path):
     data = DataConfig(cache=str(tmp_path / "cache"), seq_len=16)
     (tmp_path / "a.txt").write_text("some text " * 100)
     with pytest.raises(ValueError, match=r"tokenizer gpt2/tokenizer is not a local directory; it looks like a hub id"):
-        prepare_source_cache(data, "text", [tmp_path / "a.txt"], tokenizer_dir="gpt2/tokenizer")
+        prepare_source_cache(data, Source("text", (tmp_path / "a.txt",), tokenizer_dir="gpt2/tokenizer"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="has no tokenizer.json; save a fast tokenizer there"):
-        prepare_source_cache(data, "text", [tmp_path / "a.txt"], tokenizer_dir=tmp_path / "empty")
+        prepare_source_cache(data, Source("text", (tmp_path / "a.txt",), tokenizer_dir=tmp_path / "empty"))
     with pytest.raises(ValueError, match="a tokenizer applies to source text only"):
-        prepare_source_cache(data, "demo", tokenizer_dir=tmp_path / "empty", capacity=256)
+        prepare_source_cache(data, Source("demo", tokenizer_dir=tmp_path / "empty"), capacity=256)
     assert not (tmp_path / "cache").exists()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tiny_llm.config import config_from_dict
-from tiny_llm.data.corpus import prepare_source_cache
+from tiny_llm.data.corpus import Source, prepare_source_cache
 from tiny_llm.data.order import order_report, order_warnings
 from tiny_llm.data.tokens import TokenCache, epoch_plan, unseen_plan
 
@@ -50,7 +50,9 @@ def _documents_per_batch(cache, plan):
 @pytest.mark.parametrize("keep_order", [False, True])
 def test_every_batch_of_seen_and_unseen_draws_from_every_document(tmp_path, keep_order):
     config = _config(tmp_path, "kept" if keep_order else "shuffled")
-    cache = TokenCache(prepare_source_cache(config.data, "text", _documents(tmp_path), keep_order=keep_order))
+    cache = TokenCache(
+        prepare_source_cache(config.data, Source("text", tuple(_documents(tmp_path))), keep_order=keep_order)
+    )
     plans = {"seen": epoch_plan(config, 1), "unseen": unseen_plan(config)}
     reports = {case: order_report(cache, plan) for case, plan in plans.items()}
     warnings = order_warnings(reports)

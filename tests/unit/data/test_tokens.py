@@ -8,7 +8,7 @@ from builders import make_oracle_run, make_run_config
 
 from tiny_llm.config import config_from_dict, config_to_dict
 from tiny_llm.data.corpus import BYTE_TOKENIZER
-from tiny_llm.data.preparation import prepare_cache
+from tiny_llm.data.preparation import Blocking, prepare_cache
 from tiny_llm.data.tokens import (
     TokenCache,
     blocks_for_tokens,
@@ -28,11 +28,13 @@ def _prepare(path, segments, *, seq_len=4, G=3, capacity=None, shard_blocks=4, v
         segments,
         tokenizer=BYTE_TOKENIZER,
         vocab_size=vocab,
-        seq_len=seq_len,
-        shuffle_group_blocks=G,
-        data_seed=seed,
-        prepare_train_tokens=capacity,
-        shard_blocks=shard_blocks,
+        blocking=Blocking(
+            seq_len=seq_len,
+            shuffle_group_blocks=G,
+            data_seed=seed,
+            prepare_train_tokens=capacity,
+            shard_blocks=shard_blocks,
+        ),
         source={"kind": "test"},
         keep_order=keep_order,
     )

@@ -457,7 +457,7 @@ def test_an_export_carries_its_tokenizer_and_generates_text_in_transformers(suit
 def test_a_byte_level_export_opens_as_a_tokenizer_whose_ids_are_the_bytes(project):
     """The demo's byte cache: the export's tokenizer encodes text to its UTF-8 bytes and back."""
     from tiny_llm.config import config_from_dict
-    from tiny_llm.data.corpus import prepare_source_cache
+    from tiny_llm.data.corpus import Source, prepare_source_cache
     from tiny_llm.model.checkpoint import save_weights
     from tiny_llm.model.llama import Llama
 
@@ -469,7 +469,7 @@ def test_a_byte_level_export_opens_as_a_tokenizer_whose_ids_are_the_bytes(projec
         }
     )
     (project / "text.txt").write_text(corpus_text(4000))
-    prepare_source_cache(config.data, "text", [project / "text.txt"])
+    prepare_source_cache(config.data, Source("text", (project / "text.txt",)))
     Path("runs/bytes").mkdir(parents=True)
     from tiny_llm.config import dump_config
 

@@ -10,7 +10,7 @@ import torch
 from tiny_llm.config import apply_overrides, config_from_dict, config_to_dict
 from tiny_llm.curvature.hessian import Precision
 from tiny_llm.curvature.noise import CaseInputs, measure_case
-from tiny_llm.data.preparation import prepare_cache
+from tiny_llm.data.preparation import Blocking, prepare_cache
 from tiny_llm.data.tokens import TokenCache, capacity_blocks, unseen_plan
 from tiny_llm.model.checkpoint import load_weights
 from tiny_llm.model.llama import Llama
@@ -132,7 +132,9 @@ def _experiment(tmp_path, monkeypatch, corpus, rule="auto", epsilon=0.01):
     ids = corpus(blocks * T + T + 1)
     prepare_cache(
         tmp_path / "cache", [ids.numpy()], tokenizer={"type": "external", "vocab_size": 16}, vocab_size=16,
-        seq_len=T, shuffle_group_blocks=4, data_seed=3, prepare_train_tokens=blocks * T, shard_blocks=64,
+        blocking=Blocking(
+            seq_len=T, shuffle_group_blocks=4, data_seed=3, prepare_train_tokens=blocks * T, shard_blocks=64
+        ),
         source={"kind": "test"},
     )  # fmt: skip
     monkeypatch.chdir(tmp_path)

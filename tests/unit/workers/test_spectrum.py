@@ -289,12 +289,14 @@ def test_the_defaults_converge_at_the_demo_initial_state(tmp_path):
     from tiny_llm.config import load_config
     from tiny_llm.curvature.hessian import EpochHessian, Precision
     from tiny_llm.curvature.spectrum import top_eigenpairs
-    from tiny_llm.data.corpus import default_capacity, prepare_source_cache
+    from tiny_llm.data.corpus import Source, default_capacity, prepare_source_cache
     from tiny_llm.data.tokens import TokenCache
     from tiny_llm.model.llama import Llama
 
     config = load_config(Path(__file__).resolve().parents[3] / "config/runs/demo.yaml")
-    cache = TokenCache(prepare_source_cache(config.data, "demo", capacity=default_capacity(config), out=tmp_path / "c"))
+    cache = TokenCache(
+        prepare_source_cache(config.data, Source("demo"), capacity=default_capacity(config), out=tmp_path / "c")
+    )
     torch.manual_seed(config.training.seed)
     model = Llama(config.model, attention_backend="reference").double()
     rows = cache.tokens(epoch_plan(config, 1).blocks[:2].reshape(-1))  # 32 sequences of the seen epoch
