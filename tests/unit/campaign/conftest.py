@@ -1,5 +1,6 @@
 """A project whose analyses import a tiny suite from a miniature of the local Hugging Face cache
-(revisions step0, step1, step2, step4 of org/p), shared by the campaign's tests of imports."""
+(revisions step0, step1, step2, step4 of org/p), shared by the campaign's tests of imports; and
+a project of one tiny run and one GPU analysis, shared by the planning tests."""
 
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hf_hub import RUN_YAML, cache_revision, neox_suite
+from workflow_plans import write_project
 
 
 @pytest.fixture
@@ -32,3 +34,11 @@ def suite_analysis():
         return {"analyses": {"p": {**entry, "cases": ["offset"]}}}
 
     return make
+
+
+@pytest.fixture
+def workflow_project(tmp_path, monkeypatch):
+    """A project directory with a run configuration and a timing entry for its GPU analysis
+    (``workflow_plans.plan_config``)."""
+    monkeypatch.chdir(tmp_path)
+    return write_project(tmp_path)

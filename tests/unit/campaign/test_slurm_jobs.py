@@ -6,11 +6,13 @@ import pytest
 
 from tiny_llm.campaign.slurm_jobs import (
     EarlierJob,
+    awaited_outputs,
     cancel,
     earlier_jobs,
     job_state,
     parse_target_jobs,
     reattach,
+    sort_earlier_jobs,
     wait_for_job,
 )
 
@@ -172,3 +174,20 @@ def test_the_workflow_awaits_only_what_an_earlier_running_job_writes(monkeypatch
     assert earlier.earlier_job("states")(other) == ""
     dry = Reattachment(SimpleNamespace(is_main_process=True, local_exec=False, dryrun=True), ["b"], runner=slurm)
     assert dry.jobs == [] and dry.awaited == {}
+
+
+def test_earlier_jobs_are_awaited_cancelled_or_waited_for():
+    state = ("analyze_state", (("analysis", "gpu"), ("case", "seen"), ("key", "k")))
+    receipt = ("finish_state", (("analysis", "gpu"), ("key", "k")))
+    other = ("analyze_state", (("analysis", "other"), ("case", "seen"), ("key", "k")))
+    jobs = [
+        EarlierJob("1", "RUNNING", (state, receipt)),
+        EarlierJob("2", "PENDING", (state,)),
+        EarlierJob("3", "RUNNING", (("train_run", (("run", "tiny"),)),)),
+        EarlierJob("4", "RUNNING", (other,)),
+    ]
+    awaited = awaited_outputs(jobs, ["gpu"])
+    assert awaited == {"results/gpu/states/k/seen.json": "1", "results/gpu/states/k/done.json": "1"}
+    needed = {state, receipt, ("train_run", (("run", "tiny"),))}
+    assert sort_earlier_jobs(jobs, needed, awaited) == (["2"], ["1"], ["3"])
+    assert sort_earlier_jobs(jobs, set(), awaited) == ([], [], [])  # nothing this run needs: left alone
