@@ -128,3 +128,23 @@ def smallest_budget_gb(plan) -> float:
         except ValueError:
             low = middle
     return high
+
+
+def small_cache(path, segments, *, seq_len=4, G=3, capacity=None, shard_blocks=4, vocab=1000, keep_order=False, seed=0):
+    """A cache of ``segments`` (byte tokenizer record, vocabulary ``vocab``): blocks of ``seq_len``
+    in groups of ``G``, ``capacity`` training tokens kept (None: every whole group)."""
+    return prepare_cache(
+        path,
+        segments,
+        tokenizer=BYTE_TOKENIZER,
+        vocab_size=vocab,
+        blocking=Blocking(
+            seq_len=seq_len,
+            shuffle_group_blocks=G,
+            data_seed=seed,
+            prepare_train_tokens=capacity,
+            shard_blocks=shard_blocks,
+        ),
+        source={"kind": "test"},
+        keep_order=keep_order,
+    )

@@ -4,14 +4,11 @@ import json
 
 import numpy as np
 import pytest
-from builders import make_oracle_run, make_run_config
+from builders import make_oracle_run, make_run_config, small_cache
 
 from tiny_llm.config import config_from_dict, config_to_dict
-from tiny_llm.data.corpus import BYTE_TOKENIZER
-from tiny_llm.data.preparation import Blocking, prepare_cache
 from tiny_llm.data.tokens import (
     TokenCache,
-    blocks_for_tokens,
     capacity_blocks,
     check_capacity,
     epoch_plan,
@@ -22,27 +19,9 @@ from tiny_llm.data.tokens import (
 from tiny_llm.io import sha256_file
 
 
-def _prepare(path, segments, *, seq_len=4, G=3, capacity=None, shard_blocks=4, vocab=1000, keep_order=False, seed=0):
-    return prepare_cache(
-        path,
-        segments,
-        tokenizer=BYTE_TOKENIZER,
-        vocab_size=vocab,
-        blocking=Blocking(
-            seq_len=seq_len,
-            shuffle_group_blocks=G,
-            data_seed=seed,
-            prepare_train_tokens=capacity,
-            shard_blocks=shard_blocks,
-        ),
-        source={"kind": "test"},
-        keep_order=keep_order,
-    )
-
-
 def test_blocks_overlap_by_one_token_and_never_cross_shards(tmp_path):
     segments = [np.arange(0, 30), np.arange(100, 118)]  # 7 blocks + 4 blocks of 5 tokens
-    cache = TokenCache(_prepare(tmp_path / "c", segments, G=1, keep_order=True))
+    cache = TokenCache(small_cache(tmp_path / "c", segments, G=1, keep_order=True))
     assert not cache.shuffled and cache.stride == 4
     assert [len(s) for s in cache.shards] == [17, 13, 17]  # 4 + 3 blocks, then 4 blocks, +1 lookahead each
     assert cache.n_blocks == 11
@@ -67,7 +46,7 @@ def test_blocks_overlap_by_one_token_and_never_cross_shards(tmp_path):
 
 def test_shuffled_blocks_carry_their_own_lookahead_and_map_back_to_their_sources(tmp_path):
     segments = [np.arange(0, 30), np.arange(100, 118)]
-    cache = TokenCache(_prepare(tmp_path / "c", segments, G=1, seed=5))
+    cache = TokenCache(small_cache(tmp_path / "c", segments, G=1, seed=5))
     assert (
         cache.shuffled
         and cache.stride == 5
@@ -81,44 +60,12 @@ def test_shuffled_blocks_carry_their_own_lookahead_and_map_back_to_their_sources
     # Every block of the sources appears once, in a permuted order.
     assert sorted(map(tuple, sources.tolist())) == [(0, 4 * j) for j in range(7)] + [(1, 4 * j) for j in range(4)]
     assert sources.tolist() != sorted(sources.tolist())
-    other = TokenCache(_prepare(tmp_path / "d", segments, G=1, seed=6)).block_sources()[0]
+    other = TokenCache(small_cache(tmp_path / "d", segments, G=1, seed=6)).block_sources()[0]
     assert other.tolist() != sources.tolist()  # the order follows the data seed
 
 
-def test_shuffled_cache_spans_the_sources_even_when_it_keeps_only_part(tmp_path):
-    segments = [np.arange(i * 1000, i * 1000 + 401) for i in range(3)]  # 3 sources of 100 blocks
-    cache = TokenCache(_prepare(tmp_path / "c", segments, capacity=240, G=3, shard_blocks=100))
-    sources, _ = cache.block_sources()
-    assert cache.n_blocks == 60 and set(sources[:, 0].tolist()) == {0, 1, 2}
-    kept = TokenCache(_prepare(tmp_path / "k", segments, capacity=240, G=3, shard_blocks=100, keep_order=True))
-    assert set(kept.block_sources()[0][:, 0].tolist()) == {0}  # in source order only the first file
-
-
-def test_preparation_rounds_up_to_whole_groups_plus_lookahead(tmp_path):
-    cache = TokenCache(_prepare(tmp_path / "c", [np.arange(200)], capacity=27, shard_blocks=100, keep_order=True))
-    # ceil(27 / 4) = 7 blocks -> 9 (three groups of 3), plus the lookahead token.
-    assert cache.n_blocks == 9 == blocks_for_tokens(27, 4, 3)
-    assert cache.meta["shards"][0]["tokens"] == 9 * 4 + 1
-    shuffled = TokenCache(_prepare(tmp_path / "s", [np.arange(200)], capacity=27, shard_blocks=100))
-    assert shuffled.n_blocks == 9 and shuffled.meta["shards"][0]["tokens"] == 9 * 5  # a lookahead per block
-    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
-    assert meta["tokenizer"]["type"] == "byte" and meta["dtype"] == "uint16" and meta["prepare_train_tokens"] == 27
-
-
-def test_preparation_is_atomic_and_reusable(tmp_path):
-    with pytest.raises(ValueError, match="the source holds 2 blocks"):
-        _prepare(tmp_path / "c", [np.arange(10)], capacity=40)
-    assert list(tmp_path.iterdir()) == []  # nothing left behind
-    _prepare(tmp_path / "c", [np.arange(50)], capacity=20)
-    before = (tmp_path / "c" / "shard-00000.bin").stat().st_mtime_ns
-    _prepare(tmp_path / "c", [np.arange(50)], capacity=20)  # identical: reused
-    assert (tmp_path / "c" / "shard-00000.bin").stat().st_mtime_ns == before
-    with pytest.raises(ValueError, match="already exists with other contents or settings"):
-        _prepare(tmp_path / "c", [np.arange(50)], capacity=12)
-
-
 def test_truncated_shard_is_refused(tmp_path):
-    path = _prepare(tmp_path / "c", [np.arange(50)], capacity=20)
+    path = small_cache(tmp_path / "c", [np.arange(50)], capacity=20)
     shard = path / "shard-00000.bin"
     shard.write_bytes(shard.read_bytes()[:-2])
     with pytest.raises(ValueError, match="truncated or missing"):
@@ -176,10 +123,10 @@ def test_unseen_starts_after_the_final_group_training_could_draw_from(tmp_path):
     assert not np.array_equal(unseen.blocks, shifted)
 
 
-def test_capacity_error_says_what_to_prepare(tmp_path):
+def test_capacity_error_says_what_tosmall_cache(tmp_path):
     config = make_run_config(tmp_path / "cache")
     need = capacity_blocks(config)
-    _prepare(tmp_path / "cache", [np.arange(1000) % 256], seq_len=8, G=4, capacity=need["train"] * 8, vocab=256)
+    small_cache(tmp_path / "cache", [np.arange(1000) % 256], seq_len=8, G=4, capacity=need["train"] * 8, vocab=256)
     cache = TokenCache(tmp_path / "cache")
     check_capacity(cache, config, "train")
     with pytest.raises(ValueError) as error:
