@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -117,47 +116,6 @@ def test_the_cases_in_one_cluster_job_take_its_devices_one_at_a_time(monkeypatch
     monkeypatch.delenv(runtime.GROUP_JOB)
     with runtime.devices_of_the_job("seen"), runtime.devices_of_the_job("unseen"):
         pass  # not held: no wait
-
-
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (an exited child nobody reaped yet)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-
-
-_LAUNCHER = """
-import os, sys
-from tiny_llm.workers.ranks import _launch
-child = [sys.executable, "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)",
-         sys.argv[1]]
-_launch(child, dict(os.environ))
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
-def test_stopping_a_job_stops_what_it_launched(tmp_path, signal_name):
-    """A job's launcher (torchrun, whose ranks do the same) stops with the job: SIGTERM is passed
-    on, and on SIGKILL the kernel sends the parent-death signal."""
-    import signal
-    import subprocess
-    import time
-
-    pid_file = tmp_path / "child.pid"
-    job = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(pid_file)])
-    deadline = time.time() + 60
-    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
-        time.sleep(0.1)
-    child = int(pid_file.read_text())
-    assert _alive(child)
-    job.send_signal(getattr(signal, signal_name))
-    job.wait(timeout=30)
-    deadline = time.time() + 20
-    while _alive(child) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not _alive(child)
 
 
 _FAULTS = """
