@@ -1,0 +1,41 @@
+"""The spectral measurement of one (state, case) against the dense float64 Hessian of the tiny
+model: the top eigenvalues (largest algebraic and largest magnitude) and the damped solve
+ḡᵀ(H + λI)⁻¹ḡ; and the Lanczos tolerance in force."""
+
+import torch
+from oracles import dense_epoch_hessian, dense_model, dense_tokens
+
+from tiny_llm.curvature.hessian import FlatParameters, Precision
+from tiny_llm.model.causal import token_losses
+from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
+from tiny_llm.workers.spectral import SpectrumJob, lanczos_tolerance, measure_spectrum
+
+CPU64 = Precision(torch.device("cpu"), torch.float64)
+
+
+def test_the_spectrum_of_one_state_is_the_dense_hessians():
+    model, tokens = dense_model(), dense_tokens()
+    H = dense_epoch_hessian(model, tokens)
+    eigenvalues = torch.linalg.eigvalsh(H)
+    loss = token_losses(model(tokens[:, :-1]), tokens[:, 1:]).mean()
+    g = FlatParameters(model).flatten(list(torch.autograd.grad(loss, list(model.parameters()))))
+    spectrum = SpectrumSettings(top_k=2, lanczos_steps=300, slq_vectors=1, slq_steps=4, cg_max_iterations=2000)
+    job = SpectrumJob(AnalysisSettings(dtype="float64"), spectrum, CPU64, 7, "double_backward", False, 7)
+    measured = measure_spectrum(model, [tokens], job)
+    top = [pair["eigenvalue"] for pair in measured["top_eigenvalues"]]
+    torch.testing.assert_close(torch.tensor(top, dtype=torch.float64), eigenvalues.flip(0)[:2], rtol=1e-8, atol=0)
+    magnitude = eigenvalues[eigenvalues.abs().argsort(descending=True)][:2]
+    found = torch.tensor([pair["eigenvalue"] for pair in measured["top_magnitude_eigenvalues"]], dtype=torch.float64)
+    torch.testing.assert_close(found, magnitude, rtol=1e-8, atol=0)
+    cg = measured["cg"]
+    damped = H + cg["damping"] * torch.eye(len(H), dtype=torch.float64)
+    assert cg["status"] == "ok" and abs(cg["g_inverse_g"] - float(g @ torch.linalg.solve(damped, g))) < 1e-8 * abs(
+        cg["g_inverse_g"]
+    )
+    assert measured["counts"]["parameters_D"] == len(H) and measured["lanczos"]["converged"]
+
+
+def test_the_tolerance_is_the_setting_or_the_dtypes_default():
+    assert lanczos_tolerance(SpectrumSettings(), torch.float64) == 1e-6
+    assert lanczos_tolerance(SpectrumSettings(), torch.float32) == 1e-3
+    assert lanczos_tolerance(SpectrumSettings(lanczos_tolerance=1e-9), torch.float32) == 1e-9
