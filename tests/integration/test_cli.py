@@ -7,7 +7,6 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.func import functional_call, grad, jvp
 
 from tiny_llm.cli import main
@@ -197,36 +196,6 @@ def test_errors_are_one_line_and_debug_shows_the_traceback(trained_run, tmp_path
     monkeypatch.setenv("TINY_LLM_DEBUG", "1")
     with pytest.raises(ValueError, match="--device: expected cpu"):
         main(["--quiet", *cases[3][0]])
-
-
-def test_help_describes_every_subcommand_and_shows_defaults(capsys):
-    for command in ("prepare-data", "train", "analyze-state", "analyze-spectrum", "plot-analysis"):
-        with pytest.raises(SystemExit):
-            main([command, "--help"])
-        text = capsys.readouterr().out
-        description = text.split("\n\n")[1]
-        assert not description.startswith(("positional", "options")) and "``" not in text, command
-    with pytest.raises(SystemExit):
-        main(["analyze-spectrum", "--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    assert "Eigenpairs reported (largest algebraic, and largest magnitude). (default: 3)" in text
-    assert "once every wanted eigenpair has converged (lanczos_tolerance). (default: 100)" in text
-
-
-def test_a_refusal_is_one_line_and_under_torchrun_the_line_its_report_shows(tmp_path, monkeypatch, capsys):
-    argv = ["analyze-state", "--run", str(tmp_path / "none"), "--checkpoint", "final.pt", "--case", "seen"]
-    argv += ["--output", str(tmp_path / "out/r.json")]
-    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
-    assert main(["--quiet", *argv]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("tiny-llm analyze-state: error: ") and "resolved.yaml" in err
-    error_file = tmp_path / "error.json"
-    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
-    assert main(["--quiet", *argv]) == 2
-    assert json.loads(error_file.read_text())["message"] == err
-    report = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file))  # what torchrun reads
-    assert report.message == err
-    assert not (tmp_path / "out").exists()
 
 
 def test_analyze_state_along_the_step_to_a_successor(trained_run, tmp_path, capsys):
