@@ -11,7 +11,7 @@ Names are imported on first use, so that the torch-free modules (the engine regi
 imported alone.
 """
 
-from tiny_llm.lazy import exports
+from tiny_llm.lazy import ALL, exports
 
 __all__, __getattr__ = exports(
     __name__,
@@ -33,17 +33,7 @@ __all__, __getattr__ = exports(
         "tiny_llm.curvature.memory_measure": ["StoragePeak", "device_budget", "measure_pass"],
         "tiny_llm.curvature.case": ["CaseInputs"],
         "tiny_llm.curvature.noise": ["measure_case"],
-        "tiny_llm.curvature.spectrum": [
-            "LanczosResult",
-            "block_diagonal_error",
-            "conjugate_gradient",
-            "lanczos",
-            "layer_blocks",
-            "slq",
-            "slq_density",
-            "tensor_blocks",
-            "top_eigenpairs",
-        ],
+        "tiny_llm.curvature.spectrum": ALL,
         "tiny_llm.curvature.statistics": [
             "STANDARD_ERRORS",
             "STATISTICS",

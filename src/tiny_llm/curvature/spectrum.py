@@ -27,7 +27,6 @@ from tiny_llm.curvature.placement import Layout
 __all__ = [
     "FLOAT64",
     "Basis",
-    "Layout",
     "LanczosResult",
     "block_diagonal_error",
     "conjugate_gradient",

@@ -5,7 +5,7 @@ its figures (figures), and the settings (settings: torch-free, for the planner).
 Names are imported on first use, so that the planner's settings do not import the measurement.
 """
 
-from tiny_llm.lazy import exports
+from tiny_llm.lazy import ALL, exports
 
 __all__, __getattr__ = exports(
     __name__,
@@ -26,20 +26,6 @@ __all__, __getattr__ = exports(
             "measurement_seconds",
             "measurement_work",
         ],
-        "tiny_llm.geometry.metrics": [
-            "batch_gradients",
-            "concentration",
-            "cosine_matrix",
-            "cross_batch_cosine",
-            "fisher_trace",
-            "function_gradients",
-            "hessian_trace",
-            "jacobian_frobenius",
-            "local_learning_coefficient",
-            "random_overlap",
-            "reference_gradient",
-            "subspace_overlap",
-            "top_subspace",
-        ],
+        "tiny_llm.geometry.metrics": ALL,
     },
 )

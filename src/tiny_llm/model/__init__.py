@@ -8,21 +8,13 @@ loaded as data, strict key and shape checks, state hashes). The registry of arch
 Names are imported on first use, so that importing one module does not import them all.
 """
 
-from tiny_llm.lazy import exports
+from tiny_llm.lazy import ALL, exports
 
 __all__, __getattr__ = exports(
     __name__,
     {
         "tiny_llm.model.causal": ["IGNORE_INDEX", "check_jet_rules", "count_parameters", "token_losses"],
-        "tiny_llm.model.checkpoint": [
-            "check_state_dict",
-            "load_model_weights",
-            "load_train_state",
-            "load_weights",
-            "save_train_state",
-            "save_weights",
-            "state_hash",
-        ],
+        "tiny_llm.model.checkpoint": ALL,
         "tiny_llm.model.jets": ["Jet", "JetPass", "add_terms", "per_direction", "per_direction_dot", "shared_matmul"],
         "tiny_llm.model.llama": ["Llama"],
     },

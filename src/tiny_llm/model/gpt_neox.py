@@ -140,9 +140,5 @@ class GPTNeoX(RotaryDecoder):
         torch.Size([1, 3, 256])
     """
 
-    def __init__(self, config: ModelConfig, attention_backend: AttentionBackend = "reference"):
-        super().__init__()
-        self._begin(config, attention_backend)
-        self.layers = nn.ModuleList(GPTNeoXBlock(config, attention_backend) for _ in range(config.n_layers))
-        self.norm = LayerNorm(config.d_model, config.norm_eps)
-        self._end()
+    block = GPTNeoXBlock
+    final_norm = LayerNorm

@@ -271,6 +271,17 @@ class RotaryDecoder(CausalLM):
 
     layers: nn.ModuleList
     norm: nn.Module
+    block: type[nn.Module]
+    """A subclass's block, built as ``block(config, attention_backend)``."""
+    final_norm: type[nn.Module]
+    """A subclass's final norm, built as ``final_norm(d_model, norm_eps)``."""
+
+    def __init__(self, config: ModelConfig, attention_backend: str = "reference"):
+        super().__init__()
+        self._begin(config, attention_backend)
+        self.layers = nn.ModuleList(self.block(config, attention_backend) for _ in range(config.n_layers))
+        self.norm = self.final_norm(config.d_model, config.norm_eps)
+        self._end()
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         """The final normalised hidden state (B, T, C) of token ids (B, T)."""

@@ -234,9 +234,5 @@ class Llama(RotaryDecoder):
         torch.Size([1, 3, 256])
     """
 
-    def __init__(self, config: ModelConfig, attention_backend: AttentionBackend = "reference"):
-        super().__init__()
-        self._begin(config, attention_backend)
-        self.layers = nn.ModuleList(TransformerBlock(config, attention_backend) for _ in range(config.n_layers))
-        self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self._end()
+    block = TransformerBlock
+    final_norm = RMSNorm
