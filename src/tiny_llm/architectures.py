@@ -11,11 +11,11 @@ audit) asks :func:`jet_rules` here; nothing infers it from a model's attributes.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tiny_llm.registry import load, named
 from tiny_llm.shapes import ParameterShapes, gpt2_shapes, gpt_neox_shapes, llama_shapes
 
 if TYPE_CHECKING:
@@ -84,8 +84,7 @@ class Architecture:
 
     def model_class(self) -> type:
         """Its model class (imported on first use)."""
-        module, name = self.model.split(":")
-        return getattr(importlib.import_module(module), name)
+        return load(self.model)
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -129,10 +128,7 @@ def architecture(name: str) -> Architecture:
     Raises:
         ValueError: an unknown name, listing the known ones.
     """
-    try:
-        return ARCHITECTURES[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"model.architecture: expected one of {', '.join(ARCHITECTURES)}, got {name!r}") from None
+    return named(ARCHITECTURES, name, "model.architecture")
 
 
 def jet_rules(config: Any) -> bool:

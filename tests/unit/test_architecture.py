@@ -12,7 +12,19 @@ import tiny_llm
 PACKAGE = Path(tiny_llm.__file__).resolve().parent
 
 LAYERS = [
-    {"architectures", "config", "declared", "distributed", "io", "layout", "lazy", "provenance", "runtime", "shapes"},
+    {
+        "architectures",
+        "config",
+        "declared",
+        "distributed",
+        "io",
+        "layout",
+        "lazy",
+        "provenance",
+        "registry",
+        "runtime",
+        "shapes",
+    },
     {"model", "data"},
     {"training"},
     {"curvature"},

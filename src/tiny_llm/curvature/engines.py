@@ -17,12 +17,12 @@ tests' parametrisation. Adding an engine is its batch function (one module), one
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from tiny_llm.architectures import JET_REFUSAL  # why a jet engine refuses a model (declared there)
+from tiny_llm.registry import load, named
 
 __all__ = [
     "AMP_DIFFERENCES",
@@ -106,8 +106,7 @@ class Engine:
 
     def compute(self) -> Callable[..., Any]:
         """Its batch computation (imported on first use)."""
-        module, function = self.batch.split(":")
-        return getattr(importlib.import_module(module), function)
+        return load(self.batch)
 
     @property
     def sharded(self) -> bool:
@@ -161,10 +160,7 @@ def engine(name: str) -> Engine:
     Raises:
         ValueError: an unknown name, listing the known ones.
     """
-    try:
-        return ENGINES[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {name!r}") from None
+    return named(ENGINES, name, "engine")
 
 
 def names(kind: str | None = None) -> tuple[str, ...]:
