@@ -105,8 +105,7 @@ def _audit_seconds(audit: _Audit, config: RunConfig, device: torch.device, repea
         engine=default_forms_engine(K, jet_rules(config.model)),
         precision=exact,
         directions_per_pass=K,
-        group_rows=memory.rows("audit"),
-        head_tokens=memory.head_tokens("audit"),
+        **memory.cuts("audit"),
     )
     V = torch.randn(K, audit.flat.D, device=device, dtype=torch.float64)
     return {
@@ -139,8 +138,7 @@ def _measure_seconds(
         precision=precision,
         directions_per_pass=settings.directions_per_pass,
         compile=resolved.compiled,
-        group_rows=memory.rows("forms"),
-        head_tokens=memory.head_tokens("forms"),
+        **memory.cuts("forms"),
     )
     V = torch.randn(settings.directions_per_pass, flat.D, device=resolved.device, dtype=resolved.dtype)
     operator.quadratic_forms(V)  # compilation happens here and counts as start-up

@@ -57,6 +57,10 @@ class CaseInputs:
         """Target positions the head and loss of pass ``name`` take at a time (None: all at once)."""
         return None if self.memory is None else self.memory.head_tokens(name)
 
+    def cuts(self, name: str) -> dict[str, int | None]:
+        """How the operator of pass ``name`` cuts its work under the memory plan (none without one)."""
+        return {} if self.memory is None else self.memory.cuts(name)
+
     @property
     def gradient_micro_batch(self) -> int:
         """Sequences per backward pass of the gradients: training's micro-batch, or fewer to fit

@@ -200,6 +200,11 @@ class MemoryPlan:
         """Target positions the head and loss of pass ``name`` take at a time (None: all at once)."""
         return next(p for p in self.passes if p.name == name).head_tokens
 
+    def cuts(self, name: str) -> dict[str, int | None]:
+        """How the operator of pass ``name`` cuts its work: ``EpochHessian``'s ``group_rows`` and
+        ``head_tokens``."""
+        return {"group_rows": self.rows(name), "head_tokens": self.head_tokens(name)}
+
     def record(self) -> dict[str, Any]:
         """Plain data for a result's execution record."""
         return {

@@ -127,8 +127,7 @@ def _setup(
             precision=precision,
             directions_per_pass=inputs.directions_per_pass,
             compile=inputs.compile,
-            group_rows=inputs.rows("forms"),
-            head_tokens=inputs.head_tokens("forms"),
+            **inputs.cuts("forms"),
             placement=placement,
         )
 

@@ -8,13 +8,18 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.model.causal import AttentionBackend, CausalLM
 from tiny_llm.model.jets import Jet, JetPass, elementwise_jet
-from tiny_llm.model.layers import LayerNorm, embedding_jet, linear_jet, reference_attention, reference_attention_jet
+from tiny_llm.model.layers import (
+    LayerNorm,
+    causal_attention,
+    embedding_jet,
+    linear_jet,
+    reference_attention_jet,
+)
 
 __all__ = ["GPT2", "gelu", "gelu_jet"]
 
@@ -57,10 +62,7 @@ class GPT2Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = (z.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for z in self.wqkv(x).split(C, dim=-1))
-        if self.backend == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = reference_attention(q, k, v)
+        y = causal_attention(q, k, v, self.backend)
         return self.wo(y.transpose(1, 2).reshape(B, T, C))
 
     def jet(self, x: Jet, jets: JetPass) -> Jet:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tiny_llm.config import ModelConfig
@@ -19,8 +18,8 @@ from tiny_llm.model.layers import (
     LayerNorm,
     RotaryDecoder,
     apply_rope,
+    causal_attention,
     linear_jet,
-    reference_attention,
     reference_attention_jet,
 )
 
@@ -68,10 +67,7 @@ class GPTNeoXAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self._split(self.wqkv(x))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.backend == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = reference_attention(q, k, v)
+        y = causal_attention(q, k, v, self.backend)
         return self.wo(y.transpose(1, 2).reshape(B, T, C))
 
     def jet(self, x: Jet, cos: torch.Tensor, sin: torch.Tensor, jets: JetPass) -> Jet:

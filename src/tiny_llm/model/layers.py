@@ -173,6 +173,14 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     return probs.to(v.dtype) @ v
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
+    """Causal attention of heads (..., nh, T, hs): the fused ``scaled_dot_product_attention`` with
+    backend ``sdpa`` (training), else ``reference_attention`` (twice differentiable: analysis)."""
+    if backend == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return reference_attention(q, k, v)
+
+
 def reference_attention_jet(q: Jet, k: Jet, v: Jet, jets: JetPass, key: nn.Module) -> Jet:
     """The jet of ``reference_attention``: scores s = (q/√hs) kᵀ and probs × values by the product
     rule, the softmax by its own; scores and values are the adjoint mode's nodes (keys (key, "scores"),

@@ -7,7 +7,6 @@ architectures share are in :mod:`tiny_llm.model.causal` and :mod:`tiny_llm.model
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tiny_llm.config import ModelConfig
@@ -25,9 +24,9 @@ from tiny_llm.model.jets import Jet, JetPass, elementwise_jet, per_direction_dot
 from tiny_llm.model.layers import (
     RotaryDecoder,
     apply_rope,
+    causal_attention,
     feature_jet,
     linear_jet,
-    reference_attention,
     reference_attention_jet,
     repeat_kv,
     rms_normalize_jet,
@@ -148,10 +147,7 @@ class Attention(nn.Module):
         )
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k, v = repeat_kv(k, self.groups), repeat_kv(v, self.groups)
-        if self.backend == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = reference_attention(q, k, v)
+        y = causal_attention(q, k, v, self.backend)
         return self.wo(y.transpose(1, 2).reshape(B, T, C))
 
     def jet(self, x: Jet, cos: torch.Tensor, sin: torch.Tensor, jets: JetPass) -> Jet:

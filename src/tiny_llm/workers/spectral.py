@@ -18,10 +18,9 @@ import torch
 from tiny_llm.curvature.gradients import batch_gradient, mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import MemoryPlan
-from tiny_llm.curvature.placement import place
+from tiny_llm.curvature.placement import Layout, place
 from tiny_llm.curvature.spectrum import (
     Basis,
-    Layout,
     block_diagonal_error,
     conjugate_gradient,
     layer_blocks,
@@ -134,7 +133,7 @@ def _spectrum_operator(
         directions_per_pass=job.settings.directions_per_pass,
         compile=job.compile,
         progress=log.info,
-        group_rows=memory.rows("products") if memory else None,
+        **(memory.cuts("products") if memory else {}),
         placement=placement,
     )
 

@@ -10,7 +10,13 @@ from oracles import reference_jet as _reference_jet
 from torch import nn
 
 from tiny_llm.model.jets import Jet, JetPass
-from tiny_llm.model.layers import embedding_jet, linear_jet, reference_attention, reference_attention_jet
+from tiny_llm.model.layers import (
+    causal_attention,
+    embedding_jet,
+    linear_jet,
+    reference_attention,
+    reference_attention_jet,
+)
 from tiny_llm.model.llama import silu, silu_jet
 
 
@@ -51,3 +57,10 @@ def test_attention_core_silu_and_embedding_rules():
     idx = torch.tensor([[1, 6, 1]])
     out = embedding_jet(idx, embedding, JetPass({embedding.weight: U}))
     assert out.z2 is None and torch.equal(out.z1, U[:, idx]) and torch.equal(out.z0, embedding.weight[idx])
+
+
+def test_the_fused_and_the_reference_attention_agree():
+    q, k, v = (_randn(2, 3, 6, 4, seed=s) for s in (60, 61, 62))
+    reference = causal_attention(q, k, v, "reference")
+    torch.testing.assert_close(reference, reference_attention(q, k, v), rtol=0, atol=0)
+    torch.testing.assert_close(causal_attention(q, k, v, "sdpa"), reference, rtol=0, atol=1e-12)
