@@ -44,6 +44,11 @@ def _audit(text: str) -> bool | str:
     return words[text]
 
 
+def _command(sub: argparse._SubParsersAction, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    """The subcommand ``name``: ``summary`` in the command list, ``description`` atop its help."""
+    return sub.add_parser(name, formatter_class=_HelpFormatter, help=summary, description=description)
+
+
 def _add_state_arguments(an: argparse.ArgumentParser) -> None:
     """Inputs and numerical settings shared by the analysis workers: one option per field of
     ``AnalysisSettings`` (its default, choices and docstring)."""
@@ -99,11 +104,11 @@ def _add_config(p: argparse.ArgumentParser) -> None:
 
 
 def _add_prepare_data(sub: argparse._SubParsersAction) -> None:
-    prep = sub.add_parser(
+    prep = _command(
+        sub,
         "prepare-data",
-        formatter_class=_HelpFormatter,
-        help="build a token cache (meta.json + shards)",
-        description="Tokenize a corpus (the built-in demo text, UTF-8 files or token arrays) into "
+        "build a token cache (meta.json + shards)",
+        "Tokenize a corpus (the built-in demo text, UTF-8 files or token arrays) into "
         "a token cache: shards of uint16/uint32 ids and meta.json with their sha256, written "
         "atomically; an existing cache with the same settings is reused. The sequences of all "
         "inputs are shuffled with data.seed unless --keep-order.",
@@ -144,11 +149,11 @@ def _add_prepare_data(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    tr = sub.add_parser(
+    tr = _command(
+        sub,
         "train",
-        formatter_class=_HelpFormatter,
-        help="train a run (rerun the same command to resume)",
-        description="Train a run into its run directory (resolved.yaml, epoch-NNN.safetensors, "
+        "train a run (rerun the same command to resume)",
+        "Train a run into its run directory (resolved.yaml, epoch-NNN.safetensors, "
         "final.pt, train-log.jsonl); the same command resumes an interrupted run, and does "
         "nothing for a finished one.",
     )
@@ -160,11 +165,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_analyze_state(sub: argparse._SubParsersAction) -> None:
-    an = sub.add_parser(
+    an = _command(
+        sub,
         "analyze-state",
-        formatter_class=_HelpFormatter,
-        help="gradient noise and curvature of one state on one data case",
-        description="Measure one parameter state (one or more alias checkpoints) on one data "
+        "gradient noise and curvature of one state on one data case",
+        "Measure one parameter state (one or more alias checkpoints) on one data "
         "case and write one result JSON atomically; progress on stderr.",
     )
     _add_state_arguments(an)
@@ -172,11 +177,11 @@ def _add_analyze_state(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_analyze_spectrum(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser(
+    sp = _command(
+        sub,
         "analyze-spectrum",
-        formatter_class=_HelpFormatter,
-        help="Hessian spectrum of one state on one data case",
-        description="Lanczos top eigenpairs with residuals, SLQ density nodes, gradient/noise "
+        "Hessian spectrum of one state on one data case",
+        "Lanczos top eigenpairs with residuals, SLQ density nodes, gradient/noise "
         "alignment with the top eigenvectors, a damped CG solve and block-diagonal errors; "
         "one result JSON, written atomically.",
     )
@@ -186,11 +191,11 @@ def _add_analyze_spectrum(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_plot_analysis(sub: argparse._SubParsersAction) -> None:
-    pl = sub.add_parser(
+    pl = _command(
+        sub,
         "plot-analysis",
-        formatter_class=_HelpFormatter,
-        help="redraw an analysis's figures from its saved results",
-        description="Redraw the figures of an analysis directory from its summary.csv and "
+        "redraw an analysis's figures from its saved results",
+        "Redraw the figures of an analysis directory from its summary.csv and "
         "manifest.json, without computing anything.",
     )
     pl.add_argument("--output", required=True, type=Path, help="analysis directory (holds summary.csv)")
@@ -231,11 +236,11 @@ def _add_import_positions(ih: argparse.ArgumentParser) -> None:
 
 
 def _add_import_hf(sub: argparse._SubParsersAction) -> None:
-    ih = sub.add_parser(
+    ih = _command(
+        sub,
         "import-hf",
-        formatter_class=_HelpFormatter,
-        help="make a run directory from local Hugging Face checkpoint directories or cached revisions",
-        description="Read local Hugging Face causal-LM directories, or a repository's revisions in the "
+        "make a run directory from local Hugging Face checkpoint directories or cached revisions",
+        "Read local Hugging Face causal-LM directories, or a repository's revisions in the "
         "local Hugging Face cache (config.json and safetensors, or pytorch_model.bin read as tensors "
         "only; no download), the checkpoints of one model, into a new run directory: "
         "resolved.yaml (model from config.json, data and training from --config), "
@@ -281,11 +286,11 @@ def _add_import_hf(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_export_hf(sub: argparse._SubParsersAction) -> None:
-    eh = sub.add_parser(
+    eh = _command(
+        sub,
         "export-hf",
-        formatter_class=_HelpFormatter,
-        help="write a run's checkpoint as a Hugging Face model directory",
-        description="Write one checkpoint of a run as a Hugging Face directory of its architecture "
+        "write a run's checkpoint as a Hugging Face model directory",
+        "Write one checkpoint of a run as a Hugging Face directory of its architecture "
         "(LlamaForCausalLM, GPT2LMHeadModel, or an imported model's own; config.json, "
         "model.safetensors) that transformers opens with from_pretrained; the directory must not "
         "exist yet.",
@@ -297,11 +302,11 @@ def _add_export_hf(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_summarize(sub: argparse._SubParsersAction) -> None:
-    sm = sub.add_parser(
+    sm = _command(
+        sub,
         "summarize",
-        formatter_class=_HelpFormatter,
-        help="print an analysis's summary table with standard errors and flags",
-        description="Print the summary table of a collected analysis (results/<name>) in the "
+        "print an analysis's summary table with standard errors and flags",
+        "Print the summary table of a collected analysis (results/<name>) in the "
         "terminal: each checkpoint and case with its statistics ± one standard error, then "
         "plain-language flags (B_noise above the training batch, curvature within one standard "
         "error of 0, precision audit over its threshold, unconverged eigenvalues, data order).",
@@ -311,11 +316,11 @@ def _add_summarize(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_compare(sub: argparse._SubParsersAction) -> None:
-    cm = sub.add_parser(
+    cm = _command(
+        sub,
         "compare",
-        formatter_class=_HelpFormatter,
-        help="compare seed experiments in one figure (from their comparison.csv)",
-        description="Draw the mean over seeds (or seed pairs) of selected metrics for several "
+        "compare seed experiments in one figure (from their comparison.csv)",
+        "Draw the mean over seeds (or seed pairs) of selected metrics for several "
         "seed experiments, from each experiment's comparison.csv, without computing anything.",
     )
     cm.add_argument(

@@ -39,6 +39,14 @@ def _hub(checkpoints: list[dict[str, Any]]) -> bool:
     return any(c.get("revision") for c in checkpoints)
 
 
+def _folder(path: Path, parent: str, key: str, need: str) -> Path:
+    """``path``, a folder ``<parent>/<name>``; else refused naming ``key`` and what the workflow
+    ``need``s of it."""
+    if path.parent != Path(parent):
+        raise ValueError(f"{key}: {need}, got {path}")
+    return path
+
+
 class Runs:
     """A workflow's runs, imports and caches.
 
@@ -76,12 +84,8 @@ class Runs:
         self._check_seed_imports(seed_experiments)
         self.cache_of_run: dict[str, str] = {}
         for name, run in self.run_configs.items():
-            cache = Path(run.data.cache)
-            if cache.parent != Path("cache"):
-                raise ValueError(
-                    f"train_runs.{name}: data.cache must be cache/<name> for the workflow to prepare it, got {cache}"
-                )
-            self.cache_of_run[name] = cache.name
+            need = "data.cache must be cache/<name> for the workflow to prepare it"
+            self.cache_of_run[name] = _folder(Path(run.data.cache), "cache", f"train_runs.{name}", need).name
         self.run_of_cache: dict[str, str] = {}
         for name, cache in self.cache_of_run.items():
             self.run_of_cache.setdefault(cache, name)
@@ -110,11 +114,8 @@ class Runs:
         """
         entry = self.import_entries[name]
         entry.setdefault("run", f"runs/{name}")
-        run = Path(entry["run"])
-        if run.parent != Path("runs"):
-            raise ValueError(
-                f"{self._key(name, 'run')}: the workflow imports hf_checkpoints into runs/<name>, got {run}"
-            )
+        need = "the workflow imports hf_checkpoints into runs/<name>"
+        run = _folder(Path(entry["run"]), "runs", self._key(name, "run"), need)
         if run.name in self.run_configs:
             raise ValueError(
                 f"{self._key(name, 'run')}: {run} is trained by train_runs.{run.name}; import the "
@@ -193,11 +194,11 @@ class Runs:
     def _analysis_cache(self, name: str, planned: RunConfig) -> str:
         """The cache an import with ``cache_inputs`` has the workflow prepare: its data.cache,
         cache/<name> of no trained run."""
-        cache, key = Path(planned.data.cache), self._key(name, "config")
-        if cache.parent != Path("cache"):
-            raise ValueError(
-                f"{key}: with cache_inputs the workflow prepares data.cache, which must be cache/<name>, got {cache}"
-            )
+        key, need = (
+            self._key(name, "config"),
+            "with cache_inputs the workflow prepares data.cache, which must be cache/<name>",
+        )
+        cache = _folder(Path(planned.data.cache), "cache", key, need)
         if cache.name in self.run_of_cache:
             raise ValueError(
                 f"{key}: data.cache {cache} is prepared for train_runs."

@@ -15,19 +15,12 @@ from typing import Any
 
 import torch
 
+from tiny_llm.curvature import spectrum as spectra
 from tiny_llm.curvature.gradients import batch_gradient, mean_gradient, noise_batch_indices, rademacher
 from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.placement import Layout, place
-from tiny_llm.curvature.spectrum import (
-    Basis,
-    block_diagonal_error,
-    conjugate_gradient,
-    layer_blocks,
-    slq,
-    tensor_blocks,
-    top_eigenpairs,
-)
+from tiny_llm.curvature.spectrum import Basis, layer_blocks, tensor_blocks
 from tiny_llm.model.causal import CausalLM
 from tiny_llm.runtime import compile_record
 from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
@@ -166,7 +159,7 @@ def _warn_unconverged(pairs: dict, tolerance: float, steps: int) -> int:
 def _cg_record(product: Callable, g_bar: torch.Tensor, damping: float, spectrum: SpectrumSettings, layout) -> dict:
     """The damped solve (H + λI)x = ḡ: its status, iterations, residual and ḡᵀ(H + λI)⁻¹ḡ."""
     try:
-        x, iterations, residual = conjugate_gradient(
+        x, iterations, residual = spectra.conjugate_gradient(
             product, g_bar, damping, rtol=spectrum.cg_rtol, max_iterations=spectrum.cg_max_iterations, layout=layout
         )
         return {
@@ -191,7 +184,7 @@ def _block_record(product: Callable, flat: FlatParameters, settings, spectrum, l
     """Block-diagonal errors per tensor and per layer on seeded Rademacher directions."""
     V = torch.stack([rademacher(flat.D, settings.seed + 1, i, layout.indices) for i in range(spectrum.block_samples)])
     blocks = {
-        kind: (block_diagonal_error(product, V.to(device), make(flat), layout=layout), len(make(flat)))
+        kind: (spectra.block_diagonal_error(product, V.to(device), make(flat), layout=layout), len(make(flat)))
         for kind, make in (("tensor", tensor_blocks), ("layer", layer_blocks))
     }
     return {
@@ -218,7 +211,7 @@ def _lanczos_stage(
     """The top eigenpairs (largest algebraic and largest magnitude) with their residuals: their
     record, the top eigenvectors, and the largest |eigenvalue| found (``products`` counts the
     Hessian-vector products of the stage)."""
-    pairs = top_eigenpairs(
+    pairs = spectra.top_eigenpairs(
         product,
         D,
         spectrum.top_k,
@@ -253,7 +246,7 @@ def _slq_stage(
     basis: Basis,
 ) -> dict[str, Any]:
     """The stochastic Lanczos quadrature nodes and weights, and the first two moments over D."""
-    nodes = slq(
+    nodes = spectra.slq(
         product,
         D,
         spectrum.slq_vectors,

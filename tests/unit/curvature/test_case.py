@@ -28,3 +28,9 @@ def test_a_memory_plan_cuts_the_passes_and_nothing_else():
     planned = _inputs(MemoryPlan(passes=passes, budget_bytes=100))
     assert planned.gradient_micro_batch == 2 and planned.head_tokens("gradient") == 64
     assert planned.rows("forms") == 1 and planned.head_tokens("forms") is None
+
+
+def test_the_operators_cuts_are_none_without_a_plan_and_the_plans_under_one():
+    assert _inputs().cuts("forms") == {}  # the operator's own defaults
+    passes = (PassPlan("forms", "adjoint", 3, 8, 2, 20, 128),)
+    assert _inputs(MemoryPlan(passes=passes, budget_bytes=100)).cuts("forms") == {"group_rows": 2, "head_tokens": 128}

@@ -246,3 +246,10 @@ def test_a_sharded_plan_is_one_ranks():
     )
     with pytest.raises(ValueError, match="memory_budget_gb"):
         campaign_plan("taylor", None, 2**20, shards=2)
+
+
+def test_a_pass_is_cut_as_its_plan_says():
+    plan = campaign_plan("adjoint", 2, 80 * GiB)
+    for name in ("forms", "audit", "gradient"):
+        assert plan.cuts(name) == {"group_rows": plan.rows(name), "head_tokens": plan.head_tokens(name)}
+    assert plan.cuts("forms")["group_rows"] < 64  # the campaign's forms are cut to fit a GH200
