@@ -35,7 +35,6 @@ from tiny_llm.data.tokens import TokenCache
 from tiny_llm.data.training_order import TrainingOrder
 from tiny_llm.distributed import is_writer
 from tiny_llm.distributed import record as parallel_record
-from tiny_llm.distributed import sharded as is_sharded
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
@@ -208,7 +207,7 @@ def _training_batch(job: StateJob) -> int:
     return job.config.training.batch_size
 
 
-def _result(job: StateJob, measured: dict[str, Any], started: float) -> dict[str, Any]:
+def _result(job: StateJob, measured: dict[str, Any], started: float, sharded: bool) -> dict[str, Any]:
     """The result JSON of a (state, case): identity, state, settings and precision, the measurement
     (with the runtime settings in force, ``cuda_matmul_fp32_precision``), the data it was measured
     on, and what ran where."""
@@ -234,7 +233,7 @@ def _result(job: StateJob, measured: dict[str, Any], started: float) -> dict[str
         "data": _data_record(job),
         "software": software(),
         "hardware": hardware(job.resolved.device),
-        "parallel": {**parallel_record(), "sharded": is_sharded(job.settings.sharded)},
+        "parallel": {**parallel_record(), "sharded": sharded},
         "slurm": slurm_job(),
     }
 
@@ -301,7 +300,7 @@ def _measure(job: StateJob) -> dict[str, Any]:
             model, _case_inputs(job, consensus, step), precision, progress=lambda m: log.info("%s %s", job.label, m)
         )
     measured |= _below_float64(job, model, precision, rows.sharded)
-    return _result(job, measured | runtime, started)
+    return _result(job, measured | runtime, started, rows.sharded)
 
 
 def _below_float64(job: StateJob, model: torch.nn.Module, precision: Precision, sharded: bool) -> dict[str, Any]:
