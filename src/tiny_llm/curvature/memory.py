@@ -36,7 +36,7 @@ from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.engines import GRADIENT, default_forms_engine, group_sizes
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.memory_fit import COEFFICIENTS
-from tiny_llm.curvature.sharding import forms_shape, held_unsharded
+from tiny_llm.curvature.sharding import forms_shape, head_chunked, held_unsharded
 
 __all__ = [
     "COEFFICIENTS",
@@ -336,8 +336,8 @@ def plan_analysis(
     D = job.held
     unsharded = held_unsharded(config, engine, K, shards, itemsize)  # what the sharded operator says
 
-    def chunked(engine_: str) -> bool:  # the head in token chunks: our models' gradients and some engines
-        return jet_rules(config) and (engine_ == GRADIENT or engine_named(engine_).head_chunks)
+    def chunked(engine_: str) -> bool:  # the head in token chunks where the placement takes it so
+        return head_chunked(config, engine_, shards)
 
     audited = 0 if audit_directions is None else 2 * audit_directions + 1
     resident = resident_bytes(D, K, itemsize, extra_vectors + audited)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from tiny_llm.curvature.sharding import SHARDED_GRADIENT_HEAD_CHUNKS
 from tiny_llm.distributed import all_reduce_sum, world
 from tiny_llm.distributed import sharded as runs_sharded
 from tiny_llm.model.causal import IGNORE_INDEX
@@ -235,7 +236,7 @@ class Sharded(Placement):
 
     sharded = True
     name = "sharded"
-    head_chunks = False
+    head_chunks = SHARDED_GRADIENT_HEAD_CHUNKS
     """``model.hidden`` would bypass FSDP's hooks on the root (its parameters' gather and their
     gradients' reduce-scatter), so a sharded gradient takes the head whole."""
 

@@ -8,11 +8,31 @@ from __future__ import annotations
 
 import dataclasses
 
+from tiny_llm.architectures import jet_rules
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.engines import GRADIENT
 from tiny_llm.curvature.engines import engine as engine_named
 
-__all__ = ["forms_shape", "gathered_parameters", "held_unsharded"]
+__all__ = ["SHARDED_GRADIENT_HEAD_CHUNKS", "forms_shape", "gathered_parameters", "head_chunked", "held_unsharded"]
+
+
+SHARDED_GRADIENT_HEAD_CHUNKS = False
+"""Whether a gradient on a sharded model takes the head and loss in token chunks: not yet. Chunking
+runs the head on ``model.hidden``, which bypasses the FSDP root's hooks (the gather of the root's
+parameters, the reduce-scatter of their gradients), so a sharded gradient takes the head whole."""
+
+
+def head_chunked(config: ModelConfig, engine: str, shards: int) -> bool:
+    """Whether a pass of ``engine`` (or GRADIENT) may take the head and loss in token chunks, on a
+    model sharded over ``shards`` ranks (1: whole): our architectures' gradients and the engines that
+    declare it (``Engine.head_chunks``); sharded, the jets only (their loss runs on each rank's rows
+    of the vocabulary) unless SHARDED_GRADIENT_HEAD_CHUNKS."""
+    if not jet_rules(config):
+        return False
+    if engine == GRADIENT:
+        return shards <= 1 or SHARDED_GRADIENT_HEAD_CHUNKS
+    spec = engine_named(engine)
+    return spec.head_chunks and (shards <= 1 or spec.jets or SHARDED_GRADIENT_HEAD_CHUNKS)
 
 
 def gathered_parameters(config: ModelConfig) -> tuple[int, int, int]:

@@ -150,7 +150,8 @@ def job_memory_plan(settings: AnalysisSettings, config: RunConfig, resolved: Res
     """The memory plan of this job (:func:`tiny_llm.workers.resolution.memory_plan`) on its device,
     under its budget, over its ranks."""
     budget = device_budget(resolved.device, settings.memory_budget_gb)
-    return memory_plan(settings, config, budget, cuda=resolved.device.type == "cuda", ranks=world()[1])
+    cuda = resolved.device.type == "cuda"
+    return memory_plan(settings, config, budget, cuda=cuda, ranks=world()[1], resolution=resolved)
 
 
 def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, offset: int, steps: tuple):

@@ -60,16 +60,22 @@ def resolve(settings: AnalysisSettings, config: RunConfig, cuda: bool) -> Resolu
 
 
 def memory_plan(
-    settings: AnalysisSettings, config: RunConfig, budget_bytes: int | None, cuda: bool, ranks: int = 1
+    settings: AnalysisSettings,
+    config: RunConfig,
+    budget_bytes: int | None,
+    cuda: bool,
+    ranks: int = 1,
+    resolution: Resolution | None = None,
 ) -> MemoryPlan:
     """The grouping of a (state, case) job's passes under ``budget_bytes`` (see
     :func:`tiny_llm.curvature.memory_measure.device_budget`), for a CUDA device or not; with
-    ``settings.sharded`` one rank's of ``ranks``.
+    ``settings.sharded`` one rank's of ``ranks``. ``resolution``: the job's, when it has resolved
+    its settings already (a worker resolves them once).
 
     Raises:
         ValueError: a pass that does not fit even one sequence at a time (nothing is computed).
     """
-    resolution = resolve(settings, config, cuda)
+    resolution = resolution or resolve(settings, config, cuda)
     return plan_analysis(
         JobShape(
             config=config.model,

@@ -6,7 +6,8 @@ import pytest
 
 from tiny_llm.architectures import parameter_shapes
 from tiny_llm.config import ModelConfig
-from tiny_llm.curvature.sharding import forms_shape, gathered_parameters, held_unsharded
+from tiny_llm.curvature.memory import GiB, JobShape, plan_analysis
+from tiny_llm.curvature.sharding import forms_shape, gathered_parameters, head_chunked, held_unsharded
 
 CONFIG = ModelConfig(architecture="gpt_neox", vocab_size=1000, d_model=64, n_heads=4, d_ff=256, n_layers=3)
 
@@ -35,3 +36,16 @@ def test_a_sharded_jet_pass_holds_the_activations_of_its_share_of_the_vocabulary
     assert forms_shape(CONFIG, "taylor", 3).vocab_size == 334
     assert forms_shape(CONFIG, "taylor", 1) == CONFIG
     assert forms_shape(CONFIG, "finite_difference", 3) == CONFIG
+
+
+def test_a_sharded_gradient_takes_the_head_whole_and_the_plan_prices_it_so():
+    assert head_chunked(CONFIG, "gradient", 1) and head_chunked(CONFIG, "finite_difference", 1)
+    assert not head_chunked(CONFIG, "gradient", 2) and not head_chunked(CONFIG, "finite_difference", 2)
+    assert head_chunked(CONFIG, "taylor", 2)  # the jets' loss runs on each rank's rows of the vocabulary
+    assert not head_chunked(ModelConfig(architecture="hf", hf_config="models/x"), "gradient", 1)  # an adapter: no rules
+    gpt2 = ModelConfig(architecture="gpt2", vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=2)
+    job = dict(config=gpt2, seq_len=1024, engine="taylor", K=1, hvp_batch_size=4, micro_batch_size=4, itemsize=4)
+    budget = 6 * GiB  # a whole head of 4 × 1024 positions does not fit beside the rest; chunks do
+    whole = plan_analysis(JobShape(**job), audit_directions=None, extra_vectors=0, budget_bytes=budget)
+    sharded = plan_analysis(JobShape(**job, shards=2), audit_directions=None, extra_vectors=0, budget_bytes=budget)
+    assert whole.head_tokens("gradient") is not None and sharded.head_tokens("gradient") is None
