@@ -10,6 +10,7 @@ import torch
 
 from tiny_llm.architectures import ARCHITECTURES, build_model, parameter_shapes
 from tiny_llm.config import ModelConfig
+from tiny_llm.shapes import Rows
 
 SHAPE = dict(vocab_size=13, d_model=12, n_layers=2, n_heads=3, d_ff=20, max_seq_len=7)
 VARIANTS = [
@@ -62,3 +63,19 @@ def test_an_adapter_model_is_read_from_a_meta_build(tmp_path):
     assert declared.count == sum(p.numel() for p in model.parameters())
     assert declared.blocks == 0 and declared.root_count == declared.count
     assert declared.largest_gathered == max(math.prod(s) for k, s in declared.root.items() if k not in declared.by_rows)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()))
+def test_the_layout_from_declared_shapes_is_the_built_models(variant):
+    """A rank's rows counted from the declared shapes (the memory plan's) are those of the layout of
+    the meta-built model's parameters (the placement's), for 1, 2 and 3 ranks; every entry is held
+    by exactly one rank."""
+    config = ModelConfig(**{**SHAPE, **variant})
+    built = tuple(tuple(p.shape) for p in _built(config).parameters())
+    D = sum(math.prod(s) for s in built)
+    for ranks in (1, 2, 3):
+        declared = [parameter_shapes(config).rows(rank, ranks, ranks > 1) for rank in range(ranks)]
+        layouts = [Rows(built, rank, ranks, ranks > 1) for rank in range(ranks)]
+        assert [r.held for r in declared] == [r.held for r in layouts] and declared[0].D == layouts[0].D == D
+        held = torch.cat([r.indices() for r in layouts])
+        assert torch.equal(held.sort().values, torch.arange(D))  # a partition of the D entries
