@@ -6,7 +6,8 @@ consensus errors of packed runs (``CaseInputs``), shared by the measurement and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 
@@ -48,6 +49,17 @@ class CaseInputs:
     memory: MemoryPlan | None = None
     """Sequences per group of each pass (gradient, forms, audit, audit_gradient) under a memory budget; None:
     unchunked. Grouping changes only how the same terms are summed."""
+
+    @classmethod
+    def of(cls, settings: Any, **given: Any) -> CaseInputs:
+        """The inputs of a job whose analysis settings are ``settings``: each field that the settings
+        also have (the samples, seed, directions per pass, block curvature, sharding) taken from
+        them, the others (and any resolved for this machine: the engine, compilation, the curvature
+        micro-batch) ``given``."""
+        taken = {
+            f.name: getattr(settings, f.name) for f in fields(cls) if f.name not in given and hasattr(settings, f.name)
+        }
+        return cls(**taken, **given)
 
     def rows(self, name: str) -> int | None:
         """Group rows of pass ``name`` under the memory plan (None: the engine's default)."""

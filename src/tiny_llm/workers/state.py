@@ -254,21 +254,16 @@ MEASURED = (
 def _case_inputs(job: StateJob, consensus: list, step: torch.Tensor | None) -> CaseInputs:
     """What ``measure_case`` is given for the job."""
     config, settings, resolved = job.config, job.settings, job.resolved
-    return CaseInputs(
+    return CaseInputs.of(
+        settings,
         cache=job.cache,
         plan=job.plan,
         micro_batch_size=config.training.micro_batch_size,
         hvp_batch_size=resolved.hvp_batch_size,
-        noise_samples=settings.noise_samples,
-        random_samples=settings.random_samples,
-        seed=settings.seed,
         engine=resolved.engine,
-        directions_per_pass=settings.directions_per_pass,
         compile=resolved.compiled,
         workers=config.training.workers,
         consensus=consensus,
-        block_curvature=settings.block_curvature,
-        sharded=settings.sharded,
         audit=(settings.audit_directions, settings.audit_batches) if settings.audited else None,
         memory=job.memory,
         step=step,

@@ -34,3 +34,14 @@ def test_the_operators_cuts_are_none_without_a_plan_and_the_plans_under_one():
     assert _inputs().cuts("forms") == {}  # the operator's own defaults
     passes = (PassPlan("forms", "adjoint", 3, 8, 2, 20, 128),)
     assert _inputs(MemoryPlan(passes=passes, budget_bytes=100)).cuts("forms") == {"group_rows": 2, "head_tokens": 128}
+
+
+def test_a_jobs_inputs_take_what_the_settings_say_and_the_rest_as_given():
+    from tiny_llm.workers.settings import AnalysisSettings
+
+    settings = AnalysisSettings(noise_samples=3, random_samples=5, seed=7, directions_per_pass=2, block_curvature=True)
+    given = dict(cache=None, plan=None, micro_batch_size=4, hvp_batch_size=8, engine="taylor", compile=False)
+    inputs = CaseInputs.of(settings, **given, consensus=[], audit=None)
+    assert (inputs.noise_samples, inputs.random_samples, inputs.seed) == (3, 5, 7)
+    assert inputs.directions_per_pass == 2 and inputs.block_curvature and not inputs.sharded
+    assert inputs.engine == "taylor" and inputs.consensus == [] and inputs.audit is None  # given, not the settings'
