@@ -10,6 +10,8 @@ benchmarks/README.md,
 * ``resident``: what the job holds whatever the grouping: the model's parameters, the operator's
   flat copy θ, the K directions of the pass and their float64 results, the job's float64 vectors
   (ḡ, a sampled gradient, a noise direction) and, for the HVP engines, the K products of a group.
+  A gradient pass holds the directions queued for the next forms pass, never the K stacked for one
+  (the queue is flushed the moment it holds K): its resident is K directions smaller.
 * ``per_sequence``: what one sequence of a group adds, in elements of the analysis dtype per
   target position (times T and the dtype's size):
 
@@ -341,6 +343,7 @@ def plan_analysis(
 
     audited = 0 if audit_directions is None else 2 * audit_directions + 1
     resident = resident_bytes(D, K, itemsize, extra_vectors + audited)
+    stacked = K * itemsize * D  # the K directions stacked for a forms pass: a gradient pass has only the queue
 
     def fit(name: str, engine_: str, batch: int, k: int, size: int, beside: int, **options: Any) -> PassPlan:
         shape = PassShape(
@@ -351,7 +354,7 @@ def plan_analysis(
     largest = engine_named(engine).group_rows(K, hvp_batch_size)
     forms = {"shape": forms_shape(config, engine, shards), "equal_groups": job.compiled, "largest": largest}
     passes = [
-        fit("gradient", GRADIENT, micro_batch_size, 1, itemsize, resident + unsharded[GRADIENT]),
+        fit("gradient", GRADIENT, micro_batch_size, 1, itemsize, resident - stacked + unsharded[GRADIENT]),
         fit("forms", engine, hvp_batch_size, K, itemsize, resident + unsharded[engine], **forms),
     ]
     if audit_directions is not None:  # the production model and θ stay; a float64 copy, its θ and ḡ join them
@@ -375,6 +378,7 @@ def plan_spectrum(job: JobShape, *, basis_bytes: int, extra_vectors: int, budget
     config, seq_len, itemsize = job.config, job.seq_len, job.itemsize
     D = job.held
     resident = resident_bytes(D, job.K, itemsize, extra_vectors) + basis_bytes
+    stacked = job.K * itemsize * D  # the K directions stacked for a products pass: none in a gradient pass
     gradient = PassShape(
         engine=GRADIENT, config=config, rows=job.micro_batch_size, K=1, seq_len=seq_len, itemsize=itemsize, D=D
     )
@@ -382,7 +386,7 @@ def plan_spectrum(job: JobShape, *, basis_bytes: int, extra_vectors: int, budget
     return MemoryPlan(
         budget_bytes,
         (
-            choose_group_rows("gradient", gradient, budget_bytes, resident),
+            choose_group_rows("gradient", gradient, budget_bytes, resident - stacked),
             choose_group_rows("products", products, budget_bytes, resident, equal_groups=job.compiled),
         ),
     )
