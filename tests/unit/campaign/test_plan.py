@@ -110,10 +110,7 @@ def test_cost_line_says_jobs_work_and_time(run):
         Jobs(
             4,
             "interval",
-            (
-                "seen",
-                "unseen",
-            ),
+            ("seen", "unseen"),
         ),
         work,
         "cpu",
@@ -132,14 +129,7 @@ def test_cost_line_says_jobs_work_and_time(run):
     entry = {"seconds": seconds, "measured": {}}
     slurm = cost_line(
         "a",
-        Jobs(
-            4,
-            "x",
-            (
-                "seen",
-                "unseen",
-            ),
-        ),
+        Jobs(4, "x", ("seen", "unseen")),
         work,
         "cuda",
         entry,
@@ -154,14 +144,7 @@ def test_cost_line_says_jobs_work_and_time(run):
     )
     one = cost_line(
         "a",
-        Jobs(
-            4,
-            "x",
-            (
-                "seen",
-                "unseen",
-            ),
-        ),
+        Jobs(4, "x", ("seen", "unseen")),
         work,
         "cuda",
         entry,
@@ -192,10 +175,7 @@ def test_cost_line_says_jobs_work_and_time(run):
                 Jobs(
                     64,
                     "x",
-                    (
-                        "seen",
-                        "unseen",
-                    ),
+                    ("seen", "unseen"),
                 ),
                 work,
                 "cuda",
