@@ -99,14 +99,8 @@ def measure_pass(
     from tiny_llm.curvature.hessian import EpochHessian, Precision
     from tiny_llm.training.loop import accumulate_batch_gradient
 
-    config, engine, rows, K, seq_len, head_tokens = (
-        shape.config,
-        shape.engine,
-        shape.rows,
-        shape.K,
-        shape.seq_len,
-        shape.head_tokens,
-    )
+    config, engine, rows, K = shape.config, shape.engine, shape.rows, shape.K
+    seq_len, head_tokens = shape.seq_len, shape.head_tokens
     device = torch.device(device)
     counter = _CudaPeak(device) if device.type == "cuda" else StoragePeak()
     torch.manual_seed(seed)

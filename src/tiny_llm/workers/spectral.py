@@ -306,7 +306,9 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], job: 
     started = time.perf_counter()
     flat, settings, spectrum, precision = FlatParameters(model), job.settings, job.spectrum, job.precision
     operator, layout, gradient, epoch_gradient = _spectrum_operator(model, tokens_by_batch, job)
-    basis, reduction = BASIS_DTYPES[spectrum.lanczos_basis], BASIS_DTYPES[spectrum.lanczos_reduction]
+    basis = Basis(
+        BASIS_DTYPES[spectrum.lanczos_basis], BASIS_DTYPES[spectrum.lanczos_reduction], precision.device, layout
+    )
     device, tolerance, products = precision.device, lanczos_tolerance(spectrum, precision.dtype), []
     progress = ProductProgress(_most_products(spectrum, flat))
 
@@ -320,12 +322,10 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], job: 
         return result
 
     progress.enter(f"Lanczos, top {spectrum.top_k} eigenpairs (at most {spectrum.lanczos_steps} steps)")
-    top, vectors, largest = _lanczos_stage(
-        counted, products, flat.D, spectrum, settings, Basis(basis, reduction, device, layout), tolerance
-    )
+    top, vectors, largest = _lanczos_stage(counted, products, flat.D, spectrum, settings, basis, tolerance)
     t_lanczos = time.perf_counter() - started
     progress.enter(f"SLQ density ({spectrum.slq_vectors} x {spectrum.slq_steps} steps)")
-    slq_record = _slq_stage(tracked, flat.D, spectrum, settings, Basis(basis, reduction, device, layout))
+    slq_record = _slq_stage(tracked, flat.D, spectrum, settings, basis)
     g_bar = epoch_gradient()
     noise = [
         gradient(tokens_by_batch[i]) - g_bar
