@@ -296,6 +296,10 @@ class TrainingConfig:
     keep_states: tuple[NonNegative, ...] = ()
     """Virtual epochs at whose end the whole training state (weights and optimizer state) is kept
     as ``state-NNN.pt``, for branches to start from (not scientific: keeping states changes no number)."""
+    keep_moments: bool = True
+    """With ``checkpoint_policy: interval`` and AdamW (one worker), keep the optimizer's moments at
+    every checkpoint as ``moments-NNN.safetensors`` (twice the float32 weights' size on disk), so
+    that the analysis can take its statistics in the optimizer's own geometry (not scientific)."""
     log_every: Positive = 10
     """Progress line every this many steps (not scientific)."""
 

@@ -39,6 +39,7 @@ __all__ = [
     "TRAIN_LOG",
     "epoch_file",
     "epoch_stem",
+    "moments_file",
     "state_file",
     "state_result",
 ]
@@ -107,6 +108,14 @@ def state_file(epoch: int) -> str:
 def epoch_file(epoch: int) -> str:
     """``epoch-NNN.safetensors``: the root weights after virtual epoch ``epoch`` (0: initialisation)."""
     return f"{epoch_stem(epoch)}.safetensors"
+
+
+def moments_file(checkpoint: str) -> str | None:
+    """``moments-NNN.safetensors``: the optimizer's moments kept beside checkpoint
+    ``epoch-NNN.safetensors`` (``training.keep_moments``, or a Trainer checkpoint's optimizer.pt
+    imported); None for any other checkpoint name (a ``.pt`` state holds its optimizer itself)."""
+    match = EPOCH_FILE.match(checkpoint)
+    return None if match is None else f"moments-{match.group(1)}.safetensors"
 
 
 def state_result(analysis: str, key: str, case: str) -> str:

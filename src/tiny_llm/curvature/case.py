@@ -46,6 +46,10 @@ class CaseInputs:
     """Δ = θ' − θ to the next checkpoint θ' as float64 (D,), or this rank's shard when sharded (as
     the consensus errors), for the trajectory statistics (:mod:`tiny_llm.curvature.trajectory`);
     None: the state has no successor."""
+    preconditioner: torch.Tensor | None = None
+    """P's diagonal (float64, as every parameter-sized vector: this rank's rows when sharded), the
+    optimizer's preconditioner at the state, in whose coordinates every statistic is also taken;
+    None: the plain statistics only."""
     memory: MemoryPlan | None = None
     """Sequences per group of each pass (gradient, forms, audit, audit_gradient) under a memory budget; None:
     unchunked. Grouping changes only how the same terms are summed."""

@@ -39,10 +39,14 @@ class DirectionRunner:
         self.pending: list[tuple[torch.Tensor, Direction, float]] = []
         self.done, self.started = 0, time.perf_counter()
 
-    def add(self, vector: torch.Tensor, record: Direction, started: float) -> None:
-        """Queue a float64 direction; ``record`` receives dᵀHd of the direction as used."""
+    def add(self, vector: torch.Tensor, record: Direction, started: float, scale: torch.Tensor | None = None) -> None:
+        """Queue a float64 direction d; ``record`` receives dᵀHd and ‖d‖² of the direction as used.
+        With ``scale`` s, d is held in the coordinates u of θ = diag(s) u: the form is of
+        H_u = SHS, dᵀ(SHS)d = (s ⊙ d)ᵀH(s ⊙ d), and the norm is u's, ‖d‖²."""
         used = vector.to(self.dtype)
         record.squared_norm = self.vectors.squared_norm(used)
+        if scale is not None:
+            used = (vector * scale).to(self.dtype)
         if record.squared_norm == 0.0:
             record.curvature, record.hvp_seconds = 0.0, 0.0
             if self.split:
@@ -97,14 +101,18 @@ def block_parts(
 
 
 def add_block_directions(
-    runner: DirectionRunner, vector: torch.Tensor, blocks: list[tuple[str, list[int]]]
+    runner: DirectionRunner,
+    vector: torch.Tensor,
+    blocks: list[tuple[str, list[int]]],
+    scale: torch.Tensor | None = None,
 ) -> list[Direction]:
     """Queue ``vector`` restricted to each parameter block (zero elsewhere), so that each form is the
-    block-diagonal v_bᵀH_bb v_b; returns their records, in block order."""
+    block-diagonal v_bᵀH_bb v_b (in the coordinates ``scale`` gives, as :meth:`DirectionRunner.add`);
+    returns their records, in block order."""
     records = []
     for part in block_parts(vector, runner.vectors.pieces, blocks):
         records.append(Direction())
-        runner.add(part, records[-1], time.perf_counter())
+        runner.add(part, records[-1], time.perf_counter(), scale)
     return records
 
 
@@ -114,16 +122,21 @@ def queue_other_directions(
     inputs: CaseInputs,
     blocks: list[tuple[str, list[int]]],
     device: torch.device,
+    scale: torch.Tensor | None = None,
 ) -> tuple[list[RandomDirection], Direction, list[Direction] | None, list[ConsensusWorker]]:
     """Queue every direction but the noise: the seeded Rademacher ones, ḡ (and its block-diagonal
-    parts with ``block_curvature``) and the packed workers' consensus displacements; their records."""
+    parts with ``block_curvature``) and the packed workers' consensus displacements; their records.
+    With ``scale`` s, in the coordinates u of θ = diag(s) u (:meth:`DirectionRunner.add`): the
+    Rademacher directions are u's, the gradient is ḡ_u = s ⊙ ḡ, and there are no consensus
+    displacements (a displacement's form is the same in every coordinates)."""
     random = [RandomDirection(index=index) for index in range(inputs.random_samples)]
     for record in random:
-        runner.add(runner.vectors.rademacher(record.index).to(device), record, time.perf_counter())
-    gradient = Direction()
-    runner.add(g_bar, gradient, time.perf_counter())
-    gradient_blocks = add_block_directions(runner, g_bar, blocks) if inputs.block_curvature else None
-    consensus = [ConsensusWorker(worker=worker) for worker, _ in inputs.consensus]
-    for record, (_, e) in zip(consensus, inputs.consensus, strict=True):
+        runner.add(runner.vectors.rademacher(record.index).to(device), record, time.perf_counter(), scale)
+    gradient, g_u = Direction(), g_bar if scale is None else g_bar * scale
+    runner.add(g_u, gradient, time.perf_counter(), scale)
+    gradient_blocks = add_block_directions(runner, g_u, blocks, scale) if inputs.block_curvature else None
+    displacements = inputs.consensus if scale is None else []
+    consensus = [ConsensusWorker(worker=worker) for worker, _ in displacements]
+    for record, (_, e) in zip(consensus, displacements, strict=True):
         runner.add(e.to(device), record, time.perf_counter())
     return random, gradient, gradient_blocks, consensus

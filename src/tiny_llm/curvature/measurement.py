@@ -9,6 +9,8 @@ A job measures, over one epoch of ``n_batches`` effective batches:
 * the quadratic forms of S_v noise directions vᵢ = gᵢ − ḡ, of ḡ, of S_r Rademacher directions,
   of a packed run's consensus errors (one per worker), and with a successor (the trajectory) of the
   step Δ; with ``block_curvature`` each noise direction, ḡ and Δ once more per parameter block;
+* with the optimizer's preconditioner P, the noise, ḡ and Rademacher forms (and their blocks) once
+  more, in the coordinates u = P^{-1/2}θ (:mod:`tiny_llm.curvature.preconditioned`);
 * with a successor the epoch loss at θ + Δ (a forward pass over every batch), and per block at
   θ + Δ_b;
 * with the precision audit, ḡ again in float64 and the audited batch gradients in both precisions.
@@ -38,21 +40,25 @@ class MeasurementPlan:
     """Parameter blocks whose block-diagonal forms are measured (0: none)."""
     step: bool = False
     """Whether the step Δ to a successor is measured (its form, and the loss at θ + Δ)."""
+    geometries: int = 1
+    """The coordinates the statistics are taken in: 1 (plain), or 2 (also the optimizer's
+    preconditioned ones: the noise, ḡ and random directions once more, with their blocks)."""
 
     @classmethod
     def of(
         cls, n_batches: int, noise_samples: int | None, random_samples: int, **counts: int | bool
     ) -> MeasurementPlan:
         """The plan of an epoch of ``n_batches`` with ``noise_samples`` asked for (None: every batch;
-        capped by the epoch); ``counts``: ``consensus``, ``blocks``, ``step``."""
+        capped by the epoch); ``counts``: ``consensus``, ``blocks``, ``step``, ``geometries``."""
         drawn = n_batches if noise_samples is None else min(noise_samples, n_batches)
         return cls(n_batches, drawn, random_samples, **counts)
 
     @property
     def directions(self) -> int:
         """Quadratic forms: the noise directions, ḡ and Δ, each once more per block, the random and
-        the consensus directions."""
-        return (self.noise_samples + 1 + self.step) * (1 + self.blocks) + self.random_samples + self.consensus
+        the consensus directions; the noise, ḡ and random ones in each geometry."""
+        per_geometry = (self.noise_samples + 1) * (1 + self.blocks) + self.random_samples
+        return per_geometry * self.geometries + self.step * (1 + self.blocks) + self.consensus
 
     def passes(self, directions_per_pass: int) -> int:
         """Passes over the epoch's curvature micro-batches, K directions at a time."""

@@ -10,6 +10,10 @@ directions; D counts unique trainable parameters.
     mean_noise_norm      = mean ‖vᵢ‖,  mean_grad_norm = mean ‖gᵢ‖,  full_grad_norm = ‖ḡ‖
     random_curvature     = Σ sᵢᵀHsᵢ / (D·S_r)            (→ tr(H)/D)
     grad_curvature       = ḡᵀHḡ
+    gradient_sharpness   = ḡᵀHḡ / ‖ḡ‖²                  (the curvature along ḡ; null when ḡ = 0)
+    gradient_step        = ‖ḡ‖² / ḡᵀHḡ                  (the quadratic model's best step along −ḡ,
+                                                        minimising L(θ − ηḡ) ≈ L − η‖ḡ‖² + ½η²ḡᵀHḡ;
+                                                        null when ḡᵀHḡ ≤ 0)
     b_simple             = B·c·mean‖vᵢ‖² / ‖ḡ‖²         (null when ‖ḡ‖ = 0)
     b_noise              = B·c·mean(vᵢᵀHvᵢ) / ḡᵀHḡ        (null when ḡᵀHḡ ≤ 0)
 
@@ -29,6 +33,13 @@ B_simple and B_noise are McCandlish et al. (2018) with B the effective batch siz
 and c = (M − 1)/(M − B) the finite-population correction for batches of B drawn without
 replacement from the epoch's M = n·B sequences (E‖vᵢ‖² = tr(Σ)/B · (M − B)/(M − 1)); both are
 null when the epoch is a single batch. All reductions are float64.
+
+Preconditioned (with the optimizer's preconditioner P at the state, ``preconditioned``): every
+statistic above but the loss, in the coordinates u = P^{-1/2}θ, where ḡ_u = P^{1/2}ḡ,
+H_u = P^{1/2}HP^{1/2} and vᵢ,u = P^{1/2}vᵢ (:mod:`tiny_llm.curvature.preconditioned`): B_simple,P =
+B·c·mean vᵢᵀPvᵢ / ḡᵀPḡ, B_noise,P = B·c·mean (Pvᵢ)ᵀH(Pvᵢ) / ḡᵀPHPḡ, gradient_sharpness
+ḡᵀPHPḡ / ḡᵀPḡ, gradient_step ḡᵀPḡ / ḡᵀPHPḡ (the best η of the step −ηPḡ), random_curvature
+tr(PH)/D, with the same standard errors.
 
 Standard errors (``standard_errors``, key ``<statistic>_se``) say how far a statistic estimated
 from samples can be from its exact value for this state and case. loss, full_grad_norm and
@@ -73,7 +84,7 @@ from tiny_llm.curvature.gradients import (
 from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, Precision
 from tiny_llm.curvature.measurement import MeasurementPlan
 from tiny_llm.curvature.placement import Placement, place
-from tiny_llm.curvature.records import Direction, NoiseSample, consensus_block
+from tiny_llm.curvature.records import Direction, NoiseSample, RandomDirection, consensus_block
 from tiny_llm.curvature.statistics import (
     Samples,
     block_statistics,
@@ -190,33 +201,38 @@ def _noise_samples(
     inputs: CaseInputs,
     runner: DirectionRunner,
     blocks: list[tuple[str, list[int]]],
-) -> tuple[list[NoiseSample], float, dict[int, list[Direction]]]:
+    scales: list[torch.Tensor | None],
+) -> tuple[list[list[NoiseSample]], float, list[dict[int, list[Direction]]]]:
     """The sampled batches' records (with their squared norms per parameter block), their noise
     directions vᵢ = gᵢ − ḡ queued on ``runner``, the seconds their gradients took (``sampled``:
     those the audit computed already) and, with ``block_curvature``, each batch's block-diagonal
-    forms' records."""
-    plan, vectors, noise, seconds = inputs.plan, setup.vectors, [], 0.0
-    block_forms: dict[int, list[Direction]] = {}  # batch index -> its block-diagonal forms
+    forms' records: one list of records and forms for each coordinates θ = diag(s) u of
+    ``scales`` (None: the plain ones), each gradient gᵢ taken once (in u, gᵢ,u = s ⊙ gᵢ)."""
+    plan, vectors, seconds = inputs.plan, setup.vectors, 0.0
+    noise: list[list[NoiseSample]] = [[] for _ in scales]
+    block_forms: list[dict[int, list[Direction]]] = [{} for _ in scales]  # batch index -> its block forms
     gradients = setup.gradients(selected, sampled)
     for i in selected:
         started = time.perf_counter()
         g, batch_loss = next(gradients)
         seconds += time.perf_counter() - started
-        record = NoiseSample(
-            batch_index=i,
-            stream_batch=int(plan.stream_batches[i]),
-            positions=plan.positions(inputs.cache, i),
-            grad_norm=vectors.norm(g),
-            loss=batch_loss,
-            worker=int(plan.stream_batches[i]) % inputs.workers if inputs.workers > 1 else None,
-            block_grad_squared_norms=vectors.block_squared_norms(g, blocks),
-        )
-        v = g - g_bar
-        record.block_noise_squared_norms = vectors.block_squared_norms(v.to(runner.dtype), blocks)  # as used
-        noise.append(record)
-        runner.add(v, record, started)
-        if inputs.block_curvature:
-            block_forms[record.batch_index] = add_block_directions(runner, v, blocks)
+        for records, forms, scale in zip(noise, block_forms, scales, strict=True):
+            g_u = g if scale is None else g * scale
+            record = NoiseSample(
+                batch_index=i,
+                stream_batch=int(plan.stream_batches[i]),
+                positions=plan.positions(inputs.cache, i),
+                grad_norm=vectors.norm(g_u),
+                loss=batch_loss,
+                worker=int(plan.stream_batches[i]) % inputs.workers if inputs.workers > 1 else None,
+                block_grad_squared_norms=vectors.block_squared_norms(g_u, blocks),
+            )
+            v = (g - g_bar) if scale is None else (g - g_bar) * scale
+            record.block_noise_squared_norms = vectors.block_squared_norms(v.to(runner.dtype), blocks)  # as used
+            records.append(record)
+            runner.add(v, record, started, scale)
+            if inputs.block_curvature:
+                forms[record.batch_index] = add_block_directions(runner, v, blocks, scale)
     return noise, seconds, block_forms
 
 
@@ -269,6 +285,47 @@ def _block_forms_measured(
     return [*(gradient_blocks or []), *(d for forms in block_forms.values() for d in forms)]
 
 
+@dataclass
+class _Queued:
+    """The records of one coordinates' directions, queued (their forms arrive at the flush)."""
+
+    noise: list[NoiseSample]
+    block_forms: dict[int, list[Direction]]
+    random: list[RandomDirection]
+    gradient: Direction
+    gradient_blocks: list[Direction] | None
+
+    def samples(self, g_bar_u: torch.Tensor, vectors: Vectors, B: int, M: int) -> Samples:
+        """The statistics' samples, once measured (``g_bar_u``: ḡ in these coordinates)."""
+        _block_forms_measured(self.noise, self.block_forms, self.gradient_blocks)
+        return Samples(
+            self.noise,
+            self.random,
+            vectors.norm(g_bar_u),
+            self.gradient.curvature,
+            vectors.layout.D,
+            B,
+            M,
+            self.gradient.gauss_newton,
+        )
+
+    def measured(self) -> list[Direction]:
+        """Every direction measured (for the timing)."""
+        blocks = (d for forms in self.block_forms.values() for d in forms)
+        return [*self.noise, *self.random, self.gradient, *(self.gradient_blocks or []), *blocks]
+
+
+def _statistics(samples: Samples, setup: _Setup, sizes: list[int], blocks, g_bar_u, queued: _Queued) -> dict:
+    """The statistics of one coordinates, their standard errors and blocks, and their records."""
+    return {
+        "statistics": summarise(samples),
+        "standard_errors": standard_errors(samples),
+        "blocks": _block_rows(samples, setup, sizes, blocks, g_bar_u, queued.gradient_blocks),
+        "noise_samples": [r.to_json() for r in queued.noise],
+        "random_directions": [r.to_json() for r in queued.random],
+    }
+
+
 def measure_case(
     model: Llama, inputs: CaseInputs, precision: Precision, progress: Callable[[str], None] = log.info
 ) -> dict[str, Any]:
@@ -276,7 +333,9 @@ def measure_case(
 
     With ``inputs.sharded`` in a process group the model is sharded over its ranks (in place; pass it on
     the host, FSDP2 moves each rank's shards to the device) and every parameter-sized vector is a
-    shard (``_sharded``); the statistics are the same.
+    shard (``_sharded``); the statistics are the same. With ``inputs.preconditioner`` P, every
+    statistic is also taken in the optimizer's coordinates u = P^{-1/2}θ (``preconditioned``:
+    :mod:`tiny_llm.curvature.preconditioned`), from the same gradients and passes.
     """
     t0 = time.perf_counter()
     batches = [inputs.cache.tokens(blocks) for blocks in inputs.plan.blocks]
@@ -292,6 +351,7 @@ def measure_case(
     audit = _audit_first(setup, batches, (g_bar, epoch_loss), selected, inputs, sampled, progress)
     operator = setup.operator()
     blocks = model_blocks(operator.flat.names, inputs.block_curvature, progress)
+    scales = [None] + ([inputs.preconditioner.sqrt().to(g_bar)] if inputs.preconditioner is not None else [])
     plan = MeasurementPlan.of(
         n,
         inputs.noise_samples,
@@ -299,34 +359,42 @@ def measure_case(
         consensus=len(inputs.consensus),
         blocks=len(blocks) if inputs.block_curvature else 0,
         step=inputs.step is not None,
+        geometries=len(scales),
     )
     runner = DirectionRunner(operator, operator.K, setup.split, vectors, plan.directions, precision.dtype, progress)
-    noise, sample_seconds, block_forms = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks)
-    random, gradient, gradient_blocks, consensus = queue_other_directions(
-        runner, g_bar, inputs, blocks, precision.device
-    )
+    noise, sample_seconds, block_forms = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks, scales)
+    queued, consensus = [], []
+    for k, scale in enumerate(scales):
+        random, gradient, gradient_blocks, workers = queue_other_directions(
+            runner, g_bar, inputs, blocks, precision.device, scale
+        )
+        queued.append(_Queued(noise[k], block_forms[k], random, gradient, gradient_blocks))
+        consensus += workers
     step = queue_trajectory(runner, inputs.step, setup.loss_at, blocks, inputs.block_curvature, precision.device)
     runner.flush()
-    block_records = _block_forms_measured(noise, block_forms, gradient_blocks)
-    M, D = n * B, vectors.layout.D
-    samples = Samples(noise, random, vectors.norm(g_bar), gradient.curvature, D, B, M, gradient.gauss_newton)
-    statistics = {"loss": epoch_loss, **summarise(samples)}
-    block_rows = _block_rows(samples, setup, operator.flat.sizes, blocks, g_bar, gradient_blocks)
-    trajectory = finish_trajectory(step, g_bar, epoch_loss, blocks, statistics, block_rows)
+    M, taken = n * B, []
+    for q, scale in zip(queued, scales, strict=True):
+        g_bar_u = g_bar if scale is None else g_bar * scale
+        taken.append((q.samples(g_bar_u, vectors, B, M), g_bar_u, q))
+    samples = taken[0][0]
+    plain, *preconditioned = (_statistics(s, setup, operator.flat.sizes, blocks, g, q) for s, g, q in taken)
+    statistics = {"loss": epoch_loss, **plain["statistics"]}
+    trajectory = finish_trajectory(step, g_bar, epoch_loss, blocks, statistics, plain["blocks"])
     return {
         "statistics": statistics,
-        "standard_errors": standard_errors(samples),
-        "blocks": block_rows,
+        "standard_errors": plain["standard_errors"],
+        "blocks": plain["blocks"],
         "audit": audit,
-        "noise_samples": [r.to_json() for r in noise],
-        "random_directions": [r.to_json() for r in random],
+        "noise_samples": plain["noise_samples"],
+        "random_directions": plain["random_directions"],
         "consensus": consensus_block(consensus) if consensus else None,
         "trajectory": trajectory,
+        "preconditioned": preconditioned[0] if preconditioned else None,
         "counts": _counts(samples, inputs, operator),
         "timing": {
             "mean_gradient_seconds": t_mean,
             "sample_gradient_seconds": sample_seconds,
-            "hvp_seconds": sum(r.hvp_seconds for r in [*noise, *random, *consensus, gradient, *block_records]),
+            "hvp_seconds": sum(r.hvp_seconds for r in [*(d for q in queued for d in q.measured()), *consensus]),
             "audit_seconds": audit["seconds"] if audit else 0.0,
             "total_seconds": time.perf_counter() - t0,
         },

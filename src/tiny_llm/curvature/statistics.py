@@ -289,6 +289,16 @@ STATISTICS: tuple[Statistic, ...] = (
         symbol="B_noise",
     ),
     Statistic(
+        "gradient_sharpness",
+        lambda s: _ratio(s.grad_curvature, s.g_bar_norm**2),
+        implied_error=lambda a: a.ratio(a.gradient, a.g2),
+    ),
+    Statistic(
+        "gradient_step",
+        lambda s: s.g_bar_norm**2 / s.grad_curvature if s.grad_curvature > 0 else None,
+        implied_error=lambda a: a.ratio(a.g2, a.gradient) if a.positive_gradient_form else None,
+    ),
+    Statistic(
         "noise_gauss_newton",
         lambda s: s.mean([r.gauss_newton for r in s.noise]),
         lambda s: _mean_se([r.gauss_newton for r in s.noise], s.n),

@@ -6,6 +6,8 @@ Run directory layout (read by analysis):
 * ``epoch-NNN.safetensors`` (``checkpoint_policy: interval``): root weights after virtual epoch
   NNN (000 = initialisation); the average of all workers for packed runs.
 * ``node-NNN/epoch-NNN.safetensors``: worker NNN's weights at the same moments (packed runs).
+* ``moments-NNN.safetensors`` (``training.keep_moments``, AdamW, one worker): the optimizer's moments
+  by parameter name after the same step (:mod:`tiny_llm.model.moments`); none at epoch 000.
 * ``final.pt``: root weights, every worker's weights and optimizer state, and the position.
 * ``resume.pt``: the same content at the latest virtual-epoch boundary of an unfinished run.
 * ``state-NNN.pt``: the same content at the end of virtual epoch NNN, for the epochs
@@ -36,9 +38,10 @@ from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, dump_config, load_config
 from tiny_llm.data.tokens import TokenCache, check_capacity, stream_batches
 from tiny_llm.io import atomic_write_text, exclusive, remove_leftovers
-from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, RESUME, TRAIN_LOG, epoch_file, state_file
+from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, RESUME, TRAIN_LOG, epoch_file, moments_file, state_file
 from tiny_llm.model.causal import CausalLM, head_loss_chunks, token_losses
 from tiny_llm.model.checkpoint import load_train_state, save_train_state, save_weights
+from tiny_llm.model.moments import moments_from_optimizer, save_moments
 from tiny_llm.runtime import resolve_device
 from tiny_llm.training.branches import load_start
 from tiny_llm.training.schedule import learning_rate
@@ -47,7 +50,7 @@ __all__ = ["accumulate_batch_gradient", "average_states", "learning_rate", "run_
 
 log = logging.getLogger(__name__)
 
-NON_SCIENTIFIC = {"training.log_every", "training.keep_states", "data.cache"}
+NON_SCIENTIFIC = {"training.log_every", "training.keep_states", "training.keep_moments", "data.cache"}
 TRAIN_LOCK = ".train.lock"
 """Held by the trainer of a run directory (holds its process id; removed when training ends)."""
 """Settings that may change between a run and its resumption."""
@@ -101,10 +104,18 @@ def accumulate_batch_gradient(
 
 
 def _make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.Optimizer:
+    """AdamW or SGD over two groups, matrices and embeddings decayed, the rest not; each group
+    carries its ``param_names``, so that a saved state places its moments by name."""
     tc = config.training
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    named = list(model.named_parameters())
+    groups = [
+        {
+            "params": [p for _, p in named if (p.dim() >= 2) == decayed],
+            "param_names": [n for n, p in named if (p.dim() >= 2) == decayed],
+            "weight_decay": tc.weight_decay if decayed else 0.0,
+        }
+        for decayed in (True, False)
+    ]
     if tc.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.adam_eps, foreach=False)
     return torch.optim.SGD(groups, lr=tc.lr, momentum=tc.momentum, foreach=False)
@@ -221,6 +232,7 @@ class _Trainer:
             self.root_state(),
             {**meta, "kind": "average" if self.K > 1 else "root", "workers": self.K},
         )
+        self.write_moments()
         if self.K > 1:
             for w, worker in enumerate(self.workers):
                 save_weights(
@@ -228,6 +240,15 @@ class _Trainer:
                     _clone_state(worker.model),
                     {**meta, "kind": "worker", "worker": w},
                 )
+
+    def write_moments(self) -> None:
+        """The optimizer's moments beside this epoch's checkpoint (``training.keep_moments``; AdamW
+        with one worker, after its first step)."""
+        tc = self.config.training
+        if not tc.keep_moments or tc.optimizer != "adamw" or self.K > 1 or self.step == 0:
+            return
+        source = moments_file(epoch_file(self.epoch))
+        save_moments(self.run_dir / source, moments_from_optimizer(self.workers[0].optimizer.state_dict(), None, source))
 
     def keep_state(self) -> None:
         """The whole state at this epoch's end, when ``training.keep_states`` names the epoch."""

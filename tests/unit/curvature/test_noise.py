@@ -108,6 +108,8 @@ def test_statistics_equal_the_dense_oracle(oracle):
         "grad_curvature": gHg,
         "b_simple": B * c * float(sum(vv)) / 3 / float(g_bar @ g_bar),
         "b_noise": B * c * float(sum(vHv)) / 3 / gHg if gHg > 0 else None,  # null when ḡᵀHḡ ≤ 0
+        "gradient_sharpness": gHg / float(g_bar @ g_bar),
+        "gradient_step": float(g_bar @ g_bar) / gHg if gHg > 0 else None,
         "loss": direct_loss(torch.cat(batches)),  # the epoch loss of the case
         # Gauss–Newton parts: the HVP engines have none.
         "noise_gauss_newton": None,

@@ -51,7 +51,13 @@ def _step(model) -> list[torch.Tensor]:
     return [torch.randn(p.shape, dtype=torch.float64, generator=generator) * 1e-2 for p in model.parameters()]
 
 
-def _inputs(config, engine: str, consensus, sharded: bool, step=None) -> CaseInputs:
+def _preconditioner(model) -> list[torch.Tensor]:
+    """An optimizer's preconditioner P's diagonal, per parameter (positive, spread over decades)."""
+    generator = torch.Generator().manual_seed(9)
+    return [10 ** torch.rand(p.shape, dtype=torch.float64, generator=generator).mul(3) for p in model.parameters()]
+
+
+def _inputs(config, engine: str, consensus, sharded: bool, step=None, preconditioner=None) -> CaseInputs:
     cache = TokenCache(config.data.cache)
     return CaseInputs(
         cache=cache,
@@ -70,6 +76,7 @@ def _inputs(config, engine: str, consensus, sharded: bool, step=None) -> CaseInp
         sharded=sharded,
         audit=(1, 2),  # the precision audit, sharded too (float64 here: its errors are rounding)
         step=step,
+        preconditioner=preconditioner,
     )
 
 
@@ -83,7 +90,9 @@ def _rank(
         consensus = [(w, shard_rows(e, rank, size)) for w, e in enumerate(_consensus(model))]
         precision = Precision(torch.device("cpu"), getattr(torch, dtype))
         step = shard_rows(_step(model), rank, size)
-        result = measure_case(model, _inputs(config, engine, consensus, sharded=True, step=step), precision)
+        P = shard_rows(_preconditioner(model), rank, size)
+        inputs = _inputs(config, engine, consensus, sharded=True, step=step, preconditioner=P)
+        result = measure_case(model, inputs, precision)
         assert all(type(p).__name__ == "DTensor" for p in model.parameters())  # it was sharded
         with open(f"{out}.{rank}", "w") as f:
             json.dump(result, f)
@@ -95,7 +104,15 @@ def _numbers(result: dict) -> dict:
     """Every number a result reports but its timings and counts."""
     numbers = {
         key: result[key]
-        for key in ("statistics", "standard_errors", "consensus", "blocks", "noise_samples", "random_directions")
+        for key in (
+            "statistics",
+            "standard_errors",
+            "consensus",
+            "blocks",
+            "noise_samples",
+            "random_directions",
+            "preconditioned",
+        )
     }
     # The audit's numbers (its float64 forms: taylor sharded, adjoint whole, equal to rounding). Its
     # errors, float64 against float64 here, are rounding: checked apart (``_audit_errors``).
@@ -157,8 +174,8 @@ def test_sharded_statistics_equal_one_process(tmp_path, run, architecture, ranks
     model = _model(run, architecture)
     flat = FlatParameters(model)
     consensus = [(w, flat.flatten(e)) for w, e in enumerate(_consensus(model))]
-    step = flat.flatten(_step(model))
-    single = measure_case(model, _inputs(run, engine, consensus, sharded=True, step=step), CPU64)  # one rank: whole
+    step, P = flat.flatten(_step(model)), flat.flatten(_preconditioner(model))
+    single = measure_case(model, _inputs(run, engine, consensus, True, step, P), CPU64)  # one rank: whole
     mp.start_processes(
         _rank,
         args=(ranks, str(tmp_path / "store"), str(tmp_path / "out"), run, architecture, engine),

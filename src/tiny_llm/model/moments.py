@@ -1,0 +1,209 @@
+"""An Adam optimizer's state as data: its moments by parameter name, the hyper-parameters it applied
+at its last step, and the diagonal preconditioner P that step used.
+
+torch's Adam and AdamW update a parameter at step t (counted from 1) by
+
+    m_t = β1 m_{t−1} + (1 − β1) g,   v_t = β2 v_{t−1} + (1 − β2) g²,
+    θ ← θ − η m_t / (1 − β1^t) / (√v_t / √(1 − β2^t) + ε)      (AdamW first θ ← (1 − η λ) θ)
+
+so the update is −η P m̂_t with P = diag(1 / (√v̂_t + ε)), v̂_t = v_t / (1 − β2^t): bias correction
+included, exactly as the optimizer applied it. AdamW's decoupled decay (−η λ θ) is not part of P and
+is recorded beside it (``weight_decay`` per parameter). A state at step 0 has no second moment, so it
+has no P (:func:`preconditioner` gives None, never P = I).
+
+An optimizer's ``state_dict`` numbers its tensors by its parameter groups (for instance the decayed
+tensors first, then the rest), not by the model's parameter order, and several tensors share a
+shape; so moments are only ever mapped by name: from the names the groups carry (``param_names``,
+which training here records) or from names a caller proves (a Trainer's grouping rule,
+:mod:`tiny_llm.model.hf_optimizer`). A moments file (``moments-NNN.safetensors``, beside the
+checkpoint it belongs to) holds ``exp_avg.<name>`` and ``exp_avg_sq.<name>`` for every parameter and
+the hyper-parameters in its metadata. Checkpoints are data: ``.pt`` states are read with
+``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tiny_llm.model.checkpoint import load_weights, save_weights
+
+__all__ = [
+    "MOMENTS_FORMAT",
+    "AdamMoments",
+    "load_moments",
+    "moments_from_optimizer",
+    "preconditioner",
+    "save_moments",
+    "stability_threshold",
+]
+
+MOMENTS_FORMAT = "tiny_llm.adam_moments/1"
+
+
+def stability_threshold(beta1: float, lr: float) -> float:
+    """Adam's stability threshold (2 + 2β1) / ((1 − β1) η) for the preconditioned sharpness λ_max(PH)
+    (Cohen et al. 2022, "Adaptive gradient methods at the edge of stability"): 38/η at β1 = 0.9."""
+    return (2 + 2 * beta1) / ((1 - beta1) * lr)
+
+
+@dataclass(frozen=True)
+class AdamMoments:
+    """An Adam(W) state after its step ``step``: m and v by parameter name, and what that step applied."""
+
+    step: int
+    lr: float
+    """The learning rate the last step applied (the schedule's value at that step)."""
+    beta1: float
+    beta2: float
+    eps: float
+    exp_avg: dict[str, torch.Tensor]
+    exp_avg_sq: dict[str, torch.Tensor]
+    weight_decay: dict[str, float]
+    """AdamW's decoupled decay λ of each parameter's group (0 where not decayed)."""
+    source: str = ""
+
+    def record(self) -> dict[str, Any]:
+        """What a result says of the preconditioner (plain data)."""
+        return {
+            "optimizer": "adamw",
+            "step": self.step,
+            "lr": self.lr,
+            "beta1": self.beta1,
+            "beta2": self.beta2,
+            "eps": self.eps,
+            "weight_decay": sorted(set(self.weight_decay.values())),
+            "stability_threshold": stability_threshold(self.beta1, self.lr),
+            "source": self.source,
+        }
+
+    def check(self, shapes: dict[str, tuple[int, ...]], source: str) -> None:
+        """Every parameter's moments present, finite, v ≥ 0 and of its shape, and nothing else.
+
+        Raises:
+            ValueError: naming ``source`` and the first parameter that is missing, extra or wrong.
+        """
+        for kind, tensors in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
+            missing, extra = sorted(set(shapes) - set(tensors)), sorted(set(tensors) - set(shapes))
+            if missing or extra:
+                raise ValueError(
+                    f"{source}: the optimizer's {kind} does not name the model's parameters "
+                    f"(missing {missing[:3]}, unexpected {extra[:3]}); it belongs to another model"
+                )
+            for name, shape in shapes.items():
+                if tuple(tensors[name].shape) != tuple(shape):
+                    raise ValueError(
+                        f"{source}: {kind} of {name} has shape {tuple(tensors[name].shape)}, the parameter "
+                        f"{tuple(shape)}; the optimizer state is mapped to the wrong parameters"
+                    )
+                if not bool(torch.isfinite(tensors[name]).all()):
+                    raise ValueError(f"{source}: {kind} of {name} is not finite")
+        if any(bool((v < 0).any()) for v in self.exp_avg_sq.values()):
+            raise ValueError(f"{source}: a second moment is negative; the file is corrupt")
+        if self.step < 0 or not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.eps > 0 and self.lr > 0):
+            raise ValueError(
+                f"{source}: step {self.step}, lr {self.lr}, betas ({self.beta1}, {self.beta2}), eps {self.eps} "
+                "are not an Adam state's"
+            )
+
+
+def preconditioner(moments: AdamMoments) -> dict[str, torch.Tensor] | None:
+    """P's diagonal by parameter name, float64: 1 / (√(v_t / (1 − β2^t)) + ε), as torch's Adam(W)
+    applied it at step t; None at step 0 (no second moment yet)."""
+    if moments.step == 0:
+        return None
+    correction = math.sqrt(1 - moments.beta2**moments.step)
+    return {name: 1.0 / (v.double().sqrt() / correction + moments.eps) for name, v in moments.exp_avg_sq.items()}
+
+
+def moments_from_optimizer(
+    state: dict[str, Any], names: list[list[str]] | None = None, source: str = "optimizer state"
+) -> AdamMoments:
+    """The moments of a torch Adam/AdamW ``state_dict``, by name: each group's ``param_names`` (or
+    ``names``, one list per group, that the caller proves), every group's lr, betas and eps equal.
+
+    Raises:
+        ValueError: not an Adam state, groups without names, a group whose count differs from its
+            names, or groups that disagree on the hyper-parameters.
+    """
+    groups, per_index = state.get("param_groups"), state.get("state")
+    if not isinstance(groups, list) or not isinstance(per_index, dict) or not groups:
+        raise ValueError(f"{source}: not a torch optimizer state (no param_groups and state)")
+    if names is None:
+        if any("param_names" not in g for g in groups):
+            raise ValueError(f"{source}: its parameter groups carry no names, so its moments cannot be placed")
+        names = [list(g["param_names"]) for g in groups]
+    if len(names) != len(groups):
+        raise ValueError(f"{source}: {len(groups)} parameter groups, {len(names)} named")
+    first = groups[0]
+    exp_avg, exp_avg_sq, decay, steps = {}, {}, {}, set()
+    for k, (group, group_names) in enumerate(zip(groups, names, strict=True)):
+        if len(group["params"]) != len(group_names):
+            raise ValueError(
+                f"{source}: parameter group {k} holds {len(group['params'])} tensors, {len(group_names)} are named "
+                "for it; the groups are mapped wrongly"
+            )
+        if (group["lr"], tuple(group["betas"]), group["eps"]) != (first["lr"], tuple(first["betas"]), first["eps"]):
+            raise ValueError(f"{source}: parameter groups with different lr, betas or eps are not supported")
+        for index, name in zip(group["params"], group_names, strict=True):
+            entry = per_index.get(index, {})
+            if "exp_avg_sq" not in entry:
+                if entry:
+                    raise ValueError(f"{source}: tensor {index} ({name}) holds no exp_avg_sq: not an Adam state")
+                continue  # never stepped
+            exp_avg[name], exp_avg_sq[name] = entry["exp_avg"], entry["exp_avg_sq"]
+            decay[name] = float(group.get("weight_decay", 0.0))
+            steps.add(int(float(entry["step"])))
+    if len(steps) > 1:
+        raise ValueError(f"{source}: its tensors were stepped {sorted(steps)} times; not one optimizer's state")
+    beta1, beta2 = (float(b) for b in first["betas"])
+    return AdamMoments(
+        steps.pop() if steps else 0,
+        float(first["lr"]),
+        beta1,
+        beta2,
+        float(first["eps"]),
+        exp_avg,
+        exp_avg_sq,
+        decay,
+        source,
+    )
+
+
+def save_moments(path: str | Path, moments: AdamMoments) -> None:
+    """Write a moments file (safetensors, atomically)."""
+    tensors = {f"exp_avg.{n}": t for n, t in moments.exp_avg.items()}
+    tensors |= {f"exp_avg_sq.{n}": t for n, t in moments.exp_avg_sq.items()}
+    hyper = {k: getattr(moments, k) for k in ("step", "lr", "beta1", "beta2", "eps")}
+    save_weights(path, tensors, {"format": MOMENTS_FORMAT, **hyper, "weight_decay": json.dumps(moments.weight_decay)})
+
+
+def load_moments(path: str | Path) -> AdamMoments:
+    """Read a moments file.
+
+    Raises:
+        ValueError: a file that is not a moments file, naming it.
+    """
+    tensors, metadata = load_weights(path)
+    if metadata.get("format") != MOMENTS_FORMAT:
+        raise ValueError(f"{path}: not an optimizer moments file (format {metadata.get('format')!r})")
+    parts: dict[str, dict[str, torch.Tensor]] = {"exp_avg": {}, "exp_avg_sq": {}}
+    for key, tensor in tensors.items():
+        kind, _, name = key.partition(".")
+        parts[kind][name] = tensor
+    return AdamMoments(
+        int(metadata["step"]),
+        float(metadata["lr"]),
+        float(metadata["beta1"]),
+        float(metadata["beta2"]),
+        float(metadata["eps"]),
+        parts["exp_avg"],
+        parts["exp_avg_sq"],
+        json.loads(metadata["weight_decay"]),
+        Path(path).name,
+    )

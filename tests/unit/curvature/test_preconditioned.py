@@ -1,0 +1,170 @@
+"""The statistics in the optimizer's geometry against a dense float64 oracle: the explicit Hessian H,
+P from a real AdamW state after a few steps, every preconditioned statistic and its standard error
+written out from H and P, whole and per block, on every architecture with second-order rules; and
+with P = I every preconditioned statistic equals its plain one."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from builders import make_oracle_run
+from oracles import dense_epoch_hessian
+from torch.func import functional_call, grad
+
+from tiny_llm.architectures import ARCHITECTURES, build_model
+from tiny_llm.curvature.blocks import parameter_blocks
+from tiny_llm.curvature.gradients import noise_batch_indices, rademacher
+from tiny_llm.curvature.hessian import FlatParameters, Precision
+from tiny_llm.curvature.noise import CaseInputs, measure_case
+from tiny_llm.data.tokens import TokenCache, epoch_plan
+from tiny_llm.model.causal import token_losses
+from tiny_llm.model.moments import moments_from_optimizer, preconditioner
+
+CPU64 = Precision(torch.device("cpu"), torch.float64)
+NATIVE = [a.name for a in ARCHITECTURES.values() if a.jets]
+
+
+def adam_diagonal(model, batches: list[torch.Tensor], steps: int = 3) -> torch.Tensor:
+    """P's diagonal in FlatParameters order, from a real AdamW state: a copy of ``model`` trained
+    ``steps`` steps (two groups, decayed matrices first, as training here groups them)."""
+    copy = build_model(model.config, attention_backend="reference").double()
+    copy.load_state_dict(model.state_dict())
+    named = list(copy.named_parameters())
+    groups = [
+        {"params": [p for _, p in named if (p.dim() >= 2) == d], "param_names": [n for n, p in named if (p.dim() >= 2) == d]}
+        for d in (True, False)
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=0.05, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for step in range(steps):
+        rows = batches[step % len(batches)]
+        optimizer.zero_grad()
+        token_losses(copy(rows[:, :-1]), rows[:, 1:]).mean().backward()
+        optimizer.step()
+    moments = moments_from_optimizer(optimizer.state_dict())
+    assert moments.step == steps
+    p = preconditioner(moments)
+    return FlatParameters(model).flatten([p[n] for n in FlatParameters(model).names])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return make_oracle_run(tmp_path_factory.mktemp("preconditioned"), tokens=3 * 6 * 5 * 2)  # 5 batches
+
+
+def _model(config, architecture):
+    torch.manual_seed(1)
+    model_config = dataclasses.replace(config.model, architecture=architecture, tie_embeddings=architecture != "gpt_neox")
+    return build_model(model_config, attention_backend="reference").double()
+
+
+def _inputs(config, **kw) -> CaseInputs:
+    base = dict(
+        cache=TokenCache(config.data.cache),
+        plan=epoch_plan(config, 1),
+        micro_batch_size=config.training.micro_batch_size,
+        hvp_batch_size=2,
+        noise_samples=3,
+        random_samples=4,
+        seed=11,
+        engine="taylor",
+        directions_per_pass=4,
+        compile=False,
+    )
+    return CaseInputs(**{**base, **kw})
+
+
+def _close(value, expected, rel=1e-10):
+    assert value == (None if expected is None else pytest.approx(expected, rel=rel, abs=rel * 1e-2))
+
+
+@pytest.mark.parametrize(
+    ("architecture", "engine"), [*((a, "taylor") for a in NATIVE), (NATIVE[0], "adjoint"), (NATIVE[0], "double_backward")]
+)
+def test_preconditioned_statistics_equal_the_dense_oracle(run, architecture, engine):
+    model = _model(run, architecture)
+    cache, plan = TokenCache(run.data.cache), epoch_plan(run, 1)
+    batches = [cache.tokens(b) for b in plan.blocks]
+    p = adam_diagonal(model, batches)
+    flat = FlatParameters(model)
+    theta = flat.flatten([q.detach() for q in model.parameters()])
+
+    def loss(x, rows):
+        return token_losses(functional_call(model, flat.unflatten(x), (rows[:, :-1],)), rows[:, 1:]).mean()
+
+    H = dense_epoch_hessian(model, torch.cat(batches))
+    g_bar = grad(lambda x: loss(x, torch.cat(batches)))(theta)
+    chosen = noise_batch_indices(len(plan), 3, 11)
+    g = [grad(lambda x, b=batches[i]: loss(x, b))(theta) for i in chosen]
+    result = measure_case(model, _inputs(run, engine=engine, preconditioner=p, block_curvature=True), CPU64)
+    got, errors = result["preconditioned"]["statistics"], result["preconditioned"]["standard_errors"]
+
+    D, B, M, c = H.shape[0], 3, 15, 14 / 12
+    v = [gi - g_bar for gi in g]
+    vPv = [float(x @ (p * x)) for x in v]
+    PHP = [float((p * x) @ H @ (p * x)) for x in v]
+    gPg, gPHPg = float(g_bar @ (p * g_bar)), float((p * g_bar) @ H @ (p * g_bar))
+    r = [rademacher(D, 11, i) for i in range(4)]
+    s = p.sqrt()
+    expected = {
+        "noise_curvature": sum(PHP) / 3,
+        "normalized_alignment": sum(PHP) / sum(vPv),
+        "mean_noise_norm": sum(math.sqrt(x) for x in vPv) / 3,
+        "mean_grad_norm": sum(math.sqrt(float(x @ (p * x))) for x in g) / 3,
+        "full_grad_norm": math.sqrt(gPg),
+        "random_curvature": sum(float((s * x) @ H @ (s * x)) for x in r) / (4 * D),
+        "grad_curvature": gPHPg,
+        "b_simple": B * c * sum(vPv) / 3 / gPg,
+        "b_noise": B * c * sum(PHP) / 3 / gPHPg if gPHPg > 0 else None,  # null where ḡᵀPHPḡ ≤ 0
+        "gradient_sharpness": gPHPg / gPg,
+        "gradient_step": gPg / gPHPg if gPHPg > 0 else None,
+    }
+    for key, value in expected.items():
+        _close(got[key], value)
+    fpc = 1 - 3 / 5
+
+    def se(values):
+        return math.sqrt(fpc * float(torch.tensor(values, dtype=torch.float64).var()) / len(values))
+
+    _close(errors["b_noise_se"], B * c * se(PHP) / gPHPg if gPHPg > 0 else None)
+    _close(errors["b_simple_se"], B * c * se(vPv) / gPg)
+    # per block: the block-diagonal forms of Pvᵢ and Pḡ, the block's P-norms
+    for row, (name, indices) in zip(result["preconditioned"]["blocks"], parameter_blocks(flat.names), strict=True):
+        mask = torch.zeros(D, dtype=torch.float64)
+        starts = [0, *torch.tensor(flat.sizes).cumsum(0).tolist()]
+        for i in indices:
+            mask[starts[i] : starts[i + 1]] = 1
+        pb = p * mask
+        block_PHP = [float((pb * x) @ H @ (pb * x)) for x in v]
+        gb = float((pb * g_bar) @ H @ (pb * g_bar))
+        assert row["block"] == name
+        _close(row["grad_curvature"], gb)
+        _close(row["noise_curvature"], sum(block_PHP) / 3)
+        _close(row["full_grad_norm"], math.sqrt(float(g_bar @ (pb * g_bar))))
+        _close(row["b_noise"], B * c * sum(block_PHP) / 3 / gb if gb > 0 else None)
+    # the plain statistics are those without P
+    plain = measure_case(model, _inputs(run, engine=engine, block_curvature=True), CPU64)
+    assert plain["preconditioned"] is None
+    for key in ("statistics", "standard_errors"):
+        assert result[key].keys() == plain[key].keys()
+        for name, value in plain[key].items():
+            _close(result[key][name], value, 1e-12)
+
+
+def test_with_p_the_identity_every_preconditioned_statistic_is_the_plain_one(run):
+    model = _model(run, NATIVE[0])
+    D = FlatParameters(model).D
+    result = measure_case(
+        model, _inputs(run, preconditioner=torch.ones(D, dtype=torch.float64), block_curvature=True), CPU64
+    )
+    preconditioned = result["preconditioned"]
+    for key, value in result["statistics"].items():
+        if key in preconditioned["statistics"]:
+            _close(preconditioned["statistics"][key], value, 1e-12)
+    for key, value in result["standard_errors"].items():
+        _close(preconditioned["standard_errors"][key], value, 1e-12)
+    for a, b in zip(preconditioned["blocks"], result["blocks"], strict=True):
+        for key, value in b.items():
+            if key in a and not key.startswith("step_"):
+                _close(a[key], value, 1e-12) if isinstance(value, float) else None
+    assert result["counts"]["hvp_passes"] > 0
