@@ -67,12 +67,15 @@ class Samples:
         object.__setattr__(self, "vv", [r.noise_norm**2 for r in self.noise])  # ‖vᵢ‖² as saved: the norm squared
 
     @classmethod
-    def from_result(cls, result: dict[str, Any]) -> Samples:
-        """The samples of a saved result (to recompute and check its statistics)."""
-        counts, statistics = result["counts"], result["statistics"]
+    def from_result(cls, result: dict[str, Any], part: str | None = None) -> Samples:
+        """The samples of a saved result (to recompute and check its statistics); ``part``: those of
+        its block of that name (``preconditioned``: the statistics in the optimizer's geometry)."""
+        counts = result["counts"]
+        taken = result if part is None else result[part]
+        statistics = taken["statistics"]
         return cls(
-            [NoiseSample.from_json(r) for r in result["noise_samples"]],
-            [RandomDirection.from_json(r) for r in result["random_directions"]],
+            [NoiseSample.from_json(r) for r in taken["noise_samples"]],
+            [RandomDirection.from_json(r) for r in taken["random_directions"]],
             statistics["full_grad_norm"],
             statistics["grad_curvature"],
             counts["parameters_D"],

@@ -51,12 +51,17 @@ __all__ = [
     "validate_result",
 ]
 
+PREFIX = "precond_"
+"""The columns of the statistics in the optimizer's geometry: ``precond_<statistic>``."""
 STATISTICS = [s.name for s in DECLARED if s.estimate is not None and s.part_of is None]
 """The statistics every result holds (estimated from its records; the loss aside)."""
 GAUSS_NEWTON = [s.name for s in DECLARED if s.part_of is not None]
 """The Gauss–Newton parts of noise_curvature, random_curvature and grad_curvature (form engines)."""
 CONSENSUS_COLUMNS = ["consensus_mean_curvature", "consensus_normalized_alignment", "consensus_mean_norm"]
 ERROR_COLUMNS = [f"{name}_se" for name in STANDARD_ERRORS]
+PRECONDITIONED = [s.name for s in DECLARED if s.estimate is not None]
+"""The statistics a result also holds in the optimizer's geometry (all but the loss)."""
+PRECONDITIONED_COLUMNS = [f"{PREFIX}{name}" for name in [*PRECONDITIONED, *ERROR_COLUMNS]]
 SUMMARY_COLUMNS = [
     "file",
     "state_key",
@@ -71,6 +76,8 @@ SUMMARY_COLUMNS = [
     "audit_max_relative_error",
     *CONSENSUS_COLUMNS,
     *STEP_STATISTICS,
+    "preconditioner",
+    *PRECONDITIONED_COLUMNS,
 ]
 """One row per checkpoint file × case; ``integrity`` names what the checks of a suite trained
 elsewhere found of the checkpoint (``identical``, ``final``, ``collapse``, ``spike``; blank: nothing,
@@ -82,7 +89,11 @@ relative error of a single audited quadratic form (blank when null or not audite
 ``*_gauss_newton`` columns are the generalised Gauss–Newton parts of the noise, random and ḡ
 forms (blank with the HVP engines). The ``step_*``, ``optimal_step`` and ``*_loss_change`` columns
 are the trajectory statistics along the step to the next checkpoint (blank for the last, or with
-``trajectory: false``)."""
+``trajectory: false``). ``preconditioner`` names the optimizer whose geometry the ``precond_*``
+columns are taken in (adamw, or sgd: P = I), blank where the state has none (the result says why);
+``precond_<statistic>`` and ``precond_<statistic>_se`` are each statistic in the coordinates
+u = P^{-1/2}θ (B_simple,P, B_noise,P, ḡᵀPHPḡ/ḡᵀPḡ as precond_gradient_sharpness, the best step
+along −Pḡ as precond_gradient_step)."""
 
 BLOCK_COLUMNS = [
     "file",
@@ -95,12 +106,14 @@ BLOCK_COLUMNS = [
     *BLOCK_STATISTICS,
     *(f"{name}_se" for name in BLOCK_STANDARD_ERRORS),
     *STEP_STATISTICS,
+    *(f"{PREFIX}{name}" for name in [*BLOCK_STATISTICS, *(f"{n}_se" for n in BLOCK_STANDARD_ERRORS)]),
 ]
 """One row per checkpoint file × case × parameter block (embedding, each layer's attention and MLP,
 norms, an untied head): the block's ‖ḡ_b‖, mean ‖gᵢ,b‖, mean ‖vᵢ,b‖, B_simple and its shares of
 ‖ḡ‖² and of Σ‖vᵢ‖², and with the block_curvature setting its block-diagonal noise and ḡ forms and
 B_noise, with the standard errors of the sampled ones; with block_curvature, the trajectory
-statistics along the step restricted to the block (Δ_b)."""
+statistics along the step restricted to the block (Δ_b); ``precond_*``: the same in the optimizer's
+geometry (blank without it)."""
 
 
 def _agree(a: float | None, b: float | None) -> bool:
@@ -125,6 +138,23 @@ def _check_blocks(rows: list[dict[str, Any]], samples: Samples, source: str) -> 
                     f"{source}: block {row['block']}: {name} = {row.get(name)!r} disagrees with its "
                     f"per-sample records ({value!r})"
                 )
+
+
+def _check_statistics(result: dict[str, Any], part: str | None, source: str) -> None:
+    """The statistics, standard errors and blocks of a result (or of its block ``part``) against
+    their per-sample records."""
+    samples = Samples.from_result(result, part)
+    taken, where = (result, source) if part is None else (result[part], f"{source}: {part}")
+    for block, recomputed in (("statistics", summarise(samples)), ("standard_errors", standard_errors(samples))):
+        for name, value in recomputed.items():
+            if value is None and name not in taken[block]:  # a statistic added since (Gauss–Newton parts)
+                continue
+            if name not in taken[block] or not _agree(value, taken[block][name]):
+                raise ValueError(
+                    f"{where}: {name} = {taken[block].get(name)!r} disagrees with its per-sample records ({value!r})"
+                )
+    if "blocks" in taken:
+        _check_blocks(taken["blocks"], samples, where)
 
 
 def _check_step(result: dict[str, Any], source: str) -> None:
@@ -171,17 +201,8 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
         raise ValueError(
             f"{source}: has no standard errors (made by an older version); rerun the workflow in a new output directory"
         )
-    samples = Samples.from_result(result)
-    for block, recomputed in (("statistics", summarise(samples)), ("standard_errors", standard_errors(samples))):
-        for name, value in recomputed.items():
-            if value is None and name not in result[block]:  # a statistic added since (Gauss–Newton parts)
-                continue
-            if name not in result[block] or not _agree(value, result[block][name]):
-                raise ValueError(
-                    f"{source}: {name} = {result[block].get(name)!r} disagrees with its per-sample records ({value!r})"
-                )
-    if "blocks" in result:
-        _check_blocks(result["blocks"], samples, source)
+    for part in (None, "preconditioned") if result.get("preconditioned") else (None,):
+        _check_statistics(result, part, source)
     if result.get("trajectory"):
         _check_step(result, source)
     if result.get("audit") is not None:
@@ -290,17 +311,34 @@ def _summary_rows(results: dict, states: dict[str, Any], cases: list[str]) -> li
                 "audit_max_relative_error": _cell(audit.get("max_relative_error")),
                 **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS},
                 **{k: _cell(result["statistics"].get(k)) for k in STEP_STATISTICS},
+                **_preconditioned_cells(result),
             }
         ]
 
     return _rows_per_alias(results, states, cases, row)
 
 
+def _preconditioned_cells(result: dict[str, Any]) -> dict[str, Any]:
+    """The ``preconditioner`` and ``precond_*`` cells of a result's summary row (blank without)."""
+    taken = result.get("preconditioned") or {"statistics": {}, "standard_errors": {}}
+    values = {**taken["statistics"], **taken["standard_errors"]}
+    optimizer = (result.get("preconditioner") or {}).get("optimizer", "") if result.get("preconditioned") else ""
+    return {
+        "preconditioner": optimizer,
+        **{f"{PREFIX}{k}": _cell(values.get(k)) for k in PRECONDITIONED + ERROR_COLUMNS},
+    }
+
+
 def _block_rows(results: dict, states: dict[str, Any], cases: list[str]) -> list[dict[str, Any]]:
     """One blocks.csv row per checkpoint file × case × parameter block (in the result's order), sorted by step."""
 
     def rows(result: dict[str, Any], alias: dict[str, Any]) -> list[dict[str, Any]]:
-        return [{c: _cell(block.get(c)) for c in BLOCK_COLUMNS[5:]} for block in result.get("blocks", [])]
+        blocks = result.get("blocks", [])
+        preconditioned = (result.get("preconditioned") or {}).get("blocks") or [{} for _ in blocks]
+        return [
+            {c: _cell(other.get(c[len(PREFIX) :]) if c.startswith(PREFIX) else block.get(c)) for c in BLOCK_COLUMNS[5:]}
+            for block, other in zip(blocks, preconditioned, strict=True)
+        ]
 
     return _rows_per_alias(results, states, cases, rows)
 

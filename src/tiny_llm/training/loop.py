@@ -248,7 +248,9 @@ class _Trainer:
         if not tc.keep_moments or tc.optimizer != "adamw" or self.K > 1 or self.step == 0:
             return
         source = moments_file(epoch_file(self.epoch))
-        save_moments(self.run_dir / source, moments_from_optimizer(self.workers[0].optimizer.state_dict(), None, source))
+        save_moments(
+            self.run_dir / source, moments_from_optimizer(self.workers[0].optimizer.state_dict(), None, source)
+        )
 
     def keep_state(self) -> None:
         """The whole state at this epoch's end, when ``training.keep_states`` names the epoch."""

@@ -84,6 +84,15 @@ class AnalysisSettings:
     model's best step −ḡᵀΔ/ΔᵀHΔ and its predicted loss change beside the change measured at θ' on
     the same epoch (summary.csv; per block in blocks.csv with block_curvature): one more quadratic
     form and one more gradient pass per (state, case), and per block with block_curvature."""
+    preconditioned: bool | Literal["auto"] = "auto"
+    """Also take every statistic in the optimizer's own geometry, u = P^{-1/2}θ with Adam's
+    P = diag(1/(√v̂ + ε)) at the checkpoint (bias correction included, as the step applied it; P = I
+    for SGD): B_simple,P, B_noise,P, the curvature along Pḡ and the best step along −Pḡ (the
+    ``precond_*`` columns), and in spectra the top eigenvalues of P^{1/2}HP^{1/2} beside Adam's
+    stability threshold. It measures the noise, ḡ and random forms once more. auto: where the
+    checkpoint's optimizer state is kept (training here with ``keep_moments``; Trainer checkpoints
+    imported with their optimizer.pt), blank with the reason elsewhere (the initialisation, packed
+    runs, suites that publish weights only); true: refuse a checkpoint without it; false: plain only."""
     sharded: bool = False
     """With several ranks (``gpus_per_job`` × ``nodes_per_job``), shard the model and every
     parameter-sized vector over them with FSDP2, for a model whose statistics do not fit one device:

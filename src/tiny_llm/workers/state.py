@@ -45,6 +45,7 @@ from tiny_llm.workers.loading import (
     prepare_inputs,
     step_vector,
 )
+from tiny_llm.workers.preconditioning import Preconditioning, load_preconditioning
 from tiny_llm.workers.results import (
     check_same_batches,
     check_successor,
@@ -85,6 +86,7 @@ def analyze_state(
     config, resolved, cache, plan, state, following = prepared
     identity = result_identity(settings, resolved, config, cache)
     memory = job_memory_plan(settings, config, resolved)
+    found = load_preconditioning(run_dir, state, config, _shapes(config), settings.preconditioned)
     with single_writer(output) as reuse:
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
             check_same_batches(old["data"].get("plan"), plan.name, output)
@@ -92,7 +94,7 @@ def analyze_state(
             log.info("reusing %s (same identity)", output)
             return old
         log.info("%s", memory.describe())
-        job = StateJob(config, cache, plan, state, case, settings, resolved, identity, memory, following)
+        job = StateJob(config, cache, plan, state, case, settings, resolved, identity, memory, following, found)
         result = _measure(job)
         if is_writer():
             atomic_write_json(output, result)
@@ -136,6 +138,8 @@ class StateJob:
     memory: MemoryPlan
     successor: tuple[dict[str, Any], LoadedState] | None = None
     """The next state (as the planner named it, and loaded), for the trajectory statistics."""
+    preconditioning: Preconditioning | None = None
+    """The optimizer's preconditioner at the state (or why it has none); None: not asked for."""
 
     @property
     def label(self) -> str:
@@ -199,6 +203,13 @@ def _data_record(job: StateJob) -> dict[str, Any]:
     }
 
 
+def _shapes(config: RunConfig) -> dict[str, tuple[int, ...]]:
+    """The model's parameters' shapes by name (tied weights once), as its optimizer held them."""
+    with torch.device("meta"):
+        model = build_model(config.model, attention_backend="reference")
+    return {n: tuple(p.shape) for n, p in model.named_parameters()}
+
+
 def _training_batch(job: StateJob) -> int:
     """Sequences of one optimizer step's batch in the training the case is taken from (the noise
     batches may be smaller: ``effective_batch_size``)."""
@@ -230,6 +241,8 @@ def _result(job: StateJob, measured: dict[str, Any], started: float, sharded: bo
         **{key: measured[key] for key in MEASURED},
         "counts": {**measured["counts"], "training_batch_size": _training_batch(job)},
         "trajectory": None if job.successor is None else {**measured["trajectory"], "successor": job.successor[0]},
+        "preconditioner": None if job.preconditioning is None else job.preconditioning.record,
+        "preconditioned": measured["preconditioned"],
         "data": _data_record(job),
         "software": software(),
         "hardware": hardware(job.resolved.device),
@@ -251,7 +264,9 @@ MEASURED = (
 """What a result holds from the measurement as it came (``measure_case``), in this order."""
 
 
-def _case_inputs(job: StateJob, consensus: list, step: torch.Tensor | None) -> CaseInputs:
+def _case_inputs(
+    job: StateJob, consensus: list, step: torch.Tensor | None, preconditioner: torch.Tensor | None
+) -> CaseInputs:
     """What ``measure_case`` is given for the job."""
     config, settings, resolved = job.config, job.settings, job.resolved
     return CaseInputs.of(
@@ -267,6 +282,7 @@ def _case_inputs(job: StateJob, consensus: list, step: torch.Tensor | None) -> C
         audit=(settings.audit_directions, settings.audit_batches) if settings.audited else None,
         memory=job.memory,
         step=step,
+        preconditioner=preconditioner,
     )
 
 
@@ -287,13 +303,13 @@ def _measure(job: StateJob) -> dict[str, Any]:
         for w, worker in enumerate(state.workers)
     ]
     step = step_vector(state, job.successor, names, rows)
+    P = None if job.preconditioning is None else job.preconditioning.diagonal
+    inputs = _case_inputs(job, consensus, step, None if P is None else rows.cut([P[n] for n in names]))
     with (
         runtime_settings(resolved.device, resolved.tf32) as runtime,
         explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
     ):
-        measured = measure_case(
-            model, _case_inputs(job, consensus, step), precision, progress=lambda m: log.info("%s %s", job.label, m)
-        )
+        measured = measure_case(model, inputs, precision, progress=lambda m: log.info("%s %s", job.label, m))
     measured |= _below_float64(job, model, precision, rows.sharded)
     return _result(job, measured | runtime, started, rows.sharded)
 
