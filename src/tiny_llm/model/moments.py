@@ -37,6 +37,7 @@ __all__ = [
     "MOMENTS_FORMAT",
     "AdamMoments",
     "load_moments",
+    "load_into",
     "moments_from_optimizer",
     "preconditioner",
     "save_moments",
@@ -173,6 +174,26 @@ def moments_from_optimizer(
         decay,
         source,
     )
+
+
+def load_into(optimizer: torch.optim.Optimizer, moments: AdamMoments) -> None:
+    """Give an Adam(W) optimizer whose groups carry ``param_names`` these moments, by name (the state
+    it would hold after step ``moments.step``; its own lr and decay stay its own).
+
+    Raises:
+        ValueError: a group without names, or a parameter the moments do not hold.
+    """
+    for group in optimizer.param_groups:
+        if "param_names" not in group:
+            raise ValueError("the optimizer's parameter groups carry no names; moments are placed by name only")
+        for name, parameter in zip(group["param_names"], group["params"], strict=True):
+            if name not in moments.exp_avg_sq:
+                raise ValueError(f"{moments.source}: holds no moments of {name}")
+            optimizer.state[parameter] = {
+                "step": torch.tensor(float(moments.step)),
+                "exp_avg": moments.exp_avg[name].to(parameter).clone(),
+                "exp_avg_sq": moments.exp_avg_sq[name].to(parameter).clone(),
+            }
 
 
 def save_moments(path: str | Path, moments: AdamMoments) -> None:

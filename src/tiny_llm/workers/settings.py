@@ -88,8 +88,8 @@ class AnalysisSettings:
     """Also take every statistic in the optimizer's own geometry, u = P^{-1/2}θ with Adam's
     P = diag(1/(√v̂ + ε)) at the checkpoint (bias correction included, as the step applied it; P = I
     for SGD): B_simple,P, B_noise,P, the curvature along Pḡ and the best step along −Pḡ (the
-    ``precond_*`` columns), and in spectra the top eigenvalues of P^{1/2}HP^{1/2} beside Adam's
-    stability threshold. It measures the noise, ḡ and random forms once more. auto: where the
+    ``precond_*`` columns), and in spectra the top eigenvalues of P^{1/2}HP^{1/2} beside the
+    edge-of-stability value (2 + 2β1)/((1 − β1)η). It measures the noise, ḡ and random forms once more. auto: where the
     checkpoint's optimizer state is kept (training here with ``keep_moments``; Trainer checkpoints
     imported with their optimizer.pt), blank with the reason elsewhere (the initialisation, packed
     runs, suites that publish weights only); true: refuse a checkpoint without it; false: plain only."""

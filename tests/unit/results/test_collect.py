@@ -29,6 +29,8 @@ def _result(key, case, identity="id", alignment=0.5):
             "grad_curvature": -1.0,
             "b_simple": 4 * 1.0 * (15 / 12) / 2.25,
             "b_noise": None,
+            "gradient_sharpness": -1.0 / 2.25,
+            "gradient_step": None,
         },
         "standard_errors": {f"{k}_se": None for k in STANDARD_ERRORS},
         "noise_samples": noise,

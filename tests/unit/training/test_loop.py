@@ -1,5 +1,6 @@
 """Training: determinism, resume, checkpoints, packed averaging, logs, accumulation with remainders."""
 
+import io
 import json
 
 import numpy as np
@@ -11,7 +12,8 @@ from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.model.causal import token_losses
 from tiny_llm.model.checkpoint import load_train_state, load_weights
 from tiny_llm.model.llama import Llama
-from tiny_llm.training.loop import accumulate_batch_gradient, train
+from tiny_llm.model.moments import load_into, load_moments
+from tiny_llm.training.loop import _Trainer, accumulate_batch_gradient, train
 
 
 def _weights(path):
@@ -68,6 +70,8 @@ def test_interval_checkpoints_and_metadata(make_config, tmp_path):
         "epoch-001.safetensors",
         "epoch-002.safetensors",
         "final.pt",
+        "moments-001.safetensors",  # the optimizer's moments (keep_moments), none at the initialisation
+        "moments-002.safetensors",
         "resolved.yaml",
         "train-log.jsonl",
     ]
@@ -289,3 +293,36 @@ def test_killed_training_resumes_to_the_files_of_an_uninterrupted_run(make_confi
             assert (killed / name).read_bytes() == (reference / name).read_bytes(), name
     steps = [json.loads(line)["step"] for line in (killed / "train-log.jsonl").read_text().splitlines()]
     assert steps == list(range(1, config.total_batches + 1))
+
+
+def test_kept_moments_train_on_to_the_next_kept_moments(make_config, tmp_path):
+    """Epoch 1's weights and its kept moments, placed by name into a fresh trainer's optimizer, train
+    epoch 2 to exactly epoch 2's weights and kept moments: every moment sits where the optimizer kept
+    it (a misplaced one, even between tensors of one shape, would train elsewhere)."""
+    config = make_config()
+    run = tmp_path / "run"
+    train(config, run)
+    again = tmp_path / "again"
+    again.mkdir()
+    trainer = _Trainer(config, again, "cpu")
+    trainer.workers[0].model.load_state_dict(_weights(run / "epoch-001.safetensors"))
+    load_into(trainer.workers[0].optimizer, load_moments(run / "moments-001.safetensors"))
+    trainer.step = config.steps_per_epoch
+    trainer.run(None, io.StringIO())
+    assert _equal(_weights(again / "epoch-002.safetensors"), _weights(run / "epoch-002.safetensors"))
+    kept, trained = load_moments(run / "moments-002.safetensors"), load_moments(again / "moments-002.safetensors")
+    assert kept.record() == trained.record() and kept.step == 2 * config.steps_per_epoch
+    assert _equal(kept.exp_avg, trained.exp_avg) and _equal(kept.exp_avg_sq, trained.exp_avg_sq)
+    # two tensors of one shape exchanged pass every shape check, and train elsewhere
+    start = load_moments(run / "moments-001.safetensors")
+    shapes = {n: t.shape for n, t in start.exp_avg_sq.items()}
+    a, b = next(
+        (a, b) for a in shapes for b in shapes if a < b and shapes[a] == shapes[b] and a.endswith("norm.weight")
+    )
+    start.exp_avg_sq[a], start.exp_avg_sq[b] = start.exp_avg_sq[b], start.exp_avg_sq[a]
+    other = _Trainer(config, tmp_path / "again", "cpu")
+    other.workers[0].model.load_state_dict(_weights(run / "epoch-001.safetensors"))
+    load_into(other.workers[0].optimizer, start)
+    other.step = config.steps_per_epoch
+    other.run(None, io.StringIO())
+    assert not _equal(load_moments(again / "moments-002.safetensors").exp_avg_sq, kept.exp_avg_sq)

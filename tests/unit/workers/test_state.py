@@ -92,6 +92,8 @@ def test_result_contract_and_seen_batches(ordinary):
         "grad_curvature",
         "b_simple",
         "b_noise",
+        "gradient_sharpness",
+        "gradient_step",
         "noise_gauss_newton",
         "random_gauss_newton",
         "grad_gauss_newton",
