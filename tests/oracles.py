@@ -8,12 +8,14 @@ import pytest
 import torch
 from torch.func import functional_call, hessian, jvp
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.engines import ENGINES, names
 from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.model.causal import token_losses
 from tiny_llm.model.jets import Jet, JetPass
 from tiny_llm.model.llama import Llama
+from tiny_llm.model.moments import moments_from_optimizer, preconditioner
 
 FORM_ENGINES = names("forms")
 """Engines of quadratic forms (exact, with the Gauss–Newton split)."""
@@ -144,3 +146,28 @@ def check_whole_model_jet(model) -> None:
 
         _, second = reference_jet(f, torch.zeros(()), torch.zeros(()), torch.zeros(()))
         assert float(taylor[k]) == pytest.approx(float(second.detach()), rel=1e-11, abs=1e-11)
+
+
+def adam_diagonal(model, batches: list[torch.Tensor], steps: int = 3) -> torch.Tensor:
+    """P's diagonal in FlatParameters order, from a real AdamW state: a copy of ``model`` trained
+    ``steps`` steps (two groups, decayed matrices first, as training here groups them)."""
+    copy = build_model(model.config, attention_backend="reference").double()
+    copy.load_state_dict(model.state_dict())
+    named = list(copy.named_parameters())
+    groups = [
+        {
+            "params": [p for _, p in named if (p.dim() >= 2) == d],
+            "param_names": [n for n, p in named if (p.dim() >= 2) == d],
+        }
+        for d in (True, False)
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=0.05, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for step in range(steps):
+        rows = batches[step % len(batches)]
+        optimizer.zero_grad()
+        token_losses(copy(rows[:, :-1]), rows[:, 1:]).mean().backward()
+        optimizer.step()
+    moments = moments_from_optimizer(optimizer.state_dict())
+    assert moments.step == steps
+    p = preconditioner(moments)
+    return FlatParameters(model).flatten([p[n] for n in FlatParameters(model).names])

@@ -409,6 +409,28 @@ def _spectrum_row(result: dict[str, Any]) -> dict[str, Any]:
     for kind, block in result["block_diagonal"].items():
         row[f"block_{kind}_relative_error"] = block["mean_relative_error"]
         row[f"block_{kind}_cosine"] = block["mean_cosine"]
+    return row | _preconditioned_spectrum(result)
+
+
+def _preconditioned_spectrum(result: dict[str, Any]) -> dict[str, Any]:
+    """The spectrum row's preconditioned sharpness beside the learning rate and the stability
+    threshold of the step (blank where the state has no preconditioner): ``precond_la_*`` the top
+    eigenvalues of P^{1/2}HP^{1/2}, and their largest over the threshold."""
+    record, top = result.get("preconditioner") or {}, result.get("preconditioned") or {}
+    row: dict[str, Any] = {"preconditioner": record.get("optimizer", "") if top else ""}
+    pairs = top.get("top_eigenvalues") or [{"index": i} for i in range(len(result["top_eigenvalues"]))]
+    for pair in pairs:
+        row[f"precond_la_eigenvalue_{pair['index'] + 1}"] = _cell(pair.get("eigenvalue"))
+        row[f"precond_la_converged_{pair['index'] + 1}"] = _cell(pair.get("converged"))
+    threshold = record.get("stability_threshold") if top else None
+    sharpness = pairs[0].get("eigenvalue")
+    row.update(
+        lr=_cell(record.get("lr") if top else None),
+        stability_threshold=_cell(threshold),
+        precond_sharpness_over_threshold=_cell(
+            None if threshold is None or sharpness is None else sharpness / threshold
+        ),
+    )
     return row
 
 

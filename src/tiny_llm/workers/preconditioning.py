@@ -17,13 +17,14 @@ from typing import Any
 
 import torch
 
+from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig
 from tiny_llm.layout import IMPORTED, TRAIN_LOG, moments_file
 from tiny_llm.model.checkpoint import load_train_state
 from tiny_llm.model.moments import AdamMoments, load_moments, moments_from_optimizer, preconditioner
 from tiny_llm.workers.loading import LoadedState
 
-__all__ = ["Preconditioning", "load_preconditioning"]
+__all__ = ["Preconditioning", "load_preconditioning", "parameter_shapes"]
 
 _IMPORTED_WITHOUT = (
     "was imported from checkpoints without an optimizer state (a hub suite such as Pythia or OLMo "
@@ -39,6 +40,13 @@ class Preconditioning:
 
     diagonal: dict[str, torch.Tensor] | None
     record: dict[str, Any] = field(default_factory=dict)
+
+
+def parameter_shapes(config: RunConfig) -> dict[str, tuple[int, ...]]:
+    """The model's parameters' shapes by name (tied weights once), as its optimizer held them."""
+    with torch.device("meta"):
+        model = build_model(config.model, attention_backend="reference")
+    return {n: tuple(p.shape) for n, p in model.named_parameters()}
 
 
 def _logged_lr(run_dir: Path, step: int) -> float | None:

@@ -106,6 +106,9 @@ class SpectrumJob:
     step: torch.Tensor | None = None
     """Δ = θ' − θ to the next state (float64; this rank's rows when sharded), for its share in the
     top eigenspace; None: the state has no successor."""
+    preconditioner: torch.Tensor | None = None
+    """The optimizer's P at the state (its diagonal, float64, as ``step`` is held), for the top
+    eigenvalues of P^{1/2}HP^{1/2}; None: not measured."""
 
 
 def _spectrum_operator(
@@ -287,13 +290,25 @@ def _alignment(
     }
 
 
-def _most_products(spectrum: SpectrumSettings, flat: FlatParameters) -> int:
+def _preconditioned(product: Callable, scale: torch.Tensor, counts: list[int]) -> Callable:
+    """V ↦ P^{1/2} H P^{1/2} V (``scale``: P^{1/2}), the Hessian in the optimizer's coordinates
+    u = P^{-1/2}θ, whose top eigenvalues are the preconditioned sharpness λ_max(PH); ``counts``
+    gets each call's products."""
+
+    def scaled(V: torch.Tensor) -> torch.Tensor:
+        counts.append(len(V))
+        return scale * product(scale * V)
+
+    return scaled
+
+
+def _most_products(spectrum: SpectrumSettings, flat: FlatParameters, preconditioned: bool) -> int:
     """The most Hessian-vector products a spectrum job can take: Lanczos and its two residual
-    checks, SLQ, CG with its one check, and the block-diagonal errors."""
+    checks (twice with a preconditioner), SLQ, CG with its one check, and the block-diagonal errors."""
     block_products = spectrum.block_samples * (2 + len(tensor_blocks(flat)) + len(layer_blocks(flat)))
     return (
-        spectrum.lanczos_steps
-        + 3
+        (spectrum.lanczos_steps + 2) * (1 + preconditioned)
+        + 1
         + spectrum.slq_vectors * spectrum.slq_steps
         + spectrum.cg_max_iterations
         + block_products
@@ -310,7 +325,7 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], job: 
         BASIS_DTYPES[spectrum.lanczos_basis], BASIS_DTYPES[spectrum.lanczos_reduction], precision.device, layout
     )
     device, tolerance, products = precision.device, lanczos_tolerance(spectrum, precision.dtype), []
-    progress = ProductProgress(_most_products(spectrum, flat))
+    progress = ProductProgress(_most_products(spectrum, flat, job.preconditioner is not None))
 
     def counted(V: torch.Tensor) -> torch.Tensor:
         products.append(len(V))
@@ -324,6 +339,11 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], job: 
     progress.enter(f"Lanczos, top {spectrum.top_k} eigenpairs (at most {spectrum.lanczos_steps} steps)")
     top, vectors, largest = _lanczos_stage(counted, products, flat.D, spectrum, settings, basis, tolerance)
     t_lanczos = time.perf_counter() - started
+    preconditioned, counts = None, []
+    if job.preconditioner is not None:
+        progress.enter(f"Lanczos of P^1/2 H P^1/2, top {spectrum.top_k} (at most {spectrum.lanczos_steps} steps)")
+        scaled = _preconditioned(tracked, job.preconditioner.sqrt().to(device), counts)
+        preconditioned = _lanczos_stage(scaled, counts, flat.D, spectrum, settings, basis, tolerance)[0]
     progress.enter(f"SLQ density ({spectrum.slq_vectors} x {spectrum.slq_steps} steps)")
     slq_record = _slq_stage(tracked, flat.D, spectrum, settings, basis)
     g_bar = epoch_gradient()
@@ -339,6 +359,7 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], job: 
     block_diagonal = _block_record(tracked, flat, settings, spectrum, layout, device)
     return {
         **top,
+        "preconditioned": preconditioned,
         "slq": slq_record,
         "alignment": _alignment(g_bar, noise, vectors, layout, job.step),
         "cg": cg,

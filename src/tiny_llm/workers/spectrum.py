@@ -26,6 +26,7 @@ from tiny_llm.distributed import record as parallel_record
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.workers.loading import LoadedState, Resolved, prepare_inputs, step_vector
+from tiny_llm.workers.preconditioning import load_preconditioning, parameter_shapes
 from tiny_llm.workers.results import (
     check_same_batches,
     check_successor,
@@ -154,6 +155,7 @@ def analyze_spectrum(
     identity["spectrum"] = asdict(spectrum)
     identity["hash"] = canonical_hash(identity)
     memory = spectrum_memory(settings, spectrum, config, resolved, len(plan))
+    found = load_preconditioning(run_dir, state, config, parameter_shapes(config), settings.preconditioned)
     with single_writer(output) as reuse:  # every rank computes, rank 0 writes
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
             check_successor(old, successor, output)
@@ -163,10 +165,12 @@ def analyze_spectrum(
         model.load_state_dict(state.root, strict=True)
         rows = job_rows([p.shape for p in model.parameters()], spectrum.sharded)  # this rank's, as every vector
         sharded = rows.sharded
-        step = step_vector(state, following, FlatParameters(model).names, rows)
+        names = FlatParameters(model).names
+        step = step_vector(state, following, names, rows)
+        P = None if found is None or found.diagonal is None else rows.cut([found.diagonal[n] for n in names])
         precision = Precision(resolved.device, resolved.dtype, settings.amp)
         hvp = (resolved.hvp_batch_size, resolved.hvp_engine, resolved.hvp_compiled)
-        job = SpectrumJob(settings, spectrum, precision, *hvp, config.training.micro_batch_size, memory, step)
+        job = SpectrumJob(settings, spectrum, precision, *hvp, config.training.micro_batch_size, memory, step, P)
         # sharded, the model stays on the host until FSDP moves each block's shards to the device
         model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
         batches = [cache.tokens(blocks) for blocks in plan.blocks]
@@ -177,6 +181,7 @@ def analyze_spectrum(
             measured = measure_spectrum(model, batches, job)
         result = _result(identity, state, case, job, resolved, measured | runtime, sharded)
         result["trajectory"] = None if successor is None else {"successor": successor}
+        result["preconditioner"] = None if found is None else found.record
         result["plan"] = plan.name
         if is_writer():
             atomic_write_json(output, result)

@@ -45,7 +45,7 @@ from tiny_llm.workers.loading import (
     prepare_inputs,
     step_vector,
 )
-from tiny_llm.workers.preconditioning import Preconditioning, load_preconditioning
+from tiny_llm.workers.preconditioning import Preconditioning, load_preconditioning, parameter_shapes
 from tiny_llm.workers.results import (
     check_same_batches,
     check_successor,
@@ -86,7 +86,7 @@ def analyze_state(
     config, resolved, cache, plan, state, following = prepared
     identity = result_identity(settings, resolved, config, cache)
     memory = job_memory_plan(settings, config, resolved)
-    found = load_preconditioning(run_dir, state, config, _shapes(config), settings.preconditioned)
+    found = load_preconditioning(run_dir, state, config, parameter_shapes(config), settings.preconditioned)
     with single_writer(output) as reuse:
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
             check_same_batches(old["data"].get("plan"), plan.name, output)
@@ -201,13 +201,6 @@ def _data_record(job: StateJob) -> dict[str, Any]:
         "seq_len": job.config.data.seq_len,
         "order": order_report(cache, plan),
     }
-
-
-def _shapes(config: RunConfig) -> dict[str, tuple[int, ...]]:
-    """The model's parameters' shapes by name (tied weights once), as its optimizer held them."""
-    with torch.device("meta"):
-        model = build_model(config.model, attention_backend="reference")
-    return {n: tuple(p.shape) for n, p in model.named_parameters()}
 
 
 def _training_batch(job: StateJob) -> int:

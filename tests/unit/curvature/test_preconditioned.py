@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from builders import make_oracle_run
-from oracles import dense_epoch_hessian
+from oracles import adam_diagonal, dense_epoch_hessian
 from torch.func import functional_call, grad
 
 from tiny_llm.architectures import ARCHITECTURES, build_model
@@ -19,35 +19,9 @@ from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.model.causal import token_losses
-from tiny_llm.model.moments import moments_from_optimizer, preconditioner
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 NATIVE = [a.name for a in ARCHITECTURES.values() if a.jets]
-
-
-def adam_diagonal(model, batches: list[torch.Tensor], steps: int = 3) -> torch.Tensor:
-    """P's diagonal in FlatParameters order, from a real AdamW state: a copy of ``model`` trained
-    ``steps`` steps (two groups, decayed matrices first, as training here groups them)."""
-    copy = build_model(model.config, attention_backend="reference").double()
-    copy.load_state_dict(model.state_dict())
-    named = list(copy.named_parameters())
-    groups = [
-        {
-            "params": [p for _, p in named if (p.dim() >= 2) == d],
-            "param_names": [n for n, p in named if (p.dim() >= 2) == d],
-        }
-        for d in (True, False)
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=0.05, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    for step in range(steps):
-        rows = batches[step % len(batches)]
-        optimizer.zero_grad()
-        token_losses(copy(rows[:, :-1]), rows[:, 1:]).mean().backward()
-        optimizer.step()
-    moments = moments_from_optimizer(optimizer.state_dict())
-    assert moments.step == steps
-    p = preconditioner(moments)
-    return FlatParameters(model).flatten([p[n] for n in FlatParameters(model).names])
 
 
 @pytest.fixture(scope="module")

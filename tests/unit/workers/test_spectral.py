@@ -3,7 +3,7 @@ model: the top eigenvalues (largest algebraic and largest magnitude) and the dam
 ḡᵀ(H + λI)⁻¹ḡ; and the Lanczos tolerance in force."""
 
 import torch
-from oracles import dense_epoch_hessian, dense_model, dense_tokens
+from oracles import adam_diagonal, dense_epoch_hessian, dense_model, dense_tokens
 
 from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.model.causal import token_losses
@@ -39,3 +39,26 @@ def test_the_tolerance_is_the_setting_or_the_dtypes_default():
     assert lanczos_tolerance(SpectrumSettings(), torch.float64) == 1e-6
     assert lanczos_tolerance(SpectrumSettings(), torch.float32) == 1e-3
     assert lanczos_tolerance(SpectrumSettings(lanczos_tolerance=1e-9), torch.float32) == 1e-9
+
+
+def test_the_preconditioned_sharpness_is_the_top_of_p_half_h_p_half():
+    """With the optimizer's P (a real AdamW state after a few steps), the top eigenvalues of
+    P^{1/2}HP^{1/2} (= those of PH) against eigh of the dense matrix; the plain ones unchanged."""
+    model, tokens = dense_model(), dense_tokens()
+    H = dense_epoch_hessian(model, tokens)
+    P = adam_diagonal(model, [tokens[:4], tokens[4:]])
+    s = P.sqrt()
+    eigenvalues = torch.linalg.eigvalsh(s[:, None] * H * s[None, :])
+    assert P.max() / P.min() > 10  # a preconditioner far from a multiple of I
+    spectrum = SpectrumSettings(top_k=2, lanczos_steps=300, slq_vectors=1, slq_steps=4, cg_max_iterations=5)
+    job = SpectrumJob(AnalysisSettings(dtype="float64"), spectrum, CPU64, 7, "double_backward", False, 7, None, None, P)
+    measured = measure_spectrum(model, [tokens], job)
+    preconditioned = measured["preconditioned"]
+    top = torch.tensor([pair["eigenvalue"] for pair in preconditioned["top_eigenvalues"]], dtype=torch.float64)
+    torch.testing.assert_close(top, eigenvalues.flip(0)[:2], rtol=1e-10, atol=0)
+    magnitude = eigenvalues[eigenvalues.abs().argsort(descending=True)][:2]
+    found = [pair["eigenvalue"] for pair in preconditioned["top_magnitude_eigenvalues"]]
+    torch.testing.assert_close(torch.tensor(found, dtype=torch.float64), magnitude, rtol=1e-10, atol=0)
+    assert preconditioned["lanczos"]["converged"]
+    plain = torch.tensor([pair["eigenvalue"] for pair in measured["top_eigenvalues"]], dtype=torch.float64)
+    torch.testing.assert_close(plain, torch.linalg.eigvalsh(H).flip(0)[:2], rtol=1e-8, atol=0)
