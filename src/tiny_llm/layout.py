@@ -83,6 +83,7 @@ FIGURES = [
     "noise_alignment",
     "gradient_norms",
     "batch_sizes",
+    "preconditioned_batch_sizes",
     "block_batch_sizes",
     "step_sharpness",
     "step_loss",
@@ -90,7 +91,7 @@ FIGURES = [
 """An analysis's figures (``figures/<name>.pdf`` and ``.png``), drawn by tiny_llm.results.figures."""
 AUDIT_FIGURES = ["precision_audit"]
 """Drawn for audited analyses only (``plot_audit``): a float64 analysis has nothing to show there."""
-SPECTRUM_FIGURES = ["top_eigenvalues", "slq_density", "block_diagonal_error"]
+SPECTRUM_FIGURES = ["top_eigenvalues", "preconditioned_sharpness", "slq_density", "block_diagonal_error"]
 """An analysis's spectral figures, drawn by tiny_llm.results.spectrum_figures."""
 
 

@@ -51,7 +51,9 @@ TARGETS = (0.25, 0.5, 0.75)
 """Target losses of the B_crit fit, as fractions of the drop from the checkpoint's loss to the
 lowest final mean loss of any batch size; each is fitted over the batch sizes that reach it. The
 headline fit (``cbs.csv``) is at the middle one."""
-SIZES = ("cbs", "cbs_high", "b_crit", "b_crit_low", "b_crit_high", "b_noise_cbs", "b_simple", "b_noise")
+SCALES = ("b_simple", "b_noise", "precond_b_simple", "precond_b_noise")
+"""The noise scales beside the answers: plain, and in the optimizer's geometry (blank without it)."""
+SIZES = ("cbs", "cbs_high", "b_crit", "b_crit_low", "b_crit_high", "b_noise_cbs", *SCALES)
 """The sizes that ``cbs.csv`` also gives in tokens (``<name>_tokens``)."""
 CBS_COLUMNS = [
     "checkpoint",
@@ -70,10 +72,7 @@ CBS_COLUMNS = [
     "b_noise_cbs",
     "b_noise_cbs_grid",
     "case",
-    "b_simple",
-    "b_simple_se",
-    "b_noise",
-    "b_noise_se",
+    *(f"{name}{suffix}" for name in SCALES for suffix in ("", "_se")),
     "relative_cbs",
     *(f"{name}_tokens" for name in SIZES),
 ]
@@ -118,10 +117,13 @@ def _mean_se(values: list[float]) -> tuple[float, float | None]:
 
 def _noise_scales(summary: Any, checkpoint: str, case: str) -> dict[str, float | None]:
     row = summary[(summary["file"] == f"{checkpoint}.safetensors") & (summary["case"] == case)]
-    names = ("b_simple", "b_simple_se", "b_noise", "b_noise_se")
+    names = [f"{name}{suffix}" for name in SCALES for suffix in ("", "_se")]
     if row.empty:
         return dict.fromkeys(names)
-    return {name: None if row.iloc[0][name] != row.iloc[0][name] else float(row.iloc[0][name]) for name in names}
+    values = {name: row.iloc[0].get(name) for name in names}  # an older summary has no precond_* columns
+    return {
+        name: None if value is None or value != value or value == "" else float(value) for name, value in values.items()
+    }
 
 
 def _targets(record: dict[str, Any], means: dict[int, float]) -> list[float]:

@@ -50,10 +50,20 @@ def _finite(values: pd.Series, top: float) -> tuple[np.ndarray, np.ndarray]:
     return np.where(infinite, top, array), infinite
 
 
+SCALE_MARKS = (
+    ("b_simple", "v", "C1", 0.45, "B_simple"),
+    ("b_noise", "D", "C2", 0.55, "B_noise"),
+    ("precond_b_simple", "v", "C1", 0.65, "B_simple,P (Adam's geometry)"),
+    ("precond_b_noise", "D", "C2", 0.75, "B_noise,P (Adam's geometry)"),
+)
+"""The noise scales drawn beside the answers: name, marker, colour, offset, label (hollow: preconditioned)."""
+
+
 def _answers(ax, cbs: pd.DataFrame) -> None:
     """Right: per checkpoint (one column each, labelled by its training tokens), B*'s interval (a
-    bar; ▲ where the grid cannot bound it above), B_crit with its bootstrap interval (▲ where it is
-    unbounded), the B* that B_noise predicts, and B_simple and B_noise ±1 standard error, in tokens."""
+        bar; ▲ where the grid cannot bound it above), B_crit with its bootstrap interval (▲ where it is
+        unbounded), the B* that B_noise predicts, and B_simple and B_noise ±1 standard error (and, hollow,
+    B_simple,P and B_noise,P in the optimizer's geometry where measured), in tokens."""
     x = np.arange(len(cbs), dtype=float)
     sizes = [cbs[c].astype(float) for c in cbs.columns if c.endswith("_tokens")]
     finite = np.concatenate([s[np.isfinite(s)].to_numpy() for s in sizes])
@@ -75,11 +85,13 @@ def _answers(ax, cbs: pd.DataFrame) -> None:
     predicted, _ = _finite(cbs["b_noise_cbs_tokens"], top)
     ax.plot(x - 0.25, predicted, "x", color="C2", ms=6, label="B* that B_noise predicts")
     seq_len = cbs["cbs_tokens"].astype(float) / cbs["cbs"].astype(float)
-    for name, marker, colour, shift in (("b_simple", "v", "C1", 0.45), ("b_noise", "D", "C2", 0.55)):
+    for name, marker, colour, shift, label in SCALE_MARKS:
+        if f"{name}_tokens" not in cbs or cbs[f"{name}_tokens"].astype(float).isna().all():
+            continue  # the optimizer's geometry: where the analysis measured it
         error = (cbs[f"{name}_se"].astype(float) * seq_len).fillna(0)
         ax.errorbar(
             x + shift, cbs[f"{name}_tokens"].astype(float), yerr=error, fmt=marker, color=colour, ms=3, capsize=2,
-            label={"b_simple": "B_simple", "b_noise": "B_noise"}[name],
+            label=label, mfc="none" if name.startswith("precond_") else colour,
         )  # fmt: skip
     ax.set_yscale("log")
     ax.set_xlim(-0.6, len(cbs) - 0.2)

@@ -184,6 +184,28 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     return finish(ax, out_dir / "batch_sizes", "batch size (sequences)", context, note)
 
 
+def _preconditioned_batch_sizes(table, context, out_dir) -> list[Path]:
+    """B_simple,P and B_noise,P, the noise scales in the optimizer's geometry, beside the plain ones
+    (McCandlish et al.'s B_noise predicts the critical batch of plain SGD; B_noise,P that of a step
+    −ηPg with the state's P)."""
+    fig, ax = plt.subplots(figsize=COLUMN)
+    notes = Notes()
+    curves(ax, table, "b_simple", "B_simple", "C4", log=True, notes=notes)
+    curves(ax, table, "b_noise", "B_noise", "C5", log=True, notes=notes)
+    measured = "precond_b_simple" in table and pd.to_numeric(table["precond_b_simple"], errors="coerce").notna().any()
+    if measured:
+        curves(ax, table, "precond_b_simple", "B_simple,P (optimizer's geometry)", "C0", log=True, notes=notes)
+        curves(ax, table, "precond_b_noise", "B_noise,P (optimizer's geometry)", "C3", log=True, notes=notes)
+    log_axis(ax)
+    note = notes.text()
+    if not measured:
+        note = "no state has the optimizer's preconditioner (each result's preconditioner.reason says why)"
+    elif "preconditioner" in table:
+        blank = int((table["preconditioner"].fillna("").astype(str) == "").sum())
+        note += f"; {blank} rows without a preconditioner (step 0 has no second moment)" if blank else ""
+    return finish(ax, out_dir / "preconditioned_batch_sizes", "batch size (sequences)", context, note.strip("; "))
+
+
 def _step_sharpness(table, context, out_dir) -> list[Path]:
     """The directional sharpness along the step training took, ΔᵀHΔ/‖Δ‖², beside the one along the
     gradient, ḡᵀHḡ/‖ḡ‖², at each checkpoint with a successor."""
@@ -334,6 +356,7 @@ def plot_analysis(
             + _noise_alignment(table, context, out_dir)
             + _gradient_norms(table, context, out_dir, run_dir)
             + _batch_sizes(table, context, out_dir)
+            + _preconditioned_batch_sizes(table, context, out_dir)
             + _block_batch_sizes(table, context, out_dir, blocks)
             + _step_sharpness(table, context, out_dir)
             + _step_loss(table, context, out_dir)

@@ -1,5 +1,6 @@
-"""The spectrum's figures, from spectrum.csv and manifest.json alone: the top eigenvalues, the SLQ
-spectral density of each state, and the block-diagonal error.
+"""The spectrum's figures, from spectrum.csv and manifest.json alone: the top eigenvalues, the
+preconditioned sharpness against the optimizer's stability threshold, the SLQ spectral density of
+each state, and the block-diagonal error.
 """
 
 from __future__ import annotations
@@ -41,6 +42,25 @@ def _top_eigenvalues(table, context, out_dir) -> list[Path]:
     if unconverged:
         note = (note + "; " if note else "") + f"{unconverged} not converged (red rings): raise spectrum.lanczos_steps"
     return finish(ax, out_dir / "top_eigenvalues", "top Hessian eigenvalues", context, note)
+
+
+def _preconditioned_sharpness(table, context, out_dir) -> list[Path]:
+    """The top eigenvalue of P^{1/2}HP^{1/2} (the preconditioned sharpness λ_max(PH)) against the
+    optimizer's stability threshold at each state's learning rate: Adam's (2 + 2β1)/((1 − β1)η),
+    SGD's 2(1 + μ)/η; a run at the edge of stability holds the one at the other."""
+    fig, ax = plt.subplots(figsize=COLUMN)
+    notes = Notes()
+    values = pd.to_numeric(table.get("precond_sharpness_over_threshold", pd.Series(dtype=float)), errors="coerce")
+    if values.notna().any():
+        curves(ax, table, "precond_la_eigenvalue_1", "λ_max(PH)", "C0", log=True, notes=notes)
+        curves(ax, table, "stability_threshold", "stability threshold", "0.2", log=True, notes=Notes())
+        ax.set_yscale("log")
+        note = "; ".join(
+            n for n in (f"λ_max(PH) / threshold {values.min():.2g} to {values.max():.2g}", notes.text()) if n
+        )
+    else:
+        note = "no state has the optimizer's preconditioner (each result's preconditioner.reason says why)"
+    return finish(ax, out_dir / "preconditioned_sharpness", "preconditioned sharpness", context, note)
 
 
 def _slq_density(
@@ -108,6 +128,7 @@ def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None, x
     with plt.rc_context(RC):
         paths = (
             _top_eigenvalues(table, context, out_dir)
+            + _preconditioned_sharpness(table, context, out_dir)
             + _slq_density(spectra, context, out_dir)
             + _block_error(table, context, out_dir)
         )
