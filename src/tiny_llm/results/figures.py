@@ -170,8 +170,7 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     notes = Notes()
     curves(ax, table, "b_simple", "B_simple", "C4", log=True, notes=notes)
     curves(ax, table, "b_noise", "B_noise (critical)", "C5", log=True, notes=notes)
-    sizes = (context.get("batch_sizes") or {}).values()
-    trained = {b.get("training_batch_size", b["effective_batch_size"]) for b in sizes}  # older: no training batch
+    trained = {b.get("training_batch_size", b["effective_batch_size"]) for b in _batch_records(context)}  # older: none
     for B in sorted(trained):
         ax.axhline(B, color="0.4", lw=0.8, ls=":", label=f"training batch B = {B}")
     log_axis(ax)
@@ -187,23 +186,38 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
 def _preconditioned_batch_sizes(table, context, out_dir) -> list[Path]:
     """B_simple,P and B_noise,P, the noise scales in the optimizer's geometry, beside the plain ones
     (McCandlish et al.'s B_noise predicts the critical batch of plain SGD; B_noise,P that of a step
-    −ηPg with the state's P)."""
+    −ηPg with the state's P), and the training batch."""
     fig, ax = plt.subplots(figsize=COLUMN)
     notes = Notes()
     curves(ax, table, "b_simple", "B_simple", "C4", log=True, notes=notes)
     curves(ax, table, "b_noise", "B_noise", "C5", log=True, notes=notes)
-    measured = "precond_b_simple" in table and pd.to_numeric(table["precond_b_simple"], errors="coerce").notna().any()
-    if measured:
-        curves(ax, table, "precond_b_simple", "B_simple,P (optimizer's geometry)", "C0", log=True, notes=notes)
-        curves(ax, table, "precond_b_noise", "B_noise,P (optimizer's geometry)", "C3", log=True, notes=notes)
+    held = (
+        table["preconditioner"].fillna("").astype(str) != "" if "preconditioner" in table else table["x"] != table["x"]
+    )
+    if held.any():
+        curves(ax, table[held], "precond_b_simple", "B_simple,P", "C0", log=True, notes=notes)
+        curves(ax, table[held], "precond_b_noise", "B_noise,P", "C3", log=True, notes=notes)
+    for B in sorted({b.get("training_batch_size", b["effective_batch_size"]) for b in _batch_records(context)}):
+        ax.axhline(B, color="0.4", lw=0.8, ls=":", label=f"training batch B = {B}")
     log_axis(ax)
-    note = notes.text()
-    if not measured:
-        note = "no state has the optimizer's preconditioner (each result's preconditioner.reason says why)"
-    elif "preconditioner" in table:
-        blank = int((table["preconditioner"].fillna("").astype(str) == "").sum())
-        note += f"; {blank} rows without a preconditioner (step 0 has no second moment)" if blank else ""
-    return finish(ax, out_dir / "preconditioned_batch_sizes", "batch size (sequences)", context, note.strip("; "))
+    without = int((~held).sum())
+    note = "; ".join(
+        n
+        for n in (
+            notes.text(),
+            "P: the optimizer's preconditioner at the state (Adam: 1/(√v̂ + ε))",
+            f"{without} rows without one (step 0 has no second moment; see each result's preconditioner)"
+            if without
+            else "",
+        )
+        if n
+    )
+    return finish(ax, out_dir / "preconditioned_batch_sizes", "batch size (sequences)", context, note)
+
+
+def _batch_records(context: dict) -> list[dict]:
+    """The batch sizes each case was measured with (from the manifest)."""
+    return list((context.get("batch_sizes") or {}).values())
 
 
 def _step_sharpness(table, context, out_dir) -> list[Path]:
