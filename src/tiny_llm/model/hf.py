@@ -69,6 +69,12 @@ def to_hf_state(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str
     return {form.theirs(key): tensor.t() if form.flips(key) else tensor for key, tensor in state.items()}
 
 
+def our_names(config: ModelConfig) -> dict[str, str]:
+    """Each of our parameters' names by its Hugging Face name, for ``config``."""
+    form = export_format(config)
+    return {form.theirs(key): key for key in _parameter_shapes(config)}
+
+
 def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source: str) -> dict[str, torch.Tensor]:
     """The Hugging Face model's state dict -> ours, for ``config``; a tied head's ``lm_head.weight``
     (when saved at all) must equal the embedding.
@@ -77,8 +83,7 @@ def from_hf_state(hf_state: dict[str, torch.Tensor], config: ModelConfig, source
         ValueError: naming ``source`` and the keys that are missing or have no counterpart.
     """
     form = export_format(config)
-    ours = _parameter_shapes(config)
-    theirs = {form.theirs(key): key for key in ours}
+    ours, theirs = _parameter_shapes(config), our_names(config)
     embedding, head = form.model_keys["tok_embeddings.weight"], form.model_keys["output.weight"]
     state, unknown = {}, []
     for key, tensor in hf_state.items():

@@ -33,7 +33,7 @@ import yaml
 
 from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, load_config, resolved_dict
 from tiny_llm.io import atomic_directory, atomic_write_json, local_directory, sha256_file
-from tiny_llm.layout import IMPORTED, RESOLVED, TRAIN_LOG, epoch_file
+from tiny_llm.layout import IMPORTED, RESOLVED, TRAIN_LOG, epoch_file, moments_file
 from tiny_llm.model.hf import (
     HF_CONFIG,
     from_hf_state,
@@ -55,6 +55,8 @@ from tiny_llm.model.integrity import refuse_identical, state_findings
 
 if TYPE_CHECKING:
     import torch
+
+    from tiny_llm.model.moments import AdamMoments
 
 __all__ = [
     "IMPORTED",
@@ -249,6 +251,9 @@ def import_run(
     training_log = trainer_log(paths, tokens_per_step)
     tokenizer = checkpoint_tokenizer(paths, planned.model.vocab_size)
     states = _checked_states(paths, planned)
+    from tiny_llm.model.hf_optimizer import suite_moments  # torch: not on the command line's import path
+
+    moments = suite_moments(paths, planned.model, [p.step for p in positions])
     labels = [s.revision or s.path.name for s in sources]
     findings, distances = state_findings(labels, [p.step for p in positions], states)
     if not allow_identical:
@@ -260,7 +265,7 @@ def import_run(
         log.info("removing %s, left by an interrupted import", stale)
         shutil.rmtree(stale, ignore_errors=True)
     with atomic_directory(run_dir, kind="import") as tmp:  # renamed onto a missing or empty directory only
-        suite = _Suite(sources, positions, states, [findings.get(label, []) for label in labels], distances)
+        suite = _Suite(sources, positions, states, [findings.get(label, []) for label in labels], distances, moments)
         _write_import(tmp, run_dir, planned, suite, tokenizer, training_log)
     log.info("imported %d checkpoint(s) into %s", len(paths), run_dir)
     return run_dir
@@ -277,6 +282,8 @@ class _Suite:
     """What the integrity checks found of each (empty: nothing)."""
     distances: list[float]
     """‖θᵢ − θ₀‖ of each from the first."""
+    moments: list[AdamMoments | None]
+    """Each one's Adam moments from its optimizer.pt (None: none, or an adapter's model)."""
 
 
 def _write_checkpoint(tmp: Path, index: int, suite: _Suite) -> dict[str, Any]:
@@ -294,6 +301,10 @@ def _write_checkpoint(tmp: Path, index: int, suite: _Suite) -> dict[str, Any]:
         **({"tokens": position.tokens} if position.tokens is not None else {}),
     }
     save_weights(tmp / name, state, metadata)
+    if suite.moments[index] is not None:
+        from tiny_llm.model.moments import save_moments
+
+        save_moments(tmp / moments_file(name), suite.moments[index])
     files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors", ".bin"))
     return {
         "checkpoint": name,
@@ -302,6 +313,9 @@ def _write_checkpoint(tmp: Path, index: int, suite: _Suite) -> dict[str, Any]:
         "stored_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}),
         "files": {p.name: sha256_file(p) for p in files},
         "distance_from_first": suite.distances[index],
+        "optimizer": None
+        if suite.moments[index] is None
+        else {"moments": moments_file(name), **suite.moments[index].record()},
         "integrity": suite.findings[index],
     }
 

@@ -58,8 +58,8 @@ class AdamMoments:
     """An Adam(W) state after its step ``step``: m and v by parameter name, and what that step applied."""
 
     step: int
-    lr: float
-    """The learning rate the last step applied (the schedule's value at that step)."""
+    lr: float | None
+    """The learning rate the last step applied (the schedule's value at that step); None: unknown."""
     beta1: float
     beta2: float
     eps: float
@@ -79,7 +79,7 @@ class AdamMoments:
             "beta2": self.beta2,
             "eps": self.eps,
             "weight_decay": sorted(set(self.weight_decay.values())),
-            "stability_threshold": stability_threshold(self.beta1, self.lr),
+            "stability_threshold": None if not self.lr else stability_threshold(self.beta1, self.lr),
             "source": self.source,
         }
 
@@ -106,7 +106,7 @@ class AdamMoments:
                     raise ValueError(f"{source}: {kind} of {name} is not finite")
         if any(bool((v < 0).any()) for v in self.exp_avg_sq.values()):
             raise ValueError(f"{source}: a second moment is negative; the file is corrupt")
-        if self.step < 0 or not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.eps > 0 and self.lr > 0):
+        if self.step < 0 or not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.eps > 0 and (self.lr or 0) >= 0):
             raise ValueError(
                 f"{source}: step {self.step}, lr {self.lr}, betas ({self.beta1}, {self.beta2}), eps {self.eps} "
                 "are not an Adam state's"
@@ -123,10 +123,14 @@ def preconditioner(moments: AdamMoments) -> dict[str, torch.Tensor] | None:
 
 
 def moments_from_optimizer(
-    state: dict[str, Any], names: list[list[str]] | None = None, source: str = "optimizer state"
+    state: dict[str, Any],
+    names: list[list[str]] | None = None,
+    source: str = "optimizer state",
+    lr: float | None = None,
 ) -> AdamMoments:
     """The moments of a torch Adam/AdamW ``state_dict``, by name: each group's ``param_names`` (or
-    ``names``, one list per group, that the caller proves), every group's lr, betas and eps equal.
+    ``names``, one list per group, that the caller proves), every group's lr, betas and eps equal;
+    ``lr``: the rate the last step applied where the groups hold another (a scheduler's next one).
 
     Raises:
         ValueError: not an Adam state, groups without names, a group whose count differs from its
@@ -149,7 +153,11 @@ def moments_from_optimizer(
                 f"{source}: parameter group {k} holds {len(group['params'])} tensors, {len(group_names)} are named "
                 "for it; the groups are mapped wrongly"
             )
-        if (group["lr"], tuple(group["betas"]), group["eps"]) != (first["lr"], tuple(first["betas"]), first["eps"]):
+        if (group["lr"], tuple(group.get("betas", ())), group["eps"]) != (
+            first["lr"],
+            tuple(first.get("betas", ())),
+            first["eps"],
+        ):
             raise ValueError(f"{source}: parameter groups with different lr, betas or eps are not supported")
         for index, name in zip(group["params"], group_names, strict=True):
             entry = per_index.get(index, {})
@@ -162,10 +170,12 @@ def moments_from_optimizer(
             steps.add(int(float(entry["step"])))
     if len(steps) > 1:
         raise ValueError(f"{source}: its tensors were stepped {sorted(steps)} times; not one optimizer's state")
+    if "betas" not in first:
+        raise ValueError(f"{source}: not an Adam optimizer's state (its groups have no betas)")
     beta1, beta2 = (float(b) for b in first["betas"])
     return AdamMoments(
         steps.pop() if steps else 0,
-        float(first["lr"]),
+        float(first["lr"]) if lr is None else lr,
         beta1,
         beta2,
         float(first["eps"]),
@@ -200,7 +210,7 @@ def save_moments(path: str | Path, moments: AdamMoments) -> None:
     """Write a moments file (safetensors, atomically)."""
     tensors = {f"exp_avg.{n}": t for n, t in moments.exp_avg.items()}
     tensors |= {f"exp_avg_sq.{n}": t for n, t in moments.exp_avg_sq.items()}
-    hyper = {k: getattr(moments, k) for k in ("step", "lr", "beta1", "beta2", "eps")}
+    hyper = {k: json.dumps(getattr(moments, k)) for k in ("step", "lr", "beta1", "beta2", "eps")}
     save_weights(path, tensors, {"format": MOMENTS_FORMAT, **hyper, "weight_decay": json.dumps(moments.weight_decay)})
 
 
@@ -217,14 +227,11 @@ def load_moments(path: str | Path) -> AdamMoments:
     for key, tensor in tensors.items():
         kind, _, name = key.partition(".")
         parts[kind][name] = tensor
+    hyper = {k: json.loads(metadata[k]) for k in ("step", "lr", "beta1", "beta2", "eps")}
     return AdamMoments(
-        int(metadata["step"]),
-        float(metadata["lr"]),
-        float(metadata["beta1"]),
-        float(metadata["beta2"]),
-        float(metadata["eps"]),
-        parts["exp_avg"],
-        parts["exp_avg_sq"],
-        json.loads(metadata["weight_decay"]),
-        Path(path).name,
+        **hyper,
+        exp_avg=parts["exp_avg"],
+        exp_avg_sq=parts["exp_avg_sq"],
+        weight_decay=json.loads(metadata["weight_decay"]),
+        source=Path(path).name,
     )
