@@ -49,11 +49,12 @@ def make_suite(
     tokens_seen: bool = True,
     text: str | None = None,
     seed: int = 0,
+    **arguments,
 ) -> list[Path]:
     """Train a tiny model of ``architecture`` (gpt_neox or llama) from initialisation ``seed`` on
     ``text`` with transformers' own ``Trainer`` (CPU, a few seconds), saving at each of ``steps``
     (evenly spaced) under ``root``/out, with ``num_input_tokens_seen`` counted or not; returns the
-    checkpoint directories, oldest first."""
+    checkpoint directories, oldest first; ``arguments``: more TrainingArguments."""
     import transformers
 
     root.mkdir(parents=True, exist_ok=True)
@@ -99,6 +100,7 @@ def make_suite(
         seed=0,
         include_num_input_tokens_seen=tokens_seen,
         dataloader_num_workers=0,
+        **arguments,
     )
     transformers.Trainer(model=model, args=args, train_dataset=Blocks(), processing_class=tokenizer).train()
     return [root / "out" / f"checkpoint-{step}" for step in steps]
