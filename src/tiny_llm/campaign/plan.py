@@ -131,7 +131,8 @@ class CaseWork:
 def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -> CaseWork:
     """Counts of one (state, case) job of this run and these settings (``workers`` > 1 adds the
     consensus directions of a packed run). With ``settings.trajectory`` the job is priced as one
-    with a successor (every state but the last): the step Δ (per block too) and the loss at θ + Δ."""
+    with a successor (every state but the last): the step Δ (per block too) and the loss at θ + Δ;
+    unless ``preconditioned`` is false, the forms in the optimizer's geometry too."""
     B, mb = config.training.batch_size, config.training.micro_batch_size
     plan = MeasurementPlan.of(
         config.steps_per_epoch,
@@ -140,6 +141,7 @@ def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -
         consensus=workers if workers > 1 else 0,
         blocks=block_count(config.model.n_layers, config.model.tie_embeddings) if settings.block_curvature else 0,
         step=settings.trajectory,
+        geometries=1 + (settings.preconditioned is not False),  # priced where it may be measured
     )
     hvp_microbatches = math.ceil(plan.n_batches * B / (settings.hvp_batch_size or mb))
     audit_gradients = audit_microbatches = 0

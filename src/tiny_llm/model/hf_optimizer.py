@@ -6,7 +6,8 @@ The file numbers its tensors by the Trainer's parameter groups, not by the model
 every parameter the Trainer decays (``Trainer.get_decay_parameter_names``: all but biases and
 norms), then the rest, each group in ``named_parameters`` order of the Hugging Face model its
 config.json builds. That grouping is rebuilt here from the config.json (the model built on the
-meta device: no weights, no download) and checked against the file group by group: the group
+meta device: no weights, no download; its module names renamed to its checkpoints' as
+transformers saves them) and checked against the file group by group: the group
 count, each group's size, its decay (the second group's is 0), and every moment's shape against
 its parameter's; a state grouped otherwise (another optimizer, hand-made groups, frozen
 parameters) is refused by name rather than placed by order. Moments are elementwise, so they take
@@ -19,13 +20,14 @@ value), None where it was not logged there. Read with ``weights_only=True``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from tiny_llm.config import ModelConfig
-from tiny_llm.model.hf import from_hf_state, our_names
+from tiny_llm.model.hf import from_hf_state
 from tiny_llm.model.hf_positions import read_trainer_state
 from tiny_llm.model.moments import AdamMoments, moments_from_optimizer
 from tiny_llm.model.pickles import load_pickle
@@ -35,9 +37,11 @@ __all__ = ["OPTIMIZER_FILE", "suite_moments", "trainer_groups", "trainer_moments
 OPTIMIZER_FILE = "optimizer.pt"
 
 
-def trainer_groups(config_json: Path) -> tuple[list[list[str]], dict[str, tuple[int, ...]]]:
+def trainer_groups(config_json: Path) -> tuple[list[list[str]], dict[str, tuple[int, ...]], Callable]:
     """The Trainer's two parameter groups (decayed, then not) of the model ``config_json`` builds,
-    by Hugging Face name, and every parameter's shape."""
+    by the module's parameter names, every parameter's shape, and the renaming of tensors so named
+    to the names its checkpoints are saved under (transformers' own, as ``save_pretrained`` does:
+    GPT-NeoX's module ``lm_head`` is saved as ``embed_out``)."""
     import transformers
 
     hf_config = transformers.AutoConfig.from_pretrained(str(config_json.parent))
@@ -46,7 +50,11 @@ def trainer_groups(config_json: Path) -> tuple[list[list[str]], dict[str, tuple[
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decayed = set(transformers.Trainer.get_decay_parameter_names(None, model))  # its own rule; self unused
     groups = [[n for n, _ in named if n in decayed], [n for n, _ in named if n not in decayed]]
-    return groups, {n: tuple(p.shape) for n, p in named}
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers before 5 saved under the module's names
+        return groups, {n: tuple(p.shape) for n, p in named}, lambda tensors: tensors
+    return groups, {n: tuple(p.shape) for n, p in named}, lambda tensors: revert_weight_conversion(model, tensors)
 
 
 def _logged_lr(directory: Path, step: int) -> float | None:
@@ -74,7 +82,7 @@ def trainer_moments(directory: str | Path, config: ModelConfig) -> AdamMoments |
     state = load_pickle(path)
     if not isinstance(state, dict) or not isinstance(state.get("param_groups"), list):
         raise ValueError(f"{source}: not a torch optimizer state")
-    groups, shapes = trainer_groups(directory / "config.json")
+    groups, shapes, saved_names = trainer_groups(directory / "config.json")
     saved = state["param_groups"]
     if len(saved) != len(groups) or any(len(g["params"]) != len(n) for g, n in zip(saved, groups, strict=True)):
         raise ValueError(
@@ -94,12 +102,16 @@ def trainer_moments(directory: str | Path, config: ModelConfig) -> AdamMoments |
                 f"{source}: exp_avg_sq of {name} has shape {tuple(tensor.shape)}, the parameter {shapes[name]}; "
                 "the optimizer state is grouped otherwise"
             )
-    names = our_names(config)
+
+    def ours(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:  # elementwise: the weights' renaming
+        return from_hf_state(saved_names(dict(tensors)), config, source)
+
+    decay = {n: torch.tensor(w, dtype=torch.float64).expand(shapes[n]) for n, w in moments.weight_decay.items()}
     return replace(
         moments,
-        exp_avg=from_hf_state(moments.exp_avg, config, source),  # elementwise: the weights' renaming
-        exp_avg_sq=from_hf_state(moments.exp_avg_sq, config, source),
-        weight_decay={names[n]: w for n, w in moments.weight_decay.items() if n in names},
+        exp_avg=ours(moments.exp_avg),
+        exp_avg_sq=ours(moments.exp_avg_sq),
+        weight_decay={n: float(t.reshape(-1)[0]) for n, t in ours(decay).items()},
     )
 
 

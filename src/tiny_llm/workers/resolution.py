@@ -16,6 +16,10 @@ from tiny_llm.workers.settings import AnalysisSettings, quadratic_form_engine
 
 __all__ = ["ITEMSIZE", "Resolution", "memory_plan", "resolve", "runs_compiled"]
 
+PRECONDITIONED_VECTORS = 4
+"""The float64 vectors the statistics in the optimizer's geometry add to a job: P, P^{1/2}, and a
+sampled gradient and its noise in those coordinates (priced whenever the setting may measure them)."""
+
 ITEMSIZE = {"float64": 8, "float32": 4}
 """Bytes of one number of each analysis dtype."""
 
@@ -89,6 +93,7 @@ def memory_plan(
             shards=ranks if settings.sharded else 1,
         ),
         audit_directions=settings.audit_directions if settings.audited else None,
-        extra_vectors=config.training.workers if config.training.packed and settings.consensus else 0,
+        extra_vectors=(config.training.workers if config.training.packed and settings.consensus else 0)
+        + (PRECONDITIONED_VECTORS if settings.preconditioned is not False else 0),
         budget_bytes=budget_bytes,
     )

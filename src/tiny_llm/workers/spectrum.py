@@ -84,10 +84,11 @@ def spectrum_memory(
     )
     basis = spectrum.lanczos_steps * job.held * torch.finfo(BASIS_DTYPES[spectrum.lanczos_basis]).bits // 8
     noise = n_batches if settings.noise_samples is None else min(settings.noise_samples, n_batches)
+    preconditioned = 2 if settings.preconditioned is not False else 0  # P and P^{1/2}
     return plan_spectrum(
         job,
         basis_bytes=basis,
-        extra_vectors=noise,
+        extra_vectors=noise + preconditioned,
         budget_bytes=device_budget(resolved.device, settings.memory_budget_gb),
     )
 

@@ -200,7 +200,7 @@ def test_lanczos_storage_and_reduction_dtypes_are_the_configured_ones(run, monke
         lanczos_reduction="float32",
     )
     result = analyze_spectrum(path / "run", ["epoch-002.safetensors"], "seen", SETTINGS, settings, path / "bf16.json")
-    assert seen == [(torch.bfloat16, torch.float32)] * 3  # top pairs, then two SLQ vectors
+    assert seen == [(torch.bfloat16, torch.float32)] * 4  # top pairs, those of P^{1/2}HP^{1/2}, two SLQ vectors
     assert (result["precision"]["lanczos_basis"], result["precision"]["lanczos_reduction"]) == ("bfloat16", "float32")
     with pytest.raises(ValueError, match="spectrum.lanczos_reduction: expected one of 'float64', 'float32'"):
         SpectrumSettings(lanczos_reduction="bfloat16")
