@@ -38,6 +38,7 @@ class DirectionRunner:
         self.total, self.progress = total, progress
         self.pending: list[tuple[torch.Tensor, Direction, float]] = []
         self.done, self.started = 0, time.perf_counter()
+        self._scale: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def add(self, vector: torch.Tensor, record: Direction, started: float, scale: torch.Tensor | None = None) -> None:
         """Queue a float64 direction d; ``record`` receives dᵀHd and ‖d‖² of the direction as used.
@@ -46,7 +47,7 @@ class DirectionRunner:
         used = vector.to(self.dtype)
         record.squared_norm = self.vectors.squared_norm(used)
         if scale is not None:
-            used = (vector * scale).to(self.dtype)
+            used = used * self._in_dtype(scale)
         if record.squared_norm == 0.0:
             record.curvature, record.hvp_seconds = 0.0, 0.0
             if self.split:
@@ -57,6 +58,12 @@ class DirectionRunner:
         self.pending.append((used, record, started))
         if len(self.pending) == self.K:
             self.flush()
+
+    def _in_dtype(self, scale: torch.Tensor) -> torch.Tensor:
+        """``scale`` in the directions' dtype, converted once for the job (not once per direction)."""
+        if self._scale is None or self._scale[0] is not scale:
+            self._scale = (scale, scale.to(self.dtype))
+        return self._scale[1]
 
     def flush(self) -> None:
         """Measure the queued directions in one pass."""
