@@ -56,7 +56,9 @@ def sharpness(model: Llama, batch: torch.Tensor, scale: torch.Tensor | None) -> 
     def product(V: torch.Tensor) -> torch.Tensor:
         return operator.hvp(V) if scale is None else scale * operator.hvp(scale * V)
 
-    values, *_ = top_eigenpairs(product, operator.flat.D, 1, 60, seed=0, tolerance=1e-6)
+    values, _, _, converged = top_eigenpairs(product, operator.flat.D, 1, 80, seed=0, tolerance=1e-6)
+    if not bool(converged[0]):
+        print("  (Lanczos did not converge to 1e-6 in 80 steps)", flush=True)
     return float(values[0])
 
 
@@ -91,9 +93,10 @@ def train(lr: float, steps: int, every: int, batch: torch.Tensor) -> list[dict]:
 
 
 def draw(runs: dict[float, list[dict]], path: Path) -> None:
-    fig, (ax, loss) = plt.subplots(1, 2, figsize=(7.0, 2.6))
+    fig, (ax, plain, loss) = plt.subplots(1, 3, figsize=(9.0, 2.6))
     for i, (lr, records) in enumerate(runs.items()):
         steps = [r["step"] for r in records]
+        plain.plot(steps, [r["sharpness"] for r in records], "o-", ms=2, color=f"C{i}", label=f"λ_max(H), η = {lr:g}")
         ax.plot(
             steps,
             [r["preconditioned_sharpness"] for r in records],
@@ -114,6 +117,10 @@ def draw(runs: dict[float, list[dict]], path: Path) -> None:
     ax.set_xlabel("step (full batch)")
     ax.set_ylabel("preconditioned sharpness")
     ax.legend(fontsize=6, frameon=False)
+    plain.set_yscale("log")
+    plain.set_xlabel("step (full batch)")
+    plain.set_ylabel("plain sharpness")
+    plain.legend(fontsize=6, frameon=False)
     loss.set_xlabel("step (full batch)")
     loss.set_ylabel("training loss (nats)")
     loss.legend(fontsize=6, frameon=False)
