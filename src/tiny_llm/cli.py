@@ -38,6 +38,7 @@ def _samples(text: str) -> int | None:
 
 
 def _audit(text: str) -> bool | str:
+    """auto, or a switch (on or true, off or false): ``--audit`` and ``--preconditioned``."""
     words = {"auto": "auto", "on": True, "true": True, "off": False, "false": False}
     if text not in words:
         raise argparse.ArgumentTypeError(f"expected auto, on (true) or off (false), got {text!r}")
@@ -53,7 +54,7 @@ def _add_state_arguments(an: argparse.ArgumentParser) -> None:
     """Inputs and numerical settings shared by the analysis workers: one option per field of
     ``AnalysisSettings`` (its default, choices and docstring)."""
     _add_inputs(an)
-    add_options(an, AnalysisSettings, parsers={"noise_samples": _samples, "audit": _audit})
+    add_options(an, AnalysisSettings, parsers={"noise_samples": _samples, "audit": _audit, "preconditioned": _audit})
 
 
 def _add_inputs(an: argparse.ArgumentParser) -> None:

@@ -4,7 +4,8 @@
 present) of a collected analysis and returns text: one row per checkpoint and case with the main
 statistics as value ± standard error, then plain-language flags:
 
-* B_noise above the training batch: a larger batch would still shorten training (in steps);
+* B_noise above the training batch: a larger batch would still shorten training (in steps); and
+  B_noise,P, the same in the optimizer's geometry;
 * a curvature statistic within one standard error of 0: its sign is not known;
 * a precision audit over its threshold: those statistics are not to be used;
 * top eigenvalues whose Lanczos iteration did not converge;
@@ -74,6 +75,14 @@ def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[
             f"B_noise exceeds the training batch of {batch} in {len(above)} of {len(rows)} rows (first: "
             f"{_name(first)} {first['case']}, B_noise {float(first['b_noise']):.3g}): a larger batch would "
             "still cut the steps to a given loss almost in proportion"
+        )
+    preconditioned = [r for r in rows if batch and (_number(r.get("precond_b_noise")) or 0) > batch]
+    if preconditioned:
+        first = preconditioned[0]
+        flags.append(
+            f"B_noise,P (in the optimizer's geometry) exceeds the training batch of {batch} in {len(preconditioned)} "
+            f"of {len(rows)} rows (first: {_name(first)} {first['case']}, {float(first['precond_b_noise']):.3g}): "
+            "the critical batch of the optimizer that trained the model is above the batch it used"
         )
     for name, samples in CURVATURES.items():
         unsure = [
