@@ -52,12 +52,13 @@ def _preconditioned_sharpness(table, context, out_dir) -> list[Path]:
     notes = Notes()
     values = pd.to_numeric(table.get("precond_sharpness_over_threshold", pd.Series(dtype=float)), errors="coerce")
     if values.notna().any():
-        curves(ax, table, "precond_la_eigenvalue_1", "λ_max(PH)", "C0", log=True, notes=notes)
-        curves(ax, table, "stability_threshold", "stability threshold", "0.2", log=True, notes=Notes())
+        held = table["preconditioner"].fillna("").astype(str) != ""
+        curves(ax, table[held], "precond_la_eigenvalue_1", "λ_max(PH)", "C0", log=True, notes=notes)
+        curves(ax, table[held], "stability_threshold", "stability threshold", "0.2", log=True, notes=Notes())
         ax.set_yscale("log")
-        note = "; ".join(
-            n for n in (f"λ_max(PH) / threshold {values.min():.2g} to {values.max():.2g}", notes.text()) if n
-        )
+        without = f"{int((~held).sum())} rows without a preconditioner (step 0 has none)" if (~held).any() else ""
+        ratio = f"λ_max(PH) / threshold {values.min():.2g} to {values.max():.2g}"
+        note = "; ".join(n for n in (ratio, notes.text(), without) if n)
     else:
         note = "no state has the optimizer's preconditioner (each result's preconditioner.reason says why)"
     return finish(ax, out_dir / "preconditioned_sharpness", "preconditioned sharpness", context, note)
