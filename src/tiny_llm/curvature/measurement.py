@@ -10,7 +10,7 @@ A job measures, over one epoch of ``n_batches`` effective batches:
   of a packed run's consensus errors (one per worker), and with a successor (the trajectory) of the
   step Δ; with ``block_curvature`` each noise direction, ḡ and Δ once more per parameter block;
 * with the optimizer's preconditioner P, the noise, ḡ and Rademacher forms (and their blocks) once
-  more, in the coordinates u = P^{-1/2}θ (:mod:`tiny_llm.curvature.preconditioned`);
+  more, in the coordinates u = P^{-1/2}θ (:mod:`tiny_llm.curvature.noise`);
 * with a successor the epoch loss at θ + Δ (a forward pass over every batch), and per block at
   θ + Δ_b;
 * with the precision audit, ḡ again in float64 and the audited batch gradients in both precisions.

@@ -36,7 +36,7 @@ null when the epoch is a single batch. All reductions are float64.
 
 Preconditioned (with the optimizer's preconditioner P at the state, ``preconditioned``): every
 statistic above but the loss, in the coordinates u = P^{-1/2}θ, where ḡ_u = P^{1/2}ḡ,
-H_u = P^{1/2}HP^{1/2} and vᵢ,u = P^{1/2}vᵢ (:mod:`tiny_llm.curvature.preconditioned`): B_simple,P =
+H_u = P^{1/2}HP^{1/2} and vᵢ,u = P^{1/2}vᵢ (P: :mod:`tiny_llm.model.moments`): B_simple,P =
 B·c·mean vᵢᵀPvᵢ / ḡᵀPḡ, B_noise,P = B·c·mean (Pvᵢ)ᵀH(Pvᵢ) / ḡᵀPHPḡ, gradient_sharpness
 ḡᵀPHPḡ / ḡᵀPḡ, gradient_step ḡᵀPḡ / ḡᵀPHPḡ (the best η of the step −ηPḡ), random_curvature
 tr(PH)/D, with the same standard errors.
@@ -63,7 +63,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -84,7 +84,7 @@ from tiny_llm.curvature.gradients import (
 from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, Precision
 from tiny_llm.curvature.measurement import MeasurementPlan
 from tiny_llm.curvature.placement import Placement, place
-from tiny_llm.curvature.records import Direction, NoiseSample, RandomDirection, consensus_block
+from tiny_llm.curvature.records import ConsensusWorker, Direction, NoiseSample, RandomDirection, consensus_block
 from tiny_llm.curvature.statistics import (
     Samples,
     block_statistics,
@@ -117,6 +117,9 @@ class _Setup:
     """The production and float64 sides of the precision audit."""
     loss_at: Callable[[torch.Tensor], float]
     """The epoch loss at θ + d, for a displacement d held as every vector is (the step's)."""
+    scales: list[torch.Tensor | None]
+    """The coordinates θ = diag(s) u every statistic is taken in: None (the plain ones) and, with a
+    preconditioner P, s = P^{1/2} (float64, held as every vector is)."""
 
 
 def _setup(
@@ -127,7 +130,7 @@ def _setup(
     data-parallel ranks) and everything read through it. An engine that does not run under the
     placement is refused by name before any copy or shard."""
     placement = place(model, inputs.sharded, keep_reference=bool(inputs.audit), engine=inputs.engine)
-    rows, head = inputs.gradient_micro_batch, inputs.head_tokens("gradient")
+    rows, head, P = inputs.gradient_micro_batch, inputs.head_tokens("gradient"), inputs.preconditioner
 
     def operator() -> EpochHessian:
         return EpochHessian(
@@ -161,6 +164,7 @@ def _setup(
             placement.pieces,
             partial(epoch_loss, model, batches, rows, precision, head, placement),
         ),
+        scales=[None] + ([] if P is None else [P.to(precision.device, torch.float64).sqrt()]),
     )
 
 
@@ -193,6 +197,43 @@ def _audit_first(
     return audit
 
 
+@dataclass
+class _Queued:
+    """The records of one coordinates' directions, queued (their forms arrive at the flush): those
+    of θ = diag(s) u with s = ``scale`` (None: the plain coordinates)."""
+
+    scale: torch.Tensor | None
+    noise: list[NoiseSample] = field(default_factory=list)
+    block_forms: dict[int, list[Direction]] = field(default_factory=dict)
+    """batch index -> its block-diagonal forms (with ``block_curvature``)."""
+    random: list[RandomDirection] = field(default_factory=list)
+    gradient: Direction = field(default_factory=Direction)
+    gradient_blocks: list[Direction] | None = None
+
+    def covector(self, g: torch.Tensor) -> torch.Tensor:
+        """A gradient in these coordinates: gᵤ = s ⊙ g."""
+        return g if self.scale is None else g * self.scale
+
+    def samples(self, g_bar: torch.Tensor, vectors: Vectors, B: int, M: int) -> Samples:
+        """The statistics' samples, once measured."""
+        _block_forms_measured(self.noise, self.block_forms, self.gradient_blocks)
+        return Samples(
+            self.noise,
+            self.random,
+            vectors.norm(self.covector(g_bar)),
+            self.gradient.curvature,
+            vectors.layout.D,
+            B,
+            M,
+            self.gradient.gauss_newton,
+        )
+
+    def measured(self) -> list[Direction]:
+        """Every direction measured (for the timing)."""
+        blocks = (d for forms in self.block_forms.values() for d in forms)
+        return [*self.noise, *self.random, self.gradient, *(self.gradient_blocks or []), *blocks]
+
+
 def _noise_samples(
     setup: _Setup,
     g_bar: torch.Tensor,
@@ -201,23 +242,21 @@ def _noise_samples(
     inputs: CaseInputs,
     runner: DirectionRunner,
     blocks: list[tuple[str, list[int]]],
-    scales: list[torch.Tensor | None],
-) -> tuple[list[list[NoiseSample]], float, list[dict[int, list[Direction]]]]:
+) -> tuple[list[_Queued], float]:
     """The sampled batches' records (with their squared norms per parameter block), their noise
     directions vᵢ = gᵢ − ḡ queued on ``runner``, the seconds their gradients took (``sampled``:
     those the audit computed already) and, with ``block_curvature``, each batch's block-diagonal
     forms' records: one list of records and forms for each coordinates θ = diag(s) u of
-    ``scales`` (None: the plain ones), each gradient gᵢ taken once (in u, gᵢ,u = s ⊙ gᵢ)."""
+    ``setup.scales`` (None: the plain ones), each gradient gᵢ taken once (in u, gᵢ,u = s ⊙ gᵢ)."""
     plan, vectors, seconds = inputs.plan, setup.vectors, 0.0
-    noise: list[list[NoiseSample]] = [[] for _ in scales]
-    block_forms: list[dict[int, list[Direction]]] = [{} for _ in scales]  # batch index -> its block forms
+    queued = [_Queued(scale) for scale in setup.scales]
     gradients = setup.gradients(selected, sampled)
     for i in selected:
         started = time.perf_counter()
         g, batch_loss = next(gradients)
         seconds += time.perf_counter() - started
-        for records, forms, scale in zip(noise, block_forms, scales, strict=True):
-            g_u = g if scale is None else g * scale
+        for q in queued:
+            g_u = q.covector(g)
             record = NoiseSample(
                 batch_index=i,
                 stream_batch=int(plan.stream_batches[i]),
@@ -227,13 +266,13 @@ def _noise_samples(
                 worker=int(plan.stream_batches[i]) % inputs.workers if inputs.workers > 1 else None,
                 block_grad_squared_norms=vectors.block_squared_norms(g_u, blocks),
             )
-            v = (g - g_bar) if scale is None else (g - g_bar) * scale
+            v = q.covector(g - g_bar)
             record.block_noise_squared_norms = vectors.block_squared_norms(v.to(runner.dtype), blocks)  # as used
-            records.append(record)
-            runner.add(v, record, started, scale)
+            q.noise.append(record)
+            runner.add(v, record, started, q.scale)
             if inputs.block_curvature:
-                forms[record.batch_index] = add_block_directions(runner, v, blocks, scale)
-    return noise, seconds, block_forms
+                q.block_forms[record.batch_index] = add_block_directions(runner, v, blocks, q.scale)
+    return queued, seconds
 
 
 def _counts(samples: Samples, inputs: CaseInputs, operator: CurvatureOperator) -> dict[str, Any]:
@@ -285,42 +324,26 @@ def _block_forms_measured(
     return [*(gradient_blocks or []), *(d for forms in block_forms.values() for d in forms)]
 
 
-@dataclass
-class _Queued:
-    """The records of one coordinates' directions, queued (their forms arrive at the flush)."""
-
-    noise: list[NoiseSample]
-    block_forms: dict[int, list[Direction]]
-    random: list[RandomDirection]
-    gradient: Direction
-    gradient_blocks: list[Direction] | None
-
-    def samples(self, g_bar_u: torch.Tensor, vectors: Vectors, B: int, M: int) -> Samples:
-        """The statistics' samples, once measured (``g_bar_u``: ḡ in these coordinates)."""
-        _block_forms_measured(self.noise, self.block_forms, self.gradient_blocks)
-        return Samples(
-            self.noise,
-            self.random,
-            vectors.norm(g_bar_u),
-            self.gradient.curvature,
-            vectors.layout.D,
-            B,
-            M,
-            self.gradient.gauss_newton,
+def _queue_others(
+    queued: list[_Queued], runner: DirectionRunner, g_bar: torch.Tensor, inputs: CaseInputs, blocks
+) -> list[ConsensusWorker]:
+    """The directions beside the noise queued in each coordinates (:func:`queue_other_directions`),
+    onto their records; the consensus workers' records (plain coordinates only)."""
+    consensus = []
+    for q in queued:
+        q.random, q.gradient, q.gradient_blocks, workers = queue_other_directions(
+            runner, g_bar, inputs, blocks, g_bar.device, q.scale
         )
-
-    def measured(self) -> list[Direction]:
-        """Every direction measured (for the timing)."""
-        blocks = (d for forms in self.block_forms.values() for d in forms)
-        return [*self.noise, *self.random, self.gradient, *(self.gradient_blocks or []), *blocks]
+        consensus += workers
+    return consensus
 
 
-def _statistics(samples: Samples, setup: _Setup, sizes: list[int], blocks, g_bar_u, queued: _Queued) -> dict:
+def _statistics(samples: Samples, setup: _Setup, sizes: list[int], blocks, g_bar, queued: _Queued) -> dict:
     """The statistics of one coordinates, their standard errors and blocks, and their records."""
     return {
         "statistics": summarise(samples),
         "standard_errors": standard_errors(samples),
-        "blocks": _block_rows(samples, setup, sizes, blocks, g_bar_u, queued.gradient_blocks),
+        "blocks": _block_rows(samples, setup, sizes, blocks, queued.covector(g_bar), queued.gradient_blocks),
         "noise_samples": [r.to_json() for r in queued.noise],
         "random_directions": [r.to_json() for r in queued.random],
     }
@@ -334,8 +357,8 @@ def measure_case(
     With ``inputs.sharded`` in a process group the model is sharded over its ranks (in place; pass it on
     the host, FSDP2 moves each rank's shards to the device) and every parameter-sized vector is a
     shard (``_sharded``); the statistics are the same. With ``inputs.preconditioner`` P, every
-    statistic is also taken in the optimizer's coordinates u = P^{-1/2}θ (``preconditioned``:
-    :mod:`tiny_llm.curvature.preconditioned`), from the same gradients and passes.
+    statistic is also taken in the optimizer's coordinates u = P^{-1/2}θ (``preconditioned``: the
+    module docstring), from the same gradients and passes.
     """
     t0 = time.perf_counter()
     batches = [inputs.cache.tokens(blocks) for blocks in inputs.plan.blocks]
@@ -351,7 +374,6 @@ def measure_case(
     audit = _audit_first(setup, batches, (g_bar, epoch_loss), selected, inputs, sampled, progress)
     operator = setup.operator()
     blocks = model_blocks(operator.flat.names, inputs.block_curvature, progress)
-    scales = [None] + ([inputs.preconditioner.sqrt().to(g_bar)] if inputs.preconditioner is not None else [])
     plan = MeasurementPlan.of(
         n,
         inputs.noise_samples,
@@ -359,25 +381,16 @@ def measure_case(
         consensus=len(inputs.consensus),
         blocks=len(blocks) if inputs.block_curvature else 0,
         step=inputs.step is not None,
-        geometries=len(scales),
+        geometries=len(setup.scales),
     )
     runner = DirectionRunner(operator, operator.K, setup.split, vectors, plan.directions, precision.dtype, progress)
-    noise, sample_seconds, block_forms = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks, scales)
-    queued, consensus = [], []
-    for k, scale in enumerate(scales):
-        random, gradient, gradient_blocks, workers = queue_other_directions(
-            runner, g_bar, inputs, blocks, precision.device, scale
-        )
-        queued.append(_Queued(noise[k], block_forms[k], random, gradient, gradient_blocks))
-        consensus += workers
+    queued, sample_seconds = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks)
+    consensus = _queue_others(queued, runner, g_bar, inputs, blocks)
     step = queue_trajectory(runner, inputs.step, setup.loss_at, blocks, inputs.block_curvature, precision.device)
     runner.flush()
-    M, taken = n * B, []
-    for q, scale in zip(queued, scales, strict=True):
-        g_bar_u = g_bar if scale is None else g_bar * scale
-        taken.append((q.samples(g_bar_u, vectors, B, M), g_bar_u, q))
-    samples = taken[0][0]
-    plain, *preconditioned = (_statistics(s, setup, operator.flat.sizes, blocks, g, q) for s, g, q in taken)
+    taken = [(q, q.samples(g_bar, vectors, B, n * B)) for q in queued]
+    samples = taken[0][1]
+    plain, *preconditioned = (_statistics(s, setup, operator.flat.sizes, blocks, g_bar, q) for q, s in taken)
     statistics = {"loss": epoch_loss, **plain["statistics"]}
     trajectory = finish_trajectory(step, g_bar, epoch_loss, blocks, statistics, plain["blocks"])
     return {

@@ -1,7 +1,8 @@
-"""Collected results: manifest.json and summary.csv (and spectrum.csv) from the per-state result
-files (collect), the figures drawn from those files alone (drawing: how every figure is drawn;
-figures: the analysis's; spectrum_figures: the spectrum's), the terminal summary (summarize), and
-the campaign record that every controller run and collection appends to (record).
+"""Collected results: manifest.json and summary.csv from the per-state result files (collect),
+spectrum.csv from the spectra (spectrum_table), the figures drawn from those files alone
+(drawing: how every figure is drawn; figures: the analysis's; spectrum_figures: the spectrum's),
+the terminal summary (summarize), and the campaign record that every controller run and
+collection appends to (record).
 
 Names are imported on first use, so that the workflow's planner, which writes the campaign record,
 imports no matplotlib or pandas.
@@ -18,9 +19,9 @@ __all__, __getattr__ = exports(
             "STATISTICS",
             "SUMMARY_COLUMNS",
             "collect",
-            "collect_spectrum",
             "validate_result",
         ],
+        "tiny_llm.results.spectrum_table": ["collect_spectrum"],
         "tiny_llm.results.figures": ["AUDIT_FIGURES", "FIGURES", "plot_analysis", "plot_audit"],
         "tiny_llm.results.manifest": ["AUDIT_THRESHOLD"],
         "tiny_llm.results.record": ["append_event", "job_records"],

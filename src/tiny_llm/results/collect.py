@@ -32,7 +32,7 @@ from tiny_llm.curvature.statistics import (
 from tiny_llm.curvature.statistics import STATISTICS as DECLARED
 from tiny_llm.curvature.trajectory import STEP_STATISTICS, step_statistics
 from tiny_llm.io import atomic_write_json, atomic_write_text
-from tiny_llm.layout import BLOCKS, MANIFEST, SPECTRUM, SUMMARY
+from tiny_llm.layout import BLOCKS, MANIFEST, SUMMARY
 from tiny_llm.results.manifest import AUDIT_THRESHOLD, audit_block, integrity_block, manifest
 from tiny_llm.results.record import append_event, job_records
 
@@ -45,9 +45,11 @@ __all__ = [
     "ERROR_COLUMNS",
     "GAUSS_NEWTON",
     "STATISTICS",
+    "cell",
+    "csv_text",
+    "read_results",
     "SUMMARY_COLUMNS",
     "collect",
-    "collect_spectrum",
     "validate_result",
 ]
 
@@ -221,7 +223,7 @@ def validate_result(result: dict[str, Any], key: str, case: str, workers: int | 
             raise ValueError(f"{source}: consensus aggregates disagree with the worker records")
 
 
-def _read_results(folder: Path, states: dict[str, Any], cases: list[str]):
+def read_results(folder: Path, states: dict[str, Any], cases: list[str]):
     """Yield (state, case, path, result) for every state and case of ``folder/<key>/<case>.json``.
 
     Raises:
@@ -235,11 +237,13 @@ def _read_results(folder: Path, states: dict[str, Any], cases: list[str]):
             yield state, case, path, json.loads(path.read_text())
 
 
-def _cell(value: Any) -> Any:
+def cell(value: Any) -> Any:
+    """A value as a CSV cell (null: blank)."""
     return "" if value is None else value
 
 
-def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
+def csv_text(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """``rows`` as CSV text with ``columns``."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
@@ -255,7 +259,7 @@ def _validated(analysis_dir: Path, states: dict[str, Any], cases: list[str]) -> 
     """
     workers = states["workers"] if states["consensus"] else None
     results, identity = {}, None
-    for state, case, path, result in _read_results(analysis_dir / "states", states, cases):
+    for state, case, path, result in read_results(analysis_dir / "states", states, cases):
         validate_result(result, state["key"], case, workers, str(path))
         if identity is None:
             identity = result["identity"]
@@ -285,7 +289,7 @@ def _rows_per_alias(
                     "state_key": state["key"],
                     "case": case,
                     "step": alias["step"],
-                    "tokens": _cell(alias["tokens"]),
+                    "tokens": cell(alias["tokens"]),
                 }
                 rows.extend(identity | row for row in cells(results[state["key"], case], alias))
     rows.sort(key=lambda r: (r["step"], r["file"], cases.index(r["case"])))
@@ -305,12 +309,12 @@ def _summary_rows(results: dict, states: dict[str, Any], cases: list[str]) -> li
             {
                 "source": alias.get("source", ""),
                 "integrity": flags.get(alias["file"], ""),
-                **{s.name: _cell(result["statistics"].get(s.name)) for s in DECLARED},
-                **{k: _cell(result["standard_errors"].get(k)) for k in ERROR_COLUMNS},
-                "audit_statistic_error": _cell(audit.get("max_statistic_relative_error")),
-                "audit_max_relative_error": _cell(audit.get("max_relative_error")),
-                **{c: _cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS},
-                **{k: _cell(result["statistics"].get(k)) for k in STEP_STATISTICS},
+                **{s.name: cell(result["statistics"].get(s.name)) for s in DECLARED},
+                **{k: cell(result["standard_errors"].get(k)) for k in ERROR_COLUMNS},
+                "audit_statistic_error": cell(audit.get("max_statistic_relative_error")),
+                "audit_max_relative_error": cell(audit.get("max_relative_error")),
+                **{c: cell(aggregate.get(c.removeprefix("consensus_"))) for c in CONSENSUS_COLUMNS},
+                **{k: cell(result["statistics"].get(k)) for k in STEP_STATISTICS},
                 **_preconditioned_cells(result),
             }
         ]
@@ -325,7 +329,7 @@ def _preconditioned_cells(result: dict[str, Any]) -> dict[str, Any]:
     optimizer = (result.get("preconditioner") or {}).get("optimizer", "") if result.get("preconditioned") else ""
     return {
         "preconditioner": optimizer,
-        **{f"{PREFIX}{k}": _cell(values.get(k)) for k in PRECONDITIONED + ERROR_COLUMNS},
+        **{f"{PREFIX}{k}": cell(values.get(k)) for k in PRECONDITIONED + ERROR_COLUMNS},
     }
 
 
@@ -336,7 +340,7 @@ def _block_rows(results: dict, states: dict[str, Any], cases: list[str]) -> list
         blocks = result.get("blocks", [])
         preconditioned = (result.get("preconditioned") or {}).get("blocks") or [{} for _ in blocks]
         return [
-            {c: _cell(other.get(c[len(PREFIX) :]) if c.startswith(PREFIX) else block.get(c)) for c in BLOCK_COLUMNS[5:]}
+            {c: cell(other.get(c[len(PREFIX) :]) if c.startswith(PREFIX) else block.get(c)) for c in BLOCK_COLUMNS[5:]}
             for block, other in zip(blocks, preconditioned, strict=True)
         ]
 
@@ -366,8 +370,8 @@ def collect(
         )
     audit = audit_block(rows, results, name, audit_threshold)
     written = manifest(results, identity, states, cases, name, audit)
-    atomic_write_text(analysis_dir / SUMMARY, _csv(rows, SUMMARY_COLUMNS))
-    atomic_write_text(analysis_dir / BLOCKS, _csv(_block_rows(results, states, cases), BLOCK_COLUMNS))
+    atomic_write_text(analysis_dir / SUMMARY, csv_text(rows, SUMMARY_COLUMNS))
+    atomic_write_text(analysis_dir / BLOCKS, csv_text(_block_rows(results, states, cases), BLOCK_COLUMNS))
     atomic_write_json(analysis_dir / MANIFEST, written)
     append_event(
         analysis_dir,
@@ -379,95 +383,3 @@ def collect(
         },
     )
     return written
-
-
-def _spectrum_row(result: dict[str, Any]) -> dict[str, Any]:
-    row: dict[str, Any] = {}
-    for which, key in (("la", "top_eigenvalues"), ("lm", "top_magnitude_eigenvalues")):
-        for pair in result[key]:
-            row[f"{which}_eigenvalue_{pair['index'] + 1}"] = pair["eigenvalue"]
-            row[f"{which}_residual_{pair['index'] + 1}"] = pair["residual"]
-            row[f"{which}_converged_{pair['index'] + 1}"] = _cell(pair.get("converged"))
-    row["trace_over_D"] = result["slq"]["trace_over_D"]
-    row["second_moment_over_D"] = result["slq"]["second_moment_over_D"]
-    alignment = result["alignment"]
-    row["gradient_top1_alignment"] = alignment["gradient_top"][0]
-    noise = alignment["noise_top_mean"]
-    row["noise_top1_alignment"] = _cell(noise[0] if noise else None)
-    row["gradient_top_share"] = _cell(alignment.get("gradient_top_share"))  # older results lack the shares
-    step = alignment.get("step_top")
-    row["step_top1_alignment"] = _cell(step[0] if step else None)
-    row["step_top_share"] = _cell(alignment.get("step_top_share"))
-    cg = result["cg"]
-    row.update(
-        cg_damping=cg["damping"],
-        cg_status=cg["status"],
-        cg_iterations=_cell(cg["iterations"]),
-        cg_relative_residual=_cell(cg["relative_residual"]),
-        g_inverse_g=_cell(cg["g_inverse_g"]),
-    )
-    for kind, block in result["block_diagonal"].items():
-        row[f"block_{kind}_relative_error"] = block["mean_relative_error"]
-        row[f"block_{kind}_cosine"] = block["mean_cosine"]
-    return row | _preconditioned_spectrum(result)
-
-
-def _preconditioned_spectrum(result: dict[str, Any]) -> dict[str, Any]:
-    """The spectrum row's preconditioned sharpness beside the learning rate and the stability
-    threshold of the step (blank where the state has no preconditioner): ``precond_la_*`` the top
-    eigenvalues of P^{1/2}HP^{1/2}, and their largest over the threshold."""
-    record, top = result.get("preconditioner") or {}, result.get("preconditioned") or {}
-    row: dict[str, Any] = {"preconditioner": record.get("optimizer", "") if top else ""}
-    pairs = top.get("top_eigenvalues") or [{"index": i} for i in range(len(result["top_eigenvalues"]))]
-    for pair in pairs:
-        row[f"precond_la_eigenvalue_{pair['index'] + 1}"] = _cell(pair.get("eigenvalue"))
-        row[f"precond_la_converged_{pair['index'] + 1}"] = _cell(pair.get("converged"))
-    threshold = record.get("stability_threshold") if top else None
-    sharpness = pairs[0].get("eigenvalue")
-    row.update(
-        lr=_cell(record.get("lr") if top else None),
-        stability_threshold=_cell(threshold),
-        precond_sharpness_over_threshold=_cell(
-            None if threshold is None or sharpness is None else sharpness / threshold
-        ),
-    )
-    return row
-
-
-def collect_spectrum(analysis_dir: str | Path, states: dict[str, Any], cases: list[str]) -> list[dict[str, Any]]:
-    """Write spectrum.csv (one row per checkpoint file × case) from spectra/<key>/<case>.json."""
-    analysis_dir = Path(analysis_dir)
-    rows, identity = [], None
-    for state, case, path, result in _read_results(analysis_dir / "spectra", states, cases):
-        if result["state"]["key"] != state["key"] or result["case"] != case:
-            raise ValueError(f"{path} holds another state or case")
-        if identity is not None and result["identity"]["hash"] != identity:
-            raise ValueError(f"{path} was computed with another identity than the other spectra")
-        identity = result["identity"]["hash"]
-        values = _spectrum_row(result)
-        for alias in state["aliases"]:
-            rows.append(
-                {
-                    "file": alias["file"],
-                    "state_key": state["key"],
-                    "case": case,
-                    "step": alias["step"],
-                    "tokens": _cell(alias["tokens"]),
-                    "source": alias.get("source", ""),
-                    **values,
-                }
-            )
-    rows.sort(key=lambda r: (r["step"], r["file"], cases.index(r["case"])))
-    atomic_write_text(analysis_dir / SPECTRUM, _csv(rows, list(rows[0])))
-    unconverged = sorted(
-        {(r["file"], r["case"]) for r in rows if any(v is False for k, v in r.items() if "_converged_" in k)}
-    )
-    if unconverged:
-        log.warning(
-            "analysis %s: top eigenvalues of %d (state, case) rows did not converge (%s); their "
-            "*_converged_* cells in spectrum.csv are False: raise spectrum.lanczos_steps",
-            analysis_dir.name,
-            len(unconverged),
-            ", ".join(f"{f} {c}" for f, c in unconverged[:4]) + (" ..." if len(unconverged) > 4 else ""),
-        )
-    return rows

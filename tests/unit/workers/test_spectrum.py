@@ -255,7 +255,7 @@ def test_a_memory_budget_cuts_the_products_without_changing_the_spectrum(run):
 def test_the_default_lanczos_converges_and_a_low_cap_is_flagged(run, caplog):
     """With the default settings the top eigenvalues converge (to the dense spectrum) and say so;
     capped at 3 steps they do not, and the result, spectrum.csv and collection say that."""
-    from tiny_llm.results.collect import collect_spectrum
+    from tiny_llm.results.spectrum_table import collect_spectrum
 
     config, path = run
     H, _ = _dense_hessian(config, load_file(path / "run" / "epoch-000.safetensors"), epoch_plan(config, 1))
