@@ -260,13 +260,15 @@ def _spectrum(rank: int, size: int, store: str, run: str, out: str) -> None:
 
 
 def _spectral_numbers(result: dict) -> list[float]:
-    """Every number of a spectrum result that the ranks compute."""
+    """Every number of a spectrum result that the ranks compute (the run kept its Adam moments, so
+    the preconditioned top eigenvalues too)."""
     numbers = [p["eigenvalue"] for p in result["top_eigenvalues"] + result["top_magnitude_eigenvalues"]]
     numbers += [v for nodes in result["slq"]["nodes"] for v in nodes] + [result["slq"]["trace_over_D"]]
     alignment = result["alignment"]
     numbers += alignment["gradient_top"] + alignment["noise_top_mean"] + alignment["step_top"]
     numbers += [alignment["gradient_top_share"], alignment["step_top_share"]]
     numbers += [result["cg"]["g_inverse_g"], result["cg"]["relative_residual"]]
+    numbers += [p["eigenvalue"] for p in result["preconditioned"]["top_eigenvalues"]]  # those of P^{1/2}HP^{1/2}
     return numbers + [x for kind in result["block_diagonal"].values() for x in kind["relative_error"] + kind["cosine"]]
 
 
