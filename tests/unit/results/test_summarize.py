@@ -97,3 +97,16 @@ def test_the_command_prints_it_and_refuses_a_folder_without_an_analysis(tmp_path
     assert "final.pt" in capsys.readouterr().out
     assert main(["summarize", str(tmp_path / "nothing")]) == 2
     assert "holds no collected analysis (summary.csv and manifest.json)" in capsys.readouterr().err
+
+
+def test_b_noise_in_the_optimizers_geometry_above_the_batch_is_flagged(tmp_path):
+    rows = [
+        _row("epoch-000.safetensors", b_noise=4.0),
+        _row("epoch-001.safetensors", b_noise=8.0, precond_b_noise=20.0),
+    ]
+    flags = summarize(_analysis(tmp_path / "a", rows)).split("Flags:\n")[1].splitlines()
+    assert flags == [
+        "- B_noise,P (in the optimizer's geometry) exceeds the training batch of 16 in 1 of 2 rows (first: "
+        "epoch-001.safetensors seen, 20): the critical batch of the optimizer that trained the model is above "
+        "the batch it used"
+    ]
