@@ -178,8 +178,9 @@ def test_workflow_runs_default_to_interval_checkpoints_and_print_their_cost(tmp_
         in out
     )
     assert "analysis last: ≤ 1 states (final checkpoint only" in out
-    # 36 forms and the step Δ to the successor, whose loss at θ + Δ is a forward pass over the epoch
-    assert "each: 22 gradient micro-batches, 37 quadratic forms in 3 passes × 16 curvature micro-batches, " in out
+    # 36 forms in each geometry (the plain one and Adam's, whose moments the run keeps) and the step Δ
+    # to the successor, whose loss at θ + Δ is a forward pass over the epoch
+    assert "each: 22 gradient micro-batches, 73 quadratic forms in 5 passes × 16 curvature micro-batches, " in out
     assert "forward micro-batches (the loss at θ + Δ; not at the last state)" in out
 
 

@@ -89,7 +89,7 @@ def test_a_settings_file_and_the_command_line_give_the_same_settings_for_every_f
         noise_samples=5, random_samples=3, seed=7, hvp_batch_size=4, directions_per_pass=2, engine="taylor",
         compile_hvp=False, device="cpu", dtype="float64", tf32=False, amp=False, consensus=False,
         block_curvature=True, sharded=True, audit=True, audit_directions=2, audit_batches=3, data_offset=1,
-        memory_budget_gb=1.5, trajectory=False,
+        memory_budget_gb=1.5, trajectory=False, preconditioned=True,
     )  # fmt: skip
     spectrum = dict(
         top_k=2, lanczos_steps=9, lanczos_tolerance=1e-4, lanczos_basis="float32", lanczos_reduction="float32",
@@ -101,7 +101,7 @@ def test_a_settings_file_and_the_command_line_give_the_same_settings_for_every_f
     argv = ["analyze-spectrum", "--run", "r", "--checkpoint", "c", "--case", "seen", "--output", "o"]
     for name, value in {**analysis, **spectrum}.items():
         flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool) and name != "audit":
+        if isinstance(value, bool) and name not in ("audit", "preconditioned"):
             argv.append(flag if value else "--no-" + flag[2:])
         else:
             argv += [flag, _words(value)]

@@ -37,7 +37,7 @@ def run(tmp_path_factory):
 )
 def test_counts_equal_those_of_a_measurement(run, samples, K, hvp, blocks, step):
     """The price's counts are the job's: with a successor (``step``), the step Δ (per block too) and
-    the loss at θ + Δ are priced as the job runs them."""
+    the loss at θ + Δ are priced as the job runs them, and the forms in the optimizer's geometry."""
     config, path = run
     if not (path / "run" / "final.pt").exists():
         train(config, path / "run")
@@ -57,8 +57,11 @@ def test_counts_equal_those_of_a_measurement(run, samples, K, hvp, blocks, step)
     work, counts = case_work(config, settings), result["counts"]
     assert (result["trajectory"] is not None) == step
     assert work.noise_samples == counts["noise_samples"]
-    block_forms = (counts["noise_samples"] + 1 + step) * len(result["blocks"]) if blocks else 0
-    assert work.directions == counts["noise_samples"] + counts["random_samples"] + 1 + step + block_forms
+    per_block = len(result["blocks"]) if blocks else 0
+    geometries = 2 if result["preconditioned"] is not None else 1  # the run kept its Adam moments: 2
+    assert geometries == 2
+    noise_and_gradient = (counts["noise_samples"] + 1) * (1 + per_block) + counts["random_samples"]
+    assert work.directions == noise_and_gradient * geometries + step * (1 + per_block)
     micro = -(-config.training.batch_size // config.training.micro_batch_size)
     assert work.forward_microbatches == (counts["epoch_batches"] * micro if step else 0)
     assert work.hvp_microbatches == counts["hvp_batches"]

@@ -16,10 +16,19 @@ SECONDS = {"startup": 100.0, "gradient_microbatch": 1.0, "hvp_microbatch_pass": 
 def test_estimate_scales_with_epoch_and_samples(tmp_path):
     config = make_oracle_run(tmp_path, tokens=3 * 6 * 5 * 2)  # 5 batches of B=3, micro-batch 2
     settings = AnalysisSettings(
-        noise_samples=4, random_samples=7, directions_per_pass=4, hvp_batch_size=5, dtype="float64", trajectory=False
+        noise_samples=4,
+        random_samples=7,
+        directions_per_pass=4,
+        hvp_batch_size=5,
+        dtype="float64",
+        trajectory=False,
+        preconditioned=False,
     )
     # gradients: (5 epoch batches + 4 samples) x 2 micro-batches; HVP: ceil(12 / 4) passes x ceil(15 / 5) batches
     assert estimate_seconds(config, settings, SECONDS) == 100 + 9 * 2 * 1.0 + 3 * 3 * 10.0
+    # in the optimizer's geometry too (auto: priced wherever it may be measured), the 12 forms again: 6 passes
+    both = dataclasses.replace(settings, preconditioned="auto")
+    assert estimate_seconds(config, both, SECONDS) == 100 + 9 * 2 * 1.0 + 6 * 3 * 10.0
     # with a successor: the step Δ is a 13th form (a 4th pass), and the loss at θ + Δ 5 x 2 forward micro-batches
     stepped = dataclasses.replace(settings, trajectory=True)
     assert estimate_seconds(config, stepped, SECONDS) == 100 + 9 * 2 * 1.0 + 4 * 3 * 10.0 + 5 * 2 * 1.0
@@ -31,6 +40,7 @@ def test_estimate_scales_with_epoch_and_samples(tmp_path):
         hvp_batch_size=5,
         dtype="float64",
         trajectory=False,
+        preconditioned=False,
     )
     assert estimate_seconds(config, more, SECONDS, workers=4) == 100 + 10 * 2 + math.ceil(17 / 4) * 3 * 10
 
@@ -46,6 +56,7 @@ def test_estimate_counts_the_process_start_and_the_audit(tmp_path):
         audit_directions=2,
         audit_batches=2,
         trajectory=False,
+        preconditioned=False,
     )
     seconds = {**SECONDS, "process": 5.0, "audit_gradient_microbatch": 3.0, "audit_microbatch_pass": 20.0}
     # The audit: float64 ḡ over 5 batches and 2 audited gᵢ (x 2 micro-batches each), then the forms of its
