@@ -352,14 +352,12 @@ def _statistics(samples: Samples, setup: _Setup, sizes: list[int], blocks, g_bar
 def measure_case(
     model: Llama, inputs: CaseInputs, precision: Precision, progress: Callable[[str], None] = log.info
 ) -> dict[str, Any]:
-    """Every statistic of one (state, case): records, statistics, counts, timing (plain data).
+    """Every statistic of one (state, case): records, statistics, counts, timing (plain data); with
+    ``inputs.preconditioner`` P, also in the optimizer's coordinates u = P^{-1/2}θ (``preconditioned``).
 
     With ``inputs.sharded`` in a process group the model is sharded over its ranks (in place; pass it on
     the host, FSDP2 moves each rank's shards to the device) and every parameter-sized vector is a
-    shard (``_sharded``); the statistics are the same. With ``inputs.preconditioner`` P, every
-    statistic is also taken in the optimizer's coordinates u = P^{-1/2}θ (``preconditioned``: the
-    module docstring), from the same gradients and passes.
-    """
+    shard; the statistics are the same."""
     t0 = time.perf_counter()
     batches = [inputs.cache.tokens(blocks) for blocks in inputs.plan.blocks]
     B, n = len(inputs.plan.blocks[0]), len(inputs.plan)

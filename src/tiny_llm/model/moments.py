@@ -122,6 +122,28 @@ def preconditioner(moments: AdamMoments) -> dict[str, torch.Tensor] | None:
     return {name: 1.0 / (v.double().sqrt() / correction + moments.eps) for name, v in moments.exp_avg_sq.items()}
 
 
+def _hyper(group: dict[str, Any]) -> tuple:
+    return group["lr"], tuple(group.get("betas", ())), group["eps"]
+
+
+def _named_entries(groups: list[dict], names: list[list[str]], per_index: dict, source: str):
+    """(name, its state entry, its group's decay) of every tensor that was stepped, group by group."""
+    for k, (group, group_names) in enumerate(zip(groups, names, strict=True)):
+        if len(group["params"]) != len(group_names):
+            raise ValueError(
+                f"{source}: parameter group {k} holds {len(group['params'])} tensors, {len(group_names)} are named "
+                "for it; the groups are mapped wrongly"
+            )
+        if _hyper(group) != _hyper(groups[0]):
+            raise ValueError(f"{source}: parameter groups with different lr, betas or eps are not supported")
+        for index, name in zip(group["params"], group_names, strict=True):
+            entry = per_index.get(index, {})
+            if entry and "exp_avg_sq" not in entry:
+                raise ValueError(f"{source}: tensor {index} ({name}) holds no exp_avg_sq: not an Adam state")
+            if entry:  # else never stepped
+                yield name, entry, float(group.get("weight_decay", 0.0))
+
+
 def moments_from_optimizer(
     state: dict[str, Any],
     names: list[list[str]] | None = None,
@@ -145,45 +167,18 @@ def moments_from_optimizer(
         names = [list(g["param_names"]) for g in groups]
     if len(names) != len(groups):
         raise ValueError(f"{source}: {len(groups)} parameter groups, {len(names)} named")
-    first = groups[0]
+    if "betas" not in groups[0]:
+        raise ValueError(f"{source}: not an Adam optimizer's state (its groups have no betas)")
     exp_avg, exp_avg_sq, decay, steps = {}, {}, {}, set()
-    for k, (group, group_names) in enumerate(zip(groups, names, strict=True)):
-        if len(group["params"]) != len(group_names):
-            raise ValueError(
-                f"{source}: parameter group {k} holds {len(group['params'])} tensors, {len(group_names)} are named "
-                "for it; the groups are mapped wrongly"
-            )
-        if (group["lr"], tuple(group.get("betas", ())), group["eps"]) != (
-            first["lr"],
-            tuple(first.get("betas", ())),
-            first["eps"],
-        ):
-            raise ValueError(f"{source}: parameter groups with different lr, betas or eps are not supported")
-        for index, name in zip(group["params"], group_names, strict=True):
-            entry = per_index.get(index, {})
-            if "exp_avg_sq" not in entry:
-                if entry:
-                    raise ValueError(f"{source}: tensor {index} ({name}) holds no exp_avg_sq: not an Adam state")
-                continue  # never stepped
-            exp_avg[name], exp_avg_sq[name] = entry["exp_avg"], entry["exp_avg_sq"]
-            decay[name] = float(group.get("weight_decay", 0.0))
-            steps.add(int(float(entry["step"])))
+    for name, entry, weight_decay in _named_entries(groups, names, per_index, source):
+        exp_avg[name], exp_avg_sq[name], decay[name] = entry["exp_avg"], entry["exp_avg_sq"], weight_decay
+        steps.add(int(float(entry["step"])))
     if len(steps) > 1:
         raise ValueError(f"{source}: its tensors were stepped {sorted(steps)} times; not one optimizer's state")
-    if "betas" not in first:
-        raise ValueError(f"{source}: not an Adam optimizer's state (its groups have no betas)")
-    beta1, beta2 = (float(b) for b in first["betas"])
-    return AdamMoments(
-        steps.pop() if steps else 0,
-        float(first["lr"]) if lr is None else lr,
-        beta1,
-        beta2,
-        float(first["eps"]),
-        exp_avg,
-        exp_avg_sq,
-        decay,
-        source,
-    )
+    lr = float(groups[0]["lr"]) if lr is None else lr
+    beta1, beta2 = (float(b) for b in groups[0]["betas"])
+    step = steps.pop() if steps else 0
+    return AdamMoments(step, lr, beta1, beta2, float(groups[0]["eps"]), exp_avg, exp_avg_sq, decay, source)
 
 
 def load_into(optimizer: torch.optim.Optimizer, moments: AdamMoments) -> None:

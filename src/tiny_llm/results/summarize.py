@@ -62,28 +62,37 @@ def _name(row: dict[str, str]) -> str:
     return row.get("source") or row["file"]
 
 
+BATCH_FLAGS = {
+    "b_noise": ("B_noise", "a larger batch would still cut the steps to a given loss almost in proportion"),
+    "precond_b_noise": (
+        "B_noise,P (in the optimizer's geometry)",
+        "the critical batch of the optimizer that trained the model is above the batch it used",
+    ),
+}
+"""The critical batch sizes flagged above the training batch: their names and what it means."""
+
+
+def _above_the_batch(rows: list[dict[str, str]], batch: int | None) -> list[str]:
+    """A flag for each critical batch size (plain, and in the optimizer's geometry) above the training batch."""
+    flags = []
+    for column, (name, meaning) in BATCH_FLAGS.items():
+        above = [r for r in rows if batch and (_number(r.get(column)) or 0) > batch]
+        if above:
+            first = above[0]
+            flags.append(
+                f"{name} exceeds the training batch of {batch} in {len(above)} of {len(rows)} rows (first: "
+                f"{_name(first)} {first['case']}, {name.split(' ')[0]} {float(first[column]):.3g}): {meaning}"
+            )
+    return flags
+
+
 def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[dict[str, str]]) -> list[str]:
     flags = []
     sizes = manifest.get("batch_sizes") or {}
     first_case = sizes.get(manifest["cases"][0], {})
     batch = first_case.get("training_batch_size", first_case.get("effective_batch_size"))  # older: no training batch
-    above = [r for r in rows if batch and (_number(r.get("b_noise")) or 0) > batch]
     flags += _single_batch(manifest["cases"], sizes)
-    if above:
-        first = above[0]
-        flags.append(
-            f"B_noise exceeds the training batch of {batch} in {len(above)} of {len(rows)} rows (first: "
-            f"{_name(first)} {first['case']}, B_noise {float(first['b_noise']):.3g}): a larger batch would "
-            "still cut the steps to a given loss almost in proportion"
-        )
-    preconditioned = [r for r in rows if batch and (_number(r.get("precond_b_noise")) or 0) > batch]
-    if preconditioned:
-        first = preconditioned[0]
-        flags.append(
-            f"B_noise,P (in the optimizer's geometry) exceeds the training batch of {batch} in {len(preconditioned)} "
-            f"of {len(rows)} rows (first: {_name(first)} {first['case']}, {float(first['precond_b_noise']):.3g}): "
-            "the critical batch of the optimizer that trained the model is above the batch it used"
-        )
+    flags += _above_the_batch(rows, batch)
     for name, samples in CURVATURES.items():
         unsure = [
             r

@@ -107,6 +107,6 @@ def test_b_noise_in_the_optimizers_geometry_above_the_batch_is_flagged(tmp_path)
     flags = summarize(_analysis(tmp_path / "a", rows)).split("Flags:\n")[1].splitlines()
     assert flags == [
         "- B_noise,P (in the optimizer's geometry) exceeds the training batch of 16 in 1 of 2 rows (first: "
-        "epoch-001.safetensors seen, 20): the critical batch of the optimizer that trained the model is above "
-        "the batch it used"
+        "epoch-001.safetensors seen, B_noise,P 20): the critical batch of the optimizer that trained the model "
+        "is above the batch it used"
     ]
