@@ -41,3 +41,25 @@ def test_the_figure_is_written_to_every_output_and_nothing_else(tmp_path):
     draw_cbs(*_tables(), outputs, "demo · ε = 0.01", 0.01)
     assert all(path.stat().st_size > 10_000 for path in outputs)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cbs.pdf", "cbs.png"]  # no staging file left
+
+
+def test_the_noise_scales_in_the_optimizers_geometry_are_drawn_where_measured(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from tiny_llm.results.cbs_figure import _answers
+
+    cbs, _ = _tables()
+    labels = {}
+    measured = {
+        "precond_b_simple_tokens": [150.0, 500.0],
+        "precond_b_simple_se": [0.4, None],
+        "precond_b_noise_tokens": [400.0, 900.0],
+        "precond_b_noise_se": [1.5, 2.5],
+    }
+    for name, extra in (("plain", {}), ("adam", measured)):
+        fig, ax = plt.subplots()
+        _answers(ax, cbs.assign(**extra))
+        labels[name] = ax.get_legend_handles_labels()[1]
+        plt.close(fig)
+    added = [label for label in labels["adam"] if label not in labels["plain"]]
+    assert added == ["B_simple,P (Adam's geometry)", "B_noise,P (Adam's geometry)"]
