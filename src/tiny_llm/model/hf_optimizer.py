@@ -29,7 +29,7 @@ import torch
 from tiny_llm.config import ModelConfig
 from tiny_llm.model.hf import from_hf_state
 from tiny_llm.model.hf_positions import read_trainer_state
-from tiny_llm.model.moments import AdamMoments, moments_from_optimizer
+from tiny_llm.model.moments import AdamMoments, moments_from_optimizer, named_shapes
 from tiny_llm.model.pickles import load_pickle
 
 __all__ = ["OPTIMIZER_FILE", "suite_moments", "trainer_groups", "trainer_moments"]
@@ -126,11 +126,7 @@ def suite_moments(paths: list[Path], config: ModelConfig, steps: list[int]) -> l
     """
     if config.architecture == "hf":
         return [None for _ in paths]
-    from tiny_llm.architectures import build_model
-
-    with torch.device("meta"):
-        shapes = {n: tuple(p.shape) for n, p in build_model(config).named_parameters()}
-    found = []
+    shapes, found = named_shapes(config), []
     for path, step in zip(paths, steps, strict=True):
         moments = trainer_moments(path, config)
         if moments is not None:

@@ -39,12 +39,22 @@ __all__ = [
     "load_moments",
     "load_into",
     "moments_from_optimizer",
+    "named_shapes",
     "preconditioner",
     "save_moments",
     "stability_threshold",
 ]
 
 MOMENTS_FORMAT = "tiny_llm.adam_moments/1"
+
+
+def named_shapes(config: Any) -> dict[str, tuple[int, ...]]:
+    """The trainable parameters of the model ``config`` (a ``ModelConfig``) describes, by name and
+    shape, tied weights once: what its optimizer holds moments of (built on the meta device)."""
+    from tiny_llm.architectures import build_model
+
+    with torch.device("meta"):
+        return {n: tuple(p.shape) for n, p in build_model(config).named_parameters()}
 
 
 def stability_threshold(beta1: float, lr: float) -> float:

@@ -17,14 +17,13 @@ from typing import Any
 
 import torch
 
-from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig
 from tiny_llm.layout import IMPORTED, TRAIN_LOG, moments_file
 from tiny_llm.model.checkpoint import load_train_state
-from tiny_llm.model.moments import AdamMoments, load_moments, moments_from_optimizer, preconditioner
+from tiny_llm.model.moments import AdamMoments, load_moments, moments_from_optimizer, named_shapes, preconditioner
 from tiny_llm.workers.loading import LoadedState
 
-__all__ = ["Preconditioning", "load_preconditioning", "parameter_shapes"]
+__all__ = ["Preconditioning", "load_preconditioning"]
 
 _IMPORTED_WITHOUT = (
     "was imported from checkpoints without an optimizer state (a hub suite such as Pythia or OLMo "
@@ -40,13 +39,6 @@ class Preconditioning:
 
     diagonal: dict[str, torch.Tensor] | None
     record: dict[str, Any] = field(default_factory=dict)
-
-
-def parameter_shapes(config: RunConfig) -> dict[str, tuple[int, ...]]:
-    """The model's parameters' shapes by name (tied weights once), as its optimizer held them."""
-    with torch.device("meta"):
-        model = build_model(config.model, attention_backend="reference")
-    return {n: tuple(p.shape) for n, p in model.named_parameters()}
 
 
 def _logged_lr(run_dir: Path, step: int) -> float | None:
@@ -97,10 +89,10 @@ def _blank(reason: str, asked: bool | str, where: str) -> Preconditioning:
 
 
 def load_preconditioning(
-    run_dir: str | Path, state: LoadedState, config: RunConfig, shapes: dict[str, tuple[int, ...]], asked: bool | str
+    run_dir: str | Path, state: LoadedState, config: RunConfig, asked: bool | str
 ) -> Preconditioning | None:
-    """The preconditioner of ``state`` (``shapes``: the model's parameters by name, tied weights
-    once) for the ``preconditioned`` setting ``asked`` (None for false).
+    """The preconditioner of ``state`` for the ``preconditioned`` setting ``asked`` (None for false),
+    checked against the parameters of the run's model (tied weights once).
 
     Raises:
         ValueError: with ``preconditioned: true``, a state without one, naming why and what would
@@ -115,7 +107,7 @@ def load_preconditioning(
         return _blank("a packed run's workers each keep their own optimizer state", asked, where)
     step = min(int(a["step"]) for a in state.aliases)
     if not imported and config.training.optimizer == "sgd":
-        return _sgd(run_dir, config, step, shapes)
+        return _sgd(run_dir, config, step, named_shapes(config.model))
     if step == 0:
         return _blank("at step 0 Adam has no second moment yet, so there is no preconditioner", asked, where)
     reasons = []
@@ -123,7 +115,7 @@ def load_preconditioning(
         found = _moments(run_dir, alias["file"])
         if isinstance(found, AdamMoments):
             source = f"{run_dir.name}/{found.source}"
-            found.check(shapes, source)
+            found.check(named_shapes(config.model), source)
             if int(alias["step"]) >= 0 and found.step != int(alias["step"]):
                 raise ValueError(
                     f"{source}: the optimizer state is at step {found.step}, the checkpoint {alias['file']} at step "

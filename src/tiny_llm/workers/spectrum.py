@@ -26,7 +26,7 @@ from tiny_llm.distributed import record as parallel_record
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.workers.loading import LoadedState, Resolved, prepare_inputs, step_vector
-from tiny_llm.workers.preconditioning import load_preconditioning, parameter_shapes
+from tiny_llm.workers.preconditioning import load_preconditioning
 from tiny_llm.workers.results import (
     check_same_batches,
     check_successor,
@@ -156,7 +156,7 @@ def analyze_spectrum(
     identity["spectrum"] = asdict(spectrum)
     identity["hash"] = canonical_hash(identity)
     memory = spectrum_memory(settings, spectrum, config, resolved, len(plan))
-    found = load_preconditioning(run_dir, state, config, parameter_shapes(config), settings.preconditioned)
+    found = load_preconditioning(run_dir, state, config, settings.preconditioned)
     with single_writer(output) as reuse:  # every rank computes, rank 0 writes
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
             check_successor(old, successor, output)

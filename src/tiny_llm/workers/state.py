@@ -45,7 +45,7 @@ from tiny_llm.workers.loading import (
     prepare_inputs,
     step_vector,
 )
-from tiny_llm.workers.preconditioning import Preconditioning, load_preconditioning, parameter_shapes
+from tiny_llm.workers.preconditioning import Preconditioning, load_preconditioning
 from tiny_llm.workers.results import (
     check_same_batches,
     check_successor,
@@ -86,7 +86,7 @@ def analyze_state(
     config, resolved, cache, plan, state, following = prepared
     identity = result_identity(settings, resolved, config, cache)
     memory = job_memory_plan(settings, config, resolved)
-    found = load_preconditioning(run_dir, state, config, parameter_shapes(config), settings.preconditioned)
+    found = load_preconditioning(run_dir, state, config, settings.preconditioned)
     with single_writer(output) as reuse:
         if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
             check_same_batches(old["data"].get("plan"), plan.name, output)

@@ -11,19 +11,22 @@ from tiny_llm.campaign.timing import load_profiles, lookup, timing_key, write_pr
 from tiny_llm.workers.settings import AnalysisSettings
 
 SECONDS = {"startup": 100.0, "gradient_microbatch": 1.0, "hvp_microbatch_pass": 10.0}
+PLAIN = AnalysisSettings(
+    noise_samples=4,
+    random_samples=7,
+    directions_per_pass=4,
+    hvp_batch_size=5,
+    dtype="float64",
+    trajectory=False,
+    preconditioned=False,
+)
+"""The timing tests' settings: S_v = 4, S_r = 7, K = 4 on curvature micro-batches of 5, the plain
+geometry only, no successor."""
 
 
 def test_estimate_scales_with_epoch_and_samples(tmp_path):
     config = make_oracle_run(tmp_path, tokens=3 * 6 * 5 * 2)  # 5 batches of B=3, micro-batch 2
-    settings = AnalysisSettings(
-        noise_samples=4,
-        random_samples=7,
-        directions_per_pass=4,
-        hvp_batch_size=5,
-        dtype="float64",
-        trajectory=False,
-        preconditioned=False,
-    )
+    settings = PLAIN
     # gradients: (5 epoch batches + 4 samples) x 2 micro-batches; HVP: ceil(12 / 4) passes x ceil(15 / 5) batches
     assert estimate_seconds(config, settings, SECONDS) == 100 + 9 * 2 * 1.0 + 3 * 3 * 10.0
     # in the optimizer's geometry too (auto: priced wherever it may be measured), the 12 forms again: 6 passes
@@ -33,31 +36,13 @@ def test_estimate_scales_with_epoch_and_samples(tmp_path):
     stepped = dataclasses.replace(settings, trajectory=True)
     assert estimate_seconds(config, stepped, SECONDS) == 100 + 9 * 2 * 1.0 + 4 * 3 * 10.0 + 5 * 2 * 1.0
     assert estimate_seconds(config, stepped, {**SECONDS, "forward_microbatch": 0.25}) == 100 + 18 + 120 + 10 * 0.25
-    more = AnalysisSettings(
-        noise_samples=None,
-        random_samples=7,
-        directions_per_pass=4,
-        hvp_batch_size=5,
-        dtype="float64",
-        trajectory=False,
-        preconditioned=False,
-    )
+    more = dataclasses.replace(settings, noise_samples=None)
     assert estimate_seconds(config, more, SECONDS, workers=4) == 100 + 10 * 2 + math.ceil(17 / 4) * 3 * 10
 
 
 def test_estimate_counts_the_process_start_and_the_audit(tmp_path):
     config = make_oracle_run(tmp_path, tokens=3 * 6 * 5 * 2)
-    audited = AnalysisSettings(
-        noise_samples=4,
-        random_samples=7,
-        directions_per_pass=4,
-        hvp_batch_size=5,
-        dtype="float32",
-        audit_directions=2,
-        audit_batches=2,
-        trajectory=False,
-        preconditioned=False,
-    )
+    audited = dataclasses.replace(PLAIN, dtype="float32", audit_directions=2, audit_batches=2)
     seconds = {**SECONDS, "process": 5.0, "audit_gradient_microbatch": 3.0, "audit_microbatch_pass": 20.0}
     # The audit: float64 ḡ over 5 batches and 2 audited gᵢ (x 2 micro-batches each), then the forms of its
     # directions on 2 curvature micro-batches in both precisions.

@@ -17,7 +17,7 @@ from tiny_llm.config import load_config
 from tiny_llm.model.checkpoint import load_weights
 from tiny_llm.model.moments import load_moments, preconditioner
 from tiny_llm.workers.loading import load_state
-from tiny_llm.workers.preconditioning import load_preconditioning, parameter_shapes
+from tiny_llm.workers.preconditioning import load_preconditioning
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hf_suites import make_suite, run_config_text
@@ -70,7 +70,7 @@ def test_the_imported_moments_reproduce_every_step_the_trainer_took(stepwise, pr
     # analysed through the run: P at the state, with the step's rate and Adam's threshold
     config = load_config(run / "resolved.yaml")
     state = load_state(run, [run / "epoch-002.safetensors"], config, False)
-    found = load_preconditioning(run, state, config, parameter_shapes(config), True)
+    found = load_preconditioning(run, state, config, True)
     assert found.record["lr"] == logged[3] and found.record["stability_threshold"] == pytest.approx(
         (2 + 2 * 0.9) / (0.1 * logged[3])
     )
@@ -105,10 +105,10 @@ def test_a_suite_without_optimizer_states_is_measured_plainly_or_refused_by_name
     assert not list(run.glob("moments-*"))
     config = load_config(run / "resolved.yaml")
     state = load_state(run, [run / "epoch-001.safetensors"], config, False)
-    blank = load_preconditioning(run, state, config, parameter_shapes(config), "auto")
+    blank = load_preconditioning(run, state, config, "auto")
     assert blank.diagonal is None and "publishes its weights only" in blank.record["reason"]
     with pytest.raises(
         ValueError, match="preconditioned: true, but weights-only/epoch-001.safetensors: .*optimizer.pt"
     ):
-        load_preconditioning(run, state, config, parameter_shapes(config), True)
-    assert load_preconditioning(run, state, config, parameter_shapes(config), False) is None
+        load_preconditioning(run, state, config, True)
+    assert load_preconditioning(run, state, config, False) is None

@@ -13,7 +13,7 @@ from builders import make_oracle_run
 from tiny_llm.model.moments import load_moments, preconditioner
 from tiny_llm.training.loop import train
 from tiny_llm.workers.loading import load_state
-from tiny_llm.workers.preconditioning import load_preconditioning, parameter_shapes
+from tiny_llm.workers.preconditioning import load_preconditioning
 from tiny_llm.workers.settings import AnalysisSettings
 from tiny_llm.workers.state import analyze_state
 
@@ -38,7 +38,7 @@ def runs(tmp_path_factory):
 
 def _found(config, run, file, asked="auto"):
     state = load_state(run, [run / file], config, False)
-    return load_preconditioning(run, state, config, parameter_shapes(config), asked)
+    return load_preconditioning(run, state, config, asked)
 
 
 def test_adams_p_from_the_kept_moments_and_from_final_pt_and_none_at_step_0(runs, tmp_path):
