@@ -31,7 +31,8 @@ EXPERIMENT = {
     "batch_sizes": [2, 4, 8],
     "data_seeds": [1, 2],
     "token_budget": 32 * 16,
-    "lr_factors": [2],
+    "lr_factors": [0.5, 1, 2],
+    "optimizer_memory": "tokens",
     "eval_sequences": 16,
     "settings": {"noise_samples": "all", "random_samples": 2, "device": "cpu", "dtype": "float64"},
 }
@@ -53,7 +54,8 @@ def experiment(tmp_path_factory):
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     base = _snakemake(path, "runs/tiny-base/trained.json")
     assert base.returncode == 0, base.stderr[-4000:]
-    assert "× 2 data seeds = 6 branch runs (and 6 more for the learning-rate check)" in base.stderr
+    assert "× 3 learning rates (0.5, 1, 2 × the rule's) × 2 data seeds = 18 branch runs" in base.stderr
+    assert "Adam's memory −1/ln β2 by batch: 2: 39 steps = 1,248 tokens, 4: 19.5 steps = 1,248 tokens" in base.stderr
     assert "warning: cbs_experiments.tiny.token_budget: the largest batch's branches train 4 steps" in base.stderr
     cwd = Path.cwd()
     os.chdir(path)
@@ -72,25 +74,29 @@ def experiment(tmp_path_factory):
 def test_the_critical_batch_stands_beside_the_noise_scales(experiment):
     path, _ = experiment
     with open(path / "results/tiny/cbs.csv") as handle:
-        (row,) = list(csv.DictReader(handle))
+        tuned, row = list(csv.DictReader(handle))
+    assert (tuned["rates"], row["rates"]) == ("tuned", "rule") and int(tuned["cbs"]) in (4, 8)
     assert (row["checkpoint"], row["step"], row["tokens"]) == ("epoch-001", "8", str(8 * 4 * 16))
     assert int(row["cbs"]) in (4, 8) and row["base_batch"] == "4" and row["case"] == "unseen"
     assert float(row["b_simple"]) > 0 and row["b_crit_target"] != ""
     assert float(row["b_simple_tokens"]) == pytest.approx(16 * float(row["b_simple"]))
     record = json.loads((path / "results/tiny/branches/epoch-001.json").read_text())
     assert sorted((b["batch_size"], b["seed"], b["lr_factor"]) for b in record["branches"]) == [
-        (b, s, f) for b in (2, 4, 8) for s in (1, 2) for f in (1, 2)
+        (b, s, f) for b in (2, 4, 8) for s in (1, 2) for f in (0.5, 1, 2)
     ]
+    assert {b["beta2"] for b in record["branches"] if b["batch_size"] == 8} == {0.95**2}
     assert all([t for t, _ in b["curve"]] == [0, 128, 256, 384, 512] for b in record["branches"])
     with open(path / "results/tiny/branches.csv") as handle:
-        assert [int(r["batch_size"]) for r in csv.DictReader(handle)] == [2, 4, 8]
+        rows = list(csv.DictReader(handle))
+    assert [(r["rates"], int(r["batch_size"])) for r in rows] == [(k, b) for k in ("tuned", "rule") for b in (2, 4, 8)]
     with open(path / "results/tiny/curves.csv") as handle:
-        assert len(list(csv.DictReader(handle))) == 3 * 2 * 5  # the rule's rate only
-    with open(path / "results/tiny/lr_check.csv") as handle:
+        assert len(list(csv.DictReader(handle))) == 3 * 2 * 3 * 5  # every branch, every point
+    with open(path / "results/tiny/rates.csv") as handle:
         assert [(r["batch_size"], r["lr_factor"]) for r in csv.DictReader(handle)] == [
-            (b, f) for b in ("2", "4", "8") for f in ("1.0", "2.0")
+            (b, f) for b in ("2", "4", "8") for f in ("0.5", "1.0", "2.0")
         ]
-    assert (path / "results/tiny/fits.csv").read_text().startswith("checkpoint,target_loss,batch_sizes,tokens_needed")
+    fits = (path / "results/tiny/fits.csv").read_text()
+    assert fits.startswith("checkpoint,rates,target_loss,batch_sizes,tokens_needed,censored")
     assert (path / "results/tiny/figures/critical_batch.png").stat().st_size > 10_000
     assert (path / "results/tiny/summary.csv").exists()  # the analysis of the base run
 

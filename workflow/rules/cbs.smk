@@ -32,7 +32,7 @@ rule critical_batch:
         branches="results/{cbs}/branches.csv",
         fits="results/{cbs}/fits.csv",
         curves="results/{cbs}/curves.csv",
-        lr_check="results/{cbs}/lr_check.csv",
+        rates="results/{cbs}/rates.csv",
         figures=multiext("results/{cbs}/figures/critical_batch", ".pdf", ".png"),
     log:
         "logs/critical_batch/{cbs}.log",

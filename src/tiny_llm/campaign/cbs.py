@@ -29,14 +29,22 @@ from tiny_llm.config import RunConfig, config_to_dict
 from tiny_llm.data.tokens import capacity_blocks
 from tiny_llm.declared import NonNegative, Positive, PositiveNumber, build
 from tiny_llm.layout import epoch_file, epoch_stem
-from tiny_llm.training.branches import BRANCH_EPOCHS, branch_overrides, branch_region, held_out_blocks, state_path
+from tiny_llm.results.critical import merrill_level, seeds_needed
+from tiny_llm.training.branches import (
+    BRANCH_EPOCHS,
+    branch_overrides,
+    branch_region,
+    held_out_blocks,
+    memory_betas,
+    state_path,
+)
 from tiny_llm.workers.settings import settings_from_dict
 
 __all__ = ["CbsExperiment", "CbsPlan", "expand_cbs_experiments", "parent_receipt"]
 
 ADAM_MEMORIES = 3
-"""A branch should train at least this many × Adam's memory 1/(1 − β2) steps: by then 95 % of its
-second moment's weight lies on the branch's own gradients (β2^(3/(1 − β2)) ≈ e^-3)."""
+"""A branch should train at least this many × Adam's memory −1/ln β2 steps (the second moment's
+e-folding time): by then 95 % of its weight lies on the branch's own gradients (e^-3)."""
 CACHE_KEYS = ("config", "cache_source", "cache_inputs", "shard_tokens", "cache_order", "cache_tokenizer")
 """The keys of an experiment that its runs share (one configuration, one token cache)."""
 
@@ -76,10 +84,17 @@ class CbsExperiment:
     epsilon: PositiveNumber = 0.01
     """Merrill et al.'s tolerance in nats: a batch is within it when its held-out loss exceeds every
     smaller batch's (from the base batch up) by at most ε, by the confidence interval's upper bound."""
-    lr_factors: tuple[PositiveNumber, ...] = ()
-    """The learning-rate check: multiples of the rule's rate (for instance [0.5, 2]) that every batch
-    size and seed also trains with from the first checkpoint, to show whether the rule's rate is
-    the best of them there (``lr_check.csv``); none by default."""
+    lr_factors: tuple[PositiveNumber, ...] = (1.0,)
+    """The learning-rate grid: multiples of the rule's rate that every batch size and seed trains
+    with at every checkpoint, holding 1 (the rule's own rate); [1] alone, or three or more to tune
+    (every answer is then given at each batch's best rate of the grid, and at the rule's)."""
+    optimizer_memory: Literal["steps", "tokens"] = "steps"
+    """Adam's β1 and β2 at each batch: the base run's (``steps``: the moments remember as many
+    steps at every batch), or raised to the power B'/B (``tokens``: as many training tokens)."""
+    paired_spread: PositiveNumber = 0.005
+    """The assumed standard deviation over seeds of a paired difference of held-out losses (nats),
+    from which the plan says how many seeds ε needs (a finished experiment's cbs.csv gives the
+    measured one)."""
     eval_sequences: Positive = 64
     """Held-out sequences (the base run's unseen stream) every branch's loss is measured on."""
     case: Literal["seen", "unseen"] = "unseen"
@@ -110,7 +125,13 @@ class CbsPlan:
     base_batch: int
     """The base run's batch size: Merrill's rule compares the batches k × it, k ≥ 1."""
     adam_memory: float | None
-    """1 / (1 − β2) steps of the base run's Adam (None for SGD)."""
+    """−1 / ln β2 steps: the base run's Adam memory (None for SGD)."""
+    memory: dict[int, tuple[float, float]] | None
+    """Each batch's Adam memory −1 / ln β2 in steps and in tokens (None for SGD)."""
+    factors: tuple[float, ...]
+    """The learning-rate grid (multiples of the rule's rate)."""
+    paired_spread: float
+    """The assumed standard deviation of a paired difference, for the seeds ε needs."""
     case: str
     """The analysis case whose B_simple and B_noise stand beside the critical batch size."""
     eval_blocks: tuple[int, ...]
@@ -157,38 +178,58 @@ class CbsPlan:
 
     def targets(self) -> list[str]:
         figures = [f"results/{self.name}/figures/critical_batch.{ext}" for ext in ("pdf", "png")]
-        tables = [f"results/{self.name}/{table}.csv" for table in ("cbs", "branches", "fits", "curves", "lr_check")]
+        tables = [f"results/{self.name}/{table}.csv" for table in ("cbs", "branches", "rates", "fits", "curves")]
         return [*tables, *figures]
 
     def cost_lines(self) -> list[str]:
-        """What the experiment adds to its base run and analysis (the branch runs and their tokens),
-        then a warning when its largest batch's branches are too short to leave Adam's memory."""
+        """What the experiment adds to its base run and analysis (the branch runs and their tokens,
+        each batch's optimizer memory, the seeds ε needs), then a warning when its largest batch's
+        branches are too short to leave Adam's memory."""
         runs = sum(len(b) for b in self.branches.values())
-        main = len(self.epochs) * len(self.batch_sizes) * len(self.seeds)
-        check = f" (and {runs - main} more for the learning-rate check)" if runs > main else ""
-        base = self.base_config.training.tokens
+        base, T = self.base_config.training.tokens, self.base_config.data.seq_len
         checkpoints = _count(len(self.epochs), "checkpoint")
-        steps = [self.token_budget // (b * self.base_config.data.seq_len) for b in self.batch_sizes]
-        memory = "" if self.adam_memory is None else f" (Adam's memory 1/(1 − β2): {self.adam_memory:.3g} steps)"
+        steps = [self.token_budget // (b * T) for b in self.batch_sizes]
+        rates = "" if self.factors == (1.0,) else f" × {len(self.factors)} learning rates ({_factors(self.factors)})"
         lines = [
             f"cbs experiment {self.name}: {checkpoints} × {len(self.batch_sizes)} batch sizes "
-            f"({', '.join(map(str, self.batch_sizes))} sequences) × {len(self.seeds)} data seeds = {main} "
-            f"branch runs{check} of {self.token_budget:,} tokens ({runs * self.token_budget:,} tokens in all, "
-            f"{runs * self.token_budget / base:.3g} × the base run's {base:,}), {steps[0]} to {steps[-1]} steps"
-            f"{memory}, each measured on {len(self.eval_blocks)} held-out sequences at every quarter of "
-            f"its budget; B_simple and B_noise from analysis {self.name}, case {self.case}"
+            f"({', '.join(map(str, self.batch_sizes))} sequences){rates} × {len(self.seeds)} data seeds = {runs} "
+            f"branch runs of {self.token_budget:,} tokens ({runs * self.token_budget:,} tokens in all, "
+            f"{runs * self.token_budget / base:.3g} × the base run's {base:,}), {steps[0]} to {steps[-1]} steps, "
+            f"each measured on {len(self.eval_blocks)} held-out sequences at every quarter of its budget; "
+            f"B_simple and B_noise from analysis {self.name}, case {self.case}"
         ]
-        if self.adam_memory is not None and steps[-1] < ADAM_MEMORIES * self.adam_memory:
-            T = self.base_config.data.seq_len
-            unit = budget_unit(self.batch_sizes, T)
-            enough = math.ceil(ADAM_MEMORIES * self.adam_memory) * self.batch_sizes[-1] * T
-            lines.append(
-                f"warning: cbs_experiments.{self.name}.token_budget: the largest batch's branches train "
-                f"{steps[-1]} steps, fewer than {ADAM_MEMORIES} × Adam's memory ({self.adam_memory:.3g} steps): "
-                "their optimizer moments still carry the base batch's gradients at the end; raise token_budget "
-                f"to {-(-enough // unit) * unit:,} or more"
-            )
+        if self.memory is not None:
+            memory = ", ".join(f"{b}: {s:.3g} steps = {t:,.0f} tokens" for b, (s, t) in self.memory.items())
+            lines.append(f"cbs experiment {self.name}: Adam's memory −1/ln β2 by batch: {memory}")
+        grid = len([b for b in self.batch_sizes if b >= self.base_batch])
+        needed = seeds_needed(self.paired_spread, self.epsilon, grid)
+        comparisons, level = merrill_level(grid)
+        lines.append(
+            f"cbs experiment {self.name}: Merrill's rule makes {_count(comparisons, 'paired comparison')}, "
+            "each bound at "
+            f"{100 * level:.3g} % one-sided (95 % jointly); at a paired spread of {self.paired_spread:g} nats "
+            f"(cbs_experiments.{self.name}.paired_spread) ε = {self.epsilon:g} needs "
+            + (f"{needed} data seeds" if needed else "more than 1,000 data seeds")
+            + f", the experiment has {len(self.seeds)}"
+        )
+        if self.memory is not None and steps[-1] < ADAM_MEMORIES * self.memory[self.batch_sizes[-1]][0]:
+            lines.append(self._short_warning(steps[-1], self.memory[self.batch_sizes[-1]][0]))
         return lines
+
+    def _short_warning(self, steps: int, memory: float) -> str:
+        T = self.base_config.data.seq_len
+        unit = budget_unit(self.batch_sizes, T)
+        enough = math.ceil(ADAM_MEMORIES * memory) * self.batch_sizes[-1] * T
+        return (
+            f"warning: cbs_experiments.{self.name}.token_budget: the largest batch's branches train "
+            f"{steps} steps, fewer than {ADAM_MEMORIES} × Adam's memory ({memory:.3g} steps): "
+            "their optimizer moments still carry the base batch's gradients at the end; raise token_budget "
+            f"to {-(-enough // unit) * unit:,} or more"
+        )
+
+
+def _factors(factors: tuple[float, ...]) -> str:
+    return ", ".join(f"{f:g}" for f in factors) + " × the rule's"
 
 
 def branch_plans(experiments: dict[str, CbsPlan]) -> dict[str, CbsPlan]:
@@ -218,18 +259,14 @@ def _check_grid(key: str, entry: CbsExperiment, base: RunConfig) -> None:
         raise ValueError(f"{key}.config: a packed run (training.packed); branches start from ordinary runs")
     if sorted(set(sizes)) != list(sizes) or len(sizes) < 2:
         raise ValueError(f"{key}.batch_sizes: list two or more, ascending, got {list(sizes)}")
-    if not entry.data_seeds or len(set(entry.data_seeds)) != len(entry.data_seeds):
+    if len(entry.data_seeds) < 2 or len(set(entry.data_seeds)) != len(entry.data_seeds):
         raise ValueError(
-            f"{key}.data_seeds: list one or more distinct data orders (two or more give the loss a standard "
-            f"error), got {list(entry.data_seeds)}"
+            f"{key}.data_seeds: list two or more distinct data orders (every answer's interval comes from "
+            f"the seeds' paired differences), got {list(entry.data_seeds)}"
         )
     if not epochs:
         raise ValueError(f"{key}.checkpoints: list one or more epochs to branch from")
-    if 1 in entry.lr_factors or len(set(entry.lr_factors)) != len(entry.lr_factors):
-        raise ValueError(
-            f"{key}.lr_factors: list distinct multiples of the rule's rate other than 1 (the branches at 1 are "
-            f"the experiment's own), got {list(entry.lr_factors)}"
-        )
+    _check_rates(key, entry, base)
     for epoch in epochs:
         if not 0 <= epoch < base.training.epochs:
             raise ValueError(
@@ -260,21 +297,48 @@ def _check_grid(key: str, entry: CbsExperiment, base: RunConfig) -> None:
         )
 
 
+def _check_rates(key: str, entry: CbsExperiment, base: RunConfig) -> None:
+    """The learning-rate grid holds the rule's own rate, and tunes (three or more) or not (1 alone);
+    the optimizer's memory in tokens is Adam's; the base run keeps the states branches start from.
+
+    Raises:
+        ValueError: naming the key.
+    """
+    factors = entry.lr_factors
+    if 1 not in factors or len(set(factors)) != len(factors) or len(factors) == 2:
+        raise ValueError(
+            f"{key}.lr_factors: list the multiples of the rule's rate to train with, distinct, holding 1 (the "
+            f"rule's own rate): [1] alone, or three or more to tune each batch's rate (e.g. [0.5, 1, 2]); "
+            f"got {list(factors)}"
+        )
+    if entry.optimizer_memory == "tokens" and base.training.optimizer != "adamw":
+        raise ValueError(
+            f"{key}.optimizer_memory: tokens scales Adam's β1 and β2 with the batch; the base run trains with "
+            f"{base.training.optimizer} (training.optimizer), so use steps"
+        )
+    for name in ("training.keep_states", "training.checkpoint_policy"):
+        if name in (entry.set or {}):
+            raise ValueError(
+                f"{key}.set: {name} is the experiment's to set (the base run keeps its whole state at every "
+                "checkpoint of cbs_experiments.<name>.checkpoints); leave it out and list the epochs in checkpoints"
+            )
+
+
 def _branches(name: str, entry: CbsExperiment, base: RunConfig, kept: dict[str, Any]) -> tuple[dict, dict]:
     """Every branch run's train_runs entry, and per epoch what each branch is (for the records):
-    one per (batch size, data seed), and at the first checkpoint one more per ``lr_factors`` entry
-    (the rule's rate × that factor)."""
+    one per (batch size, data seed, ``lr_factors`` entry: the rule's rate × that factor)."""
     runs, branches = {}, {}
-    epochs = sorted(set(entry.checkpoints))
-    for epoch in epochs:
+    grid = [(b, s, float(f)) for b in entry.batch_sizes for s in entry.data_seeds for f in sorted(entry.lr_factors)]
+    for epoch in sorted(set(entry.checkpoints)):
         branches[epoch] = {}
-        factors = (1.0, *entry.lr_factors) if epoch == epochs[0] else (1.0,)
-        for size, seed, factor in ((b, s, f) for b in entry.batch_sizes for s in entry.data_seeds for f in factors):
+        for size, seed, factor in grid:
             run = f"{name}-e{epoch:03d}-b{size}-s{seed}" + ("" if factor == 1 else f"-lr{factor:g}")
             state = state_path(f"runs/{name}-base", epoch)
             data = (seed, entry.data_seeds.index(seed))
             overrides = branch_overrides(base, state, epoch, size, entry.token_budget, data, entry.lr_rule)
             overrides["training.lr"] *= factor
+            if base.training.optimizer == "adamw":
+                overrides |= memory_betas(base, size, entry.optimizer_memory)
             runs[run] = {**entry.shared(), "set": {**kept, **overrides}, "parent": f"{name}-base"}
             branches[epoch][run] = {
                 "batch_size": size,
@@ -282,6 +346,8 @@ def _branches(name: str, entry: CbsExperiment, base: RunConfig, kept: dict[str, 
                 "steps": entry.token_budget // (size * base.data.seq_len),
                 "lr": overrides["training.lr"],
                 "lr_factor": factor,
+                "beta1": overrides.get("training.beta1"),
+                "beta2": overrides.get("training.beta2"),
                 "points": overrides["training.epochs"],  # epoch-001 … of its loss curve
             }
     return runs, branches
@@ -296,7 +362,8 @@ def _plan(name: str, data: dict[str, Any]) -> tuple[CbsPlan, dict[str, dict[str,
         missing = [k for k in ("config", "checkpoints", "batch_sizes", "token_budget") if k not in (data or {})]
         raise ValueError(f"{key}: give {', '.join(missing)} (see docs/critical-batch.md)") from None
     epochs = tuple(sorted(set(entry.checkpoints)))
-    kept = {**(entry.set or {}), "training.checkpoint_policy": "interval", "training.keep_states": list(epochs)}
+    kept = {"data.cache": f"cache/{name}", **(entry.set or {})}  # each experiment its own cache
+    kept |= {"training.checkpoint_policy": "interval", "training.keep_states": list(epochs)}
     try:
         base = load_run_config({**entry.shared(), "set": kept})
         settings_from_dict(entry.settings or {})
@@ -324,12 +391,27 @@ def _plan(name: str, data: dict[str, Any]) -> tuple[CbsPlan, dict[str, dict[str,
         token_budget=entry.token_budget,
         epsilon=entry.epsilon,
         base_batch=base.training.batch_size,
-        adam_memory=1 / (1 - base.training.beta2) if base.training.optimizer == "adamw" else None,
+        adam_memory=-1 / math.log(base.training.beta2) if base.training.optimizer == "adamw" else None,
+        memory=_memory(entry, base),
+        factors=tuple(sorted(float(f) for f in entry.lr_factors)),
+        paired_spread=entry.paired_spread,
         case=entry.case,
         eval_blocks=blocks,
         branches=branches,
     )
     return plan, {f"{name}-base": {**entry.shared(), "set": kept}, **runs}, analysis
+
+
+def _memory(entry: CbsExperiment, base: RunConfig) -> dict[int, tuple[float, float]] | None:
+    """Each batch's Adam memory −1 / ln β2 (its second moment's e-folding time): in steps and in
+    training tokens (None for SGD)."""
+    if base.training.optimizer != "adamw":
+        return None
+    memory = {}
+    for batch in entry.batch_sizes:
+        steps = -1 / math.log(memory_betas(base, batch, entry.optimizer_memory)["training.beta2"])
+        memory[batch] = (steps, steps * batch * base.data.seq_len)
+    return memory
 
 
 def expand_cbs_experiments(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, CbsPlan]]:

@@ -29,6 +29,7 @@ __all__ = [
     "load_start",
     "measure_branches",
     "lr_factor",
+    "memory_betas",
     "state_path",
 ]
 
@@ -44,6 +45,15 @@ def lr_factor(rule: Literal["auto", "sqrt", "linear", "none"], optimizer: str, r
     if rule == "auto":
         rule = "sqrt" if optimizer == "adamw" else "linear"
     return {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}[rule]
+
+
+def memory_betas(parent: RunConfig, batch_size: int, memory: Literal["steps", "tokens"]) -> dict[str, float]:
+    """Adam's β1 and β2 for a branch of ``batch_size`` sequences: the parent's (``steps``: the
+    moments remember as many steps at every batch), or raised to the power B'/B (``tokens``: the
+    decay per training token, and so the memory in tokens, is the parent's at every batch)."""
+    tc = parent.training
+    power = batch_size / tc.batch_size if memory == "tokens" else 1.0
+    return {"training.beta1": tc.beta1**power, "training.beta2": tc.beta2**power}
 
 
 def branch_region(parent: RunConfig, epoch: int, tokens: int, region: int) -> int:

@@ -3,6 +3,7 @@ one branch run per (checkpoint, batch size, data seed) waiting for it, the analy
 run at the checkpoints, the targets and the price; and every entry that cannot run refused by key."""
 
 import dataclasses
+import math
 import re
 from pathlib import Path
 
@@ -42,7 +43,12 @@ def test_an_experiment_is_a_base_run_its_branches_and_an_analysis(project):
     config, plans = expand_cbs_experiments(_config(data_seeds=[5, 6]))
     runs, plan = config["train_runs"], plans["x"]
     assert len(runs) == 1 + 2 * 3 * 2 and plan.epochs == (1, 2)
-    assert runs["x-base"]["set"] == {"training.checkpoint_policy": "interval", "training.keep_states": [1, 2]}
+    assert runs["x-base"]["set"] == {
+        "data.cache": "cache/x",
+        "training.checkpoint_policy": "interval",
+        "training.keep_states": [1, 2],
+    }  # each experiment its own cache, whatever the run configuration names
+    assert {entry["set"]["data.cache"] for entry in runs.values()} == {"cache/x"}
     branch = runs["x-e002-b8-s6"]["set"]
     assert branch["training.init_from"] == "runs/x-base/state-002.pt" and branch["data.seed"] == 6
     # seed 6 reads the second region of whole shuffle groups after the 2 × 16 × 4 sequences trained
@@ -77,7 +83,13 @@ def test_the_plan_runs_it_prices_it_and_targets_its_table(project):
     line = next(line for line in plan.costs.cost_lines() if line.startswith("cbs experiment x"))
     assert "2 checkpoints × 3 batch sizes (2, 4, 8 sequences) × 3 data seeds = 18 branch runs" in line
     assert "of 512 tokens (9,216 tokens in all, 2.25 × the base run's 4,096), 16 to 4 steps" in line
-    assert "(Adam's memory 1/(1 − β2): 20 steps)" in line and "case unseen" in line
+    assert "case unseen" in line
+    assert "Adam's memory −1/ln β2 by batch: 2: 19.5 steps = 624 tokens, 4: 19.5 steps = 1,248 tokens" in "".join(
+        plan.costs.cost_lines()
+    )
+    seeds = next(line for line in plan.costs.cost_lines() if "paired comparison" in line)
+    assert "Merrill's rule makes 1 paired comparison, each bound at 97.5 % one-sided (95 % jointly)" in seeds
+    assert "at a paired spread of 0.005 nats (cbs_experiments.x.paired_spread) ε = 0.01 needs" in seeds
     (warning,) = [line for line in plan.costs.cost_lines() if line.startswith("warning: ")]
     assert warning.startswith("warning: cbs_experiments.x.token_budget: the largest batch's branches train 4 steps")
     assert warning.endswith("raise token_budget to 7,680 or more")  # 60 steps of 8, whole quarters of 8
@@ -85,25 +97,42 @@ def test_the_plan_runs_it_prices_it_and_targets_its_table(project):
     assert not [line for line in forgetful.costs.cost_lines() if line.startswith("warning: ")]
 
 
-def test_the_learning_rate_check_adds_branches_at_the_first_checkpoint_only(project):
-    config, plans = expand_cbs_experiments(_config(lr_factors=[0.5, 2], data_seeds=[1, 2]))
+def test_the_rate_grid_trains_every_rate_at_every_checkpoint(project):
+    config, plans = expand_cbs_experiments(_config(lr_factors=[0.5, 1, 2], data_seeds=[1, 2]))
     runs, plan = config["train_runs"], plans["x"]
-    assert len(runs) == 1 + 2 * 3 * 2 + 3 * 2 * 2  # base, the grid at both checkpoints, the check at epoch 1
+    assert len(runs) == 1 + 2 * 3 * 2 * 3  # base, then every checkpoint × batch × seed × rate
     rule = runs["x-e001-b4-s2"]["set"]["training.lr"]
     assert runs["x-e001-b4-s2-lr0.5"]["set"]["training.lr"] == pytest.approx(rule / 2)
-    assert runs["x-e001-b4-s2-lr2"]["set"]["training.lr"] == pytest.approx(2 * rule)
-    assert "x-e002-b4-s2-lr2" not in runs
+    assert runs["x-e002-b4-s2-lr2"]["set"]["training.lr"] == pytest.approx(
+        2 * runs["x-e002-b4-s2"]["set"]["training.lr"]
+    )
     assert plan.branches[1]["x-e001-b8-s1-lr2"]["lr_factor"] == 2 and plan.branches[2]["x-e002-b8-s1"]["lr_factor"] == 1
     line = plan.cost_lines()[0]
-    assert "× 2 data seeds = 12 branch runs (and 12 more for the learning-rate check) of 512 tokens" in line
+    assert "× 3 learning rates (0.5, 1, 2 × the rule's) × 2 data seeds = 36 branch runs of 512 tokens" in line
+
+
+def test_the_optimizers_memory_in_tokens_is_the_same_at_every_batch(project):
+    """optimizer_memory: tokens raises β1 and β2 to the power B'/B: the decay per token, and so the
+    memory in tokens, is the base run's at every batch; steps keeps the base run's β's."""
+    config, plans = expand_cbs_experiments(_config(optimizer_memory="tokens", set={"training.beta2": 0.9}))
+    runs, plan = config["train_runs"], plans["x"]
+    for batch in (2, 4, 8):
+        branch = runs[f"x-e001-b{batch}-s1"]["set"]
+        assert branch["training.beta2"] == pytest.approx(0.9 ** (batch / 4))
+        assert branch["training.beta1"] == pytest.approx(0.9 ** (batch / 4))
+        assert plan.branches[1][f"x-e001-b{batch}-s1"]["beta2"] == branch["training.beta2"]
+    assert [tokens for _, tokens in plan.memory.values()] == pytest.approx([-64 / math.log(0.9)] * 3)
+    kept = expand_cbs_experiments(_config())[0]["train_runs"]["x-e001-b8-s1"]["set"]
+    assert (kept["training.beta1"], kept["training.beta2"]) == (0.9, 0.95)
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
         ({"batch_sizes": [4, 2]}, "cbs_experiments.x.batch_sizes: list two or more, ascending, got [4, 2]"),
-        ({"data_seeds": []}, "cbs_experiments.x.data_seeds: list one or more distinct data orders"),
-        ({"data_seeds": [1, 1]}, "cbs_experiments.x.data_seeds: list one or more distinct data orders"),
+        ({"data_seeds": []}, "cbs_experiments.x.data_seeds: list two or more distinct data orders"),
+        ({"data_seeds": [1]}, "cbs_experiments.x.data_seeds: list two or more distinct data orders"),
+        ({"data_seeds": [1, 1]}, "cbs_experiments.x.data_seeds: list two or more distinct data orders"),
         ({"checkpoints": []}, "cbs_experiments.x.checkpoints: list one or more epochs to branch from"),
         ({"checkpoints": [4]}, "cbs_experiments.x.checkpoints: epoch 4 is not one to branch from"),
         ({"token_budget": 256}, "cbs_experiments.x.token_budget: 256 is not a whole number of quarters"),
@@ -111,7 +140,15 @@ def test_the_learning_rate_check_adds_branches_at_the_first_checkpoint_only(proj
         ({"batch_sizes": [1, 2]}, "cbs_experiments.x.batch_sizes: [1, 2] leaves out the base run's batch 4"),
         ({"eval_sequences": 65}, "cbs_experiments.x.eval_sequences: 65 held-out sequences asked for"),
         ({"lr_rule": "cubic"}, "cbs_experiments.x.lr_rule"),
-        ({"lr_factors": [0.5, 1]}, "cbs_experiments.x.lr_factors: list distinct multiples of the rule's rate other"),
+        ({"lr_factors": [0.5, 2]}, "cbs_experiments.x.lr_factors: list the multiples of the rule's rate to train"),
+        ({"lr_factors": [0.5, 1]}, "cbs_experiments.x.lr_factors: list the multiples of the rule's rate to train"),
+        ({"lr_factors": [1, 1, 2]}, "cbs_experiments.x.lr_factors: list the multiples of the rule's rate to train"),
+        (
+            {"optimizer_memory": "tokens", "set": {"training.optimizer": "sgd"}},
+            "cbs_experiments.x.optimizer_memory: tokens scales Adam's β1 and β2",
+        ),
+        ({"set": {"training.keep_states": [3]}}, "cbs_experiments.x.set: training.keep_states is the experiment's"),
+        ({"paired_spread": 0}, "cbs_experiments.x.paired_spread"),
         ({"lr_factors": [-1]}, "cbs_experiments.x.lr_factors"),
         ({"epsilon": 0}, "cbs_experiments.x.epsilon"),
         ({"seeds": [1]}, "unknown key cbs_experiments.x.seeds"),

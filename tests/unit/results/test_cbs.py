@@ -19,10 +19,10 @@ from tiny_llm.results.cbs import (
     CBS_COLUMNS,
     CURVE_COLUMNS,
     FIT_COLUMNS,
+    RATE_COLUMNS,
     TARGETS,
     cbs_tables,
     checkpoint_rows,
-    lr_check_rows,
     relative_rule,
 )
 from tiny_llm.training.branches import branch_overrides, held_out_blocks, measure_branches, state_path
@@ -51,26 +51,38 @@ def _record(checkpoint, step, finals, start=4.0):
     return {"checkpoint": checkpoint, "step": step, "tokens": step * 1024, "start_loss": start, "branches": branches}
 
 
-def test_the_learning_rate_check_compares_each_rate_with_the_rules():
-    """Branches at other multiples of the rule's rate take no part in the three answers; their table
-    pairs each with the rule's rate by seed."""
-    record = _record("epoch-001", 8, {4: [3.0, 3.02], 8: [3.01, 3.03]})
-    checked = _record("epoch-001", 8, {4: [2.9, 2.94], 8: [3.11, 3.13]})["branches"]
-    record["branches"] += [{**b, "lr_factor": 2, "lr": 2 * b["lr"]} for b in checked]
-    alone = _record("epoch-001", 8, {4: [3.0, 3.02], 8: [3.01, 3.03]})
-    found, plain = (checkpoint_rows(r, dict.fromkeys(SCALES), 0.01, base=4)["row"] for r in (record, alone))
-    assert found == plain
-    rows = lr_check_rows(record)
-    assert [(r["batch_size"], r["lr_factor"], r["best"]) for r in rows] == [
-        (4, 1, False),
-        (4, 2, True),
-        (8, 1, True),
-        (8, 2, False),
+def test_every_answer_at_each_batchs_best_rate_and_at_the_rules():
+    """A grid of three rates: the tuned answers read each batch's best rate by the seed-paired mean
+    (batch 4 at 2 × the rule's, at the grid's edge: flagged; batch 8 at the rule's own); the rule's
+    answers read the rule's rate alone, as if nothing else had been trained; the rates table pairs
+    every rate with the rule's by seed."""
+    finals = {1.0: {4: [3.0, 3.02], 8: [3.01, 3.03]}, 2.0: {4: [2.9, 2.94], 8: [3.11, 3.13]}}
+    finals[0.5] = {4: [3.1, 3.1], 8: [3.05, 3.06]}
+    record = _record("epoch-001", 8, finals[1.0])
+    for factor in (0.5, 2.0):
+        extra = _record("epoch-001", 8, finals[factor])["branches"]
+        record["branches"] += [{**b, "lr_factor": factor, "lr": factor * b["lr"]} for b in extra]
+    alone = _record("epoch-001", 8, finals[1.0])
+    found = checkpoint_rows(record, dict.fromkeys(SCALES), 0.01, base=4)
+    plain = checkpoint_rows(alone, dict.fromkeys(SCALES), 0.01, base=4)
+    assert sorted(found) == ["rates", "rule", "tuned"] and sorted(plain) == ["rates", "rule"]
+    assert {k: v for k, v in found["rule"]["row"].items() if k != "lr_edge"} == {
+        k: v for k, v in plain["rule"]["row"].items() if k != "lr_edge"
+    }
+    tuned = found["tuned"]
+    assert [(b["batch_size"], b["lr_factor"], b["lr_edge"]) for b in tuned["branches"]] == [
+        (4, 2.0, True),
+        (8, 1.0, False),
     ]
-    assert rows[1]["difference"] == pytest.approx(-0.09) and rows[1]["difference_half_width"] == pytest.approx(
-        12.706 * 0.01, rel=1e-3
-    )
-    assert rows[3]["difference"] == pytest.approx(0.1) and lr_check_rows(alone) == []
+    assert tuned["row"]["lr_edge"] == "4" and tuned["row"]["rates"] == "tuned"
+    assert tuned["branches"][1]["difference"] == pytest.approx(3.02 - 2.92)  # 8 at its best against 4 at its best
+    rows = found["rates"]
+    assert [(r["batch_size"], r["lr_factor"], r["best"]) for r in rows] == [
+        (4, 0.5, False), (4, 1.0, False), (4, 2.0, True), (8, 0.5, False), (8, 1.0, True), (8, 2.0, False),
+    ]  # fmt: skip
+    assert rows[2]["difference"] == pytest.approx(-0.09)
+    assert rows[2]["difference_half_width"] == pytest.approx(12.706 * 0.01, rel=1e-3)
+    assert rows[5]["difference"] == pytest.approx(0.1) and list(plain["rates"][0]) == list(rows[0])
 
 
 def test_tables_put_the_three_answers_beside_the_noise_scales(tmp_path):
@@ -89,11 +101,17 @@ def test_tables_put_the_three_answers_beside_the_noise_scales(tmp_path):
     tables = cbs_tables(records, summary, "unseen", 0.01, seq_len=64, base=4)
     cbs, branches, fits, curves = (tables[k] for k in ("cbs", "branches", "fits", "curves"))
     assert [r["checkpoint"] for r in cbs] == ["epoch-001", "epoch-002"] and list(cbs[0]) == CBS_COLUMNS
+    assert [r["rates"] for r in cbs] == ["rule", "rule"] and list(tables["rates"][0]) == RATE_COLUMNS
     first, second = cbs
     # epoch 1: 8 is 0.1 above 4 (seeds agree exactly): B* = 4, bounded by 8
     assert (first["cbs"], first["cbs_high"], first["cbs_tokens"], first["cbs_high_tokens"]) == (4, 8, 256, 512)
     assert (first["b_simple_tokens"], first["case"], first["relative_cbs"]) == (128.0, "unseen", 4)
     assert first["b_noise_cbs"] >= 4 and first["b_noise_cbs_grid"] == 4
+    assert first["b_noise_cbs_low"] <= first["b_noise_cbs"] <= first["b_noise_cbs_high"]
+    assert first["b_noise_cbs_agrees"] is (first["b_noise_cbs_low"] < 8) and first["b_simple_cbs"] >= 4
+    assert first["agreeing_scale_low"] <= first["b_noise"] or not first["b_noise_cbs_agrees"]
+    assert (first["cbs_comparisons"], first["cbs_joint"], first["seeds"]) == (3, 0.95, 2)
+    assert first["paired_spread"] == pytest.approx(0.0, abs=1e-12) and first["seeds_needed"] == 2
     # epoch 2: 8 is 0.005 above 4 for both seeds: within ε by its interval too
     assert (second["cbs"], second["cbs_high"], second["b_simple"], second["b_noise"]) == (8, 16, 9.0, "")
     assert second["b_noise_cbs"] == "" and second["b_crit"] != ""
@@ -170,6 +188,7 @@ def test_noiseless_data_the_smallest_batch_is_best(tmp_path, monkeypatch):
     step is the same at every batch size and the tokens needed grow as B exactly."""
     sequence = torch.randint(0, 16, (6,), generator=torch.Generator().manual_seed(1))
     found, scales = _experiment(tmp_path, monkeypatch, lambda n: sequence.repeat(n // 6 + 1)[:n], rule="none")
+    found = found["rule"]
     row = found["row"]
     assert scales["b_simple"] == pytest.approx(0, abs=1e-20) and scales["b_noise"] == pytest.approx(0, abs=1e-20)
     assert (row["cbs"], row["cbs_point"], row["cbs_high"]) == (4, 4, 8)
@@ -192,6 +211,7 @@ def test_noise_dominated_data_the_critical_batch_reaches_the_top_of_the_grid(tmp
         lambda n: torch.randint(0, 16, (n,), generator=torch.Generator().manual_seed(1)),
         epsilon=0.05,
     )
+    found = found["rule"]
     row = found["row"]
     assert scales["b_noise"] > 2 * max(GRID) and scales["b_simple"] > 2 * max(GRID)
     assert (row["cbs"], row["cbs_point"], row["cbs_high"]) == (max(GRID), max(GRID), None)

@@ -19,6 +19,8 @@ def _tables():
             "b_crit_low_tokens": [200.0, None],
             "b_crit_high_tokens": [float("inf"), None],
             "b_noise_cbs_tokens": [256.0, 512.0],
+            "b_noise_cbs_low": [3.0, 6.0],
+            "b_noise_cbs_high": [5.0, float("inf")],
             "b_simple_tokens": [128.0, 400.0],
             "b_simple_se": [0.5, None],
             "b_noise_tokens": [192.0, 640.0],
