@@ -285,6 +285,10 @@ class TrainingConfig:
     """Initialisation seed."""
     attention_backend: Literal["sdpa", "reference"] = "sdpa"
     """Attention implementation used for training (analysis always uses reference)."""
+    dtype: Literal["float32", "float64"] = "float32"
+    """Precision of the weights, gradients and optimizer state in training. float64 makes a small
+    run reproduce to many digits on any CPU (float32's rounding differs across CPUs and grows
+    over the steps); it costs about twice float32's time and memory."""
     checkpoint_policy: Literal["final", "interval"] = "final"
     """final: final.pt only; interval: epoch-NNN.safetensors at every virtual epoch (000 = init) too."""
     packed: PackedConfig | None = None

@@ -197,3 +197,22 @@ def test_the_front_door_and_the_workflow_files_stay_small():
     for rules in (REPO / "workflow/rules").glob("*.smk"):
         if rules.name != "common.smk":
             assert len(rules.read_text().splitlines()) <= 150, rules.name
+
+
+def test_the_critical_batch_tables_are_what_the_runs_wrote():
+    """Every block of tables in docs/critical-batch.md is written from the committed results of its
+    run (docs/results/<name>/, by benchmarks/cbs_demo.py --write), and every committed run has one."""
+    import csv
+
+    from tiny_llm.results.cbs_page import experiment_tables, table_blocks
+
+    def rows(path):
+        with open(path) as handle:
+            return list(csv.DictReader(handle))
+
+    blocks = table_blocks((REPO / "docs/critical-batch.md").read_text())
+    committed = sorted(p.name for p in (REPO / "docs/results").iterdir() if (p / "cbs.csv").exists())
+    assert sorted(blocks) == committed and committed
+    for name in committed:
+        folder = REPO / "docs/results" / name
+        assert blocks[name] == experiment_tables(rows(folder / "cbs.csv"), rows(folder / "rates.csv")), name

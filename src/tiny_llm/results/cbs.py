@@ -185,9 +185,16 @@ def _pairs(pairs: list[tuple[int, int]]) -> str:
     return " ".join(f"{a}>{b}" for a, b in pairs)
 
 
+def _finite(loss: float) -> float:
+    """A diverged branch's loss (NaN or ±∞) as +∞: worse than any that trained."""
+    return loss if math.isfinite(loss) else math.inf
+
+
 def _by_rate(record: dict[str, Any]) -> dict[int, dict[float, dict[int, dict]]]:
+    """The branches by batch, rate factor and seed, a diverged one's losses read as +∞."""
     grouped: dict[int, dict[float, dict[int, dict]]] = {}
     for branch in record["branches"]:
+        branch = {**branch, "loss": _finite(branch["loss"]), "curve": [[t, _finite(x)] for t, x in branch["curve"]]}
         factor = float(branch.get("lr_factor", 1))
         grouped.setdefault(branch["batch_size"], {}).setdefault(factor, {})[branch["seed"]] = branch
     return grouped
@@ -199,6 +206,11 @@ def checkpoint_rows(
     """One checkpoint's answers: per ``rates`` (``tuned`` where the grid has more than one rate,
     then ``rule``) its ``cbs.csv`` row (sizes in sequences), branch rows and fits; and its
     ``rates.csv`` rows."""
+    with np.errstate(invalid="ignore"):  # a diverged branch: its spread is NaN, its bounds exclude it
+        return _checkpoint_rows(record, scales, epsilon, base, seq_len)
+
+
+def _checkpoint_rows(record: dict[str, Any], scales: dict, epsilon: float, base: int, seq_len: int) -> dict:
     grouped = _by_rate(record)
     best = best_rates(
         {b: {f: {s: x["loss"] for s, x in seeds.items()} for f, seeds in g.items()} for b, g in grouped.items()}

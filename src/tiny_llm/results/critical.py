@@ -168,6 +168,7 @@ def best_rates(losses: dict[int, dict[float, dict[int, float]]]) -> dict[int, tu
     for batch, by_factor in losses.items():
         seeds = sorted(set.intersection(*(set(seeds) for seeds in by_factor.values())))
         means = {f: float(np.mean([by_factor[f][s] for s in seeds])) for f in by_factor}
+        means = {f: m if math.isfinite(m) else math.inf for f, m in means.items()}  # diverged: worst
         chosen = min(sorted(means), key=lambda f: means[f])
         best[batch] = (chosen, len(means) > 1 and chosen in (min(means), max(means)))
     return best

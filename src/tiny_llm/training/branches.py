@@ -33,6 +33,8 @@ __all__ = [
     "state_path",
 ]
 
+EVAL_TOKENS = 4096
+"""Tokens a held-out loss's forward pass takes at once (at least a training micro-batch)."""
 BRANCH_EPOCHS = 4
 """A branch saves its resume state at most this many times (each quarter of its budget when its
 steps allow), so that a killed branch loses at most that much."""
@@ -145,7 +147,8 @@ def held_out_blocks(parent: RunConfig, sequences: int) -> list[int]:
 def held_out_loss(weights: str | Path, config: RunConfig, blocks: list[int], device: str = "cpu") -> float:
     """The token-mean loss of a run's weights (a training state such as final.pt or state-NNN.pt,
     or root weights epoch-NNN.safetensors) on the cache blocks ``blocks``, in float64 on the CPU
-    and float32 on a GPU, ``training.micro_batch_size`` sequences at a time."""
+    and float32 on a GPU, ``training.micro_batch_size`` sequences at a time or as many as make
+    :data:`EVAL_TOKENS` tokens, whichever is more (forward only: no gradient is kept)."""
     import torch  # not for the planner
 
     from tiny_llm.architectures import build_model
@@ -160,7 +163,7 @@ def held_out_loss(weights: str | Path, config: RunConfig, blocks: list[int], dev
         model.load_state_dict(load_train_state(weights)["model"], strict=True)
     model = model.to(device=device, dtype=dtype).eval()
     tokens = TokenCache(config.data.cache).tokens(blocks).to(device)
-    total, size = 0.0, config.training.micro_batch_size
+    total, size = 0.0, max(config.training.micro_batch_size, EVAL_TOKENS // config.data.seq_len)
     with torch.no_grad():
         for start in range(0, len(tokens), size):
             chunk = tokens[start : start + size]

@@ -122,9 +122,12 @@ def _make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.Optimize
 
 
 def average_states(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Element-wise float32 mean of worker states (the packed run's root weights)."""
+    """Element-wise mean of worker states (the packed run's root weights), in float32 or wider."""
     return {
-        name: torch.stack([s[name].float() for s in states]).mean(0).to(states[0][name].dtype) for name in states[0]
+        name: torch.stack([s[name].to(torch.promote_types(s[name].dtype, torch.float32)) for s in states])
+        .mean(0)
+        .to(states[0][name].dtype)
+        for name in states[0]
     }
 
 
@@ -166,10 +169,13 @@ class _Trainer:
         self.K = config.training.workers
         self.total_steps = config.local_steps_per_epoch * config.training.epochs
         torch.manual_seed(config.training.seed)
+        dtype = getattr(torch, config.training.dtype)
         init = build_model(config.model, attention_backend=config.training.attention_backend).to(self.device)
+        init = init.to(dtype)  # drawn in float32 either way: float64 starts from the same weights
         self.workers = []
         for _ in range(self.K):
-            model = build_model(config.model, attention_backend=config.training.attention_backend).to(self.device)
+            model = build_model(config.model, attention_backend=config.training.attention_backend)
+            model = model.to(device=self.device, dtype=dtype)
             model.load_state_dict(init.state_dict())
             self.workers.append(_Worker(model, _make_optimizer(model, config)))
         self.step = 0

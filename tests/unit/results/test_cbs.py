@@ -217,3 +217,23 @@ def test_noise_dominated_data_the_critical_batch_reaches_the_top_of_the_grid(tmp
     assert (row["cbs"], row["cbs_point"], row["cbs_high"]) == (max(GRID), max(GRID), None)
     assert all(b["loss"] >= row["start_loss"] for b in found["branches"]) and row["b_crit"] is None
     assert row["b_noise_cbs_grid"] == max(GRID)
+
+
+def test_a_diverged_branch_counts_as_worse_than_any_that_trained():
+    """Batch 8 at twice the rule's rate diverged (NaN): the tuned answers take another rate for it,
+    and at the rule's rate a diverged batch 8 is out of ε, never within it."""
+    record = _record("epoch-001", 8, {4: [3.0, 3.02], 8: [3.001, 3.021]})
+    for factor, finals in ((0.5, {4: [3.1, 3.1], 8: [3.05, 3.06]}), (2.0, {4: [3.2, 3.2], 8: [3.0, 3.0]})):
+        extra = _record("epoch-001", 8, finals)["branches"]
+        record["branches"] += [{**b, "lr_factor": factor} for b in extra]
+    for branch in record["branches"]:
+        if branch["batch_size"] == 8 and branch.get("lr_factor") == 2.0:
+            branch["loss"], branch["curve"][-1][1] = float("nan"), float("nan")
+    found = checkpoint_rows(record, dict.fromkeys(SCALES), 0.01, base=4)
+    assert [b["lr_factor"] for b in found["tuned"]["branches"]] == [1.0, 1.0]
+    diverged = {
+        **record,
+        "branches": [{**b, "lr_factor": 1.0} for b in record["branches"] if b.get("lr_factor") == 2.0],
+    }
+    rule = checkpoint_rows(diverged, dict.fromkeys(SCALES), 0.01, base=4)["rule"]
+    assert rule["row"]["cbs"] == 4 and rule["branches"][1]["loss"] == float("inf")

@@ -326,3 +326,28 @@ def test_kept_moments_train_on_to_the_next_kept_moments(make_config, tmp_path):
     other.step = config.steps_per_epoch
     other.run(None, io.StringIO())
     assert not _equal(load_moments(again / "moments-002.safetensors").exp_avg_sq, kept.exp_avg_sq)
+
+
+def test_float64_training_starts_from_the_same_weights_and_follows_the_float32_run(make_config, tmp_path):
+    """training.dtype: float64 draws the initialisation as float32 does and casts it, keeps
+    weights, optimizer state and checkpoints in float64, resumes bit-identically, and takes the
+    same steps as float32 up to float32's rounding."""
+    single, double = (
+        make_config(epochs=3, tokens=4 * 8 * 3 * 3),
+        make_config(epochs=3, tokens=4 * 8 * 3 * 3, dtype="float64"),
+    )
+    train(single, tmp_path / "f32")
+    train(double, tmp_path / "f64")
+    init32, init64 = (_weights(tmp_path / run / "epoch-000.safetensors") for run in ("f32", "f64"))
+    assert all(init64[k].dtype == torch.float64 and torch.equal(init64[k], init32[k].double()) for k in init32)
+    final = load_train_state(tmp_path / "f64" / "final.pt")
+    moments = final["workers"][0]["optimizer"]["state"][0]
+    assert moments["exp_avg_sq"].dtype == torch.float64
+    logs = [
+        [json.loads(line)["loss"] for line in (tmp_path / run / "train-log.jsonl").read_text().splitlines()]
+        for run in ("f32", "f64")
+    ]
+    assert logs[0] == pytest.approx(logs[1], rel=1e-4) and logs[0] != logs[1]
+    train(double, tmp_path / "split", stop_after_epoch=1)
+    train(double, tmp_path / "split")
+    assert _equal(_weights(tmp_path / "split" / "final.pt"), _weights(tmp_path / "f64" / "final.pt"))
