@@ -40,6 +40,7 @@ __all__ = [
     "load_into",
     "moments_from_optimizer",
     "named_shapes",
+    "next_preconditioner",
     "preconditioner",
     "save_moments",
     "stability_threshold",
@@ -130,6 +131,19 @@ def preconditioner(moments: AdamMoments) -> dict[str, torch.Tensor] | None:
         return None
     correction = math.sqrt(1 - moments.beta2**moments.step)
     return {name: 1.0 / (v.double().sqrt() / correction + moments.eps) for name, v in moments.exp_avg_sq.items()}
+
+
+def next_preconditioner(
+    diagonal: torch.Tensor, gradient: torch.Tensor, step: int, beta2: float, eps: float
+) -> torch.Tensor:
+    """P of the step Adam takes next from the state (step ``step`` + 1), with the full-batch gradient
+    ``gradient`` as its g (Cohen et al. 2022 study full-batch Adam): from the applied P =
+    1 / (√v̂_t + ε), v_t = (1/P − ε)² (1 − β2^t), then v_{t+1} = β2 v_t + (1 − β2) g² and
+    P' = 1 / (√(v_{t+1} / (1 − β2^(t+1))) + ε); float64, as the tensors are laid out."""
+    root = (1.0 / diagonal.double() - eps).clamp_min(0.0)
+    second = root.square() * (1 - beta2**step)
+    following = beta2 * second + (1 - beta2) * gradient.double().square()
+    return 1.0 / ((following / (1 - beta2 ** (step + 1))).sqrt() + eps)
 
 
 def _hyper(group: dict[str, Any]) -> tuple:

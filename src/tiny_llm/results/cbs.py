@@ -135,7 +135,7 @@ def _predictions(curve, smallest, base, scales, epsilon, grid, measured) -> dict
     """Each noise scale's predicted B* (continuous, on the grid, its interval) and whether that
     interval meets the measured [cbs_low, cbs_high)."""
     row: dict[str, Any] = {}
-    low, high = measured["cbs_low"], measured["cbs_high"] or math.inf
+    low, high = measured["cbs_low"], measured["cbs_high"]
     for name in SCALES:
         scale, se = scales.get(name), scales.get(f"{name}_se")
         found = {"cbs": None, "cbs_grid": None}
@@ -144,7 +144,7 @@ def _predictions(curve, smallest, base, scales, epsilon, grid, measured) -> dict
             found = noise_scale_prediction(curve, smallest, base, scale, epsilon, grid)
             ends = prediction_interval(curve, smallest, base, scale, se, epsilon)
         span = (found["cbs"], found["cbs"]) if ends[0] is None else ends
-        agrees = None if span[0] is None else span[0] < high and span[1] >= low
+        agrees = None if span[0] is None else span[1] >= low and (high is None or span[0] < high)
         row |= {f"{name}_cbs": found["cbs"], f"{name}_cbs_low": ends[0], f"{name}_cbs_high": ends[1]}
         row |= {f"{name}_cbs_grid": found["cbs_grid"], f"{name}_cbs_agrees": agrees}
     return row

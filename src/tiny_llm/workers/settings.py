@@ -228,6 +228,11 @@ class SpectrumSettings:
     """Relative residual at which CG stops."""
     cg_max_iterations: Positive = 50
     """CG iteration cap (the residual reached is reported)."""
+    preconditioner: Literal["applied", "next"] = "applied"
+    """Which of Adam's preconditioners the preconditioned sharpness λ_max(PH) uses: applied, the P
+    the optimizer applied at its last step (as the checkpoint keeps it); next, the P of the step
+    Adam takes from the checkpoint, its second moment one step further on the case's full-batch
+    gradient (as Cohen et al. 2022 pair H(θ_t) with P_t+1 in full-batch Adam)."""
     sharded: bool = False
     """Shard the model, directions and Lanczos vectors over the job's ranks with FSDP2 (a model that
     does not fit one device); the products are then shard-local finite differences of gradients

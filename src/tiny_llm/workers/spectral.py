@@ -22,6 +22,7 @@ from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.placement import Layout, place
 from tiny_llm.curvature.spectrum import Basis, layer_blocks, tensor_blocks
 from tiny_llm.model.causal import CausalLM
+from tiny_llm.model.moments import next_preconditioner
 from tiny_llm.runtime import compile_record
 from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
 
@@ -109,6 +110,9 @@ class SpectrumJob:
     preconditioner: torch.Tensor | None = None
     """The optimizer's P at the state (its diagonal, float64, as ``step`` is held), for the top
     eigenvalues of P^{1/2}HP^{1/2}; None: not measured."""
+    following: dict[str, Any] | None = None
+    """Adam's step, β2 and ε when the spectrum takes the P of the next step
+    (:func:`~tiny_llm.model.moments.next_preconditioner` of ``preconditioner`` and ḡ); None: P as applied."""
 
 
 def _spectrum_operator(
@@ -340,13 +344,16 @@ def measure_spectrum(model: CausalLM, tokens_by_batch: list[torch.Tensor], job: 
     top, vectors, largest = _lanczos_stage(counted, products, flat.D, spectrum, settings, basis, tolerance)
     t_lanczos = time.perf_counter() - started
     preconditioned, counts = None, []
+    g_bar = epoch_gradient()
     if job.preconditioner is not None:
         progress.enter(f"Lanczos of P^1/2 H P^1/2, top {spectrum.top_k} (at most {spectrum.lanczos_steps} steps)")
-        scaled = _preconditioned(tracked, job.preconditioner.sqrt().to(device), counts)
+        P = job.preconditioner
+        if job.following is not None:  # the P of the step Adam takes from here, on ḡ
+            P = next_preconditioner(P, g_bar.to(P.device), **job.following)
+        scaled = _preconditioned(tracked, P.sqrt().to(device), counts)
         preconditioned = _lanczos_stage(scaled, counts, flat.D, spectrum, settings, basis, tolerance)[0]
     progress.enter(f"SLQ density ({spectrum.slq_vectors} x {spectrum.slq_steps} steps)")
     slq_record = _slq_stage(tracked, flat.D, spectrum, settings, basis)
-    g_bar = epoch_gradient()
     noise = [
         gradient(tokens_by_batch[i]) - g_bar
         for i in noise_batch_indices(len(tokens_by_batch), settings.noise_samples, settings.seed)

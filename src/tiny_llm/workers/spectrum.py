@@ -154,6 +154,8 @@ def analyze_spectrum(
         resolved = replace(resolved, hvp_engine=engine, hvp_compiled=False)
     identity = {k: v for k, v in result_identity(settings, resolved, config, cache).items() if k != "hash"}
     identity["spectrum"] = asdict(spectrum)
+    if spectrum.preconditioner == "applied":  # the default: results from before the setting stay valid
+        del identity["spectrum"]["preconditioner"]
     identity["hash"] = canonical_hash(identity)
     memory = spectrum_memory(settings, spectrum, config, resolved, len(plan))
     found = load_preconditioning(run_dir, state, config, settings.preconditioned)
@@ -172,6 +174,7 @@ def analyze_spectrum(
         precision = Precision(resolved.device, resolved.dtype, settings.amp)
         hvp = (resolved.hvp_batch_size, resolved.hvp_engine, resolved.hvp_compiled)
         job = SpectrumJob(settings, spectrum, precision, *hvp, config.training.micro_batch_size, memory, step, P)
+        job = replace(job, following=_following(spectrum, found))
         # sharded, the model stays on the host until FSDP moves each block's shards to the device
         model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
         batches = [cache.tokens(blocks) for blocks in plan.blocks]
@@ -182,8 +185,17 @@ def analyze_spectrum(
             measured = measure_spectrum(model, batches, job)
         result = _result(identity, state, case, job, resolved, measured | runtime, sharded)
         result["trajectory"] = None if successor is None else {"successor": successor}
-        result["preconditioner"] = None if found is None else found.record
+        result["preconditioner"] = None if found is None else {**found.record, "timing": spectrum.preconditioner}
         result["plan"] = plan.name
         if is_writer():
             atomic_write_json(output, result)
     return result
+
+
+def _following(spectrum: SpectrumSettings, found: Any) -> dict[str, Any] | None:
+    """Adam's step, β2 and ε for the P of its next step (``spectrum.preconditioner: next``), None
+    for the applied P, SGD's P = I or no preconditioner."""
+    record = {} if found is None or found.diagonal is None else found.record
+    if spectrum.preconditioner != "next" or record.get("optimizer") != "adamw":
+        return None
+    return {"step": record["step"], "beta2": record["beta2"], "eps": record["eps"]}
