@@ -28,12 +28,12 @@ demo: $(STAMP)
 seeds-demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake -c1 --configfile config/seeds-demo.yaml --replace-workflow-config
 
-# A demo-sized critical-batch-size experiment (the demo model branched from 3 checkpoints with 4
+# A demo-sized critical-batch-size experiment (the demo model branched from 3 checkpoints with 3
 # batch sizes over 5 data seeds, each its own sequences), alone: about 4 minutes on 2 cores.
 cbs-demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake -c2 --configfile config/cbs-demo.yaml --replace-workflow-config
 
-# The full critical-batch-size study (3 checkpoints × 4 batch sizes × 3 learning rates × 6 seeds,
+# The full critical-batch-size study (3 checkpoints × 3 batch sizes × 3 learning rates × 6 seeds,
 # with Adam and with SGD), alone: about 25 minutes on 2 cores.
 cbs-study: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake -c2 --configfile config/cbs-study.yaml --replace-workflow-config

@@ -216,3 +216,22 @@ def test_the_critical_batch_tables_are_what_the_runs_wrote():
     for name in committed:
         folder = REPO / "docs/results" / name
         assert blocks[name] == experiment_tables(rows(folder / "cbs.csv"), rows(folder / "rates.csv")), name
+
+
+def test_the_reading_guides_demo_tables_are_what_the_run_wrote():
+    """The demo's tables in docs/reading-results.md are written from docs/results/demo/ (by
+    benchmarks/guide_tables.py --write): the page holds exactly what those rows give."""
+    import csv
+
+    from tiny_llm.results.cbs_page import table_blocks
+    from tiny_llm.results.guide_tables import GUIDE_TABLES
+
+    def rows(name):
+        with open(REPO / "docs/results/demo" / name) as handle:
+            return list(csv.DictReader(handle))
+
+    blocks = table_blocks(GUIDE)
+    inputs = rows("summary.csv"), rows("spectrum-applied.csv"), rows("spectrum-next.csv")
+    assert sorted(blocks) == sorted(GUIDE_TABLES)
+    for name, table in GUIDE_TABLES.items():
+        assert blocks[name] == table(*inputs), name
