@@ -231,13 +231,15 @@ def _checkpoint_rows(record: dict[str, Any], scales: dict, epsilon: float, base:
                 "lr_edge": edge if rates == "tuned" else "",
                 **answers["row"],
             },
-            "branches": _branch_rows(record["checkpoint"], rates, grouped, factors, answers, epsilon, seq_len, best),
+            "branches": _branch_rows(record["checkpoint"], rates, grouped, factors, answers, seq_len, best),
             "fits": answers["fits"],
         }
     return found
 
 
-def _branch_rows(checkpoint, rates, grouped, factors, answers, epsilon, seq_len, best) -> list[dict[str, Any]]:
+def _branch_rows(checkpoint, rates, grouped, factors, answers, seq_len, best) -> list[dict[str, Any]]:
+    """The branches ``factors`` (batch → its rate) picks, with Merrill's worst difference of each."""
+    epsilon = answers["merrill"]["epsilon"]
     rows = []
     for batch in sorted(factors):
         seeds = grouped[batch][factors[batch]]

@@ -134,6 +134,7 @@ def merrill_rule(losses: Losses, base: int, epsilon: float, joint: float = JOINT
         "comparisons": comparisons,
         "level": level,
         "joint": joint,
+        "epsilon": epsilon,
         "spread": math.sqrt(float(np.mean(known))) if known else None,
         "worst": worst,
     }

@@ -152,11 +152,7 @@ def analyze_spectrum(
     config, resolved, cache, plan, state, following = prepared
     if (engine := sharded_engine(settings, spectrum)) is not None:
         resolved = replace(resolved, hvp_engine=engine, hvp_compiled=False)
-    identity = {k: v for k, v in result_identity(settings, resolved, config, cache).items() if k != "hash"}
-    identity["spectrum"] = asdict(spectrum)
-    if spectrum.preconditioner == "applied":  # the default: results from before the setting stay valid
-        del identity["spectrum"]["preconditioner"]
-    identity["hash"] = canonical_hash(identity)
+    identity = _identity(result_identity(settings, resolved, config, cache), spectrum)
     memory = spectrum_memory(settings, spectrum, config, resolved, len(plan))
     found = load_preconditioning(run_dir, state, config, settings.preconditioned)
     with single_writer(output) as reuse:  # every rank computes, rank 0 writes
@@ -190,6 +186,15 @@ def analyze_spectrum(
         if is_writer():
             atomic_write_json(output, result)
     return result
+
+
+def _identity(analysis: dict[str, Any], spectrum: SpectrumSettings) -> dict[str, Any]:
+    """A spectrum result's identity: the analysis's and the spectral settings, hashed; the default
+    ``preconditioner: applied`` left out, so results from before that setting stay valid."""
+    identity = {k: v for k, v in analysis.items() if k != "hash"} | {"spectrum": asdict(spectrum)}
+    if spectrum.preconditioner == "applied":
+        del identity["spectrum"]["preconditioner"]
+    return identity | {"hash": canonical_hash(identity)}
 
 
 def _following(spectrum: SpectrumSettings, found: Any) -> dict[str, Any] | None:
