@@ -148,19 +148,21 @@ def held_out_loss(weights: str | Path, config: RunConfig, blocks: list[int], dev
     """The token-mean loss of a run's weights (a training state such as final.pt or state-NNN.pt,
     or root weights epoch-NNN.safetensors) on the cache blocks ``blocks``, in float64 on the CPU
     and float32 on a GPU, ``training.micro_batch_size`` sequences at a time or as many as make
-    :data:`EVAL_TOKENS` tokens, whichever is more (forward only: no gradient is kept)."""
+    :data:`EVAL_TOKENS` tokens, whichever is more (forward only: no gradient is kept). A branch that
+    diverged (weights not finite) has loss +∞; weights that do not fit the model are refused."""
     import torch  # not for the planner
 
     from tiny_llm.architectures import build_model
     from tiny_llm.model.causal import token_losses
-    from tiny_llm.model.checkpoint import load_model_weights, load_train_state
+    from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights
 
     dtype = torch.float64 if device == "cpu" else torch.float32
     model = build_model(config.model, attention_backend="reference")
-    if str(weights).endswith(".safetensors"):
-        load_model_weights(model, weights)
-    else:
-        model.load_state_dict(load_train_state(weights)["model"], strict=True)
+    state = load_weights(weights)[0] if str(weights).endswith(".safetensors") else load_train_state(weights)["model"]
+    if not all(bool(torch.isfinite(t).all()) for t in state.values()):
+        return math.inf  # diverged: worse than any branch that trained
+    check_state_dict(model, state, source=str(weights))
+    model.load_state_dict(state, strict=True)
     model = model.to(device=device, dtype=dtype).eval()
     tokens = TokenCache(config.data.cache).tokens(blocks).to(device)
     total, size = 0.0, max(config.training.micro_batch_size, EVAL_TOKENS // config.data.seq_len)

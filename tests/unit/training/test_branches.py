@@ -10,7 +10,7 @@ import torch
 from tiny_llm.config import apply_overrides, config_from_dict, config_to_dict
 from tiny_llm.data.tokens import TokenCache, capacity_blocks, epoch_plan, unseen_plan
 from tiny_llm.model.causal import token_losses
-from tiny_llm.model.checkpoint import load_train_state
+from tiny_llm.model.checkpoint import load_train_state, save_weights
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.branches import (
     branch_overrides,
@@ -93,6 +93,13 @@ def test_held_out_loss_is_the_token_mean_loss_on_the_unseen_stream(parent, tmp_p
     assert held_out_loss(tmp_path / "parent" / "final.pt", parent, blocks) == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match="eval_sequences: 999 held-out sequences"):
         held_out_blocks(parent, 999)
+    diverged = {k: torch.full_like(v, float("nan")) for k, v in model.state_dict().items()}
+    save_weights(tmp_path / "diverged.safetensors", diverged, {"format": "tiny_llm.weights/1"})
+    assert held_out_loss(tmp_path / "diverged.safetensors", parent, blocks) == math.inf
+    wrong = {**model.state_dict(), "extra.weight": torch.zeros(2)}
+    save_weights(tmp_path / "wrong.safetensors", wrong, {"format": "tiny_llm.weights/1"})
+    with pytest.raises(ValueError, match="extra.weight"):
+        held_out_loss(tmp_path / "wrong.safetensors", parent, blocks)
 
 
 def _read(config):

@@ -312,3 +312,22 @@ def test_the_defaults_converge_at_the_demo_initial_state(tmp_path):
     reference, *_ = top_eigenpairs(H.hvp, H.flat.D, defaults.top_k, 3 * steps)
     assert abs(float(values[0]) - float(reference[0])) <= float(residuals[0])
     assert float(residuals[0]) <= 1e-6 * abs(float(values[0]))
+
+
+def test_the_preconditioner_setting_enters_a_results_identity_only_when_it_is_not_the_default():
+    """spectrum.preconditioner: applied (the default) leaves the identity as results before the
+    setting had it, so they stay valid; next makes another result."""
+    from dataclasses import asdict
+
+    from tiny_llm.provenance import canonical_hash
+    from tiny_llm.workers.settings import SpectrumSettings
+    from tiny_llm.workers.spectrum import _identity
+
+    analysis = {"settings": {"seed": 1}, "hash": "x"}
+    before = {
+        "settings": {"seed": 1},
+        "spectrum": {k: v for k, v in asdict(SpectrumSettings()).items() if k != "preconditioner"},
+    }
+    assert _identity(analysis, SpectrumSettings())["hash"] == canonical_hash(before)
+    following = _identity(analysis, SpectrumSettings(preconditioner="next"))
+    assert following["spectrum"]["preconditioner"] == "next" and following["hash"] != canonical_hash(before)
