@@ -185,9 +185,9 @@ def _pairs(pairs: list[tuple[int, int]]) -> str:
     return " ".join(f"{a}>{b}" for a, b in pairs)
 
 
-def _finite(loss: float) -> float:
-    """A diverged branch's loss (NaN or ±∞) as +∞: worse than any that trained."""
-    return loss if math.isfinite(loss) else math.inf
+def _finite(loss: float | None) -> float:
+    """A diverged branch's loss (null, NaN or ±∞) as +∞: worse than any that trained."""
+    return loss if loss is not None and math.isfinite(loss) else math.inf
 
 
 def _by_rate(record: dict[str, Any]) -> dict[int, dict[float, dict[int, dict]]]:

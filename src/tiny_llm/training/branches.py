@@ -177,11 +177,12 @@ def measure_branches(spec: dict[str, Any]) -> dict[str, Any]:
     """The record of one checkpoint's branches (``spec``: :meth:`~tiny_llm.campaign.cbs.CbsPlan.evaluation`):
     the held-out loss of the parent's state there (``start_loss``), and of every branch at each of
     its saved points, ``curve`` = [[0, start_loss], [tokens, loss], …] up to its budget (``loss``:
-    the last)."""
+    the last; null where the branch diverged)."""
     base = config_from_dict(spec["base"])
 
-    def loss(weights: str) -> float:
-        return held_out_loss(weights, base, spec["blocks"], spec["device"])
+    def loss(weights: str) -> float | None:  # None: diverged (JSON has no ∞)
+        value = held_out_loss(weights, base, spec["blocks"], spec["device"])
+        return value if math.isfinite(value) else None
 
     start, budget, branches = loss(spec["state"]), spec["token_budget"], []
     for run, info in spec["branches"].items():

@@ -228,7 +228,7 @@ def test_a_diverged_branch_counts_as_worse_than_any_that_trained():
         record["branches"] += [{**b, "lr_factor": factor} for b in extra]
     for branch in record["branches"]:
         if branch["batch_size"] == 8 and branch.get("lr_factor") == 2.0:
-            branch["loss"], branch["curve"][-1][1] = float("nan"), float("nan")
+            branch["loss"], branch["curve"][-1][1] = float("nan"), None  # a record writes null
     found = checkpoint_rows(record, dict.fromkeys(SCALES), 0.01, base=4)
     assert [b["lr_factor"] for b in found["tuned"]["branches"]] == [1.0, 1.0]
     diverged = {
