@@ -33,7 +33,7 @@ seeds-demo: $(STAMP)
 cbs-demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake -c2 --configfile config/cbs-demo.yaml --replace-workflow-config
 
-# The full critical-batch-size study (3 checkpoints × 3 batch sizes × 3 learning rates × 6 seeds,
+# The full critical-batch-size study (3 checkpoints × 3 batch sizes × 4 learning rates × 5 seeds,
 # with Adam and with SGD), alone: about 25 minutes on 2 cores.
 cbs-study: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake -c2 --configfile config/cbs-study.yaml --replace-workflow-config

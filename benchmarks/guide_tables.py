@@ -72,6 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     root = args.done or args.keep or Path(tempfile.mkdtemp(prefix="guide-"))
     if not args.done:
+        root.mkdir(parents=True, exist_ok=True)
         for part in ("Snakefile", "workflow", "profiles", "config", "envs"):
             source = REPO / part
             if source.is_dir():

@@ -72,7 +72,10 @@ def predictions_table(rows: list[dict[str, str]]) -> str:
         "| --- | --- | --- | " + " | ".join("---" for _ in PREDICTORS) + " |",
     ]
     for row in rows:
-        agree = f"[{_number(row['agreeing_scale_low'])}, {_number(row['agreeing_scale_high'])})"
+        low, high = (float(row[k]) for k in ("agreeing_scale_low", "agreeing_scale_high"))
+        agree = (
+            f"[{_number(row['agreeing_scale_low'])}, {_number(row['agreeing_scale_high'])})" if low < high else "none"
+        )
         cells = " | ".join(_prediction(row, name) for name, _ in PREDICTORS)
         lines.append(f"| {_where(row)} | {row['rates']} | {agree} | {cells} |")
     return "\n".join(lines)

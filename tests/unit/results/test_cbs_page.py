@@ -27,6 +27,8 @@ def test_the_tables_say_what_the_row_says():
     assert "| epoch 2 (81,920) | tuned (edge: 16) | 4 | [4, ∞) | 12.5 | [3.25, ∞] | 16 | 2>4 | 0.0042 | 5 (9) |" in text
     assert "| [1.4, ∞) | 4.78 ± 0.41 → 5.1 [4.6, 5.5] ✓ | – | 0.5 ± 0.1 → 2.5 ✗ |" in text
     assert "| epoch 2 | 1 | 2\\* |" in text  # batch 2's best rate is the rule's; batch 16's at the grid's edge
+    none = experiment_tables([{**ROW, "agreeing_scale_low": "0.0", "agreeing_scale_high": "0.0"}], RATES)
+    assert "| tuned | none | 4.78" in none  # no noise scale predicts a B* inside the interval
     untuned = experiment_tables([{**ROW, "rates": "rule", "lr_edge": ""}], [{**r, "lr_factor": "1.0"} for r in RATES])
     assert "B = 16" not in untuned and "| rule |" in untuned
 
