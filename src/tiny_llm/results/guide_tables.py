@@ -20,17 +20,24 @@ def _number(text: str, digits: int = 3) -> str:
         return "∞"
     if abs(value) >= 1000:
         return f"{value:,.0f}"
+    if 0 < abs(value) < 1e-3:  # fixed point, as the page writes small numbers
+        return f"{value:.{digits - 1 - math.floor(math.log10(abs(value)))}f}".replace("-", "−")
     return f"{value:.{digits}g}".replace("-", "−")
 
 
 def _state(row: dict[str, str], final: bool) -> str:
-    epoch = int(row["file"].removeprefix("epoch-").removesuffix(".safetensors"))
-    name = "initialisation" if epoch == 0 else ("final" if final else f"epoch {epoch}")
+    """The state's name (initialisation, epoch k, final: the last, or a file such as final.pt) and tokens."""
+    named = row["file"].startswith("epoch-")
+    epoch = int(row["file"].removeprefix("epoch-").removesuffix(".safetensors")) if named else None
+    name = "initialisation" if epoch == 0 else ("final" if final or not named else f"epoch {epoch}")
     return f"{name} ({int(float(row['tokens'])):,} tokens)"
 
 
 def _seen(summary: list[dict[str, str]]) -> list[dict[str, str]]:
-    return sorted((r for r in summary if r["case"] == "seen"), key=lambda r: int(r["step"]))
+    """The seen case's rows in step order, one per state (a state's aliases, such as the last
+    epoch's file and final.pt, are one row: the first)."""
+    rows = sorted((r for r in summary if r["case"] == "seen"), key=lambda r: int(r["step"]))
+    return list({r["step"]: r for r in reversed(rows)}.values())[::-1]
 
 
 def states_table(summary: list[dict[str, str]]) -> str:

@@ -26,6 +26,7 @@ SUMMARY = [
     _row(4, loss="3.143", b_simple="30.6", b_noise="14.2", random_curvature="0.00145", random_curvature_se="0.00006",
          precond_b_simple="20.4", precond_b_noise="97", precond_gradient_step="0.013"),
     {**_row(4, loss="9.9"), "case": "unseen"},
+    {**_row(4, loss="3.143"), "file": "final.pt"},  # the last epoch's alias: one row
 ]  # fmt: skip
 SPECTRUM = [{"file": "epoch-001.safetensors", "case": "seen", "lr": "0.0097", "stability_threshold": "3898.2",
              "precond_la_eigenvalue_1": "697.1"}]  # fmt: skip
@@ -38,7 +39,7 @@ def test_the_states_table_reads_the_seen_rows_in_step_order():
     assert [line.split(" | ")[0] for line in lines] == [
         "| initialisation (0 tokens)", "| epoch 1 (8,192 tokens)", "| final (32,768 tokens)"
     ]  # fmt: skip
-    assert "| 5.541 | null | −0.00047 ± 0.00049 |" in lines[0] and "| 30.6 | 14.2 |" in lines[2]
+    assert "| 5.541 | null | −0.000470 ± 0.000490 |" in lines[0] and "| 30.6 | 14.2 |" in lines[2]
 
 
 def test_the_steps_table_leaves_out_the_last_state():
