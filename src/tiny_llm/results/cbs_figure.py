@@ -53,8 +53,8 @@ def _finite(values: pd.Series, top: float) -> tuple[np.ndarray, np.ndarray]:
 SCALE_MARKS = (
     ("b_simple", "v", "C1", 0.45, "B_simple"),
     ("b_noise", "D", "C2", 0.55, "B_noise"),
-    ("precond_b_simple", "<", "C4", 0.65, "B_simple,P (Adam's geometry)"),
-    ("precond_b_noise", ">", "C5", 0.75, "B_noise,P (Adam's geometry)"),
+    ("precond_b_simple", "<", "C4", 0.65, "B_simple,P (the optimizer's geometry)"),
+    ("precond_b_noise", ">", "C5", 0.75, "B_noise,P (the optimizer's geometry)"),
 )
 """The noise scales drawn beside the answers: name, marker, colour, offset, label (hollow: preconditioned)."""
 PREDICTION_MARKS = {"b_simple": "+", "b_noise": "x", "precond_b_simple": "1", "precond_b_noise": "2"}

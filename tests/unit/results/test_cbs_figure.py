@@ -64,4 +64,4 @@ def test_the_noise_scales_in_the_optimizers_geometry_are_drawn_where_measured(tm
         labels[name] = ax.get_legend_handles_labels()[1]
         plt.close(fig)
     added = [label for label in labels["adam"] if label not in labels["plain"]]
-    assert added == ["B_simple,P (Adam's geometry)", "B_noise,P (Adam's geometry)"]
+    assert added == ["B_simple,P (the optimizer's geometry)", "B_noise,P (the optimizer's geometry)"]
