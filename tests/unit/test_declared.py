@@ -94,6 +94,7 @@ def test_a_settings_file_and_the_command_line_give_the_same_settings_for_every_f
     spectrum = dict(
         top_k=2, lanczos_steps=9, lanczos_tolerance=1e-4, lanczos_basis="float32", lanczos_reduction="float32",
         slq_vectors=3, slq_steps=4, block_samples=5, cg_damping=0.25, cg_rtol=1e-3, cg_max_iterations=7,
+        preconditioner="next",
     )  # fmt: skip
     assert set(analysis) == {f.name for f in dataclasses.fields(AnalysisSettings)}
     assert set(spectrum) | {"sharded"} == {f.name for f in dataclasses.fields(SpectrumSettings)}
