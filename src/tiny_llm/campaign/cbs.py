@@ -124,8 +124,6 @@ class CbsPlan:
     epsilon: float
     base_batch: int
     """The base run's batch size: Merrill's rule compares the batches k × it, k ≥ 1."""
-    adam_memory: float | None
-    """−1 / ln β2 steps: the base run's Adam memory (None for SGD)."""
     memory: dict[int, tuple[float, float]] | None
     """Each batch's Adam memory −1 / ln β2 in steps and in tokens (None for SGD)."""
     factors: tuple[float, ...]
@@ -391,7 +389,6 @@ def _plan(name: str, data: dict[str, Any]) -> tuple[CbsPlan, dict[str, dict[str,
         token_budget=entry.token_budget,
         epsilon=entry.epsilon,
         base_batch=base.training.batch_size,
-        adam_memory=-1 / math.log(base.training.beta2) if base.training.optimizer == "adamw" else None,
         memory=_memory(entry, base),
         factors=tuple(sorted(float(f) for f in entry.lr_factors)),
         paired_spread=entry.paired_spread,

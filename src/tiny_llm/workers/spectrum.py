@@ -169,8 +169,8 @@ def analyze_spectrum(
         P = None if found is None or found.diagonal is None else rows.cut([found.diagonal[n] for n in names])
         precision = Precision(resolved.device, resolved.dtype, settings.amp)
         hvp = (resolved.hvp_batch_size, resolved.hvp_engine, resolved.hvp_compiled)
-        job = SpectrumJob(settings, spectrum, precision, *hvp, config.training.micro_batch_size, memory, step, P)
-        job = replace(job, following=_following(spectrum, found))
+        shape = (config.training.micro_batch_size, memory, step, P, _following(spectrum, found))
+        job = SpectrumJob(settings, spectrum, precision, *hvp, *shape)
         # sharded, the model stays on the host until FSDP moves each block's shards to the device
         model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
         batches = [cache.tokens(blocks) for blocks in plan.blocks]
