@@ -39,6 +39,7 @@ import torch
 
 from tiny_llm.config import ModelConfig, load_config
 from tiny_llm.curvature.engines import ENGINES as ENGINE_REGISTRY
+from tiny_llm.curvature.engines import benchmarked
 from tiny_llm.curvature.hessian import EpochHessian, Precision
 from tiny_llm.curvature.memory import (
     COEFFICIENTS,
@@ -55,7 +56,7 @@ from tiny_llm.curvature.memory import (
 from tiny_llm.curvature.memory_measure import StoragePeak, measure_pass
 from tiny_llm.model.llama import Llama
 
-ENGINES = ("taylor", "adjoint", "double_backward", "pearlmutter", "finite_difference", GRADIENT)
+ENGINES = (*benchmarked("memory"), GRADIENT)  # the registry's, and the plain gradient pass
 
 
 def small_grid(n: int, seed: int) -> list[dict]:

@@ -33,6 +33,7 @@ __all__ = [
     "GRADIENT",
     "JET_REFUSAL",
     "default_forms_engine",
+    "benchmarked",
     "default_products_engine",
     "engine",
     "group_sizes",
@@ -68,7 +69,8 @@ class Engine:
     """One line for the documentation and ``--help``."""
     batch: str
     """``module:function`` computing one micro-batch: ``f(hessian, V, inputs, targets)`` returns
-    (2, K) forms and Gauss–Newton parts for ``forms`` engines, (K, D) products for ``products``."""
+    (2, K) forms and Gauss–Newton parts (zeros without ``gauss_newton``) for ``forms`` engines,
+    (K, D) products for ``products``."""
     jets: bool = False
     """Needs every layer's second-order (jet) rule: native architectures only."""
     second_derivatives: bool = True
@@ -89,10 +91,18 @@ class Engine:
     coefficients per layer at once); otherwise the whole micro-batch."""
     memory: str = ""
     """Key of its fitted memory model (``tiny_llm.curvature.memory.COEFFICIENTS``); the name if empty."""
+    gauss_newton: bool = False
+    """Its forms come with their generalised Gauss–Newton part vᵀGv (the second row of its batch
+    computation); without it the Gauss–Newton statistics are blank, never 0."""
+    benchmarks: tuple[str, ...] = ("memory",)
+    """The benchmark groups that measure it: ``memory`` (benchmarks/memory.py fits its memory model),
+    ``hvp_cost`` (benchmarks/hvp_cost.py times it against a gradient)."""
 
     def __post_init__(self) -> None:
         if not self.memory:
             object.__setattr__(self, "memory", self.name)
+        if self.gauss_newton and self.kind != "forms":
+            raise ValueError(f"engine {self.name}: only a forms engine computes a Gauss–Newton part")
 
     @property
     def forms(self) -> bool:
@@ -168,6 +178,16 @@ def names(kind: str | None = None) -> tuple[str, ...]:
     return tuple(name for name, e in ENGINES.items() if kind is None or e.kind == kind)
 
 
+def benchmarked(group: str) -> tuple[str, ...]:
+    """Names of the engines a benchmark group measures (``Engine.benchmarks``), in registry order.
+
+    Example:
+        >>> benchmarked("hvp_cost")
+        ('taylor', 'adjoint', 'double_backward', 'pearlmutter')
+    """
+    return tuple(e.name for e in ENGINES.values() if group in e.benchmarks)
+
+
 def sharded_names(kind: str | None = None, jets: bool = True) -> tuple[str, ...]:
     """Names of the engines that run on a sharded model (of one kind, or all), in registry order;
     ``jets=False``: only those that need no second-order rules."""
@@ -205,6 +225,8 @@ register(
         placements=("whole", "data_parallel", "sharded"),
         head_chunks=True,
         rows_per_direction=True,
+        gauss_newton=True,
+        benchmarks=("memory", "hvp_cost"),
     )
 )
 register(
@@ -216,6 +238,8 @@ register(
         "tiny_llm.curvature.forms:adjoint",
         jets=True,
         head_chunks=True,
+        gauss_newton=True,
+        benchmarks=("memory", "hvp_cost"),
     )
 )
 register(
@@ -225,6 +249,7 @@ register(
         "eager reverse-over-reverse, K directions through one batched vector-Jacobian product",
         "tiny_llm.curvature.products:double_backward",
         head_chunks=True,
+        benchmarks=("memory", "hvp_cost"),
     )
 )
 register(
@@ -235,6 +260,7 @@ register(
         "tiny_llm.curvature.products:pearlmutter",
         compiled=True,
         head_chunks=True,
+        benchmarks=("memory", "hvp_cost"),
     )
 )
 register(

@@ -387,7 +387,10 @@ class EpochHessian:
 
     def split_quadratic_forms(self, V: torch.Tensor) -> torch.Tensor:
         """dᵀHd and its generalised Gauss–Newton part dᵀGd for each row d of V (K', D): (2, K')
-        float64, in the same passes as ``quadratic_forms`` (taylor and adjoint engines)."""
+        float64, in the same passes as ``quadratic_forms`` (an engine that declares a Gauss–Newton part)."""
+        if not self.spec.gauss_newton:
+            able = ", ".join(e.name for e in REGISTRY.values() if e.gauss_newton)
+            raise ValueError(f"the Gauss–Newton split needs an engine that computes it ({able}), not {self.engine}")
         V = self._check(V)
         out = torch.zeros(2, len(V), dtype=torch.float64, device=self.precision.device)
         for start, real, forms in self._passes(V, self.batch_split_forms):

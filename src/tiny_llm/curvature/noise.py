@@ -112,7 +112,7 @@ class _Setup:
     """(gᵢ, batch loss) of the selected batches in order, reusing those known (the audit's)."""
     operator: Callable[[], CurvatureOperator]
     split: bool
-    """Whether the forms come with their Gauss–Newton part (the exact form engines)."""
+    """Whether the forms come with their Gauss–Newton part (an engine that declares one)."""
     audit_sides: Callable[[], tuple[AuditSide, AuditSide]]
     """The production and float64 sides of the precision audit."""
     loss_at: Callable[[torch.Tensor], float]
@@ -156,7 +156,7 @@ def _setup(
             selected, known, batch, sum(placement.sizes), precision.device, placement
         ),
         operator=operator,
-        split=engine_named(inputs.engine).forms,
+        split=engine_named(inputs.engine).gauss_newton,
         audit_sides=partial(audit_sides, placement, batches, inputs, precision),
         loss_at=partial(
             shifted_loss,

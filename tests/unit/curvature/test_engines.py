@@ -8,7 +8,7 @@ import pytest
 import yaml
 from oracles import TINY_MODEL
 
-from tiny_llm.curvature.engines import AUTO, ENGINES, GRADIENT, Engine, engine, names, register
+from tiny_llm.curvature.engines import AUTO, ENGINES, GRADIENT, Engine, benchmarked, engine, names, register
 from tiny_llm.curvature.memory import COEFFICIENTS
 from tiny_llm.workers.settings import ENGINE_SETTINGS, AnalysisSettings
 
@@ -44,7 +44,8 @@ def test_the_settings_the_schema_and_the_configuration_offer_the_registry():
     walk(schema)
     assert found and all(tuple(enum) == ENGINE_SETTINGS for enum in found)
     documented = (REPO / "config/config.yaml").read_text()
-    assert all(name in documented for name in names())
+    comment = re.search(r"engine: auto +#(.*\n(?: +#.*\n)*)", documented).group(1)
+    assert re.findall(r"\| (\w+)", comment) == list(names())  # every engine, in the registry's order
     with pytest.raises(ValueError, match="engine: expected one of auto, taylor, adjoint"):
         AnalysisSettings(engine="newton")
 
@@ -118,3 +119,13 @@ def test_the_sharded_capability_dispatches_and_an_engine_without_it_is_refused_b
     assert quadratic_form_engine(AnalysisSettings(sharded=True)) == "taylor"  # registry order: the first
     monkeypatch.setattr(registry, "ENGINES", {k: v for k, v in registry.ENGINES.items() if k != "taylor"})
     assert quadratic_form_engine(AnalysisSettings(sharded=True)) == "sharded_adjoint"
+
+
+def test_the_benchmarks_and_the_gauss_newton_split_read_the_registry():
+    assert benchmarked("memory") == names() and benchmarked("hvp_cost") == names()[:4]
+    for script in ("memory.py", "hvp_cost.py"):
+        text = (REPO / "benchmarks" / script).read_text()
+        assert re.search(r"^ENGINES = .*benchmarked\(", text, re.M) and '"taylor", "adjoint"' not in text
+    assert [e.name for e in ENGINES.values() if e.gauss_newton] == ["taylor", "adjoint"]
+    with pytest.raises(ValueError, match="only a forms engine computes a Gauss–Newton part"):
+        Engine("x", "products", "x", "tiny_llm.curvature.products:double_backward", gauss_newton=True)

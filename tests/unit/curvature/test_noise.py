@@ -230,6 +230,22 @@ def test_gauss_newton_statistics_equal_the_dense_oracle(oracle, engine):
     assert errors["noise_gauss_newton_se"] > 0 and errors["random_gauss_newton_se"] > 0
 
 
+def test_a_forms_engine_without_a_gauss_newton_part_leaves_those_statistics_blank(oracle, monkeypatch):
+    """The registry decides: a forms engine that does not declare a Gauss–Newton part reports its
+    forms (equal to the exact engines') and blank Gauss–Newton statistics, never 0."""
+    from tiny_llm.curvature.engines import ENGINES, Engine
+
+    config, cache, model, plan, *_ = oracle
+    monkeypatch.setitem(ENGINES, "forms_only", Engine("forms_only", "forms", "test", "tiny_llm.curvature.forms:taylor",
+                                                      jets=True, rows_per_direction=True))  # fmt: skip
+    inputs = dict(noise_samples=3, random_samples=2)
+    plain = measure_case(model, _inputs(config, cache, plan, engine="forms_only", **inputs), CPU64)["statistics"]
+    exact = measure_case(model, _inputs(config, cache, plan, engine="taylor", **inputs), CPU64)["statistics"]
+    for key in ("noise_gauss_newton", "random_gauss_newton", "grad_gauss_newton"):
+        assert plain[key] is None and exact[key] is not None
+    _assert_close(plain["noise_curvature"], exact["noise_curvature"])
+
+
 def test_all_noise_samples_and_cap(oracle):
     config, cache, model, plan, *_ = oracle
     capped = measure_case(model, _inputs(config, cache, plan, noise_samples=99, random_samples=0), CPU64)
