@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
+from tiny_llm.curvature import micro_batch
 from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.curvature.placement import Placement, place
 from tiny_llm.data.tokens import derive_seed, group_permutation
 from tiny_llm.distributed import all_reduce_sum, world
 from tiny_llm.model.llama import Llama
-from tiny_llm.training.loop import accumulate_batch_gradient
 
 NOISE_SAMPLE_STREAM, RADEMACHER_STREAM, ROUNDING_STREAM = 2, 3, 5
 """Streams of the seeded draws (``tiny_llm.data.tokens.derive_seed``)."""
@@ -89,14 +89,9 @@ def batch_gradient_and_loss(
     at a time where the placement allows it (memory only)."""
     placement = placed(model, placement)
     model.zero_grad(set_to_none=True)
-    loss = accumulate_batch_gradient(
-        model,
-        tokens.to(precision.device),
-        micro_batch_size,
-        forward=lambda x: precision.forward(model, x),
-        head_tokens=head_tokens if placement.head_chunks else None,
-        autocast=precision.autocast,
-        share=placement.share,
+    head_tokens = head_tokens if placement.head_chunks else None
+    loss = micro_batch.accumulate_batch_gradient(
+        model, tokens.to(precision.device), micro_batch_size, precision, head_tokens, placement.share
     )
     g = placement.flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()])
     model.zero_grad(set_to_none=True)
@@ -174,36 +169,18 @@ def epoch_loss(
     micro-batch by micro-batch as :func:`mean_gradient_and_loss` sums it (the same number): what
     the loss at a shifted θ costs. The batches spread as that function spreads them (``placement``;
     default: the model whole, on one process or data-parallel ranks), summed in float64."""
-    from tiny_llm.model.causal import token_losses
-
     placement = placement or place(model)
     head_tokens = head_tokens if placement.head_chunks else None
     n_total = sum(int(b[:, 1:].numel()) for b in batches)
     total = torch.zeros((), dtype=torch.float64, device=precision.device)
-    with torch.no_grad():
-        for tokens in placement.split(batches):
-            tokens = tokens.to(precision.device)
-            n_batch, batch = tokens[:, 1:].numel(), torch.zeros((), dtype=torch.float64, device=precision.device)
-            for x, y in placement.share(_micro_batches(tokens, micro_batch_size)):
-                if head_tokens is not None and head_tokens < y.numel():
-                    with precision.autocast():
-                        h = model.hidden(x)
-                        h = h.reshape(-1, h.size(-1))
-                        for s in range(0, y.numel(), head_tokens):
-                            part = token_losses(
-                                model.logits(h[s : s + head_tokens]), y.reshape(-1)[s : s + head_tokens]
-                            )
-                            batch += (part.sum() * (1 / n_batch)).double()
-                    continue
-                batch += (token_losses(precision.forward(model, x), y).sum() / n_batch).double()
-            total += float(placement.reduce_shared(batch)) * (n_batch / n_total)
+    for tokens in placement.split(batches):
+        tokens = tokens.to(precision.device)
+        n_batch, batch = tokens[:, 1:].numel(), torch.zeros((), dtype=torch.float64, device=precision.device)
+        for x, y in placement.share(micro_batch.cut(tokens, micro_batch_size)):
+            batch += micro_batch.loss(model, x, y, n_batch, precision, head_tokens)
+        total += float(placement.reduce_shared(batch)) * (n_batch / n_total)
     placement.release()
     return float(placement.reduce_split(total))
-
-
-def _micro_batches(tokens: torch.Tensor, rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(inputs, targets) of consecutive ``rows`` sequences of (B, T+1) tokens, the last the rest."""
-    return [(tokens[s : s + rows, :-1], tokens[s : s + rows, 1:]) for s in range(0, len(tokens), rows)]
 
 
 def mean_gradient(

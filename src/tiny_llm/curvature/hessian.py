@@ -19,7 +19,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -29,8 +28,10 @@ from tiny_llm.architectures import jet_rules
 from tiny_llm.curvature.engines import AMP_DIFFERENCES, group_sizes, names
 from tiny_llm.curvature.engines import ENGINES as REGISTRY
 from tiny_llm.curvature.engines import engine as engine_named
+from tiny_llm.curvature.micro_batch import Precision
+from tiny_llm.curvature.micro_batch import gradient as micro_batch_gradient
 from tiny_llm.curvature.placement import Placement, place
-from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, head_loss_chunks, token_losses
+from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
 from tiny_llm.model.llama import Llama
 
 __all__ = ["CurvatureOperator", "EpochHessian", "FlatParameters", "Precision", "check_differences", "pad_sequences"]
@@ -64,26 +65,6 @@ def check_differences(
             "double_backward or pearlmutter, unsharded (sharded, such a model has only finite differences), "
             "or analyse in float32"
         )
-
-
-@dataclass(frozen=True)
-class Precision:
-    """Numerical mode of an analysis: parameter dtype, device, bf16 forward autocast."""
-
-    device: torch.device
-    dtype: torch.dtype
-    amp: bool = False
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """bf16 autocast when ``amp``, else nothing."""
-        if not self.amp:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
-
-    def forward(self, model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-        """Logits with the forward (only) under bf16 autocast when ``amp``."""
-        with self.autocast():
-            return model(inputs)
 
 
 class FlatParameters:
@@ -294,15 +275,10 @@ class EpochHessian:
         ``head_tokens`` (``head_chunked``) the head and loss run that many target positions at a
         time: the same sums."""
         model = self.model
+        head_tokens = self.head_tokens if self.head_chunked(targets) else None
         with self.placement.shifted(step):
             model.zero_grad(set_to_none=True)
-            if self.head_chunked(targets):
-                with self.precision.autocast():
-                    h = model.hidden(inputs)
-                    _, grad_h = head_loss_chunks(model, h, targets, 1 / self.n_targets, self.head_tokens, True)
-                h.backward(grad_h)
-            else:
-                (token_losses(self.precision.forward(model, inputs), targets).sum() / self.n_targets).backward()
+            micro_batch_gradient(model, inputs, targets, self.n_targets, self.precision, head_tokens)
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
             gradient = self.placement.flatten(grads)
             model.zero_grad(set_to_none=True)

@@ -97,7 +97,7 @@ def measure_pass(
     are part of :func:`tiny_llm.curvature.memory.resident_bytes`)."""
     from tiny_llm.architectures import build_model
     from tiny_llm.curvature.hessian import EpochHessian, Precision
-    from tiny_llm.training.loop import accumulate_batch_gradient
+    from tiny_llm.curvature.micro_batch import accumulate_batch_gradient
 
     config, engine, rows, K = shape.config, shape.engine, shape.rows, shape.K
     seq_len, head_tokens = shape.seq_len, shape.head_tokens
@@ -108,11 +108,8 @@ def measure_pass(
     precision = Precision(device, dtype, amp)
     tokens = torch.randint(0, config.vocab_size, (rows, seq_len + 1), device=device)
     if engine == GRADIENT:
-        forward = lambda x: precision.forward(model, x)
         with counter:
-            accumulate_batch_gradient(
-                model, tokens, rows, forward, head_tokens=head_tokens, autocast=precision.autocast
-            )
+            accumulate_batch_gradient(model, tokens, rows, precision, head_tokens)
         return counter.peak
     H = EpochHessian(
         model,

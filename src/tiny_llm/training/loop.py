@@ -22,11 +22,9 @@ taken after that step's averaging.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,10 +34,11 @@ from torch import nn
 
 from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, dump_config, load_config
+from tiny_llm.curvature.micro_batch import accumulate_batch_gradient  # the one micro-batch gradient
 from tiny_llm.data.tokens import TokenCache, check_capacity, stream_batches
 from tiny_llm.io import atomic_write_text, exclusive, remove_leftovers
 from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, RESUME, TRAIN_LOG, epoch_file, moments_file, state_file
-from tiny_llm.model.causal import CausalLM, head_loss_chunks, token_losses
+from tiny_llm.model.causal import CausalLM
 from tiny_llm.model.checkpoint import load_train_state, save_train_state, save_weights
 from tiny_llm.model.moments import moments_from_optimizer, save_moments
 from tiny_llm.runtime import resolve_device
@@ -58,49 +57,6 @@ TRAIN_LOCK = ".train.lock"
 
 def worker_dir(worker: int) -> str:
     return f"node-{worker:03d}"
-
-
-def accumulate_batch_gradient(
-    model: nn.Module,
-    tokens: torch.Tensor,
-    micro_batch_size: int,
-    forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    head_tokens: int | None = None,
-    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-    share: Callable[[list], list] | None = None,
-) -> torch.Tensor:
-    """Add the gradient of one optimizer batch's token-mean loss into ``.grad``, micro-batch by micro-batch.
-
-    ``tokens`` is (B, T + 1). Micro-batches are consecutive chunks of ``micro_batch_size``
-    sequences, the last holding the remainder; each contributes ``sum(token losses) / (B*T)``.
-    Analysis replays exactly this accumulation for its sampled gradients, passing ``forward``
-    (logits of inputs; default ``model``) to run the forward under its precision policy.
-    With ``head_tokens`` (a model with ``hidden``, under ``autocast``) the output head and loss
-    run that many target positions at a time (:func:`tiny_llm.model.causal.head_loss_chunks`),
-    so that a micro-batch's whole (B, T, V) logits never exist at once; the same sum.
-    ``share`` (analysis on a sharded model) picks this rank's micro-batches, the ranks computing the
-    batch together. Returns the batch loss (this rank's micro-batches').
-    """
-    forward = forward or model
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    n_targets = targets.numel()
-    total = torch.zeros((), dtype=torch.float64, device=tokens.device)
-    micro = [
-        (inputs[s : s + micro_batch_size], targets[s : s + micro_batch_size])
-        for s in range(0, len(tokens), micro_batch_size)
-    ]
-    for x, y in share(micro) if share else micro:
-        if head_tokens is not None and head_tokens < y.numel():
-            with autocast():
-                h = model.hidden(x)
-                loss, grad_h = head_loss_chunks(model, h, y, 1 / n_targets, head_tokens, parameter_grads=True)
-            h.backward(grad_h)
-            total += loss
-            continue
-        loss = token_losses(forward(x), y).sum() / n_targets
-        loss.backward()
-        total += loss.detach().double()
-    return total
 
 
 def _make_optimizer(model: nn.Module, config: RunConfig) -> torch.optim.Optimizer:
