@@ -7,7 +7,10 @@ batches, ``a`` Rademacher directions, and ḡ), each precision builds the direct
 (vᵢ = gᵢ − ḡ from its own batch gradient and its own ḡ) and measures its quadratic form on a seeded
 sample of the curvature micro-batches (float64: the adjoint engine). Each direction records both
 forms and their relative error |q − q₆₄| / |q₆₄|; each audited statistic records the relative error
-that the audited pairs imply (:mod:`tiny_llm.curvature.statistics`).
+that the audited pairs imply (:mod:`tiny_llm.curvature.statistics`). A job in the optimizer's
+geometry as well (a preconditioner P) has the same directions audited there too, as it builds them:
+in float32 a preconditioned direction carries entries up to 1/ε of the plain one's, so its forms
+round differently, and its ``precond_*`` statistics get their implied errors beside the plain ones.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from tiny_llm.curvature.engines import default_forms_engine
 from tiny_llm.curvature.gradients import batch_gradient_and_loss, mean_gradient_and_loss
 from tiny_llm.curvature.hessian import EpochHessian, Precision
 from tiny_llm.curvature.placement import Placement
-from tiny_llm.curvature.statistics import AuditPairs, implied_errors, relative
+from tiny_llm.curvature.statistics import PREFIX, AuditPairs, implied_errors, relative
 from tiny_llm.curvature.vectors import Vectors
 from tiny_llm.data.tokens import group_permutation
 
@@ -88,42 +91,52 @@ def audit_sides(
     return production, float64
 
 
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+def _batch_gradients(
+    sides: tuple[AuditSide, AuditSide], noise_batches: list[int], sampled: dict[int, tuple[torch.Tensor, float]]
+) -> list[Pair]:
+    """(gᵢ, gᵢ in float64) of the audited noise batches, each precision's own; the production
+    batch gradients are left in ``sampled``."""
+    production, exact = sides
+    return [(sampled.setdefault(i, production.batch_gradient(i))[0], exact.batch_gradient(i)[0]) for i in noise_batches]
+
+
 def _directions(
     sides: tuple[AuditSide, AuditSide],
-    g_bars: tuple[torch.Tensor, torch.Tensor],
-    noise_batches: list[int],
-    random_indices: list[int],
-    sampled: dict[int, tuple[torch.Tensor, float]],
+    g_bars: Pair,
+    gradients: list[Pair],
+    audited: tuple[list[int], list[int]],
+    scale: torch.Tensor | None = None,
 ) -> tuple[list[dict[str, Any]], torch.Tensor, torch.Tensor]:
-    """The audited directions as each precision builds them (production, float64): noise
-    directions from each one's own batch gradient and ḡ, Rademacher directions, and ḡ; with a
-    record of each (the production batch gradients are left in ``sampled``)."""
-    (production, exact), (g_bar, g_bar64) = sides, g_bars
+    """The audited directions of one geometry as each precision builds them (production, float64),
+    with a record of each: noise directions from each one's own batch gradient and ḡ, Rademacher
+    directions, and ḡ. With ``scale`` s (float64, held as every vector), in the optimizer's
+    coordinates u of θ = diag(s) u exactly as the job builds them (:meth:`DirectionRunner.add`):
+    d_u in float64, cast to the production dtype, then multiplied by s in that dtype, so a form of
+    (s ⊙ d_u) is audited; float64 builds the same from its own gradients."""
+    (production, exact), (g_bar, g_bar64), (noise_batches, random_indices) = sides, g_bars, audited
+    s = torch.ones((), dtype=torch.float64, device=g_bar.device) if scale is None else scale
+    s_used = s.to(production.dtype)
     records: list[dict[str, Any]] = []
     production_vectors, exact_vectors = [], []
-    for i in noise_batches:
-        g = sampled.setdefault(i, production.batch_gradient(i))[0]
-        g64 = exact.batch_gradient(i)[0]
-        v, v64 = (g - g_bar).to(production.dtype), g64 - g_bar64
-        records.append(
-            {
-                "kind": "noise",
-                "batch_index": i,
-                "grad_norm": [production.vectors.norm(g), exact.vectors.norm(g64)],
-                "squared_norm": [production.vectors.squared_norm(v), exact.vectors.squared_norm(v64)],
-            }
-        )
-        production_vectors.append(v)
-        exact_vectors.append(v64)
+
+    def add(record: dict[str, Any], d_u: torch.Tensor, d_u64: torch.Tensor) -> None:
+        used = d_u.to(production.dtype)
+        if record["kind"] == "noise":
+            record["squared_norm"] = [production.vectors.squared_norm(used), exact.vectors.squared_norm(d_u64)]
+        records.append(record if scale is None else {**record, "geometry": "preconditioned"})
+        production_vectors.append(used if scale is None else used * s_used)
+        exact_vectors.append(d_u64 if scale is None else d_u64 * s)
+
+    for i, (g, g64) in zip(noise_batches, gradients, strict=True):
+        norms = [production.vectors.norm(g * s), exact.vectors.norm(g64 * s)]
+        add({"kind": "noise", "batch_index": i, "grad_norm": norms}, (g - g_bar) * s, (g64 - g_bar64) * s)
     for index in random_indices:
         direction = production.vectors.rademacher(index).to(production.device)
-        records.append({"kind": "random", "index": index})
-        production_vectors.append(direction.to(production.dtype))
-        exact_vectors.append(direction)
-    records.append({"kind": "gradient"})
-    production_vectors.append(g_bar.to(production.dtype))
-    exact_vectors.append(g_bar64)
-
+        add({"kind": "random", "index": index}, direction, direction)
+    add({"kind": "gradient"}, g_bar * s, g_bar64 * s)
     return records, torch.stack(production_vectors), torch.stack(exact_vectors)
 
 
@@ -152,43 +165,56 @@ def precision_audit(
     sides: tuple[AuditSide, AuditSide],
     batches: list[torch.Tensor],
     mean: tuple[torch.Tensor, float],
-    noise_batches: list[int],
-    random_indices: list[int],
+    audited: tuple[list[int], list[int]],
     inputs: CaseInputs,
     sampled: dict[int, tuple[torch.Tensor, float]] | None = None,
+    scale: torch.Tensor | None = None,
 ) -> dict[str, Any]:
-    """End-to-end error of the production precision against float64 (module docstring).
+    """End-to-end error of the production precision against float64 (module docstring), in every
+    geometry the job measures.
 
     ``sides`` are the production and float64 precisions (:func:`audit_sides`); ``mean`` is the
-    job's own (production) ḡ and epoch loss. The audit recomputes ḡ and the epoch loss over the
-    whole epoch in float64, the batch gradients of the audited noise batches (``noise_batches``,
-    indices into ``batches``) in both precisions, and the quadratic forms of every audited
-    direction (as each precision builds it) on a seeded sample of curvature micro-batches. The
-    production batch gradients and losses are left in ``sampled`` (batch index → (gᵢ, loss)), so
-    the job does not compute them twice.
+    job's own (production) ḡ and epoch loss; ``audited`` the audited noise batches (indices into
+    ``batches``) and Rademacher directions. The audit recomputes ḡ and the epoch loss over the
+    whole epoch in float64, the batch gradients of the audited noise batches in both precisions,
+    and the quadratic forms of every audited direction (as each precision builds it) on a seeded
+    sample of curvature micro-batches, all in one pass. With ``scale`` s = P^{1/2} (the job's
+    preconditioner) the same directions are audited again in the optimizer's coordinates: their
+    records say ``"geometry": "preconditioned"`` and their implied errors are the ``precond_``
+    statistics'. The production batch gradients and losses are left in ``sampled`` (batch index →
+    (gᵢ, loss)), so the job does not compute them twice.
     """
     sampled = {} if sampled is None else sampled
     started = time.perf_counter()
     (production, exact), (g_bar, epoch_loss) = sides, mean
     g_bar64, loss64 = exact.mean_gradient()
-    records, V, V64 = _directions(sides, (g_bar, g_bar64), noise_batches, random_indices, sampled)
+    gradients = _batch_gradients(sides, audited[0], sampled)
+    geometries = [_directions(sides, (g_bar, g_bar64), gradients, audited)]
+    if scale is not None:
+        geometries.append(_directions(sides, (g_bar, g_bar64), gradients, audited, scale.to(g_bar.device)))
     h = inputs.hvp_batch_size
     tokens = torch.cat(batches)
     micro = audit_choice(math.ceil(tokens.shape[0] / h), inputs.audit[1], inputs.seed, 2)
     rows = torch.cat([tokens[j * h : (j + 1) * h] for j in micro])
-    production_forms = production.forms(V, rows)
-    float64 = exact.forms(V64, rows)
-    exact_engine = exact.engine(len(V64))
+    production_forms = production.forms(torch.cat([V for _, V, _ in geometries]), rows)
+    float64 = exact.forms(torch.cat([V64 for *_, V64 in geometries]), rows)
+    exact_engine = exact.engine(sum(len(V64) for *_, V64 in geometries))
+    records = [r for taken, _, _ in geometries for r in taken]
     for record, q, q64 in zip(records, production_forms, float64, strict=True):
         record.update(production=q, float64=q64, relative_error=abs(relative(q, q64)))
     norms = (production.vectors.norm(g_bar), exact.vectors.norm(g_bar64))
-    statistics = implied_errors(AuditPairs.from_records(records, norms, (epoch_loss, loss64)))
+    statistics = implied_errors(AuditPairs.from_records(geometries[0][0], norms, (epoch_loss, loss64)))
+    if scale is not None:
+        u_norms = (production.vectors.norm(g_bar * scale), exact.vectors.norm(g_bar64 * scale))
+        implied = implied_errors(AuditPairs.from_records(geometries[1][0], u_norms, (epoch_loss, loss64)))
+        statistics |= {PREFIX + name: value for name, value in implied.items() if name != "loss"}
     return {
         "reference": (
             f"float64: ḡ and loss over the whole epoch, the audited batch gradients, {exact_engine}-engine forms"
         ),
         "micro_batches": micro,
         "tokens_audited": int(rows[:, 1:].numel()),
+        "geometries": ["plain"] + (["preconditioned"] if scale is not None else []),
         "directions": records,
         "loss": {"production": epoch_loss, "float64": loss64},
         "full_grad_norm": {"production": norms[0], "float64": norms[1]},

@@ -188,8 +188,11 @@ def _audit_first(
     progress(
         f"precision audit: ḡ and loss in float64, {len(audited_noise)} noise, {len(audited_random)} random "
         f"directions and ḡ on {inputs.audit[1]} curvature micro-batches"
+        + (", in the plain and the optimizer's geometry" if len(setup.scales) > 1 else "")
     )
-    audit = precision_audit(setup.audit_sides(), batches, mean, audited_noise, audited_random, inputs, sampled)
+    scale = setup.scales[1] if len(setup.scales) > 1 else None  # every geometry the job measures
+    audited = (audited_noise, audited_random)
+    audit = precision_audit(setup.audit_sides(), batches, mean, audited, inputs, sampled, scale)
     progress(
         f"precision audit: largest implied statistic error {audit['max_statistic_relative_error']:.2e} "
         f"({audit['seconds']:.2f} s)"

@@ -20,6 +20,10 @@ from typing import Any
 
 from tiny_llm.curvature.records import NoiseSample, RandomDirection
 
+PREFIX = "precond_"
+"""The statistics of the optimizer's coordinates u = P^{-1/2}θ: ``precond_<statistic>`` (their
+summary columns and their audited errors)."""
+
 __all__ = [
     "AuditPairs",
     "STANDARD_ERRORS",

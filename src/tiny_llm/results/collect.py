@@ -23,6 +23,7 @@ from tiny_llm.curvature.records import Direction
 from tiny_llm.curvature.statistics import (
     BLOCK_STANDARD_ERRORS,
     BLOCK_STATISTICS,
+    PREFIX,
     STANDARD_ERRORS,
     Samples,
     block_statistics,
@@ -53,8 +54,6 @@ __all__ = [
     "validate_result",
 ]
 
-PREFIX = "precond_"
-"""The columns of the statistics in the optimizer's geometry: ``precond_<statistic>``."""
 STATISTICS = [s.name for s in DECLARED if s.estimate is not None and s.part_of is None]
 """The statistics every result holds (estimated from its records; the loss aside)."""
 GAUSS_NEWTON = [s.name for s in DECLARED if s.part_of is not None]
@@ -86,7 +85,8 @@ elsewhere found of the checkpoint (``identical``, ``final``, ``collapse``, ``spi
 or a run trained here), ``loss`` is the epoch loss of the state on the case,
 ``<statistic>_se`` the standard error of a sampled statistic, ``audit_statistic_error`` the largest
 relative error of a statistic that the precision audit implies (loss and ḡ over the whole epoch in
-float64, the audited directions rebuilt in float64) and ``audit_max_relative_error`` the largest
+float64, the audited directions rebuilt in float64, in the optimizer's geometry too when the job
+measures it) and ``audit_max_relative_error`` the largest
 relative error of a single audited quadratic form (blank when null or not audited). The
 ``*_gauss_newton`` columns are the generalised Gauss–Newton parts of the noise, random and ḡ
 forms (blank with the HVP engines). The ``step_*``, ``optimal_step`` and ``*_loss_change`` columns

@@ -149,3 +149,62 @@ def test_with_p_the_identity_every_preconditioned_statistic_is_the_plain_one(run
             if key in a and not key.startswith("step_"):
                 _close(a[key], value, 1e-12) if isinstance(value, float) else None
     assert result["counts"]["hvp_passes"] > 0
+
+
+def test_the_audit_replays_the_preconditioned_directions_as_the_job_builds_them(run):
+    """With P the audit measures each audited direction again in the optimizer's coordinates: in
+    float64 its forms are (Pv)ᵀH_sub(Pv), (P·s)ᵀH_sub(P·s) with s a Rademacher direction of u, and
+    (Pḡ)ᵀH_sub(Pḡ) on the audited rows, without error; in float32, P with v̂ = 0 entries (1/ε = 1e8)
+    gives each precond_ statistic its implied error beside the plain ones, and the largest of all
+    is what the collection flags."""
+    import copy
+
+    from tiny_llm.results.manifest import audit_block
+
+    model = _model(run, NATIVE[0])
+    cache, plan = TokenCache(run.data.cache), epoch_plan(run, 1)
+    batches = [cache.tokens(b) for b in plan.blocks]
+    p, h = adam_diagonal(model, batches), 2
+    inputs = _inputs(run, preconditioner=p, audit=(2, 2), hvp_batch_size=h)
+    audit = measure_case(model, inputs, CPU64)["audit"]
+    assert audit["geometries"] == ["plain", "preconditioned"]
+    kinds = ["noise", "noise", "random", "random", "gradient"]
+    assert [d["kind"] for d in audit["directions"]] == kinds * 2
+    tokens = torch.cat(batches)
+    rows = torch.cat([tokens[j * h : (j + 1) * h] for j in audit["micro_batches"]])
+    H_sub = dense_epoch_hessian(model, rows)
+    flat = FlatParameters(model)
+    theta = flat.flatten([q.detach() for q in model.parameters()])
+
+    def loss(x, rows):
+        return token_losses(functional_call(model, flat.unflatten(x), (rows[:, :-1],)), rows[:, 1:]).mean()
+
+    g_bar = grad(lambda x: loss(x, tokens))(theta)
+    for d in audit["directions"][5:]:
+        assert d["geometry"] == "preconditioned"
+        v = {
+            "noise": lambda d=d: grad(lambda x: loss(x, batches[d["batch_index"]]))(theta) - g_bar,
+            "random": lambda d=d: rademacher(flat.D, 11, d["index"]) / p.sqrt(),  # u's ±1, as θ's vector
+            "gradient": lambda: g_bar,
+        }[d["kind"]]()
+        _close(d["float64"], float((p * v) @ H_sub @ (p * v)))
+        assert d["relative_error"] < 1e-10
+    errors = audit["statistics_relative_error"]
+    assert {"precond_b_noise", "precond_random_curvature", "b_noise", "loss"} <= set(errors)
+    assert "precond_loss" not in errors and max(v for v in errors.values() if v is not None) < 1e-9
+    # float32, P with v̂ = 0 entries: the same directions, their errors implied and flagged
+    p_zero = p.clone()
+    p_zero[: len(p) // 4] = 1e8
+    cpu32 = Precision(torch.device("cpu"), torch.float32)
+    inputs = _inputs(run, preconditioner=p_zero, audit=(2, 2), hvp_batch_size=h)
+    audit = measure_case(copy.deepcopy(model).float(), inputs, cpu32)["audit"]
+    preconditioned = [d for d in audit["directions"] if d.get("geometry") == "preconditioned"]
+    assert len(preconditioned) == 5 and all(d["relative_error"] > 0 for d in preconditioned)
+    worst = max((v, k) for k, v in audit["statistics_relative_error"].items() if v is not None)
+    assert audit["max_statistic_relative_error"] == worst[0]
+    row = {"audit_statistic_error": worst[0], "audit_max_relative_error": audit["max_relative_error"]}
+    row |= {"file": "epoch-001", "case": "seen", "state_key": "s"}
+    block = audit_block([row], {("s", "seen"): {"audit": audit}}, "mine", worst[0] / 2)
+    assert worst[1] in block["exceeded"][0]["statistics"]
+    precond = {k: v for k, v in audit["statistics_relative_error"].items() if k.startswith("precond_")}
+    assert precond and all(v is None or v > 0 for v in precond.values())
