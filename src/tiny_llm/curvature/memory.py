@@ -318,11 +318,13 @@ class JobShape:
 
 
 def plan_analysis(
-    job: JobShape, *, audit_directions: int | None, extra_vectors: int, budget_bytes: int | None
+    job: JobShape, *, audit_directions: int | None, extra_vectors: int, budget_bytes: int | None, geometries: int = 1
 ) -> MemoryPlan:
     """The grouping of a (state, case) job's passes: the gradient passes (training's micro-batches),
     the quadratic forms (K directions on curvature micro-batches) and, when audited, the float64
-    audit (2a + 1 directions, by the engine ``auto`` gives the model, beside the production model).
+    audit (2a + 1 directions in each of the job's ``geometries``, plain and the optimizer's, by the
+    engine ``auto`` gives the model under the job's placement, on the shape that engine's pass holds,
+    beside the production model).
 
     Sharded over ``shards`` ranks (FSDP2, ``tiny_llm.curvature.sharded``) the plan is one rank's:
     every parameter-sized term is its 1/shards, and a pass adds what FSDP unshards while it runs:
@@ -341,7 +343,7 @@ def plan_analysis(
     def chunked(engine_: str) -> bool:  # the head in token chunks where the placement takes it so
         return head_chunked(config, engine_, shards)
 
-    audited = 0 if audit_directions is None else 2 * audit_directions + 1
+    audited = 0 if audit_directions is None else geometries * (2 * audit_directions + 1)
     resident = resident_bytes(D, K, itemsize, extra_vectors + audited)
     stacked = K * itemsize * D  # the K directions stacked for a forms pass: a gradient pass has only the queue
 
@@ -359,9 +361,12 @@ def plan_analysis(
     ]
     if audit_directions is not None:  # the production model and θ stay; a float64 copy, its θ and ḡ join them
         beside = resident + 16 * D + audited * D * 16
-        audit_engine = default_forms_engine(audited, jet_rules(config))  # the audit's, as it resolves it
-        passes.append(fit("audit_gradient", GRADIENT, micro_batch_size, 1, 8, beside))
-        passes.append(fit("audit", audit_engine, hvp_batch_size, audited, 8, beside))
+        audit_engine = default_forms_engine(audited, jet_rules(config), shards > 1)  # as the audit resolves it
+        gathered = held_unsharded(config, audit_engine, audited, shards, 8)
+        passes.append(fit("audit_gradient", GRADIENT, micro_batch_size, 1, 8, beside + gathered[GRADIENT]))
+        audit_shape = forms_shape(config, audit_engine, shards)
+        passes.append(fit("audit", audit_engine, hvp_batch_size, audited, 8, beside + gathered[audit_engine],
+                          shape=audit_shape))  # fmt: skip
     return MemoryPlan(budget_bytes, tuple(passes), shards)
 
 

@@ -96,4 +96,5 @@ def memory_plan(
         extra_vectors=(config.training.workers if config.training.packed and settings.consensus else 0)
         + (PRECONDITIONED_VECTORS if settings.preconditioned is not False else 0),
         budget_bytes=budget_bytes,
+        geometries=2 if settings.preconditioned is not False else 1,
     )

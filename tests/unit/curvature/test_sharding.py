@@ -49,3 +49,20 @@ def test_a_sharded_gradient_takes_the_head_whole_and_the_plan_prices_it_so():
     whole = plan_analysis(JobShape(**job), audit_directions=None, extra_vectors=0, budget_bytes=budget)
     sharded = plan_analysis(JobShape(**job, shards=2), audit_directions=None, extra_vectors=0, budget_bytes=budget)
     assert whole.head_tokens("gradient") is not None and sharded.head_tokens("gradient") is None
+
+
+def test_the_audit_is_priced_as_it_runs_sharded_and_in_every_geometry():
+    """The audit's float64 forms run the engine the audit resolves under the job's placement
+    (taylor sharded, adjoint whole for several directions) on the shape that engine's pass holds
+    (a sharded jet pass: its share of the vocabulary), with 2a + 1 directions per geometry."""
+    gpt2 = ModelConfig(architecture="gpt2", vocab_size=50257, d_model=768, n_heads=12, d_ff=3072, n_layers=2)
+    job = dict(config=gpt2, seq_len=1024, engine="taylor", K=4, hvp_batch_size=4, micro_batch_size=4, itemsize=4)
+    priced = dict(audit_directions=2, extra_vectors=0, budget_bytes=None)
+    whole = plan_analysis(JobShape(**job), **priced)
+    sharded = plan_analysis(JobShape(**job, shards=2), **priced)
+    both = plan_analysis(JobShape(**job, shards=2), **priced, geometries=2)
+    audit = {name: next(p for p in plan.passes if p.name == "audit") for name, plan in
+             (("whole", whole), ("sharded", sharded), ("both", both))}  # fmt: skip
+    assert (audit["whole"].engine, audit["sharded"].engine, audit["both"].engine) == ("adjoint", "taylor", "taylor")
+    assert (audit["sharded"].K, audit["both"].K) == (5, 10)
+    assert audit["sharded"].peak_bytes < audit["both"].peak_bytes
