@@ -11,7 +11,8 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -20,8 +21,8 @@ from tiny_llm.architectures import build_model, jet_rules
 from tiny_llm.campaign.timing import timing_key
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.engines import default_forms_engine
-from tiny_llm.curvature.gradients import batch_gradient
-from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision, runtime_settings
+from tiny_llm.curvature.hessian import Precision, runtime_settings
+from tiny_llm.curvature.job import Cuts, Job, open_job
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.workers.loading import Resolved, job_memory_plan, resolve_job
 from tiny_llm.workers.settings import AnalysisSettings
@@ -74,42 +75,18 @@ def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -
     }
 
 
-@dataclass(frozen=True)
-class _Audit:
-    """What the audit's timing measures: the float64 model, its tokens and the plan of its passes."""
-
-    reference: torch.nn.Module
-    flat: FlatParameters
-    tokens: torch.Tensor
-    hvp_rows: int
-    """The curvature micro-batch."""
-    directions: int
-    """a: the audit's noise and random directions (each)."""
-    memory: MemoryPlan
-
-
-def _audit_seconds(audit: _Audit, config: RunConfig, device: torch.device, repeats: int) -> dict[str, float]:
-    """The audit's float64 gradient micro-batch and its forms' pass of 2a + 1 directions, by the
-    engine the audit resolves for the model (adjoint, or double_backward without jet rules)."""
+def _audit_seconds(job: Job, engine_of: Callable[[int], str], K: int, device: torch.device, repeats: int) -> dict:
+    """The audit's float64 gradient micro-batch and its forms' pass of K = 2a + 1 directions, by the
+    engine the audit resolves for the model (``engine_of``), on ``job``'s model made float64 in place
+    (the production's timings are taken), cut as the memory plan's audit passes."""
     exact = Precision(device, torch.float64)
-    B, mb, memory = config.training.batch_size, config.training.micro_batch_size, audit.memory
-    rows, head = memory.rows("audit_gradient") or mb, memory.head_tokens("audit_gradient")
-    gradient = _timed(
-        lambda: batch_gradient(audit.reference, audit.flat, audit.tokens[:B], rows, exact, head), device, repeats
-    )
-    K = 2 * audit.directions + 1
-    forms = EpochHessian(
-        audit.reference,
-        audit.tokens[: audit.hvp_rows],
-        batch_size=audit.hvp_rows,
-        engine=default_forms_engine(K, jet_rules(config.model)),
-        precision=exact,
-        directions_per_pass=K,
-        **memory.cuts("audit"),
-    )
-    V = torch.randn(K, audit.flat.D, device=device, dtype=torch.float64)
+    cuts = replace(job.cuts, passes=("audit_gradient", "audit"), compile=False)
+    audit = open_job(job.model.to(torch.float64), job.batches, cuts, exact, job.placement)
+    micro = math.ceil(len(job.batches[0]) / cuts.micro_batch_size)
+    forms = audit.operator(engine_of(K), job.batches[1], K)
+    V = torch.randn(K, sum(job.placement.sizes), device=device, dtype=torch.float64)
     return {
-        "audit_gradient_microbatch": gradient / math.ceil(B / mb),
+        "audit_gradient_microbatch": _timed(lambda: audit.batch_gradient_and_loss(0), device, repeats) / micro,
         "audit_microbatch_pass": _timed(lambda: forms.quadratic_forms(V), device, repeats),
     }
 
@@ -129,27 +106,15 @@ def _measure_seconds(
     tokens = torch.randint(
         0, config.model.vocab_size, (max(B, hvp_rows), T + 1), generator=torch.Generator().manual_seed(0)
     )
-    flat = FlatParameters(model)
-    operator = EpochHessian(
-        model,
-        tokens[:hvp_rows],
-        batch_size=hvp_rows,
-        engine=resolved.engine,
-        precision=precision,
-        directions_per_pass=settings.directions_per_pass,
-        compile=resolved.compiled,
-        **memory.cuts("forms"),
-    )
-    V = torch.randn(settings.directions_per_pass, flat.D, device=resolved.device, dtype=resolved.dtype)
+    cuts = Cuts(mb, hvp_rows, settings.directions_per_pass, resolved.compiled, memory)
+    job = open_job(model, [tokens[:B], tokens[:hvp_rows]], cuts, precision)  # an optimizer batch, a curvature one
+    operator = job.operator(resolved.engine, job.batches[1])
+    K, held = settings.directions_per_pass, sum(job.placement.sizes)
+    V = torch.randn(K, held, device=resolved.device, dtype=resolved.dtype)
     operator.quadratic_forms(V)  # compilation happens here and counts as start-up
     startup = time.perf_counter() - started
     hvp = _timed(lambda: operator.quadratic_forms(V), resolved.device, repeats)
-    micro = math.ceil(B / mb)
-    rows = memory.rows("gradient") or mb  # the analysis's backward passes, as cut for its memory budget
-    head = memory.head_tokens("gradient")
-    gradient = (
-        _timed(lambda: batch_gradient(model, flat, tokens[:B], rows, precision, head), resolved.device, repeats) / micro
-    )
+    gradient = _timed(lambda: job.batch_gradient_and_loss(0), resolved.device, repeats) / math.ceil(B / mb)
     seconds = {
         "process": _process_seconds(),
         "startup": startup,
@@ -157,8 +122,8 @@ def _measure_seconds(
         "hvp_microbatch_pass": hvp,
     }
     if settings.audited:
-        audit = _Audit(model.to(torch.float64), flat, tokens, hvp_rows, settings.audit_directions, memory)
-        seconds |= _audit_seconds(audit, config, resolved.device, repeats)
+        audited, jets = 2 * settings.audit_directions + 1, jet_rules(config.model)
+        seconds |= _audit_seconds(job, lambda k: default_forms_engine(k, jets), audited, resolved.device, repeats)
     return seconds
 
 

@@ -26,9 +26,7 @@ import torch
 from tiny_llm.architectures import jet_rules
 from tiny_llm.curvature.case import CaseInputs
 from tiny_llm.curvature.engines import default_forms_engine
-from tiny_llm.curvature.gradients import batch_gradient_and_loss, mean_gradient_and_loss
-from tiny_llm.curvature.hessian import EpochHessian, Precision
-from tiny_llm.curvature.placement import Placement
+from tiny_llm.curvature.job import Job
 from tiny_llm.curvature.statistics import PREFIX, AuditPairs, implied_errors, relative
 from tiny_llm.curvature.vectors import Vectors
 from tiny_llm.data.tokens import group_permutation
@@ -45,49 +43,45 @@ def audit_choice(count: int, take: int, seed: int, stream_index: int) -> list[in
 
 @dataclass
 class AuditSide:
-    """One precision of the audit (the production's or float64): its batch gradients gᵢ (with their
-    loss), how it holds vectors (whole, or this rank's shard), and its quadratic forms of K
-    directions over given token rows; ``mean_gradient`` is float64's ḡ and epoch loss."""
+    """One precision of the audit (the production's or float64): its job (whose batch gradients gᵢ
+    and ḡ it takes, and whose operator gives its quadratic forms of K directions over given token
+    rows), how it holds vectors (whole, or this rank's shard), and the forms' engine for K
+    directions."""
 
+    job: Job
     vectors: Vectors
-    batch_gradient: Callable[[int], tuple[torch.Tensor, float]]
-    forms: Callable[[torch.Tensor, torch.Tensor], list[float]]
-    dtype: torch.dtype
-    device: torch.device
     engine: Callable[[int], str]
-    """The forms' engine for K directions."""
-    mean_gradient: Callable[[], tuple[torch.Tensor, float]]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.job.precision.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.job.precision.device
+
+    def batch_gradient(self, i: int) -> tuple[torch.Tensor, float]:
+        return self.job.batch_gradient_and_loss(i)
+
+    def mean_gradient(self) -> tuple[torch.Tensor, float]:
+        return self.job.mean_gradient_and_loss()
+
+    def forms(self, V: torch.Tensor, tokens: torch.Tensor) -> list[float]:
+        """vᵀHv of the rows of V over ``tokens``, all directions in one pass."""
+        return self.job.operator(self.engine(len(V)), tokens, len(V)).quadratic_forms(V).tolist()
 
 
-def audit_sides(
-    placement: Placement, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision
-) -> tuple[AuditSide, AuditSide]:
-    """The production and float64 sides of a model as ``placement`` holds it (its float64 copy,
-    ``Placement.reference``, is placed the same way)."""
-    jets = jet_rules(placement.model)  # float64 forms: the exact engine, or an HVP without rules
-    exact = (placement.reference(), Precision(precision.device, torch.float64))
-    h = inputs.hvp_batch_size
+def audit_sides(job: Job, inputs: CaseInputs) -> tuple[AuditSide, AuditSide]:
+    """The production side (the job itself) and the float64 side (the same job on the model's
+    float64 copy, ``Job.reference``, placed the same way, cut as the memory plan's audit passes, its
+    forms by the engine ``auto`` gives the model under the placement)."""
+    jets, sharded = jet_rules(job.model), job.placement.sharded  # float64: exact, or an HVP without rules
 
-    def side(where: Placement, prec: Precision, engine: Callable[[int], str], rows: int, groups: tuple) -> AuditSide:
-        gradient, forms = groups  # the memory plan's groups of the side's gradient and forms passes
-        head, plan = inputs.head_tokens(gradient), (inputs.rows(forms), inputs.head_tokens(forms))
-        return AuditSide(
-            vectors=Vectors(where.layout, where.pieces, inputs.seed),
-            batch_gradient=lambda i: batch_gradient_and_loss(where.model, where, batches[i], rows, prec, head),
-            forms=lambda V, tokens: _forms(where, tokens, V, engine(len(V)), prec, h, plan),
-            dtype=prec.dtype,
-            device=prec.device,
-            engine=engine,
-            mean_gradient=lambda: mean_gradient_and_loss(where.model, where, batches, rows, prec, head),
-        )
+    def side(of: Job, engine: Callable[[int], str]) -> AuditSide:
+        return AuditSide(of, Vectors(of.placement.layout, of.placement.pieces, inputs.seed), engine)
 
-    production = side(placement, precision, lambda K: inputs.engine, inputs.gradient_micro_batch, ("gradient", "forms"))
-    float64 = side(
-        *exact,
-        lambda K: default_forms_engine(K, jets, placement.sharded),
-        inputs.rows("audit_gradient") or inputs.micro_batch_size,
-        ("audit_gradient", "audit"),
-    )
+    production = side(job, lambda K: inputs.engine)
+    float64 = side(job.reference(), lambda K: default_forms_engine(K, jets, sharded))
     return production, float64
 
 
@@ -140,30 +134,8 @@ def _directions(
     return records, torch.stack(production_vectors), torch.stack(exact_vectors)
 
 
-def _forms(
-    placement: Placement, rows: torch.Tensor, V: torch.Tensor, engine: str, precision: Precision, h: int, plan: tuple
-) -> list[float]:
-    """vᵀHv of the rows of V over the audited micro-batches, all directions in one pass; ``plan``:
-    the pass's group rows and head tokens."""
-    group, head_tokens = plan
-    operator = EpochHessian(
-        placement.model,
-        rows,
-        batch_size=h,
-        engine=engine,
-        precision=precision,
-        directions_per_pass=len(V),
-        compile=False,
-        group_rows=group,
-        head_tokens=head_tokens,
-        placement=placement,
-    )
-    return operator.quadratic_forms(V).tolist()
-
-
 def precision_audit(
     sides: tuple[AuditSide, AuditSide],
-    batches: list[torch.Tensor],
     mean: tuple[torch.Tensor, float],
     audited: tuple[list[int], list[int]],
     inputs: CaseInputs,
@@ -175,7 +147,7 @@ def precision_audit(
 
     ``sides`` are the production and float64 precisions (:func:`audit_sides`); ``mean`` is the
     job's own (production) ḡ and epoch loss; ``audited`` the audited noise batches (indices into
-    ``batches``) and Rademacher directions. The audit recomputes ḡ and the epoch loss over the
+    the job's batches) and Rademacher directions. The audit recomputes ḡ and the epoch loss over the
     whole epoch in float64, the batch gradients of the audited noise batches in both precisions,
     and the quadratic forms of every audited direction (as each precision builds it) on a seeded
     sample of curvature micro-batches, all in one pass. With ``scale`` s = P^{1/2} (the job's
@@ -193,7 +165,7 @@ def precision_audit(
     if scale is not None:
         geometries.append(_directions(sides, (g_bar, g_bar64), gradients, audited, scale.to(g_bar.device)))
     h = inputs.hvp_batch_size
-    tokens = torch.cat(batches)
+    tokens = torch.cat(production.job.batches)
     micro = audit_choice(math.ceil(tokens.shape[0] / h), inputs.audit[1], inputs.seed, 2)
     rows = torch.cat([tokens[j * h : (j + 1) * h] for j in micro])
     production_forms = production.forms(torch.cat([V for _, V, _ in geometries]), rows)

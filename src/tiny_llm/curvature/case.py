@@ -7,11 +7,14 @@ consensus errors of packed runs (``CaseInputs``), shared by the measurement and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tiny_llm.curvature.memory import MemoryPlan
+
+if TYPE_CHECKING:
+    from tiny_llm.curvature.job import Cuts
 from tiny_llm.data.tokens import BatchPlan, TokenCache
 from tiny_llm.data.training_order import TrainingOrder
 
@@ -73,12 +76,14 @@ class CaseInputs:
         """Target positions the head and loss of pass ``name`` take at a time (None: all at once)."""
         return None if self.memory is None else self.memory.head_tokens(name)
 
-    def cuts(self, name: str) -> dict[str, int | None]:
-        """How the operator of pass ``name`` cuts its work under the memory plan (none without one)."""
-        return {} if self.memory is None else self.memory.cuts(name)
-
     @property
     def gradient_micro_batch(self) -> int:
         """Sequences per backward pass of the gradients: training's micro-batch, or fewer to fit
         the memory budget (the gradient is the same sum)."""
         return self.rows("gradient") or self.micro_batch_size
+
+    def job_cuts(self) -> Cuts:
+        """How the job cuts its gradient and forms passes (:class:`tiny_llm.curvature.job.Cuts`)."""
+        from tiny_llm.curvature.job import Cuts
+
+        return Cuts(self.micro_batch_size, self.hvp_batch_size, self.directions_per_pass, self.compile, self.memory)

@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tiny_llm.curvature.engines import engine as engine_named
-from tiny_llm.curvature.memory import GRADIENT, GiB, PassShape
+from tiny_llm.curvature.memory import GRADIENT, GiB, MemoryPlan, PassPlan, PassShape
 
 __all__ = ["StoragePeak", "device_budget", "measure_pass"]
 
@@ -96,7 +96,8 @@ def measure_pass(
     allocator's peak on CUDA. The parameters and the directions themselves are not included (they
     are part of :func:`tiny_llm.curvature.memory.resident_bytes`)."""
     from tiny_llm.architectures import build_model
-    from tiny_llm.curvature.hessian import EpochHessian, Precision
+    from tiny_llm.curvature.hessian import Precision
+    from tiny_llm.curvature.job import Cuts, open_job
     from tiny_llm.curvature.micro_batch import accumulate_batch_gradient
 
     config, engine, rows, K = shape.config, shape.engine, shape.rows, shape.K
@@ -111,17 +112,8 @@ def measure_pass(
         with counter:
             accumulate_batch_gradient(model, tokens, rows, precision, head_tokens)
         return counter.peak
-    H = EpochHessian(
-        model,
-        tokens,
-        batch_size=rows,
-        engine=engine,
-        precision=precision,
-        directions_per_pass=K,
-        group_rows=rows,
-        compile=compile,
-        head_tokens=head_tokens,
-    )
+    cuts = Cuts(rows, rows, K, compile, _one_pass(shape))
+    H = open_job(model, [tokens], cuts, precision).operator(engine)
     V = torch.randn(K, H.flat.D, dtype=dtype, device=device)
     if engine_named(engine).products:
         if compile:  # compilation's own workspaces are not the pass's
@@ -134,6 +126,13 @@ def measure_pass(
         for _ in range(2):  # jet engines keep their workspace between groups, the second is the steady state
             H.spec.compute()(H, V, inputs, targets)  # the engine's batch computation, as the operator runs it
     return counter.peak
+
+
+def _one_pass(shape: PassShape) -> MemoryPlan:
+    """The plan of the one forms or products pass a measurement runs: one group of the pass's rows,
+    the head ``shape.head_tokens`` target positions at a time."""
+    forms = PassPlan("forms", shape.engine, shape.K, shape.rows, shape.rows, 0, shape.head_tokens)
+    return MemoryPlan(None, (forms,))
 
 
 def device_budget(device: torch.device, setting_gb: float | None, margin: float = 0.1) -> int | None:

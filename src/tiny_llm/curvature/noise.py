@@ -62,28 +62,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
 
-from tiny_llm.curvature.audit import AuditSide, audit_choice, audit_sides, precision_audit
+from tiny_llm.curvature.audit import audit_choice, audit_sides, precision_audit
 from tiny_llm.curvature.blocks import model_blocks
 from tiny_llm.curvature.case import CaseInputs
 from tiny_llm.curvature.directions import DirectionRunner, add_block_directions, queue_other_directions
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.gradients import (
-    batch_gradient_and_loss,
-    epoch_loss,
-    mean_gradient_and_loss,
     noise_batch_indices,
-    sampled_gradients,
 )
-from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, Precision
+from tiny_llm.curvature.hessian import CurvatureOperator, Precision
+from tiny_llm.curvature.job import Job, open_job
 from tiny_llm.curvature.measurement import MeasurementPlan
-from tiny_llm.curvature.placement import Placement, place
+from tiny_llm.curvature.placement import place
 from tiny_llm.curvature.records import ConsensusWorker, Direction, NoiseSample, RandomDirection, consensus_block
 from tiny_llm.curvature.statistics import (
     Samples,
@@ -91,7 +87,7 @@ from tiny_llm.curvature.statistics import (
     standard_errors,
     summarise,
 )
-from tiny_llm.curvature.trajectory import finish_trajectory, queue_trajectory, shifted_loss
+from tiny_llm.curvature.trajectory import finish_trajectory, queue_trajectory
 from tiny_llm.curvature.vectors import Vectors
 from tiny_llm.model.llama import Llama
 
@@ -102,75 +98,43 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Setup:
-    """What a measurement reads through its placement: the vectors, the gradients, the forms."""
+    """What a measurement reads through its job: the vectors, the gradients, the forms."""
 
-    placement: Placement
+    job: Job
     vectors: Vectors
-    mean_gradient: Callable[[], tuple[torch.Tensor, float]]
-    """ḡ and the epoch loss."""
-    gradients: Callable[[list[int], dict[int, tuple[torch.Tensor, float]]], Iterator[tuple[torch.Tensor, float]]]
-    """(gᵢ, batch loss) of the selected batches in order, reusing those known (the audit's)."""
-    operator: Callable[[], CurvatureOperator]
     split: bool
     """Whether the forms come with their Gauss–Newton part (an engine that declares one)."""
-    audit_sides: Callable[[], tuple[AuditSide, AuditSide]]
-    """The production and float64 sides of the precision audit."""
-    loss_at: Callable[[torch.Tensor], float]
-    """The epoch loss at θ + d, for a displacement d held as every vector is (the step's)."""
     scales: list[torch.Tensor | None]
     """The coordinates θ = diag(s) u every statistic is taken in: None (the plain ones) and, with a
     preconditioner P, s = P^{1/2} (float64, held as every vector is)."""
 
+    engine: str
+    """The forms' engine."""
 
-def _setup(
-    model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision, progress: Callable[[str], None]
-) -> _Setup:
-    """The job's placement (``inputs.sharded`` in a process group: the model sharded over the ranks
-    with FSDP2, here, in place, every vector this rank's shard; else whole, on one process or
+    def operator(self) -> CurvatureOperator:
+        """The job's curvature operator by its engine."""
+        return self.job.operator(self.engine)
+
+
+def _setup(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precision: Precision) -> _Setup:
+    """The job (its placement: ``inputs.sharded`` in a process group, the model sharded over the
+    ranks with FSDP2, here, in place, every vector this rank's shard; else whole, on one process or
     data-parallel ranks) and everything read through it. An engine that does not run under the
     placement is refused by name before any copy or shard."""
     placement = place(model, inputs.sharded, keep_reference=bool(inputs.audit), engine=inputs.engine)
-    rows, head, P = inputs.gradient_micro_batch, inputs.head_tokens("gradient"), inputs.preconditioner
-
-    def operator() -> EpochHessian:
-        return EpochHessian(
-            model,
-            torch.cat(batches),
-            batch_size=inputs.hvp_batch_size,
-            engine=inputs.engine,
-            precision=precision,
-            directions_per_pass=inputs.directions_per_pass,
-            compile=inputs.compile,
-            **inputs.cuts("forms"),
-            placement=placement,
-        )
-
-    def batch(i: int) -> tuple[torch.Tensor, float]:
-        return batch_gradient_and_loss(model, placement, batches[i], rows, precision, head)
-
+    job = open_job(model, batches, inputs.job_cuts(), precision, placement)
+    P = inputs.preconditioner
     return _Setup(
-        placement=placement,
+        job=job,
         vectors=Vectors(placement.layout, placement.pieces, inputs.seed),
-        mean_gradient=partial(mean_gradient_and_loss, model, placement, batches, rows, precision, head),
-        gradients=lambda selected, known: sampled_gradients(
-            selected, known, batch, sum(placement.sizes), precision.device, placement
-        ),
-        operator=operator,
         split=engine_named(inputs.engine).gauss_newton,
-        audit_sides=partial(audit_sides, placement, batches, inputs, precision),
-        loss_at=partial(
-            shifted_loss,
-            placement.parameters,
-            placement.pieces,
-            partial(epoch_loss, model, batches, rows, precision, head, placement),
-        ),
         scales=[None] + ([] if P is None else [P.to(precision.device, torch.float64).sqrt()]),
+        engine=inputs.engine,
     )
 
 
 def _audit_first(
     setup: _Setup,
-    batches: list[torch.Tensor],
     mean: tuple[torch.Tensor, float],
     selected: list[int],
     inputs: CaseInputs,
@@ -192,7 +156,7 @@ def _audit_first(
     )
     scale = setup.scales[1] if len(setup.scales) > 1 else None  # every geometry the job measures
     audited = (audited_noise, audited_random)
-    audit = precision_audit(setup.audit_sides(), batches, mean, audited, inputs, sampled, scale)
+    audit = precision_audit(audit_sides(setup.job, inputs), mean, audited, inputs, sampled, scale)
     progress(
         f"precision audit: largest implied statistic error {audit['max_statistic_relative_error']:.2e} "
         f"({audit['seconds']:.2f} s)"
@@ -253,7 +217,7 @@ def _noise_samples(
     ``setup.scales`` (None: the plain ones), each gradient gᵢ taken once (in u, gᵢ,u = s ⊙ gᵢ)."""
     plan, vectors, seconds = inputs.plan, setup.vectors, 0.0
     queued = [_Queued(scale) for scale in setup.scales]
-    gradients = setup.gradients(selected, sampled)
+    gradients = setup.job.sampled(selected, sampled)
     for i in selected:
         started = time.perf_counter()
         g, batch_loss = next(gradients)
@@ -364,15 +328,15 @@ def measure_case(
     t0 = time.perf_counter()
     batches = [inputs.cache.tokens(blocks) for blocks in inputs.plan.blocks]
     B, n = len(inputs.plan.blocks[0]), len(inputs.plan)
-    setup = _setup(model, batches, inputs, precision, progress)
+    setup = _setup(model, batches, inputs, precision)
     vectors = setup.vectors
-    g_bar, epoch_loss = setup.mean_gradient()
+    g_bar, epoch_loss = setup.job.mean_gradient_and_loss()
     t_mean = time.perf_counter() - t0
     progress(f"mean gradient over {n} batches: {t_mean:.2f} s (epoch loss {epoch_loss:.4f})")
 
     selected = noise_batch_indices(n, inputs.noise_samples, inputs.seed)
     sampled: dict[int, tuple[torch.Tensor, float]] = {}  # the audit's production batch gradients, reused
-    audit = _audit_first(setup, batches, (g_bar, epoch_loss), selected, inputs, sampled, progress)
+    audit = _audit_first(setup, (g_bar, epoch_loss), selected, inputs, sampled, progress)
     operator = setup.operator()
     blocks = model_blocks(operator.flat.names, inputs.block_curvature, progress)
     plan = MeasurementPlan.of(
@@ -387,7 +351,7 @@ def measure_case(
     runner = DirectionRunner(operator, operator.K, setup.split, vectors, plan.directions, precision.dtype, progress)
     queued, sample_seconds = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks)
     consensus = _queue_others(queued, runner, g_bar, inputs, blocks)
-    step = queue_trajectory(runner, inputs.step, setup.loss_at, blocks, inputs.block_curvature, precision.device)
+    step = queue_trajectory(runner, inputs.step, setup.job.loss_at, blocks, inputs.block_curvature, precision.device)
     runner.flush()
     taken = [(q, q.samples(g_bar, vectors, B, n * B)) for q in queued]
     samples = taken[0][1]

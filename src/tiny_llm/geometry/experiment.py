@@ -33,7 +33,8 @@ from safetensors.torch import save_file
 
 from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, load_config
-from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.hessian import FlatParameters, Precision
+from tiny_llm.curvature.job import Cuts, open_job
 from tiny_llm.curvature.spectrum import Basis, top_eigenpairs
 from tiny_llm.data.tokens import TokenCache, check_capacity, epoch_plan, unseen_plan
 from tiny_llm.geometry import metrics as geometry
@@ -125,7 +126,8 @@ def _hessian_top(
 ) -> dict[str, Any]:
     """The top Hessian eigenvalue by Lanczos and the reference gradient's alignment with its
     eigenvector (into ``metrics``); returns the Lanczos record (a warning when unconverged)."""
-    H = EpochHessian(model, rows, batch_size=settings.hvp_batch_size, engine="double_backward", precision=precision)
+    rows_per_pass = settings.hvp_batch_size
+    H = open_job(model, [rows], Cuts(rows_per_pass, rows_per_pass), precision).operator("double_backward")
     tolerance = settings.lanczos_tolerance or (1e-6 if settings.dtype == "float64" else 1e-3)
     values, vectors, residuals, converged = top_eigenpairs(
         H.hvp,

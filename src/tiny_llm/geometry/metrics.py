@@ -50,7 +50,8 @@ import torch
 from torch.func import functional_call, grad, jvp, vjp, vmap
 
 from tiny_llm.curvature.gradients import mean_gradient_and_loss, rademacher
-from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.hessian import FlatParameters, Precision
+from tiny_llm.curvature.job import Cuts, open_job
 from tiny_llm.model.causal import token_losses
 from tiny_llm.model.llama import Llama
 
@@ -177,9 +178,7 @@ def hessian_trace(
 ) -> tuple[float, float]:
     """Hutchinson's tr(H) ≈ (1/S) Σ vₛᵀHvₛ for the token-mean Hessian over ``rows``, with S
     Rademacher probes (reproducible from ``seed``); returns (estimate, standard error s/√S)."""
-    H = EpochHessian(
-        model, rows, batch_size=batch_size, engine=engine, precision=precision, directions_per_pass=min(samples, 8)
-    )
+    H = open_job(model, [rows], Cuts(batch_size, batch_size, min(samples, 8)), precision).operator(engine)
     V = torch.stack([rademacher(H.flat.D, seed, i) for i in range(samples)]).to(precision.device, precision.dtype)
     forms = H.quadratic_forms(V).double()
     return float(forms.mean()), (float(forms.std()) / math.sqrt(samples) if samples > 1 else math.nan)

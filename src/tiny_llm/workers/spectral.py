@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from tiny_llm.curvature import spectrum as spectra
-from tiny_llm.curvature.gradients import batch_gradient, mean_gradient, noise_batch_indices, rademacher
-from tiny_llm.curvature.hessian import CurvatureOperator, EpochHessian, FlatParameters, Precision
+from tiny_llm.curvature.gradients import noise_batch_indices, rademacher
+from tiny_llm.curvature.hessian import CurvatureOperator, FlatParameters, Precision
+from tiny_llm.curvature.job import Cuts, open_job
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.placement import Layout, place
 from tiny_llm.curvature.spectrum import Basis, layer_blocks, tensor_blocks
@@ -121,29 +122,18 @@ def _spectrum_operator(
     """The operator of a spectrum job, the layout of its vectors, and its batch and epoch gradients,
     as the job's placement holds them (``spectrum.sharded`` in a process group: the model sharded
     over the ranks in place, vectors this rank's parts; else whole)."""
-    memory, precision = job.memory, job.precision
-    micro_batch_size = (memory.rows("gradient") if memory else None) or job.micro_batch_size
     placement = place(model, job.spectrum.sharded, engine=job.engine)
-    operator = EpochHessian(
-        model,
-        torch.cat(tokens_by_batch),
-        batch_size=job.hvp_batch_size,
-        engine=job.engine,
-        precision=precision,
-        directions_per_pass=job.settings.directions_per_pass,
-        compile=job.compile,
-        progress=log.info,
-        **(memory.cuts("products") if memory else {}),
-        placement=placement,
-    )
+    cuts = Cuts(job.micro_batch_size, job.hvp_batch_size, job.settings.directions_per_pass, job.compile, job.memory,
+                passes=("gradient", "products"))  # fmt: skip
+    opened = open_job(model, tokens_by_batch, cuts, job.precision, placement, progress=log.info)
 
     def gradient(tokens: torch.Tensor) -> torch.Tensor:
-        return batch_gradient(model, placement, tokens, micro_batch_size, precision)
+        return opened.batch_gradient_and_loss(tokens)[0]
 
     def epoch_gradient() -> torch.Tensor:
-        return mean_gradient(model, placement, tokens_by_batch, micro_batch_size, precision)
+        return opened.mean_gradient_and_loss()[0]
 
-    return operator, placement.layout, gradient, epoch_gradient
+    return opened.operator(job.engine), placement.layout, gradient, epoch_gradient
 
 
 def _warn_unconverged(pairs: dict, tolerance: float, steps: int) -> int:

@@ -9,6 +9,7 @@ from oracles import TINY_MODEL
 from tiny_llm.curvature.audit import audit_choice, audit_sides
 from tiny_llm.curvature.case import CaseInputs
 from tiny_llm.curvature.hessian import Precision
+from tiny_llm.curvature.job import open_job
 from tiny_llm.curvature.placement import place
 from tiny_llm.model.llama import Llama
 
@@ -29,7 +30,7 @@ def test_a_float64_model_against_its_float64_copy():
         cache=None, plan=None, micro_batch_size=2, hvp_batch_size=2, noise_samples=2, random_samples=1,
         seed=0, engine="double_backward", directions_per_pass=2, compile=False, audit=(1, 2),
     )  # fmt: skip
-    production, exact = audit_sides(place(model), batches, inputs, CPU64)
+    production, exact = audit_sides(open_job(model, batches, inputs.job_cuts(), CPU64, place(model)), inputs)
     assert exact.engine(2) == "adjoint" and exact.engine(1) == "taylor" and production.engine(2) == "double_backward"
     g, loss = production.mean_gradient()
     g64, loss64 = exact.mean_gradient()
