@@ -134,7 +134,26 @@ def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -
     with a successor (every state but the last): the step Δ (per block too) and the loss at θ + Δ;
     unless ``preconditioned`` is false, the forms in the optimizer's geometry too."""
     B, mb = config.training.batch_size, config.training.micro_batch_size
-    plan = MeasurementPlan.of(
+    plan = measurement_plan(config, settings, workers)
+    micro = math.ceil(B / mb)  # training's micro-batches of a batch gradient
+    return CaseWork(
+        noise_samples=plan.noise_samples,
+        gradient_microbatches=plan.gradient_batches * micro,
+        directions=plan.directions,
+        passes=plan.passes(settings.directions_per_pass),
+        hvp_microbatches=plan.hvp_batches,
+        audit_gradient_microbatches=plan.audit_gradient_batches * micro,
+        audit_microbatches=plan.audit_micro_batches,
+        forward_microbatches=plan.forward_batches * micro,
+    )
+
+
+def measurement_plan(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -> MeasurementPlan:
+    """The counts of one (state, case) job of this run and these settings, as the worker counts
+    them (it records the same in its result's ``plan``): with ``settings.trajectory`` a state with a
+    successor, unless ``preconditioned`` is false the optimizer's geometry too."""
+    B, mb = config.training.batch_size, config.training.micro_batch_size
+    return MeasurementPlan.of(
         config.steps_per_epoch,
         settings.noise_samples,
         settings.random_samples,
@@ -142,21 +161,9 @@ def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -
         blocks=block_count(config.model.n_layers, config.model.tie_embeddings) if settings.block_curvature else 0,
         step=settings.trajectory,
         geometries=1 + (settings.preconditioned is not False),  # priced where it may be measured
-    )
-    hvp_microbatches = math.ceil(plan.n_batches * B / (settings.hvp_batch_size or mb))
-    audit_gradients = audit_microbatches = 0
-    if settings.audited:
-        audit_gradients = (plan.n_batches + min(settings.audit_directions, plan.noise_samples)) * math.ceil(B / mb)
-        audit_microbatches = min(settings.audit_batches, hvp_microbatches)
-    return CaseWork(
-        noise_samples=plan.noise_samples,
-        gradient_microbatches=plan.gradient_batches * math.ceil(B / mb),
-        directions=plan.directions,
-        passes=plan.passes(settings.directions_per_pass),
-        hvp_microbatches=hvp_microbatches,
-        audit_gradient_microbatches=audit_gradients,
-        audit_microbatches=audit_microbatches,
-        forward_microbatches=plan.forward_batches * math.ceil(B / mb),
+        hvp_batches=math.ceil(config.steps_per_epoch * B / (settings.hvp_batch_size or mb)),
+        audit=settings.audit_directions if settings.audited else 0,
+        audit_batches=settings.audit_batches if settings.audited else 0,
     )
 
 

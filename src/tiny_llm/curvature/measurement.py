@@ -13,7 +13,12 @@ A job measures, over one epoch of ``n_batches`` effective batches:
   more, in the coordinates u = P^{-1/2}θ (:mod:`tiny_llm.curvature.noise`);
 * with a successor the epoch loss at θ + Δ (a forward pass over every batch), and per block at
   θ + Δ_b;
-* with the precision audit, ḡ again in float64 and the audited batch gradients in both precisions.
+* with the precision audit, ḡ again in float64, the audited batch gradients in both precisions,
+  and the forms of the audited directions (a noise, a random and ḡ, in each geometry) on a seeded
+  sample of curvature micro-batches, once in each precision.
+
+The worker records the plan's counts in its result (``plan``) beside what it counted (``counts``);
+the planner's price reads the same counts.
 """
 
 from __future__ import annotations
@@ -43,13 +48,20 @@ class MeasurementPlan:
     geometries: int = 1
     """The coordinates the statistics are taken in: 1 (plain), or 2 (also the optimizer's
     preconditioned ones: the noise, ḡ and random directions once more, with their blocks)."""
+    hvp_batches: int = 0
+    """Curvature micro-batches of the epoch (each pass is over all of them)."""
+    audit: int = 0
+    """a, the precision audit's directions of each kind asked for (0: no audit)."""
+    audit_batches: int = 0
+    """Curvature micro-batches the audit asks to measure."""
 
     @classmethod
     def of(
         cls, n_batches: int, noise_samples: int | None, random_samples: int, **counts: int | bool
     ) -> MeasurementPlan:
         """The plan of an epoch of ``n_batches`` with ``noise_samples`` asked for (None: every batch;
-        capped by the epoch); ``counts``: ``consensus``, ``blocks``, ``step``, ``geometries``."""
+        capped by the epoch); ``counts``: ``consensus``, ``blocks``, ``step``, ``geometries``,
+        ``hvp_batches``, ``audit``, ``audit_batches``."""
         drawn = n_batches if noise_samples is None else min(noise_samples, n_batches)
         return cls(n_batches, drawn, random_samples, **counts)
 
@@ -68,6 +80,45 @@ class MeasurementPlan:
     def gradient_batches(self) -> int:
         """Batch gradients: every batch for ḡ, and each sampled one."""
         return self.n_batches + self.noise_samples
+
+    @property
+    def audit_noise(self) -> int:
+        """Noise batches the audit rebuilds in both precisions (at most S_v)."""
+        return min(self.audit, self.noise_samples)
+
+    @property
+    def audit_random(self) -> int:
+        """Rademacher directions the audit measures (at most S_r)."""
+        return min(self.audit, self.random_samples)
+
+    @property
+    def audit_directions(self) -> int:
+        """The audit's quadratic forms in each precision: its noise and random directions and ḡ, in
+        each geometry, in one pass."""
+        return self.geometries * (self.audit_noise + self.audit_random + 1) if self.audit else 0
+
+    @property
+    def audit_micro_batches(self) -> int:
+        """Curvature micro-batches the audit measures (at most the epoch's)."""
+        return min(self.audit_batches, self.hvp_batches) if self.audit else 0
+
+    @property
+    def audit_gradient_batches(self) -> int:
+        """Batch gradients the audit computes in float64: every batch for ḡ, and each audited one."""
+        return self.n_batches + self.audit_noise if self.audit else 0
+
+    def record(self, directions_per_pass: int) -> dict[str, int]:
+        """The counts a result records, K directions per pass (what the price reads)."""
+        return {
+            "gradient_batches": self.gradient_batches,
+            "forward_batches": self.forward_batches,
+            "directions": self.directions,
+            "passes": self.passes(directions_per_pass),
+            "hvp_batches": self.hvp_batches,
+            "audit_gradient_batches": self.audit_gradient_batches,
+            "audit_directions": self.audit_directions,
+            "audit_micro_batches": self.audit_micro_batches,
+        }
 
     @property
     def forward_batches(self) -> int:

@@ -316,6 +316,22 @@ def _statistics(samples: Samples, setup: _Setup, sizes: list[int], blocks, g_bar
     }
 
 
+def _plan(inputs: CaseInputs, n: int, blocks: int, geometries: int, hvp_batches: int) -> MeasurementPlan:
+    """The job's counts (:class:`MeasurementPlan`), as the planner's price counts them."""
+    return MeasurementPlan.of(
+        n,
+        inputs.noise_samples,
+        inputs.random_samples,
+        consensus=len(inputs.consensus),
+        blocks=blocks,
+        step=inputs.step is not None,
+        geometries=geometries,
+        hvp_batches=hvp_batches,
+        audit=inputs.audit[0] if inputs.audit else 0,
+        audit_batches=inputs.audit[1] if inputs.audit else 0,
+    )
+
+
 def measure_case(
     model: Llama, inputs: CaseInputs, precision: Precision, progress: Callable[[str], None] = log.info
 ) -> dict[str, Any]:
@@ -334,20 +350,12 @@ def measure_case(
     t_mean = time.perf_counter() - t0
     progress(f"mean gradient over {n} batches: {t_mean:.2f} s (epoch loss {epoch_loss:.4f})")
 
+    operator = setup.operator()
+    blocks = model_blocks(operator.flat.names, inputs.block_curvature, progress)
+    plan = _plan(inputs, n, len(blocks) if inputs.block_curvature else 0, len(setup.scales), len(operator.batches))
     selected = noise_batch_indices(n, inputs.noise_samples, inputs.seed)
     sampled: dict[int, tuple[torch.Tensor, float]] = {}  # the audit's production batch gradients, reused
     audit = _audit_first(setup, (g_bar, epoch_loss), selected, inputs, sampled, progress)
-    operator = setup.operator()
-    blocks = model_blocks(operator.flat.names, inputs.block_curvature, progress)
-    plan = MeasurementPlan.of(
-        n,
-        inputs.noise_samples,
-        inputs.random_samples,
-        consensus=len(inputs.consensus),
-        blocks=len(blocks) if inputs.block_curvature else 0,
-        step=inputs.step is not None,
-        geometries=len(setup.scales),
-    )
     runner = DirectionRunner(operator, operator.K, setup.split, vectors, plan.directions, precision.dtype, progress)
     queued, sample_seconds = _noise_samples(setup, g_bar, selected, sampled, inputs, runner, blocks)
     consensus = _queue_others(queued, runner, g_bar, inputs, blocks)
@@ -369,6 +377,7 @@ def measure_case(
         "trajectory": trajectory,
         "preconditioned": preconditioned[0] if preconditioned else None,
         "counts": _counts(samples, inputs, operator),
+        "plan": plan.record(inputs.directions_per_pass),
         "timing": {
             "mean_gradient_seconds": t_mean,
             "sample_gradient_seconds": sample_seconds,

@@ -246,6 +246,7 @@ def _result(job: StateJob, measured: dict[str, Any], started: float, sharded: bo
 
 MEASURED = (
     "counts",
+    "plan",
     "statistics",
     "standard_errors",
     "blocks",

@@ -16,6 +16,7 @@ from tiny_llm.campaign.plan import (
     format_seconds,
     group_minutes,
     job_minutes,
+    measurement_plan,
     states_per_job,
 )
 from tiny_llm.training.loop import train
@@ -32,12 +33,19 @@ def run(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "samples, K, hvp, blocks, step",
-    [(2, 4, None, False, False), (None, 3, 2, False, False), (99, 16, 1, False, True), (2, 4, None, True, True)],
+    "samples, K, hvp, blocks, step, audit",
+    [
+        (2, 4, None, False, False, True),
+        (None, 3, 2, False, False, False),
+        (99, 16, 1, False, True, False),
+        (2, 4, None, True, True, True),
+    ],
 )
-def test_counts_equal_those_of_a_measurement(run, samples, K, hvp, blocks, step):
+def test_counts_equal_those_of_a_measurement(run, samples, K, hvp, blocks, step, audit):
     """The price's counts are the job's: with a successor (``step``), the step Δ (per block too) and
-    the loss at θ + Δ are priced as the job runs them, and the forms in the optimizer's geometry."""
+    the loss at θ + Δ are priced as the job runs them, and the forms in the optimizer's geometry; the
+    plan the job records is the plan the price reads, audit included (a sharded job's: in
+    tests/unit/curvature/test_sharded_noise.py)."""
     config, path = run
     if not (path / "run" / "final.pt").exists():
         train(config, path / "run")
@@ -50,11 +58,18 @@ def test_counts_equal_those_of_a_measurement(run, samples, K, hvp, blocks, step)
         dtype="float64",
         block_curvature=blocks,
         trajectory=step,
+        audit=audit,
     )
     successor = {"key": "next", "file": "epoch-002.safetensors", "step": 2 * config.steps_per_epoch} if step else None
-    out = path / f"r-{samples}-{K}-{hvp}-{blocks}-{step}.json"
+    out = path / f"r-{samples}-{K}-{hvp}-{blocks}-{step}-{audit}.json"
     result = analyze_state(path / "run", ["epoch-001.safetensors"], "seen", settings, out, successor=successor)
     work, counts = case_work(config, settings), result["counts"]
+    plan = measurement_plan(config, settings)
+    assert result["plan"] == plan.record(K) and plan.passes(K) == work.passes == counts["hvp_passes"]
+    if audit:  # the audit's directions in both geometries, and its micro-batches and float64 gradients
+        assert len(result["audit"]["directions"]) == plan.audit_directions == 2 * (2 + 4 + 1)
+        assert len(result["audit"]["micro_batches"]) == plan.audit_micro_batches == work.audit_microbatches
+        assert work.audit_gradient_microbatches == plan.audit_gradient_batches * 2 == (3 + 2) * 2  # B 3, micro 2
     assert (result["trajectory"] is not None) == step
     assert work.noise_samples == counts["noise_samples"]
     per_block = len(result["blocks"]) if blocks else 0
