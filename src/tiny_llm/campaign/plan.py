@@ -150,7 +150,7 @@ def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -
 
 def measurement_plan(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -> MeasurementPlan:
     """The counts of one (state, case) job of this run and these settings, as the worker counts
-    them (it records the same in its result's ``plan``): with ``settings.trajectory`` a state with a
+    them (it records the same in its result's ``measurement_plan``): with ``settings.trajectory`` a state with a
     successor, unless ``preconditioned`` is false the optimizer's geometry too."""
     B, mb = config.training.batch_size, config.training.micro_batch_size
     return MeasurementPlan.of(

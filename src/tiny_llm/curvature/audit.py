@@ -134,6 +134,21 @@ def _directions(
     return records, torch.stack(production_vectors), torch.stack(exact_vectors)
 
 
+def _implied(
+    records: list[list[dict[str, Any]]], sides: tuple[AuditSide, AuditSide], g_bars: Pair, losses: tuple, scale
+) -> dict[str, float | None]:
+    """The signed error each audited statistic implies, from each geometry's records: the plain
+    ones, and with ``scale`` s the ``precond_`` ones (ḡ_u = s ⊙ ḡ; the loss is the same)."""
+    (production, exact), (g_bar, g_bar64) = sides, g_bars
+    norms = (production.vectors.norm(g_bar), exact.vectors.norm(g_bar64))
+    statistics = implied_errors(AuditPairs.from_records(records[0], norms, losses))
+    if scale is not None:
+        u_norms = (production.vectors.norm(g_bar * scale), exact.vectors.norm(g_bar64 * scale))
+        implied = implied_errors(AuditPairs.from_records(records[1], u_norms, losses))
+        statistics |= {PREFIX + name: value for name, value in implied.items() if name != "loss"}
+    return statistics
+
+
 def precision_audit(
     sides: tuple[AuditSide, AuditSide],
     mean: tuple[torch.Tensor, float],
@@ -175,11 +190,8 @@ def precision_audit(
     for record, q, q64 in zip(records, production_forms, float64, strict=True):
         record.update(production=q, float64=q64, relative_error=abs(relative(q, q64)))
     norms = (production.vectors.norm(g_bar), exact.vectors.norm(g_bar64))
-    statistics = implied_errors(AuditPairs.from_records(geometries[0][0], norms, (epoch_loss, loss64)))
-    if scale is not None:
-        u_norms = (production.vectors.norm(g_bar * scale), exact.vectors.norm(g_bar64 * scale))
-        implied = implied_errors(AuditPairs.from_records(geometries[1][0], u_norms, (epoch_loss, loss64)))
-        statistics |= {PREFIX + name: value for name, value in implied.items() if name != "loss"}
+    losses = (epoch_loss, loss64)
+    statistics = _implied([taken for taken, _, _ in geometries], sides, (g_bar, g_bar64), losses, scale)
     return {
         "reference": (
             f"float64: ḡ and loss over the whole epoch, the audited batch gradients, {exact_engine}-engine forms"

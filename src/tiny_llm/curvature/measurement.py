@@ -17,7 +17,7 @@ A job measures, over one epoch of ``n_batches`` effective batches:
   and the forms of the audited directions (a noise, a random and ḡ, in each geometry) on a seeded
   sample of curvature micro-batches, once in each precision.
 
-The worker records the plan's counts in its result (``plan``) beside what it counted (``counts``);
+The worker records the plan's counts in its result (``measurement_plan``) beside what it counted (``counts``);
 the planner's price reads the same counts.
 """
 

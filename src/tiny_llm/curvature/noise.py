@@ -377,7 +377,7 @@ def measure_case(
         "trajectory": trajectory,
         "preconditioned": preconditioned[0] if preconditioned else None,
         "counts": _counts(samples, inputs, operator),
-        "plan": plan.record(inputs.directions_per_pass),
+        "measurement_plan": plan.record(inputs.directions_per_pass),
         "timing": {
             "mean_gradient_seconds": t_mean,
             "sample_gradient_seconds": sample_seconds,

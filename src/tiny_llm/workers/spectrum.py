@@ -125,6 +125,21 @@ def _result(
     }
 
 
+def _job(settings: AnalysisSettings, spectrum: SpectrumSettings, resolved: tuple, names: list[str], rows: Any,
+         given: tuple) -> SpectrumJob:  # fmt: skip
+    """The spectrum job of a state: its precision, products engine and cuts, its step to the
+    following state and its preconditioner, each as ``rows`` holds vectors (``resolved``: the run's
+    configuration, the resolution and the memory plan; ``given``: the state, the following one and
+    the preconditioning found)."""
+    (config, resolution, memory), (state, following, found) = resolved, given
+    step = step_vector(state, following, names, rows)
+    P = None if found is None or found.diagonal is None else rows.cut([found.diagonal[n] for n in names])
+    precision = Precision(resolution.device, resolution.dtype, settings.amp)
+    hvp = (resolution.hvp_batch_size, resolution.hvp_engine, resolution.hvp_compiled)
+    shape = (config.training.micro_batch_size, memory, step, P, _following(spectrum, found))
+    return SpectrumJob(settings, spectrum, precision, *hvp, *shape)
+
+
 def analyze_spectrum(
     run_dir: str | Path,
     checkpoints: list[str],
@@ -164,13 +179,8 @@ def analyze_spectrum(
         model.load_state_dict(state.root, strict=True)
         rows = job_rows([p.shape for p in model.parameters()], spectrum.sharded)  # this rank's, as every vector
         sharded = rows.sharded
-        names = FlatParameters(model).names
-        step = step_vector(state, following, names, rows)
-        P = None if found is None or found.diagonal is None else rows.cut([found.diagonal[n] for n in names])
-        precision = Precision(resolved.device, resolved.dtype, settings.amp)
-        hvp = (resolved.hvp_batch_size, resolved.hvp_engine, resolved.hvp_compiled)
-        shape = (config.training.micro_batch_size, memory, step, P, _following(spectrum, found))
-        job = SpectrumJob(settings, spectrum, precision, *hvp, *shape)
+        names, given = FlatParameters(model).names, (state, following, found)
+        job = _job(settings, spectrum, (config, resolved, memory), names, rows, given)
         # sharded, the model stays on the host until FSDP moves each block's shards to the device
         model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
         batches = [cache.tokens(blocks) for blocks in plan.blocks]

@@ -246,7 +246,7 @@ def _result(job: StateJob, measured: dict[str, Any], started: float, sharded: bo
 
 MEASURED = (
     "counts",
-    "plan",
+    "measurement_plan",
     "statistics",
     "standard_errors",
     "blocks",

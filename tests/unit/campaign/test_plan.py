@@ -65,7 +65,7 @@ def test_counts_equal_those_of_a_measurement(run, samples, K, hvp, blocks, step,
     result = analyze_state(path / "run", ["epoch-001.safetensors"], "seen", settings, out, successor=successor)
     work, counts = case_work(config, settings), result["counts"]
     plan = measurement_plan(config, settings)
-    assert result["plan"] == plan.record(K) and plan.passes(K) == work.passes == counts["hvp_passes"]
+    assert result["measurement_plan"] == plan.record(K) and plan.passes(K) == work.passes == counts["hvp_passes"]
     if audit:  # the audit's directions in both geometries, and its micro-batches and float64 gradients
         assert len(result["audit"]["directions"]) == plan.audit_directions == 2 * (2 + 4 + 1)
         assert len(result["audit"]["micro_batches"]) == plan.audit_micro_batches == work.audit_microbatches
