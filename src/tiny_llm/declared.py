@@ -300,6 +300,8 @@ def _type_schema(tp: Any, spelled: str | None) -> dict[str, Any]:
             else:
                 arms.append({"type": "null"})
         return {"oneOf": arms}
+    if origin is tuple:  # tuple[T, ...]: a list of T
+        return {"type": "array", "items": _type_schema(typing.get_args(tp)[0], None)}
     return {"type": _JSON_TYPES[tp]}
 
 
@@ -313,6 +315,7 @@ def json_schema(cls: type, spelled: dict[str, str] | None = None) -> dict[str, d
     for field in dataclasses.fields(cls):
         schema = _type_schema(hints[field.name], spelled.get(field.name))
         default = field.default
+        default = list(default) if isinstance(default, tuple) else default
         schema["default"] = spelled[field.name] if default is None and field.name in spelled else default
         if field.name in docs:
             schema["description"] = docs[field.name].replace("``", "")

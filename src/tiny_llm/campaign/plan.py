@@ -15,12 +15,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.blocks import block_count
 from tiny_llm.curvature.measurement import MeasurementPlan
-from tiny_llm.declared import Positive, PositiveNumber, build
+from tiny_llm.declared import Bounds, Positive, PositiveNumber, build
 from tiny_llm.layout import FINAL, IMPORTED, STATES
 from tiny_llm.workers.settings import AnalysisSettings
 
@@ -52,24 +52,28 @@ class ClusterSettings:
     """The workflow configuration's ``cluster`` section, typed (defaults as the schema's)."""
 
     walltime: Literal["none", "estimate"] = "none"
-    """estimate: 2 × estimated work + 30 min per state, rounded up to the hour, from timing profiles."""
-    walltime_hours: PositiveNumber | None = None
-    """An explicit walltime per state (both cases) in hours; overrides the estimate."""
+    """estimate: each job's walltime is 2 × its estimated work + 30 min, rounded up to the hour, from
+    the timing profiles (docs/cluster.md); none: the profile's default."""
+    walltime_hours: Annotated[float, Bounds(0, MAX_HOURS, open_low=True)] | None = None
+    """An explicit walltime per state (both cases) in hours, at most the partition's 72; overrides the
+    estimate."""
     timing_profiles: tuple[str, ...] = ("config/timing.yaml", "results/timing")
-    """Timing profile files or folders."""
+    """Timing profile files or folders (calibrate writes results/timing/<analysis>.json)."""
     gpu_kind: str | None = None
-    """Only timings measured on a device whose name contains this."""
+    """Only use timings measured on a device whose name contains this (e.g. GH200)."""
     on_interrupt: Literal["keep-running", "cancel"] = "keep-running"
-    """What Ctrl-C does to submitted Slurm jobs."""
+    """Ctrl-C cancels queued Slurm jobs only and leaves running ones to be re-attached by the next run
+    (keep-running), or cancels all (cancel)."""
     reattach_poll_seconds: PositiveNumber = 30
-    """How often a re-attached job of an earlier controller is polled."""
+    """How often a re-attached job of an earlier controller is polled with squeue (seconds)."""
     gpus_per_node: Positive | None = None
-    """GPUs on one node of the cluster (profiles/naiss: 4), the most an analysis's gpus_per_job may
-    ask for; null: not checked."""
+    """GPUs on one node of the cluster (profiles/naiss sets 4): an analysis's gpus_per_job above it is
+    refused at start-up (more GPUs per job come with nodes_per_job); null: not checked."""
     states_per_job: Positive | Literal["auto"] = "auto"
-    """States one cluster job measures one after another; auto: one, or under the walltime estimate
-    as many short states as make about an hour of requested work (at most 32), so that a suite's
-    hundreds of minute-long states do not flood the queue."""
+    """States one cluster job measures one after another. auto: one, or under walltime estimate as
+    many short states as make about an hour of requested work (2 × each state's estimated work, at
+    most 32), so that hundreds of minute-long states do not flood the queue; a number fixes it (a
+    profile's group-components analysis=N overrides both)."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ClusterSettings:

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from tiny_llm.curvature import micro_batch
 from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.curvature.placement import Placement, place
 from tiny_llm.data.tokens import derive_seed, group_permutation
 from tiny_llm.distributed import all_reduce_sum, world
+from tiny_llm.model import micro_batch
 from tiny_llm.model.llama import Llama
 
 NOISE_SAMPLE_STREAM, RADEMACHER_STREAM, ROUNDING_STREAM = 2, 3, 5

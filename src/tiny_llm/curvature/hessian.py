@@ -28,11 +28,11 @@ from tiny_llm.architectures import jet_rules
 from tiny_llm.curvature.engines import AMP_DIFFERENCES, group_sizes, names
 from tiny_llm.curvature.engines import ENGINES as REGISTRY
 from tiny_llm.curvature.engines import engine as engine_named
-from tiny_llm.curvature.micro_batch import Precision
-from tiny_llm.curvature.micro_batch import gradient as micro_batch_gradient
 from tiny_llm.curvature.placement import Placement, place
 from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
 from tiny_llm.model.llama import Llama
+from tiny_llm.model.micro_batch import Precision
+from tiny_llm.model.micro_batch import gradient as micro_batch_gradient
 
 __all__ = ["CurvatureOperator", "EpochHessian", "FlatParameters", "Precision", "check_differences", "pad_sequences"]
 

@@ -2,7 +2,7 @@
 cut, opened once by :func:`open_job`. Every gradient, loss and curvature pass of a job runs through
 it: the mean gradient and epoch loss, the batch gradients (sampled, spread over data-parallel ranks),
 the loss at a shifted θ, and the curvature operator (``EpochHessian``, built here and nowhere else
-in the package), all with the one micro-batch gradient of :mod:`tiny_llm.curvature.micro_batch` and
+in the package), all with the one micro-batch gradient of :mod:`tiny_llm.model.micro_batch` and
 the placement's one dealing rule.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -17,7 +18,6 @@ from tiny_llm.curvature import gradients
 from tiny_llm.curvature.hessian import EpochHessian, Precision
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.placement import Placement, place
-from tiny_llm.curvature.trajectory import shifted_loss
 
 __all__ = ["Cuts", "Job", "open_job"]
 
@@ -88,7 +88,7 @@ class Job:
 
     def loss_at(self, step: torch.Tensor) -> float:
         """The epoch loss at θ + ``step`` (held as every vector is), θ restored exactly after."""
-        return shifted_loss(self.placement.parameters, self.placement.pieces, self.epoch_loss, step)
+        return _shifted_loss(self.placement.parameters, self.placement.pieces, self.epoch_loss, step)
 
     def operator(self, engine: str, tokens: torch.Tensor | None = None, directions: int | None = None) -> EpochHessian:
         """The epoch Hessian of the job's batches (or of ``tokens``) by ``engine``, K directions per
@@ -112,6 +112,23 @@ class Job:
         placement, exact = self.placement.reference(), Precision(self.precision.device, torch.float64)
         cuts = replace(self.cuts, passes=passes, compile=False)
         return Job(placement.model, self.batches, cuts, exact, placement, self.progress)
+
+
+def _shifted_loss(
+    parameters: list[torch.Tensor], pieces: Callable[[torch.Tensor], list[torch.Tensor]], loss: Any, d: torch.Tensor
+) -> float:
+    """``loss()`` with ``parameters`` (whole, or this rank's shards) moved to θ + d (summed in float64,
+    then rounded to their dtype: θ' itself when d = θ' − θ), restored exactly afterwards."""
+    kept = [p.detach().clone() for p in parameters]
+    with torch.no_grad():
+        for p, piece in zip(parameters, pieces(d), strict=True):
+            p.copy_((p.double() + piece.view_as(p)).to(p.dtype))
+    try:
+        return loss()
+    finally:
+        with torch.no_grad():
+            for p, original in zip(parameters, kept, strict=True):
+                p.copy_(original)
 
 
 def open_job(

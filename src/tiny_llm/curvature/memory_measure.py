@@ -98,7 +98,7 @@ def measure_pass(
     from tiny_llm.architectures import build_model
     from tiny_llm.curvature.hessian import Precision
     from tiny_llm.curvature.job import Cuts, open_job
-    from tiny_llm.curvature.micro_batch import accumulate_batch_gradient
+    from tiny_llm.model.micro_batch import accumulate_batch_gradient
 
     config, engine, rows, K = shape.config, shape.engine, shape.rows, shape.K
     seq_len, head_tokens = shape.seq_len, shape.head_tokens

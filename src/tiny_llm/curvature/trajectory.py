@@ -39,7 +39,6 @@ __all__ = [
     "finish_trajectory",
     "queue_step",
     "queue_trajectory",
-    "shifted_loss",
     "step_block_rows",
     "step_losses",
     "step_statistics",
@@ -107,25 +106,6 @@ def step_losses(
     from tiny_llm.curvature.directions import block_parts
 
     return whole, [epoch_loss(part) for part in block_parts(delta, pieces, blocks)]
-
-
-def shifted_loss(
-    parameters: list[torch.Tensor], pieces: Callable[[torch.Tensor], list[torch.Tensor]], loss: Any, d: torch.Tensor
-) -> float:
-    """``loss()`` with ``parameters`` (whole, or this rank's shards) moved to θ + d (summed in float64,
-    then rounded to their dtype: θ' itself when d = θ' − θ), restored exactly afterwards."""
-    import torch
-
-    kept = [p.detach().clone() for p in parameters]
-    with torch.no_grad():
-        for p, piece in zip(parameters, pieces(d), strict=True):
-            p.copy_((p.double() + piece.view_as(p)).to(p.dtype))
-    try:
-        return loss()
-    finally:
-        with torch.no_grad():
-            for p, original in zip(parameters, kept, strict=True):
-                p.copy_(original)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The model: the shared causal-LM base with its loss and loss rule (causal), the layers and jet
+"""The model: the shared causal-LM base with its loss and loss rule (causal), one micro-batch's
+loss and gradient that training and analysis share, with the analysis's precision (micro_batch), the layers and jet
 rules architectures share (layers), the Llama (llama), GPT-2 (gpt2) and GPT-NeoX (gpt_neox) with
 each layer's second-order jet rule beside it (jets holds the jet arithmetic), Hugging Face formats
 and imports (hf, hf_runs, adapter), and checkpoint files (safetensors weights, training state

@@ -34,12 +34,12 @@ from torch import nn
 
 from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, config_from_dict, config_to_dict, dump_config, load_config
-from tiny_llm.curvature.micro_batch import accumulate_batch_gradient  # the one micro-batch gradient
 from tiny_llm.data.tokens import TokenCache, check_capacity, stream_batches
 from tiny_llm.io import atomic_write_text, exclusive, remove_leftovers
 from tiny_llm.layout import FINAL, IMPORTED, RESOLVED, RESUME, TRAIN_LOG, epoch_file, moments_file, state_file
 from tiny_llm.model.causal import CausalLM
 from tiny_llm.model.checkpoint import load_train_state, save_train_state, save_weights
+from tiny_llm.model.micro_batch import accumulate_batch_gradient  # the one micro-batch gradient
 from tiny_llm.model.moments import moments_from_optimizer, save_moments
 from tiny_llm.runtime import resolve_device
 from tiny_llm.training.branches import load_start

@@ -9,13 +9,13 @@ import jsonschema
 import pytest
 import yaml
 
+from tiny_llm.campaign.settings_reference import DOCS, REPO, SCHEMA, SECTIONS, check, docs_table, render
 from tiny_llm.declared import Bounds, Pattern, Positive, PositiveNumber, json_schema
 from tiny_llm.workers.settings import AnalysisSettings
-from tiny_llm.workers.settings_reference import DOCS, REPO, SCHEMA, SECTIONS, check, docs_table, render
 
 
 def test_the_checked_in_schema_and_docs_are_what_the_declarations_write():
-    assert check() == [], "run python -m tiny_llm.workers.settings_reference --write"
+    assert check() == [], "run python -m tiny_llm.campaign.settings_reference --write"
 
 
 def test_a_declaration_becomes_its_schema():
@@ -47,11 +47,13 @@ def test_a_generated_part_is_rewritten_from_its_markers_and_a_missing_marker_is_
     text = "before\n"
     for section in SECTIONS:
         name = section.cls.__name__
-        text += f"<!-- BEGIN generated from {name} (python -m tiny_llm.workers.settings_reference --write) -->\nold\n"
+        text += (
+            f"<!-- BEGIN generated from {name} (python -m tiny_llm.campaign.settings_reference --write) -->\nSTALE\n"
+        )
         text += f"<!-- END generated from {name} -->\nbetween\n"
     rendered = render(DOCS, text)
     assert all(docs_table(section) in rendered for section in SECTIONS)
-    assert "old" not in rendered and rendered.count("between") == len(SECTIONS)
+    assert "STALE" not in rendered and rendered.count("between") == len(SECTIONS)
     with pytest.raises(ValueError, match="expected one line each"):
         render(DOCS, "no markers here\n")
 
@@ -71,3 +73,17 @@ def test_the_schema_refuses_what_the_settings_refuse(key, value, valid):
     else:
         with pytest.raises(ValueError, match=key):
             AnalysisSettings(**data)
+
+
+def test_the_cluster_section_is_generated_and_refuses_what_its_settings_refuse():
+    from tiny_llm.campaign.plan import ClusterSettings
+
+    schema = yaml.safe_load((REPO / SCHEMA).read_text())["properties"]["cluster"]
+    assert set(schema["properties"]) == {f.name for f in dataclasses.fields(ClusterSettings)}
+    validator = jsonschema.Draft202012Validator(schema)
+    for data, valid in [({"walltime_hours": 72}, True), ({"walltime_hours": 73}, False),
+                        ({"states_per_job": "auto"}, True), ({"timing_profiles": ["a"]}, True)]:  # fmt: skip
+        assert (not list(validator.iter_errors(data))) == valid, data
+        if not valid:
+            with pytest.raises(ValueError, match="cluster.walltime_hours: expected a number in"):
+                ClusterSettings.from_dict(data)

@@ -1,11 +1,12 @@
 """The settings' reference, generated from their declarations: the ``settings`` and ``spectrum``
-properties of the workflow schema (workflow/schemas/config.schema.yaml) and their tables in
-docs/workflow.md, each between its BEGIN/END marker lines, are written from the dataclasses
-(``AnalysisSettings``, ``SpectrumSettings``: types, literals as enums, ranges as minimums, patterns,
-defaults, and the field docstrings as descriptions), so that nothing restates them by hand.
+properties of the workflow schema (workflow/schemas/config.schema.yaml), its ``cluster`` section, and
+their tables in docs/workflow.md, each between its BEGIN/END marker lines, are written from the
+dataclasses (``AnalysisSettings``, ``SpectrumSettings``, ``ClusterSettings``: types, literals as
+enums, ranges as minimums, patterns, defaults, and the field docstrings as descriptions), so that
+nothing restates them by hand.
 
-    python -m tiny_llm.workers.settings_reference           # say whether the checked-in files are current
-    python -m tiny_llm.workers.settings_reference --write   # rewrite the generated parts
+    python -m tiny_llm.campaign.settings_reference           # say whether the checked-in files are current
+    python -m tiny_llm.campaign.settings_reference --write   # rewrite the generated parts
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from tiny_llm.campaign.plan import ClusterSettings
 from tiny_llm.declared import json_schema
 from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
 
@@ -37,6 +39,8 @@ class Section:
     cls: type
     spelled: dict[str, str]
     extra: dict[str, dict[str, Any]]
+    prefix: str = "analyses.<name>."
+    """What the docs table writes before the section's key (the configuration's path to it)."""
 
     def properties(self) -> dict[str, dict[str, Any]]:
         return {**self.extra, **json_schema(self.cls, self.spelled)}
@@ -50,13 +54,14 @@ SECTIONS = (
         {},
         {"enabled": {"type": "boolean", "default": False, "description": "Measure Hessian spectra per (state, case)."}},
     ),
+    Section("cluster", ClusterSettings, {}, {}, prefix=""),
 )
 
 
 def _markers(section: Section, comment: str) -> tuple[str, str]:
     name = section.cls.__name__
     begin, end = (
-        f"BEGIN generated from {name} (python -m tiny_llm.workers.settings_reference --write)",
+        f"BEGIN generated from {name} (python -m tiny_llm.campaign.settings_reference --write)",
         f"END generated from {name}",
     )
     return (f"# {begin}", f"# {end}") if comment == "#" else (f"<!-- {begin} -->", f"<!-- {end} -->")
@@ -85,7 +90,7 @@ def docs_table(section: Section) -> str:
         spelled = section.spelled.get(key)
         default = None if spelled is not None and schema["default"] == spelled else schema["default"]
         meaning = schema.get("description", "").replace("|", "\\|")
-        rows.append(f"| `analyses.<name>.{section.key}.{key}` | {_cell(default, spelled)} | {meaning} |")
+        rows.append(f"| `{section.prefix}{section.key}.{key}` | {_cell(default, spelled)} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 
@@ -130,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stale = check(write=args.write)
     for path in stale:
-        fix = "stale; run python -m tiny_llm.workers.settings_reference --write"
+        fix = "stale; run python -m tiny_llm.campaign.settings_reference --write"
         print(f"{path}: {'rewritten' if args.write else fix}")
     return 1 if stale and not args.write else 0
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from oracles import TINY_MODEL
 
-from tiny_llm.curvature import micro_batch
+from tiny_llm.model import micro_batch
 from tiny_llm.model.causal import token_losses
 from tiny_llm.model.llama import Llama
 
@@ -54,7 +54,7 @@ def test_a_batch_cut_as_training_cuts_it_gives_the_gradient_of_its_mean_loss(mod
         assert float(kept) == pytest.approx(float(token_losses(model(tokens[:2, :-1]), tokens[:2, 1:]).sum() / 30))
 
 
-def test_the_training_layer_imports_the_micro_batch_gradient_not_the_reverse():
+def test_training_and_the_analysis_share_the_micro_batch_gradient_and_curvature_imports_no_training():
     from pathlib import Path
 
     source = Path(micro_batch.__file__).parents[1]
