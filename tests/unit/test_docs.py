@@ -77,7 +77,7 @@ def _schema_default(key: str):
 
 def test_the_table_of_keys_states_the_schema_defaults():
     rows = _table_defaults()
-    assert len(rows) > 30
+    assert len(rows) > 20  # the settings, spectrum and cluster tables are generated from their dataclasses
     for key, documented in rows.items():
         assert documented == _schema_default(key), key
 
