@@ -14,7 +14,7 @@ import torch
 from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.curvature.placement import Placement, place
 from tiny_llm.data.tokens import derive_seed, group_permutation
-from tiny_llm.distributed import all_reduce_sum, world
+from tiny_llm.distributed import all_reduce_sum
 from tiny_llm.model import micro_batch
 from tiny_llm.model.llama import Llama
 
@@ -201,18 +201,17 @@ def sampled_gradients(
     compute: Callable[[int], tuple[torch.Tensor, float]],
     D: int,
     device: torch.device,
-    placement: Placement | None = None,
+    placement: Placement,
 ) -> Iterator[tuple[torch.Tensor, float]]:
-    """(gᵢ, loss) of the selected batches in order, ``known`` ones reused. With several data-parallel
-    ranks, each group of N batches is spread over the N ranks and gathered by a float64 sum (every
-    row filled by one rank), so at most N gradients are held at once; the ranks of a ``placement``
-    that does not spread batches (sharded) compute each batch together."""
-    size = world()[1]
-    if not (size > 1 if placement is None else placement.spreads):
+    """(gᵢ, loss) of the selected batches in order, ``known`` ones reused. On data-parallel ranks
+    (``placement.spreads``) each group of N batches is spread over the N ranks and gathered by a
+    float64 sum (every row filled by one rank), so at most N gradients are held at once; the ranks
+    of a placement that does not spread batches (sharded) compute each batch together."""
+    if not placement.spreads:
         for i in selected:
             yield known.pop(i, None) or compute(i)
         return
-    rank = world()[0]
+    rank, size = placement.rank, placement.ranks
     for start in range(0, len(selected), size):
         group = selected[start : start + size]
         rows = torch.zeros(len(group), D + 1, dtype=torch.float64, device=device)
