@@ -47,16 +47,21 @@ def test_the_audit_reports_the_error_of_every_statistic(demo, checkpoint, monkey
     )
     implied = amp["audit"]["statistics_signed_error"]
     checked = 0
-    for name, estimate in implied.items():
-        truth, production = exact["statistics"][name], amp["statistics"][name]
+    for name, estimate in implied.items():  # the optimizer's geometry too: the demo keeps Adam's moments
+        part, key = ("preconditioned", name.removeprefix("precond_")) if name.startswith("precond_") else (None, name)
+        truth, production = (r[part]["statistics"] if part else r["statistics"] for r in (exact, amp))
+        truth, production = truth[key], production[key]
         if truth is None:
             assert estimate is None, name
             continue
         actual = (production - truth) / abs(truth)
-        if abs(actual) >= MATTERS:
-            assert estimate * actual > 0 and 0.5 <= estimate / actual <= 2, (name, estimate, actual)
+        if abs(actual) >= MATTERS:  # the optimizer's geometry: a factor 2.5 (its 4 audited random
+            # directions of 32 see few of the coordinates P weights most: 0.14 % implied, 0.28 % actual)
+            bound = 2.5 if part else 2.0
+            assert estimate * actual > 0 and 1 / bound <= estimate / actual <= bound, (name, estimate, actual)
             checked += 1
         else:
             assert abs(estimate) < THRESHOLD, (name, estimate, actual)
     assert checked >= 3  # at least grad_curvature, b_simple and b_noise: ḡ's error reaches them
+    assert any(name.startswith("precond_") for name in implied) and amp["preconditioned"] is not None
     assert amp["audit"]["max_statistic_relative_error"] == max(abs(v) for v in implied.values() if v is not None)

@@ -60,14 +60,8 @@ def _chunked(model: nn.Module, targets: torch.Tensor, head_tokens: int | None) -
     return head_tokens is not None and head_tokens < targets.numel() and hasattr(model, "hidden")
 
 
-def gradient(
-    model: nn.Module,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    n_targets: int,
-    precision: Precision | None = None,
-    head_tokens: int | None = None,
-) -> torch.Tensor:
+def gradient(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, n_targets: int,
+             precision: Precision | None = None, head_tokens: int | None = None) -> torch.Tensor:  # fmt: skip
     """Add ∇(Σ ℓ / ``n_targets``) of one micro-batch into the parameters' ``.grad`` (the forward
     under ``precision``'s autocast; None: the model as it is) and return that loss, detached, in
     float64."""
@@ -84,14 +78,8 @@ def gradient(
     return value.detach().double()
 
 
-def loss(
-    model: nn.Module,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    n_targets: int,
-    precision: Precision | None = None,
-    head_tokens: int | None = None,
-) -> torch.Tensor:
+def loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, n_targets: int,
+         precision: Precision | None = None, head_tokens: int | None = None) -> torch.Tensor:  # fmt: skip
     """Σ ℓ / ``n_targets`` of one micro-batch from a forward pass only, in float64: the same number
     as :func:`gradient` returns (the same head chunks)."""
     with torch.no_grad():
