@@ -31,9 +31,11 @@ def test_a_memory_plan_cuts_the_passes_and_nothing_else():
 
 
 def test_the_operators_cuts_are_none_without_a_plan_and_the_plans_under_one():
-    assert _inputs().cuts("forms") == {}  # the operator's own defaults
-    passes = (PassPlan("forms", "adjoint", 3, 8, 2, 20, 128),)
-    assert _inputs(MemoryPlan(passes=passes, budget_bytes=100)).cuts("forms") == {"group_rows": 2, "head_tokens": 128}
+    assert _inputs().job_cuts().curvature() == {}  # the operator's own defaults
+    passes = (PassPlan("gradient", "gradient", 1, 4, 2, 10, 64), PassPlan("forms", "adjoint", 3, 8, 2, 20, 128))
+    cuts = _inputs(MemoryPlan(passes=passes, budget_bytes=100)).job_cuts()
+    assert cuts.curvature() == {"group_rows": 2, "head_tokens": 128}
+    assert (cuts.gradient_rows, cuts.head_tokens) == (2, 64)  # the job's gradients, as the plan cuts them
 
 
 def test_a_jobs_inputs_take_what_the_settings_say_and_the_rest_as_given():

@@ -38,7 +38,7 @@ def test_gauss_newton_split_equals_dense_jacobian_product(dense_problem, engine,
     torch.testing.assert_close(forms, ((V @ H) * V).sum(1), rtol=0, atol=1e-10)
     torch.testing.assert_close(parts, ((V @ G) * V).sum(1), rtol=0, atol=1e-10)
     assert op.passes == -(-20 // K)  # in the passes of the forms, not extra ones
-    with pytest.raises(ValueError, match="Gauss–Newton split needs a quadratic-form engine"):
+    with pytest.raises(ValueError, match="Gauss–Newton split needs an engine that computes it"):
         EpochHessian(model, tokens, batch_size=3, engine="double_backward", precision=CPU64).split_quadratic_forms(V)
 
 

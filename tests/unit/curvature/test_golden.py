@@ -6,7 +6,9 @@ compared exactly, float64 values to 1e-12 relative, float32 ones to 1e-4 (anothe
 them differently), except the audit's errors of float32 against float64, which are rounding itself
 (their keys are compared); timings are left out. Regenerate only for an intended change of a number, and
 say which in the commit. (The per-block keys were added on 2026-12-02, every earlier key and value
-kept bit for bit: checked before they were written.)"""
+kept bit for bit: checked before they were written. The result's ``measurement_plan`` and the
+audit's ``geometries`` were added on 2026-12-06 the same way: the other keys and values are the
+file's, and c0c2b9d's results on the same CPU equal this code's bit for bit.)"""
 
 import json
 import math

@@ -26,7 +26,9 @@ def directional(hessian, V, inputs, targets):
     return torch.stack([(V.double() * g.double()).sum(1), torch.zeros(len(V), dtype=torch.float64)])
 
 
-TEST_ENGINE = Engine("directional", "forms", "test only", f"{__name__}:directional", placements=PLACEMENTS)
+TEST_ENGINE = Engine(
+    "directional", "forms", "test only", f"{__name__}:directional", placements=PLACEMENTS, gauss_newton=True
+)
 
 
 def _register() -> None:
