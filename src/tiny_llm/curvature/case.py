@@ -68,20 +68,6 @@ class CaseInputs:
         }
         return cls(**taken, **given)
 
-    def rows(self, name: str) -> int | None:
-        """Group rows of pass ``name`` under the memory plan (None: the engine's default)."""
-        return None if self.memory is None else self.memory.rows(name)
-
-    def head_tokens(self, name: str) -> int | None:
-        """Target positions the head and loss of pass ``name`` take at a time (None: all at once)."""
-        return None if self.memory is None else self.memory.head_tokens(name)
-
-    @property
-    def gradient_micro_batch(self) -> int:
-        """Sequences per backward pass of the gradients: training's micro-batch, or fewer to fit
-        the memory budget (the gradient is the same sum)."""
-        return self.rows("gradient") or self.micro_batch_size
-
     def job_cuts(self) -> Cuts:
         """How the job cuts its gradient and forms passes (:class:`tiny_llm.curvature.job.Cuts`)."""
         from tiny_llm.curvature.job import Cuts

@@ -22,12 +22,12 @@ def _inputs(memory=None) -> CaseInputs:
 
 
 def test_a_memory_plan_cuts_the_passes_and_nothing_else():
-    whole = _inputs()
-    assert whole.rows("forms") is None and whole.head_tokens("gradient") is None and whole.gradient_micro_batch == 4
+    whole = _inputs().job_cuts()
+    assert whole.curvature() == {} and whole.head_tokens is None and whole.gradient_rows == 4
     passes = (PassPlan("gradient", "gradient", 1, 4, 2, 10, 64), PassPlan("forms", "adjoint", 3, 8, 1, 20))
-    planned = _inputs(MemoryPlan(passes=passes, budget_bytes=100))
-    assert planned.gradient_micro_batch == 2 and planned.head_tokens("gradient") == 64
-    assert planned.rows("forms") == 1 and planned.head_tokens("forms") is None
+    planned = _inputs(MemoryPlan(passes=passes, budget_bytes=100)).job_cuts()
+    assert planned.gradient_rows == 2 and planned.head_tokens == 64
+    assert planned.curvature() == {"group_rows": 1, "head_tokens": None}
 
 
 def test_the_operators_cuts_are_none_without_a_plan_and_the_plans_under_one():
