@@ -34,6 +34,11 @@ RUN = {
 SETTINGS = {"noise_samples": 2, "random_samples": 2, "directions_per_pass": 4, "device": "cpu", "dtype": "float64"}
 
 pytestmark = pytest.mark.slurm
+CONTROLLER = pytest.mark.slow
+"""The controller's own recovery (a cancelled job retried, an accounting outage, a killed controller
+re-attached, Ctrl-C): about 5 minutes of mostly waiting, run by `make test-slow` with
+TINY_LLM_SLURM_TESTS=1 rather than on every CI run (which keeps the workflow through Slurm, the
+group jobs, short states sharing a job and the two-node killed rank)."""
 
 
 LOCAL_CLUSTER = "localcluster"
@@ -299,6 +304,7 @@ def _queued(name_prefix: str = "tinyllm_") -> list[str]:
     return [line for line in queue.splitlines() if line.split("|")[1].startswith(name_prefix)]
 
 
+@CONTROLLER
 def test_cancelled_job_is_retried_and_the_campaign_completes(cluster, trained, tmp_path):
     """scancel one running analysis job: sacct says "CANCELLED by <uid>", which the workflow hands
     to the plugin as CANCELLED (tiny_llm.campaign.slurm_states), so the controller sees a failed job within
@@ -342,6 +348,7 @@ def test_cancelled_job_is_retried_and_the_campaign_completes(cluster, trained, t
     assert rerun.returncode == 0 and all(p.stat().st_mtime_ns == t for p, t in finished.items())
 
 
+@CONTROLLER
 def test_accounting_outage_is_survived(cluster, trained, tmp_path):
     """Stop slurmdbd for 30 s while jobs run: with polling throttled like profiles/naiss (there one
     check per 20 s x 30 attempts; here 0.1/s x 10 attempts, ~100 s of tolerance) the plugin rides
@@ -453,6 +460,7 @@ def _sacct_state(job: str) -> str:
     ).stdout.strip()
 
 
+@CONTROLLER
 def test_killed_controller_is_re_attached_without_duplicate_work(cluster, trained, tmp_path):
     """SIGKILL the controller while analysis jobs run and one is queued, unlock, start it again:
     the running jobs are awaited (not submitted again), the queued one is cancelled and
@@ -492,6 +500,7 @@ def test_killed_controller_is_re_attached_without_duplicate_work(cluster, traine
     assert "Nothing to be done" in rerun.stdout + rerun.stderr  # awaited results count as made
 
 
+@CONTROLLER
 def test_ctrl_c_leaves_running_jobs_running(cluster, trained, tmp_path):
     """SIGINT (Ctrl-C) cancels the queued jobs and leaves the running ones running; the next
     run re-attaches to them or finds their results, and the campaign completes."""
