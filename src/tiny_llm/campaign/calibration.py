@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -79,10 +78,9 @@ def _audit_seconds(job: Job, engine_of: Callable[[int], str], K: int, device: to
     """The audit's float64 gradient micro-batch and its forms' pass of K = 2a + 1 directions, by the
     engine the audit resolves for the model (``engine_of``), on ``job``'s model made float64 in place
     (the production's timings are taken), cut as the memory plan's audit passes."""
-    exact = Precision(device, torch.float64)
-    cuts = replace(job.cuts, passes=("audit_gradient", "audit"), compile=False)
-    audit = open_job(job.model.to(torch.float64), job.batches, cuts, exact, job.placement)
-    micro = math.ceil(len(job.batches[0]) / cuts.micro_batch_size)
+    job.model.to(torch.float64)  # in place: the placement holds the same parameters
+    audit = job.reference(job.placement)
+    micro = math.ceil(len(job.batches[0]) / job.cuts.micro_batch_size)
     forms = audit.operator(engine_of(K), job.batches[1], K)
     V = torch.randn(K, sum(job.placement.sizes), device=device, dtype=torch.float64)
     return {

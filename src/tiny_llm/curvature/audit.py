@@ -135,17 +135,16 @@ def _directions(
 
 
 def _implied(
-    records: list[list[dict[str, Any]]], sides: tuple[AuditSide, AuditSide], g_bars: Pair, losses: tuple, scale
+    records: list[list[dict[str, Any]]], sides: tuple[AuditSide, AuditSide], g_bars: Pair, losses: tuple, scales: list
 ) -> dict[str, float | None]:
-    """The signed error each audited statistic implies, from each geometry's records: the plain
-    ones, and with ``scale`` s the ``precond_`` ones (ḡ_u = s ⊙ ḡ; the loss is the same)."""
-    (production, exact), (g_bar, g_bar64) = sides, g_bars
-    norms = (production.vectors.norm(g_bar), exact.vectors.norm(g_bar64))
-    statistics = implied_errors(AuditPairs.from_records(records[0], norms, losses))
-    if scale is not None:
-        u_norms = (production.vectors.norm(g_bar * scale), exact.vectors.norm(g_bar64 * scale))
-        implied = implied_errors(AuditPairs.from_records(records[1], u_norms, losses))
-        statistics |= {PREFIX + name: value for name, value in implied.items() if name != "loss"}
+    """The signed error each audited statistic implies, from each geometry's records and scale: the
+    plain ones (None), and with s = P^{1/2} the ``precond_`` ones (ḡ_u = s ⊙ ḡ; the loss is the same)."""
+    (production, exact), (g_bar, g_bar64), statistics = sides, g_bars, {}
+    for taken, s, prefix in zip(records, scales, ("", PREFIX)[: len(scales)], strict=True):
+        u, u64 = (g_bar, g_bar64) if s is None else (g_bar * s, g_bar64 * s)
+        norms = (production.vectors.norm(u), exact.vectors.norm(u64))
+        implied = implied_errors(AuditPairs.from_records(taken, norms, losses))
+        statistics |= {prefix + name: value for name, value in implied.items() if not (prefix and name == "loss")}
     return statistics
 
 
@@ -176,9 +175,8 @@ def precision_audit(
     (production, exact), (g_bar, epoch_loss) = sides, mean
     g_bar64, loss64 = exact.mean_gradient()
     gradients = _batch_gradients(sides, audited[0], sampled)
-    geometries = [_directions(sides, (g_bar, g_bar64), gradients, audited)]
-    if scale is not None:
-        geometries.append(_directions(sides, (g_bar, g_bar64), gradients, audited, scale.to(g_bar.device)))
+    scales = [None] if scale is None else [None, scale.to(g_bar.device)]  # the plain geometry, and P's
+    geometries = [_directions(sides, (g_bar, g_bar64), gradients, audited, s) for s in scales]
     h = inputs.hvp_batch_size
     tokens = torch.cat(production.job.batches)
     micro = audit_choice(math.ceil(tokens.shape[0] / h), inputs.audit[1], inputs.seed, 2)
@@ -190,8 +188,8 @@ def precision_audit(
     for record, q, q64 in zip(records, production_forms, float64, strict=True):
         record.update(production=q, float64=q64, relative_error=abs(relative(q, q64)))
     norms = (production.vectors.norm(g_bar), exact.vectors.norm(g_bar64))
-    losses = (epoch_loss, loss64)
-    statistics = _implied([taken for taken, _, _ in geometries], sides, (g_bar, g_bar64), losses, scale)
+    losses = (epoch_loss, loss64)  # the same in both geometries
+    statistics = _implied([taken for taken, _, _ in geometries], sides, (g_bar, g_bar64), losses, scales)
     return {
         "reference": (
             f"float64: ḡ and loss over the whole epoch, the audited batch gradients, {exact_engine}-engine forms"

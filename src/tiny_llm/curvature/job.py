@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
@@ -88,7 +87,8 @@ class Job:
 
     def loss_at(self, step: torch.Tensor) -> float:
         """The epoch loss at θ + ``step`` (held as every vector is), θ restored exactly after."""
-        return _shifted_loss(self.placement.parameters, self.placement.pieces, self.epoch_loss, step)
+        with self.placement.at(step):
+            return self.epoch_loss()
 
     def operator(self, engine: str, tokens: torch.Tensor | None = None, directions: int | None = None) -> EpochHessian:
         """The epoch Hessian of the job's batches (or of ``tokens``) by ``engine``, K directions per
@@ -106,29 +106,14 @@ class Job:
             placement=self.placement,
         )
 
-    def reference(self, passes: tuple[str, str] = ("audit_gradient", "audit")) -> Job:
-        """The same job on the model's float64 copy (``Placement.reference``), in float64, its
-        passes cut as the memory plan's ``passes`` (the precision audit's)."""
-        placement, exact = self.placement.reference(), Precision(self.precision.device, torch.float64)
+    def reference(self, placement: Placement | None = None) -> Job:
+        """The same job in float64 on the model's float64 copy (``Placement.reference``; or on
+        ``placement``, a float64 model placed as this one), its passes cut as the memory plan's
+        precision audit's (``audit_gradient``, ``audit``)."""
+        placement = placement or self.placement.reference()
+        exact, passes = Precision(self.precision.device, torch.float64), ("audit_gradient", "audit")
         cuts = replace(self.cuts, passes=passes, compile=False)
         return Job(placement.model, self.batches, cuts, exact, placement, self.progress)
-
-
-def _shifted_loss(
-    parameters: list[torch.Tensor], pieces: Callable[[torch.Tensor], list[torch.Tensor]], loss: Any, d: torch.Tensor
-) -> float:
-    """``loss()`` with ``parameters`` (whole, or this rank's shards) moved to θ + d (summed in float64,
-    then rounded to their dtype: θ' itself when d = θ' − θ), restored exactly afterwards."""
-    kept = [p.detach().clone() for p in parameters]
-    with torch.no_grad():
-        for p, piece in zip(parameters, pieces(d), strict=True):
-            p.copy_((p.double() + piece.view_as(p)).to(p.dtype))
-    try:
-        return loss()
-    finally:
-        with torch.no_grad():
-            for p, original in zip(parameters, kept, strict=True):
-                p.copy_(original)
 
 
 def open_job(

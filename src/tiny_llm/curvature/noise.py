@@ -107,7 +107,6 @@ class _Setup:
     scales: list[torch.Tensor | None]
     """The coordinates θ = diag(s) u every statistic is taken in: None (the plain ones) and, with a
     preconditioner P, s = P^{1/2} (float64, held as every vector is)."""
-
     engine: str
     """The forms' engine."""
 

@@ -221,6 +221,23 @@ class Placement:
                     p.copy_(value)
 
     @contextlib.contextmanager
+    def at(self, d: torch.Tensor) -> Iterator[None]:
+        """The model's parameters (this rank's parts) at θ + ``d`` inside the block, summed in float64
+        and then rounded to their dtype (θ' itself when d = θ' − θ: the loss at a successor), restored
+        bit for bit after it, whatever happens. ``shifted`` adds in the parameters' dtype instead (a
+        gradient's small step)."""
+        saved = [p.detach().clone() for p in self.parameters]
+        try:
+            with torch.no_grad():
+                for p, piece in zip(self.parameters, self.pieces(d), strict=True):
+                    p.copy_((p.double() + piece.view_as(p)).to(p.dtype))
+            yield
+        finally:
+            with torch.no_grad():
+                for p, value in zip(self.parameters, saved, strict=True):
+                    p.copy_(value)
+
+    @contextlib.contextmanager
     def jet_pass(
         self, V: torch.Tensor, adjoints: dict | None, workspace: dict, head_tokens: int | None
     ) -> Iterator[tuple[JetPass, Callable]]:
