@@ -11,12 +11,11 @@ audit) asks :func:`jet_rules` here; nothing infers it from a model's attributes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tiny_llm.registry import load, named
-from tiny_llm.shapes import ParameterShapes, gpt2_shapes, gpt_neox_shapes, llama_shapes
+from tiny_llm.shapes import GPT2, GPT_NEOX, LLAMA, ParameterShapes, ParameterTable
 
 if TYPE_CHECKING:
     from torch import nn
@@ -73,9 +72,10 @@ class Architecture:
     hf_model_types: tuple[str, ...] = ()
     """The Hugging Face ``model_type`` values whose checkpoints import natively as this architecture
     (each a format in ``tiny_llm.model.hf_formats.FORMATS``); any other comes in through the adapter."""
-    shapes: Callable[[Any], ParameterShapes] | None = None
-    """Its parameters' names and shapes from a configuration, without torch (None: read from a model
-    built on the meta device, for the adapter's models, whose parameters transformers decides)."""
+    parameters: ParameterTable | None = None
+    """Its parameter table (names, shapes from a configuration, checkpoint keys, transposes, blocks),
+    without torch; None: read from a model built on the meta device, for the adapter's models, whose
+    parameters transformers decides."""
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -96,7 +96,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             jets=True,
             options=("n_kv_heads", "rope_theta", "rope_scaling", "attention_bias", "mlp_bias"),
             hf_model_types=("llama", "mistral", "qwen2"),
-            shapes=llama_shapes,
+            parameters=LLAMA,
         ),
         Architecture(
             "gpt2",
@@ -105,7 +105,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             options=("attention_bias", "mlp_bias"),
             biased=True,
             hf_model_types=("gpt2",),
-            shapes=gpt2_shapes,
+            parameters=GPT2,
         ),
         Architecture(
             "gpt_neox",
@@ -114,7 +114,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             options=("rope_theta", "rope_scaling", "rotary_pct", "attention_bias", "mlp_bias", "parallel_residual"),
             biased=True,
             hf_model_types=("gpt_neox",),
-            shapes=gpt_neox_shapes,
+            parameters=GPT_NEOX,
         ),
         Architecture("hf", "tiny_llm.model.adapter:HFCausalLM", jets=False, options=("hf_config",)),
     )
@@ -159,9 +159,9 @@ def build_model(config: Any, attention_backend: str = "reference") -> nn.Module:
 def parameter_shapes(config: Any) -> ParameterShapes:
     """The parameters of the model ``config`` describes, by name and shape: declared by its
     architecture (no torch), or read from a model built on the meta device (the adapter's)."""
-    shapes = architecture(config.architecture).shapes
-    if shapes is not None:
-        return shapes(config)
+    table = architecture(config.architecture).parameters
+    if table is not None:
+        return table.shapes(config)
     import torch
 
     with torch.device("meta"):

@@ -28,6 +28,7 @@ __all__ = [
     "record",
     "shard",
     "launched",
+    "leave",
     "sharded",
     "world",
 ]
@@ -128,6 +129,12 @@ def init_from_environment(device: str) -> None:
     dist.init_process_group("nccl" if cuda else "gloo")
     if dist.get_rank() != 0:
         logging.getLogger("tiny_llm").setLevel(logging.WARNING)
+
+
+def leave() -> None:
+    """Leave the process group this process joined (nothing without one)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def record() -> dict[str, Any]:

@@ -28,7 +28,10 @@ def demo(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("checkpoint", ["epoch-002.safetensors", "final.pt"])
+@pytest.mark.parametrize(
+    "checkpoint",
+    [pytest.param("epoch-002.safetensors", marks=pytest.mark.slow), "final.pt"],  # make test-slow: both
+)
 def test_the_audit_reports_the_error_of_every_statistic(demo, checkpoint, monkeypatch):
     """Every error that matters (≥ a quarter of the threshold) is reported with its sign and within
     a factor 2; smaller ones are reported below the threshold (no false alarm). At the last

@@ -10,7 +10,7 @@ import torch
 
 from tiny_llm.architectures import ARCHITECTURES, build_model, parameter_shapes
 from tiny_llm.config import ModelConfig
-from tiny_llm.shapes import Rows
+from tiny_llm.shapes import Rows, shard_chunk, shard_span
 
 SHAPE = dict(vocab_size=13, d_model=12, n_layers=2, n_heads=3, d_ff=20, max_seq_len=7)
 VARIANTS = [
@@ -30,7 +30,7 @@ def _built(config: ModelConfig) -> torch.nn.Module:
 
 
 def test_every_architecture_with_rules_declares_its_parameters():
-    assert all(spec.shapes is not None for spec in ARCHITECTURES.values() if spec.jets)
+    assert all(spec.parameters is not None for spec in ARCHITECTURES.values() if spec.jets)
     assert {v["architecture"] for v in VARIANTS} == {name for name, spec in ARCHITECTURES.items() if spec.jets}
 
 
@@ -79,3 +79,30 @@ def test_the_layout_from_declared_shapes_is_the_built_models(variant):
         assert [r.held for r in declared] == [r.held for r in layouts] and declared[0].D == layouts[0].D == D
         held = torch.cat([r.indices() for r in layouts])
         assert torch.equal(held.sort().values, torch.arange(D))  # a partition of the D entries
+
+
+@pytest.mark.parametrize(("rows", "shards"), [(4, 3), (7, 3), (5, 2), (1, 2), (6, 6), (13, 4)])
+def test_a_shard_span_is_fsdp2s_row_chunk(rows, shards):
+    """Every rank's span is torch.chunk's piece (FSDP2's Shard(0)): ⌈rows / shards⌉ rows, the last
+    ranks' shorter or empty, the spans tiling the rows in rank order."""
+    pieces = list(torch.arange(rows).chunk(shards)) + [torch.arange(0)] * shards
+    for rank in range(shards):
+        first, stop = shard_span(rows, rank, shards)
+        assert torch.equal(torch.arange(rows)[first:stop], pieces[rank])
+    assert shard_span(rows, shards - 1, shards)[1] == rows and shard_chunk(rows, shards) == len(pieces[0])
+
+
+@pytest.mark.parametrize("name", [a.name for a in ARCHITECTURES.values() if a.parameters is not None])
+def test_a_parameter_is_in_the_same_block_under_our_name_and_its_checkpoints(name):
+    """The per-block statistics file each parameter where its table declares, and the same
+    parameter of the Hugging Face checkpoint (the adapter's name for it) lands in the same block."""
+    from tiny_llm.curvature.blocks import block_of
+    from tiny_llm.model.hf_formats import export_format
+
+    table = ARCHITECTURES[name].parameters
+    theirs = export_format(ModelConfig(**SHAPE, architecture=name))
+    for p in table.root:
+        assert block_of(p.name) == p.block == block_of(p.theirs), p.name
+    for p in table.block:
+        ours, hf = block_of(f"layers.3.{p.name}"), block_of(f"{theirs.layer_prefix}.3.{p.theirs}")
+        assert ours == hf == (p.block if p.block == "norms" else f"layer 3 {p.block}"), p.name

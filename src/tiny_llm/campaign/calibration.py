@@ -11,15 +11,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from tiny_llm.architectures import build_model, jet_rules
+from tiny_llm.architectures import build_model
 from tiny_llm.campaign.timing import timing_key
 from tiny_llm.config import RunConfig
-from tiny_llm.curvature.engines import default_forms_engine
 from tiny_llm.curvature.hessian import Precision, runtime_settings
 from tiny_llm.curvature.job import Cuts, Job, open_job
 from tiny_llm.curvature.memory import MemoryPlan
@@ -74,14 +72,15 @@ def calibrate(config: RunConfig, settings: AnalysisSettings, repeats: int = 3) -
     }
 
 
-def _audit_seconds(job: Job, engine_of: Callable[[int], str], K: int, device: torch.device, repeats: int) -> dict:
+def _audit_seconds(job: Job, K: int, device: torch.device, repeats: int) -> dict:
     """The audit's float64 gradient micro-batch and its forms' pass of K = 2a + 1 directions, by the
-    engine the audit resolves for the model (``engine_of``), on ``job``'s model made float64 in place
-    (the production's timings are taken), cut as the memory plan's audit passes."""
+    engine the audit resolves for the model under its placement (``Placement.forms_engine``), on
+    ``job``'s model made float64 in place (the production's timings are taken), cut as the memory
+    plan's audit passes."""
     job.model.to(torch.float64)  # in place: the placement holds the same parameters
     audit = job.reference(job.placement)
     micro = math.ceil(len(job.batches[0]) / job.cuts.micro_batch_size)
-    forms = audit.operator(engine_of(K), job.batches[1], K)
+    forms = audit.operator(audit.placement.forms_engine(K), job.batches[1], K)
     V = torch.randn(K, sum(job.placement.sizes), device=device, dtype=torch.float64)
     return {
         "audit_gradient_microbatch": _timed(lambda: audit.batch_gradient_and_loss(0), device, repeats) / micro,
@@ -120,8 +119,7 @@ def _measure_seconds(
         "hvp_microbatch_pass": hvp,
     }
     if settings.audited:
-        audited, jets = 2 * settings.audit_directions + 1, jet_rules(config.model)
-        seconds |= _audit_seconds(job, lambda k: default_forms_engine(k, jets), audited, resolved.device, repeats)
+        seconds |= _audit_seconds(job, 2 * settings.audit_directions + 1, resolved.device, repeats)
     return seconds
 
 

@@ -23,9 +23,7 @@ from typing import Any
 
 import torch
 
-from tiny_llm.architectures import jet_rules
 from tiny_llm.curvature.case import CaseInputs
-from tiny_llm.curvature.engines import default_forms_engine
 from tiny_llm.curvature.job import Job
 from tiny_llm.curvature.statistics import PREFIX, AuditPairs, implied_errors, relative
 from tiny_llm.curvature.vectors import Vectors
@@ -75,13 +73,13 @@ def audit_sides(job: Job, inputs: CaseInputs) -> tuple[AuditSide, AuditSide]:
     """The production side (the job itself) and the float64 side (the same job on the model's
     float64 copy, ``Job.reference``, placed the same way, cut as the memory plan's audit passes, its
     forms by the engine ``auto`` gives the model under the placement)."""
-    jets, sharded = jet_rules(job.model), job.placement.sharded  # float64: exact, or an HVP without rules
 
     def side(of: Job, engine: Callable[[int], str]) -> AuditSide:
         return AuditSide(of, Vectors(of.placement.layout, of.placement.pieces, inputs.seed), engine)
 
     production = side(job, lambda K: inputs.engine)
-    float64 = side(job.reference(), lambda K: default_forms_engine(K, jets, sharded))
+    reference = job.reference()  # float64: exact forms, or an HVP's without rules
+    float64 = side(reference, reference.placement.forms_engine)
     return production, float64
 
 

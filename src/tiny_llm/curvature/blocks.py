@@ -7,10 +7,11 @@ model of another layout) is never filed under a made-up one: per-block curvature
 is refused (:func:`check_block_layout`), and without it the model has no per-block rows. Blocks
 partition the parameters, so a vector's squared block norms add up to its squared norm.
 
-The names are classified by pattern, so that the project's architectures (``layers.<i>.attention``,
-``layers.<i>.feed_forward``, ``*_norm``) and Hugging Face's (``model.layers.<i>.self_attn``,
-``gpt_neox.layers.<i>.mlp``, ``transformer.h.<i>.attn``, ``*layernorm``, ``ln_f``, ``lm_head``,
-``embed_out``) land in the same blocks. Torch-free, but for :func:`squared_norms`.
+The project's architectures declare each parameter's block in their parameter tables
+(:class:`tiny_llm.shapes.ParameterTable`), which are read first; other names (an adapter's model,
+Hugging Face's ``model.layers.<i>.self_attn``, ``gpt_neox.layers.<i>.mlp``, ``transformer.h.<i>.attn``,
+``*layernorm``, ``ln_f``, ``lm_head``, ``embed_out``) are classified by pattern into the same blocks.
+Torch-free, but for :func:`squared_norms`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from tiny_llm.architectures import ARCHITECTURES
 
 __all__ = [
     "HEAD",
@@ -32,6 +35,11 @@ __all__ = [
 
 EMBEDDING, NORMS, HEAD = "embedding", "norms", "head"
 
+_TABLES = [a.parameters for a in ARCHITECTURES.values() if a.parameters is not None]
+_ROOT = {p.name: p.block for table in _TABLES for p in table.root}
+"""Our architectures' root parameters → their declared block."""
+_BLOCK = {p.name: p.block for table in _TABLES for p in table.block}
+"""Our architectures' block parameters (without ``layers.<i>.``) → their declared part of a layer."""
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)\.")
 _NORM = re.compile(r"norm|(?:^|\.)ln_")
 _HEAD = re.compile(r"(?:^|\.)(?:output|lm_head|embed_out)\.")
@@ -48,11 +56,17 @@ def block_of(name: str) -> str | None:
         ...  "layers.0.ffn_norm.weight", "layers.1.feed_forward.w2.bias", "output.weight")]
         ['embedding', 'layer 0 attention', 'norms', 'layer 1 mlp', 'head']
     """
+    layer = _LAYER.search(name)
+    if layer and name.startswith("layers.") and name[layer.end() :] in _BLOCK:
+        part = _BLOCK[name[layer.end() :]]
+        return f"layer {layer.group(1)} {part}" if part in ("attention", "mlp") else part
+    if name in _ROOT:
+        return _ROOT[name]
     if _NORM.search(name):
         return NORMS
     if _HEAD.search(name):
         return HEAD
-    if layer := _LAYER.search(name):
+    if layer:
         return f"layer {layer.group(1)} {'attention' if _ATTENTION.search(name) else 'mlp'}"
     if _EMBEDDING.search(name):
         return EMBEDDING

@@ -6,7 +6,6 @@ directions (fixed functions of the seed, so reused across checkpoints and cases)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -14,7 +13,6 @@ import torch
 from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.curvature.placement import Placement, place
 from tiny_llm.data.tokens import derive_seed, group_permutation
-from tiny_llm.distributed import all_reduce_sum
 from tiny_llm.model import micro_batch
 from tiny_llm.model.llama import Llama
 
@@ -29,7 +27,6 @@ __all__ = [
     "mean_gradient_and_loss",
     "noise_batch_indices",
     "rademacher",
-    "sampled_gradients",
     "signs",
 ]
 
@@ -193,32 +190,3 @@ def mean_gradient(
 ) -> torch.Tensor:
     """ḡ = Σ_b (N_b / N) g_b over every batch of the epoch, accumulated in float64."""
     return mean_gradient_and_loss(model, flat, batches, micro_batch_size, precision, head_tokens)[0]
-
-
-def sampled_gradients(
-    selected: list[int],
-    known: dict[int, tuple[torch.Tensor, float]],
-    compute: Callable[[int], tuple[torch.Tensor, float]],
-    D: int,
-    device: torch.device,
-    placement: Placement,
-) -> Iterator[tuple[torch.Tensor, float]]:
-    """(gᵢ, loss) of the selected batches in order, ``known`` ones reused. On data-parallel ranks
-    (``placement.spreads``) each group of N batches is spread over the N ranks and gathered by a
-    float64 sum (every row filled by one rank), so at most N gradients are held at once; the ranks
-    of a placement that does not spread batches (sharded) compute each batch together."""
-    if not placement.spreads:
-        for i in selected:
-            yield known.pop(i, None) or compute(i)
-        return
-    rank, size = placement.rank, placement.ranks
-    for start in range(0, len(selected), size):
-        group = selected[start : start + size]
-        rows = torch.zeros(len(group), D + 1, dtype=torch.float64, device=device)
-        if rank < len(group):
-            g, loss = known.get(group[rank]) or compute(group[rank])
-            rows[rank, :-1], rows[rank, -1] = g, loss
-        all_reduce_sum(rows)
-        for position, i in enumerate(group):
-            known.pop(i, None)
-            yield rows[position, :-1], float(rows[position, -1])

@@ -76,10 +76,12 @@ class Job:
     def sampled(
         self, selected: list[int], known: dict[int, tuple[torch.Tensor, float]]
     ) -> Iterator[tuple[torch.Tensor, float]]:
-        """(gᵢ, loss) of the selected batches in order, those ``known`` reused, spread over
-        data-parallel ranks (:func:`gradients.sampled_gradients`)."""
-        held, device = sum(self.placement.sizes), self.precision.device
-        return gradients.sampled_gradients(selected, known, self.batch_gradient_and_loss, held, device, self.placement)
+        """(gᵢ, loss) of the selected batches in order, those ``known`` reused (and dropped once
+        given), spread over data-parallel ranks (``Placement.spread``)."""
+        given = self.placement.spread(selected, lambda i: known.get(i) or self.batch_gradient_and_loss(i))
+        for i, pair in zip(selected, given, strict=True):
+            known.pop(i, None)
+            yield pair
 
     def epoch_loss(self) -> float:
         """The epoch loss from forward passes only (the same number as the mean gradient's)."""

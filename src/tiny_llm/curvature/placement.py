@@ -38,6 +38,8 @@ __all__ = [
     "Layout",
     "Placement",
     "Sharded",
+    "held_shards",
+    "hold",
     "job_rows",
     "place",
     "shard_layout",
@@ -75,6 +77,13 @@ class Layout:
     def norms(self, A: torch.Tensor) -> torch.Tensor:
         """Row-wise norms of (K, d) parts, reduced: (K,)."""
         return self.dots(A, A).sqrt()
+
+    def norm(self, v: torch.Tensor) -> float:
+        """‖v‖ of one vector: its own norm whole; the square root of the all-reduced float64 sum of
+        squares of the ranks' parts when sharded."""
+        if self.indices is None:
+            return float(v.norm())
+        return float(self.reduce(v.double().pow(2).sum())) ** 0.5
 
 
 def shard_model(model: nn.Module) -> nn.Module:
@@ -115,6 +124,21 @@ def job_rows(shapes: list[torch.Size], asked: bool) -> Rows:
     rank, ranks = world()
     shapes = tuple(tuple(s) for s in shapes)
     return Rows(shapes, rank, ranks, sharded=True) if runs_sharded(asked) else Rows(shapes)
+
+
+def held_shards(asked: bool) -> int:
+    """The ranks a job that ``asked`` for a sharded model cuts its vectors over: the process group's
+    when it runs sharded (``job_rows``), else 1 (its memory plan is then one process's)."""
+    return world()[1] if runs_sharded(asked) else 1
+
+
+def hold(model: nn.Module, asked: bool, device: torch.device, dtype: torch.dtype) -> Rows:
+    """The rows this process holds of ``model``'s parameters in a job that ``asked`` for a sharded
+    model (``job_rows``), with the model cast to ``dtype``: moved to ``device`` unless it runs
+    sharded (FSDP moves each block's shards to the device when it shards it, ``place``)."""
+    rows = job_rows([p.shape for p in model.parameters()], asked)
+    model.to(dtype=dtype, **({} if rows.sharded else {"device": device}))
+    return rows
 
 
 class Placement:
@@ -161,6 +185,38 @@ class Placement:
     def norms(self, V: torch.Tensor) -> list[float]:
         """The whole vectors' norms of the rows of V (K, d)."""
         return [float(v.norm()) for v in V]
+
+    def forms_engine(self, K: int) -> str:
+        """The engine ``auto`` gives quadratic forms of K directions per pass on this model under this
+        placement (:func:`tiny_llm.curvature.engines.default_forms_engine`)."""
+        from tiny_llm.architectures import jet_rules
+        from tiny_llm.curvature.engines import default_forms_engine
+
+        return default_forms_engine(K, jet_rules(self.model), self.sharded)
+
+    def spread(
+        self, items: list, compute: Callable[[object], tuple[torch.Tensor, float]]
+    ) -> Iterator[tuple[torch.Tensor, float]]:
+        """``compute(item)`` → (a whole D-vector, a number) of every item in order. On data-parallel
+        ranks each group of N items is spread over the N ranks and gathered by a float64 sum (every
+        row filled by one rank), so at most N vectors are held at once; one process, or sharded ranks
+        (which compute each item together), compute them in turn."""
+        if not self.spreads:
+            yield from map(compute, items)
+            return
+        for start in range(0, len(items), self.ranks):
+            group = items[start : start + self.ranks]
+            rows = torch.zeros(len(group), self.layout.D + 1, dtype=torch.float64, device=self._device)
+            if self.rank < len(group):
+                vector, number = compute(group[self.rank])
+                rows[self.rank, :-1], rows[self.rank, -1] = vector, number
+            all_reduce_sum(rows)
+            for position in range(len(group)):
+                yield rows[position, :-1], float(rows[position, -1])
+
+    @property
+    def _device(self) -> torch.device:
+        return self.parameters[0].device
 
     def deal(self, batches: Batches) -> Batches:
         """This rank's micro-batches of a pass, every N-th from its rank on (all of them on one
@@ -209,16 +265,8 @@ class Placement:
         if step is None:
             yield
             return
-        saved = [p.detach().clone() for p in self.parameters]
-        try:
-            with torch.no_grad():
-                for p, piece in zip(self.parameters, self.pieces(step.to(self.parameters[0].dtype)), strict=True):
-                    p.add_(piece)
+        with self._moved(lambda p, piece: p.add_(piece), step.to(self.parameters[0].dtype)):
             yield
-        finally:
-            with torch.no_grad():
-                for p, value in zip(self.parameters, saved, strict=True):
-                    p.copy_(value)
 
     @contextlib.contextmanager
     def at(self, d: torch.Tensor) -> Iterator[None]:
@@ -226,11 +274,18 @@ class Placement:
         and then rounded to their dtype (θ' itself when d = θ' − θ: the loss at a successor), restored
         bit for bit after it, whatever happens. ``shifted`` adds in the parameters' dtype instead (a
         gradient's small step)."""
+        with self._moved(lambda p, piece: p.copy_((p.double() + piece.view_as(p)).to(p.dtype)), d):
+            yield
+
+    @contextlib.contextmanager
+    def _moved(self, move: Callable[[torch.Tensor, torch.Tensor], object], d: torch.Tensor) -> Iterator[None]:
+        """Each parameter (this rank's part) moved by ``move(p, its piece of d)`` inside the block,
+        restored bit for bit after it."""
         saved = [p.detach().clone() for p in self.parameters]
         try:
             with torch.no_grad():
                 for p, piece in zip(self.parameters, self.pieces(d), strict=True):
-                    p.copy_((p.double() + piece.view_as(p)).to(p.dtype))
+                    move(p, piece)
             yield
         finally:
             with torch.no_grad():
@@ -305,7 +360,7 @@ class Sharded(Placement):
 
         if adjoints is not None:
             raise ValueError("the adjoint mode's record pass does not run on a sharded model")
-        with sharded_jets(self.model, self.pieces(V), self.ranks, workspace, head_tokens) as pass_and_loss:
+        with sharded_jets(self.model, self.pieces(V), self.rank, self.ranks, workspace, head_tokens) as pass_and_loss:
             yield pass_and_loss
 
 

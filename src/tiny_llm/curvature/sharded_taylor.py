@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tiny_llm.distributed import world
 from tiny_llm.model.causal import CausalLM, VocabularyRows, check_jet_rules, loss_jet_rows
 from tiny_llm.model.jets import Jet, JetPass
+from tiny_llm.shapes import shard_chunk, shard_span
 
 __all__ = ["gather_rows", "lookup_rows", "sharded_jets"]
 
@@ -37,7 +37,7 @@ def gather_rows(shard: torch.Tensor, rows: int, ranks: int) -> torch.Tensor:
     shard padded) and, when the rows do not divide evenly, one parameter-sized scratch."""
 
     K, held, trailing = shard.size(0), shard.size(1), shard.shape[2:]
-    chunk = -(-rows // ranks)
+    chunk = shard_chunk(rows, ranks)
     out = shard.new_empty(K, rows, *trailing)
     padded = None if held == chunk else shard.new_zeros(chunk, *trailing)
     scratch = None if ranks * chunk == rows else shard.new_empty(ranks * chunk, *trailing)
@@ -52,18 +52,17 @@ def gather_rows(shard: torch.Tensor, rows: int, ranks: int) -> torch.Tensor:
     return out
 
 
-def lookup_rows(shard: torch.Tensor, rows: int, idx: torch.Tensor) -> torch.Tensor:
+def lookup_rows(shard: torch.Tensor, rows: int, idx: torch.Tensor, rank: int, ranks: int) -> torch.Tensor:
     """Rows ``idx`` (any shape, this rank's) of K directions cut as ``_gather_rows``'s, each taken
     from the rank that holds it: every rank's ids are all-gathered, each rank picks the rows it
     holds for every rank (zero elsewhere) and a reduce-scatter sums them back to their owners
     (exactly: each row has one owner). (K, *idx.shape, ...), moving ranks × the result's size instead
     of the K whole directions (an embedding's: K × vocabulary × width)."""
 
-    rank, ranks = world()
     K, held, trailing = shard.size(0), shard.size(1), shard.shape[2:]
     every = idx.new_empty(ranks * idx.numel())
     dist.all_gather_single(every, idx.reshape(-1).contiguous())
-    local = every.view(ranks, *idx.shape) - rank * -(-rows // ranks)
+    local = every.view(ranks, *idx.shape) - shard_span(rows, rank, ranks)[0]
     mine = (local >= 0) & (local < held)
     picked = shard.new_zeros(ranks, K, *idx.shape, *trailing)
     if held:
@@ -83,9 +82,9 @@ class _ShardedJets(JetPass):
     the ranks that hold them. Every rank runs the same rules in the same order, so the collectives
     pair up."""
 
-    def __init__(self, root: dict[torch.Tensor, torch.Tensor], ranks: int, **kwargs):
+    def __init__(self, root: dict[torch.Tensor, torch.Tensor], rank: int, ranks: int, **kwargs):
         super().__init__({}, None, **kwargs)
-        self.root, self.ranks = root, ranks
+        self.root, self.rank, self.ranks = root, rank, ranks
         """Each unsharded root parameter → this rank's (K, local rows, ...) shard of its directions."""
 
     def direction(self, parameter: torch.Tensor) -> torch.Tensor:
@@ -96,7 +95,7 @@ class _ShardedJets(JetPass):
     def direction_rows(self, parameter: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         if parameter in self.directions:
             return super().direction_rows(parameter, idx)
-        return lookup_rows(self.root[parameter], parameter.shape[0], idx)
+        return lookup_rows(self.root[parameter], parameter.shape[0], idx, self.rank, self.ranks)
 
 
 def _loss_jet_on_shards(model: CausalLM, h: Jet, targets: torch.Tensor, jets: _ShardedJets) -> torch.Tensor:
@@ -109,11 +108,11 @@ def _loss_jet_on_shards(model: CausalLM, h: Jet, targets: torch.Tensor, jets: _S
     ranks is the sum of the ranks' own forms (``split_quadratic_forms`` all-reduces it). Moves about
     ranks × (3K + 2) × tokens × width (the tokens' activations out, rU and rE back) instead of the
     head's K directions (K × vocabulary × width)."""
-    rank, ranks = world()
+    rank, ranks = jets.rank, jets.ranks
     weight = model.head_weight  # (V, C), unsharded
     U = jets.root[weight]  # (K, rows here, C): this rank's shard of the head's directions
     K, held, C = U.size(0), U.size(1), weight.size(1)
-    first_row = rank * -(-weight.size(0) // ranks)
+    first_row = shard_span(weight.size(0), rank, ranks)[0]
     E = weight[first_row : first_row + held]
     N = targets.numel()
     mine = (h.z0.reshape(N, C), h.z1.reshape(K, N, C), None if h.z2 is None else h.z2.reshape(K, N, C))
@@ -145,9 +144,9 @@ def _broadcast_rows(source: int, rank: int, tensors: list[torch.Tensor | None]) 
 
 @contextlib.contextmanager
 def sharded_jets(
-    model: nn.Module, pieces: list[torch.Tensor], ranks: int, workspace: dict, head_tokens: int | None
+    model: nn.Module, pieces: list[torch.Tensor], rank: int, ranks: int, workspace: dict, head_tokens: int | None
 ) -> Iterator[tuple[JetPass, Callable]]:
-    """The jet pass of K directions on a model sharded over ``ranks`` (module docstring), given as
+    """The jet pass of K directions on a model sharded over ``ranks`` (module docstring), on rank ``rank``, given as
     this rank's shards (``pieces``: one (K, *local shape) per parameter, in order), and the loss
     rule on the ranks' vocabulary rows: the root's own parameters unsharded for the pass, each
     block's parameters unsharded and its directions gathered only while its jet runs. Every rank's
@@ -156,7 +155,7 @@ def sharded_jets(
     shards = {name: piece for (name, _), piece in zip(model.named_parameters(), pieces, strict=True)}
     model.unshard()  # the root's own parameters
     root = {p: shards[name] for name, p in model.named_parameters() if not name.startswith("layers.")}
-    jets = _ShardedJets(root, ranks, workspace=workspace, head_tokens=head_tokens)
+    jets = _ShardedJets(root, rank, ranks, workspace=workspace, head_tokens=head_tokens)
     for index, layer in enumerate(model.layers):
         layer.jet = _block_jet(layer, f"layers.{index}.", shards, ranks)
     try:

@@ -12,6 +12,7 @@ from tiny_llm.architectures import jet_rules
 from tiny_llm.config import ModelConfig
 from tiny_llm.curvature.engines import GRADIENT
 from tiny_llm.curvature.engines import engine as engine_named
+from tiny_llm.shapes import shard_chunk
 
 __all__ = ["SHARDED_GRADIENT_HEAD_CHUNKS", "forms_shape", "gathered_parameters", "head_chunked", "held_unsharded"]
 
@@ -60,7 +61,7 @@ def held_unsharded(config: ModelConfig, engine: str, K: int, shards: int, itemsi
     # parameter, the final norm's, gathered only while its rule runs), and the gather's buffers: one
     # padded chunk and one parameter-sized scratch; finite differences run gradient passes and gather
     # no directions
-    jets = (root + block + K * max(block, largest) + largest + -(-largest // shards)) * itemsize
+    jets = (root + block + K * max(block, largest) + largest + shard_chunk(largest, shards)) * itemsize
     return {GRADIENT: gradient, engine: jets if engine_named(engine).jets else gradient}
 
 
@@ -68,5 +69,5 @@ def forms_shape(config: ModelConfig, engine: str, shards: int) -> ModelConfig:
     """The shape whose activations a rank's forms pass holds: sharded jets run the loss on each
     rank's rows of the vocabulary, so theirs are those of a 1/shards vocabulary."""
     if shards > 1 and engine_named(engine).jets:
-        return dataclasses.replace(config, vocab_size=-(-config.vocab_size // shards))
+        return dataclasses.replace(config, vocab_size=shard_chunk(config.vocab_size, shards))
     return config

@@ -24,15 +24,11 @@ class Vectors:
     def __init__(self, layout: Layout, pieces: Callable[[torch.Tensor], list[torch.Tensor]], seed: int):
         self.layout, self.pieces, self.seed = layout, pieces, seed
 
-    @property
-    def sharded(self) -> bool:
-        return self.layout.indices is not None
-
     def squared_norm(self, v: torch.Tensor) -> float:
         return float(self.layout.reduce(v.double().pow(2).sum()))
 
     def norm(self, v: torch.Tensor) -> float:
-        return self.squared_norm(v) ** 0.5 if self.sharded else float(v.norm())
+        return self.layout.norm(v)
 
     def dot(self, a: torch.Tensor, b: torch.Tensor) -> float:
         """aᵀb in float64 (local sums all-reduced when sharded)."""
@@ -41,16 +37,14 @@ class Vectors:
     def block_dots(self, a: torch.Tensor, b: torch.Tensor, blocks: list[tuple[str, list[int]]]) -> list[float]:
         """Each block's a_bᵀb_b in float64 (all-reduced when sharded)."""
         per = [float((x.double() * y.double()).sum()) for x, y in zip(self.pieces(a), self.pieces(b), strict=True)]
-        local = [sum(per[i] for i in indices) for _, indices in blocks]
-        if not self.sharded:
-            return local
-        return self.layout.reduce(torch.tensor(local, dtype=torch.float64, device=a.device)).tolist()
+        return self._reduced([sum(per[i] for i in indices) for _, indices in blocks], a.device)
 
     def block_squared_norms(self, v: torch.Tensor, blocks: list[tuple[str, list[int]]]) -> list[float]:
-        local = squared_norms(self.pieces(v), blocks)
-        if not self.sharded:
-            return local
-        return self.layout.reduce(torch.tensor(local, dtype=torch.float64, device=v.device)).tolist()
+        return self._reduced(squared_norms(self.pieces(v), blocks), v.device)
+
+    def _reduced(self, local: list[float], device: torch.device) -> list[float]:
+        """Per-rank partial sums summed over the ranks (float64 both ways: unchanged unsharded)."""
+        return self.layout.reduce(torch.tensor(local, dtype=torch.float64, device=device)).tolist()
 
     def rademacher(self, index: int) -> torch.Tensor:
         """Rademacher direction ``index``: the signs one process draws, this rank's of them when sharded."""

@@ -1,8 +1,10 @@
 """How each Hugging Face architecture we read natively names, lays out and configures our models'
-tensors: one literal key map per architecture, written once, its configuration both ways, and what
-it cannot represent (refused by name). A new native architecture adds its maps, its two
-configuration functions and its entries of ``FORMATS`` (by Hugging Face ``model_type``, for
-import) and ``EXPORTS`` (by our architecture).
+tensors: each architecture's key maps and transposed keys, read from its parameter table
+(:class:`tiny_llm.shapes.ParameterTable`, where each parameter's checkpoint key is declared once),
+its configuration both ways, and what it cannot represent (refused by name). A new native
+architecture declares its table, adds its two configuration functions and its entries of
+``FORMATS`` (by Hugging Face ``model_type``, for import) and ``export_format`` (by our
+architecture).
 
 * Llama family (``llama``, ``mistral``, ``qwen2``): one key map; no tensor is permuted. Grouped-query
   heads are stored as they are (k and v with n_kv_heads × head_dim rows); Qwen2's q/k/v biases and
@@ -32,6 +34,7 @@ from typing import Any
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.model.hf_values import flag, given, mapping, model, positive, refusal, rope
+from tiny_llm.shapes import GPT2, GPT_NEOX, LLAMA
 
 __all__ = [
     "FORMATS",
@@ -48,92 +51,26 @@ __all__ = [
 ]
 
 
-LLAMA_LAYER_KEYS = {
-    "attention_norm.weight": "input_layernorm.weight",
-    "attention.wq.weight": "self_attn.q_proj.weight",
-    "attention.wq.bias": "self_attn.q_proj.bias",
-    "attention.wk.weight": "self_attn.k_proj.weight",
-    "attention.wk.bias": "self_attn.k_proj.bias",
-    "attention.wv.weight": "self_attn.v_proj.weight",
-    "attention.wv.bias": "self_attn.v_proj.bias",
-    "attention.wo.weight": "self_attn.o_proj.weight",
-    "attention.wo.bias": "self_attn.o_proj.bias",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "feed_forward.w1.weight": "mlp.gate_proj.weight",  # silu(w1 x) * w3 x: the gate
-    "feed_forward.w1.bias": "mlp.gate_proj.bias",
-    "feed_forward.w3.weight": "mlp.up_proj.weight",
-    "feed_forward.w3.bias": "mlp.up_proj.bias",
-    "feed_forward.w2.weight": "mlp.down_proj.weight",
-    "feed_forward.w2.bias": "mlp.down_proj.bias",
-}
+LLAMA_LAYER_KEYS = LLAMA.layer_keys()
 """Llama family: our key inside ``layers.{i}.`` -> theirs inside ``model.layers.{i}.`` (the bias
-keys only where the configuration has biases)."""
+keys only where the configuration has biases), from its parameter table."""
 
-
-LLAMA_MODEL_KEYS = {
-    "tok_embeddings.weight": "model.embed_tokens.weight",
-    "norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
+LLAMA_MODEL_KEYS = LLAMA.root_keys()
 """Llama: our keys outside the layers -> theirs (``output.weight`` only for an untied head)."""
 
-
-GPT2_LAYER_KEYS = {
-    "attention_norm.weight": "ln_1.weight",
-    "attention_norm.bias": "ln_1.bias",
-    "attention.wqkv.weight": "attn.c_attn.weight",
-    "attention.wqkv.bias": "attn.c_attn.bias",
-    "attention.wo.weight": "attn.c_proj.weight",
-    "attention.wo.bias": "attn.c_proj.bias",
-    "ffn_norm.weight": "ln_2.weight",
-    "ffn_norm.bias": "ln_2.bias",
-    "feed_forward.w1.weight": "mlp.c_fc.weight",
-    "feed_forward.w1.bias": "mlp.c_fc.bias",
-    "feed_forward.w2.weight": "mlp.c_proj.weight",
-    "feed_forward.w2.bias": "mlp.c_proj.bias",
-}
+GPT2_LAYER_KEYS = GPT2.layer_keys()
 """GPT-2: our key inside ``layers.{i}.`` -> theirs inside ``transformer.h.{i}.``."""
 
-
-GPT2_MODEL_KEYS = {
-    "tok_embeddings.weight": "transformer.wte.weight",
-    "pos_embeddings.weight": "transformer.wpe.weight",
-    "norm.weight": "transformer.ln_f.weight",
-    "norm.bias": "transformer.ln_f.bias",
-    "output.weight": "lm_head.weight",
-}
+GPT2_MODEL_KEYS = GPT2.root_keys()
 """GPT-2: our keys outside the layers -> theirs (``output.weight`` only for an untied head)."""
 
-
-GPT_NEOX_LAYER_KEYS = {
-    "attention_norm.weight": "input_layernorm.weight",
-    "attention_norm.bias": "input_layernorm.bias",
-    "attention.wqkv.weight": "attention.query_key_value.weight",
-    "attention.wqkv.bias": "attention.query_key_value.bias",
-    "attention.wo.weight": "attention.dense.weight",
-    "attention.wo.bias": "attention.dense.bias",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_norm.bias": "post_attention_layernorm.bias",
-    "feed_forward.w1.weight": "mlp.dense_h_to_4h.weight",
-    "feed_forward.w1.bias": "mlp.dense_h_to_4h.bias",
-    "feed_forward.w2.weight": "mlp.dense_4h_to_h.weight",
-    "feed_forward.w2.bias": "mlp.dense_4h_to_h.bias",
-}
+GPT_NEOX_LAYER_KEYS = GPT_NEOX.layer_keys()
 """GPT-NeoX: our key inside ``layers.{i}.`` -> theirs inside ``gpt_neox.layers.{i}.``."""
 
-
-GPT_NEOX_MODEL_KEYS = {
-    "tok_embeddings.weight": "gpt_neox.embed_in.weight",
-    "norm.weight": "gpt_neox.final_layer_norm.weight",
-    "norm.bias": "gpt_neox.final_layer_norm.bias",
-    "output.weight": "embed_out.weight",
-}
+GPT_NEOX_MODEL_KEYS = GPT_NEOX.root_keys()
 """GPT-NeoX: our keys outside the layers -> theirs (``output.weight`` only for an untied head)."""
 
-
-GPT2_TRANSPOSED = frozenset(
-    {"attention.wqkv.weight", "attention.wo.weight", "feed_forward.w1.weight", "feed_forward.w2.weight"}
-)
+GPT2_TRANSPOSED = GPT2.transposed()
 """GPT-2 layer keys whose tensor is stored transposed there (``Conv1D``: (in, out))."""
 
 

@@ -17,6 +17,7 @@ from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig, load_config
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.memory_measure import device_budget
+from tiny_llm.curvature.placement import held_shards
 from tiny_llm.data.corpus import describe_tokenizer, same_tokenizer
 from tiny_llm.data.tokens import (
     BatchPlan,
@@ -28,7 +29,6 @@ from tiny_llm.data.tokens import (
     unseen_plan,
 )
 from tiny_llm.data.training_order import ORDER_CASES, OrderCase, TrainingOrder, check_window, order_plan
-from tiny_llm.distributed import world
 from tiny_llm.layout import IMPORTED, RESOLVED
 from tiny_llm.model.checkpoint import check_state_dict, load_train_state, load_weights, state_hash
 from tiny_llm.model.hf_runs import run_tokenizer
@@ -151,7 +151,7 @@ def job_memory_plan(settings: AnalysisSettings, config: RunConfig, resolved: Res
     under its budget, over its ranks."""
     budget = device_budget(resolved.device, settings.memory_budget_gb)
     cuda = resolved.device.type == "cuda"
-    return memory_plan(settings, config, budget, cuda=cuda, ranks=world()[1], resolution=resolved)
+    return memory_plan(settings, config, budget, cuda=cuda, ranks=held_shards(settings.sharded), resolution=resolved)
 
 
 def _case_plan(config: RunConfig, cache: TokenCache, case: str, run_dir: Path, offset: int, steps: tuple):

@@ -197,7 +197,7 @@ def main(spec_path: str) -> None:
 
     import torch
 
-    from tiny_llm.distributed import init_from_environment, is_writer
+    from tiny_llm.distributed import init_from_environment, is_writer, leave
     from tiny_llm.runtime import die_with_parent, keep_freed_memory
 
     die_with_parent()  # the launcher killed: this rank stops too
@@ -213,8 +213,7 @@ def main(spec_path: str) -> None:
             Path(spec["error"]).write_text(" ".join(str(refusal).split()))
         raise
     finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        leave()
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import JobShape, MemoryPlan, plan_spectrum
 from tiny_llm.curvature.memory_measure import device_budget
-from tiny_llm.curvature.placement import job_rows
-from tiny_llm.distributed import is_writer, world
+from tiny_llm.curvature.placement import held_shards, hold
+from tiny_llm.distributed import is_writer
 from tiny_llm.distributed import record as parallel_record
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
@@ -75,7 +75,7 @@ def spectrum_memory(
         config=config.model,
         seq_len=config.data.seq_len,
         engine=resolved.hvp_engine,
-        shards=(ranks or world()[1]) if spectrum.sharded else 1,
+        shards=held_shards(spectrum.sharded) if ranks is None else (ranks if spectrum.sharded else 1),
         K=min(settings.directions_per_pass, max(spectrum.block_samples, 1)),
         hvp_batch_size=resolved.hvp_batch_size,
         micro_batch_size=config.training.micro_batch_size,
@@ -177,19 +177,16 @@ def analyze_spectrum(
             return old
         model = build_model(config.model, attention_backend="reference")
         model.load_state_dict(state.root, strict=True)
-        rows = job_rows([p.shape for p in model.parameters()], spectrum.sharded)  # this rank's, as every vector
-        sharded = rows.sharded
+        rows = hold(model, spectrum.sharded, resolved.device, resolved.dtype)  # this rank's, as every vector
         names, given = FlatParameters(model).names, (state, following, found)
         job = _job(settings, spectrum, (config, resolved, memory), names, rows, given)
-        # sharded, the model stays on the host until FSDP moves each block's shards to the device
-        model.to(dtype=resolved.dtype, **({} if sharded else {"device": resolved.device}))
         batches = [cache.tokens(blocks) for blocks in plan.blocks]
         with (
             runtime_settings(resolved.device, resolved.tf32) as runtime,
             explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
         ):
             measured = measure_spectrum(model, batches, job)
-        result = _result(identity, state, case, job, resolved, measured | runtime, sharded)
+        result = _result(identity, state, case, job, resolved, measured | runtime, rows.sharded)
         result["trajectory"] = None if successor is None else {"successor": successor}
         result["preconditioner"] = None if found is None else {**found.record, "timing": spectrum.preconditioner}
         result["plan"] = plan.name

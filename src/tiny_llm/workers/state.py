@@ -29,7 +29,7 @@ from tiny_llm.curvature.gradients import gradient_rounding
 from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.noise import CaseInputs, measure_case
-from tiny_llm.curvature.placement import job_rows
+from tiny_llm.curvature.placement import hold
 from tiny_llm.data.order import order_report
 from tiny_llm.data.tokens import TokenCache
 from tiny_llm.data.training_order import TrainingOrder
@@ -286,9 +286,7 @@ def _measure(job: StateJob) -> dict[str, Any]:
     precision = Precision(resolved.device, resolved.dtype, settings.amp)
     model = build_model(job.config.model, attention_backend="reference")
     model.load_state_dict(state.root, strict=True)
-    rows = job_rows([p.shape for p in model.parameters()], settings.sharded)  # this rank's, as every vector
-    # sharded, the model stays on the host until FSDP moves each block's shards to the device
-    model.to(dtype=resolved.dtype, **({} if rows.sharded else {"device": resolved.device}))
+    rows = hold(model, settings.sharded, resolved.device, resolved.dtype)  # this rank's, as every vector
     names = FlatParameters(model).names
     if settings.block_curvature:
         check_block_layout(names)
@@ -304,16 +302,17 @@ def _measure(job: StateJob) -> dict[str, Any]:
         explain_out_of_memory(resolved.hvp_batch_size, settings.directions_per_pass),
     ):
         measured = measure_case(model, inputs, precision, progress=lambda m: log.info("%s %s", job.label, m))
-    measured |= _below_float64(job, model, precision, rows.sharded)
+    measured |= _below_float64(job, model, precision)
     return _result(job, measured | runtime, started, rows.sharded)
 
 
-def _below_float64(job: StateJob, model: torch.nn.Module, precision: Precision, sharded: bool) -> dict[str, Any]:
+def _below_float64(job: StateJob, model: torch.nn.Module, precision: Precision) -> dict[str, Any]:
     """What a model without our rules (an adapter's) still computed below a float64 analysis's
-    dtype, and the precision floor it sets, measured once on the first micro-batch (a sharded one is
-    refused before: its only engine, finite differences, would divide that rounding by its step)."""
+    dtype, and the precision floor it sets, measured once on the first micro-batch (a sharded one
+    never gets here: its only engine, finite differences, refuses such a model before it measures,
+    since it would divide that rounding by its step)."""
     below = sorted(model.lowered) if not jet_rules(model) else []
-    if not below or sharded:
+    if not below:
         return {"below_float64": below, "gradient_rounding": None}
     first = job.cache.tokens(job.plan.blocks[0])[: job.config.training.micro_batch_size].to(job.resolved.device)
     rounding = gradient_rounding(model, first, precision, job.settings.seed)

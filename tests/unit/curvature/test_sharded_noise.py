@@ -159,17 +159,18 @@ NATIVE = [a.name for a in ARCHITECTURES.values() if a.jets]
 """Every architecture with second-order rules, from the registry (a new one is tested sharded too)."""
 
 
-@pytest.mark.parametrize(
-    ("architecture", "ranks", "engine"),
-    [  # every engine the registry runs sharded: the exact forms on every architecture, the products on one
-        *(
-            (a, r, e)
-            for e in sharded_names("forms")
-            for a, r in [(a, 2 + i % 2) for i, a in enumerate(NATIVE)] + [(NATIVE[0], 3)]
-        ),
-        *(("llama", 2, e) for e in sharded_names("products")),
-    ],
-)
+def _cases() -> list:
+    """Every engine the registry runs sharded: the exact forms on every architecture (and on 3 ranks),
+    the products on one. ``make test`` runs the first of each engine on 2 ranks; the rest (about 2
+    minutes on 2 cores) are marked slow, for ``make test-slow``."""
+    forms = [(a, 2 + i % 2) for i, a in enumerate(NATIVE)] + [(NATIVE[0], 3)]
+    cases = [(a, r, e) for e in sharded_names("forms") for a, r in forms]
+    cases += [("llama", 2, e) for e in sharded_names("products")]
+    first = {e: next(c for c in cases if c[2] == e and c[1] == 2) for _, _, e in cases}
+    return [c if c in first.values() else pytest.param(*c, marks=pytest.mark.slow) for c in cases]
+
+
+@pytest.mark.parametrize(("architecture", "ranks", "engine"), _cases())
 def test_sharded_statistics_equal_one_process(tmp_path, run, architecture, ranks, engine):
     model = _model(run, architecture)
     flat = FlatParameters(model)

@@ -22,7 +22,7 @@ def _rows_rank(rank: int, size: int, store: str, out: str) -> None:
             shard = shard_rows(list(full), rank, size).view(2, -1, 3)
             ids = torch.randint(0, rows, (2, 5), generator=torch.Generator().manual_seed(10 * rank + rows))
             measured[rows] = {"shard rows": shard.size(1), "gathered": gather_rows(shard, rows, size)}
-            measured[rows] |= {"ids": ids, "looked up": lookup_rows(shard, rows, ids), "full": full}
+            measured[rows] |= {"ids": ids, "looked up": lookup_rows(shard, rows, ids, rank, size), "full": full}
         torch.save(measured, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()

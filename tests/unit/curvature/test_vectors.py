@@ -12,7 +12,7 @@ def test_whole_vectors_norms_dots_blocks_and_directions():
     sizes = [3, 4, 5]
     vectors = Vectors(Layout(12), lambda v: list(v.split(sizes)), seed=9)
     a, b = torch.randn(12, dtype=torch.float64), torch.randn(12, dtype=torch.float64)
-    assert not vectors.sharded
+    assert vectors.layout.indices is None
     assert vectors.norm(a) == float(a.norm()) and abs(vectors.squared_norm(a) - float(a @ a)) < 1e-13
     assert abs(vectors.dot(a, b) - float(a @ b)) < 1e-13
     blocks = [("first", [0]), ("rest", [1, 2])]
