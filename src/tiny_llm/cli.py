@@ -381,11 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as error:  # bad input or an unwritable path: one line, exit status 2
         if args.debug or os.environ.get("TINY_LLM_DEBUG") == "1":
             raise
-        from tiny_llm.distributed import launched
+        from tiny_llm.distributed import rank_note
 
-        rank, ranks = launched()
-        where = f" (rank {rank} of {ranks})" if ranks > 1 else ""
-        line = f"tiny-llm {args.command}: error{where}: {' '.join(str(error).split())}"
+        line = f"tiny-llm {args.command}: error{rank_note()}: {' '.join(str(error).split())}"
         sys.stderr.flush()
         sys.stderr.write(line + "\n")  # one write: the ranks' lines never run together
         sys.stderr.flush()

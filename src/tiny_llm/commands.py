@@ -147,7 +147,7 @@ def export_hf(args: argparse.Namespace) -> None:
 
 def analyze_state(args: argparse.Namespace) -> None:
     """``tiny-llm analyze-state``."""
-    from tiny_llm.distributed import init_from_environment, is_writer
+    from tiny_llm.distributed import init_from_environment, say
     from tiny_llm.workers.state import analyze_state
 
     init_from_environment(args.device)  # under torchrun: one rank of the data-parallel passes
@@ -160,8 +160,7 @@ def analyze_state(args: argparse.Namespace) -> None:
         expect_key=args.expect_key,
         successor=_successor(args),
     )
-    if is_writer():
-        print(json.dumps(result["statistics"], indent=1))
+    say(json.dumps(result["statistics"], indent=1))
 
 
 def summarize(args: argparse.Namespace) -> None:
@@ -198,7 +197,7 @@ def _analysis_settings(args: argparse.Namespace) -> AnalysisSettings:
 
 def analyze_spectrum(args: argparse.Namespace) -> None:
     """``tiny-llm analyze-spectrum``."""
-    from tiny_llm.distributed import init_from_environment, is_writer
+    from tiny_llm.distributed import init_from_environment, say
     from tiny_llm.workers.spectrum import analyze_spectrum
 
     init_from_environment(args.device)  # under torchrun: one rank of the data-parallel passes
@@ -213,8 +212,7 @@ def analyze_spectrum(args: argparse.Namespace) -> None:
         expect_key=args.expect_key,
         successor=_successor(args),
     )
-    if is_writer():
-        print(json.dumps({"top_eigenvalues": result["top_eigenvalues"], "cg": result["cg"]}, indent=1))
+    say(json.dumps({"top_eigenvalues": result["top_eigenvalues"], "cg": result["cg"]}, indent=1))
 
 
 def compare(args: argparse.Namespace) -> None:

@@ -11,9 +11,11 @@ the single-process pass uses.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -25,8 +27,12 @@ __all__ = [
     "broadcast",
     "init_from_environment",
     "is_writer",
+    "OneWriter",
+    "rank_note",
     "record",
+    "say",
     "shard",
+    "single_writer",
     "launched",
     "leave",
     "sharded",
@@ -88,6 +94,57 @@ def barrier() -> None:
     """Wait until every rank gets here (no-op alone)."""
     if world()[1] > 1:
         dist.barrier()
+
+
+def say(text: str) -> None:
+    """Print ``text`` once, from the writing rank (a command's answer on standard output)."""
+    if is_writer():
+        print(text)
+
+
+def rank_note() -> str:
+    """`` (rank r of N)`` for a refusal's line under a launcher of several ranks, else nothing (read
+    from the launcher's variables: a rank that has not joined its group yet says which it is)."""
+    rank, ranks = launched()
+    return f" (rank {rank} of {ranks})" if ranks > 1 else ""
+
+
+class OneWriter:
+    """What the ranks of one job share about its one output (``single_writer``)."""
+
+    @staticmethod
+    def reuse(check: Callable[[], Any]) -> Any:
+        """The value of ``check()`` on the writing rank, on every rank (whether to reuse a finished
+        result: every rank computes, or none)."""
+        return broadcast(check() if is_writer() else None)
+
+    @staticmethod
+    def write(write: Callable[[], Any]) -> None:
+        """Run ``write()`` on the writing rank alone (an atomic write of the result)."""
+        if is_writer():
+            write()
+
+
+@contextlib.contextmanager
+def single_writer(output: Path) -> Iterator[OneWriter]:
+    """The write of ``output`` by one rank: rank 0 holds its lock (and clears a killed write's
+    temporary files) while every rank computes; the decision to reuse a finished result is rank
+    0's, shared with all. Every rank leaves together, after the write."""
+    from tiny_llm.io import exclusive, remove_leftovers
+
+    lock = exclusive(output.with_name(f".{output.name}.lock"), f"writing {output}") if is_writer() else None
+    failed = False
+    with lock or contextlib.nullcontext():
+        if is_writer():
+            remove_leftovers(output.parent, output.name)
+        try:
+            yield OneWriter()
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            if not failed:
+                barrier()
 
 
 def _from_slurm(environ: MutableMapping[str, str]) -> None:

@@ -19,7 +19,7 @@ from oracles import TINY_MODEL
 
 from tiny_llm.curvature.gradients import mean_gradient_and_loss
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
-from tiny_llm.distributed import is_writer, shard, world
+from tiny_llm.distributed import is_writer, rank_note, shard, single_writer, world
 from tiny_llm.model.llama import Llama
 from tiny_llm.training.loop import train
 from tiny_llm.workers.settings import AnalysisSettings
@@ -393,3 +393,21 @@ def test_a_job_on_ranks_logs_rank_zero_progress_once_and_ends_with_a_ranks_refus
     with pytest.raises(ValueError, match=r"^checkpoints \['epoch-002.safetensors'\] hash to state key"):
         run_on_ranks("analyze_state", {**arguments, "expect_key": "0" * 64}, tmp_path / "refused.json", ranks=2)
     assert not (tmp_path / "refused.json").exists()
+
+
+def test_the_one_writer_clears_leftovers_and_shares_its_decision(tmp_path):
+    output = tmp_path / "seen.json"
+    leftover = tmp_path / ".seen.json.x1y2.tmp"  # what a killed atomic write leaves
+    leftover.write_text("half")
+    with single_writer(output) as writer:
+        assert not leftover.exists()  # a killed write's temporary file, cleared under the lock
+        assert writer.reuse(lambda: "decided") == "decided"  # one process: its own decision
+    assert sorted(p.name for p in tmp_path.iterdir()) in ([], [".seen.json.lock"])  # nothing else left
+
+
+def test_a_refusal_names_its_rank_only_among_several(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert rank_note() == " (rank 1 of 3)"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert rank_note() == ""

@@ -197,7 +197,7 @@ def main(spec_path: str) -> None:
 
     import torch
 
-    from tiny_llm.distributed import init_from_environment, is_writer, leave
+    from tiny_llm.distributed import OneWriter, init_from_environment, leave
     from tiny_llm.runtime import die_with_parent, keep_freed_memory
 
     die_with_parent()  # the launcher killed: this rank stops too
@@ -209,8 +209,8 @@ def main(spec_path: str) -> None:
     try:
         _worker(spec["worker"])(**spec["arguments"], output=spec["output"])
     except ValueError as refusal:
-        if is_writer():
-            Path(spec["error"]).write_text(" ".join(str(refusal).split()))
+        line = " ".join(str(refusal).split())
+        OneWriter.write(lambda: Path(spec["error"]).write_text(line))
         raise
     finally:
         leave()

@@ -1,15 +1,11 @@
-"""A result's identity and its one writer.
-
-A result's identity (source, numerical settings, execution, run) decides whether a finished result
-is reused or refused; ``single_writer`` lets rank 0 alone write, under a lock, after every rank
-computed.
+"""A result's identity: what it depends on (source, numerical settings, execution, run) decides
+whether a finished result is reused or refused (its one writer is
+:func:`tiny_llm.distributed.single_writer`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +13,11 @@ import torch
 
 from tiny_llm.config import RunConfig, config_to_dict
 from tiny_llm.data.tokens import TokenCache
-from tiny_llm.distributed import barrier, broadcast, is_writer
-from tiny_llm.io import exclusive, remove_leftovers
 from tiny_llm.provenance import canonical_hash, source_hash
 from tiny_llm.workers.loading import Resolved
 from tiny_llm.workers.settings import AnalysisSettings, numerical_settings
 
-__all__ = ["check_same_batches", "check_successor", "result_identity", "reusable_result", "single_writer"]
+__all__ = ["check_same_batches", "check_successor", "result_identity", "reusable_result"]
 
 
 def result_identity(settings: AnalysisSettings, resolved: Resolved, config: RunConfig, cache: Any) -> dict:
@@ -59,10 +53,6 @@ def result_identity(settings: AnalysisSettings, resolved: Resolved, config: RunC
     return {**identity, "hash": canonical_hash(identity)}
 
 
-def _exclusive(output: Path) -> contextlib.AbstractContextManager:
-    return exclusive(output.with_name(f".{output.name}.lock"), f"writing {output}")
-
-
 def reusable_result(output: Path, identity: dict, key: str, case: str) -> dict | None:
     """The result already at ``output`` when it was made for this identity, state and case (reused,
     not recomputed); None otherwise."""
@@ -78,27 +68,6 @@ def reusable_result(output: Path, identity: dict, key: str, case: str) -> dict |
     if not same:
         raise ValueError(f"{output} holds a result with other settings, source or state; use a new output directory")
     return old
-
-
-@contextlib.contextmanager
-def single_writer(output: Path) -> Iterator[Callable[[Callable[[], Any]], Any]]:
-    """The write of ``output`` by one rank: rank 0 holds its lock (and clears a killed write's
-    temporary files) while every rank computes; the decision to reuse a finished result is rank
-    0's, shared with all (they must all compute, or none). Every rank leaves together, after the
-    write. Yields ``reuse(check)``: the value of ``check()`` on rank 0, on every rank."""
-    lock = _exclusive(output) if is_writer() else contextlib.nullcontext()
-    failed = False
-    with lock:
-        if is_writer():
-            remove_leftovers(output.parent, output.name)
-        try:
-            yield lambda check: broadcast(check() if is_writer() else None)
-        except BaseException:
-            failed = True
-            raise
-        finally:
-            if not failed:
-                barrier()
 
 
 def check_successor(old: dict[str, Any], successor: dict[str, Any] | None, output: Path) -> None:

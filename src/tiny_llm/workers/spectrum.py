@@ -21,8 +21,8 @@ from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runt
 from tiny_llm.curvature.memory import JobShape, MemoryPlan, plan_spectrum
 from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.curvature.placement import held_shards, hold
-from tiny_llm.distributed import is_writer
 from tiny_llm.distributed import record as parallel_record
+from tiny_llm.distributed import single_writer
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import canonical_hash, hardware, slurm_job, software
 from tiny_llm.workers.loading import LoadedState, Resolved, prepare_inputs, step_vector
@@ -32,7 +32,6 @@ from tiny_llm.workers.results import (
     check_successor,
     result_identity,
     reusable_result,
-    single_writer,
 )
 from tiny_llm.workers.settings import (
     AnalysisSettings,
@@ -170,8 +169,8 @@ def analyze_spectrum(
     identity = _identity(result_identity(settings, resolved, config, cache), spectrum)
     memory = spectrum_memory(settings, spectrum, config, resolved, len(plan))
     found = load_preconditioning(run_dir, state, config, settings.preconditioned)
-    with single_writer(output) as reuse:  # every rank computes, rank 0 writes
-        if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
+    with single_writer(output) as writer:  # every rank computes, rank 0 writes
+        if (old := writer.reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
             check_successor(old, successor, output)
             check_same_batches(old.get("plan", plan.name), plan.name, output)
             return old
@@ -190,8 +189,7 @@ def analyze_spectrum(
         result["trajectory"] = None if successor is None else {"successor": successor}
         result["preconditioner"] = None if found is None else {**found.record, "timing": spectrum.preconditioner}
         result["plan"] = plan.name
-        if is_writer():
-            atomic_write_json(output, result)
+        writer.write(lambda: atomic_write_json(output, result))
     return result
 
 

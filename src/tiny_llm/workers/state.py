@@ -33,8 +33,8 @@ from tiny_llm.curvature.placement import hold
 from tiny_llm.data.order import order_report
 from tiny_llm.data.tokens import TokenCache
 from tiny_llm.data.training_order import TrainingOrder
-from tiny_llm.distributed import is_writer
 from tiny_llm.distributed import record as parallel_record
+from tiny_llm.distributed import single_writer
 from tiny_llm.io import atomic_write_json, check_writable_file
 from tiny_llm.provenance import hardware, slurm_job, software
 from tiny_llm.runtime import compile_record
@@ -51,7 +51,6 @@ from tiny_llm.workers.results import (
     check_successor,
     result_identity,
     reusable_result,
-    single_writer,
 )
 from tiny_llm.workers.settings import AnalysisSettings, settings_record
 
@@ -87,8 +86,8 @@ def analyze_state(
     identity = result_identity(settings, resolved, config, cache)
     memory = job_memory_plan(settings, config, resolved)
     found = load_preconditioning(run_dir, state, config, settings.preconditioned)
-    with single_writer(output) as reuse:
-        if (old := reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
+    with single_writer(output) as writer:
+        if (old := writer.reuse(lambda: reusable_result(output, identity, state.key, case))) is not None:
             check_same_batches(old["data"].get("plan"), plan.name, output)
             check_successor(old, successor, output)
             log.info("reusing %s (same identity)", output)
@@ -96,8 +95,7 @@ def analyze_state(
         log.info("%s", memory.describe())
         job = StateJob(config, cache, plan, state, case, settings, resolved, identity, memory, following, found)
         result = _measure(job)
-        if is_writer():
-            atomic_write_json(output, result)
+        writer.write(lambda: atomic_write_json(output, result))
     return result
 
 

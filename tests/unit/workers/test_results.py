@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tiny_llm.workers.results import reusable_result, single_writer
+from tiny_llm.workers.results import reusable_result
 
 
 def _result(path, identity="h", key="k", case="seen"):
@@ -24,13 +24,3 @@ def test_a_finished_result_is_reused_only_for_its_identity_state_and_case(tmp_pa
     output.write_text("{not json")
     with pytest.raises(ValueError, match="exists but is not a tiny-llm result"):
         reusable_result(output, {"hash": "h"}, "k", "seen")
-
-
-def test_the_one_writer_clears_leftovers_and_shares_its_decision(tmp_path):
-    output = tmp_path / "seen.json"
-    leftover = tmp_path / ".seen.json.x1y2.tmp"  # what a killed atomic write leaves
-    leftover.write_text("half")
-    with single_writer(output) as reuse:
-        assert not leftover.exists()  # a killed write's temporary file, cleared under the lock
-        assert reuse(lambda: "decided") == "decided"  # one process: its own decision
-    assert sorted(p.name for p in tmp_path.iterdir()) in ([], [".seen.json.lock"])  # nothing else left
