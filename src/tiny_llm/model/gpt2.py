@@ -84,19 +84,23 @@ class GPT2Attention(nn.Module):
 
 
 class GPT2MLP(nn.Module):
-    """w2(gelu(w1 x)), both projections biased."""
+    """w2(gelu(w1 x)), both projections biased (``bias``); a subclass names another GELU and its rule."""
 
-    def __init__(self, config: ModelConfig):
+    activation = staticmethod(gelu)
+    activation_jet = staticmethod(gelu_jet)
+
+    def __init__(self, config: ModelConfig, bias: bool = True):
         super().__init__()
-        self.w1 = nn.Linear(config.d_model, config.d_ff)
-        self.w2 = nn.Linear(config.d_ff, config.d_model)
+        self.w1 = nn.Linear(config.d_model, config.d_ff, bias=bias)
+        self.w2 = nn.Linear(config.d_ff, config.d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(gelu(self.w1(x)))
+        return self.w2(self.activation(self.w1(x)))
 
     def jet(self, x: Jet, jets: JetPass) -> Jet:
         """w1's rule, GELU's (its own term g″a1² a generic node, absorbed in the adjoint mode), w2's."""
-        return linear_jet(jets.emit((self, "gelu"), gelu_jet(linear_jet(x, self.w1, jets))), self.w2, jets)
+        hidden = jets.emit((self, "gelu"), self.activation_jet(linear_jet(x, self.w1, jets)))
+        return linear_jet(hidden, self.w2, jets)
 
 
 class GPT2Block(nn.Module):

@@ -13,6 +13,7 @@ from torch import nn
 
 from tiny_llm.config import ModelConfig
 from tiny_llm.model.causal import AttentionBackend
+from tiny_llm.model.gpt2 import GPT2MLP
 from tiny_llm.model.jets import Jet, JetPass, elementwise_jet
 from tiny_llm.model.layers import (
     LayerNorm,
@@ -84,20 +85,14 @@ class GPTNeoXAttention(nn.Module):
         return linear_jet(y, self.wo, jets)
 
 
-class GPTNeoXMLP(nn.Module):
+class GPTNeoXMLP(GPT2MLP):
     """w2(gelu_exact(w1 x)), both projections biased unless mlp_bias is false."""
 
+    activation = staticmethod(gelu_exact)
+    activation_jet = staticmethod(gelu_exact_jet)
+
     def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.w1 = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_biased)
-        self.w2 = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_biased)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(gelu_exact(self.w1(x)))
-
-    def jet(self, x: Jet, jets: JetPass) -> Jet:
-        """w1's rule, GELU's (its own term g″a1² a generic node, absorbed in the adjoint mode), w2's."""
-        return linear_jet(jets.emit((self, "gelu"), gelu_exact_jet(linear_jet(x, self.w1, jets))), self.w2, jets)
+        super().__init__(config, bias=config.mlp_biased)
 
 
 class GPTNeoXBlock(nn.Module):
