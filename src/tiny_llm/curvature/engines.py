@@ -68,7 +68,8 @@ class Engine:
     summary: str
     """One line for the documentation and ``--help``."""
     batch: str
-    """``module:function`` computing one micro-batch: ``f(hessian, V, inputs, targets)`` returns
+    """``module:function`` computing one micro-batch: ``f(context, V, inputs, targets)`` (``context`` a
+    :class:`tiny_llm.curvature.context.MicroBatchContext`) returns
     (2, K) forms and Gauss–Newton parts (zeros without ``gauss_newton``) for ``forms`` engines,
     (K, D) products for ``products``."""
     jets: bool = False

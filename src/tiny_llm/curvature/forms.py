@@ -25,38 +25,38 @@ from tiny_llm.model.causal import head_loss_chunks, token_losses
 from tiny_llm.model.jets import JetPass
 
 if TYPE_CHECKING:
-    from tiny_llm.curvature.hessian import EpochHessian
+    from tiny_llm.curvature.context import MicroBatchContext
 
 __all__ = ["adjoint", "taylor"]
 
 
-def taylor(hessian: EpochHessian, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def taylor(context: MicroBatchContext, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """(2, K): the forms and their Gauss–Newton parts by forward Taylor mode."""
-    return _jet_forms(hessian, V, inputs, targets, None)
+    return _jet_forms(context, V, inputs, targets, None)
 
 
-def adjoint(hessian: EpochHessian, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def adjoint(context: MicroBatchContext, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """(2, K): the forms and their Gauss–Newton parts by the adjoint mode (one record pass, then
     a tangent pass that adds every layer's ⟨λ, Q⟩)."""
-    return _jet_forms(hessian, V, inputs, targets, _adjoints(hessian, inputs, targets))
+    return _jet_forms(context, V, inputs, targets, _adjoints(context, inputs, targets))
 
 
-def _adjoints(hessian: EpochHessian, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
+def _adjoints(context: MicroBatchContext, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
     """λ = ∂L_b/∂y for the output y of every node of the jet rules: a primal jet pass (zero
     directions) under autograd, then one reverse pass to those outputs (no parameter gradients).
     With ``head_tokens`` the head and loss are differentiated chunk by chunk first, and the reverse
     pass starts from the final hidden state with that gradient."""
-    model = hessian.model
+    model = context.model
     jets = JetPass({p: p.new_zeros(0, *p.shape) for p in model.parameters()}, record=True)
-    with torch.enable_grad(), hessian.precision.autocast():
+    with torch.enable_grad(), context.precision.autocast():
         h = model.jet(inputs, jets)
         unique = list({id(t): t for t in jets.recorded.values()}.values())
-        if hessian.head_tokens is None or hessian.head_tokens >= targets.numel():
-            loss = token_losses(model.logits(h.z0), targets).sum() / hessian.n_targets
+        if context.head_tokens is None or context.head_tokens >= targets.numel():
+            loss = token_losses(model.logits(h.z0), targets).sum() / context.n_targets
             outputs, seeds = loss, None
         else:
-            scale = 1 / hessian.n_targets
-            outputs, seeds = h.z0, head_loss_chunks(model, h.z0, targets, scale, hessian.head_tokens, False)[1]
+            scale = 1 / context.n_targets
+            outputs, seeds = h.z0, head_loss_chunks(model, h.z0, targets, scale, context.head_tokens, False)[1]
     keys = list(jets.recorded)
     gradients = torch.autograd.grad(outputs, unique, grad_outputs=seeds, materialize_grads=True)
     grads = dict(zip(map(id, unique), gradients, strict=True))
@@ -64,14 +64,14 @@ def _adjoints(hessian: EpochHessian, inputs: torch.Tensor, targets: torch.Tensor
 
 
 def _jet_forms(
-    hessian: EpochHessian, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, adjoints: dict | None
+    context: MicroBatchContext, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, adjoints: dict | None
 ) -> torch.Tensor:
     """(2, K): the forms and their Gauss–Newton parts (the adjoint mode's absorbed terms are all
     second-order terms of the network, so of the residual H − G). The placement gives the jets their
     directions (a sharded model's gathered block by block) and the loss rule."""
-    model = hessian.model
-    with hessian.placement.jet_pass(V, adjoints, hessian.workspace, hessian.head_tokens) as (jets, loss_jet):
-        with torch.no_grad(), hessian.precision.autocast():
-            forms = loss_jet(model.jet(inputs, jets), targets, jets).double() / hessian.n_targets
-    gauss_newton = jets.gauss_newton.double() / hessian.n_targets
+    model = context.model
+    with context.jet_pass(V, adjoints) as (jets, loss_jet):
+        with torch.no_grad(), context.precision.autocast():
+            forms = loss_jet(model.jet(inputs, jets), targets, jets).double() / context.n_targets
+    gauss_newton = jets.gauss_newton.double() / context.n_targets
     return torch.stack([forms if jets.absorbed is None else forms + jets.absorbed.double(), gauss_newton])

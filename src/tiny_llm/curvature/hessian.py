@@ -15,32 +15,26 @@ directions is padded with zero directions when compiled, so one compiled graph s
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import torch
-from torch.func import functional_call
 
 from tiny_llm.architectures import jet_rules
+from tiny_llm.curvature.context import FlatParameters, MicroBatchContext
 from tiny_llm.curvature.engines import AMP_DIFFERENCES, group_sizes, names
 from tiny_llm.curvature.engines import ENGINES as REGISTRY
 from tiny_llm.curvature.engines import engine as engine_named
 from tiny_llm.curvature.placement import Placement, place
-from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules, token_losses
+from tiny_llm.model.causal import IGNORE_INDEX, check_jet_rules
 from tiny_llm.model.llama import Llama
 from tiny_llm.model.micro_batch import Precision
-from tiny_llm.model.micro_batch import gradient as micro_batch_gradient
 
 __all__ = ["CurvatureOperator", "EpochHessian", "FlatParameters", "Precision", "check_differences", "pad_sequences"]
 
 log = logging.getLogger(__name__)
-
-FD_SCALE = {torch.float64: 1e-6, torch.float32: 3e-4}
-"""Default relative step of the finite-difference engine per dtype: ε = scale · max(1, ‖θ‖) / ‖v‖
-(chosen from the measured truncation / round-off trade-off, benchmarks/README.md)."""
 
 
 def check_differences(
@@ -67,30 +61,6 @@ def check_differences(
         )
 
 
-class FlatParameters:
-    """Map between a model's parameters and one flat vector of length D (tied weights once)."""
-
-    def __init__(self, model: torch.nn.Module):
-        named = list(model.named_parameters())  # named_parameters() already skips tied duplicates
-        self.names = [n for n, _ in named]
-        self.shapes = [p.shape for _, p in named]
-        self.sizes = [p.numel() for _, p in named]
-        self.D = sum(self.sizes)
-
-    def flatten(self, tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
-        return torch.cat([t.reshape(-1) for t in tensors])
-
-    def flatten_state(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.flatten([state[n] for n in self.names])
-
-    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {n: t.view(s) for n, t, s in zip(self.names, flat.split(self.sizes, dim=-1), self.shapes, strict=True)}
-
-    def blocks(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Split (K, D) into per-parameter (K, n_p) views."""
-        return list(flat.split(self.sizes, dim=-1))
-
-
 def pad_sequences(tokens: torch.Tensor, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Cut (n, T+1) token rows into (inputs, targets) micro-batches of exactly ``batch_size`` rows;
     the last is padded with rows whose targets are all ignored (zero loss, zero gradient). Every
@@ -107,17 +77,6 @@ def pad_sequences(tokens: torch.Tensor, batch_size: int) -> list[tuple[torch.Ten
         else:
             batches.append((rows[:, :-1], rows[:, 1:]))
     return batches
-
-
-class _HiddenAndHead(torch.nn.Module):
-    """A model's final hidden state and output head as one module's output, for ``functional_call``."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model.hidden(inputs), self.model.head_weight
 
 
 class CurvatureOperator(Protocol):
@@ -213,76 +172,16 @@ class EpochHessian:
         self.group_rows, self.head_tokens = group_rows, head_tokens
         self.model, self.engine, self.precision = model, engine, precision
         self.K, self.compile = directions_per_pass, compile
-        self.flat = FlatParameters(model)
-        theta = self.placement.flatten([p.detach() for p in model.parameters()])
-        self.theta_norm = self.placement.norms(theta[None])[0]  # the finite differences' step scale
         self.batches = pad_sequences(tokens.to(precision.device), batch_size)
         if not self.spec.second_derivatives:
             check_differences(precision, model, self.batches[0][0][:1])
         self.n_targets = int(tokens[:, 1:].numel())
-        self.n_targets_tensor = torch.tensor(float(self.n_targets), dtype=precision.dtype, device=precision.device)
+        self.context = MicroBatchContext(model, self.placement, precision, self.n_targets, head_tokens, compile)
+        """All an engine is given beside its directions and micro-batch (``MicroBatchContext``)."""
+        self.flat = self.context.flat
         self.progress = progress or (lambda message: None)
         self.passes = 0
-        self.fd_scale = FD_SCALE.get(precision.dtype, 3e-3)
-        self.workspace: dict[str, torch.Tensor] = {}
-        """Buffers the jet engines keep between groups."""
-        self.functions: dict[str, Callable] = {}
-        """Functions an engine builds once per operator (the compiled Pearlmutter product)."""
         self._batch = self.spec.compute()
-        self._hidden_and_head: _HiddenAndHead | None = None
-
-    @functools.cached_property
-    def theta(self) -> torch.Tensor:
-        """θ as one flat vector, as this placement holds it, made on first use (the Pearlmutter
-        product's point): the engines that do not ask hold no copy of the parameters."""
-        return self.placement.flatten([p.detach() for p in self.model.parameters()])
-
-    # --- one micro-batch ---------------------------------------------------------------------
-    def loss(
-        self,
-        params: dict[str, torch.Tensor],
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-        n_targets: int | torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """This micro-batch's share of the epoch loss at ``params`` (a functional call)."""
-        logits = self.precision.forward(lambda x: functional_call(self.model, params, (x,)), inputs)
-        return token_losses(logits, targets).sum() / (self.n_targets if n_targets is None else n_targets)
-
-    def hidden_and_head(
-        self, params: dict[str, torch.Tensor], inputs: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The final hidden state (B, T, C) and the output head (V, C) at ``params`` (a functional
-        call of a model of this project's, under the forward's autocast)."""
-        if self._hidden_and_head is None:
-            self._hidden_and_head = _HiddenAndHead(self.model)
-        with self.precision.autocast():
-            return functional_call(self._hidden_and_head, {f"model.{n}": p for n, p in params.items()}, (inputs,))
-
-    def head_chunked(self, targets: torch.Tensor) -> bool:
-        """Whether this group's head and loss run in token chunks: ``head_tokens`` set, fewer than
-        the group's targets, a model with second-order rules (which has ``hidden``) and a placement
-        that allows it (``Placement.head_chunks``)."""
-        chunks = self.head_tokens is not None and self.head_tokens < targets.numel()
-        return chunks and self.placement.head_chunks and jet_rules(self.model)
-
-    def gradient_at(
-        self, inputs: torch.Tensor, targets: torch.Tensor, step: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """∇ of this micro-batch's share of the epoch loss at θ + ``step`` (None: at θ; the placement
-        shifts and restores θ), as this placement holds vectors (a rank's shard when sharded: FSDP
-        reduce-scatters the gradient of every rank's micro-batch of the round). With
-        ``head_tokens`` (``head_chunked``) the head and loss run that many target positions at a
-        time: the same sums."""
-        model = self.model
-        head_tokens = self.head_tokens if self.head_chunked(targets) else None
-        with self.placement.shifted(step):
-            model.zero_grad(set_to_none=True)
-            micro_batch_gradient(model, inputs, targets, self.n_targets, self.precision, head_tokens)
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
-            gradient = self.placement.flatten(grads)
-            model.zero_grad(set_to_none=True)
-        return gradient
 
     def batch_forms(self, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """vᵀH_b v for one curvature micro-batch (its share of the epoch loss), V (K, D) → (K,) float64."""
@@ -300,7 +199,7 @@ class EpochHessian:
             )
         forms = torch.zeros(2, len(V), dtype=torch.float64, device=self.precision.device)
         for rows in self._row_groups(len(V), len(inputs)):  # a group's adjoints are freed before the next's
-            forms += self._batch(self, V, inputs[rows], targets[rows])
+            forms += self._batch(self.context, V, inputs[rows], targets[rows])
         return forms
 
     def _row_groups(self, K: int, B: int) -> list[slice]:
@@ -322,7 +221,7 @@ class EpochHessian:
             )
         total = None
         for rows in self._row_groups(len(V), len(inputs)):
-            part = self._batch(self, V, inputs[rows], targets[rows])
+            part = self._batch(self.context, V, inputs[rows], targets[rows])
             total = part if total is None else total + part
         return total
 

@@ -124,7 +124,7 @@ def measure_pass(
     inputs, targets = H.batches[0]
     with counter:  # one group of ``rows`` sequences (whatever the engine's default grouping), twice: the
         for _ in range(2):  # jet engines keep their workspace between groups, the second is the steady state
-            H.spec.compute()(H, V, inputs, targets)  # the engine's batch computation, as the operator runs it
+            H.spec.compute()(H.context, V, inputs, targets)  # the engine's batch computation, as the operator runs it
     return counter.peak
 
 

@@ -24,48 +24,50 @@ from torch.func import grad, jvp, vjp, vmap
 from tiny_llm.curvature.head import head_gradient, head_loss
 
 if TYPE_CHECKING:
-    from tiny_llm.curvature.hessian import EpochHessian
+    from tiny_llm.curvature.context import MicroBatchContext
 
 __all__ = ["central_differences", "double_backward", "finite_difference", "pearlmutter"]
 
 
 def double_backward(
-    hessian: EpochHessian, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
+    context: MicroBatchContext, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
     """H_b V by reverse-over-reverse (one batched vjp for the K directions); with the operator's
     ``head_tokens``, the head and loss an autograd function that takes them in token chunks in
     the forward pass and in both derivatives."""
-    params = tuple(hessian.model.parameters())
-    if hessian.head_chunked(targets):
-        with hessian.precision.autocast():
-            h = hessian.model.hidden(inputs)
-            loss = head_loss(h, hessian.model.head_weight, targets, 1 / hessian.n_targets, hessian.head_tokens)
+    params = tuple(context.model.parameters())
+    if context.head_chunked(targets):
+        with context.precision.autocast():
+            h = context.model.hidden(inputs)
+            loss = head_loss(h, context.model.head_weight, targets, 1 / context.n_targets, context.head_tokens)
     else:
-        loss = hessian.loss(dict(zip(hessian.flat.names, params, strict=True)), inputs, targets)
-    gradient = hessian.flat.flatten(torch.autograd.grad(loss, params, create_graph=True))
+        loss = context.loss(dict(zip(context.flat.names, params, strict=True)), inputs, targets)
+    gradient = context.flat.flatten(torch.autograd.grad(loss, params, create_graph=True))
     if len(V) == 1:
         products = torch.autograd.grad(gradient, params, grad_outputs=V[0])
-        return hessian.flat.flatten(products).unsqueeze(0)
+        return context.flat.flatten(products).unsqueeze(0)
     products = torch.autograd.grad(gradient, params, grad_outputs=V, is_grads_batched=True)
     return torch.cat([p.reshape(len(V), -1) for p in products], dim=1)
 
 
-def pearlmutter(hessian: EpochHessian, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def pearlmutter(
+    context: MicroBatchContext, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
     """H_b V by forward-over-reverse; the operator's compiled graph when it is compiled."""
-    product = hessian.functions.get("pearlmutter")
+    product = context.functions.get("pearlmutter")
     if product is None:
 
         def product(theta, V, inputs, targets, n_targets):
-            return _pearlmutter(hessian, theta, V, inputs, targets, n_targets)
+            return _pearlmutter(context, theta, V, inputs, targets, n_targets)
 
-        if hessian.compile:
+        if context.compile:
             product = torch.compile(product, dynamic=False)
-        hessian.functions["pearlmutter"] = product
-    return product(hessian.theta, V, inputs, targets, hessian.n_targets_tensor)
+        context.functions["pearlmutter"] = product
+    return product(context.theta, V, inputs, targets, context.n_targets_tensor)
 
 
 def _pearlmutter(
-    hessian: EpochHessian,
+    context: MicroBatchContext,
     theta: torch.Tensor,
     V: torch.Tensor,
     inputs: torch.Tensor,
@@ -76,15 +78,15 @@ def _pearlmutter(
     epoch's target count (another epoch or audit sample reuses it)."""
 
     def loss(flat: torch.Tensor) -> torch.Tensor:
-        return hessian.loss(hessian.flat.unflatten(flat), inputs, targets, n_targets)
+        return context.loss(context.flat.unflatten(flat), inputs, targets, n_targets)
 
     def chunked_gradient(flat: torch.Tensor) -> torch.Tensor:  # the head in token chunks
-        (h, W), pullback = vjp(lambda f: hessian.hidden_and_head(hessian.flat.unflatten(f), inputs), flat)
-        with hessian.precision.autocast():
-            grads = head_gradient(h, W, targets, 1 / n_targets, hessian.head_tokens)
+        (h, W), pullback = vjp(lambda f: context.hidden_and_head(context.flat.unflatten(f), inputs), flat)
+        with context.precision.autocast():
+            grads = head_gradient(h, W, targets, 1 / n_targets, context.head_tokens)
         return pullback(grads)[0]
 
-    gradient = chunked_gradient if hessian.head_chunked(targets) else grad(loss)
+    gradient = chunked_gradient if context.head_chunked(targets) else grad(loss)
 
     def product(v: torch.Tensor) -> torch.Tensor:
         return jvp(gradient, (theta,), (v,))[1]
@@ -95,16 +97,16 @@ def _pearlmutter(
 
 
 def finite_difference(
-    hessian: EpochHessian, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
+    context: MicroBatchContext, V: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
     """Central differences of gradients, (∇L(θ + εv) − ∇L(θ − εv)) / 2ε, with
     ε = fd_scale · max(1, ‖θ‖) / ‖v‖ (whole vectors' norms): first derivatives only, so fused
     attention works, and each rank of a sharded model moves its own shard of θ and reads its shard of
-    the reduce-scattered gradient (``EpochHessian.gradient_at``, the placement's shift). With the
+    the reduce-scattered gradient (``MicroBatchContext.gradient_at``, the placement's shift). With the
     operator's ``head_tokens`` each gradient takes the head and loss that many target positions at a
     time: the same sums."""
-    scale = hessian.fd_scale * max(1.0, hessian.theta_norm)
-    return central_differences(partial(hessian.gradient_at, inputs, targets), V, hessian.placement.norms(V), scale)
+    scale = context.fd_scale * max(1.0, context.theta_norm)
+    return central_differences(partial(context.gradient_at, inputs, targets), V, context.norms(V), scale)
 
 
 def central_differences(

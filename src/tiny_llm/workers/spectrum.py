@@ -16,8 +16,9 @@ import torch
 
 from tiny_llm.architectures import build_model
 from tiny_llm.config import RunConfig
+from tiny_llm.curvature.context import FD_SCALE
 from tiny_llm.curvature.engines import engine as engine_named
-from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
+from tiny_llm.curvature.hessian import FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import JobShape, MemoryPlan, plan_spectrum
 from tiny_llm.curvature.memory_measure import device_budget
 from tiny_llm.curvature.placement import held_shards, hold

@@ -24,9 +24,10 @@ import torch
 from tiny_llm.architectures import build_model, jet_rules
 from tiny_llm.config import RunConfig
 from tiny_llm.curvature.blocks import check_block_layout
+from tiny_llm.curvature.context import FD_SCALE
 from tiny_llm.curvature.engines import FINITE_DIFFERENCE
 from tiny_llm.curvature.gradients import gradient_rounding
-from tiny_llm.curvature.hessian import FD_SCALE, FlatParameters, Precision, runtime_settings
+from tiny_llm.curvature.hessian import FlatParameters, Precision, runtime_settings
 from tiny_llm.curvature.memory import MemoryPlan
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.placement import hold

@@ -48,7 +48,7 @@ def test_gauss_newton_split_with_ignored_targets(dense_problem):
     targets[0, 1:3], targets[2, -1] = IGNORE_INDEX, IGNORE_INDEX
     G = dense_gauss_newton(model, tokens, ignored=[(0, 1), (0, 2), (2, 5)])
     op = EpochHessian(model, tokens, batch_size=7, engine="adjoint", precision=CPU64, directions_per_pass=4)
-    op.n_targets = int((targets != IGNORE_INDEX).sum())
+    op.context.n_targets = int((targets != IGNORE_INDEX).sum())
     V = torch.randn(4, G.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(9))
     _, parts = op.batch_split_forms(V, tokens[:, :-1], targets)
     torch.testing.assert_close(parts, ((V @ G) * V).sum(1), rtol=0, atol=1e-10)

@@ -33,7 +33,7 @@ def test_ignored_targets_inside_a_micro_batch(dense_problem, engine):
     def loss(x):
         return token_losses(functional_call(model, flat.unflatten(x), (inputs,)), targets).sum() / op.n_targets
 
-    dense = hessian(loss)(op.theta)
+    dense = hessian(loss)(op.context.theta)
     V = torch.randn(2, flat.D, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(op.batch_forms(V, inputs, targets), ((V @ dense) * V).sum(1), rtol=0, atol=1e-10)
 
@@ -130,9 +130,9 @@ def test_compiled_passes_pad_short_chunks_but_run_single_directions_alone(dense_
 
     def record(theta, V, inputs, targets, n_targets):
         fed.append((len(V), inputs.stride(), targets.stride(), n_targets))
-        return products._pearlmutter(op, theta, V, inputs, targets, n_targets)
+        return products._pearlmutter(op.context, theta, V, inputs, targets, n_targets)
 
-    op.functions["pearlmutter"] = record  # what the engine would compile, recorded instead
+    op.context.functions["pearlmutter"] = record  # what the engine would compile, recorded instead
     V = torch.randn(3, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(op.hvp(V[:1]), V[:1] @ H, rtol=0, atol=1e-10)
     assert {rows for rows, *_ in fed} == {1}

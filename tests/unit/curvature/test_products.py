@@ -42,7 +42,7 @@ def test_finite_differences_refuse_bf16_autocast(dense_problem):
         op = EpochHessian(
             model32, tokens, batch_size=4, engine=engine, precision=Precision(torch.device("cpu"), torch.float32)
         )
-        op.precision = amp  # for finite differences, what the refusal prevents
+        op.context.precision = amp  # for finite differences, what the refusal prevents
         errors[engine] = float((op.quadratic_forms(V).double() - exact).abs().max() / exact.pow(2).mean().sqrt())
     assert errors["finite_difference"] > max(0.1, 10 * errors["double_backward"]), errors
 
@@ -84,6 +84,6 @@ def test_compiled_pearlmutter_equals_eager_with_one_graph_per_direction_count(de
     compiled.hvp(V[:3])  # a short chunk: padded to K
     eager = EpochHessian(model, tokens, batch_size=3, engine="pearlmutter", precision=CPU64, directions_per_pass=2)
     torch.testing.assert_close(compiled.quadratic_forms(V), eager.quadratic_forms(V), rtol=1e-12, atol=0)
-    compiled.n_targets_tensor.fill_(2.0 * compiled.n_targets)  # another epoch's target count: an input, not a constant
+    compiled.context.n_targets_tensor.fill_(2.0 * compiled.n_targets)  # another epoch's target count: an input
     torch.testing.assert_close(compiled.hvp(V), V @ H / 2, rtol=0, atol=1e-10)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # no recompilation
