@@ -26,7 +26,30 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["MeasurementPlan"]
+__all__ = ["DirectionGroup", "MeasurementPlan"]
+
+
+@dataclass(frozen=True)
+class DirectionGroup:
+    """Directions of one kind in one geometry: ``count`` of them, each measured whole or, with
+    ``per_block``, once per parameter block (its block-diagonal forms). Kinds: ``noise`` (vᵢ =
+    gᵢ − ḡ), ``gradient`` (ḡ), ``random`` (Rademacher), ``consensus`` (a packed run's workers),
+    ``step`` (Δ to a successor); geometries ``plain`` and ``preconditioned`` (u = P^{-1/2}θ)."""
+
+    kind: str
+    geometry: str
+    count: int
+    per_block: bool = False
+
+    def forms(self, blocks: int) -> int:
+        """Quadratic forms of the group, with ``blocks`` parameter blocks."""
+        return self.count * (blocks if self.per_block else 1)
+
+    def record(self) -> dict[str, object]:
+        return {"kind": self.kind, "geometry": self.geometry, "count": self.count, "per_block": self.per_block}
+
+
+GEOMETRIES = ("plain", "preconditioned")
 
 
 @dataclass(frozen=True)
@@ -65,12 +88,34 @@ class MeasurementPlan:
         drawn = n_batches if noise_samples is None else min(noise_samples, n_batches)
         return cls(n_batches, drawn, random_samples, **counts)
 
+    def groups(self) -> tuple[DirectionGroup, ...]:
+        """The job's directions by kind, geometry and block: the noise directions, ḡ and the random
+        ones in each geometry (the first two once more per block), the consensus directions, and Δ
+        (per block too)."""
+        groups = []
+        for geometry in GEOMETRIES[: self.geometries]:
+            for kind, count in (("noise", self.noise_samples), ("gradient", 1)):
+                groups.append(DirectionGroup(kind, geometry, count))
+                groups += [DirectionGroup(kind, geometry, count, per_block=True)] if self.blocks else []
+            groups.append(DirectionGroup("random", geometry, self.random_samples))
+        groups += [DirectionGroup("consensus", "plain", self.consensus)] if self.consensus else []
+        if self.step:
+            groups.append(DirectionGroup("step", "plain", 1))
+            groups += [DirectionGroup("step", "plain", 1, per_block=True)] if self.blocks else []
+        return tuple(groups)
+
+    def audit_groups(self) -> tuple[DirectionGroup, ...]:
+        """The precision audit's directions: a seeded subset of the noise and random groups and ḡ,
+        in every geometry (none without an audit)."""
+        if not self.audit:
+            return ()
+        counts = (("noise", self.audit_noise), ("random", self.audit_random), ("gradient", 1))
+        return tuple(DirectionGroup(k, g, n) for g in GEOMETRIES[: self.geometries] for k, n in counts)
+
     @property
     def directions(self) -> int:
-        """Quadratic forms: the noise directions, ḡ and Δ, each once more per block, the random and
-        the consensus directions; the noise, ḡ and random ones in each geometry."""
-        per_geometry = (self.noise_samples + 1) * (1 + self.blocks) + self.random_samples
-        return per_geometry * self.geometries + self.step * (1 + self.blocks) + self.consensus
+        """Quadratic forms: every group's (``groups``)."""
+        return sum(group.forms(self.blocks) for group in self.groups())
 
     def passes(self, directions_per_pass: int) -> int:
         """Passes over the epoch's curvature micro-batches, K directions at a time."""
@@ -94,8 +139,8 @@ class MeasurementPlan:
     @property
     def audit_directions(self) -> int:
         """The audit's quadratic forms in each precision: its noise and random directions and ḡ, in
-        each geometry, in one pass."""
-        return self.geometries * (self.audit_noise + self.audit_random + 1) if self.audit else 0
+        each geometry, in one pass (``audit_groups``)."""
+        return sum(group.count for group in self.audit_groups())
 
     @property
     def audit_micro_batches(self) -> int:
@@ -118,6 +163,8 @@ class MeasurementPlan:
             "audit_gradient_batches": self.audit_gradient_batches,
             "audit_directions": self.audit_directions,
             "audit_micro_batches": self.audit_micro_batches,
+            "groups": [group.record() for group in self.groups()],
+            "audit_groups": [group.record() for group in self.audit_groups()],
         }
 
     @property

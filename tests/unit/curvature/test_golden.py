@@ -7,7 +7,8 @@ them differently), except the audit's errors of float32 against float64, which a
 (their keys are compared); timings are left out. Regenerate only for an intended change of a number, and
 say which in the commit. (The per-block keys were added on 2026-12-02, every earlier key and value
 kept bit for bit: checked before they were written. The result's ``measurement_plan`` and the
-audit's ``geometries`` were added on 2026-12-06 the same way: the other keys and values are the
+audit's ``geometries`` were added on 2026-12-06 the same way, and the plan's direction ``groups`` and
+``audit_groups`` later that day: the other keys and values are the
 file's, and c0c2b9d's results on the same CPU equal this code's bit for bit.)"""
 
 import json
