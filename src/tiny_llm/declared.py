@@ -48,6 +48,7 @@ __all__ = [
     "field_docs",
     "from_options",
     "json_schema",
+    "required",
 ]
 
 
@@ -302,7 +303,15 @@ def _type_schema(tp: Any, spelled: str | None) -> dict[str, Any]:
         return {"oneOf": arms}
     if origin is tuple:  # tuple[T, ...]: a list of T
         return {"type": "array", "items": _type_schema(typing.get_args(tp)[0], None)}
+    if tp is Any:  # passed on as written (a mapping its reader checks)
+        return {}
     return {"type": _JSON_TYPES[tp]}
+
+
+def required(cls: type) -> list[str]:
+    """The fields of ``cls`` without a default: a configuration must give them."""
+    missing = dataclasses.MISSING
+    return [f.name for f in dataclasses.fields(cls) if f.default is missing and f.default_factory is missing]
 
 
 def json_schema(cls: type, spelled: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
@@ -316,7 +325,8 @@ def json_schema(cls: type, spelled: dict[str, str] | None = None) -> dict[str, d
         schema = _type_schema(hints[field.name], spelled.get(field.name))
         default = field.default
         default = list(default) if isinstance(default, tuple) else default
-        schema["default"] = spelled[field.name] if default is None and field.name in spelled else default
+        if default is not dataclasses.MISSING:  # a field without a default is required (``required``)
+            schema["default"] = spelled[field.name] if default is None and field.name in spelled else default
         if field.name in docs:
             schema["description"] = docs[field.name].replace("``", "")
         properties[field.name] = schema

@@ -55,53 +55,62 @@ class CbsExperiment:
     :func:`~tiny_llm.declared.build`, which refuses unknown keys and bad values by name)."""
 
     config: str
-    """Run configuration of the base run (sections model, data, training); data.cache must be cache/<name>."""
+    """Run configuration of the base run (sections model, data, training; its ``data.cache`` is
+    replaced by ``cache/<name>``: each experiment its own cache)."""
     checkpoints: tuple[NonNegative, ...]
-    """Virtual epochs of the base run to branch from (0: the initialisation); each before its last,
-    since a branch trains on the training data after it."""
+    """Virtual epochs of the base run to branch from (0: the initialisation); each before its last
+    epoch, since a branch trains on the data after it."""
     batch_sizes: tuple[Positive, ...]
-    """The grid of branch batch sizes in sequences, ascending (B·2ᵏ around the base run's B)."""
+    """The grid of branch batch sizes in sequences, ascending, holding the base run's B (B·2ᵏ around
+    it)."""
     token_budget: Positive
-    """Training tokens of every branch: a whole number of steps of every batch size."""
+    """Training tokens of every branch: a whole number of quarters of steps of every batch size (the
+    loss is measured at each quarter)."""
     set: Any = None
-    """Overrides of the run configuration, ``section.key: value``."""
+    """Overrides of the run configuration, ``section.key: value`` (not ``training.keep_states`` or
+    ``training.checkpoint_policy``: the experiment sets those)."""
     cache_source: Literal["demo", "text", "tokens"] = "demo"
-    """Where the token cache comes from (as a train_runs entry's)."""
+    """Where the token cache comes from (as in ``train_runs``)."""
     cache_inputs: tuple[str, ...] = ()
     """Input files for cache_source text or tokens."""
     shard_tokens: Positive = 1048576
     """Approximate tokens per cache shard."""
     cache_order: Literal["shuffle", "keep"] = "shuffle"
-    """shuffle: preparation permutes the sequences with data.seed; keep: source order."""
+    """``shuffle`` (preparation permutes the sequences with ``data.seed``) or ``keep`` (source
+    order), as in ``train_runs``."""
     cache_tokenizer: str | None = None
     """cache_source text: a local Hugging Face tokenizer directory that encodes the text."""
     lr_rule: Literal["auto", "sqrt", "linear", "none"] = "auto"
-    """A branch's learning rate: the base run's at the checkpoint × √(B'/B) (sqrt), × B'/B (linear)
-    or unchanged (none), held constant over the branch; auto: sqrt for adamw, linear for sgd."""
+    """A branch's learning rate: the base run's at the checkpoint × √(B'/B) (``sqrt``), × B'/B
+    (``linear``) or unchanged (``none``), held constant over the branch; ``auto``: ``sqrt`` for
+    ``adamw``, ``linear`` for ``sgd``."""
     data_seeds: tuple[NonNegative, ...] = (1, 2, 3)
-    """Data seeds of each batch size's branches: each reads its own sequences (the same at every batch
-    size), so the paired differences between batch sizes have a confidence interval."""
+    """Data seeds of each batch size's branches, two or more, distinct; each seed reads its own
+    sequences, the same at every batch size and rate, so the paired differences between batch sizes
+    have a confidence interval."""
     epsilon: PositiveNumber = 0.01
     """Merrill et al.'s tolerance in nats: a batch is within it when its held-out loss exceeds every
     smaller batch's (from the base batch up) by at most ε, by the confidence interval's upper bound."""
     lr_factors: tuple[PositiveNumber, ...] = (1.0,)
-    """The learning-rate grid: multiples of the rule's rate that every batch size and seed trains
-    with at every checkpoint, holding 1 (the rule's own rate); [1] alone, or three or more to tune
-    (every answer is then given at each batch's best rate of the grid, and at the rule's)."""
+    """The learning-rate grid: multiples of the rule's rate that every checkpoint, batch size and
+    seed trains with, holding 1 (the rule's own rate); ``[1]`` alone, or three or more (for instance
+    ``[0.5, 1, 2]``) to tune each batch's rate (``rates.csv``; every answer then at each batch's best
+    rate and at the rule's)."""
     optimizer_memory: Literal["steps", "tokens"] = "steps"
     """Adam's β1 and β2 at each batch: the base run's (``steps``: the moments remember as many
     steps at every batch), or raised to the power B'/B (``tokens``: as many training tokens)."""
     paired_spread: PositiveNumber = 0.005
     """The assumed standard deviation over seeds of a paired difference of held-out losses (nats),
-    from which the plan says how many seeds ε needs (a finished experiment's cbs.csv gives the
+    from which the plan says how many seeds ε needs (a finished experiment's ``cbs.csv`` gives the
     measured one)."""
     eval_sequences: Positive = 64
-    """Held-out sequences (the base run's unseen stream) every branch's loss is measured on."""
+    """Held-out sequences (the base run's unseen stream; at most one unseen epoch of it) every
+    branch's loss is measured on."""
     case: Literal["seen", "unseen"] = "unseen"
     """The case of the analysis whose B_simple and B_noise stand beside the critical batch size
-    (unseen: fresh data, as the branches train on)."""
+    (``unseen``: fresh data, as the branches train on; or ``seen``)."""
     settings: Any = None
-    """Settings of that analysis (as an analysis's ``settings``)."""
+    """Settings of that analysis, as an analysis's ``settings``."""
 
     def shared(self) -> dict[str, Any]:
         """What every run of the experiment takes from it (a train_runs entry's cache keys)."""

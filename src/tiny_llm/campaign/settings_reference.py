@@ -1,9 +1,10 @@
 """The settings' reference, generated from their declarations: the ``settings`` and ``spectrum``
-properties of the workflow schema (workflow/schemas/config.schema.yaml), its ``cluster`` section, and
-their tables in docs/workflow.md, each between its BEGIN/END marker lines, are written from the
-dataclasses (``AnalysisSettings``, ``SpectrumSettings``, ``ClusterSettings``: types, literals as
-enums, ranges as minimums, patterns, defaults, and the field docstrings as descriptions), so that
-nothing restates them by hand.
+properties of the workflow schema (workflow/schemas/config.schema.yaml), its ``cluster`` section,
+a ``cbs_experiments`` entry, and their tables in docs/workflow.md and docs/critical-batch.md, each
+between its BEGIN/END marker lines, are written from the dataclasses (``AnalysisSettings``,
+``SpectrumSettings``, ``ClusterSettings``, ``CbsExperiment``: types, literals as enums, ranges as
+minimums, patterns, defaults, the fields without one as required, and the field docstrings as
+descriptions), so that nothing restates them by hand.
 
     python -m tiny_llm.campaign.settings_reference           # say whether the checked-in files are current
     python -m tiny_llm.campaign.settings_reference --write   # rewrite the generated parts
@@ -19,8 +20,9 @@ from typing import Any
 
 import yaml
 
+from tiny_llm.campaign.cbs import CbsExperiment
 from tiny_llm.campaign.plan import ClusterSettings
-from tiny_llm.declared import json_schema
+from tiny_llm.declared import json_schema, required
 from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
 
 __all__ = ["SECTIONS", "Section", "check", "docs_table", "render", "schema_properties"]
@@ -41,9 +43,21 @@ class Section:
     extra: dict[str, dict[str, Any]]
     prefix: str = "analyses.<name>."
     """What the docs table writes before the section's key (the configuration's path to it)."""
+    docs: Path = DOCS
+    """The page of its table."""
+    entry: bool = False
+    """An entry of a mapping keyed by name (a whole object: its required keys, no others), rather than
+    a section's properties."""
 
     def properties(self) -> dict[str, dict[str, Any]]:
         return {**self.extra, **json_schema(self.cls, self.spelled)}
+
+    def schema(self) -> dict[str, Any]:
+        """What the schema holds between the markers: the properties, or an entry's whole object."""
+        if not self.entry:
+            return self.properties()
+        needed = {"required": required(self.cls)} if required(self.cls) else {}
+        return {"type": "object", "additionalProperties": False, **needed, "properties": self.properties()}
 
 
 SECTIONS = (
@@ -55,6 +69,7 @@ SECTIONS = (
         {"enabled": {"type": "boolean", "default": False, "description": "Measure Hessian spectra per (state, case)."}},
     ),
     Section("cluster", ClusterSettings, {}, {}, prefix=""),
+    Section("cbs", CbsExperiment, {}, {}, prefix="", docs=Path("docs/critical-batch.md"), entry=True),
 )
 
 
@@ -69,7 +84,7 @@ def _markers(section: Section, comment: str) -> tuple[str, str]:
 
 def schema_properties(section: Section, indent: int) -> str:
     """The section's properties as YAML lines at ``indent`` spaces."""
-    text = yaml.safe_dump(section.properties(), sort_keys=False, allow_unicode=True, width=110)
+    text = yaml.safe_dump(section.schema(), sort_keys=False, allow_unicode=True, width=110)
     return "".join(" " * indent + line + "\n" for line in text.splitlines())
 
 
@@ -88,9 +103,14 @@ def docs_table(section: Section) -> str:
     rows = ["| key | default | meaning |", "| --- | --- | --- |"]
     for key, schema in section.properties().items():
         spelled = section.spelled.get(key)
-        default = None if spelled is not None and schema["default"] == spelled else schema["default"]
+        if "default" not in schema:
+            cell = "(required)"
+        else:
+            default = None if spelled is not None and schema["default"] == spelled else schema["default"]
+            cell = _cell(default, spelled)
         meaning = schema.get("description", "").replace("|", "\\|")
-        rows.append(f"| `{section.prefix}{section.key}.{key}` | {_cell(default, spelled)} | {meaning} |")
+        name = key if section.entry else f"{section.prefix}{section.key}.{key}"
+        rows.append(f"| `{name}` | {cell} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 
@@ -110,7 +130,7 @@ def render(path: Path, text: str) -> str:
             begin, end = _markers(section, "#")
             indent = len(text.split(begin, 1)[0].rsplit("\n", 1)[-1])
             text = _replace(text, begin, end, schema_properties(section, indent), path)
-        else:
+        elif path == section.docs:
             begin, end = _markers(section, "<!--")
             text = _replace(text, begin, end, "\n" + docs_table(section) + "\n", path)
     return text
@@ -119,7 +139,7 @@ def render(path: Path, text: str) -> str:
 def check(repo: Path = REPO, write: bool = False) -> list[Path]:
     """The generated files that differ from what the declarations write (rewritten with ``write``)."""
     stale = []
-    for path in (SCHEMA, DOCS):
+    for path in (SCHEMA, *dict.fromkeys(section.docs for section in SECTIONS)):
         text = (repo / path).read_text()
         rendered = render(path, text)
         if rendered != text:

@@ -44,16 +44,16 @@ def test_a_declaration_becomes_its_schema():
 
 
 def test_a_generated_part_is_rewritten_from_its_markers_and_a_missing_marker_is_refused():
-    text = "before\n"
-    for section in SECTIONS:
+    text, on_page = "before\n", [section for section in SECTIONS if section.docs == DOCS]
+    for section in on_page:
         name = section.cls.__name__
         text += (
             f"<!-- BEGIN generated from {name} (python -m tiny_llm.campaign.settings_reference --write) -->\nSTALE\n"
         )
         text += f"<!-- END generated from {name} -->\nbetween\n"
     rendered = render(DOCS, text)
-    assert all(docs_table(section) in rendered for section in SECTIONS)
-    assert "STALE" not in rendered and rendered.count("between") == len(SECTIONS)
+    assert all(docs_table(section) in rendered for section in on_page)
+    assert "STALE" not in rendered and rendered.count("between") == len(on_page)
     with pytest.raises(ValueError, match="expected one line each"):
         render(DOCS, "no markers here\n")
 
@@ -87,3 +87,15 @@ def test_the_cluster_section_is_generated_and_refuses_what_its_settings_refuse()
         if not valid:
             with pytest.raises(ValueError, match="cluster.walltime_hours: expected a number in"):
                 ClusterSettings.from_dict(data)
+
+
+def test_the_schema_refuses_a_cbs_experiment_the_declaration_refuses():
+    """The cbs_experiments entry of the schema is its dataclass's: an unknown or missing key and a
+    value out of range are refused by the schema too."""
+    schema = yaml.safe_load((REPO / SCHEMA).read_text())
+    entry = jsonschema.Draft202012Validator(schema["properties"]["cbs_experiments"]["additionalProperties"])
+    good = {"config": "c.yaml", "checkpoints": [1], "batch_sizes": [2, 4], "token_budget": 64}
+    assert not list(entry.iter_errors(good))
+    for bad in ({**good, "lr_rul": "sqrt"}, {k: v for k, v in good.items() if k != "token_budget"},
+                {**good, "epsilon": 0}, {**good, "lr_rule": "cubic"}):  # fmt: skip
+        assert list(entry.iter_errors(bad)), bad
