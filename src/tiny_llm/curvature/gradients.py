@@ -6,6 +6,7 @@ directions (fixed functions of the seed, so reused across checkpoints and cases)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ __all__ = [
     "mean_gradient",
     "mean_gradient_and_loss",
     "noise_batch_indices",
+    "gaussians",
     "rademacher",
     "signs",
 ]
@@ -56,12 +58,27 @@ def signs(generator: torch.Generator, D: int, entries: torch.Tensor | None = Non
     positions) only those, the same values, drawn ``RADEMACHER_CHUNK`` at a time."""
     if entries is None:
         return torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1
+    return _drawn(lambda n: torch.randint(0, 2, (n,), generator=generator, dtype=torch.int8), D, entries) * 2 - 1
+
+
+def gaussians(generator: torch.Generator, D: int, entries: torch.Tensor | None = None) -> torch.Tensor:
+    """D independent standard normal numbers from ``generator`` (float64, CPU), ``torch.randn``'s;
+    with ``entries`` (ascending global positions) only those, the same values, drawn
+    ``RADEMACHER_CHUNK`` at a time (a multiple of 16: CPU's ``randn`` gives the same sequence however
+    it is cut so, which a test checks), so no rank holds D of them."""
+    if entries is None:
+        return torch.randn(D, dtype=torch.float64, generator=generator)
+    return _drawn(lambda n: torch.randn(n, dtype=torch.float64, generator=generator), D, entries)
+
+
+def _drawn(draw: Callable[[int], torch.Tensor], D: int, entries: torch.Tensor) -> torch.Tensor:
+    """The ``entries`` of D numbers that ``draw(n)`` gives n at a time, one chunk held at a time."""
     parts, entries = [], entries.cpu()
     for start in range(0, D, RADEMACHER_CHUNK):
-        drawn = torch.randint(0, 2, (min(RADEMACHER_CHUNK, D - start),), generator=generator, dtype=torch.int8)
+        drawn = draw(min(RADEMACHER_CHUNK, D - start))
         first, last = torch.searchsorted(entries, torch.tensor([start, start + len(drawn)])).tolist()
         parts.append(drawn[entries[first:last] - start])
-    return torch.cat(parts).double() * 2 - 1
+    return torch.cat(parts).double()
 
 
 def placed(model: torch.nn.Module, holder: Placement | FlatParameters) -> Placement:

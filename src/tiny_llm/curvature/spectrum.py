@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tiny_llm.curvature.gradients import signs
+from tiny_llm.curvature.gradients import gaussians, signs
 from tiny_llm.curvature.hessian import FlatParameters
 from tiny_llm.curvature.placement import Layout
 
@@ -167,7 +167,7 @@ def top_eigenpairs(
             for i in (_wanted(theta, kind, k) for kind in kinds)
         )
 
-    start = layout.local(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))).to(device)
+    start = gaussians(torch.Generator().manual_seed(seed), D, layout.indices).to(device)  # a rank draws its entries
     result = lanczos(matvec, start, steps, basis=basis, done=done)
     theta, S = torch.linalg.eigh(result.tridiagonal())
     pairs = {}

@@ -19,6 +19,7 @@ from tiny_llm.curvature.gradients import (
 from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.model.causal import token_losses
 from tiny_llm.model.llama import Llama
+from tiny_llm.shapes import Rows
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 
@@ -70,3 +71,18 @@ def test_a_float64_models_gradient_rounds_at_float64():
     model, batches = _problem()
     assert gradient_rounding(model, batches[0], CPU64) < 1e-9
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), _problem()[0].parameters(), strict=True))
+
+
+def test_a_shards_gaussian_entries_are_the_whole_draws(monkeypatch):
+    """Lanczos's start on a rank: only its entries, drawn a chunk at a time, equal to torch.randn's
+    whole draw at those positions (CPU's randn gives one sequence however it is cut in multiples of
+    16), for every rank of an uneven split and for the whole vector."""
+    assert gradients.RADEMACHER_CHUNK % 16 == 0
+    monkeypatch.setattr(gradients, "RADEMACHER_CHUNK", 1024)
+    D, shapes = 10_007, ((5003, 2), (1,))
+    whole = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(gradients.gaussians(torch.Generator().manual_seed(4), D), whole)
+    for rank in range(3):
+        entries = Rows(shapes, rank, 3, sharded=True).indices()
+        drawn = gradients.gaussians(torch.Generator().manual_seed(4), D, entries)
+        assert torch.equal(drawn, whole[entries])
