@@ -1,8 +1,8 @@
 """The maths: the full-epoch token-weighted Hessian operator (hessian), one loop for every
 placement of a job's model (placement: one process, data-parallel or FSDP-sharded ranks) and its
 engines (engines: the registry; forms and products: their batch computations), what a (state, case)
-job computes (measurement, torch-free), the gradients and seeded draws
-(gradients), the statistics declared once with their standard errors (statistics), a (state, case)
+job computes (measurement, torch-free), one job's passes (job), the gradients (gradients), the
+held vectors and their seeded draws (vectors), the statistics declared once with their standard errors (statistics), a (state, case)
 measurement (noise) with its precision audit (audit), Lanczos, SLQ, CG and block-diagonal errors
 on the same operator (spectrum), and the memory model that cuts every pass to fit a budget
 (memory).
@@ -24,12 +24,13 @@ __all__, __getattr__ = exports(
             "mean_gradient",
             "mean_gradient_and_loss",
             "noise_batch_indices",
-            "rademacher",
         ],
         "tiny_llm.curvature.hessian": ["EpochHessian", "FlatParameters", "Precision", "pad_sequences"],
         "tiny_llm.curvature.measurement": ["MeasurementPlan"],
         "tiny_llm.curvature.memory": ["MemoryPlan", "pass_bytes", "plan_analysis"],
-        "tiny_llm.curvature.placement": ["Layout", "Placement", "place"],
+        "tiny_llm.curvature.placement": ["Placement", "place"],
+        "tiny_llm.curvature.vectors": ["Layout", "Vectors", "rademacher"],
+        "tiny_llm.curvature.job": ["Cuts", "Job", "open_job"],
         "tiny_llm.curvature.memory_measure": ["StoragePeak", "device_budget", "measure_pass"],
         "tiny_llm.curvature.case": ["CaseInputs"],
         "tiny_llm.curvature.noise": ["measure_case"],

@@ -75,7 +75,7 @@ def audit_sides(job: Job, inputs: CaseInputs) -> tuple[AuditSide, AuditSide]:
     forms by the engine ``auto`` gives the model under the placement)."""
 
     def side(of: Job, engine: Callable[[int], str]) -> AuditSide:
-        return AuditSide(of, Vectors(of.placement.layout, of.placement.pieces, inputs.seed), engine)
+        return AuditSide(of, of.placement.vectors(inputs.seed), engine)
 
     production = side(job, lambda K: inputs.engine)
     reference = job.reference()  # float64: exact forms, or an HVP's without rules

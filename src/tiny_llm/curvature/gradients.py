@@ -6,7 +6,6 @@ directions (fixed functions of the seed, so reused across checkpoints and cases)
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ from tiny_llm.data.tokens import derive_seed, group_permutation
 from tiny_llm.model import micro_batch
 from tiny_llm.model.llama import Llama
 
-NOISE_SAMPLE_STREAM, RADEMACHER_STREAM, ROUNDING_STREAM = 2, 3, 5
+NOISE_SAMPLE_STREAM, ROUNDING_STREAM = 2, 5
 """Streams of the seeded draws (``tiny_llm.data.tokens.derive_seed``)."""
 
 __all__ = [
@@ -27,9 +26,6 @@ __all__ = [
     "mean_gradient",
     "mean_gradient_and_loss",
     "noise_batch_indices",
-    "gaussians",
-    "rademacher",
-    "signs",
 ]
 
 
@@ -39,46 +35,6 @@ def noise_batch_indices(n_batches: int, samples: int | None, seed: int) -> list[
     order = group_permutation(seed, NOISE_SAMPLE_STREAM, 0, n_batches)
     count = n_batches if samples is None else min(samples, n_batches)
     return [int(i) for i in order[:count]]
-
-
-RADEMACHER_CHUNK = 1 << 22
-"""Signs drawn at a time for a part of a Rademacher direction (memory only: the generator's sequence
-is the same however it is cut, which a test checks)."""
-
-
-def rademacher(D: int, seed: int, index: int, entries: torch.Tensor | None = None) -> torch.Tensor:
-    """Direction ``index``: D independent ±1 signs (float64, CPU), independent of batching; with
-    ``entries`` (ascending global positions, e.g. a shard's ``Layout.indices``) only those signs,
-    the same values, so no rank holds D of them (``signs``)."""
-    return signs(torch.Generator().manual_seed(derive_seed(seed, RADEMACHER_STREAM, index)), D, entries)
-
-
-def signs(generator: torch.Generator, D: int, entries: torch.Tensor | None = None) -> torch.Tensor:
-    """D independent ±1 signs from ``generator`` (float64, CPU); with ``entries`` (ascending global
-    positions) only those, the same values, drawn ``RADEMACHER_CHUNK`` at a time."""
-    if entries is None:
-        return torch.randint(0, 2, (D,), generator=generator, dtype=torch.int8).double() * 2 - 1
-    return _drawn(lambda n: torch.randint(0, 2, (n,), generator=generator, dtype=torch.int8), D, entries) * 2 - 1
-
-
-def gaussians(generator: torch.Generator, D: int, entries: torch.Tensor | None = None) -> torch.Tensor:
-    """D independent standard normal numbers from ``generator`` (float64, CPU), ``torch.randn``'s;
-    with ``entries`` (ascending global positions) only those, the same values, drawn
-    ``RADEMACHER_CHUNK`` at a time (a multiple of 16: CPU's ``randn`` gives the same sequence however
-    it is cut so, which a test checks), so no rank holds D of them."""
-    if entries is None:
-        return torch.randn(D, dtype=torch.float64, generator=generator)
-    return _drawn(lambda n: torch.randn(n, dtype=torch.float64, generator=generator), D, entries)
-
-
-def _drawn(draw: Callable[[int], torch.Tensor], D: int, entries: torch.Tensor) -> torch.Tensor:
-    """The ``entries`` of D numbers that ``draw(n)`` gives n at a time, one chunk held at a time."""
-    parts, entries = [], entries.cpu()
-    for start in range(0, D, RADEMACHER_CHUNK):
-        drawn = draw(min(RADEMACHER_CHUNK, D - start))
-        first, last = torch.searchsorted(entries, torch.tensor([start, start + len(drawn)])).tolist()
-        parts.append(drawn[entries[first:last] - start])
-    return torch.cat(parts).double()
 
 
 def placed(model: torch.nn.Module, holder: Placement | FlatParameters) -> Placement:

@@ -125,7 +125,7 @@ def _setup(model: Llama, batches: list[torch.Tensor], inputs: CaseInputs, precis
     P = inputs.preconditioner
     return _Setup(
         job=job,
-        vectors=Vectors(placement.layout, placement.pieces, inputs.seed),
+        vectors=placement.vectors(inputs.seed),
         split=engine_named(inputs.engine).gauss_newton,
         scales=[None] + ([] if P is None else [P.to(precision.device, torch.float64).sqrt()]),
         engine=inputs.engine,

@@ -21,12 +21,12 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from tiny_llm.curvature.sharding import SHARDED_GRADIENT_HEAD_CHUNKS
+from tiny_llm.curvature.vectors import Layout, Vectors
 from tiny_llm.distributed import all_reduce_sum, world
 from tiny_llm.distributed import sharded as runs_sharded
 from tiny_llm.model.causal import IGNORE_INDEX
@@ -35,7 +35,6 @@ from tiny_llm.shapes import Rows
 
 __all__ = [
     "PLACEMENTS",
-    "Layout",
     "Placement",
     "Sharded",
     "held_shards",
@@ -51,39 +50,6 @@ PLACEMENTS = ("whole", "data_parallel", "sharded")
 """The placements an engine may declare (``Engine.placements``)."""
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Which entries of a D-vector this process holds: all of them (``indices`` None, one process
-    or data-parallel ranks that each hold everything), or this rank's shard, ``indices`` being the
-    global positions of its entries in order (FSDP). Inner products of shards are all-reduced."""
-
-    D: int
-    indices: torch.Tensor | None = None
-
-    def local(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's entries of ``full`` (..., D) (the whole of it unsharded)."""
-        return full if self.indices is None else full[..., self.indices.to(full.device)]
-
-    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        """Sum per-rank partial sums over the ranks (unchanged unsharded)."""
-        return partial if self.indices is None else all_reduce_sum(partial)
-
-    def dots(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-        """Row-wise inner products ⟨a_i, b_i⟩ of (K, d) parts, reduced: (K,)."""
-        return self.reduce((A * B).sum(-1))
-
-    def norms(self, A: torch.Tensor) -> torch.Tensor:
-        """Row-wise norms of (K, d) parts, reduced: (K,)."""
-        return self.dots(A, A).sqrt()
-
-    def norm(self, v: torch.Tensor) -> float:
-        """‖v‖ of one vector: its own norm whole; the square root of the all-reduced float64 sum of
-        squares of the ranks' parts when sharded."""
-        if self.indices is None:
-            return float(v.norm())
-        return float(self.reduce(v.double().pow(2).sum())) ** 0.5
 
 
 def shard_model(model: nn.Module) -> nn.Module:
@@ -185,6 +151,12 @@ class Placement:
     def norms(self, V: torch.Tensor) -> list[float]:
         """The whole vectors' norms of the rows of V (K, d)."""
         return [float(v.norm()) for v in V]
+
+    def vectors(self, seed: int) -> Vectors:
+        """The job's vectors as this placement holds them: norms, dots and block sums over its layout
+        (reduced over the ranks when sharded), per-parameter views, and the seeded Rademacher
+        directions' entries it holds."""
+        return Vectors(self.layout, self.pieces, seed)
 
     def forms_engine(self, K: int) -> str:
         """The engine ``auto`` gives quadratic forms of K directions per pass on this model under this

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tiny_llm.curvature.gradients import gaussians, signs
 from tiny_llm.curvature.hessian import FlatParameters
-from tiny_llm.curvature.placement import Layout
+from tiny_llm.curvature.vectors import Layout, gaussians, signs
 
 __all__ = [
     "FLOAT64",

@@ -49,9 +49,10 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call, grad, jvp, vjp, vmap
 
-from tiny_llm.curvature.gradients import mean_gradient_and_loss, rademacher
+from tiny_llm.curvature.gradients import mean_gradient_and_loss
 from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.curvature.job import Cuts, open_job
+from tiny_llm.curvature.vectors import rademacher
 from tiny_llm.model.causal import token_losses
 from tiny_llm.model.llama import Llama
 

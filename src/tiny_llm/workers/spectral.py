@@ -16,12 +16,13 @@ from typing import Any
 import torch
 
 from tiny_llm.curvature import spectrum as spectra
-from tiny_llm.curvature.gradients import noise_batch_indices, rademacher
+from tiny_llm.curvature.gradients import noise_batch_indices
 from tiny_llm.curvature.hessian import CurvatureOperator, FlatParameters, Precision
 from tiny_llm.curvature.job import Cuts, open_job
 from tiny_llm.curvature.memory import MemoryPlan
-from tiny_llm.curvature.placement import Layout, place
+from tiny_llm.curvature.placement import place
 from tiny_llm.curvature.spectrum import Basis, layer_blocks, tensor_blocks
+from tiny_llm.curvature.vectors import Layout, rademacher
 from tiny_llm.model.causal import CausalLM
 from tiny_llm.model.moments import next_preconditioner
 from tiny_llm.runtime import compile_record

@@ -7,19 +7,15 @@ float64's for a float64 model."""
 import torch
 from oracles import TINY_MODEL
 
-from tiny_llm.curvature import gradients
 from tiny_llm.curvature.gradients import (
     batch_gradient_and_loss,
     epoch_loss,
     gradient_rounding,
     mean_gradient_and_loss,
-    noise_batch_indices,
-    rademacher,
 )
 from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.model.causal import token_losses
 from tiny_llm.model.llama import Llama
-from tiny_llm.shapes import Rows
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
 
@@ -55,34 +51,7 @@ def test_the_gradients_are_autograds_however_the_micro_batches_are_cut():
         assert abs(loss1 - reference_loss) < 1e-13
 
 
-def test_the_draws_are_fixed_functions_of_the_seed_and_a_slice_is_the_whole_draws(monkeypatch):
-    drawn = noise_batch_indices(10, 4, seed=3)
-    assert drawn == noise_batch_indices(10, 4, seed=3) and len(set(drawn)) == 4 and max(drawn) < 10
-    assert noise_batch_indices(10, 4, seed=4) != drawn
-    assert sorted(noise_batch_indices(5, None, 3)) == list(range(5)) == sorted(noise_batch_indices(5, 99, 3))
-    whole = rademacher(1000, 7, 2)
-    assert set(whole.unique().tolist()) == {-1.0, 1.0} and torch.equal(whole, rademacher(1000, 7, 2))
-    monkeypatch.setattr(gradients, "RADEMACHER_CHUNK", 64)  # drawn in many chunks: the same signs
-    entries = torch.tensor([0, 5, 63, 64, 65, 500, 999])
-    assert torch.equal(rademacher(1000, 7, 2, entries), whole[entries])
-
-
 def test_a_float64_models_gradient_rounds_at_float64():
     model, batches = _problem()
     assert gradient_rounding(model, batches[0], CPU64) < 1e-9
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), _problem()[0].parameters(), strict=True))
-
-
-def test_a_shards_gaussian_entries_are_the_whole_draws(monkeypatch):
-    """Lanczos's start on a rank: only its entries, drawn a chunk at a time, equal to torch.randn's
-    whole draw at those positions (CPU's randn gives one sequence however it is cut in multiples of
-    16), for every rank of an uneven split and for the whole vector."""
-    assert gradients.RADEMACHER_CHUNK % 16 == 0
-    monkeypatch.setattr(gradients, "RADEMACHER_CHUNK", 1024)
-    D, shapes = 10_007, ((5003, 2), (1,))
-    whole = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
-    assert torch.equal(gradients.gaussians(torch.Generator().manual_seed(4), D), whole)
-    for rank in range(3):
-        entries = Rows(shapes, rank, 3, sharded=True).indices()
-        drawn = gradients.gaussians(torch.Generator().manual_seed(4), D, entries)
-        assert torch.equal(drawn, whole[entries])

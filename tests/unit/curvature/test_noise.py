@@ -9,7 +9,7 @@ from oracles import FORM_ENGINES, dense_gauss_newton
 from torch.func import functional_call, grad, hessian
 
 from tiny_llm.curvature.blocks import parameter_blocks
-from tiny_llm.curvature.gradients import mean_gradient, noise_batch_indices, rademacher
+from tiny_llm.curvature.gradients import mean_gradient, noise_batch_indices
 from tiny_llm.curvature.hessian import EpochHessian, FlatParameters, Precision
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.records import NoiseSample, RandomDirection
@@ -19,6 +19,7 @@ from tiny_llm.curvature.statistics import (
     standard_errors,
     summarise,
 )
+from tiny_llm.curvature.vectors import rademacher
 from tiny_llm.data.tokens import TokenCache, epoch_plan, unseen_plan
 from tiny_llm.model.causal import token_losses
 from tiny_llm.model.llama import Llama

@@ -12,8 +12,9 @@ from oracles import dense_directions, dense_model, dense_tokens
 from tiny_llm.curvature import engines as registry
 from tiny_llm.curvature.engines import Engine
 from tiny_llm.curvature.hessian import EpochHessian, Precision
-from tiny_llm.curvature.placement import PLACEMENTS, Layout, Placement, Sharded, place
+from tiny_llm.curvature.placement import PLACEMENTS, Placement, Sharded, place
 from tiny_llm.curvature.sharded import ShardedHessian
+from tiny_llm.curvature.vectors import Layout
 from tiny_llm.model.causal import IGNORE_INDEX, token_losses
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)

@@ -14,9 +14,10 @@ from torch.func import functional_call, grad
 
 from tiny_llm.architectures import ARCHITECTURES, build_model
 from tiny_llm.curvature.blocks import parameter_blocks
-from tiny_llm.curvature.gradients import noise_batch_indices, rademacher
+from tiny_llm.curvature.gradients import noise_batch_indices
 from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.curvature.noise import CaseInputs, measure_case
+from tiny_llm.curvature.vectors import rademacher
 from tiny_llm.data.tokens import TokenCache, epoch_plan
 from tiny_llm.model.causal import token_losses
 

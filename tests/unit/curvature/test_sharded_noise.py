@@ -17,12 +17,12 @@ from builders import make_oracle_run
 from oracles import dense_epoch_hessian
 
 from tiny_llm.architectures import ARCHITECTURES, build_model
-from tiny_llm.curvature import gradients
+from tiny_llm.curvature import vectors
 from tiny_llm.curvature.engines import sharded_names
-from tiny_llm.curvature.gradients import rademacher
 from tiny_llm.curvature.hessian import FlatParameters, Precision
 from tiny_llm.curvature.noise import CaseInputs, measure_case
 from tiny_llm.curvature.sharded import shard_layout, shard_rows
+from tiny_llm.curvature.vectors import rademacher
 from tiny_llm.data.tokens import TokenCache, epoch_plan
 
 CPU64 = Precision(torch.device("cpu"), torch.float64)
@@ -234,7 +234,7 @@ def test_a_float32_sharded_audit_measures_what_one_process_measures(tmp_path, ru
 def test_sharded_rademacher_signs_are_the_one_process_signs(monkeypatch):
     """A shard's signs, drawn a chunk at a time (chunks smaller than D here), are the whole
     direction's entries at the shard's positions, for every rank of an uneven split."""
-    monkeypatch.setattr(gradients, "RADEMACHER_CHUNK", 37)
+    monkeypatch.setattr(vectors, "RADEMACHER_CHUNK", 37)
     shapes = [torch.Size([16, 8]), torch.Size([8]), torch.Size([5, 3, 2])]
     D = sum(math.prod(s) for s in shapes)
     whole = rademacher(D, 7, 2)

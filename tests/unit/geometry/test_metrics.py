@@ -94,7 +94,7 @@ def test_hessian_trace_converges_to_the_dense_hessian():
     estimate, se = hessian_trace(model, rows, 300, seed=5, batch_size=2, precision=CPU64)
     assert abs(estimate - float(H.trace())) < 4 * se
     one, _ = hessian_trace(model, rows, 1, seed=5, batch_size=3, precision=CPU64)  # each probe exactly vᵀHv
-    from tiny_llm.curvature.gradients import rademacher
+    from tiny_llm.curvature.vectors import rademacher
 
     v = rademacher(len(theta), 5, 0)
     assert one == pytest.approx(float(v @ H @ v), rel=1e-10)

@@ -107,7 +107,7 @@ def test_result_contract_and_seen_batches(ordinary):
         assert record["positions"] == [list(cache.position(b)) for b in blocks]
     # One statistic against the dense Hessian of the trained state.
     H, flat = _dense_hessian(config, load_file(path / "run" / "epoch-002.safetensors"), epoch_plan(config, 1))
-    from tiny_llm.curvature.gradients import rademacher
+    from tiny_llm.curvature.vectors import rademacher
 
     s = [rademacher(flat.D, 42, i) for i in range(3)]
     assert result["statistics"]["random_curvature"] == pytest.approx(
