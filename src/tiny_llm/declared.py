@@ -26,6 +26,7 @@ import functools
 import inspect
 import itertools
 import math
+import operator
 import textwrap
 import types
 import typing
@@ -34,6 +35,7 @@ from typing import Annotated, Any, Literal
 
 __all__ = [
     "Bounds",
+    "Items",
     "Pattern",
     "NonNegative",
     "NonNegativeNumber",
@@ -48,6 +50,9 @@ __all__ = [
     "field_docs",
     "from_options",
     "json_schema",
+    "keywords",
+    "object_schema",
+    "optional_key",
     "required",
 ]
 
@@ -331,3 +336,109 @@ def json_schema(cls: type, spelled: dict[str, str] | None = None) -> dict[str, d
             schema["description"] = docs[field.name].replace("``", "")
         properties[field.name] = schema
     return properties
+
+
+def keywords(**given: Any) -> dict[str, Any]:
+    """A field's ``metadata`` for ``object_schema``: JSON-schema keywords its schema adds or replaces
+    (``minItems=2``, ``default={}``), and ``unset=True`` for a key a configuration may leave out but
+    never gives as null (no default is written, and None is not one of its values)."""
+    return {"schema": given}
+
+
+@dataclasses.dataclass(frozen=True)
+class Items:
+    """An array's bounds, for ``Annotated[tuple[X, ...], Items(1)]``: at least ``least`` items, and
+    all different with ``unique``."""
+
+    least: int = 0
+    unique: bool = False
+
+    def keywords(self) -> dict[str, Any]:
+        return {"minItems": self.least} | ({"uniqueItems": True} if self.unique else {})
+
+
+def optional_key(**given: Any) -> Any:
+    """A dataclass field for a key a configuration may leave out but never gives as null (default
+    None in code; no default in the schema), with ``keywords`` ``given``."""
+    return dataclasses.field(default=None, metadata=keywords(unset=True, **given))
+
+
+def object_schema(cls: type, defs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON schema of a configuration section or entry declared by dataclass ``cls``: an object
+    of its fields and no others, those without a default required, each field's schema from its
+    type (``_value_schema``) with its default, its docstring as the description and its metadata's
+    keywords (``keywords``); the class's ``__schema__`` keywords are added to the object. A nested
+    dataclass with a ``__schema_ref__`` name is written once under ``defs`` and referred to."""
+    hints, docs = _hints(cls), field_docs(cls)
+    properties, needed = {}, []
+    for field in dataclasses.fields(cls):
+        extra = dict(field.metadata.get("schema", {}))
+        unset, spelled = extra.pop("unset", False), extra.pop("spelled", None)
+        tp = hints[field.name]
+        if unset or "default" in extra:  # None is the code's absence, not a value to write
+            tp = _without_none(tp)
+        schema = _value_schema(tp, defs, spelled)
+        if field.default is not dataclasses.MISSING and not unset:
+            schema["default"] = list(field.default) if isinstance(field.default, tuple) else field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            schema["default"] = field.default_factory()
+        elif not unset:
+            needed.append(field.name)
+        schema.update(extra)
+        if field.name in docs:
+            schema["description"] = docs[field.name].replace("``", "")
+        properties[field.name] = schema
+    required_ = {"required": needed} if needed else {}
+    return {"type": "object", "additionalProperties": False, **required_, "properties": properties,
+            **getattr(cls, "__schema__", {})}  # fmt: skip
+
+
+def _without_none(tp: Any) -> Any:
+    arms = [arm for arm in typing.get_args(tp) if arm is not type(None)]
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType) or len(arms) == len(typing.get_args(tp)):
+        return tp
+    return functools.reduce(operator.or_, arms)
+
+
+def _value_schema(tp: Any, defs: dict[str, Any] | None, spelled: Any = None) -> dict[str, Any]:
+    """The JSON schema of values of ``tp``: a dataclass as its object (``object_schema``; ``spelled``:
+    its fields' words for None, as ``json_schema``), ``dict[str, X]`` as an object of X values,
+    ``tuple[X, ...]`` as an array of them, a union as one of its arms, anything else as
+    ``_type_schema`` writes it."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated and any(isinstance(mark, Items) for mark in tp.__metadata__):
+        marks = [mark for mark in tp.__metadata__ if not isinstance(mark, Items)]
+        schema = _value_schema(Annotated[(tp.__origin__, *marks)] if marks else tp.__origin__, defs)
+        for mark in tp.__metadata__:
+            schema.update(mark.keywords() if isinstance(mark, Items) else {})
+        return schema
+    if dataclasses.is_dataclass(tp):
+        schema = object_schema(tp, defs)
+        if spelled:
+            schema["properties"] |= {k: v for k, v in json_schema(tp, spelled).items() if k in spelled}
+        name = getattr(tp, "__schema_ref__", None)
+        if name is None or defs is None:
+            return schema
+        defs[name] = {"description": " ".join(inspect.getdoc(tp).split()), **schema}
+        return {"$ref": f"#/$defs/{name}"}
+    if origin is dict:
+        return (
+            {"type": "object"}
+            if args[1] is Any
+            else {"type": "object", "additionalProperties": _value_schema(args[1], defs)}
+        )
+    if origin is tuple and args and not any(dataclasses.is_dataclass(a) for a in args):
+        return _type_schema(tp, None)
+    if origin is tuple:
+        return {"type": "array", "items": _value_schema(args[0], defs)}
+    if origin in (typing.Union, types.UnionType) and not all(map(_scalar, args)):
+        return {"oneOf": [_value_schema(arm, defs) if arm is not type(None) else {"type": "null"} for arm in args]}
+    return _type_schema(tp, None)
+
+
+def _scalar(tp: Any) -> bool:
+    """Whether ``_type_schema`` writes ``tp`` alone: a number, string, bool, None, a literal, or one of
+    them with bounds or a pattern."""
+    if typing.get_origin(tp) is Annotated:
+        return all(not isinstance(mark, Items) for mark in tp.__metadata__) and _scalar(tp.__origin__)
+    return tp in _JSON_TYPES or tp is type(None) or typing.get_origin(tp) is Literal

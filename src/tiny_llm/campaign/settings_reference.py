@@ -1,10 +1,10 @@
-"""The settings' reference, generated from their declarations: the ``settings`` and ``spectrum``
-properties of the workflow schema (workflow/schemas/config.schema.yaml), its ``cluster`` section,
-a ``cbs_experiments`` entry, and their tables in docs/workflow.md and docs/critical-batch.md, each
-between its BEGIN/END marker lines, are written from the dataclasses (``AnalysisSettings``,
-``SpectrumSettings``, ``ClusterSettings``, ``CbsExperiment``: types, literals as enums, ranges as
-minimums, patterns, defaults, the fields without one as required, and the field docstrings as
-descriptions), so that nothing restates them by hand.
+"""The configuration's reference, generated from its declarations: the workflow schema
+(workflow/schemas/config.schema.yaml) is written whole from the dataclasses of
+:mod:`tiny_llm.campaign.configuration` (types, literals as enums, ranges as minimums, patterns,
+defaults, the fields without one as required, and the field docstrings as descriptions), and the
+key tables of docs/workflow.md (analysis settings, spectra, cluster) and docs/critical-batch.md
+(an experiment's keys) between their BEGIN/END marker lines from the same dataclasses, so that
+nothing restates them by hand.
 
     python -m tiny_llm.campaign.settings_reference           # say whether the checked-in files are current
     python -m tiny_llm.campaign.settings_reference --write   # rewrite the generated parts
@@ -21,71 +21,61 @@ from typing import Any
 import yaml
 
 from tiny_llm.campaign.cbs import CbsExperiment
+from tiny_llm.campaign.configuration import SPELLED, SpectrumSection, schema
 from tiny_llm.campaign.plan import ClusterSettings
-from tiny_llm.declared import json_schema, required
-from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
+from tiny_llm.declared import json_schema
+from tiny_llm.workers.settings import AnalysisSettings
 
-__all__ = ["SECTIONS", "Section", "check", "docs_table", "render", "schema_properties"]
+__all__ = ["SECTIONS", "Section", "check", "docs_table", "render", "schema_text"]
 
 REPO = Path(__file__).resolve().parents[3]
 SCHEMA = Path("workflow/schemas/config.schema.yaml")
 DOCS = Path("docs/workflow.md")
+HEADER = (
+    "# Generated from tiny_llm.campaign.configuration (python -m tiny_llm.campaign.settings_reference --write):\n"
+    "# change the dataclasses, not this file (a test fails when they differ).\n"
+)
 
 
 @dataclass(frozen=True)
 class Section:
-    """One settings section of an analysis: its key, its class, None's spelling per field and the
-    keys the section has beside the class's fields (the workflow's own switches)."""
+    """One documented table of keys: its key, its class, None's spelling per field, the path the table
+    writes before each key, its page, and whether it is an entry of a mapping keyed by name (its keys
+    written alone)."""
 
     key: str
     cls: type
     spelled: dict[str, str]
-    extra: dict[str, dict[str, Any]]
     prefix: str = "analyses.<name>."
     """What the docs table writes before the section's key (the configuration's path to it)."""
     docs: Path = DOCS
     """The page of its table."""
     entry: bool = False
-    """An entry of a mapping keyed by name (a whole object: its required keys, no others), rather than
-    a section's properties."""
+    """An entry of a mapping keyed by name: the table names its keys alone."""
 
     def properties(self) -> dict[str, dict[str, Any]]:
-        return {**self.extra, **json_schema(self.cls, self.spelled)}
-
-    def schema(self) -> dict[str, Any]:
-        """What the schema holds between the markers: the properties, or an entry's whole object."""
-        if not self.entry:
-            return self.properties()
-        needed = {"required": required(self.cls)} if required(self.cls) else {}
-        return {"type": "object", "additionalProperties": False, **needed, "properties": self.properties()}
+        return json_schema(self.cls, self.spelled)
 
 
 SECTIONS = (
-    Section("settings", AnalysisSettings, {"noise_samples": "all"}, {}),
-    Section(
-        "spectrum",
-        SpectrumSettings,
-        {},
-        {"enabled": {"type": "boolean", "default": False, "description": "Measure Hessian spectra per (state, case)."}},
-    ),
-    Section("cluster", ClusterSettings, {}, {}, prefix=""),
-    Section("cbs", CbsExperiment, {}, {}, prefix="", docs=Path("docs/critical-batch.md"), entry=True),
+    Section("settings", AnalysisSettings, SPELLED),
+    Section("spectrum", SpectrumSection, {}),
+    Section("cluster", ClusterSettings, {}, prefix=""),
+    Section("cbs", CbsExperiment, {}, prefix="", docs=Path("docs/critical-batch.md"), entry=True),
 )
 
 
-def _markers(section: Section, comment: str) -> tuple[str, str]:
+def schema_text() -> str:
+    """The workflow schema as its file holds it."""
+    return HEADER + yaml.safe_dump(schema(), sort_keys=False, allow_unicode=True, width=110)
+
+
+def _markers(section: Section) -> tuple[str, str]:
     name = section.cls.__name__
-    begin, end = (
-        f"BEGIN generated from {name} (python -m tiny_llm.campaign.settings_reference --write)",
-        f"END generated from {name}",
+    return (
+        f"<!-- BEGIN generated from {name} (python -m tiny_llm.campaign.settings_reference --write) -->",
+        f"<!-- END generated from {name} -->",
     )
-    return (f"# {begin}", f"# {end}") if comment == "#" else (f"<!-- {begin} -->", f"<!-- {end} -->")
-
-
-def schema_properties(section: Section, indent: int) -> str:
-    """The section's properties as YAML lines at ``indent`` spaces."""
-    text = yaml.safe_dump(section.schema(), sort_keys=False, allow_unicode=True, width=110)
-    return "".join(" " * indent + line + "\n" for line in text.splitlines())
 
 
 def _cell(value: Any, spelled: str | None) -> str:
@@ -101,14 +91,14 @@ def _cell(value: Any, spelled: str | None) -> str:
 def docs_table(section: Section) -> str:
     """The section's markdown table: key, default, meaning (the docstring)."""
     rows = ["| key | default | meaning |", "| --- | --- | --- |"]
-    for key, schema in section.properties().items():
+    for key, field in section.properties().items():
         spelled = section.spelled.get(key)
-        if "default" not in schema:
+        if "default" not in field:
             cell = "(required)"
         else:
-            default = None if spelled is not None and schema["default"] == spelled else schema["default"]
+            default = None if spelled is not None and field["default"] == spelled else field["default"]
             cell = _cell(default, spelled)
-        meaning = schema.get("description", "").replace("|", "\\|")
+        meaning = field.get("description", "").replace("|", "\\|")
         name = key if section.entry else f"{section.prefix}{section.key}.{key}"
         rows.append(f"| `{name}` | {cell} | {meaning} |")
     return "\n".join(rows) + "\n"
@@ -125,13 +115,11 @@ def _replace(text: str, begin: str, end: str, body: str, where: Path) -> str:
 
 def render(path: Path, text: str) -> str:
     """``text`` (the schema's or the docs') with every generated part as the declarations write it."""
+    if path == SCHEMA:
+        return schema_text()
     for section in SECTIONS:
-        if path == SCHEMA:
-            begin, end = _markers(section, "#")
-            indent = len(text.split(begin, 1)[0].rsplit("\n", 1)[-1])
-            text = _replace(text, begin, end, schema_properties(section, indent), path)
-        elif path == section.docs:
-            begin, end = _markers(section, "<!--")
+        if path == section.docs:
+            begin, end = _markers(section)
             text = _replace(text, begin, end, "\n" + docs_table(section) + "\n", path)
     return text
 

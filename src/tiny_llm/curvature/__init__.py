@@ -2,10 +2,10 @@
 placement of a job's model (placement: one process, data-parallel or FSDP-sharded ranks) and its
 engines (engines: the registry; forms and products: their batch computations), what a (state, case)
 job computes (measurement, torch-free), one job's passes (job), the gradients (gradients), the
-held vectors and their seeded draws (vectors), the statistics declared once with their standard errors (statistics), a (state, case)
-measurement (noise) with its precision audit (audit), Lanczos, SLQ, CG and block-diagonal errors
-on the same operator (spectrum), and the memory model that cuts every pass to fit a budget
-(memory).
+held vectors and their seeded draws (vectors), the statistics declared once with their standard
+errors (statistics), a (state, case) measurement (noise) with its precision audit (audit),
+Lanczos, SLQ, CG and block-diagonal errors on the same operator (spectrum), and the memory model
+that cuts every pass to fit a budget (memory).
 
 Names are imported on first use, so that the torch-free modules (the engine registry) can be
 imported alone.

@@ -1,16 +1,17 @@
-"""The settings' reference is generated: the workflow schema's settings and spectrum properties and
-their tables in docs/workflow.md are what the declarations write, and the schema refuses what the
-settings refuse."""
+"""The configuration's reference is generated: the whole workflow schema and the key tables of
+docs/workflow.md and docs/critical-batch.md are what the declarations write, a declaration's
+nested sections, entries, optional keys and array bounds become their schema, and the schema refuses
+what the settings refuse."""
 
 import dataclasses
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import jsonschema
 import pytest
 import yaml
 
 from tiny_llm.campaign.settings_reference import DOCS, REPO, SCHEMA, SECTIONS, check, docs_table, render
-from tiny_llm.declared import Bounds, Pattern, Positive, PositiveNumber, json_schema
+from tiny_llm.declared import Bounds, Items, Pattern, Positive, PositiveNumber, json_schema, object_schema, optional_key
 from tiny_llm.workers.settings import AnalysisSettings
 
 
@@ -99,3 +100,70 @@ def test_the_schema_refuses_a_cbs_experiment_the_declaration_refuses():
     for bad in ({**good, "lr_rul": "sqrt"}, {k: v for k, v in good.items() if k != "token_budget"},
                 {**good, "epsilon": 0}, {**good, "lr_rule": "cubic"}):  # fmt: skip
         assert list(entry.iter_errors(bad)), bad
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Leaf:
+    """A referred definition."""
+
+    __schema_ref__ = "leaf"
+
+    name: str
+    """Its name."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Entry:
+    __schema__ = {"minProperties": 1}
+
+    needed: str
+    note: str | None = optional_key()
+    """Left out, or a string (never null)."""
+    tags: Annotated[tuple[str, ...], Items(1, unique=True)] = ()
+    choice: Literal["all"] | Annotated[tuple[str, ...], Items(1)] | _Leaf = "all"
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Top:
+    entries: dict[str, _Entry] = dataclasses.field(default_factory=dict)
+    """Entries by name."""
+
+
+def test_a_nested_declaration_becomes_its_schema():
+    defs = {}
+    top = object_schema(_Top, defs)
+    entry = top["properties"]["entries"]["additionalProperties"]
+    assert top["properties"]["entries"]["default"] == {} and entry["additionalProperties"] is False
+    assert entry["required"] == ["needed"] and entry["minProperties"] == 1
+    assert entry["properties"]["note"] == {"type": "string", "description": "Left out, or a string (never null)."}
+    assert entry["properties"]["tags"] == {
+        "type": "array", "items": {"type": "string"}, "minItems": 1, "uniqueItems": True, "default": []
+    }  # fmt: skip
+    assert entry["properties"]["choice"]["oneOf"] == [
+        {"type": "string", "enum": ["all"]},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        {"$ref": "#/$defs/leaf"},
+    ]
+    assert defs["leaf"]["required"] == ["name"] and defs["leaf"]["description"] == "A referred definition."
+    validator = jsonschema.Draft202012Validator({**top, "$defs": defs})
+    assert not list(validator.iter_errors({"entries": {"a": {"needed": "x", "choice": {"name": "n"}}}}))
+    for bad in ({"needed": "x", "note": None}, {"note": "x"}, {"needed": "x", "tags": []}, {"needed": "x", "z": 1}):
+        assert list(validator.iter_errors({"entries": {"a": bad}})), bad
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "config/config.yaml",
+        "config/cbs-demo.yaml",
+        "config/cbs-study.yaml",
+        "config/seeds-demo.yaml",
+        "config/naiss.yaml",
+        "config/timing.yaml",
+    ],
+)
+def test_the_projects_configurations_are_valid_under_the_generated_schema(path):
+    schema = yaml.safe_load((REPO / SCHEMA).read_text())
+    config = yaml.safe_load((REPO / path).read_text()) or {}
+    assert not [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(config)]
