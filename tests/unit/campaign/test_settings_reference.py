@@ -160,7 +160,6 @@ def test_a_nested_declaration_becomes_its_schema():
         "config/cbs-study.yaml",
         "config/seeds-demo.yaml",
         "config/naiss.yaml",
-        "config/timing.yaml",
     ],
 )
 def test_the_projects_configurations_are_valid_under_the_generated_schema(path):
