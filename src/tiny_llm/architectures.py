@@ -72,6 +72,12 @@ class Architecture:
     hf_model_types: tuple[str, ...] = ()
     """The Hugging Face ``model_type`` values whose checkpoints import natively as this architecture
     (each a format in ``tiny_llm.model.hf_formats.FORMATS``); any other comes in through the adapter."""
+    rotary: bool = False
+    """Its positions are rotary (RoPE on ``rotary_pct`` of each head): the rotated share of a head
+    must be even and positive."""
+    allowed: tuple[tuple[str, tuple[Any, ...], str], ...] = ()
+    """(option, the values it can represent, why): a shared option's values its layers cannot build
+    (GPT-2's projections are always biased), refused by name."""
     parameters: ParameterTable | None = None
     """Its parameter table (names, shapes from a configuration, checkpoint keys, transposes, blocks),
     without torch; None: read from a model built on the meta device, for the adapter's models, whose
@@ -96,6 +102,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             jets=True,
             options=("n_kv_heads", "rope_theta", "rope_scaling", "attention_bias", "mlp_bias"),
             hf_model_types=("llama", "mistral", "qwen2"),
+            rotary=True,
             parameters=LLAMA,
         ),
         Architecture(
@@ -105,6 +112,10 @@ ARCHITECTURES: dict[str, Architecture] = {
             options=("attention_bias", "mlp_bias"),
             biased=True,
             hf_model_types=("gpt2",),
+            allowed=(
+                ("attention_bias", (None, "all"), "its projections are biased"),
+                ("mlp_bias", (None, True), "its projections are biased"),
+            ),
             parameters=GPT2,
         ),
         Architecture(
@@ -114,6 +125,8 @@ ARCHITECTURES: dict[str, Architecture] = {
             options=("rope_theta", "rope_scaling", "rotary_pct", "attention_bias", "mlp_bias", "parallel_residual"),
             biased=True,
             hf_model_types=("gpt_neox",),
+            rotary=True,
+            allowed=(("attention_bias", ("none", "all", None), "q, k and v are one fused projection"),),
             parameters=GPT_NEOX,
         ),
         Architecture("hf", "tiny_llm.model.adapter:HFCausalLM", jets=False, options=("hf_config",)),

@@ -142,7 +142,7 @@ class ModelConfig:
             fail("model.n_heads", f"a divisor of model.d_model={self.d_model} ({divisors})", self.n_heads)
         if (self.architecture == "hf") != (self.hf_config is not None):
             fail("model.hf_config", "a config.json path exactly when model.architecture is hf", self.hf_config)
-        if self.architecture in ("llama", "gpt_neox") and (self.rotary_dim % 2 or self.rotary_dim == 0):
+        if self.spec.rotary and (self.rotary_dim % 2 or self.rotary_dim == 0):
             if self.rotary_pct == 1.0:
                 fail("model.n_heads", f"a value giving an even head_dim (d_model={self.d_model})", self.n_heads)
             fail("model.rotary_pct", f"a fraction giving an even, positive share of {self.head_dim}", self.rotary_pct)
@@ -165,12 +165,11 @@ class ModelConfig:
                     f"its default unless model.architecture is {' or '.join(having)}",
                     value,
                 )
-        if self.architecture == "gpt2" and self.attention_bias not in (None, "all"):
-            fail("model.attention_bias", "null or all for gpt2 (its projections are biased)", self.attention_bias)
-        if self.architecture == "gpt2" and self.mlp_bias is False:
-            fail("model.mlp_bias", "null or true for gpt2 (its projections are biased)", self.mlp_bias)
-        if self.architecture == "gpt_neox" and self.attention_bias == "qkv":
-            fail("model.attention_bias", "none, all or null for gpt_neox", self.attention_bias)
+        for option, values, why in self.spec.allowed:  # what its layers can build, as it declares
+            if getattr(self, option) not in values:
+                spelled = ["null" if v is None else str(v).lower() for v in values]
+                words = f"{', '.join(spelled[:-1])} or {spelled[-1]}"
+                fail(f"model.{option}", f"{words} for {self.architecture} ({why})", getattr(self, option))
 
     @property
     def spec(self) -> Architecture:

@@ -138,3 +138,25 @@ def test_derived_sizes():
     )
     assert config.steps_per_epoch == 1000 // (3 * 32) == 10
     assert config.total_batches == 30
+
+
+def test_every_value_an_architecture_cannot_build_is_refused_by_its_declaration():
+    """The registry's ``allowed`` values, for every architecture that declares them: each other value
+    of the option is refused naming the option, the architecture and why; rotary architectures
+    refuse an odd rotated share."""
+    from tiny_llm.config import ModelConfig
+
+    field_types = {"attention_bias": ("none", "qkv", "all", None), "mlp_bias": (True, False, None)}
+    shape = dict(d_model=8, n_heads=2, d_ff=16)
+    for spec in ARCHITECTURES.values():
+        for option, values, why in spec.allowed:
+            for value in field_types[option]:
+                given = {"architecture": spec.name, option: value, **shape}
+                if value in values:
+                    ModelConfig(**given)
+                    continue
+                with pytest.raises(ValueError, match=rf"model\.{option}: expected .* for {spec.name} \({why}\)"):
+                    ModelConfig(**given)
+        if spec.rotary:
+            with pytest.raises(ValueError, match="even"):
+                ModelConfig(architecture=spec.name, d_model=6, n_heads=2, d_ff=16)
