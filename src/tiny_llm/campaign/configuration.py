@@ -116,26 +116,13 @@ Checkpoints = Annotated[tuple[Checkpoint, ...], Items(1)] | Suite
 
 
 @dataclass(frozen=True, kw_only=True)
-class SeedExperiment:
-    """A cross-seed experiment."""
+class SeedExperiment(TrainRun):
+    """A cross-seed experiment: its runs' configuration and cache as a run's, and its seeds."""
 
     config: str
     """Run configuration of every seed (sections model, data, training); data.cache must be cache/<name>."""
     set: dict[str, Any] = field(default_factory=dict)
     """Overrides of that configuration for every run, section.key -> value."""
-    cache_source: Literal["demo", "text", "tokens"] = "demo"
-    """Where the token cache comes from."""
-    cache_inputs: tuple[str, ...] = ()
-    """Input files for cache_source text or tokens."""
-    shard_tokens: Positive = 1048576
-    """Approximate tokens per cache shard."""
-    cache_order: Literal["shuffle", "keep"] = "shuffle"
-    """shuffle (default): preparation permutes the sequences of all input files with data.seed, so every batch
-    spans the corpus; keep: source order (consecutive sequences of one passage share a batch)."""
-    cache_tokenizer: str | None = optional_key()
-    """cache_source text: a local Hugging Face tokenizer directory (its tokenizer.json) that encodes the text
-    instead of bytes; model.vocab_size must cover its vocabulary (the start-up corpus-size check then leaves the
-    count to preparation)."""
     seeds: tuple[NonNegative, ...] | None = optional_key(minItems=2, uniqueItems=True)
     """Initialisation seeds (training.seed), one run each; the data order is shared."""
     hf_checkpoints: dict[str, Checkpoints] | None = optional_key(minProperties=2)
