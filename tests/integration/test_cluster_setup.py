@@ -70,6 +70,7 @@ torch.cuda.is_available = lambda: True  # past the GPU gate, so that the first s
 """
 
 
+@pytest.mark.slow  # about a minute: make test-slow
 def test_gpu_check_runs_with_the_given_interpreter_as_it_is(tmp_path):
     """PYTHON=<interpreter> without snakemake and without .venv: the first step runs with it, and the
     report is written after each step, also when the time runs out (later steps skipped)."""
@@ -108,6 +109,7 @@ def test_gpu_check_runs_with_the_given_interpreter_as_it_is(tmp_path):
     assert "| real-shapes-compiled | left out: about 120 s of first compilation" in report
 
 
+@pytest.mark.slow  # starts every benchmark script: make test-slow
 def test_benchmark_scripts_document_their_options():
     for script in ("hvp_cost.py", "precision.py", "spectrum_cost.py", "memory.py", "real_shapes.py"):
         result = subprocess.run(

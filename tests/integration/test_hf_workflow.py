@@ -39,6 +39,7 @@ GEOMETRY = {
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 
 
+@pytest.mark.slow  # about 2 minutes: make test-slow (a suite through the workflow: test_order_workflow.py)
 def test_imported_checkpoints_of_a_third_architecture_through_the_workflow(tmp_path):
     (tmp_path / "corpus.txt").write_text(corpus_text())
     make_suite(tmp_path / "suite", steps=(3, 6))

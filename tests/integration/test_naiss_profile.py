@@ -329,6 +329,7 @@ def test_seed_experiment_walltime_from_a_timing_entry(tmp_path):
     assert runtimes == {str(expected)}
 
 
+@pytest.mark.slow  # about 2 minutes: make test-slow (calibration itself: tests/unit/campaign/test_calibration.py)
 def test_a_campaign_without_timings_calibrates_then_runs_with_measured_walltimes(tmp_path):
     """Locally (no Slurm), with walltimes estimated and no timing entry, an analysis and a seed
     experiment: the dry run plans the calibrations first; the analysis's index waits for its

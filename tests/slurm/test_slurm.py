@@ -562,6 +562,7 @@ def _rank_on_node2() -> int | None:
     return None
 
 
+@pytest.mark.slow  # about 3 minutes: make test-slow (the one-node Slurm tests above stay in make test)
 def test_two_node_sharded_analysis_survives_a_killed_rank(two_nodes, trained, tmp_path):
     """nodes_per_job: 2 with settings.sharded through the naiss-style profile on a two-node cluster:
     the job's srun --overlap starts torchrun on both nodes, which meet by c10d rendezvous at the

@@ -101,7 +101,9 @@ def test_memory_model_at_real_vocabularies_never_under_predicts_by_more_than_a_f
         assert 0.8 <= predicted / measured <= 1.5, (engine, p, predicted / measured)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(  # make test: the default engine and a plain gradient; make test-slow: every engine
+    "engine", [e if e in ("adjoint", GRADIENT) else pytest.param(e, marks=pytest.mark.slow) for e in ENGINES]
+)
 def test_memory_model_at_a_checkpoints_real_width_and_vocabulary(engine):
     """GPT-2 small's width, heads, MLP and vocabulary (d 768, 12 heads, 3072, 50,257; one layer) at
     a context the fit did not see (T = 48), the head whole and, where the pass can, in 32-token chunks:

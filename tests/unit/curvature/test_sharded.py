@@ -92,7 +92,7 @@ def test_the_layout_is_fsdp_row_chunks():
 
 
 @pytest.mark.parametrize("engine", sharded_names("products"))
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [pytest.param(2, marks=pytest.mark.slow), 3])  # make test: 3 ranks (uneven)
 def test_sharded_curvature_is_each_engine_on_shards(tmp_path, dense_problem, ranks, engine):
     """Every engine the registry runs sharded: its products (and spectra) those of the same engine in
     one process, and every sharded forms engine's exact forms and Gauss–Newton parts."""
