@@ -266,7 +266,7 @@ def _add_import_hf(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         help="revisions of the repository (step1000 ...), oldest first, resolved in the local Hugging Face "
         "cache (HF_HUB_CACHE, or HF_HOME/hub), never downloaded; a revision's name gives its step "
-        "(stepN) and tokens (...-tokens4B) unless stated",
+        "(stepN) unless stated; a name's rounded tokens (...-tokens4B) only check --tokens-per-step",
     )
     ih.add_argument("--run-dir", required=True, type=Path, help="new run directory, e.g. runs/imported")
     _add_config(ih)

@@ -75,8 +75,8 @@ class Selection:
 @dataclass(frozen=True, kw_only=True)
 class Suite:
     """A checkpoint suite as downloaded: a Hugging Face repository's revisions in the local cache
-    (HF_HUB_CACHE, or HF_HOME/hub), never downloaded; each revision's name gives its step (stepN) and
-    tokens (...-tokens4B) unless stated."""
+    (HF_HUB_CACHE, or HF_HOME/hub), never downloaded; each revision's name gives its step (stepN)
+    unless stated (a name's rounded tokens, ...-tokens4B, only check tokens_per_step)."""
 
     __schema_ref__ = "suite"
 
@@ -100,15 +100,15 @@ class Checkpoint:
     """A Hugging Face repository (ORG/NAME) whose revision is in the local cache (HF_HUB_CACHE, or HF_HOME/hub);
     never downloaded."""
     revision: str | None = optional_key()
-    """With repo: its revision (step1000, say); its name gives the step (stepN) and tokens (...-tokens4B) unless
-    stated."""
+    """With repo: its revision (step1000, say); its name gives the step (stepN) unless stated (its rounded
+    tokens, ...-tokens4B, only check tokens_per_step)."""
     step: NonNegative | None = optional_key()
     """Its training step (recorded; the figures' x-axis). Default: its trainer_state.json global_step,
     else its revision's name."""
     tokens: NonNegative | None = optional_key()
     """Its training tokens (recorded; the figures' x-axis). Default: its trainer_state.json
-    num_input_tokens_seen, else step x tokens_per_step, else what its revision's name says, else unknown (a
-    warning; the figures then use steps)."""
+    num_input_tokens_seen, else step x tokens_per_step, else unknown (a warning; the figures then use
+    steps); a revision's name that rounds its tokens (...-tokens4B) is refused without tokens_per_step."""
 
 
 Checkpoints = Annotated[tuple[Checkpoint, ...], Items(1)] | Suite

@@ -1,7 +1,8 @@
 """Where each checkpoint of a suite trained elsewhere stands in its training: its optimizer step and
 the tokens it had seen, given, read from a ``transformers`` Trainer's ``trainer_state.json``,
 derived from the step, or unknown (then the figures use steps, and a warning says how to give
-them). Checkpoints must be listed oldest first. A Trainer's logged training loss and gradient norms
+them); never the rounded count a revision's name states (``tokens4B``), which only checks them.
+Checkpoints must be listed oldest first. A Trainer's logged training loss and gradient norms
 (``log_history``) become the run's training log (:func:`trainer_log`).
 """
 
@@ -152,8 +153,13 @@ def _position(
     elif tokens_per_step is not None and step_source != "unknown":
         count, tokens_source = step * tokens_per_step, f"step x tokens_per_step ({tokens_per_step})"
         _check_named_tokens(revision, named_tokens, count)
-    elif named_tokens is not None:
-        count, tokens_source = named_tokens, f"revision name {revision} (as rounded there)"
+    elif named_tokens is not None:  # a name rounds its tokens (tokens4B: 4B ± 0.5B): never taken as the count
+        raise ValueError(
+            f"{path}: revision {revision} states its tokens only rounded (± {tokens_rounding(revision):g}), "
+            "which is no token axis; give tokens_per_step (tokens in one optimizer step: an analysis's or seed "
+            "experiment's tokens_per_step, --tokens-per-step; checked against every name) or each checkpoint's "
+            "tokens (hf_checkpoints[].tokens, --tokens)"
+        )
     else:
         count, tokens_source = None, "unknown"
     return CheckpointPosition(step, step_source, count, tokens_source)
@@ -164,8 +170,8 @@ def _check_named_tokens(revision: str | None, named: int | None, count: int) -> 
     name's rounding)."""
     if named is not None and abs(count - named) > tokens_rounding(revision):
         raise ValueError(
-            f"tokens_per_step puts revision {revision} at {count} tokens, but its name says {named}; "
-            "correct tokens_per_step (or drop it: the name's count is used)"
+            f"tokens_per_step puts revision {revision} at {count} tokens, but its name says {named} "
+            f"(± {tokens_rounding(revision):g}); correct tokens_per_step"
         )
 
 
@@ -177,10 +183,12 @@ def _check_order(paths: list[Path], positions: list[CheckpointPosition]) -> None
                 f"checkpoints out of training order: {b} (step {q.step}) comes after {a} (step {p.step}); "
                 "list them oldest first, each step once"
             )
-        if p.tokens is not None and q.tokens is not None and q.tokens < p.tokens:
+        if p.tokens is not None and q.tokens is not None and q.tokens <= p.tokens:
             raise ValueError(
-                f"checkpoints out of training order: {b} ({q.tokens} tokens) comes after {a} "
-                f"({p.tokens} tokens); list them oldest first"
+                f"checkpoints out of training order, the training tokens do not increase with the step: {b} "
+                f"(step {q.step}, {q.tokens} tokens, "
+                f"{q.tokens_source}) comes after {a} (step {p.step}, {p.tokens} tokens, {p.tokens_source}); "
+                "list the checkpoints oldest first and correct their tokens (or give tokens_per_step)"
             )
 
 
@@ -214,12 +222,15 @@ def checkpoint_positions(
     A step is given, or a Trainer's ``trainer_state.json`` global_step, or what its hub revision's
     name says (``step1000``; ``stage1-step1000-tokens4B``); tokens are given, or its
     ``num_input_tokens_seen``, or step × ``tokens_per_step`` (checked against a name that states
-    them), or the name's, or unknown (None; ``warn_unknown_tokens`` says so). A single directory
-    without a step gets step 0, said to be unknown.
+    them), or unknown (None; ``warn_unknown_tokens`` says so); a name's own tokens are rounded
+    (``tokens4B``), so a checkpoint whose only count is its name's is refused, naming
+    ``tokens_per_step``. Tokens must increase strictly with the step. A single directory without a
+    step gets step 0, said to be unknown.
 
     Raises:
         ValueError: no directory, a directory given twice, steps unknown for several
-            directories, or steps (tokens) that do not increase in the order given.
+            directories, tokens only a name's rounded ones, or steps (tokens) that do not increase
+            in the order given.
     """
     paths, n = [s.path for s in sources], len(sources)
     if not n:

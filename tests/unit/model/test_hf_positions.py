@@ -19,11 +19,13 @@ def _trainer(folder, step, **state):
 def test_steps_and_tokens_come_from_what_is_given_then_the_trainer_then_the_revision_name(tmp_path):
     given = CheckpointSource(tmp_path / "a", step=10, tokens=40)
     trainer = CheckpointSource(_trainer(tmp_path / "b", 20, num_input_tokens_seen=80))
-    named = CheckpointSource(tmp_path / "c", revision="stage1-step30-tokens120B")
+    named = CheckpointSource(tmp_path / "c", tokens=4 * 10**9 * 30, revision="stage1-step30-tokens120B")
     a, b, c = checkpoint_positions([given, trainer, named])
     assert (a.step, a.step_source, a.tokens, a.tokens_source) == (10, "given", 40, "given")
     assert (b.step, b.tokens) == (20, 80) and b.tokens_source == "trainer_state.json num_input_tokens_seen"
     assert c.step == 30 and c.tokens == 120 * 10**9 and c.step_source == "revision name stage1-step30-tokens120B"
+    by_step = checkpoint_positions([CheckpointSource(tmp_path / "f", revision="step30-tokens126M")], 4_194_304)[0]
+    assert by_step.tokens == 30 * 4_194_304 and by_step.tokens_source == "step x tokens_per_step (4194304)"
     derived = checkpoint_positions([CheckpointSource(tmp_path / "d", step=3)], tokens_per_step=16)[0]
     assert derived.tokens == 48 and derived.tokens_source == "step x tokens_per_step (16)"
     alone = checkpoint_positions([CheckpointSource(tmp_path / "e")])[0]
@@ -60,3 +62,20 @@ def test_the_trainer_log_is_the_newest_checkpoints_training_entries(tmp_path):
     _trainer(tmp_path / "late", 1, log_history=[{"step": 5, "loss": 1.0}])
     with pytest.raises(ValueError, match="past the global_step 1"):
         trainer_log([tmp_path / "late"])
+
+
+def test_tokens_are_never_a_revision_names_rounded_count(tmp_path):
+    """An OLMo-style suite whose names round their tokens (step 4 says 0 thousand, steps 8 and 16
+    one thousand: 68 a step) is refused naming tokens_per_step, never drawn on that axis; with
+    tokens_per_step each checkpoint's tokens are step × it, checked against its name; tokens that
+    do not increase with the step are refused, naming both checkpoints."""
+    names = [f"step{s}-tokens{round(68 * s / 1000)}K" for s in (4, 8, 16)]
+    sources = [CheckpointSource(tmp_path / n, revision=n) for n in names]
+    with pytest.raises(ValueError, match=r"step4-tokens0K states its tokens only rounded .* give tokens_per_step"):
+        checkpoint_positions(sources)
+    assert [p.tokens for p in checkpoint_positions(sources, tokens_per_step=68)] == [272, 544, 1088]
+    with pytest.raises(ValueError, match=r"puts revision step4-tokens0K at 800 tokens, but its name says 0 \(± 500\)"):
+        checkpoint_positions(sources, tokens_per_step=200)
+    flat = [CheckpointSource(tmp_path / "a", step=1, tokens=10), CheckpointSource(tmp_path / "b", step=2, tokens=10)]
+    with pytest.raises(ValueError, match=r"training tokens do not increase with the step: .*b \(step 2, 10 tokens"):
+        checkpoint_positions(flat)
