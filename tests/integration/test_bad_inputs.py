@@ -284,6 +284,18 @@ CASES = {
         lambda t: [*_state(t), "--checkpoint", "epoch-001.safetensors", "--successor", "epoch-001.safetensors"],
         r"successor epoch-001.safetensors: the same weights as the state measured",
     ),
+    "successor with the trajectory off": (
+        None,
+        lambda t: [
+            *_state(t),
+            "--checkpoint",
+            "epoch-001.safetensors",
+            "--successor",
+            "epoch-002.safetensors",
+            "--no-trajectory",
+        ],  # fmt: skip
+        r"successor epoch-002.safetensors: given with the trajectory statistics off \(--no-trajectory",
+    ),
     "successor is an earlier state": (
         None,
         lambda t: [*_state(t), "--checkpoint", "epoch-002.safetensors", "--successor", "epoch-001.safetensors"],

@@ -196,6 +196,8 @@ def _selected(revisions: list[HubRevision], selection: Any, key: str) -> list[Hu
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= (1 if name != "min_step" else 0)):
             raise ValueError(f"{key}.{name}: expected a {'non-negative' if name == 'min_step' else 'positive'} integer")
     low, high = selection.get("min_step", 0), selection.get("max_step", math.inf)
+    if low > high:
+        raise ValueError(f"{key}: min_step {low} is above max_step {high}; give min_step at most max_step")
     chosen = [r for r in stepped if low <= r.step <= high][:: selection.get("every", 1)]
     if "log_spaced" in selection:
         chosen = _log_spaced(chosen, selection["log_spaced"])

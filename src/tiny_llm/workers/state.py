@@ -82,6 +82,11 @@ def analyze_state(
     """
     output = Path(output)
     check_writable_file(output)
+    if successor is not None and not settings.trajectory:
+        raise ValueError(
+            f"successor {successor.get('file')}: given with the trajectory statistics off (--no-trajectory, "
+            "settings.trajectory: false), which measure the step to it; drop one of the two"
+        )
     prepared = prepare_inputs(run_dir, checkpoints, case, settings, expect_key, order, successor)
     config, resolved, cache, plan, state, following = prepared
     identity = result_identity(settings, resolved, config, cache)

@@ -137,6 +137,7 @@ def test_a_suite_is_selected_by_names_range_stride_or_log_spacing():
         ({"stride": 2}, "k: expected all, a list of revision names, or a mapping of min_step"),
         ({"every": 0}, "k.every: expected a positive integer"),
         ({"min_step": 100}, "k: no cached revision with a step is selected"),
+        ({"min_step": 64, "max_step": 8}, "k: min_step 64 is above max_step 8"),
     ):
         with pytest.raises(ValueError, match=message):
             select_revisions(revisions, selection, "k")
