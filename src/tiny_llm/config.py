@@ -311,6 +311,8 @@ class TrainingConfig:
         check_fields(self, self.SECTION + ".")  # types, literals and ranges; cross-field below
         if self.micro_batch_size > self.batch_size:
             fail("training.micro_batch_size", f"at most training.batch_size={self.batch_size}", self.micro_batch_size)
+        if late := [epoch for epoch in self.keep_states if epoch > self.epochs]:  # would be ignored: never reached
+            fail("training.keep_states", f"virtual epochs up to training.epochs={self.epochs}", late)
 
     @property
     def workers(self) -> int:

@@ -54,6 +54,10 @@ def test_a_runs_resolved_yaml_holds_only_its_architectures_options_and_older_one
         ({"model": {"d_model": "32"}}, "model.d_model: expected an integer, got '32'"),
         ({"model": {"tie_embeddings": 1}}, "model.tie_embeddings: expected true or false"),
         (
+            {"training": {"epochs": 2, "keep_states": [1, 3]}},
+            "training.keep_states: expected virtual epochs up to training.epochs=2, got [3]",
+        ),
+        (
             {"model": {"d_model": 30, "n_heads": 4}},
             "model.n_heads: expected a divisor of model.d_model=30 ([1, 2, 3, 5, 6, 10, 15, 30])",
         ),
