@@ -323,19 +323,8 @@ def json_schema(cls: type, spelled: dict[str, str] | None = None) -> dict[str, d
     """Each field of ``cls`` as a JSON-schema property: its type (a ``Literal`` as an enum, a range
     as minimum/maximum, a pattern), its default and its docstring as the description. ``spelled``:
     field → the word a configuration writes for its None (``all``), which is then its default's
-    spelling too."""
-    hints, docs, spelled = _hints(cls), field_docs(cls), spelled or {}
-    properties = {}
-    for field in dataclasses.fields(cls):
-        schema = _type_schema(hints[field.name], spelled.get(field.name))
-        default = field.default
-        default = list(default) if isinstance(default, tuple) else default
-        if default is not dataclasses.MISSING:  # a field without a default is required (``required``)
-            schema["default"] = spelled[field.name] if default is None and field.name in spelled else default
-        if field.name in docs:
-            schema["description"] = docs[field.name].replace("``", "")
-        properties[field.name] = schema
-    return properties
+    spelling too. (The properties of ``object_schema``.)"""
+    return object_schema(cls, spelled=spelled)["properties"]
 
 
 def keywords(**given: Any) -> dict[str, Any]:
@@ -363,23 +352,28 @@ def optional_key(**given: Any) -> Any:
     return dataclasses.field(default=None, metadata=keywords(unset=True, **given))
 
 
-def object_schema(cls: type, defs: dict[str, Any] | None = None) -> dict[str, Any]:
+def object_schema(
+    cls: type, defs: dict[str, Any] | None = None, spelled: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The JSON schema of a configuration section or entry declared by dataclass ``cls``: an object
     of its fields and no others, those without a default required, each field's schema from its
     type (``_value_schema``) with its default, its docstring as the description and its metadata's
     keywords (``keywords``); the class's ``__schema__`` keywords are added to the object. A nested
-    dataclass with a ``__schema_ref__`` name is written once under ``defs`` and referred to."""
-    hints, docs = _hints(cls), field_docs(cls)
+    dataclass with a ``__schema_ref__`` name is written once under ``defs`` and referred to.
+    ``spelled``: field → the word a configuration writes for its None (as ``json_schema``)."""
+    hints, docs, spelled = _hints(cls), field_docs(cls), spelled or {}
     properties, needed = {}, []
     for field in dataclasses.fields(cls):
         extra = dict(field.metadata.get("schema", {}))
-        unset, spelled = extra.pop("unset", False), extra.pop("spelled", None)
+        unset, nested = extra.pop("unset", False), extra.pop("spelled", None)
         tp = hints[field.name]
         if unset or "default" in extra:  # None is the code's absence, not a value to write
             tp = _without_none(tp)
-        schema = _value_schema(tp, defs, spelled)
+        word = spelled.get(field.name)
+        schema = _type_schema(tp, word) if word else _value_schema(tp, defs, nested)
         if field.default is not dataclasses.MISSING and not unset:
-            schema["default"] = list(field.default) if isinstance(field.default, tuple) else field.default
+            default = list(field.default) if isinstance(field.default, tuple) else field.default
+            schema["default"] = word if default is None and word else default
         elif field.default_factory is not dataclasses.MISSING:
             schema["default"] = field.default_factory()
         elif not unset:
@@ -413,9 +407,7 @@ def _value_schema(tp: Any, defs: dict[str, Any] | None, spelled: Any = None) -> 
             schema.update(mark.keywords() if isinstance(mark, Items) else {})
         return schema
     if dataclasses.is_dataclass(tp):
-        schema = object_schema(tp, defs)
-        if spelled:
-            schema["properties"] |= {k: v for k, v in json_schema(tp, spelled).items() if k in spelled}
+        schema = object_schema(tp, defs, spelled)
         name = getattr(tp, "__schema_ref__", None)
         if name is None or defs is None:
             return schema
