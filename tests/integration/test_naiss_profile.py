@@ -96,6 +96,8 @@ def test_dry_run_shows_gh200_resources_and_walltime(indexed):
     plan = _snakemake(indexed, "--profile", str(REPO / "profiles/naiss"), "-n", "--rerun-triggers", "mtime")
     text = plan.stdout + plan.stderr
     assert plan.returncode == 0, text[-3000:]
+    # The plan names whose allocation it charges, before anything is submitted.
+    assert "Slurm: jobs are charged to account naiss2026-3-205-gpu, partition gpu" in plan.stderr
     run_config = config_from_dict(RUN)
     settings = settings_from_dict({**SETTINGS, **GPU})
     work = estimate_seconds(run_config, settings, SECONDS)

@@ -193,8 +193,39 @@ def print_cost_lines(plan: Any, workflow: Any) -> None:
         lines = plan.costs.cost_lines(
             requested_minutes(workflow, "train_run"), requested_minutes(workflow, "calibrate_timing")
         )
-    for line in lines:
+    for line in [*lines, *charged_lines(workflow)]:
         print(line, file=sys.stderr)
+
+
+def _resource(resources: Any, name: str) -> Any:
+    """The value ``resources`` (a profile's mapping, or Snakemake's parsed one) give ``name``."""
+    try:
+        value = resources[name]
+    except (KeyError, TypeError, IndexError):
+        return None
+    value = getattr(value, "raw", value)  # as the profile wrote it (Snakemake evaluates it per job)
+    return value.strip("'\"") if isinstance(value, str) else value
+
+
+def charged_lines(workflow: Any) -> list[str]:
+    """Where Slurm jobs are charged: the ``slurm_account`` and ``slurm_partition`` the profile's
+    ``default-resources`` give every job, and each rule that ``set-resources`` gives others; nothing
+    where no profile names them (a local run)."""
+    settings = workflow.resource_settings
+    default = {name: _resource(settings.default_resources, name) for name in ("slurm_account", "slurm_partition")}
+    if not any(default.values()):
+        return []
+    lines = [
+        f"Slurm: jobs are charged to account {default['slurm_account'] or '(the cluster default)'}, partition "
+        f"{default['slurm_partition'] or '(the cluster default)'} (the profile's default-resources; "
+        "change them there)"
+    ]
+    for rule, resources in sorted(settings.overwrite_resources.items()):
+        own = {name: _resource(resources, name) for name in default}
+        changed = {name: value for name, value in own.items() if value and value != default[name]}
+        if changed:
+            lines.append(f"Slurm: {rule} jobs: " + ", ".join(f"{k}={v}" for k, v in changed.items()))
+    return lines
 
 
 def remember_signatures(namespace: dict[str, Any]) -> None:
