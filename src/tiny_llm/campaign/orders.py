@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiny_llm.config import RunConfig
+from tiny_llm.curvature.statistics import NOISE_BATCHES
 from tiny_llm.data.training_order import (
     ORDER_CASES,
     OrderCase,
@@ -37,10 +38,6 @@ __all__ = [
     "plan_order",
     "state_step",
 ]
-
-NOISE_BATCHES = 8
-"""The noise batches a training-order case's window is cut into by default (as the demo's epoch of
-8 steps): B_simple and B_noise are means over these batches' deviations from the window's gradient."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,13 @@ PREFIX = "precond_"
 """The statistics of the optimizer's coordinates u = P^{-1/2}θ: ``precond_<statistic>`` (their
 summary columns and their audited errors)."""
 
+NOISE_BATCHES = 8
+"""The fewest noise batches a noise statistic is called an estimate from: a training-order window is
+cut into at least this many by default; measured on fewer (the whole of a short epoch or window),
+``summarize`` and the figures flag it rather than call the whole population exact."""
+
 __all__ = [
+    "NOISE_BATCHES",
     "AuditPairs",
     "STANDARD_ERRORS",
     "BLOCK_STANDARD_ERRORS",

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from tiny_llm.curvature.statistics import NOISE_BATCHES
 from tiny_llm.layout import MANIFEST, SUMMARY
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "RC",
     "STYLE",
     "X_AXES",
+    "case_style",
     "Notes",
     "collected",
     "figure_context",
@@ -37,7 +39,26 @@ __all__ = [
 ]
 
 
-STYLE = {"seen": "-", "unseen": "--"}
+STYLE = {"seen": "-", "unseen": "--", "offset": "-.", "recent": ":", "step": (0, (5, 1.5, 1, 1.5, 1, 1.5))}
+"""Each case's line style (every case of an analysis its own)."""
+SHADE = {"seen": 0.0, "unseen": 0.0, "offset": 0.25, "recent": 0.45, "step": -0.4}
+"""How far each case's colour is mixed towards black (negative: towards white)."""
+FILL = {"seen": "full", "unseen": "none", "offset": "left", "recent": "bottom", "step": "none"}
+"""Each case's marker fill: the case is told by line style, marker fill and shade, the statistic by
+colour and marker shape."""
+
+
+def case_style(case: str, color: str, marker: str = "o") -> dict:
+    """The line style, colour and marker of ``case``'s curve of a statistic drawn in ``color`` with
+    ``marker`` (unknown cases: dotted)."""
+    rgb, shade = np.array(matplotlib.colors.to_rgb(color)), SHADE.get(case, 0.0)
+    shaded = rgb * (1 - shade) if shade >= 0 else rgb + (1 - rgb) * -shade
+    return dict(
+        linestyle=STYLE.get(case, ":"),
+        color=tuple(float(c) for c in shaded),
+        marker=marker,
+        fillstyle=FILL.get(case, "full"),
+    )
 
 
 COLUMN = (3.5, 2.6)  # inches: one column of a two-column paper
@@ -149,9 +170,17 @@ class Notes:
 
 
 def curves(
-    ax, table: pd.DataFrame, column: str, label: str, color: str, log: bool = False, notes: Notes | None = None
+    ax,
+    table: pd.DataFrame,
+    column: str,
+    label: str,
+    color: str,
+    log: bool = False,
+    notes: Notes | None = None,
+    marker: str = "o",
 ) -> int:
-    """Draw ``column`` per case, with ±1 standard-error bars when ``<column>_se`` is in the table.
+    """Draw ``column`` per case (colour and marker the statistic's, line style, fill and shade the
+    case's: :func:`case_style`), with ±1 standard-error bars when ``<column>_se`` is in the table.
 
     Nulls and (on a log axis) non-positive values are omitted; on a log axis an error bar reaching
     zero or below is cut at a tenth of its value. Each is counted in ``notes``. Returns how many
@@ -169,7 +198,7 @@ def curves(
         omitted += int((np.isfinite(y) & ~keep).sum())
         if not keep.any():
             continue
-        style = dict(linestyle=STYLE.get(case, ":"), marker="o", color=color, label=f"{label} ({case})")
+        style = dict(case_style(case, color, marker), label=f"{label} ({case})")
         se_column = f"{column}_se"
         se = (
             pd.to_numeric(rows[se_column], errors="coerce").to_numpy(dtype=float)[keep]
@@ -208,8 +237,14 @@ def stamp(context: dict) -> str:
     dtype = settings.get("dtype", "?") + (" + bf16 autocast" if settings.get("amp") else "")
     S_v = settings.get("noise_samples")
     epoch = min((b.get("epoch_batches", 0) for b in (context.get("batch_sizes") or {}).values()), default=0)
-    if S_v in (None, "all") or (epoch and S_v >= epoch):  # every batch: the noise statistics are exact
-        S_v = f"all {epoch} (exact)" if epoch else "all"
+    if S_v in (None, "all") or (epoch and S_v >= epoch):  # every batch: exact, for a population large enough
+        S_v = (
+            f"all {epoch} ({'exact' if epoch >= NOISE_BATCHES else f'fewer than {NOISE_BATCHES}: rough'})"
+            if epoch
+            else "all"
+        )
+    elif epoch and epoch < NOISE_BATCHES:
+        S_v = f"{S_v} of {epoch} (fewer than {NOISE_BATCHES}: rough)"
     return f"{context.get('analysis', '')} · {dtype} · S_v = {S_v} · S_r = {settings.get('random_samples')}"
 
 
@@ -269,7 +304,8 @@ def figure_context(analysis_dir: Path) -> dict:
 
 def _window_note(data: dict) -> str:
     """The figures' word on the cases of a training order: each case's window of steps and tokens
-    (recent: the steps up to each checkpoint's own, so the reference state's is not shown)."""
+    (recent and step: a window of each checkpoint's own, so the reference state's is not shown; each
+    result's ``data.window`` gives it)."""
     parts = []
     for case, record in data.items():
         window = (record or {}).get("window")
@@ -277,7 +313,9 @@ def _window_note(data: dict) -> str:
             continue
         steps = window["steps"]
         if case == "recent":
-            parts.append(f"recent: each checkpoint's last {steps} step{'s' if steps > 1 else ''}")
+            parts.append(f"recent: each checkpoint's own last {steps} step{'s' if steps > 1 else ''}")
+        elif case == "step":
+            parts.append("step: the steps after each checkpoint, up to the next analysed one (per checkpoint)")
         else:
             parts.append(f"{case}: steps {window['first_step']}–{window['last_step']} ({record['tokens']:,} tokens)")
     return "; ".join(parts)

@@ -58,7 +58,7 @@ def _normalized_alignment(table, context, out_dir) -> list[Path]:
     notes = Notes()
     for ax, log in ((linear, False), (logarithmic, True)):
         curves(ax, table, "normalized_alignment", "noise  Σvᵀ Hv / Σ‖v‖²", "C0", log, notes if log else None)
-        curves(ax, table, "random_curvature", "random  tr(H)/D", "0.55", log, notes if log else None)
+        curves(ax, table, "random_curvature", "random  tr(H)/D", "0.55", log, notes if log else None, "s")
         if context["consensus"]:
             curves(
                 ax,
@@ -68,6 +68,7 @@ def _normalized_alignment(table, context, out_dir) -> list[Path]:
                 "C3",
                 log,
                 notes if log else None,
+                "D",
             )
     linear.axhline(0, color="0.5", lw=0.6)
     linear.set_ylabel("normalized alignment (nats)")
@@ -87,7 +88,7 @@ def _noise_alignment(table, context, out_dir) -> list[Path]:
     notes = Notes()
     curves(ax, table, "noise_curvature", "noise  mean vᵀHv", "C0", notes=notes)
     if context["consensus"]:
-        curves(ax, table, "consensus_mean_curvature", "consensus  mean eᵀHe", "C3", notes=notes)
+        curves(ax, table, "consensus_mean_curvature", "consensus  mean eᵀHe", "C3", notes=notes, marker="s")
     ax.axhline(0, color="0.5", lw=0.6)
     return finish(ax, out_dir / "noise_alignment", "mean vᵀHv along noise (nats³)", context, notes.text())
 
@@ -125,10 +126,10 @@ def _gradient_norms(table, context, out_dir, run_dir: Path | None) -> list[Path]
     notes = Notes()
     missing = _training_norms(ax, run_dir, context) if run_dir is not None else ""
     curves(ax, table, "mean_grad_norm", "mean ‖gᵢ‖", "C0", log=True, notes=notes)
-    curves(ax, table, "mean_noise_norm", "mean ‖vᵢ‖", "C1", log=True, notes=notes)
-    curves(ax, table, "full_grad_norm", "‖ḡ‖ (full epoch)", "C2", log=True, notes=notes)
+    curves(ax, table, "mean_noise_norm", "mean ‖vᵢ‖", "C1", log=True, notes=notes, marker="s")
+    curves(ax, table, "full_grad_norm", "‖ḡ‖ (full epoch)", "C2", log=True, notes=notes, marker="D")
     if context["consensus"]:
-        curves(ax, table, "consensus_mean_norm", "consensus mean ‖eᵢ‖", "C3", log=True, notes=notes)
+        curves(ax, table, "consensus_mean_norm", "consensus mean ‖eᵢ‖", "C3", log=True, notes=notes, marker="^")
     log_axis(ax)
     note = "; ".join(n for n in (notes.text(), missing) if n)
     return finish(ax, out_dir / "gradient_norms", "gradient norm (nats)", context, note)
@@ -169,7 +170,7 @@ def _batch_sizes(table, context, out_dir) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
     notes = Notes()
     curves(ax, table, "b_simple", "B_simple", "C4", log=True, notes=notes)
-    curves(ax, table, "b_noise", "B_noise (critical)", "C5", log=True, notes=notes)
+    curves(ax, table, "b_noise", "B_noise (critical)", "C5", log=True, notes=notes, marker="s")
     trained = {b.get("training_batch_size", b["effective_batch_size"]) for b in _batch_records(context)}  # older: none
     for B in sorted(trained):
         ax.axhline(B, color="0.4", lw=0.8, ls=":", label=f"training batch B = {B}")
@@ -190,13 +191,13 @@ def _preconditioned_batch_sizes(table, context, out_dir) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
     notes = Notes()
     curves(ax, table, "b_simple", "B_simple", "C4", log=True, notes=notes)
-    curves(ax, table, "b_noise", "B_noise", "C5", log=True, notes=notes)
+    curves(ax, table, "b_noise", "B_noise", "C5", log=True, notes=notes, marker="s")
     held = (
         table["preconditioner"].fillna("").astype(str) != "" if "preconditioner" in table else table["x"] != table["x"]
     )
     if held.any():
-        curves(ax, table[held], "precond_b_simple", "B_simple,P", "C0", log=True, notes=notes)
-        curves(ax, table[held], "precond_b_noise", "B_noise,P", "C3", log=True, notes=notes)
+        curves(ax, table[held], "precond_b_simple", "B_simple,P", "C0", log=True, notes=notes, marker="v")
+        curves(ax, table[held], "precond_b_noise", "B_noise,P", "C3", log=True, notes=notes, marker="D")
     for B in sorted({b.get("training_batch_size", b["effective_batch_size"]) for b in _batch_records(context)}):
         ax.axhline(B, color="0.4", lw=0.8, ls=":", label=f"training batch B = {B}")
     log_axis(ax)
@@ -229,7 +230,7 @@ def _step_sharpness(table, context, out_dir) -> list[Path]:
         grad_sharpness=pd.to_numeric(table["grad_curvature"], errors="coerce") / table["full_grad_norm"] ** 2
     )
     curves(ax, table, "step_sharpness", "ΔᵀHΔ/‖Δ‖² (the step)", "C3", notes=notes)
-    curves(ax, table, "grad_sharpness", "ḡᵀHḡ/‖ḡ‖² (the gradient)", "C0", notes=notes)
+    curves(ax, table, "grad_sharpness", "ḡᵀHḡ/‖ḡ‖² (the gradient)", "C0", notes=notes, marker="s")
     ax.axhline(0, color="0.6", lw=0.6)
     note = "the last checkpoint has no successor (not drawn)"
     return finish(ax, out_dir / "step_sharpness", "directional sharpness", context, note)
@@ -241,7 +242,7 @@ def _step_loss(table, context, out_dir) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
     notes = Notes()
     curves(ax, table, "actual_loss_change", "measured L(θ') − L(θ)", "C2", notes=notes)
-    curves(ax, table, "predicted_loss_change", "quadratic model ḡᵀΔ + ½ΔᵀHΔ", "C1", notes=notes)
+    curves(ax, table, "predicted_loss_change", "quadratic model ḡᵀΔ + ½ΔᵀHΔ", "C1", notes=notes, marker="s")
     ax.axhline(0, color="0.6", lw=0.6)
     note = "the last checkpoint has no successor (not drawn)"
     values = [pd.to_numeric(table[c], errors="coerce") for c in ("actual_loss_change", "predicted_loss_change")]
@@ -295,7 +296,7 @@ def _block_batch_sizes(whole, context, out_dir, table: pd.DataFrame | None) -> l
             note = f"{layers} layers: legend shows the first and the last of each kind"
     else:
         note = "no per-block table (collected before blocks.csv existed)"
-    curves(ax, whole, "b_simple", "whole model", "k", log=True, notes=notes)
+    curves(ax, whole, "b_simple", "whole model", "k", log=True, notes=notes, marker="s")
     log_axis(ax)
     note = "; ".join(n for n in (note, notes.text()) if n)
     return finish(ax, out_dir / "block_batch_sizes", "B_simple per block (sequences)", context, note)
@@ -326,7 +327,9 @@ def _precision_audit(table, context, out_dir) -> list[Path]:
     if audited:
         mode = _precision_mode(context.get("settings") or {}, (context.get("precision") or {}).get("device", ""))
         curves(ax, table, column, f"largest statistic error, {mode}", "C0", log=True, notes=notes)
-        curves(ax, table, "audit_max_relative_error", "largest single-form error", "0.6", log=True, notes=notes)
+        curves(
+            ax, table, "audit_max_relative_error", "largest single-form error", "0.6", log=True, notes=notes, marker="s"
+        )
         threshold = (context.get("audit") or {}).get("threshold")
         if threshold:
             ax.axhline(threshold, color="C3", lw=0.8, ls=":", label=f"warning threshold {threshold:g}")

@@ -15,6 +15,9 @@ import pandas as pd
 from tiny_llm.layout import SPECTRUM, SPECTRUM_FIGURES
 from tiny_llm.results.drawing import COLUMN, RC, STYLE, Notes, collected, curves, engineering, finish
 
+MARKERS = ("o", "s", "D", "^", "v", "P", "X", "*")
+"""The marker of each eigenvalue's curve (λ1, λ2, ...): distinct statistics, distinct markers."""
+
 __all__ = ["SPECTRUM_FIGURES", "plot_spectrum"]
 
 
@@ -24,7 +27,7 @@ def _top_eigenvalues(table, context, out_dir) -> list[Path]:
     columns = sorted(c for c in table.columns if c.startswith("la_eigenvalue_"))
     unconverged = 0
     for i, column in enumerate(columns):
-        curves(ax, table, column, f"λ{i + 1}", f"C{i}", notes=notes)
+        curves(ax, table, column, f"λ{i + 1}", f"C{i}", notes=notes, marker=MARKERS[i % len(MARKERS)])
         flag = column.replace("eigenvalue", "converged")
         bad = table[flag].astype(str) == "False" if flag in table else pd.Series(False, index=table.index)
         if bad.any():
@@ -54,7 +57,9 @@ def _preconditioned_sharpness(table, context, out_dir) -> list[Path]:
     if values.notna().any():
         held = table["preconditioner"].fillna("").astype(str) != ""
         curves(ax, table[held], "precond_la_eigenvalue_1", "λ_max(PH)", "C0", log=True, notes=notes)
-        curves(ax, table[held], "stability_threshold", "stability threshold", "0.2", log=True, notes=Notes())
+        curves(
+            ax, table[held], "stability_threshold", "stability threshold", "0.2", log=True, notes=Notes(), marker="s"
+        )
         ax.set_yscale("log")
         without = f"{int((~held).sum())} rows without a preconditioner (step 0 has none)" if (~held).any() else ""
         ratio = f"λ_max(PH) / threshold {values.min():.2g} to {values.max():.2g}"
@@ -85,7 +90,7 @@ def _slq_density(
         ax.plot(
             grid,
             np.maximum(density, 1e-12),
-            STYLE.get(case, ":"),
+            linestyle=STYLE.get(case, ":"),
             color=color,
             lw=0.9,
             label=f"{engineering(t)} {unit} ({case})",
@@ -106,7 +111,7 @@ def _block_error(table, context, out_dir) -> list[Path]:
     fig, ax = plt.subplots(figsize=COLUMN)
     notes = Notes()
     curves(ax, table, "block_tensor_relative_error", "per tensor", "C0", notes=notes)
-    curves(ax, table, "block_layer_relative_error", "per layer", "C1", notes=notes)
+    curves(ax, table, "block_layer_relative_error", "per layer", "C1", notes=notes, marker="s")
     return finish(ax, out_dir / "block_diagonal_error", "‖Hv − H_bd v‖ / ‖Hv‖", context, notes.text())
 
 

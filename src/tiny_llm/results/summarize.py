@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tiny_llm.curvature.statistics import STATISTICS
+from tiny_llm.curvature.statistics import NOISE_BATCHES, STATISTICS
 from tiny_llm.layout import MANIFEST, SPECTRUM, SUMMARY
 from tiny_llm.results.manifest import integrity_flag
 
@@ -138,14 +138,25 @@ def _flags(rows: list[dict[str, str]], manifest: dict[str, Any], spectrum: list[
 
 
 def _single_batch(cases: list[str], sizes: dict[str, Any]) -> list[str]:
-    """The flag of cases measured on a single batch, whose noise cannot be estimated."""
-    single = [case for case in cases if (sizes.get(case) or {}).get("epoch_batches") == 1]
-    if not single:
-        return []
-    return [
-        f"case {', '.join(single)}: one batch only, so the gradient noise cannot be estimated there (its noise "
-        "statistics are 0 by construction, B_simple and B_noise blank); measure a longer epoch or smaller batches"
-    ]
+    """The flag of cases measured on a single batch, whose noise cannot be estimated, and of cases
+    measured on fewer than :data:`NOISE_BATCHES` batches, whose noise is a rough estimate."""
+    batches = {case: (sizes.get(case) or {}).get("epoch_batches") for case in cases}
+    single = [case for case, n in batches.items() if n == 1]
+    few = {case: n for case, n in batches.items() if n is not None and 1 < n < NOISE_BATCHES}
+    flags = []
+    if single:
+        flags.append(
+            f"case {', '.join(single)}: one batch only, so the gradient noise cannot be estimated there (its noise "
+            "statistics are 0 by construction, B_simple and B_noise blank); measure a longer epoch or smaller batches"
+        )
+    if few:
+        flags.append(
+            f"case {', '.join(f'{case} ({n} batches)' for case, n in few.items())}: fewer than {NOISE_BATCHES} noise "
+            "batches, so the noise statistics (B_simple, B_noise, the noise forms) are rough estimates even where "
+            "every batch is used (standard error 0 means the whole small population, not an exact value); measure "
+            "a longer epoch or window, or smaller noise batches"
+        )
+    return flags
 
 
 def summarize(folder: str | Path) -> str:

@@ -152,8 +152,13 @@ def test_the_figures_say_which_steps_are_flagged_and_each_case_s_window(tmp_path
         "seen": {"window": {"first_step": 1, "last_step": 2, "steps": 2}, "tokens": 4096},
         "recent": {"window": {"first_step": 3, "last_step": 4, "steps": 2}, "tokens": 4096},
         "offset": {"plan": "offset"},
+        "step": {"window": {"first_step": 3, "last_step": 4, "steps": 2}, "tokens": 4096},
     }
     (tmp_path / "manifest.json").write_text(json.dumps({"analysis": "p", "integrity": block, "data": data}))
     context = figure_context(tmp_path)
     assert context["integrity_note"] == "suite integrity: steps 2 flagged (spike; manifest.json)"
-    assert context["window_note"] == "seen: steps 1–2 (4,096 tokens); recent: each checkpoint's last 2 steps"
+    # recent's and step's windows are each checkpoint's own: the reference state's (steps 3–4) is not named
+    assert context["window_note"] == (
+        "seen: steps 1–2 (4,096 tokens); recent: each checkpoint's own last 2 steps; "
+        "step: the steps after each checkpoint, up to the next analysed one (per checkpoint)"
+    )

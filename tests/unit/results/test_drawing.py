@@ -46,3 +46,32 @@ def test_a_finished_figure_is_titled_with_its_stamp_and_saved_as_pdf_and_png(tmp
     assert [p.name for p in paths] == ["loss.pdf", "loss.png"] and all(p.stat().st_size > 0 for p in paths)
     assert stamp(context).startswith("demo · float64") and ax.get_ylabel() == "loss (nats)"
     assert "a note" in fig.axes[0].get_title(loc="left")
+
+
+def test_the_stamp_calls_every_batch_exact_only_from_the_documented_minimum_on():
+    def stamped(samples, batches):
+        return stamp(
+            {
+                "analysis": "a",
+                "settings": {"dtype": "float64", "noise_samples": samples, "random_samples": 2},
+                "batch_sizes": {"seen": {"epoch_batches": batches}},
+            }
+        )
+
+    assert stamped(None, 8) == "a · float64 · S_v = all 8 (exact) · S_r = 2"
+    assert stamped(32, 4) == "a · float64 · S_v = all 4 (fewer than 8: rough) · S_r = 2"
+    assert stamped(2, 4) == "a · float64 · S_v = 2 of 4 (fewer than 8: rough) · S_r = 2"
+    assert stamped(4, 16) == "a · float64 · S_v = 4 · S_r = 2"
+
+
+def test_every_case_has_its_own_line_style_fill_and_shade_and_statistics_their_marker():
+    fig, ax = plt.subplots()
+    cases = ["seen", "unseen", "offset", "recent", "step"]
+    table = pd.DataFrame({"case": cases * 2, "x": [1.0] * 5 + [2.0] * 5, "v": [1.0] * 10, "w": [2.0] * 10})
+    curves(ax, table, "v", "v", "C0")
+    curves(ax, table, "w", "w", "C0", marker="s")
+    lines = ax.get_lines()
+    looks = {(str(line.get_linestyle()), line.get_fillstyle(), line.get_color()) for line in lines[:5]}
+    assert len(looks) == 5 and [line.get_label() for line in lines[:5]] == [f"v ({case})" for case in cases]
+    assert {line.get_marker() for line in lines[:5]} == {"o"} and {line.get_marker() for line in lines[5:]} == {"s"}
+    plt.close(fig)

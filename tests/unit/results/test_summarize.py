@@ -110,3 +110,16 @@ def test_b_noise_in_the_optimizers_geometry_above_the_batch_is_flagged(tmp_path)
         "epoch-001.safetensors seen, B_noise,P 20): the critical batch of the optimizer that trained the model "
         "is above the batch it used"
     ]
+
+
+def test_fewer_noise_batches_than_the_documented_minimum_are_flagged_not_called_exact(tmp_path):
+    sizes = {"seen": {"effective_batch_size": 16, "epoch_batches": 4}, "unseen": {"epoch_batches": 8}}
+    manifest = {"cases": ["seen", "unseen"], "batch_sizes": sizes}
+    flags = summarize(_analysis(tmp_path / "a", [_row("epoch-001.safetensors")], manifest)).split("Flags:\n")[1]
+    assert flags.splitlines()[0].startswith(
+        "- case seen (4 batches): fewer than 8 noise batches, so the noise statistics (B_simple, B_noise, the noise "
+        "forms) are rough estimates even where every batch is used"
+    )
+    assert "unseen" not in flags  # 8 batches: the documented minimum
+    sizes["seen"]["epoch_batches"] = 8
+    assert summarize(_analysis(tmp_path / "b", [_row("epoch-001.safetensors")], manifest)).endswith("No flags.")
