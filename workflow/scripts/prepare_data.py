@@ -22,4 +22,6 @@ out = prepare_source_cache(
     keep_order=spec.get("keep_order", False),
 )
 cache = TokenCache(out)
-atomic_write_json(receipt, {"cache": str(out), "blocks": cache.n_blocks, "shards": cache.meta["shards"]})
+# The spec it was prepared for: a later plan with another refuses at start-up, before Snakemake would
+# delete this receipt to prepare the cache again (and fail on the cache it holds).
+atomic_write_json(receipt, {"cache": str(out), "blocks": cache.n_blocks, "shards": cache.meta["shards"], "spec": spec})

@@ -333,6 +333,26 @@ class Runs:
             return list(self.import_entries[self.analysis_caches[cache]]["cache_inputs"])
         return self.train_runs[self.run_of_cache[cache]].get("cache_inputs", [])
 
+    def prepared_elsewhere(self) -> dict[str, list[str]]:
+        """The caches an earlier workflow run prepared for other settings than this plan's: the
+        cache's name -> what differs (from the spec its receipt records; a receipt without one is
+        taken as it is). Preparing one again would find the cache with other contents, after
+        Snakemake deleted its receipt: refused at start-up instead."""
+        found = {}
+        for cache in self.caches:
+            receipt = Path("cache") / f"{cache}.prepared.json"
+            try:
+                recorded = json.loads(receipt.read_text()).get("spec")
+            except (OSError, ValueError, AttributeError):
+                continue  # none yet, or not readable: prepare_data says what is wrong with it
+            if recorded is None:
+                continue
+            spec = json.loads(json.dumps(self.cache_spec(cache)))  # as the receipt holds it (JSON)
+            differ = sorted(k for k in spec.keys() | recorded.keys() if spec.get(k) != recorded.get(k))
+            if differ:
+                found[cache] = differ
+        return found
+
     @property
     def caches(self) -> list[str]:
         """Every cache the workflow prepares: the trained runs' and the hf_checkpoints analyses'."""

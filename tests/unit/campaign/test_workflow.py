@@ -1,6 +1,7 @@
 """The workflow's decisions as plain functions of its configuration (no Snakemake run): runs and
 seed experiments, targets, walltimes, the calibration-first order, the cost line, re-attaching."""
 
+import json
 import re
 from pathlib import Path
 
@@ -22,6 +23,23 @@ def test_runs_trained_here_write_interval_checkpoints_and_share_caches(workflow_
     with pytest.raises(ValueError, match="train_runs.bad: data.cache must be cache/<name>"):
         Path("bad.yaml").write_text(yaml.safe_dump({**RUN, "data": {**RUN["data"], "cache": "elsewhere/x"}}))
         WorkflowPlan({"train_runs": {"bad": {"config": "bad.yaml"}}})
+
+
+def test_a_cache_prepared_for_other_settings_is_refused_at_start_up_and_its_receipt_kept(workflow_project):
+    """Another configuration's run on the same cache/<name> (the demos side by side) is refused by key
+    before any job, so Snakemake never deletes the receipt the finished configuration relies on."""
+    plan = WorkflowPlan(plan_config())
+    receipt = Path("cache/tiny.prepared.json")
+    receipt.parent.mkdir()
+    receipt.write_text(json.dumps({"cache": "cache/tiny", "spec": plan.runs.cache_spec("tiny")}))
+    WorkflowPlan(plan_config())  # the same settings: reused
+    receipt.write_text(json.dumps({"cache": "cache/tiny", "spec": {**plan.runs.cache_spec("tiny"), "shard_tokens": 1}}))
+    with pytest.raises(ValueError, match=r"^train_runs.tiny: data.cache cache/tiny was prepared with other settings "
+                       r"\(shard_tokens; cache/tiny.prepared.json\); name another cache/<name>"):  # fmt: skip
+        WorkflowPlan(plan_config())
+    assert receipt.exists()
+    receipt.write_text(json.dumps({"cache": "cache/tiny"}))  # an older receipt, without its spec
+    WorkflowPlan(plan_config())
 
 
 def test_hf_checkpoint_lists_are_imported_then_measured_on_the_offset_case(workflow_project):
