@@ -36,6 +36,7 @@ __all__ = [
     "stamp",
     "log_axis",
     "states",
+    "window_note",
 ]
 
 
@@ -298,11 +299,11 @@ def figure_context(analysis_dir: Path) -> dict:
         "audit": manifest.get("audit"),
         "precision": manifest.get("precision"),
         "integrity_note": _integrity_note(manifest.get("integrity")),
-        "window_note": _window_note(manifest.get("data") or {}),
+        "window_note": window_note(manifest.get("data") or {}),
     }
 
 
-def _window_note(data: dict) -> str:
+def window_note(data: dict) -> str:
     """The figures' word on the cases of a training order: each case's window of steps and tokens
     (recent and step: a window of each checkpoint's own, so the reference state's is not shown; each
     result's ``data.window`` gives it)."""

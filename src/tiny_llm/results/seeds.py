@@ -8,27 +8,32 @@ revisions 1, 2, 4, …, 512 stay apart from the later ones). Written atomically.
 
 from __future__ import annotations
 
+import json
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from tiny_llm.io import atomic_path
+from tiny_llm.layout import MANIFEST
+from tiny_llm.results.drawing import window_note
 
-__all__ = ["STUDY_STATISTICS", "seed_table", "write_study"]
+__all__ = ["STUDY_STATISTICS", "read_summaries", "seed_table", "study_figure", "write_study"]
 
 STUDY_STATISTICS = (
-    ("loss", "epoch loss (nats)"),
+    ("loss", "epoch loss (nats per token)"),
     ("b_simple", "B_simple (sequences)"),
     ("b_noise", "B_noise (sequences)"),
-    ("grad_curvature", "ḡᵀHḡ"),
-    ("random_curvature", "tr(H)/D"),
-    ("normalized_alignment", "Σvᵀ Hv / Σ‖v‖²"),
-    ("full_grad_norm", "‖ḡ‖"),
-    ("step_sharpness", "ΔᵀHΔ / ‖Δ‖²"),
+    ("grad_curvature", "ḡᵀHḡ (nats³)"),
+    ("random_curvature", "tr(H)/D (nats)"),
+    ("normalized_alignment", "Σvᵀ Hv / Σ‖v‖² (nats)"),
+    ("full_grad_norm", "‖ḡ‖ (nats)"),
+    ("step_sharpness", "ΔᵀHΔ / ‖Δ‖² (nats)"),
 )
-"""The statistics a study draws (summary.csv columns and their labels)."""
+"""The statistics a study draws (summary.csv columns and their labels, with the units of the
+summary's columns: parameters counted as dimensionless)."""
 
 
 def seed_table(summaries: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -61,9 +66,10 @@ def seed_table(summaries: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def _log_spaced(steps: np.ndarray) -> bool:
-    """Whether positive steps span more than two decades (log-spaced revisions)."""
+    """Whether positive steps span more than a decade (log-spaced revisions: 1, 2, 4, ... would
+    crowd at the left of a linear axis)."""
     positive = steps[steps > 0]
-    return len(positive) > 2 and positive.max() / positive.min() > 100
+    return len(positive) > 2 and positive.max() / positive.min() > 10
 
 
 def _panel(ax, table: pd.DataFrame, name: str, label: str, log_x: bool) -> None:
@@ -75,9 +81,12 @@ def _panel(ax, table: pd.DataFrame, name: str, label: str, log_x: bool) -> None:
         x = rows["step"].to_numpy(dtype=float)[keep]
         low = pd.to_numeric(rows[f"{name}_min"], errors="coerce").to_numpy(dtype=float)[keep]
         high = pd.to_numeric(rows[f"{name}_max"], errors="coerce").to_numpy(dtype=float)[keep]
-        colour = f"C{index}"
+        colour, seeds = f"C{index}", pd.to_numeric(rows[f"{name}_seeds"]).to_numpy()[keep]
         ax.fill_between(x, low, high, color=colour, alpha=0.25, lw=0)
-        ax.plot(x, mean.to_numpy(dtype=float)[keep], color=colour, lw=1.0, marker=".", ms=2.5, label=f"{case}")
+        y = mean.to_numpy(dtype=float)[keep]
+        ax.plot(x, y, color=colour, lw=1.0, label=f"{case} (mean of up to {int(seeds.max())} seeds)")
+        ax.plot(x[seeds > 1], y[seeds > 1], "o", color=colour, ms=2.5)
+        ax.plot(x[seeds == 1], y[seeds == 1], "o", color=colour, ms=3, mfc="none")  # one seed: not a mean
     values = pd.concat([pd.to_numeric(table[f"{name}_{k}"], errors="coerce") for k in ("min", "max")]).dropna()
     if len(values) and (values > 0).all() and values.max() / values.min() > 30:
         ax.set_yscale("log")
@@ -88,19 +97,25 @@ def _panel(ax, table: pd.DataFrame, name: str, label: str, log_x: bool) -> None:
     ax.grid(alpha=0.3)
 
 
-def write_study(name: str, summaries: dict[str, Path], out_dir: str | Path, notes: list[str]) -> list[Path]:
-    """``seeds.csv`` and the ``seeds`` figure (pdf and png) of study ``name`` in ``out_dir`` from its
-    seeds' summary.csv files; ``notes``: what the planner found across the seeds (shared weights),
-    written under the figure. Returns the written paths.
+def _windows(summaries: dict[str, Path]) -> list[str]:
+    """The training-order cases' windows of the seeds' analyses, from the manifest beside each
+    summary.csv (once where the seeds agree, as they do for one model's suites)."""
+    notes = []
+    for path in summaries.values():
+        manifest = Path(path).with_name(MANIFEST)
+        if manifest.exists():
+            note = window_note(json.loads(manifest.read_text()).get("data") or {})
+            if note and f"windows: {note}" not in notes:
+                notes.append(f"windows: {note}")
+    return notes
+
+
+def read_summaries(summaries: dict[str, Path]) -> dict[str, pd.DataFrame]:
+    """Each seed's summary.csv, by its analysis name.
 
     Raises:
         ValueError: a summary.csv that is missing or lacks the step column, naming it.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     tables = {}
     for seed, path in summaries.items():
         if not Path(path).exists():
@@ -108,11 +123,18 @@ def write_study(name: str, summaries: dict[str, Path], out_dir: str | Path, note
         tables[seed] = pd.read_csv(path)
         if "step" not in tables[seed] or "case" not in tables[seed]:
             raise ValueError(f"{path} is not an analysis's summary.csv (no step or case column)")
-    table = seed_table(tables)
-    out_dir = Path(out_dir)
-    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
-    with atomic_path(out_dir / "seeds.csv") as tmp:
-        table.to_csv(tmp, index=False)
+    return tables
+
+
+def study_figure(name: str, table: pd.DataFrame, summaries: dict[str, Path], notes: list[str]):
+    """The ``seeds`` figure of study ``name``'s table: one panel per statistic with values, the mean
+    (hollow where one seed gave it) and the range per case; titled with n, the cases' windows and
+    ``notes``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     shown = [(n, label) for n, label in STUDY_STATISTICS if table[f"{n}_mean"].notna().any()]
     columns = 2
     rows = max(1, math.ceil(len(shown) / columns))
@@ -124,13 +146,41 @@ def write_study(name: str, summaries: dict[str, Path], out_dir: str | Path, note
         ax.set_visible(False)
     for ax in axes[-1]:
         ax.set_xlabel("training step" + (" (log scale above 1)" if log_x else ""), fontsize=8)
-    seeds = ", ".join(summaries)
-    title = f"{name}: mean over {len(summaries)} seeds ({seeds}), shaded: their range"
-    fig.suptitle(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=8, x=0.01, y=0.995, ha="left")
+    title = f"{name}: mean over the n = {len(summaries)} seeds ({', '.join(summaries)}), shaded: their range"
+    single = int((table["seeds"] == 1).sum())
+    notes = [
+        *(
+            [f"hollow: {single} points measured by one seed only (n = 1: that seed's value, not a mean)"]
+            if single
+            else []
+        ),
+        *_windows(summaries),
+        *notes,
+    ]
+    fig.suptitle(title + "".join("\n" + textwrap.fill(n, 150) for n in notes), fontsize=7, x=0.01, y=0.995, ha="left")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.04, 1, 0.97 if not notes else 0.95))
+    fig.tight_layout(rect=(0, 0.04, 1, 0.97 - 0.025 * len(notes)))
+    return fig
+
+
+def write_study(name: str, summaries: dict[str, Path], out_dir: str | Path, notes: list[str]) -> list[Path]:
+    """``seeds.csv`` and the ``seeds`` figure (pdf and png) of study ``name`` in ``out_dir`` from its
+    seeds' summary.csv files; ``notes``: what the planner found across the seeds (shared weights),
+    written under the figure. Returns the written paths.
+
+    Raises:
+        ValueError: a summary.csv that is missing or lacks the step column, naming it.
+    """
+    import matplotlib.pyplot as plt
+
+    table = seed_table(read_summaries(summaries))
+    out_dir = Path(out_dir)
+    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
+    with atomic_path(out_dir / "seeds.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    fig = study_figure(name, table, summaries, notes)
     written = [out_dir / "seeds.csv"]
     for ext in ("pdf", "png"):
         path = out_dir / "figures" / f"seeds.{ext}"

@@ -159,18 +159,57 @@ def _single_batch(cases: list[str], sizes: dict[str, Any]) -> list[str]:
     return flags
 
 
+STUDY = "seeds.csv"
+"""A seed study's table (``seed_studies``): its folder holds it instead of a summary.csv."""
+
+
+def _study(folder: Path) -> str:
+    """A seed study's table as text: per case and step, each statistic's mean ± its standard
+    deviation over the seeds that gave it (n), and the flags of one-seed points."""
+    import pandas as pd
+
+    from tiny_llm.results.seeds import STUDY_STATISTICS
+
+    table = pd.read_csv(folder / STUDY)
+    shown = [(n, label) for n, label in STUDY_STATISTICS if f"{n}_mean" in table and table[f"{n}_mean"].notna().any()]
+    rows = [["case", "step", "seeds", *(label for _, label in shown)]]
+    for _, row in table.iterrows():
+        cells = []
+        for name, _ in shown:
+            mean, std = row[f"{name}_mean"], row[f"{name}_std"]
+            cells.append("–" if pd.isna(mean) else f"{mean:.3g}" + ("" if pd.isna(std) else f" ± {std:.2g}"))
+        rows.append([row["case"], f"{int(row['step']):,}", str(int(row["seeds"])), *cells])
+    seeds = int(table["seeds"].max()) if len(table) else 0
+    head = (
+        f"seed study {folder.name}: {len(table)} (case, step) rows over up to {seeds} seeds. Values: the mean over "
+        "the seeds ± their sample standard deviation (none with one seed); the seeds' own analyses are in "
+        "results/<analysis>/ (tiny-llm summarize on each)."
+    )
+    single = table[table["seeds"] == 1]
+    flags = (
+        [f"{len(single)} rows were measured by one seed only (n = 1): that seed's value, not a mean"]
+        if len(single) and seeds > 1
+        else []
+    )
+    tail = ["", "Flags:", *(f"- {flag}" for flag in flags)] if flags else ["", "No flags."]
+    return "\n".join([head, "", _table(rows), *tail])
+
+
 def summarize(folder: str | Path) -> str:
-    """The table and flags of a collected analysis (``results/<name>``) as text.
+    """The table and flags of a collected analysis (``results/<name>``), or of a seed study (its
+    ``seeds.csv``), as text.
 
     Raises:
         ValueError: the folder holds no collected analysis, saying how to make one.
     """
     folder = Path(folder)
     summary, manifest_path = folder / SUMMARY, folder / MANIFEST
+    if not summary.exists() and (folder / STUDY).exists():
+        return _study(folder)
     if not summary.exists() or not manifest_path.exists():
         raise ValueError(
-            f"{folder} holds no collected analysis (summary.csv and manifest.json); run the workflow "
-            "(snakemake -c1) to make it, or name a folder results/<analysis>"
+            f"{folder} holds no collected analysis (summary.csv and manifest.json) or seed study (seeds.csv); "
+            "run the workflow (snakemake -c1) to make it, or name a folder results/<analysis or study>"
         )
     with open(summary, newline="") as handle:
         rows = list(csv.DictReader(handle))

@@ -35,3 +35,30 @@ def test_the_study_writes_its_table_and_figure(tmp_path):
     assert len(pd.read_csv(tmp_path / "out/seeds.csv")) == 3
     with pytest.raises(ValueError, match="results/x/summary.csv does not exist: analysis x has not been collected"):
         write_study("study", {"x": "results/x/summary.csv", **paths}, tmp_path / "out", [])
+
+
+def test_the_figure_states_n_units_windows_and_a_log_step_axis_for_log_spaced_revisions(tmp_path):
+    import json
+
+    import matplotlib.pyplot as plt
+
+    from tiny_llm.results.seeds import study_figure
+
+    paths = {}
+    for name, losses in (("s1", {1: 3.0, 2: 2.0, 4: 1.5, 32: 1.0}), ("s2", {1: 3.2, 2: 2.1, 4: 1.6})):
+        (tmp_path / name).mkdir()
+        paths[name] = tmp_path / name / "summary.csv"
+        _summary(losses).assign(grad_curvature=1.0).to_csv(paths[name], index=False)
+        window = {"seen": {"window": {"first_step": 1, "last_step": 1, "steps": 1}, "tokens": 64}}
+        (tmp_path / name / "manifest.json").write_text(json.dumps({"data": window}))
+    table = seed_table({name: pd.read_csv(path) for name, path in paths.items()})
+    fig = study_figure("study", table, paths, [])
+    title = fig._suptitle.get_text()
+    assert title.startswith("study: mean over the n = 2 seeds (s1, s2), shaded: their range")
+    assert "hollow: 1 points measured by one seed only (n = 1: that seed's value, not a mean)" in title
+    assert "windows: seen: steps 1–1 (64 tokens)" in title  # once: the seeds agree
+    panels = {ax.get_title(loc="left"): ax for ax in fig.axes if ax.get_visible()}
+    assert set(panels) == {"epoch loss (nats per token)", "B_simple (sequences)", "ḡᵀHḡ (nats³)"}
+    assert all(ax.get_xscale() == "symlog" for ax in panels.values())  # steps 1 ... 32: log-spaced
+    assert panels["epoch loss (nats per token)"].get_legend_handles_labels()[1] == ["seen (mean of up to 2 seeds)"]
+    plt.close(fig)

@@ -123,3 +123,21 @@ def test_fewer_noise_batches_than_the_documented_minimum_are_flagged_not_called_
     assert "unseen" not in flags  # 8 batches: the documented minimum
     sizes["seen"]["epoch_batches"] = 8
     assert summarize(_analysis(tmp_path / "b", [_row("epoch-001.safetensors")], manifest)).endswith("No flags.")
+
+
+def test_a_seed_studys_folder_is_summarized_from_its_table(tmp_path):
+    import pandas as pd
+
+    from tiny_llm.results.seeds import seed_table
+
+    def seed(losses):
+        return pd.DataFrame([{"state_key": f"k{s}", "case": "seen", "step": s, "loss": v} for s, v in losses.items()])
+
+    (tmp_path / "study").mkdir()
+    seed_table({"a": seed({1: 3.0, 2: 2.0}), "b": seed({1: 5.0})}).to_csv(tmp_path / "study/seeds.csv", index=False)
+    text = summarize(tmp_path / "study")
+    assert text.startswith("seed study study: 2 (case, step) rows over up to 2 seeds.")
+    lines = text.splitlines()
+    assert lines[2].split() == ["case", "step", "seeds", "epoch", "loss", "(nats", "per", "token)"]
+    assert lines[4].split() == ["seen", "1", "2", "4", "±", "1.4"] and lines[5].split() == ["seen", "2", "1", "2"]
+    assert text.endswith("- 1 rows were measured by one seed only (n = 1): that seed's value, not a mean")
