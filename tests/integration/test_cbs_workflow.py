@@ -37,12 +37,14 @@ EXPERIMENT = {
     "settings": {"noise_samples": "all", "random_samples": 2, "device": "cpu", "dtype": "float64"},
 }
 KILLED = "tiny-e001-b2-s1"
+SEED_SETTINGS = {"reference_rows": 4, "cov_num_batches": 3, "cov_batch_size": 2, "top_k": 2, "hutchinson_samples": 4}
+SEED_SETTINGS |= {"hessian_eig_every": 2, "lanczos_steps": 8, "hvp_batch_size": 4}
 
 
-def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+def _snakemake(workdir: Path, *args: str, configfile: str = "config.yaml") -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}:{os.environ['PATH']}"}
     command = [str(SNAKEMAKE), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
-    command += ["--configfile", str(workdir / "config.yaml"), "--replace-workflow-config", "-c2", *args]
+    command += ["--configfile", str(workdir / configfile), "--replace-workflow-config", "-c2", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
 
 
@@ -119,3 +121,38 @@ def test_a_killed_branch_resumed_by_the_workflow_lost_nothing(experiment, tmp_pa
 def test_a_rerun_does_nothing(experiment):
     path, _ = experiment
     assert "Nothing to be done" in _snakemake(path, "-n").stdout
+
+
+def test_the_demos_live_side_by_side_in_one_folder(experiment):
+    """As make demo, make cbs-demo and make seeds-demo in one checkout: an analysis and a seed
+    experiment sharing one cache, run in the folder of the finished critical-batch experiment, leave
+    every configuration finished; a configuration that would prepare the shared cache otherwise is
+    refused at start-up and deletes nothing."""
+    path, _ = experiment
+    run = {**RUN, "data": {**RUN["data"], "cache": "cache/demo"}}
+    run["training"] = {**RUN["training"], "tokens": 512, "epochs": 2}
+    (path / "demo-run.yaml").write_text(yaml.safe_dump(run))
+    settings = {"noise_samples": 2, "random_samples": 2, "device": "cpu", "dtype": "float64"}
+    demo = {
+        "train_runs": {"demo": {"config": "demo-run.yaml", "shard_tokens": 256}},
+        "analyses": {"demo": {"run": "runs/demo", "settings": settings}},
+    }
+    seeds = {"config": "demo-run.yaml", "shard_tokens": 256, "seeds": [1, 2], "controls": [], "settings": SEED_SETTINGS}
+    configs = {
+        "demo.yaml": demo,
+        "seeds.yaml": {"train_runs": {}, "analyses": {}, "seed_experiments": {"seeds": seeds}},
+        "other.yaml": {"train_runs": {}, "analyses": {}, "seed_experiments": {"seeds": {**seeds, "shard_tokens": 64}}},
+    }
+    for name, config in configs.items():
+        (path / name).write_text(yaml.safe_dump(config))
+    for name in ("demo.yaml", "seeds.yaml"):
+        done = _snakemake(path, configfile=name)
+        assert done.returncode == 0, done.stderr[-4000:]
+    for name in ("config.yaml", "demo.yaml", "seeds.yaml"):
+        assert "Nothing to be done" in _snakemake(path, "-n", configfile=name).stdout, name
+    refused = _snakemake(path, configfile="other.yaml")
+    assert refused.returncode != 0 and "seed_experiments.seeds: data.cache cache/demo was prepared with other " in (
+        refused.stderr
+    )
+    assert (path / "cache/demo.prepared.json").exists()
+    assert "Nothing to be done" in _snakemake(path, "-n", configfile="demo.yaml").stdout

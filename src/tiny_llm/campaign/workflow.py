@@ -41,6 +41,7 @@ from tiny_llm.campaign.costs import CostReport
 from tiny_llm.campaign.orders import JobOrder, JobSuccessor, OrderPlan, following_state, plan_order, state_step
 from tiny_llm.campaign.plan import ClusterSettings
 from tiny_llm.campaign.planned import AnalysisPlan, Campaign, ExperimentPlan
+from tiny_llm.campaign.preconditioned import check_preconditioned, imported_states, trained_states
 from tiny_llm.campaign.runs import Runs
 from tiny_llm.campaign.studies import plan_seed_studies
 from tiny_llm.campaign.walltimes import Walltimes
@@ -206,7 +207,22 @@ class WorkflowPlan:
                 raise ValueError(f"analyses.{name}.{error}") from None
         self._check_offset(name, settings)
         self._check_model(name, settings)
+        if settings.preconditioned is True:
+            self._check_preconditioned(name)
         return settings
+
+    def _check_preconditioned(self, name: str) -> None:
+        """``preconditioned: true``: every selected state of a run trained or imported here has the
+        optimizer's preconditioner (a run made elsewhere: its measurement checks each state)."""
+        key, run, selection = f"analyses.{name}.settings.preconditioned", self.trained_here(name), self.selection(name)
+        if run is not None:
+            states = trained_states(self.run_configs[run], selection)
+        elif name in self.imports:
+            checkpoints = self.runs.import_entries[name]["hf_checkpoints"]
+            states = imported_states(checkpoints, [p.step for p in self.runs.positions[name]], selection)
+        else:
+            return
+        check_preconditioned(key, self.run_config(name), self.analyses[name]["run"], states)
 
     def _check_model(self, name: str, settings: AnalysisSettings) -> None:
         """What the analysis's model cannot do, refused at start-up: an engine it has no rules for

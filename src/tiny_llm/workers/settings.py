@@ -92,7 +92,8 @@ class AnalysisSettings:
     edge-of-stability value (2 + 2β1)/((1 − β1)η). It measures the noise, ḡ and random forms once more. auto: where the
     checkpoint's optimizer state is kept (training here with ``keep_moments``; Trainer checkpoints
     imported with their optimizer.pt), blank with the reason elsewhere (the initialisation, packed
-    runs, suites that publish weights only); true: refuse a checkpoint without it; false: plain only."""
+    runs, suites that publish weights only); true: refuse a checkpoint without it (the workflow names
+every selected one at start-up, before any job); false: plain only."""
     sharded: bool = False
     """With several ranks (``gpus_per_job`` × ``nodes_per_job``), shard the model and every
     parameter-sized vector over them with FSDP2, for a model whose statistics do not fit one device:
