@@ -22,6 +22,9 @@ __all__ = [
     "BLOCKS",
     "EPOCH_FILE",
     "FIGURES",
+    "FIGURE_RULES",
+    "PRECONDITIONED_FIGURES",
+    "TRAJECTORY_FIGURES",
     "FINAL",
     "IMPORTED",
     "MANIFEST",
@@ -93,6 +96,20 @@ AUDIT_FIGURES = ["precision_audit"]
 """Drawn for audited analyses only (``plot_audit``): a float64 analysis has nothing to show there."""
 SPECTRUM_FIGURES = ["top_eigenvalues", "preconditioned_sharpness", "slq_density", "block_diagonal_error"]
 """An analysis's spectral figures, drawn by tiny_llm.results.spectrum_figures."""
+PRECONDITIONED_FIGURES = ["preconditioned_batch_sizes", "preconditioned_sharpness"]
+"""Drawn only where some selected state may have the optimizer's preconditioner (not with
+``preconditioned: false``, nor for a suite none of whose checkpoints carry an optimizer state)."""
+TRAJECTORY_FIGURES = ["step_sharpness", "step_loss"]
+"""Drawn only with ``settings.trajectory`` (the statistics along the step to the next checkpoint)."""
+FIGURE_RULES = {
+    "plot": [f for f in FIGURES if f not in PRECONDITIONED_FIGURES + TRAJECTORY_FIGURES],
+    "plot_preconditioned": [f for f in FIGURES if f in PRECONDITIONED_FIGURES],
+    "plot_trajectory": TRAJECTORY_FIGURES,
+    "plot_audit": AUDIT_FIGURES,
+    "plot_spectrum": [f for f in SPECTRUM_FIGURES if f not in PRECONDITIONED_FIGURES],
+    "plot_spectrum_preconditioned": [f for f in SPECTRUM_FIGURES if f in PRECONDITIONED_FIGURES],
+}
+"""The rule that draws each figure: a figure with nothing to draw for an analysis is not asked for."""
 
 
 def epoch_stem(epoch: int) -> str:

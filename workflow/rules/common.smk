@@ -15,7 +15,7 @@ from tiny_llm.campaign.workflow import WorkflowPlan
 from tiny_llm.config import config_to_dict, parse_yaml
 from tiny_llm.io import read_if_changed
 from tiny_llm.provenance import source_hash
-from tiny_llm.layout import AUDIT_FIGURES, FIGURES, SPECTRUM_FIGURES
+from tiny_llm.layout import FIGURE_RULES
 from tiny_llm.results.record import append_event
 from tiny_llm.workers.settings import CASES
 

@@ -56,10 +56,28 @@ rule plot_spectrum:
     input:
         spectrum="results/{analysis}/spectrum.csv",
     output:
-        **figure_reports(SPECTRUM_FIGURES),
-        png=expand("results/{{analysis}}/figures/{figure}.png", figure=SPECTRUM_FIGURES),
+        **figure_reports(FIGURE_RULES["plot_spectrum"]),
+        png=expand("results/{{analysis}}/figures/{figure}.png", figure=FIGURE_RULES["plot_spectrum"]),
     log:
         "logs/plot_spectrum/{analysis}.log",
+    localrule: True
+    conda:
+        "../../envs/tiny-llm.yaml"
+    params:
+        x_axis=lookup(dpath="x_axis", within=PLOTS, default="auto"),
+    script:
+        "../scripts/plot_spectrum.py"
+
+
+# λ_max(PH) beside the stability threshold: only where a state may have the optimizer's preconditioner.
+rule plot_spectrum_preconditioned:
+    input:
+        spectrum="results/{analysis}/spectrum.csv",
+    output:
+        **figure_reports(FIGURE_RULES["plot_spectrum_preconditioned"]),
+        png=expand("results/{{analysis}}/figures/{figure}.png", figure=FIGURE_RULES["plot_spectrum_preconditioned"]),
+    log:
+        "logs/plot_spectrum_preconditioned/{analysis}.log",
     localrule: True
     conda:
         "../../envs/tiny-llm.yaml"

@@ -1,4 +1,5 @@
-"""Snakemake adapter: draw an analysis's figures from its summary.csv and manifest.json."""
+"""Snakemake adapter: draw an analysis's figures (those its rule names) from its summary.csv and
+manifest.json."""
 
 from pathlib import Path
 
@@ -6,6 +7,7 @@ from tiny_llm.campaign.jobs import job_log
 
 job_log(snakemake)  # the log gets everything; a failure ends with one "error:" line
 
+from tiny_llm.layout import FIGURE_RULES  # noqa: E402
 from tiny_llm.results.figures import plot_analysis, plot_audit  # noqa: E402
 
 if snakemake.rule == "plot_audit":
@@ -16,7 +18,8 @@ else:  # the audit's figure has its own rule: an analysis that is not audited ha
     plot_analysis(
         Path(snakemake.input.summary).parent,
         Path(snakemake.output.png[0]).parent,
-        training_norms=snakemake.params.training_norms,
+        training_norms=snakemake.params.get("training_norms", False),
         audit=False,
         x_axis=snakemake.params.x_axis,
+        figures=FIGURE_RULES[snakemake.rule],
     )

@@ -6,6 +6,7 @@ into runs, and run configurations loaded with their overrides. Each refusal name
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ __all__ = [
     "check_corpus",
     "check_device",
     "check_tokenizer_directory",
+    "check_local_ranks",
     "cuda_devices",
     "expand_seed_experiments",
     "expand_seed_imports",
@@ -324,3 +326,31 @@ def load_run_config(entry: dict[str, Any], training: dict[str, Any] | None = Non
     defaults = {"checkpoint_policy": "interval", **(training or {})}
     overrides[:0] = [f"training.{key}={value}" for key, value in defaults.items() if key not in given]
     return config_from_dict(apply_overrides(data, overrides))
+
+
+def check_local_ranks(key: str, ranks: dict[str, int], device: str) -> None:
+    """The ranks of an analysis's jobs (``key``: the analysis's config key) that run on this machine:
+    several nodes need a Slurm allocation, and N CPU processes need N usable cores (N GPUs: N CUDA
+    devices).
+
+    Raises:
+        ValueError: naming the key and what to set instead.
+    """
+    if ranks["nodes"] > 1 and not os.environ.get("SLURM_JOB_NODELIST"):
+        raise ValueError(
+            f"{key}.nodes_per_job: {ranks['nodes']} nodes need a Slurm allocation "
+            "(run with --profile profiles/naiss, or inside salloc); set 1 to run here"
+        )
+    if ranks["gpus"] <= 1:
+        return
+    cuda = device.startswith("cuda") or (device == "auto" and cuda_devices() > 0)
+    if cuda:
+        usable = cuda_devices()
+    else:
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if ranks["gpus"] > usable:
+        what = "CUDA devices" if cuda else "usable CPU cores"
+        raise ValueError(
+            f"{key}.gpus_per_job: {ranks['gpus']} ranks per job, but this machine has {usable} {what}; set at "
+            f"most {usable} to run here (on the cluster each rank is a GPU)"
+        )

@@ -42,6 +42,8 @@ class AnalysisPlan:
     ranks: int
     """Ranks of one (state, case) job: gpus_per_job × nodes_per_job."""
     spectrum: bool
+    preconditioner: bool
+    """Whether a selected state may have the optimizer's preconditioner (its figures are drawn)."""
     memory: MemoryPlan | None
     """The memory plan of its (state, case) jobs (None while the run's configuration is unknown)."""
 

@@ -14,7 +14,14 @@ from pathlib import Path
 from tiny_llm.config import RunConfig
 from tiny_llm.layout import FINAL, epoch_file, moments_file
 
-__all__ = ["Selected", "check_preconditioned", "imported_states", "trained_states"]
+__all__ = [
+    "Selected",
+    "check_preconditioned",
+    "imported_states",
+    "plan_preconditioner",
+    "trained_states",
+    "without_preconditioner",
+]
 
 OPTIMIZER_FILE = "optimizer.pt"
 """A Trainer checkpoint's optimizer state (as :data:`tiny_llm.model.hf_optimizer.OPTIMIZER_FILE`)."""
@@ -72,6 +79,11 @@ def imported_states(checkpoints: list[dict], steps: list[int], selection: str | 
     return [s for index, s in enumerate(states) if epoch_file(index) in chosen]
 
 
+def without_preconditioner(config: RunConfig, run_dir: str | Path, states: list[Selected]) -> list[tuple[str, str]]:
+    """The selected states that have no preconditioner, each with why: (label, reason)."""
+    return [(s.label, why) for s in states if (why := _without(s, config, Path(run_dir)))]
+
+
 def check_preconditioned(key: str, config: RunConfig, run_dir: str | Path, states: list[Selected]) -> None:
     """Refuse ``preconditioned: true`` (``key``: the setting's config key) when a selected state has
     no preconditioner, naming the states and why.
@@ -79,7 +91,7 @@ def check_preconditioned(key: str, config: RunConfig, run_dir: str | Path, state
     Raises:
         ValueError: one line: the states (the first six), the reason, and the settings that work.
     """
-    missing = [(s.label, why) for s in states if (why := _without(s, config, Path(run_dir)))]
+    missing = without_preconditioner(config, run_dir, states)
     if not missing:
         return
     reasons = sorted({why for _, why in missing})
@@ -88,4 +100,27 @@ def check_preconditioned(key: str, config: RunConfig, run_dir: str | Path, state
         f"{key}: true, but {len(missing)} of the {len(states)} selected states have no optimizer preconditioner "
         f"({names}: {'; '.join(reasons)}); set preconditioned: auto (their preconditioned statistics blank, the "
         "others measured) or false, or select only states that have one (checkpoints)"
+    )
+
+
+def plan_preconditioner(
+    key: str, asked: bool | str, config: RunConfig, run_dir: str | Path, states: list[Selected]
+) -> str | None:
+    """The ``preconditioned`` setting ``asked`` (``key``: its config key) for ``states``: true is
+    checked (:func:`check_preconditioned`); where no state has a preconditioner, the note saying that
+    the preconditioned figures are not drawn (None: some state has one, or ``asked`` is false).
+
+    Raises:
+        ValueError: as :func:`check_preconditioned`, with ``preconditioned: true``.
+    """
+    if asked is False:
+        return None
+    if asked is True:
+        check_preconditioned(key, config, run_dir, states)
+    missing = without_preconditioner(config, run_dir, states)
+    if len(missing) < len(states):
+        return None
+    reasons = "; ".join(sorted({why for _, why in missing}))
+    return (
+        f"no state it selects has the optimizer's preconditioner ({reasons}); its preconditioned figures are not drawn"
     )

@@ -9,12 +9,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tiny_llm.campaign.planned import Campaign
+from tiny_llm.campaign.planned import AnalysisPlan, Campaign
 from tiny_llm.campaign.studies import StudyPlan
 from tiny_llm.campaign.walltimes import Walltimes
-from tiny_llm.layout import AUDIT_FIGURES, FIGURES, SPECTRUM, SPECTRUM_FIGURES, state_result
+from tiny_llm.layout import FIGURE_RULES, SPECTRUM, state_result
 
-__all__ = ["all_targets", "experiment_targets"]
+__all__ = ["all_targets", "analysis_figures", "experiment_targets"]
+
+
+def analysis_figures(planned: AnalysisPlan) -> list[str]:
+    """The figures an analysis has something to draw in: the trajectory's with ``settings.trajectory``,
+    the optimizer geometry's where a selected state may have its preconditioner, the audit's where it
+    is audited, the spectra's with a spectrum."""
+    rules = ["plot", *(["plot_trajectory"] if planned.settings.trajectory else [])]
+    rules += ["plot_preconditioned"] if planned.preconditioner else []
+    rules += ["plot_audit"] if planned.settings.audited else []
+    if planned.spectrum:
+        rules += ["plot_spectrum", *(["plot_spectrum_preconditioned"] if planned.preconditioner else [])]
+    return [figure for rule in rules for figure in FIGURE_RULES[rule]]
 
 
 def all_targets(campaign: Campaign, walltimes: Walltimes) -> list[str]:
@@ -34,10 +46,9 @@ def all_targets(campaign: Campaign, walltimes: Walltimes) -> list[str]:
     for name, planned in campaign.analyses.items():
         # The collected files too: a crash during collect (or their deletion) reruns collect.
         targets += [f"results/{name}/manifest.json", f"results/{name}/summary.csv"]
-        figures = list(FIGURES) + (AUDIT_FIGURES if planned.settings.audited else [])
+        figures = analysis_figures(planned)
         if planned.spectrum:
             targets.append(f"results/{name}/{SPECTRUM}")
-            figures += SPECTRUM_FIGURES
         # A walltime waiting for a calibration: the short calibration job starts at once.
         if walltimes.calibration_pending(name):
             targets.append(f"results/timing/{name}.json")

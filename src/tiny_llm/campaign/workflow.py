@@ -30,18 +30,22 @@ Example:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from tiny_llm.campaign.cbs import expand_cbs_experiments
-from tiny_llm.campaign.checks import check_corpus, check_device, cuda_devices
+from tiny_llm.campaign.checks import check_corpus, check_device, check_local_ranks
 from tiny_llm.campaign.costs import CostReport
 from tiny_llm.campaign.orders import JobOrder, JobSuccessor, OrderPlan, following_state, plan_order, state_step
 from tiny_llm.campaign.plan import ClusterSettings
 from tiny_llm.campaign.planned import AnalysisPlan, Campaign, ExperimentPlan
-from tiny_llm.campaign.preconditioned import check_preconditioned, imported_states, trained_states
+from tiny_llm.campaign.preconditioned import (
+    Selected,
+    imported_states,
+    plan_preconditioner,
+    trained_states,
+)
 from tiny_llm.campaign.runs import Runs
 from tiny_llm.campaign.studies import plan_seed_studies
 from tiny_llm.campaign.walltimes import Walltimes
@@ -103,6 +107,8 @@ class WorkflowPlan:
         self.train_device: str = config.get("train_device", "cpu")
         self.orders: dict[str, OrderPlan] = {}
         """The published training orders of analyses of suites trained elsewhere."""
+        self.undrawn: set[str] = set()
+        """Analyses none of whose selected states has the optimizer's preconditioner."""
         self.analysis_settings = {name: self._check_analysis(name) for name in self.analyses}
         for name in self.analyses:
             gpus, per_node = self.ranks(name)["gpus"], self.cluster.gpus_per_node
@@ -170,6 +176,7 @@ class WorkflowPlan:
             cases=tuple(self.cases(name)),
             ranks=self.job_ranks(name),
             spectrum=self.spectrum_enabled(name),
+            preconditioner=self.analysis_settings[name].preconditioned is not False and name not in self.undrawn,
             memory=memory,
         )
 
@@ -207,22 +214,32 @@ class WorkflowPlan:
                 raise ValueError(f"analyses.{name}.{error}") from None
         self._check_offset(name, settings)
         self._check_model(name, settings)
-        if settings.preconditioned is True:
-            self._check_preconditioned(name)
+        self._check_preconditioned(name, settings)
+        if not settings.trajectory:
+            self.runs.notes.append(
+                f"analyses.{name}: settings.trajectory is false; step_sharpness and step_loss are not drawn"
+            )
         return settings
 
-    def _check_preconditioned(self, name: str) -> None:
-        """``preconditioned: true``: every selected state of a run trained or imported here has the
-        optimizer's preconditioner (a run made elsewhere: its measurement checks each state)."""
-        key, run, selection = f"analyses.{name}.settings.preconditioned", self.trained_here(name), self.selection(name)
+    def _selected_states(self, name: str) -> list[Selected] | None:
+        """The states an analysis of a run trained or imported here selects (None: a run made elsewhere)."""
+        run, selection = self.trained_here(name), self.selection(name)
         if run is not None:
-            states = trained_states(self.run_configs[run], selection)
-        elif name in self.imports:
+            return trained_states(self.run_configs[run], selection)
+        if name in self.imports:
             checkpoints = self.runs.import_entries[name]["hf_checkpoints"]
-            states = imported_states(checkpoints, [p.step for p in self.runs.positions[name]], selection)
-        else:
-            return
-        check_preconditioned(key, self.run_config(name), self.analyses[name]["run"], states)
+            return imported_states(checkpoints, [p.step for p in self.runs.positions[name]], selection)
+        return None
+
+    def _check_preconditioned(self, name: str, settings: AnalysisSettings) -> None:
+        """The optimizer's preconditioner of the selected states (:func:`plan_preconditioner`; a run
+        made elsewhere: its measurement checks each state)."""
+        states, key = self._selected_states(name), f"analyses.{name}.settings.preconditioned"
+        if states is not None:
+            asked, run_dir = settings.preconditioned, self.analyses[name]["run"]
+            if note := plan_preconditioner(key, asked, self.run_config(name), run_dir, states):
+                self.undrawn.add(name)
+                self.runs.notes.append(f"analyses.{name}: {note}")
 
     def _check_model(self, name: str, settings: AnalysisSettings) -> None:
         """What the analysis's model cannot do, refused at start-up: an engine it has no rules for
@@ -300,37 +317,13 @@ class WorkflowPlan:
         offset_plan(run, cache, settings.data_offset, key=f"analyses.{name}.settings.data_offset")
 
     def check_ranks(self, analyses: Iterable[str]) -> None:
-        """Ranks of jobs that run on this machine: several nodes need a Slurm allocation, and N CPU
-        processes need N usable cores (N GPUs: N CUDA devices).
+        """Ranks of jobs that run on this machine (:func:`check_local_ranks`).
 
         Raises:
             ValueError: naming the key and what to set instead.
         """
         for name in analyses:
-            ranks = self.ranks(name)
-            if ranks["nodes"] > 1 and not os.environ.get("SLURM_JOB_NODELIST"):
-                raise ValueError(
-                    f"analyses.{name}.nodes_per_job: {ranks['nodes']} nodes need a Slurm allocation "
-                    "(run with --profile profiles/naiss, or inside salloc); set 1 to run here"
-                )
-            if ranks["gpus"] <= 1:
-                continue
-            device = self.analysis_settings[name].device
-            cuda = device.startswith("cuda") or (device == "auto" and cuda_devices() > 0)
-            usable = (
-                cuda_devices()
-                if cuda
-                else len(os.sched_getaffinity(0))
-                if hasattr(os, "sched_getaffinity")
-                else (os.cpu_count() or 1)
-            )
-            if ranks["gpus"] > usable:
-                what = "CUDA devices" if cuda else "usable CPU cores"
-                raise ValueError(
-                    f"analyses.{name}.gpus_per_job: {ranks['gpus']} ranks per job, but this machine has "
-                    f"{usable} {what}; set at most {usable} to run here (on the cluster each rank is a "
-                    "GPU)"
-                )
+            check_local_ranks(f"analyses.{name}", self.ranks(name), self.analysis_settings[name].device)
 
     def check_devices(self, train: bool, analyses: Iterable[str]) -> None:
         """For jobs that run on this machine (not on a cluster's nodes): refuse a CUDA device it
@@ -364,12 +357,6 @@ class WorkflowPlan:
         budget = None if settings.memory_budget_gb is None else int(settings.memory_budget_gb * GiB)
         cuda = settings.device.startswith("cuda")
         return memory_plan(settings, run, budget, cuda=cuda, ranks=self.job_ranks(analysis))
-
-    # --- targets ----------------------------------------------------------------------------
-
-    # --- data and training ------------------------------------------------------------------
-
-    # --- analyses ---------------------------------------------------------------------------
 
     def trained_here(self, analysis: str) -> str | None:
         """The train_runs name of an analysis's run when this workflow trains it, else None."""

@@ -353,11 +353,12 @@ def plot_analysis(
     training_norms: bool = False,
     audit: bool = True,
     x_axis: str = "auto",
+    figures: list[str] | None = None,
 ) -> list[Path]:
-    """Draw every figure of an analysis directory (summary.csv + manifest.json), with ``audit``
-    the precision audit's too when the analysis was audited; returns the files. The training
-    norms (``training_norms``) come from the run's train-log.jsonl; a run without one (imported)
-    is drawn without them, with a note.
+    """Draw the figures of an analysis directory (summary.csv + manifest.json) that ``figures``
+    names (None: every one), with ``audit`` the precision audit's too when the analysis was audited;
+    returns the files. The training norms (``training_norms``) come from the run's train-log.jsonl;
+    a run without one (imported) is drawn without them, with a note.
 
     Raises:
         ValueError: the analysis has no collected results yet, a collected table that is not one
@@ -366,18 +367,21 @@ def plot_analysis(
     blocks = _blocks_table(Path(analysis_dir), x_axis)  # both tables checked before anything is made
     table, context, out_dir = collected(analysis_dir, out_dir, x_axis)
     run_dir = Path(context["run"]) if training_norms else None
+    drawing = {
+        "loss": lambda: _loss(table, context, out_dir),
+        "normalized_alignment": lambda: _normalized_alignment(table, context, out_dir),
+        "noise_alignment": lambda: _noise_alignment(table, context, out_dir),
+        "gradient_norms": lambda: _gradient_norms(table, context, out_dir, run_dir),
+        "batch_sizes": lambda: _batch_sizes(table, context, out_dir),
+        "preconditioned_batch_sizes": lambda: _preconditioned_batch_sizes(table, context, out_dir),
+        "block_batch_sizes": lambda: _block_batch_sizes(table, context, out_dir, blocks),
+        "step_sharpness": lambda: _step_sharpness(table, context, out_dir),
+        "step_loss": lambda: _step_loss(table, context, out_dir),
+    }
+    paths = []
     with plt.rc_context(RC):
-        paths = (
-            _loss(table, context, out_dir)
-            + _normalized_alignment(table, context, out_dir)
-            + _noise_alignment(table, context, out_dir)
-            + _gradient_norms(table, context, out_dir, run_dir)
-            + _batch_sizes(table, context, out_dir)
-            + _preconditioned_batch_sizes(table, context, out_dir)
-            + _block_batch_sizes(table, context, out_dir, blocks)
-            + _step_sharpness(table, context, out_dir)
-            + _step_loss(table, context, out_dir)
-        )
+        for name in FIGURES if figures is None else figures:
+            paths += drawing[name]()
     if audit and ((context.get("audit") or {}).get("audited_rows") or 0) > 0:
         paths += plot_audit(analysis_dir, out_dir, x_axis)
     log.info("figures written to %s", out_dir)

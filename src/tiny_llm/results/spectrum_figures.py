@@ -115,8 +115,11 @@ def _block_error(table, context, out_dir) -> list[Path]:
     return finish(ax, out_dir / "block_diagonal_error", "‖Hv − H_bd v‖ / ‖Hv‖", context, notes.text())
 
 
-def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None, x_axis: str = "auto") -> list[Path]:
-    """Spectral figures from spectrum.csv and the saved SLQ nodes (spectra/<key>/<case>.json)."""
+def plot_spectrum(
+    analysis_dir: str | Path, out_dir: str | Path | None = None, x_axis: str = "auto", figures: list[str] | None = None
+) -> list[Path]:
+    """The spectral figures ``figures`` names (None: every one) from spectrum.csv and the saved SLQ
+    nodes (spectra/<key>/<case>.json); with slq_density, one density figure per state too."""
     analysis_dir = Path(analysis_dir)
     if not (analysis_dir / SPECTRUM).exists():
         raise ValueError(f"{analysis_dir} has no spectrum.csv; run the workflow with spectrum enabled first")
@@ -129,15 +132,21 @@ def plot_spectrum(analysis_dir: str | Path, out_dir: str | Path | None = None, x
         )
         for row in table.itertuples()
     ]
-    per_state = out_dir / "slq_states"
-    per_state.mkdir(exist_ok=True)
+    drawing = {
+        "top_eigenvalues": lambda: _top_eigenvalues(table, context, out_dir),
+        "preconditioned_sharpness": lambda: _preconditioned_sharpness(table, context, out_dir),
+        "slq_density": lambda: _slq_density(spectra, context, out_dir),
+        "block_diagonal_error": lambda: _block_error(table, context, out_dir),
+    }
+    figures = SPECTRUM_FIGURES if figures is None else figures
+    paths = []
     with plt.rc_context(RC):
-        paths = (
-            _top_eigenvalues(table, context, out_dir)
-            + _preconditioned_sharpness(table, context, out_dir)
-            + _slq_density(spectra, context, out_dir)
-            + _block_error(table, context, out_dir)
-        )
+        for name in figures:
+            paths += drawing[name]()
+        if "slq_density" not in figures:
+            return paths
+        per_state = out_dir / "slq_states"
+        per_state.mkdir(exist_ok=True)
         for key in table["state_key"].unique():  # one density figure per state (both cases)
             mine = [entry for entry, row in zip(spectra, table.itertuples(), strict=True) if row.state_key == key]
             unit = "tokens" if context["xlabel"] == "training tokens" else "step"

@@ -37,3 +37,22 @@ def test_targets_name_every_figure_and_every_indexed_result(workflow_project):
     ]
     state = {"aliases": [{"file": "epoch-002.safetensors"}, {"file": "final.pt"}]}
     assert plan.state_checkpoint("gpu", state) == "runs/tiny/epoch-002.safetensors"
+
+
+def test_a_figure_with_nothing_to_draw_is_not_asked_for_and_the_notes_say_why(workflow_project):
+    def figures(settings, **analysis):
+        plan = WorkflowPlan(plan_config(settings={**SETTINGS, **settings}, **analysis))
+        names = {Path(t).stem for t in all_targets(plan.campaign, plan.walltimes) if "/figures/" in t}
+        return names, plan.runs.notes
+
+    everything, notes = figures({})
+    assert {"step_sharpness", "step_loss", "preconditioned_batch_sizes", "loss"} <= everything and notes == []
+    plain, notes = figures({"trajectory": False, "preconditioned": False})
+    assert plain == everything - {"step_sharpness", "step_loss", "preconditioned_batch_sizes"}
+    assert notes == ["analyses.gpu: settings.trajectory is false; step_sharpness and step_loss are not drawn"]
+    initial, notes = figures({}, checkpoints=["epoch-000.safetensors"], spectrum={"enabled": True})
+    assert "preconditioned_batch_sizes" not in initial and "preconditioned_sharpness" not in initial
+    assert "top_eigenvalues" in initial and notes == [
+        "analyses.gpu: no state it selects has the optimizer's preconditioner (at step 0 Adam has no second moment "
+        "yet); its preconditioned figures are not drawn"
+    ]
