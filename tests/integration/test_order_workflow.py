@@ -106,6 +106,13 @@ def test_a_suite_on_its_training_order_through_the_workflow(tmp_path):
     assert [(r["source"], r["case"]) for r in rows] == [
         (f"step{s}", c) for s in (2, 4, 6) for c in ("seen", "unseen", "recent", "step")
     ]
+    # The price line describes the job that ran: the window's batches, not the run's epoch, and the spectra.
+    first = json.loads((tmp_path / f"results/ordered/states/{rows[0]['state_key']}/seen.json").read_text())
+    price = re.search(r"analysis ordered: [^\n]*", done.stderr).group(0)
+    counts = first["counts"]
+    assert f"{counts['hvp_passes']} passes × {counts['hvp_batches']} curvature micro-batches" in price
+    assert f"spectra: ≤ {20 + 1 * 4 + 2 * 2 + 50} Hessian-vector products per (state, case)" in price  # no P here
+    assert "in all on cpu" in price and "the GPU's free memory" not in price
     windows = {
         r["source"]: json.loads((tmp_path / f"results/ordered/states/{r['state_key']}/step.json").read_text())
         for r in rows

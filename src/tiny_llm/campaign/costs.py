@@ -10,6 +10,7 @@ from typing import Any
 
 from tiny_llm.campaign import plan as cost
 from tiny_llm.campaign.cbs import branch_plans
+from tiny_llm.campaign.checks import cuda_devices
 from tiny_llm.campaign.planned import Campaign
 from tiny_llm.campaign.walltimes import Walltimes
 from tiny_llm.config import RunConfig
@@ -40,17 +41,25 @@ class CostReport:
         if run is None:
             return None
         workers = run.training.workers if settings.consensus else 0
-        kind = "cpu" if settings.device == "cpu" else self.cluster.gpu_kind or "cuda"
+        device = settings.device if settings.device != "auto" else "cuda" if cuda_devices() else "cpu"
+        kind = "cpu" if device == "cpu" else self.cluster.gpu_kind or "cuda"
+        work = cost.case_work(run, planned.priced, workers, planned.epoch)
         line = cost.cost_line(
             analysis,
             cost.Jobs(*self.expected_states(analysis, run), tuple(planned.cases), planned.ranks),
-            cost.case_work(run, settings, workers),
-            settings.device,
+            work,
+            device,
             self.walltimes.timing_entry(analysis, kind),
             self.cluster,
         )
+        if planned.spectrum is not None:
+            products = cost.spectrum_products(planned.spectrum, 1 + planned.preconditioner)
+            line += (
+                f"; spectra: ≤ {products} Hessian-vector products per (state, case), each over its "
+                f"{work.hvp_microbatches} curvature micro-batches (not in the time above)"
+            )
         memory = planned.memory.describe()  # known with the run's configuration
-        if settings.memory_budget_gb is None and settings.device != "cpu":
+        if settings.memory_budget_gb is None and device != "cpu":
             memory = memory.replace("no budget", "budget: the GPU's free memory at run time, cut to fit")
         return f"{line}; {memory}"
 
@@ -86,7 +95,8 @@ class CostReport:
             return None
         settings = planned.settings
         workers = run.training.workers if settings.consensus else 0
-        each = cost.parallel_seconds(cost.case_work(run, settings, workers).seconds(timing_entry["seconds"]), gpus)
+        work = cost.case_work(run, planned.priced, workers, planned.epoch)
+        each = cost.parallel_seconds(work.seconds(timing_entry["seconds"]), gpus)
         per_job = max(1, min(count, cost.states_per_job(len(planned.cases), each, self.cluster.states_per_job)))
         return -(-count // per_job) * cost.group_minutes(per_job, len(planned.cases), each) / 60 * gpus
 

@@ -73,6 +73,11 @@ class OrderPlan:
     analysed: tuple[int, int]
     """(earliest, latest) step of the analysed checkpoints."""
 
+    @property
+    def epoch(self) -> tuple[int, int]:
+        """A window's (noise batches, sequences a batch): what a (state, case) job measures."""
+        return self.steps * self.spec.sequences_per_step // self.batch_sequences, self.batch_sequences
+
     def window(self, case: str, step: int, next_step: int | None = None) -> tuple[int, int]:
         """(first, last) step of ``case``'s window for the checkpoint at ``step`` (``next_step``: the
         next analysed checkpoint's, for the ``step`` case)."""

@@ -22,7 +22,7 @@ from tiny_llm.curvature.blocks import block_count
 from tiny_llm.curvature.measurement import MeasurementPlan
 from tiny_llm.declared import Bounds, Positive, PositiveNumber, build
 from tiny_llm.layout import FINAL, IMPORTED, STATES
-from tiny_llm.workers.settings import AnalysisSettings
+from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
 
 __all__ = [
     "MAX_HOURS",
@@ -132,13 +132,17 @@ class CaseWork:
         )
 
 
-def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -> CaseWork:
+def case_work(
+    config: RunConfig, settings: AnalysisSettings, workers: int = 0, epoch: tuple[int, int] | None = None
+) -> CaseWork:
     """Counts of one (state, case) job of this run and these settings (``workers`` > 1 adds the
-    consensus directions of a packed run). With ``settings.trajectory`` the job is priced as one
-    with a successor (every state but the last): the step Δ (per block too) and the loss at θ + Δ;
-    unless ``preconditioned`` is false, the forms in the optimizer's geometry too."""
-    B, mb = config.training.batch_size, config.training.micro_batch_size
-    plan = measurement_plan(config, settings, workers)
+    consensus directions of a packed run; ``epoch``: the case's (batches, sequences a batch) where
+    they are not the run's epoch, as a training order's window). With ``settings.trajectory`` the
+    job is priced as one with a successor (every state but the last): the step Δ (per block too)
+    and the loss at θ + Δ; unless ``preconditioned`` is false, the forms in the optimizer's
+    geometry too."""
+    B, mb = (epoch or (0, config.training.batch_size))[1], config.training.micro_batch_size
+    plan = measurement_plan(config, settings, workers, epoch)
     micro = math.ceil(B / mb)  # training's micro-batches of a batch gradient
     return CaseWork(
         noise_samples=plan.noise_samples,
@@ -152,30 +156,38 @@ def case_work(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -
     )
 
 
-def measurement_plan(config: RunConfig, settings: AnalysisSettings, workers: int = 0) -> MeasurementPlan:
+def measurement_plan(
+    config: RunConfig, settings: AnalysisSettings, workers: int = 0, epoch: tuple[int, int] | None = None
+) -> MeasurementPlan:
     """The counts of one (state, case) job of this run and these settings, as the worker counts
     them (it records the same in its result's ``measurement_plan``): with ``settings.trajectory`` a state with a
-    successor, unless ``preconditioned`` is false the optimizer's geometry too."""
-    B, mb = config.training.batch_size, config.training.micro_batch_size
+    successor, unless ``preconditioned`` is false the optimizer's geometry too; ``epoch``: the case's
+    (batches, sequences a batch), by default the run's epoch."""
+    n, B = epoch or (config.steps_per_epoch, config.training.batch_size)
+    mb = config.training.micro_batch_size
     return MeasurementPlan.of(
-        config.steps_per_epoch,
+        n,
         settings.noise_samples,
         settings.random_samples,
         consensus=workers if workers > 1 else 0,
         blocks=block_count(config.model.n_layers, config.model.tie_embeddings) if settings.block_curvature else 0,
         step=settings.trajectory,
         geometries=1 + (settings.preconditioned is not False),  # priced where it may be measured
-        hvp_batches=math.ceil(config.steps_per_epoch * B / (settings.hvp_batch_size or mb)),
+        hvp_batches=math.ceil(n * B / (settings.hvp_batch_size or mb)),
         audit=settings.audit_directions if settings.audited else 0,
         audit_batches=settings.audit_batches if settings.audited else 0,
     )
 
 
 def estimate_seconds(
-    config: RunConfig, settings: AnalysisSettings, seconds: dict[str, float], workers: int = 0
+    config: RunConfig,
+    settings: AnalysisSettings,
+    seconds: dict[str, float],
+    workers: int = 0,
+    epoch: tuple[int, int] | None = None,
 ) -> float:
     """Estimated work of one (state, case) job, from the actual full-epoch counts and samples."""
-    return case_work(config, settings, workers).seconds(seconds)
+    return case_work(config, settings, workers, epoch).seconds(seconds)
 
 
 STATE_JOB_MINUTES = 60
@@ -273,6 +285,18 @@ def format_seconds(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def spectrum_products(spectrum: SpectrumSettings, geometries: int) -> int:
+    """At most the Hessian-vector products of one (state, case) spectrum, each a pass over the
+    case's curvature micro-batches: the top eigenpairs' Lanczos in each geometry, the SLQ vectors'
+    steps, the block-diagonal error's directions (the whole product and the blocks') and the CG solve."""
+    return (
+        spectrum.lanczos_steps * geometries
+        + spectrum.slq_vectors * spectrum.slq_steps
+        + 2 * spectrum.block_samples
+        + spectrum.cg_max_iterations
+    )
 
 
 def _times(gpus: int) -> str:

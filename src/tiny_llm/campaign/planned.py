@@ -9,12 +9,12 @@ take it and nothing else, so none of them reaches back into the plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from tiny_llm.campaign.plan import ClusterSettings
 from tiny_llm.config import RunConfig
-from tiny_llm.workers.settings import AnalysisSettings
+from tiny_llm.workers.settings import AnalysisSettings, SpectrumSettings
 
 if TYPE_CHECKING:
     from tiny_llm.campaign.cbs import CbsPlan
@@ -41,11 +41,21 @@ class AnalysisPlan:
     cases: tuple[str, ...]
     ranks: int
     """Ranks of one (state, case) job: gpus_per_job × nodes_per_job."""
-    spectrum: bool
+    spectrum: SpectrumSettings | None
+    """Its spectra's settings (None: no spectra)."""
     preconditioner: bool
     """Whether a selected state may have the optimizer's preconditioner (its figures are drawn)."""
     memory: MemoryPlan | None
     """The memory plan of its (state, case) jobs (None while the run's configuration is unknown)."""
+    epoch: tuple[int, int] | None = None
+    """A case's (noise batches, sequences a batch) where they are not the run's epoch: a training
+    order's window."""
+
+    @property
+    def priced(self) -> AnalysisSettings:
+        """The settings as its jobs will run: without the optimizer's geometry where no selected
+        state has its preconditioner (what the price counts)."""
+        return self.settings if self.preconditioner else replace(self.settings, preconditioned=False)
 
 
 @dataclass(frozen=True)

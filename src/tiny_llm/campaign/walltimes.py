@@ -104,7 +104,7 @@ class Walltimes:
                 "cluster.walltime_hours to request an explicit walltime"
             )
         workers = run.training.workers if settings.consensus else 0
-        one = cost.estimate_seconds(run, settings, entry["seconds"], workers=workers if workers > 1 else 0)
+        one = cost.estimate_seconds(run, planned.priced, entry["seconds"], workers if workers > 1 else 0, planned.epoch)
         return cost.parallel_seconds(one, planned.ranks)
 
     def states_per_job(self, analysis: str) -> int:

@@ -175,9 +175,12 @@ class WorkflowPlan:
             listed=len(entry["hf_checkpoints"]) if pending else None,
             cases=tuple(self.cases(name)),
             ranks=self.job_ranks(name),
-            spectrum=self.spectrum_enabled(name),
+            spectrum=spectrum_settings_from_dict(self.analyses[name]["spectrum"])
+            if self.spectrum_enabled(name)
+            else None,
             preconditioner=self.analysis_settings[name].preconditioned is not False and name not in self.undrawn,
             memory=memory,
+            epoch=self.orders[name].epoch if name in self.orders else None,
         )
 
     def _planned_experiment(self, name: str) -> ExperimentPlan:

@@ -214,3 +214,16 @@ def test_durations_read_as_seconds_minutes_or_hours():
         "2.0 h",
         "10.0 h",
     ]
+
+
+def test_a_training_order_window_is_priced_as_its_own_epoch(run):
+    """A case whose batches are a window of a published order (4 noise batches of 2 sequences here),
+    not the run's epoch: the price counts the window's batches, as the job does."""
+    config, _ = run
+    settings = AnalysisSettings(noise_samples=32, random_samples=2, directions_per_pass=2, device="cpu")
+    plan = measurement_plan(config, settings, epoch=(4, 2))
+    assert (plan.n_batches, plan.noise_samples) == (4, 4)
+    assert plan.hvp_batches == -(-4 * 2 // config.training.micro_batch_size)
+    micro = -(-2 // config.training.micro_batch_size)
+    assert case_work(config, settings, epoch=(4, 2)).gradient_microbatches == (4 + 4) * micro
+    assert measurement_plan(config, settings).n_batches == config.steps_per_epoch  # by default the run's epoch

@@ -25,8 +25,11 @@ def test_a_run_trained_here_has_a_preconditioner_from_its_first_step_on(tmp_path
     states = trained_states(config, "all")
     assert [(s.label, s.step) for s in states] == [("epoch-000.safetensors", 0), ("epoch-001.safetensors", 4),
                                                    ("epoch-002.safetensors", 8)]  # fmt: skip
-    with pytest.raises(ValueError, match=r"^k: true, but 1 of the 3 selected states have no optimizer preconditioner "
-                       r"\(epoch-000.safetensors: at step 0 Adam has no second moment yet\); set preconditioned: auto"):  # fmt: skip
+    refusal = (
+        r"^k: true, but 1 of the 3 selected states have no optimizer preconditioner "
+        r"\(epoch-000.safetensors: at step 0 Adam has no second moment yet\); set preconditioned: auto"
+    )
+    with pytest.raises(ValueError, match=refusal):
         check_preconditioned("k", config, tmp_path, states)
     check_preconditioned("k", config, tmp_path, trained_states(config, ["epoch-001.safetensors", "final.pt"]))
     check_preconditioned("k", _config(optimizer="sgd", momentum=0.9), tmp_path, states)  # P = I from step 0
