@@ -223,8 +223,11 @@ class Runs:
 
     def _check_cache_tokenizer(self, name: str, planned: RunConfig, carried: dict[str, Any] | None) -> None:
         """A prepared cache encoded with another tokenizer than the checkpoints carry is refused at
-        start-up (the analysis would refuse it too, after the import)."""
-        meta = Path(planned.data.cache) / "meta.json"
+        start-up (the analysis would refuse it too, after the import); not for an analysis whose
+        cases all read its training order (data.cache, by default the demo's, is then never read)."""
+        entry, meta = self.import_entries[name], Path(planned.data.cache) / "meta.json"
+        if "training_order" in entry and "offset" not in (entry.get("cases") or ()):
+            return
         if carried is None or not meta.exists():
             return
         try:

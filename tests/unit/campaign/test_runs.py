@@ -49,3 +49,28 @@ def test_a_refusal_names_a_revision_as_the_configuration_does(project, suite_ana
         WorkflowPlan(suite_analysis({"repo": "org/p", "revisions": "all"}))
     with pytest.raises(ValueError, match=r"org/p revision step2 at .*config.json: model_type=None: no model type"):
         WorkflowPlan(suite_analysis({"repo": "org/p", "revisions": ["step2"]}))
+
+
+def test_a_training_order_analysis_never_reads_data_cache_so_another_tokenizers_is_no_refusal(project, monkeypatch):
+    """The documented minimal run configuration (data.seq_len, training.micro_batch_size) leaves
+    data.cache at the demo's byte-level cache: an analysis on a training order does not read it, so a
+    demo run beside it is no reason to refuse; the offset case, which reads it, is still checked."""
+    import json
+
+    import numpy as np
+
+    import tiny_llm.campaign.runs as runs
+    from tiny_llm.data.training_order import write_megatron
+
+    carried = {"type": "huggingface", "path": "elsewhere", "vocab_size": 64, "sha256": "0" * 64}
+    monkeypatch.setattr(runs, "checkpoint_tokenizer", lambda paths, vocab: carried)
+    (project / "cache/demo").mkdir(parents=True)
+    (project / "cache/demo/meta.json").write_text(json.dumps({"tokenizer": {"type": "byte", "vocab_size": 256}}))
+    (project / "minimal.yaml").write_text("data: {seq_len: 8}\ntraining: {micro_batch_size: 2}\n")
+    write_megatron(project / "document", np.random.default_rng(0).integers(0, 64, size=(20, 9)).astype(np.uint16))
+    entry = {"config": "minimal.yaml", "hf_checkpoints": {"repo": "org/p", "revisions": {"min_step": 1}}}
+    entry |= {"tokens_per_step": 16, "cases": ["seen"], "case_steps": 1}
+    entry["training_order"] = {"path": "document", "format": "megatron", "sequences_per_step": 2}
+    WorkflowPlan({"analyses": {"p": entry}})
+    with pytest.raises(ValueError, match=r"analyses.p.config: the checkpoints carry .* but data.cache cache/demo was"):
+        WorkflowPlan({"analyses": {"p": {**entry, "cases": ["offset"]}}})
