@@ -213,7 +213,10 @@ def _note_stepless(revisions: list[HubRevision], chosen: list[HubRevision], key:
     for r in revisions:
         if r.step is None and r not in chosen:
             if r.commit in by_commit:
-                notes.append(f"{key}: {r.revision} is the same commit as {by_commit[r.commit]}: measured once, as it")
+                notes.append(
+                    f"{key}: {r.revision} is the same commit as {by_commit[r.commit]}: measured once, as "
+                    f"{by_commit[r.commit]}"
+                )
             else:
                 notes.append(
                     f"{key}: {r.revision} left out: its name carries no step (name it in a list to measure it)"
@@ -242,7 +245,9 @@ def _one_per_commit(chosen: list[HubRevision], key: str, notes: list[str]) -> li
         keep = next((r for r in group if r.step is not None), group[0])
         others = [r.revision for r in group if r is not keep]
         if others:
-            notes.append(f"{key}: {', '.join(others)} is the same commit as {keep.revision}: measured once, as it")
+            notes.append(
+                f"{key}: {', '.join(others)} is the same commit as {keep.revision}: measured once, as {keep.revision}"
+            )
         kept.append(keep)
     return kept
 

@@ -116,12 +116,12 @@ def test_a_suite_is_selected_by_names_range_stride_or_log_spacing():
     notes = []
     assert steps("all", notes=notes) == [*STEPS]  # main is step64's commit: one state, named step64
     assert notes == [
-        "k: main is the same commit as step64: measured once, as it",
+        "k: main is the same commit as step64: measured once, as step64",
         "k: v1 left out: its name carries no step (name it in a list to measure it)",
     ]
     notes = []
     assert steps(["step64", "main", "v1"], notes=notes) == [64, None]  # named: kept, but once per commit
-    assert notes == ["k: main is the same commit as step64: measured once, as it"]
+    assert notes == ["k: main is the same commit as step64: measured once, as step64"]
     notes = []
     assert steps({"log_spaced": 3}, first_step=1, notes=notes) == [1, 8, 64]  # a case needing trained steps
     assert notes[2] == (
