@@ -9,7 +9,9 @@ rule plot:
     output:
         # One report entry per figure, captioned from docs/reading-results.md.
         **figure_reports(FIGURE_RULES["plot"]),
-        png=expand("results/{{analysis}}/figures/{figure}.png", figure=FIGURE_RULES["plot"]),
+        png=expand(
+            "results/{{analysis}}/figures/{figure}.png", figure=FIGURE_RULES["plot"]
+        ),
     log:
         "logs/plot/{analysis}.log",
     localrule: True
@@ -30,7 +32,10 @@ rule plot_preconditioned:
         summary="results/{analysis}/summary.csv",
     output:
         **figure_reports(FIGURE_RULES["plot_preconditioned"]),
-        png=expand("results/{{analysis}}/figures/{figure}.png", figure=FIGURE_RULES["plot_preconditioned"]),
+        png=expand(
+            "results/{{analysis}}/figures/{figure}.png",
+            figure=FIGURE_RULES["plot_preconditioned"],
+        ),
     log:
         "logs/plot_preconditioned/{analysis}.log",
     localrule: True
@@ -48,7 +53,10 @@ rule plot_trajectory:
         summary="results/{analysis}/summary.csv",
     output:
         **figure_reports(FIGURE_RULES["plot_trajectory"]),
-        png=expand("results/{{analysis}}/figures/{figure}.png", figure=FIGURE_RULES["plot_trajectory"]),
+        png=expand(
+            "results/{{analysis}}/figures/{figure}.png",
+            figure=FIGURE_RULES["plot_trajectory"],
+        ),
     log:
         "logs/plot_trajectory/{analysis}.log",
     localrule: True
@@ -67,7 +75,10 @@ rule plot_audit:
         summary="results/{analysis}/summary.csv",
     output:
         **figure_reports(FIGURE_RULES["plot_audit"]),
-        png=expand("results/{{analysis}}/figures/{figure}.png", figure=FIGURE_RULES["plot_audit"]),
+        png=expand(
+            "results/{{analysis}}/figures/{figure}.png",
+            figure=FIGURE_RULES["plot_audit"],
+        ),
     log:
         "logs/plot_audit/{analysis}.log",
     localrule: True

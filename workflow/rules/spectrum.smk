@@ -57,7 +57,10 @@ rule plot_spectrum:
         spectrum="results/{analysis}/spectrum.csv",
     output:
         **figure_reports(FIGURE_RULES["plot_spectrum"]),
-        png=expand("results/{{analysis}}/figures/{figure}.png", figure=FIGURE_RULES["plot_spectrum"]),
+        png=expand(
+            "results/{{analysis}}/figures/{figure}.png",
+            figure=FIGURE_RULES["plot_spectrum"],
+        ),
     log:
         "logs/plot_spectrum/{analysis}.log",
     localrule: True
@@ -75,7 +78,10 @@ rule plot_spectrum_preconditioned:
         spectrum="results/{analysis}/spectrum.csv",
     output:
         **figure_reports(FIGURE_RULES["plot_spectrum_preconditioned"]),
-        png=expand("results/{{analysis}}/figures/{figure}.png", figure=FIGURE_RULES["plot_spectrum_preconditioned"]),
+        png=expand(
+            "results/{{analysis}}/figures/{figure}.png",
+            figure=FIGURE_RULES["plot_spectrum_preconditioned"],
+        ),
     log:
         "logs/plot_spectrum_preconditioned/{analysis}.log",
     localrule: True
