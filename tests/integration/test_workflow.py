@@ -355,6 +355,8 @@ def test_a_moved_project_recomputes_a_deleted_result(workdir, tmp_path):
             {"run": "elsewhere/run", "checkpoints": ["epoch-001.safetensors"]},
             "analyses.packed.checkpoints: epoch-001.safetensors does not exist in elsewhere/run",
         ),
+        # read before the schema fills in case_steps' default, which would hide it
+        ({"case_steps": 4}, "analyses.packed.case_steps: applies to an analysis with a training_order"),
     ],
 )
 def test_bad_checkpoint_lists_stop_with_the_config_key(tmp_path, change, message):

@@ -9,7 +9,12 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from tiny_llm.campaign import jobs, packing, slurm_jobs
-from tiny_llm.campaign.checks import schema_errors, typed_profile_values, unknown_keys
+from tiny_llm.campaign.checks import (
+    order_keys_without_order,
+    schema_errors,
+    typed_profile_values,
+    unknown_keys,
+)
 from tiny_llm.campaign.targets import all_targets, experiment_targets
 from tiny_llm.campaign.workflow import WorkflowPlan
 from tiny_llm.config import config_to_dict, parse_yaml
@@ -27,7 +32,11 @@ _SCHEMA = parse_yaml(
 # Unknown keys and bad values as one line naming the key, rather than the validator's dump of the
 # whole schema; profile values arrive as strings and are typed first.
 typed_profile_values(config)
-for _problems in (unknown_keys(config, _SCHEMA), schema_errors(config, _SCHEMA)):
+for _problems in (
+    unknown_keys(config, _SCHEMA),
+    schema_errors(config, _SCHEMA),
+    order_keys_without_order(config),
+):
     if _problems:
         jobs.refuse(_problems[0])
 validate(config, schema="../schemas/config.schema.yaml")  # fills in the defaults

@@ -21,6 +21,7 @@ __all__ = [
     "check_device",
     "check_tokenizer_directory",
     "check_local_ranks",
+    "order_keys_without_order",
     "cuda_devices",
     "expand_seed_experiments",
     "expand_seed_imports",
@@ -54,6 +55,30 @@ def unknown_keys(config: Any, schema: dict[str, Any], path: str = "") -> list[st
             lines.append(
                 f"{path or 'the configuration'}: unknown key {key!r} (allowed: {', '.join(sorted(properties))})"
             )
+    return lines
+
+
+ORDER_KEYS = ("case_steps", "batch_sequences")
+"""An analysis's keys that cut a training order's windows: meaningless without one."""
+
+
+def order_keys_without_order(config: dict[str, Any]) -> list[str]:
+    """One line per analysis that sets a training order's window keys without a ``training_order``
+    (read before the schema fills in their defaults, which would hide them).
+
+    Example:
+        >>> order_keys_without_order({"analyses": {"a": {"run": "runs/a", "case_steps": 4}}})
+        ["analyses.a.case_steps: applies to an analysis with a training_order (the windows of a suite's published order); remove it, or give the training_order"]
+    """  # noqa: E501
+    lines = []
+    for name, entry in (config.get("analyses") or {}).items():
+        if isinstance(entry, dict) and "training_order" not in entry:
+            lines += [
+                f"analyses.{name}.{key}: applies to an analysis with a training_order (the windows of a suite's "
+                "published order); remove it, or give the training_order"
+                for key in ORDER_KEYS
+                if key in entry
+            ]
     return lines
 
 
