@@ -376,6 +376,11 @@ def _plan(name: str, data: dict[str, Any]) -> tuple[CbsPlan, dict[str, dict[str,
         settings_from_dict(entry.settings or {})
     except ValueError as error:
         raise ValueError(f"{key}: {error}") from None
+    if Path(base.data.cache).parent != Path("cache"):
+        raise ValueError(
+            f"{key}.set: data.cache must be cache/<name> for the workflow to prepare the base run's cache, got "
+            f"{base.data.cache}; leave it out (cache/{name}) or name one"
+        )
     _check_grid(key, entry, base)
     try:
         blocks = tuple(held_out_blocks(base, entry.eval_sequences))

@@ -262,7 +262,13 @@ def expand_seed_experiments(
             if key in entry
         }
         fixed = {**entry.get("set", {}), "training.checkpoint_policy": "interval"}
-        data_seed = config_from_dict(apply_overrides(load_config_dict(entry["config"]), _overrides(fixed))).data.seed
+        data = config_from_dict(apply_overrides(load_config_dict(entry["config"]), _overrides(fixed))).data
+        data_seed = data.seed
+        if Path(data.cache).parent != Path("cache"):
+            raise ValueError(
+                f"seed_experiments.{name}.config: data.cache must be cache/<name> for the workflow to prepare the "
+                f"seeds' cache, got {data.cache} (from {entry['config']}); name one, or set data.cache in set"
+            )
         first = entry["seeds"][0]
         members = {f"{name}-seed-{seed}": ("seed", {"training.seed": seed}) for seed in entry["seeds"]}
         controls = entry.get("controls", ["same-seed", "data-order"])

@@ -154,6 +154,7 @@ def test_the_optimizers_memory_in_tokens_is_the_same_at_every_batch(project):
         ({"seeds": [1]}, "unknown key cbs_experiments.x.seeds"),
         ({"settings": {"engine": "magic"}}, "cbs_experiments.x: "),
         ({"set": {"training.packed": {"workers": 2}}}, "cbs_experiments.x.config: a packed run"),
+        ({"set": {"data.cache": "elsewhere/c"}}, "cbs_experiments.x.set: data.cache must be cache/<name>"),
     ],
 )
 def test_an_experiment_that_cannot_run_is_refused_by_key(project, changes, message):

@@ -34,6 +34,9 @@ def test_seed_experiments_expand_to_seed_and_control_runs(workflow_project):
         expand_seed_experiments({"exp": {"config": "run.yaml", "seeds": [1, 2]}}, {}, {"exp": {}})
     with pytest.raises(ValueError, match="seed_experiments.exp trains runs/exp-seed-1, which train_runs also names"):
         expand_seed_experiments({"exp": {"config": "run.yaml", "seeds": [1, 2]}}, {"exp-seed-1": {}}, {})
+    with pytest.raises(ValueError, match=r"^seed_experiments.exp.config: data.cache must be cache/<name> .* got "):
+        entry = {"config": "run.yaml", "seeds": [1, 2], "set": {"data.cache": "/data/elsewhere"}}
+        expand_seed_experiments({"exp": entry}, {}, {})  # named by the experiment, not by a seed's run
     with pytest.raises(ValueError, match=r"seed_experiments.exp.settings: .*top_k"):
         expand_seed_experiments({"exp": {"config": "run.yaml", "seeds": [1, 2], "settings": {"top_k": 0}}}, {}, {})
     with pytest.raises(ValueError, match=r"seed_comparisons.c: \['nope'\] are not seed_experiments"):
