@@ -215,6 +215,11 @@ class WorkflowPlan:
                 sharded_engine(settings, spectrum_settings_from_dict(spectrum))
             except ValueError as error:
                 raise ValueError(f"analyses.{name}.{error}") from None
+        if settings.sharded and self.job_ranks(name) == 1:
+            raise ValueError(
+                f"analyses.{name}.settings.sharded: true shards the model over a job's ranks, but its jobs have one "
+                "(gpus_per_job × nodes_per_job); set gpus_per_job to the GPUs to shard over, or sharded: false"
+            )
         self._check_offset(name, settings)
         self._check_model(name, settings)
         self._check_preconditioned(name, settings)

@@ -169,6 +169,9 @@ def test_what_cannot_run_here_is_refused_at_start_up_by_key(workflow_project, mo
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
     with pytest.raises(ValueError, match="analyses.local.nodes_per_job: 2 nodes need a Slurm allocation"):
         WorkflowPlan(with_analysis(nodes_per_job=2)).check_devices(False, ["local"])
+    with pytest.raises(ValueError, match=r"analyses.local.settings.sharded: true shards the model over a job's ranks"):
+        WorkflowPlan(with_analysis(settings={**SETTINGS, "device": "cpu", "sharded": True}))
+    WorkflowPlan(with_analysis(settings={**SETTINGS, "device": "cpu", "sharded": True}, gpus_per_job=2))
     with pytest.raises(ValueError, match="analyses.local.spectrum.sharded: the products engines that run on a sharded"):
         WorkflowPlan(
             with_analysis(
