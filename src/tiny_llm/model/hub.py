@@ -81,15 +81,30 @@ def fetch_command(repo: str, revision: str) -> str:
     return f"hf download {repo} --revision {revision}"
 
 
+def check_repo_id(repo: str) -> None:
+    """``repo`` must be a repository id (``owner/name``), not a local folder.
+
+    Raises:
+        ValueError: a path (one that exists, or starts with /, ., ~), naming it and what to give.
+    """
+    if repo.startswith(("/", "./", "../", "~")) or (Path(repo).is_dir() and repo.count("/") != 1):
+        raise ValueError(
+            f"{repo} is a local folder, not a Hugging Face repository id (owner/name): give checkpoint folders as "
+            "paths (hf_checkpoints: [{path: FOLDER}], or tiny-llm import-hf FOLDER ... without --revision)"
+        )
+
+
 def resolve_revision(repo: str, revision: str, cache_dir: str | Path | None = None) -> Path:
     """The snapshot folder of ``repo`` at ``revision`` in the local cache (offline: nothing is
     downloaded).
 
     Raises:
         ValueError: the revision (or the repository) is not in the cache, naming the command that
-            fetches it.
+            fetches it; a local folder given as the repository.
     """
     from huggingface_hub import snapshot_download
+
+    check_repo_id(repo)
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
@@ -119,6 +134,7 @@ def cached_revisions(repo: str, cache_dir: str | Path | None = None) -> list[Hub
         ValueError: the repository is not in the cache, none of its revisions is named, or a ref
             names a commit whose snapshot is missing.
     """
+    check_repo_id(repo)
     root = Path(_cache(cache_dir)) / f"models--{repo.replace('/', '--')}"
     refs = root / "refs"
     files = sorted(ref for ref in refs.rglob("*") if ref.is_file()) if refs.is_dir() else []

@@ -202,3 +202,17 @@ def test_import_hf_takes_revisions_as_downloaded(hub, tmp_path, monkeypatch, cap
         "step3 is not in the local Hugging Face cache" in err and "hf download org/pythia-tiny --revision step3" in err
     )
     assert not Path("runs/x").exists()
+
+
+def test_a_local_folder_given_as_a_repository_is_refused_by_name(tmp_path, monkeypatch):
+    from tiny_llm.model.hub import cached_revisions, resolve_revision
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    for repo in ("checkpoints", "./checkpoints", str(tmp_path / "checkpoints"), "~/models"):
+        with pytest.raises(ValueError, match=r"is a local folder, not a Hugging Face repository id \(owner/name\)"):
+            resolve_revision(repo, "step1", tmp_path / "hf")
+        with pytest.raises(ValueError, match="give checkpoint folders as paths"):
+            cached_revisions(repo, tmp_path / "hf")
+    with pytest.raises(ValueError, match="org/p at revision step1 is not in the local Hugging Face cache"):
+        resolve_revision("org/p", "step1", tmp_path / "hf")  # a repository id: looked up in the cache
