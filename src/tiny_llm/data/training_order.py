@@ -208,17 +208,26 @@ class TrainingOrder:
         return index
 
     def check_positions(self, positions: range) -> None:
-        """Every position of a window names an instance of the data (a global index of another
-        data set is refused before any work).
+        """Every position of a window names an instance of the data, and no instance twice (a global
+        index of another data set, or one that is not an order of instances, is refused before any work).
 
         Raises:
-            ValueError: as :meth:`instance`.
+            ValueError: as :meth:`instance`; an instance named at two positions of the window, naming both.
         """
         if self._order is not None and len(positions):
             window = np.asarray(self._order[positions.start : positions.stop])
             if window.size and (int(window.max()) >= self.sequences or int(window.min()) < 0):
                 bad = int(np.flatnonzero((window >= self.sequences) | (window < 0))[0]) + positions.start
                 self.instance(bad)
+            values, first, counts = np.unique(window, return_index=True, return_counts=True)
+            if (counts > 1).any():
+                twice = int(np.flatnonzero(counts > 1)[0])
+                again = int(np.flatnonzero(window == values[twice])[1])
+                raise ValueError(
+                    f"{self.spec.order}: positions {positions.start + int(first[twice])} and {positions.start + again} "
+                    f"both name instance {int(values[twice])}: a global index trains each instance once an epoch; "
+                    "this file is not the run's order (give its global_indices file)"
+                )
 
     def sequence(self, position: int) -> np.ndarray:
         """The tokens (int64) of the sequence trained at ``position``, its ids checked against the

@@ -166,5 +166,10 @@ def test_olmo_files_of_another_dtype_length_or_data_set_are_refused_by_name(tmp_
     order = _order(tmp_path / "part-0.npy", **spec, order=str(tmp_path / "other.npy"))
     with pytest.raises(ValueError, match=r"other.npy: position 5 names instance 12, beyond the 12 instances"):
         order.check_positions(order.step_sequences(1, 3))
+    _olmo_memmap(tmp_path / "repeated.npy", np.arange(N, dtype=np.uint32) % 5, np.uint32)  # not an order
+    order = _order(tmp_path / "part-0.npy", **spec, order=str(tmp_path / "repeated.npy"))
+    order.check_positions(order.step_sequences(1, 1))  # 4 distinct instances
+    with pytest.raises(ValueError, match=r"repeated.npy: positions 0 and 5 both name instance 0: a global index"):
+        order.check_positions(order.step_sequences(1, 2))
     with pytest.raises(ValueError, match="a megatron dataset is one prefix"):
         TrainingOrder(TrainingOrderSpec(path=["a", "b"], sequences_per_step=B), VOCAB)
