@@ -42,7 +42,9 @@ class TrainRun:
     """A run to train here."""
 
     config: str
-    """Run configuration YAML (sections model, data, training)."""
+    """Run configuration YAML (sections model, data, training); its data.cache must be a folder
+    directly in cache/ (any name), which the workflow prepares (one prepared with other settings by
+    another configuration is refused at start-up: name another)."""
     set: dict[str, Any] = field(default_factory=dict)
     """Overrides, section.key -> value."""
     cache_source: Literal["demo", "text", "tokens"] = "demo"
@@ -120,7 +122,9 @@ class SeedExperiment(TrainRun):
     """A cross-seed experiment: its runs' configuration and cache as a run's, and its seeds."""
 
     config: str
-    """Run configuration of every seed (sections model, data, training); data.cache must be cache/<name>."""
+    """Run configuration of every seed (sections model, data, training); its data.cache must be a folder
+    directly in cache/ (any name), which the workflow prepares: runs of one cache share it, and one
+    prepared with other settings by another configuration is refused at start-up (name another)."""
     set: dict[str, Any] = field(default_factory=dict)
     """Overrides of that configuration for every run, section.key -> value."""
     seeds: tuple[NonNegative, ...] | None = optional_key(minItems=2, uniqueItems=True)
