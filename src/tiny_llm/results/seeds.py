@@ -84,7 +84,8 @@ def _panel(ax, table: pd.DataFrame, name: str, label: str, log_x: bool) -> None:
         colour, seeds = f"C{index}", pd.to_numeric(rows[f"{name}_seeds"]).to_numpy()[keep]
         ax.fill_between(x, low, high, color=colour, alpha=0.25, lw=0)
         y = mean.to_numpy(dtype=float)[keep]
-        ax.plot(x, y, color=colour, lw=1.0, label=f"{case} (mean of up to {int(seeds.max())} seeds)")
+        n = int(seeds.max())
+        ax.plot(x, y, color=colour, lw=1.0, label=f"{case} ({f'mean of up to {n} seeds' if n > 1 else 'one seed'})")
         ax.plot(x[seeds > 1], y[seeds > 1], "o", color=colour, ms=2.5)
         ax.plot(x[seeds == 1], y[seeds == 1], "o", color=colour, ms=3, mfc="none")  # one seed: not a mean
     values = pd.concat([pd.to_numeric(table[f"{name}_{k}"], errors="coerce") for k in ("min", "max")]).dropna()
@@ -100,14 +101,17 @@ def _panel(ax, table: pd.DataFrame, name: str, label: str, log_x: bool) -> None:
 def _windows(summaries: dict[str, Path]) -> list[str]:
     """The training-order cases' windows of the seeds' analyses, from the manifest beside each
     summary.csv (once where the seeds agree, as they do for one model's suites)."""
-    notes = []
+    parts: dict[str, list[str]] = {}
     for path in summaries.values():
         manifest = Path(path).with_name(MANIFEST)
         if manifest.exists():
             note = window_note(json.loads(manifest.read_text()).get("data") or {})
-            if note and f"windows: {note}" not in notes:
-                notes.append(f"windows: {note}")
-    return notes
+            for part in filter(None, note.split("; ")):
+                case, _, window = part.partition(": ")
+                if window not in parts.setdefault(case, []):
+                    parts[case].append(window)
+    cases = [f"{case}: {' / '.join(windows)}" for case, windows in parts.items()]
+    return [f"windows: {'; '.join(cases)}"] if cases else []
 
 
 def read_summaries(summaries: dict[str, Path]) -> dict[str, pd.DataFrame]:
@@ -157,11 +161,14 @@ def study_figure(name: str, table: pd.DataFrame, summaries: dict[str, Path], not
         *_windows(summaries),
         *notes,
     ]
-    fig.suptitle(title + "".join("\n" + textwrap.fill(n, 150) for n in notes), fontsize=7, x=0.01, y=0.995, ha="left")
+    text = "\n".join([title, *(textwrap.fill(n, 140) for n in notes)])
+    fig.suptitle(text, fontsize=7, x=0.01, y=0.995, ha="left", va="top")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.04, 1, 0.97 - 0.025 * len(notes)))
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 2), fontsize=7, frameon=False)
+    # the legend's rows (about 0.15 in each) below the panels; tight_layout leaves the title its room
+    bottom = (0.1 + 0.15 * -(-len(labels) // 2)) / fig.get_figheight() if handles else 0.02
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     return fig
 
 
