@@ -336,6 +336,27 @@ class Runs:
             return list(self.import_entries[self.analysis_caches[cache]]["cache_inputs"])
         return self.train_runs[self.run_of_cache[cache]].get("cache_inputs", [])
 
+    def check_prepared(self, owners: dict[str, str]) -> None:
+        """A cache an earlier run of the workflow prepared for other settings (another configuration's
+        run on the same ``cache/<name>``) is refused, naming the entry that uses it (``owners``: a
+        run's config key where it is not ``train_runs.<run>``), before Snakemake would delete its
+        receipt: the finished targets of the other configuration keep theirs.
+
+        Raises:
+            ValueError: naming the key, the cache, what differs and what to do.
+        """
+        for cache, differ in self.prepared_elsewhere().items():
+            if cache in self.analysis_caches:
+                key = f"analyses.{self.analysis_caches[cache]}"
+            else:
+                run = self.run_of_cache[cache]
+                key = owners.get(run, f"train_runs.{run}")
+            raise ValueError(
+                f"{key}: data.cache cache/{cache} was prepared with other settings ({', '.join(differ)}; "
+                f"cache/{cache}.prepared.json); name another cache/<name> in its data.cache, or remove "
+                f"cache/{cache} and its receipt to prepare it again (what used it is then redone)"
+            )
+
     def prepared_elsewhere(self) -> dict[str, list[str]]:
         """The caches an earlier workflow run prepared for other settings than this plan's: the
         cache's name -> what differs (from the spec its receipt records; a receipt without one is

@@ -103,7 +103,8 @@ class WorkflowPlan:
             analysed |= any(cbs.base == name for cbs in self.cbs.values())  # its held-out sequences
             where = ("seed_experiments", experiment_of[name]) if name in experiment_of else ("train_runs", name)
             check_corpus(where[1], self.train_runs[name], run, "unseen" if analysed else "train", key=where[0])
-        self._check_prepared(experiment_of)
+        owners = {cbs.base: f"cbs_experiments.{name}" for name, cbs in self.cbs.items()}
+        self.runs.check_prepared(owners | {run: f"seed_experiments.{e}" for run, e in experiment_of.items()})
         self.train_device: str = config.get("train_device", "cpu")
         self.orders: dict[str, OrderPlan] = {}
         """The published training orders of analyses of suites trained elsewhere."""
@@ -129,29 +130,6 @@ class WorkflowPlan:
         """What the walltimes, the cost lines and the targets are given."""
         self.walltimes = Walltimes(self.campaign)
         self.costs = CostReport(self.campaign, self.walltimes)
-
-    def _check_prepared(self, experiment_of: dict[str, str]) -> None:
-        """A cache an earlier run of the workflow prepared for other settings (another configuration's
-        run on the same ``cache/<name>``) is refused, naming the entry that uses it, before Snakemake
-        would delete its receipt: the finished targets of the other configuration keep theirs."""
-        cbs_of = {cbs.base: name for name, cbs in self.cbs.items()}
-        for cache, differ in self.runs.prepared_elsewhere().items():
-            if cache in self.runs.analysis_caches:
-                key = f"analyses.{self.runs.analysis_caches[cache]}"
-            else:
-                run = self.runs.run_of_cache[cache]
-                key = (
-                    f"cbs_experiments.{cbs_of[run]}"
-                    if run in cbs_of
-                    else f"seed_experiments.{experiment_of[run]}"
-                    if run in experiment_of
-                    else f"train_runs.{run}"
-                )
-            raise ValueError(
-                f"{key}: data.cache cache/{cache} was prepared with other settings ({', '.join(differ)}; "
-                f"cache/{cache}.prepared.json); name another cache/<name> in its data.cache, or remove "
-                f"cache/{cache} and its receipt to prepare it again (what used it is then redone)"
-            )
 
     def _planned(self, name: str) -> AnalysisPlan:
         """An analysis as its campaign's parts see it (a job that cannot fit its memory budget is
