@@ -135,7 +135,7 @@ def test_the_demos_live_side_by_side_in_one_folder(experiment):
     settings = {"noise_samples": 2, "random_samples": 2, "device": "cpu", "dtype": "float64"}
     demo = {
         "train_runs": {"demo": {"config": "demo-run.yaml", "shard_tokens": 256}},
-        "analyses": {"demo": {"run": "runs/demo", "settings": settings}},
+        "analyses": {"demo": {"run": "runs/demo", "cases": ["seen"], "settings": settings}},
     }
     seeds = {"config": "demo-run.yaml", "shard_tokens": 256, "seeds": [1, 2], "controls": [], "settings": SEED_SETTINGS}
     configs = {
