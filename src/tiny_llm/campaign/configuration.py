@@ -226,7 +226,8 @@ class Analysis:
     """With hf_checkpoints and cache_inputs, approximate tokens per cache shard."""
     tokens_per_step: Positive | None = optional_key()
     """With hf_checkpoints, training tokens per optimizer step (batch size x sequence length x gradient
-    accumulation x devices): the tokens of a checkpoint that states none are step x this."""
+    accumulation x devices): the tokens of a checkpoint that states none are step x this. With a
+    training_order and without this key: its sequences_per_step x (sequence_tokens - 1), said in the log."""
     allow_identical_states: bool = False
     """With hf_checkpoints: measure a suite whose checkpoints of different steps hold identical weights (refused
     otherwise, naming them: a suite that serves one checkpoint under several steps' names); identical states are

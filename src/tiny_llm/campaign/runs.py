@@ -134,6 +134,7 @@ class Runs:
             paths = [s.path for s in sources]
             run = _import_run_config(entry)
             planned = imported_config(paths, run, adapter=bool(entry.get("adapter")))
+            self._order_tokens_per_step(name, planned)
             self.positions[name] = checkpoint_positions(sources, entry.get("tokens_per_step"))
             self._check_integrity(name, sources)
             carried = checkpoint_tokenizer(paths, planned.model.vocab_size)
@@ -211,6 +212,21 @@ class Runs:
                 "name another cache/<name>"
             )
         return cache.name
+
+    def _order_tokens_per_step(self, name: str, planned: RunConfig) -> None:
+        """An import on a published training order without ``tokens_per_step`` takes the order's: its
+        ``sequences_per_step`` × the tokens a sequence trains (``sequence_tokens`` − 1, by default
+        ``data.seq_len``), said in the notes (a revision's name that states its tokens checks it)."""
+        entry = self.import_entries[name]
+        order = entry.get("training_order")
+        if not isinstance(order, dict) or entry.get("tokens_per_step") or "sequences_per_step" not in order:
+            return
+        trained = int(order.get("sequence_tokens") or planned.data.seq_len + 1) - 1
+        entry["tokens_per_step"] = int(order["sequences_per_step"]) * trained
+        self.notes.append(
+            f"{self._owner(name)}.tokens_per_step: {entry['tokens_per_step']:,} from its training_order "
+            f"({order['sequences_per_step']} sequences a step × {trained} trained tokens each)"
+        )
 
     def _analysis_tokenizer(self, name: str) -> str | None:
         """The tokenizer an hf_checkpoints analysis's cache is encoded with: ``cache_tokenizer``, by

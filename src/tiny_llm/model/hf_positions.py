@@ -157,8 +157,8 @@ def _position(
         raise ValueError(
             f"{path}: revision {revision} states its tokens only rounded (± {tokens_rounding(revision):g}), "
             "which is no token axis; give tokens_per_step (tokens in one optimizer step: an analysis's or seed "
-            "experiment's tokens_per_step, --tokens-per-step; checked against every name) or each checkpoint's "
-            "tokens (hf_checkpoints[].tokens, --tokens)"
+            "experiment's tokens_per_step, --tokens-per-step, or an analysis's training_order, which gives it; "
+            "checked against every name) or each checkpoint's tokens (hf_checkpoints[].tokens, --tokens)"
         )
     else:
         count, tokens_source = None, "unknown"

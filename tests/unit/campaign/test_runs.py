@@ -74,3 +74,22 @@ def test_a_training_order_analysis_never_reads_data_cache_so_another_tokenizers_
     WorkflowPlan({"analyses": {"p": entry}})
     with pytest.raises(ValueError, match=r"analyses.p.config: the checkpoints carry .* but data.cache cache/demo was"):
         WorkflowPlan({"analyses": {"p": {**entry, "cases": ["offset"]}}})
+
+
+def test_a_suite_on_its_training_order_takes_tokens_per_step_from_the_order(project):
+    """Without tokens_per_step, an analysis on a published order counts a step's tokens from it:
+    sequences_per_step × the tokens each sequence trains (data.seq_len: 9-token sequences train 8)."""
+    import numpy as np
+
+    from tiny_llm.data.training_order import write_megatron
+
+    (project / "minimal.yaml").write_text("data: {seq_len: 8}\ntraining: {micro_batch_size: 2}\n")
+    write_megatron(project / "document", np.random.default_rng(0).integers(0, 64, size=(20, 9)).astype(np.uint16))
+    entry = {"config": "minimal.yaml", "hf_checkpoints": {"repo": "org/p", "revisions": {"min_step": 1}}}
+    entry |= {"cases": ["seen"], "training_order": {"path": "document", "format": "megatron", "sequences_per_step": 2}}
+    plan = WorkflowPlan({"analyses": {"p": entry}})
+    assert [(p.step, p.tokens) for p in plan.runs.positions["p"]] == [(1, 16), (2, 32), (4, 64)]
+    assert plan.runs.import_spec("p")["tokens_per_step"] == 16  # what the import writes
+    assert "analyses.p.tokens_per_step: 16 from its training_order (2 sequences a step × 8 trained tokens each)" in (
+        plan.runs.notes
+    )
