@@ -186,15 +186,43 @@ def requested_minutes(workflow: Any, rule: str) -> int | None:
 def print_cost_lines(plan: Any, workflow: Any) -> None:
     """Print what planning left out (``note: ...``) and the plan's cost lines before any job, with
     the walltimes the profile gives training and calibration jobs (counted in a cluster campaign's
-    total)."""
+    total), and where the jobs are charged; a profile that gives a job of several ranks fewer CPUs
+    is refused first (:func:`check_rank_cpus`)."""
     for note in plan.runs.notes:
         print(f"note: {note}", file=sys.stderr)
     with refusing():  # a plan no partition can run (packed jobs beyond its walltime) stops here
         lines = plan.costs.cost_lines(
             requested_minutes(workflow, "train_run"), requested_minutes(workflow, "calibrate_timing")
         )
+        check_rank_cpus(plan, workflow)
     for line in [*lines, *charged_lines(workflow)]:
         print(line, file=sys.stderr)
+
+
+def check_rank_cpus(plan: Any, workflow: Any) -> None:
+    """A job of several ranks must be given a CPU per rank: a profile that gives analysis jobs a fixed
+    ``cpus_per_task`` below an analysis's ``gpus_per_job`` is refused, naming both (``cpus_per_task:
+    0`` with ``cpus_per_gpu`` scales with the ranks).
+
+    Raises:
+        ValueError: naming the analysis's key, the profile's value and what to set.
+    """
+    settings = workflow.resource_settings
+    own = settings.overwrite_resources.get("analyze_state")
+    cpus = _resource(own, "cpus_per_task") if own is not None else None
+    cpus = cpus if cpus is not None else _resource(settings.default_resources, "cpus_per_task")
+    try:
+        cpus = int(cpus)
+    except (TypeError, ValueError):
+        return  # none given, or computed per job
+    for name in plan.analyses:
+        gpus = plan.ranks(name)["gpus"]
+        if 0 < cpus < gpus:
+            raise ValueError(
+                f"analyses.{name}.gpus_per_job: {gpus} ranks per node, but the profile gives analyze_state "
+                f"cpus_per_task: {cpus}, fewer CPUs than ranks; set cpus_per_task: 0 and cpus_per_gpu (set-resources), "
+                f"or cpus_per_task of at least {gpus}"
+            )
 
 
 def _resource(resources: Any, name: str) -> Any:

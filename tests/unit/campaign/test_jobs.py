@@ -44,3 +44,29 @@ def test_refusals_print_one_line_and_exit_2(capsys):
     assert stop.value.code == 2 and capsys.readouterr().err == "error: analyses.demo.settings.device: cuda, but ...\n"
     with pytest.raises(SystemExit):
         refuse("x")
+
+
+def test_a_profile_giving_a_job_of_several_ranks_fewer_cpus_is_refused_and_the_account_named():
+    from types import SimpleNamespace
+
+    from tiny_llm.campaign.jobs import charged_lines, check_rank_cpus
+
+    def workflow(analyze_state, default=None):
+        settings = SimpleNamespace(overwrite_resources={"analyze_state": analyze_state}, default_resources=default)
+        return SimpleNamespace(resource_settings=settings)
+
+    plan = SimpleNamespace(analyses=["big"], ranks=lambda name: {"gpus": 4, "nodes": 1})
+    with pytest.raises(ValueError, match=r"analyses.big.gpus_per_job: 4 ranks per node, but the profile gives "
+                       r"analyze_state cpus_per_task: 2, fewer CPUs than ranks; set cpus_per_task: 0"):  # fmt: skip
+        check_rank_cpus(plan, workflow({"cpus_per_task": 2}))
+    check_rank_cpus(plan, workflow({"cpus_per_task": 0, "cpus_per_gpu": 72}))  # CPUs per GPU: they scale
+    check_rank_cpus(plan, workflow({}, {"cpus_per_task": 4}))  # the default: enough
+    with pytest.raises(ValueError, match="cpus_per_task: 1"):
+        check_rank_cpus(plan, workflow({}, {"cpus_per_task": "1"}))  # a profile's value as a string
+    check_rank_cpus(plan, workflow({}))  # a local run: nothing given
+    charged = charged_lines(workflow({"slurm_account": "other"}, {"slurm_account": "'mine'", "slurm_partition": "gpu"}))
+    assert charged == [
+        "Slurm: jobs are charged to account mine, partition gpu (the profile's default-resources; change them there)",
+        "Slurm: analyze_state jobs: slurm_account=other",
+    ]
+    assert charged_lines(workflow({})) == []
