@@ -21,7 +21,7 @@ from tiny_llm.campaign.checks import (
 from tiny_llm.config import ModelConfig, RunConfig, config_to_dict
 from tiny_llm.data.corpus import default_capacity, describe_tokenizer, same_tokenizer
 from tiny_llm.model.hf import imported_config
-from tiny_llm.model.hf_positions import CheckpointPosition, CheckpointSource, checkpoint_positions
+from tiny_llm.model.hf_positions import CheckpointPosition, CheckpointSource, as_written, checkpoint_positions
 from tiny_llm.model.hf_runs import checkpoint_tokenizer
 from tiny_llm.model.hub import expand_checkpoints
 from tiny_llm.model.integrity import identical_findings, refuse_identical, weights_digest
@@ -419,12 +419,7 @@ def _import_run_config(entry: dict[str, Any]) -> RunConfig:
 
 
 def _as_written(message: str, entry: dict[str, Any]) -> str:
-    """A refusal naming a revision's snapshot folder names it as the configuration does too:
-    ``ORG/NAME revision REV at FOLDER``."""
+    """A refusal naming a revision's snapshot folder names it as the configuration does too."""
     checkpoints = entry.get("hf_checkpoints")
-    for checkpoint in checkpoints if isinstance(checkpoints, list) else []:
-        if isinstance(checkpoint, dict) and checkpoint.get("revision") and checkpoint.get("repo"):
-            folder = str(checkpoint.get("path"))
-            written = f"{checkpoint['repo']} revision {checkpoint['revision']}"
-            message = message.replace(folder, f"{written} at {folder}", 1) if written not in message else message
-    return message
+    listed = checkpoints if isinstance(checkpoints, list) else []
+    return as_written(message, [CheckpointSource.from_entry(c) for c in listed if isinstance(c, dict) and "path" in c])

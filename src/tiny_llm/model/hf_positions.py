@@ -20,6 +20,7 @@ from tiny_llm.model.hf import read_json_object
 from tiny_llm.model.hub import revision_position, tokens_rounding
 
 __all__ = [
+    "as_written",
     "CheckpointPosition",
     "CheckpointSource",
     "checkpoint_positions",
@@ -55,6 +56,16 @@ class CheckpointSource:
             "source": str(self.path.resolve()),
             **({"repo": self.repo, "revision": self.revision} if self.repo else {}),
         }
+
+
+def as_written(message: str, sources: list[CheckpointSource]) -> str:
+    """``message`` with each hub revision's snapshot folder it names named as the configuration does
+    too: ``ORG/NAME revision REV at FOLDER`` (a snapshot's hash alone says nothing to its user)."""
+    for source in sources:
+        written = f"{source.repo} revision {source.revision}"
+        if source.repo and source.revision and written not in message:
+            message = message.replace(str(source.path), f"{written} at {source.path}", 1)
+    return message
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from tiny_llm.model.hf import (
 from tiny_llm.model.hf_positions import (
     CheckpointPosition,
     CheckpointSource,
+    as_written,
     checkpoint_positions,
     read_trainer_state,
     trainer_log,
@@ -242,7 +243,22 @@ def import_run(
             :func:`checkpoint_tokenizer` refuses, weights that do not match their config.json,
             or a ``run_dir`` that holds something.
     """
-    run_dir, paths = Path(run_dir), [s.path for s in sources]
+    try:
+        return _import_run(sources, Path(run_dir), config, tokens_per_step, adapter, allow_identical)
+    except ValueError as error:  # a hub revision named as its user wrote it, not by its snapshot's hash
+        raise ValueError(as_written(str(error), sources)) from None
+
+
+def _import_run(
+    sources: list[CheckpointSource],
+    run_dir: Path,
+    config: RunConfig,
+    tokens_per_step: int | None,
+    adapter: bool,
+    allow_identical: bool,
+) -> Path:
+    """:func:`import_run`'s work."""
+    paths = [s.path for s in sources]
     _check_target(run_dir)
     for path in paths:
         local_directory(path, "checkpoint directory")

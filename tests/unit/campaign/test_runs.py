@@ -93,3 +93,21 @@ def test_a_suite_on_its_training_order_takes_tokens_per_step_from_the_order(proj
     assert "analyses.p.tokens_per_step: 16 from its training_order (2 sequences a step × 8 trained tokens each)" in (
         plan.runs.notes
     )
+
+
+def test_an_import_refusal_names_the_revision_as_written_not_its_snapshot(project):
+    """Weights found bad only by the import (a truncated file) are named by repository and revision."""
+    from tiny_llm.config import config_from_dict
+    from tiny_llm.model.hf_positions import CheckpointSource
+    from tiny_llm.model.hf_runs import import_run
+    from tiny_llm.model.hub import resolve_revision
+
+    snapshot = resolve_revision("org/p", "step2", project / "hf")
+    weights = next(p for p in snapshot.iterdir() if p.suffix in (".safetensors", ".bin"))
+    data = weights.read_bytes()
+    weights.unlink()  # a symlink to its blob: replaced, the other revisions keep theirs
+    weights.write_bytes(data[: len(data) // 2])
+    sources = [CheckpointSource(snapshot, repo="org/p", revision="step2")]
+    with pytest.raises(ValueError, match=rf"org/p revision step2 at {snapshot}"):
+        import_run(sources, project / "runs/p", config_from_dict({"data": {"seq_len": 8}}), tokens_per_step=16)
+    assert not (project / "runs/p").exists()
