@@ -104,6 +104,16 @@ CASES = {
         lambda t: [*_state(t), "--checkpoint", "final.pt"],
         "is a pickle that would run code when read",
     ),
+    "a memory budget of 0": (
+        None,
+        lambda t: [*_state(t), "--checkpoint", "epoch-001.safetensors", "--memory-budget-gb", "0"],
+        r"--memory-budget-gb: expected a positive number or null, got 0",
+    ),
+    "a non-finite memory budget": (
+        None,
+        lambda t: [*_state(t), "--checkpoint", "epoch-001.safetensors", "--memory-budget-gb", "inf"],
+        r"--memory-budget-gb: expected a positive number or null, got inf",
+    ),
     "NaN weights": (
         lambda t: _resave(
             t / "ordinary/run/epoch-001.safetensors",
