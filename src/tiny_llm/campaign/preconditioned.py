@@ -36,11 +36,15 @@ class Selected:
     label: str
     step: int
     directory: Path | None = None
+    without: str | None = None
+    """Why it has none whatever its files hold (an adapter's import keeps no optimizer state)."""
 
 
 def _without(state: Selected, config: RunConfig, run_dir: Path) -> str | None:
     """Why ``state`` has no preconditioner (None: it has one)."""
     training = config.training
+    if state.without:
+        return state.without
     if training.packed is not None:
         return "a packed run's workers each keep their own optimizer state"
     if state.directory is None and training.optimizer == "sgd":
@@ -66,11 +70,15 @@ def trained_states(config: RunConfig, selection: str | list[str]) -> list[Select
     return [Selected(f, steps.get(f, config.training.epochs * per_epoch)) for f in chosen]
 
 
-def imported_states(checkpoints: list[dict], steps: list[int], selection: str | list[str]) -> list[Selected]:
+def imported_states(
+    checkpoints: list[dict], steps: list[int], selection: str | list[str], adapter: bool = False
+) -> list[Selected]:
     """The states of a suite the workflow imports (its ``hf_checkpoints`` entries and their steps,
-    imported as ``epoch-NNN`` in order) that an analysis selects, by revision (or folder) name."""
+    imported as ``epoch-NNN`` in order) that an analysis selects, by revision (or folder) name; an
+    ``adapter``'s import keeps no optimizer state."""
+    without = "an adapter's import keeps no optimizer state" if adapter else None
     states = [
-        Selected(c.get("revision") or Path(c["path"]).name, step, Path(c["path"]))
+        Selected(c.get("revision") or Path(c["path"]).name, step, Path(c["path"]), without)
         for c, step in zip(checkpoints, steps, strict=True)
     ]
     if selection == "all":

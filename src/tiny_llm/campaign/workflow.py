@@ -213,8 +213,8 @@ class WorkflowPlan:
         if run is not None:
             return trained_states(self.run_configs[run], selection)
         if name in self.imports:
-            checkpoints = self.runs.import_entries[name]["hf_checkpoints"]
-            return imported_states(checkpoints, [p.step for p in self.runs.positions[name]], selection)
+            entry, steps = self.runs.import_entries[name], [p.step for p in self.runs.positions[name]]
+            return imported_states(entry["hf_checkpoints"], steps, selection, bool(entry.get("adapter")))
         return None
 
     def _check_preconditioned(self, name: str, settings: AnalysisSettings) -> None:

@@ -51,6 +51,9 @@ def test_an_imported_suite_needs_each_selected_checkpoints_optimizer_state(tmp_p
         Selected("step8", 8, tmp_path / "step8")
     ]
     check_preconditioned("k", _config(), tmp_path, imported_states(checkpoints, [0, 4, 8], ["epoch-002.safetensors"]))
+    adapter = imported_states(checkpoints, [0, 4, 8], ["epoch-002.safetensors"], adapter=True)
+    with pytest.raises(ValueError, match=r"\(step8: an adapter's import keeps no optimizer state\)"):
+        check_preconditioned("k", _config(), tmp_path, adapter)
 
 
 def test_the_workflow_refuses_it_at_start_up_by_key(workflow_project):
