@@ -26,6 +26,7 @@ __all__ = [
     "PRECONDITIONED_FIGURES",
     "TRAJECTORY_FIGURES",
     "FINAL",
+    "OPTIMIZER_FILE",
     "IMPORTED",
     "MANIFEST",
     "RESOLVED",
@@ -56,6 +57,8 @@ TRAIN_LOG = "train-log.jsonl"
 TRAINER_LOG_SOURCE = "trainer_state.json"
 """``source`` of an imported run's training log records, taken from a Trainer's log_history (one
 record per logging interval, not per step)."""
+OPTIMIZER_FILE = "optimizer.pt"
+"""A Hugging Face Trainer checkpoint's optimizer state, beside its weights."""
 FINAL = "final.pt"
 """A finished run's training state (weights, optimizer, position)."""
 RESUME = "resume.pt"

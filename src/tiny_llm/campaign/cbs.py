@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tiny_llm.campaign.checks import load_run_config
+from tiny_llm.campaign.checks import in_folder, load_run_config
 from tiny_llm.config import RunConfig, config_to_dict
 from tiny_llm.data.tokens import capacity_blocks
 from tiny_llm.declared import NonNegative, Positive, PositiveNumber, build
@@ -376,11 +376,8 @@ def _plan(name: str, data: dict[str, Any]) -> tuple[CbsPlan, dict[str, dict[str,
         settings_from_dict(entry.settings or {})
     except ValueError as error:
         raise ValueError(f"{key}: {error}") from None
-    if Path(base.data.cache).parent != Path("cache"):
-        raise ValueError(
-            f"{key}.set: data.cache must be cache/<name> for the workflow to prepare the base run's cache, got "
-            f"{base.data.cache}; leave it out (cache/{name}) or name one"
-        )
+    need = "data.cache must be cache/<name> for the workflow to prepare the base run's cache"
+    in_folder(Path(base.data.cache), "cache", f"{key}.set", need, f"; leave it out (cache/{name}) or name one")
     _check_grid(key, entry, base)
     try:
         blocks = tuple(held_out_blocks(base, entry.eval_sequences))

@@ -21,6 +21,8 @@ __all__ = [
     "check_device",
     "check_tokenizer_directory",
     "check_local_ranks",
+    "in_folder",
+    "local_device",
     "order_keys_without_order",
     "cuda_devices",
     "expand_seed_experiments",
@@ -95,6 +97,19 @@ def schema_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     validator = jsonschema.validators.validator_for(schema)(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
     return [f"{'.'.join(map(str, error.absolute_path)) or 'the configuration'}: {error.message}" for error in errors]
+
+
+def in_folder(path: Path, parent: str, key: str, need: str, then: str = "") -> Path:
+    """``path``, a folder ``<parent>/<name>``; else refused naming ``key``, what the workflow
+    ``need``s of it, and ``then`` (what to do) after the path given."""
+    if path.parent != Path(parent):
+        raise ValueError(f"{key}: {need}, got {path}{then}")
+    return path
+
+
+def local_device(device: str) -> str:
+    """The device a job run here computes on: ``auto`` resolved (cuda where this machine has one)."""
+    return device if device != "auto" else "cuda" if cuda_devices() > 0 else "cpu"
 
 
 def check_device(key: str, device: str) -> None:
@@ -264,11 +279,9 @@ def expand_seed_experiments(
         fixed = {**entry.get("set", {}), "training.checkpoint_policy": "interval"}
         data = config_from_dict(apply_overrides(load_config_dict(entry["config"]), _overrides(fixed))).data
         data_seed = data.seed
-        if Path(data.cache).parent != Path("cache"):
-            raise ValueError(
-                f"seed_experiments.{name}.config: data.cache must be cache/<name> for the workflow to prepare the "
-                f"seeds' cache, got {data.cache} (from {entry['config']}); name one, or set data.cache in set"
-            )
+        need = "data.cache must be cache/<name> for the workflow to prepare the seeds' cache"
+        then = f" (from {entry['config']}); name one, or set data.cache in set"
+        in_folder(Path(data.cache), "cache", f"seed_experiments.{name}.config", need, then)
         first = entry["seeds"][0]
         members = {f"{name}-seed-{seed}": ("seed", {"training.seed": seed}) for seed in entry["seeds"]}
         controls = entry.get("controls", ["same-seed", "data-order"])
@@ -374,7 +387,7 @@ def check_local_ranks(key: str, ranks: dict[str, int], device: str) -> None:
         )
     if ranks["gpus"] <= 1:
         return
-    cuda = device.startswith("cuda") or (device == "auto" and cuda_devices() > 0)
+    cuda = local_device(device).startswith("cuda")
     if cuda:
         usable = cuda_devices()
     else:

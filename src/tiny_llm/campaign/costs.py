@@ -10,7 +10,7 @@ from typing import Any
 
 from tiny_llm.campaign import plan as cost
 from tiny_llm.campaign.cbs import branch_plans
-from tiny_llm.campaign.checks import cuda_devices
+from tiny_llm.campaign.checks import local_device
 from tiny_llm.campaign.planned import Campaign
 from tiny_llm.campaign.walltimes import Walltimes
 from tiny_llm.config import RunConfig
@@ -41,7 +41,7 @@ class CostReport:
         if run is None:
             return None
         workers = run.training.workers if settings.consensus else 0
-        device = settings.device if settings.device != "auto" else "cuda" if cuda_devices() else "cpu"
+        device = local_device(settings.device)
         kind = "cpu" if device == "cpu" else self.cluster.gpu_kind or "cuda"
         work = cost.case_work(run, planned.priced, workers, planned.epoch)
         line = cost.cost_line(

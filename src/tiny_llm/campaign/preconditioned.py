@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiny_llm.config import RunConfig
-from tiny_llm.layout import FINAL, epoch_file, moments_file
+from tiny_llm.layout import FINAL, OPTIMIZER_FILE, epoch_file, moments_file
 
 __all__ = [
     "Selected",
@@ -22,9 +22,6 @@ __all__ = [
     "trained_states",
     "without_preconditioner",
 ]
-
-OPTIMIZER_FILE = "optimizer.pt"
-"""A Trainer checkpoint's optimizer state (as :data:`tiny_llm.model.hf_optimizer.OPTIMIZER_FILE`)."""
 
 
 @dataclass(frozen=True)
@@ -100,12 +97,16 @@ def check_preconditioned(key: str, config: RunConfig, run_dir: str | Path, state
         ValueError: one line: the states (the first six), the reason, and the settings that work.
     """
     missing = without_preconditioner(config, run_dir, states)
-    if not missing:
-        return
+    if missing:
+        raise ValueError(_refusal(key, missing, len(states)))
+
+
+def _refusal(key: str, missing: list[tuple[str, str]], selected: int) -> str:
+    """``preconditioned: true``'s refusal of the ``missing`` states of ``selected`` (the first six named)."""
     reasons = sorted({why for _, why in missing})
     names = ", ".join(label for label, _ in missing[:6]) + (", ..." if len(missing) > 6 else "")
-    raise ValueError(
-        f"{key}: true, but {len(missing)} of the {len(states)} selected states have no optimizer preconditioner "
+    return (
+        f"{key}: true, but {len(missing)} of the {selected} selected states have no optimizer preconditioner "
         f"({names}: {'; '.join(reasons)}); set preconditioned: auto (their preconditioned statistics blank, the "
         "others measured) or false, or select only states that have one (checkpoints)"
     )
@@ -115,17 +116,17 @@ def plan_preconditioner(
     key: str, asked: bool | str, config: RunConfig, run_dir: str | Path, states: list[Selected]
 ) -> str | None:
     """The ``preconditioned`` setting ``asked`` (``key``: its config key) for ``states``: true is
-    checked (:func:`check_preconditioned`); where no state has a preconditioner, the note saying that
-    the preconditioned figures are not drawn (None: some state has one, or ``asked`` is false).
+    checked (as :func:`check_preconditioned`); where no state has a preconditioner, the note saying
+    that the preconditioned figures are not drawn (None: some state has one, or ``asked`` is false).
 
     Raises:
         ValueError: as :func:`check_preconditioned`, with ``preconditioned: true``.
     """
     if asked is False:
         return None
-    if asked is True:
-        check_preconditioned(key, config, run_dir, states)
     missing = without_preconditioner(config, run_dir, states)
+    if asked is True and missing:
+        raise ValueError(_refusal(key, missing, len(states)))
     if len(missing) < len(states):
         return None
     reasons = "; ".join(sorted({why for _, why in missing}))

@@ -16,6 +16,7 @@ from tiny_llm.campaign.checks import (
     check_tokenizer_directory,
     expand_seed_experiments,
     expand_seed_imports,
+    in_folder,
     load_run_config,
 )
 from tiny_llm.config import ModelConfig, RunConfig, config_to_dict
@@ -37,14 +38,6 @@ def _shape(model: ModelConfig) -> str:
 def _hub(checkpoints: list[dict[str, Any]]) -> bool:
     """Whether any checkpoint came from a hub revision (its import spec then records them)."""
     return any(c.get("revision") for c in checkpoints)
-
-
-def _folder(path: Path, parent: str, key: str, need: str) -> Path:
-    """``path``, a folder ``<parent>/<name>``; else refused naming ``key`` and what the workflow
-    ``need``s of it."""
-    if path.parent != Path(parent):
-        raise ValueError(f"{key}: {need}, got {path}")
-    return path
 
 
 class Runs:
@@ -85,7 +78,7 @@ class Runs:
         self.cache_of_run: dict[str, str] = {}
         for name, run in self.run_configs.items():
             need = "data.cache must be cache/<name> for the workflow to prepare it"
-            self.cache_of_run[name] = _folder(Path(run.data.cache), "cache", f"train_runs.{name}", need).name
+            self.cache_of_run[name] = in_folder(Path(run.data.cache), "cache", f"train_runs.{name}", need).name
         self.run_of_cache: dict[str, str] = {}
         for name, cache in self.cache_of_run.items():
             self.run_of_cache.setdefault(cache, name)
@@ -115,7 +108,7 @@ class Runs:
         entry = self.import_entries[name]
         entry.setdefault("run", f"runs/{name}")
         need = "the workflow imports hf_checkpoints into runs/<name>"
-        run = _folder(Path(entry["run"]), "runs", self._key(name, "run"), need)
+        run = in_folder(Path(entry["run"]), "runs", self._key(name, "run"), need)
         if run.name in self.run_configs:
             raise ValueError(
                 f"{self._key(name, 'run')}: {run} is trained by train_runs.{run.name}; import the "
@@ -199,7 +192,7 @@ class Runs:
             self._key(name, "config"),
             "with cache_inputs the workflow prepares data.cache, which must be cache/<name>",
         )
-        cache = _folder(Path(planned.data.cache), "cache", key, need)
+        cache = in_folder(Path(planned.data.cache), "cache", key, need)
         if cache.name in self.run_of_cache:
             raise ValueError(
                 f"{key}: data.cache {cache} is prepared for train_runs."

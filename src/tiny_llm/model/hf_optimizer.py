@@ -27,14 +27,13 @@ from pathlib import Path
 import torch
 
 from tiny_llm.config import ModelConfig
+from tiny_llm.layout import OPTIMIZER_FILE
 from tiny_llm.model.hf import from_hf_state
 from tiny_llm.model.hf_positions import read_trainer_state
 from tiny_llm.model.moments import AdamMoments, moments_from_optimizer, named_shapes
 from tiny_llm.model.pickles import load_pickle
 
 __all__ = ["OPTIMIZER_FILE", "suite_moments", "trainer_groups", "trainer_moments"]
-
-OPTIMIZER_FILE = "optimizer.pt"
 
 
 def trainer_groups(config_json: Path) -> tuple[list[list[str]], dict[str, tuple[int, ...]], Callable]:
